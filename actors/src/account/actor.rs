@@ -1,0 +1,525 @@
+//! The thin actix shell around the account core: load (snapshot + tail),
+//! decide, append, apply, reply once durable.
+
+use super::decide::{self, Ctx, ReceiveDecision, SendDecision};
+use super::events::AccountEvent;
+use super::state::AccountState;
+use super::{stream_id, timeline};
+use crate::delivery::{self, DeliveryEvent};
+use crate::sessions::Session;
+use crate::store::{Batch, Head, NewEvent, Snapshot, StoreError, Ticket};
+use crate::supervisor::{internal, Supervisor};
+use actix::prelude::*;
+use relay_schemas::encoding::b64_encode;
+use relay_schemas::methods::*;
+use relay_schemas::objects::{Direction, TimelineRecord};
+use relay_schemas::sign::{verify_bytes, Tag};
+use relay_schemas::{DeliveryStatus, RelayError};
+use serde_json::json;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::oneshot;
+
+/// Every command an account takes. `device` is the session's device, taken
+/// from the authenticated session, never from params.
+#[derive(Debug)]
+pub enum AccountCmd {
+    Register { params: RegisterParams, digest: String },
+    Challenge { device_id: String },
+    OpenSession { params: SessionOpenParams },
+    CheckSession { device: String },
+    DeviceAdd { device: String, params: DeviceAddParams },
+    DeviceRevoke { device: String, params: DeviceRevokeParams },
+    DevicesGet,
+    SettingsUpdate { device: String, params: SettingsUpdateParams },
+    RouteGet,
+    RouteUpdate { device: String, params: RouteUpdateParams },
+    ContactRevoke { device: String, params: ContactRevokeParams },
+    Send { device: String, params: SendParams, digest: String },
+    Receive { params: DeliverParams, digest: String },
+    RecordDelivery { message_id: String, status: DeliveryStatus },
+    DeliveryStatus { device: String, message_id: String },
+    Sync { device: String, params: SyncParams },
+    Ack { device: String, params: AckParams },
+}
+
+/// What a command answers.
+#[derive(Debug)]
+pub enum Reply {
+    /// A serialized result object.
+    Json(String),
+    Status(DeliveryStatus),
+    /// A cross-account send was accepted; `first_attempt` resolves with the
+    /// status after the first delivery attempt.
+    Sent { status: DeliveryStatus, first_attempt: oneshot::Receiver<DeliveryStatus> },
+}
+
+impl Reply {
+    fn empty() -> Self {
+        Reply::Json("{}".into())
+    }
+    fn json<T: serde::Serialize>(v: &T) -> Result<Self, RelayError> {
+        serde_json::to_string(v).map(Reply::Json).map_err(|e| internal(&e))
+    }
+}
+
+pub struct Envelope(pub Arc<AccountCmd>);
+
+impl Message for Envelope {
+    type Result = Result<Reply, RelayError>;
+}
+
+pub struct AccountActor {
+    sup: Supervisor,
+    stream: String,
+    head: Head,
+    state: AccountState,
+    since_snapshot: u64,
+    last_ticket: Option<Ticket>,
+    /// Outstanding session challenges per device: (challenge, expires_at).
+    challenges: HashMap<String, Vec<(String, u64)>>,
+    last_active_ms: u64,
+    /// Replies still waiting for durability; the actor is not passivated
+    /// while any is pending.
+    pending: Arc<AtomicUsize>,
+    passivated: bool,
+}
+
+impl AccountActor {
+    /// Rebuilds the account from its snapshot and the events after it.
+    pub fn load(sup: Supervisor, account_id: &str) -> Result<Self, StoreError> {
+        let stream = stream_id(account_id);
+        let store = sup.store();
+        let (mut state, mut head) = match store.load_snapshot(&stream)? {
+            Some(snap) => {
+                let state: AccountState = serde_json::from_slice(&snap.state).map_err(|e| StoreError::Corrupt {
+                    stream: stream.clone(),
+                    seq: snap.seq,
+                    what: format!("snapshot: {e}"),
+                })?;
+                (state, Head { seq: snap.seq, hash: snap.hash })
+            }
+            None => (AccountState::new(account_id), Head::default()),
+        };
+        state.rebuild_caches();
+        let mut since_snapshot = 0;
+        for ev in store.read(&stream, head.seq) {
+            let ev = ev?;
+            let event: AccountEvent = serde_json::from_str(ev.data.get()).map_err(|e| StoreError::Corrupt {
+                stream: stream.clone(),
+                seq: ev.seq,
+                what: format!("event: {e}"),
+            })?;
+            state.apply(&event);
+            head = ev.head();
+            since_snapshot += 1;
+        }
+        Ok(AccountActor {
+            last_active_ms: sup.clock().now_ms(),
+            sup,
+            stream,
+            head,
+            state,
+            since_snapshot,
+            last_ticket: None,
+            challenges: HashMap::new(),
+            pending: Arc::new(AtomicUsize::new(0)),
+            passivated: false,
+        })
+    }
+
+    pub fn state(&self) -> &AccountState {
+        &self.state
+    }
+
+    fn ctx(&self) -> (u64, Arc<crate::policy::Policy>) {
+        (self.sup.clock().now(), self.sup.policy())
+    }
+
+    /// Appends `events` (plus whatever `extra` adds to the same atomic batch),
+    /// applies them, and remembers the ticket to wait for before replying.
+    /// On error nothing is written and nothing changes in memory.
+    fn persist(&mut self, events: Vec<AccountEvent>, extra: impl FnOnce(&mut Batch)) -> Result<(), RelayError> {
+        let store = self.sup.store();
+        let mut batch = store.batch();
+        let now = self.sup.clock().now();
+        let first = self.head.seq + 1;
+        let mut new_events = Vec::with_capacity(events.len());
+        for (i, e) in events.iter().enumerate() {
+            if let Some(r) = e.record() {
+                let entry = timeline::IndexEntry { event: first + i as u64, visible: r.visible.clone() };
+                let bytes = serde_json::to_vec(&entry).map_err(|e| internal(&e))?;
+                batch.kv_put(&timeline::key(&self.state.account_id, r.sequence), &bytes);
+            }
+            new_events.push(NewEvent {
+                event_type: e.event_type().into(),
+                version: AccountEvent::VERSION,
+                at: now,
+                data: serde_json::to_vec(e).map_err(|e| internal(&e))?,
+            });
+        }
+        let head = batch.append(&self.stream, self.head, new_events);
+        extra(&mut batch);
+        let ticket = store.commit(batch).map_err(|e| internal(&e))?;
+        self.head = head;
+        self.last_ticket = Some(ticket);
+        for e in &events {
+            self.state.apply(e);
+        }
+        self.since_snapshot += events.len() as u64;
+        if self.since_snapshot >= self.sup.policy().snapshot_every {
+            self.snapshot();
+        }
+        Ok(())
+    }
+
+    /// Writes a snapshot of the current state. A failed snapshot only costs
+    /// a longer replay next time.
+    fn snapshot(&mut self) {
+        let store = self.sup.store();
+        let Ok(state) = serde_json::to_vec(&self.state) else { return };
+        let mut batch = store.batch();
+        batch.put_snapshot(&self.stream, Snapshot { seq: self.head.seq, hash: self.head.hash, state });
+        match store.commit(batch) {
+            Ok(t) => {
+                self.last_ticket = Some(t);
+                self.since_snapshot = 0;
+            }
+            Err(e) => tracing::warn!(stream = %self.stream, error = %e, "snapshot failed"),
+        }
+    }
+
+    /// The reply, sent once everything this actor wrote so far is durable
+    /// (so even a duplicate's answer never reports what a crash could undo).
+    fn reply_durable(&self, reply: Result<Reply, RelayError>) -> ResponseFuture<Result<Reply, RelayError>> {
+        let wait = self.last_ticket.map(|t| self.sup.store().durable(t));
+        let pending = self.pending.clone();
+        pending.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async move {
+            let durable = match wait {
+                Some(w) => w.await.map_err(|e| RelayError::unavailable(format!("store: {e}"))),
+                None => Ok(()),
+            };
+            pending.fetch_sub(1, Ordering::SeqCst);
+            durable?;
+            reply
+        })
+    }
+
+    fn handle_cmd(&mut self, cmd: &AccountCmd) -> Result<Reply, RelayError> {
+        let (now, policy) = self.ctx();
+        let ctx = Ctx { now, policy: &policy };
+        let session = |device: &str| decide::check_session(&self.state, device, ctx);
+        match cmd {
+            AccountCmd::Register { params, digest } => {
+                let events = decide::register(&self.state, params, digest, ctx)?;
+                self.persist(events, |_| {})?;
+                let route = self.state.route().ok_or_else(|| RelayError::internal("route missing"))?;
+                Reply::json(&RegisterResult { account_id: &self.state.account_id, route })
+            }
+            AccountCmd::Challenge { device_id } => {
+                relay_schemas::ids::check_id("device_id", device_id)?;
+                if !self.state.is_registered() {
+                    return Err(RelayError::not_found("unknown account"));
+                }
+                if !self.state.device_valid(device_id, now) {
+                    return Err(RelayError::device_unknown("unknown or revoked device"));
+                }
+                let challenge = b64_encode(&rand::random::<[u8; 32]>());
+                let expires_at = now + policy.challenge_ttl;
+                let list = self.challenges.entry(device_id.clone()).or_default();
+                list.retain(|(_, exp)| *exp > now);
+                // Bounded: a device asking again and again keeps only its latest few.
+                if list.len() >= 8 {
+                    list.remove(0);
+                }
+                list.push((challenge.clone(), expires_at));
+                Reply::json(&ChallengeResult { challenge, expires_at })
+            }
+            AccountCmd::OpenSession { params } => self.open_session(params, now, &policy),
+            AccountCmd::CheckSession { device } => {
+                session(device)?;
+                Ok(Reply::empty())
+            }
+            AccountCmd::DeviceAdd { device, params } => {
+                session(device)?;
+                let events = decide::add_device(&self.state, &params.device_certificate, ctx)?;
+                self.persist(events, |_| {})?;
+                Ok(Reply::empty())
+            }
+            AccountCmd::DeviceRevoke { device, params } => {
+                session(device)?;
+                let events = decide::revoke_device(&self.state, &params.revocation, ctx)?;
+                self.persist(events, |_| {})?;
+                self.sup.sessions().forget_device(&self.state.account_id, &params.revocation.device_id);
+                Ok(Reply::empty())
+            }
+            AccountCmd::DevicesGet => {
+                if !self.state.is_registered() {
+                    return Err(RelayError::not_found("unknown account"));
+                }
+                Reply::json(&DevicesResult {
+                    certificates: self.state.devices.values().collect(),
+                    revocations: self.state.revocations.values().collect(),
+                })
+            }
+            AccountCmd::SettingsUpdate { device, params } => {
+                session(device)?;
+                let events = decide::update_settings(&self.state, params.public_discovery)?;
+                self.persist(events, |_| {})?;
+                Ok(Reply::empty())
+            }
+            AccountCmd::RouteGet => {
+                let route = self.state.route().ok_or_else(|| {
+                    RelayError::new(relay_schemas::ErrorCode::RouteNotFound, "no route known for this account")
+                })?;
+                Reply::json(route)
+            }
+            AccountCmd::RouteUpdate { device, params } => {
+                session(device)?;
+                let events = decide::update_route(&self.state, &params.route, ctx)?;
+                self.persist(events, |_| {})?;
+                Reply::json(self.state.route().ok_or_else(|| RelayError::internal("route missing"))?)
+            }
+            AccountCmd::ContactRevoke { device, params } => {
+                session(device)?;
+                let events = decide::revoke_contact(&self.state, params)?;
+                self.persist(events, |_| {})?;
+                Ok(Reply::empty())
+            }
+            AccountCmd::Send { device, params, digest } => {
+                session(device)?;
+                self.send(device, params, digest, ctx)
+            }
+            AccountCmd::Receive { params, digest } => match decide::receive(&self.state, params, digest, ctx)? {
+                ReceiveDecision::Duplicate(status) => Ok(Reply::Status(status)),
+                ReceiveDecision::Accepted { event, status } => {
+                    self.persist(vec![event], |_| {})?;
+                    Ok(Reply::Status(status))
+                }
+            },
+            AccountCmd::RecordDelivery { message_id, status } => {
+                let events = decide::record_delivery(&self.state, message_id, status);
+                self.persist(events, |_| {})?;
+                let current = self.state.sends.get(message_id).map(|e| e.status.clone());
+                Ok(Reply::Status(current.unwrap_or_else(|| status.clone())))
+            }
+            AccountCmd::DeliveryStatus { device, message_id } => {
+                session(device)?;
+                relay_schemas::ids::check_message_id("message_id", message_id)?;
+                match self.state.sends.get(message_id) {
+                    Some(e) if e.retention_until > now => Ok(Reply::Status(e.status.clone())),
+                    Some(_) => Err(RelayError::new(relay_schemas::ErrorCode::MessageExpired, "result retention has ended")),
+                    None => Err(RelayError::not_found("unknown message")),
+                }
+            }
+            AccountCmd::Sync { device, params } => {
+                session(device)?;
+                self.sync(device, params)
+            }
+            AccountCmd::Ack { device, params } => {
+                session(device)?;
+                let events = decide::ack(&self.state, device, params.through)?;
+                self.persist(events, |_| {})?;
+                Ok(Reply::empty())
+            }
+        }
+    }
+
+    fn open_session(&mut self, p: &SessionOpenParams, now: u64, policy: &crate::policy::Policy) -> Result<Reply, RelayError> {
+        relay_schemas::ids::check_id("device_id", &p.device_id)?;
+        if p.account_id != self.state.account_id || !self.state.is_registered() {
+            return Err(RelayError::not_found("unknown account"));
+        }
+        let key = *self
+            .state
+            .device_key(&p.device_id, now)
+            .ok_or_else(|| RelayError::device_unknown("unknown or revoked device"))?;
+        let list = self.challenges.get_mut(&p.device_id);
+        let Some(pos) = list.as_ref().and_then(|l| l.iter().position(|(c, exp)| *c == p.challenge && *exp > now)) else {
+            return Err(RelayError::unauthorized("unknown or expired challenge"));
+        };
+        let signed = json!({
+            "account_id": p.account_id,
+            "device_id": p.device_id,
+            "challenge": p.challenge,
+            "relay_id": policy.relay_id,
+        });
+        let mut bytes = Tag::Session.as_str().as_bytes().to_vec();
+        bytes.push(b'\n');
+        bytes.extend_from_slice(&relay_schemas::encoding::jcs(&signed)?);
+        verify_bytes(&key, &bytes, &p.signature)?;
+        // A challenge answers once.
+        if let Some(l) = self.challenges.get_mut(&p.device_id) {
+            l.remove(pos);
+        }
+        let session = Session {
+            account_id: p.account_id.clone(),
+            device_id: p.device_id.clone(),
+            expires_at: now + policy.session_ttl,
+        };
+        let store = self.sup.store();
+        let mut batch = store.batch();
+        let (token, hash) = self.sup.sessions().issue(&mut batch, &session);
+        self.last_ticket = Some(store.commit(batch).map_err(|e| internal(&e))?);
+        self.sup.sessions().remember(hash, session.clone());
+        Reply::json(&SessionOpenResult { token, expires_at: session.expires_at })
+    }
+
+    fn send(&mut self, device: &str, p: &SendParams, digest: &str, ctx: Ctx) -> Result<Reply, RelayError> {
+        match decide::send(&self.state, device, p, digest, ctx)? {
+            SendDecision::Duplicate(status) => Ok(Reply::Status(status)),
+            SendDecision::SelfDelivered { event, status } => {
+                self.persist(vec![event], |_| {})?;
+                Ok(Reply::Status(status))
+            }
+            SendDecision::Sent { event, status, deliver, deadline } => {
+                // Atomic acceptance: the sent record, the idempotency result,
+                // the delivery stream and its due-index entry in one batch.
+                let env = &deliver.envelope;
+                let (from, message_id, to) = (env.from.clone(), env.message_id.clone(), env.to.clone());
+                let digest = decide::deliver_digest(&deliver)?;
+                let first_due_ms = ctx.now * 1000;
+                let accepted = DeliveryEvent::Accepted {
+                    from: from.clone(),
+                    message_id: message_id.clone(),
+                    to,
+                    accepted_at: status.accepted_at,
+                    deadline,
+                    digest,
+                    params: deliver,
+                    first_due_ms,
+                };
+                let stream = delivery::stream_id(&from, &message_id);
+                let data = serde_json::to_vec(&accepted).map_err(|e| internal(&e))?;
+                self.persist(vec![event], |batch| {
+                    let ev = NewEvent {
+                        event_type: accepted.event_type().into(),
+                        version: DeliveryEvent::VERSION,
+                        at: ctx.now,
+                        data,
+                    };
+                    batch.append(&stream, Head::default(), vec![ev]);
+                    batch.kv_put(&delivery::due_key(first_due_ms, &stream), b"");
+                })?;
+                let (tx, rx) = oneshot::channel();
+                self.after_durable(move |sup| {
+                    sup.start_delivery(&stream, Some(tx));
+                });
+                Ok(Reply::Sent { status, first_attempt: rx })
+            }
+        }
+    }
+
+    /// Runs `f` once this actor's writes so far are durable (persist before
+    /// effect: no delivery starts for an acceptance a crash could undo).
+    fn after_durable(&self, f: impl FnOnce(&Supervisor) + 'static) {
+        let sup = self.sup.clone();
+        let wait = self.last_ticket.map(|t| sup.store().durable(t));
+        actix::spawn(async move {
+            if let Some(w) = wait {
+                if w.await.is_err() {
+                    return; // the restart restores the delivery from its index
+                }
+            }
+            f(&sup);
+        });
+    }
+
+    fn sync(&self, device: &str, p: &SyncParams) -> Result<Reply, RelayError> {
+        let limit = p.limit.unwrap_or(SYNC_DEFAULT_LIMIT);
+        if !(1..=SYNC_MAX_LIMIT).contains(&limit) {
+            return Err(RelayError::invalid_params(format!("limit must be 1..={SYNC_MAX_LIMIT}")));
+        }
+        let store = self.sup.store();
+        let account = &self.state.account_id;
+        // Scanning skips records this device may not read; bound the scan so
+        // one call costs at most a few pages of index.
+        let max_scan = limit as usize * 10;
+        let mut scanned = 0;
+        let mut next = p.after;
+        let mut found = Vec::new();
+        let from = timeline::key(account, p.after.saturating_add(1));
+        let mut iter = store.kv_scan_from(&timeline::prefix(account), &from).peekable();
+        while found.len() < limit as usize && scanned < max_scan {
+            let Some(item) = iter.next() else { break };
+            let (key, value) = item.map_err(|e| internal(&e))?;
+            let seq = timeline::sequence_of(&key).ok_or_else(|| RelayError::internal("bad timeline key"))?;
+            let entry: timeline::IndexEntry = serde_json::from_slice(&value).map_err(|e| internal(&e))?;
+            scanned += 1;
+            next = seq;
+            if entry.visible.iter().any(|d| d == device) {
+                let ev = store
+                    .read(&self.stream, entry.event - 1)
+                    .next()
+                    .ok_or_else(|| RelayError::internal("timeline event missing"))?
+                    .map_err(|e| internal(&e))?;
+                let event: AccountEvent = serde_json::from_str(ev.data.get()).map_err(|e| internal(&e))?;
+                found.push((seq, event));
+            }
+        }
+        let has_more = iter.peek().is_some();
+        let mut records = Vec::with_capacity(found.len());
+        for (seq, event) in &found {
+            let (direction, accepted_at, delivery) = match event {
+                AccountEvent::MessageSent { message_id, accepted_at, .. } => {
+                    let status = self.state.sends.get(message_id).map(|e| e.status.clone());
+                    (Direction::Sent, *accepted_at, status)
+                }
+                AccountEvent::SelfDelivered { accepted_at, .. } | AccountEvent::MessageReceived { accepted_at, .. } => {
+                    (Direction::Received, *accepted_at, None)
+                }
+                _ => continue,
+            };
+            let Some(record) = event.record() else { continue };
+            let Some(b) = record.boxes.iter().find(|b| b.device_id == device) else { continue };
+            records.push(TimelineRecord {
+                sequence: *seq,
+                direction,
+                accepted_at,
+                expires_at: record.expires_at,
+                envelope: record.envelope.raw(),
+                key_box: b.raw(),
+                delivery,
+            });
+        }
+        Reply::json(&SyncResult { records, next, has_more })
+    }
+
+    fn maybe_passivate(&mut self, ctx: &mut Context<Self>) {
+        let idle = self.sup.clock().now_ms().saturating_sub(self.last_active_ms);
+        if idle >= self.sup.policy().passivate_after_ms && self.pending.load(Ordering::SeqCst) == 0 {
+            if self.since_snapshot > 0 {
+                self.snapshot();
+            }
+            self.passivated = true;
+            self.sup.forget_account(&self.state.account_id, &ctx.address());
+            ctx.stop();
+        }
+    }
+}
+
+impl Actor for AccountActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        let every = Duration::from_millis((self.sup.policy().passivate_after_ms / 2).max(10));
+        ctx.run_interval(every, |act, ctx| act.maybe_passivate(ctx));
+    }
+}
+
+impl Handler<Envelope> for AccountActor {
+    type Result = ResponseFuture<Result<Reply, RelayError>>;
+
+    fn handle(&mut self, msg: Envelope, _ctx: &mut Self::Context) -> Self::Result {
+        if self.passivated {
+            // Raced with passivation: the supervisor retries on a fresh actor.
+            return Box::pin(async { Err(crate::supervisor::passivated()) });
+        }
+        self.last_active_ms = self.sup.clock().now_ms();
+        let reply = self.handle_cmd(&msg.0);
+        self.reply_durable(reply)
+    }
+}

@@ -1,0 +1,393 @@
+//! The rules of an account: `decide(state, command, now) -> events`.
+//! Pure: no I/O, no clock, no actix. Each function returns the events to
+//! append (empty for an idempotent no-op) or the `RelayError` that rejects
+//! the command, in which case nothing is appended.
+
+use super::events::{AccountEvent, Record};
+use super::state::{contact_key, receipt_key, AccountState};
+use crate::policy::Policy;
+use relay_schemas::encoding::jcs;
+use relay_schemas::methods::{
+    ContactRevokeParams, DeliverParams, RegisterParams, SendParams,
+};
+use relay_schemas::objects::{
+    check_boxes, Authorization, DeviceCertificate, DeviceRevocation, KeyBox, MessageEnvelope, Route,
+};
+use relay_schemas::sign::Tag;
+use relay_schemas::{DeliveryStatus, ErrorCode, RelayError, Wire};
+
+/// The time and policy a decision is made under.
+#[derive(Clone, Copy)]
+pub struct Ctx<'a> {
+    pub now: u64,
+    pub policy: &'a Policy,
+}
+
+fn registered<'s>(state: &'s AccountState) -> Result<&'s Wire<Route>, RelayError> {
+    state
+        .route()
+        .ok_or_else(|| RelayError::not_found(format!("unknown account {}", state.account_id)))
+}
+
+/// Receiving rule 1: this relay is a home relay in the account's route.
+fn served_here(state: &AccountState, ctx: Ctx) -> Result<(), RelayError> {
+    let route = registered(state)?;
+    if route.lists_relay(&ctx.policy.relay_id) {
+        return Ok(());
+    }
+    Err(RelayError::new(ErrorCode::TargetNotLocal, "this relay does not serve the account")
+        .with_data(serde_json::json!({ "route": route })))
+}
+
+/// The session's device must still be valid (a revoked device's sessions
+/// end at once).
+pub fn check_session(state: &AccountState, device_id: &str, ctx: Ctx) -> Result<(), RelayError> {
+    registered(state).map_err(|_| RelayError::unauthorized("session account unknown"))?;
+    if !state.device_valid(device_id, ctx.now) {
+        return Err(RelayError::unauthorized("session device is no longer valid"));
+    }
+    Ok(())
+}
+
+/// `created_at` against this relay's clock tolerance and age limit
+/// (receiving rule 3; the source applies its own policy the same way).
+fn check_created_at(envelope: &MessageEnvelope, ctx: Ctx) -> Result<(), RelayError> {
+    if envelope.created_at > ctx.now.saturating_add(ctx.policy.clock_tolerance) {
+        return Err(RelayError::new(ErrorCode::ClockSkew, "envelope.created_at is beyond clock tolerance"));
+    }
+    if envelope.created_at.saturating_add(ctx.policy.delivery_age_limit) <= ctx.now {
+        return Err(RelayError::new(ErrorCode::MessageExpired, "envelope is beyond the delivery age limit"));
+    }
+    Ok(())
+}
+
+/// Devices named in `boxes` that are valid now: the record's visible set,
+/// fixed at acceptance.
+fn visible_devices(state: &AccountState, boxes: &[Wire<KeyBox>], now: u64) -> Vec<String> {
+    boxes
+        .iter()
+        .filter(|b| state.device_valid(&b.device_id, now))
+        .map(|b| b.device_id.clone())
+        .collect()
+}
+
+fn record(state: &AccountState, envelope: &Wire<MessageEnvelope>, boxes: &[Wire<KeyBox>], visible: Vec<String>, expires_at: u64) -> Record {
+    Record {
+        sequence: state.last_sequence + 1,
+        expires_at,
+        envelope: envelope.clone(),
+        boxes: boxes.to_vec(),
+        visible,
+    }
+}
+
+/// Idempotency lookup shared by sends and receipts: `Some(accepted_at)` for
+/// the same content, `state_conflict` for different content,
+/// `message_expired` once the promised retention has passed.
+fn idempotent(
+    digest: &str,
+    stored_digest: &str,
+    retention_until: u64,
+    now: u64,
+) -> Result<(), RelayError> {
+    if retention_until <= now {
+        return Err(RelayError::new(ErrorCode::MessageExpired, "result retention has ended"));
+    }
+    if stored_digest != digest {
+        return Err(RelayError::state_conflict("message_id already used with different content"));
+    }
+    Ok(())
+}
+
+// ---- accounts and devices ---------------------------------------------------
+
+pub fn register(state: &AccountState, p: &RegisterParams, digest: &str, ctx: Ctx) -> Result<Vec<AccountEvent>, RelayError> {
+    p.route.check(ctx.now, ctx.policy.clock_tolerance)?;
+    if p.route.account_id != state.account_id {
+        return Err(RelayError::invalid_params("route.account_id does not match"));
+    }
+    if !p.route.lists_relay(&ctx.policy.relay_id) {
+        return Err(RelayError::invalid_params(format!("route must list this relay ({})", ctx.policy.relay_id)));
+    }
+    let cert = &p.device_certificate;
+    cert.check(ctx.now, ctx.policy.clock_tolerance)?;
+    if cert.account_id != p.route.account_id || cert.account_key != p.route.account_key {
+        return Err(RelayError::invalid_params("device_certificate names another account"));
+    }
+    if state.is_registered() {
+        return if state.register_digest == digest {
+            Ok(vec![])
+        } else {
+            Err(RelayError::state_conflict("account already registered with different content"))
+        };
+    }
+    Ok(vec![AccountEvent::Registered {
+        route: p.route.clone(),
+        device_certificate: cert.clone(),
+        public_discovery: p.settings.as_ref().and_then(|s| s.public_discovery).unwrap_or(false),
+        params_digest: digest.to_owned(),
+    }])
+}
+
+pub fn add_device(state: &AccountState, cert: &Wire<DeviceCertificate>, ctx: Ctx) -> Result<Vec<AccountEvent>, RelayError> {
+    let route = registered(state)?;
+    cert.check(ctx.now, ctx.policy.clock_tolerance)?;
+    if cert.account_id != state.account_id || cert.account_key != route.account_key {
+        return Err(RelayError::forbidden("device_certificate names another account"));
+    }
+    if state.revocations.contains_key(&cert.device_id) {
+        return Err(RelayError::invalid_state("device_id was revoked and cannot be reused"));
+    }
+    match state.devices.get(&cert.device_id) {
+        Some(existing) if existing == cert => Ok(vec![]),
+        Some(_) => Err(RelayError::state_conflict("device_id already has another certificate")),
+        None => Ok(vec![AccountEvent::DeviceAdded { device_certificate: cert.clone() }]),
+    }
+}
+
+pub fn revoke_device(state: &AccountState, rev: &Wire<DeviceRevocation>, _ctx: Ctx) -> Result<Vec<AccountEvent>, RelayError> {
+    registered(state)?;
+    let key = state.account_key().ok_or_else(|| RelayError::internal("account key unreadable"))?;
+    rev.check(key)?;
+    if rev.account_id != state.account_id {
+        return Err(RelayError::forbidden("revocation names another account"));
+    }
+    if !state.devices.contains_key(&rev.device_id) {
+        return Err(RelayError::not_found(format!("unknown device {}", rev.device_id)));
+    }
+    if state.revocations.contains_key(&rev.device_id) {
+        return Ok(vec![]);
+    }
+    Ok(vec![AccountEvent::DeviceRevoked { revocation: rev.clone() }])
+}
+
+pub fn update_settings(state: &AccountState, public_discovery: bool) -> Result<Vec<AccountEvent>, RelayError> {
+    registered(state)?;
+    if state.public_discovery == public_discovery {
+        return Ok(vec![]);
+    }
+    Ok(vec![AccountEvent::SettingsUpdated { public_discovery }])
+}
+
+/// `route.update`: a higher revision replaces a lower one; an equal
+/// revision with other content is `state_conflict`; a lower one is stale.
+pub fn update_route(state: &AccountState, route: &Wire<Route>, ctx: Ctx) -> Result<Vec<AccountEvent>, RelayError> {
+    let current = registered(state)?;
+    route.check(ctx.now, ctx.policy.clock_tolerance)?;
+    if route.account_id != state.account_id || route.account_key != current.account_key {
+        return Err(RelayError::forbidden("route names another account"));
+    }
+    if route.revision < current.revision {
+        return Err(RelayError::new(ErrorCode::RouteStale, "a newer route revision is known")
+            .with_data(serde_json::json!({ "route": current })));
+    }
+    if route.revision == current.revision {
+        return if route == current {
+            Ok(vec![])
+        } else {
+            Err(RelayError::state_conflict("same route revision with different content"))
+        };
+    }
+    Ok(vec![AccountEvent::RouteUpdated { route: route.clone() }])
+}
+
+pub fn revoke_contact(state: &AccountState, p: &ContactRevokeParams) -> Result<Vec<AccountEvent>, RelayError> {
+    registered(state)?;
+    let (kind, id) = match (&p.grant_id, &p.invite_id) {
+        (Some(g), None) => ("grant", g),
+        (None, Some(i)) => ("invite", i),
+        _ => return Err(RelayError::invalid_params("exactly one of grant_id or invite_id")),
+    };
+    relay_schemas::ids::check_id(&format!("{kind}_id"), id)?;
+    if state.revoked_contacts.contains(&contact_key(kind, id)) {
+        return Ok(vec![]);
+    }
+    Ok(vec![AccountEvent::ContactRevoked { kind: kind.into(), id: id.clone() }])
+}
+
+/// `message.timeline.ack`: moves the device's cursor forward only. Acking
+/// beyond the last sequence is `invalid_params`; acking at or behind the
+/// cursor is ignored.
+pub fn ack(state: &AccountState, device_id: &str, through: u64) -> Result<Vec<AccountEvent>, RelayError> {
+    if through > state.last_sequence {
+        return Err(RelayError::invalid_params(format!(
+            "through {through} is beyond the last sequence {}",
+            state.last_sequence
+        )));
+    }
+    if through <= state.cursors.get(device_id).copied().unwrap_or(0) {
+        return Ok(vec![]);
+    }
+    Ok(vec![AccountEvent::CursorMoved { device_id: device_id.into(), through }])
+}
+
+// ---- messages --------------------------------------------------------------
+
+/// What a `message.send` decided.
+#[derive(Debug)]
+pub enum SendDecision {
+    /// Same key, same content: the latest status, nothing appended.
+    Duplicate(DeliveryStatus),
+    /// Self-delivery: one record, `target_accepted` at once.
+    SelfDelivered { event: AccountEvent, status: DeliveryStatus },
+    /// Cross-account: accepted, delivery to start with these params.
+    Sent { event: AccountEvent, status: DeliveryStatus, deliver: DeliverParams, deadline: u64 },
+}
+
+/// `message.send` at the source. `digest` is blake3(JCS(params)).
+pub fn send(state: &AccountState, device_id: &str, p: &SendParams, digest: &str, ctx: Ctx) -> Result<SendDecision, RelayError> {
+    let env = &p.envelope;
+    // Basic parameter validation and invocation requirements come first,
+    // even for a duplicate (seed: idempotent retries).
+    env.check_constraints(ctx.policy.max_ciphertext_bytes)?;
+    check_boxes("recipient_boxes", &p.recipient_boxes, ctx.policy.max_boxes)?;
+    if let Some(sb) = &p.sender_boxes {
+        check_boxes("sender_boxes", sb, ctx.policy.max_boxes)?;
+    }
+    if env.from != state.account_id {
+        return Err(RelayError::forbidden("envelope.from is not the session's account"));
+    }
+    if env.from_device_id != device_id {
+        return Err(RelayError::forbidden("envelope.from_device_id is not the session's device"));
+    }
+    if let Some(entry) = state.sends.get(&env.message_id) {
+        idempotent(digest, &entry.digest, entry.retention_until, ctx.now)?;
+        return Ok(SendDecision::Duplicate(entry.status.clone()));
+    }
+    served_here(state, ctx)?;
+    let device_key = state
+        .device_key(device_id, ctx.now)
+        .ok_or_else(|| RelayError::device_unknown("sending device is not valid"))?;
+    env.verify(Tag::Envelope, device_key)?;
+    check_created_at(env, ctx)?;
+
+    let accepted_at = ctx.now;
+    let retention_until = accepted_at + ctx.policy.message_retention;
+    if env.to == state.account_id {
+        // Self-delivery: receiving rules for our own account; no authorization.
+        let visible = visible_devices(state, &p.recipient_boxes, ctx.now);
+        if visible.is_empty() {
+            return Err(RelayError::device_unknown("no recipient box names a valid device"));
+        }
+        let status = DeliveryStatus::target_accepted(accepted_at);
+        let event = AccountEvent::SelfDelivered {
+            message_id: env.message_id.clone(),
+            digest: digest.into(),
+            accepted_at,
+            retention_until,
+            record: record(state, env, &p.recipient_boxes, visible, retention_until),
+        };
+        return Ok(SendDecision::SelfDelivered { event, status });
+    }
+    let sent_record = p.sender_boxes.as_ref().map(|boxes| {
+        record(state, env, boxes, visible_devices(state, boxes, ctx.now), retention_until)
+    });
+    let deadline = (env.created_at + ctx.policy.delivery_age_limit).min(retention_until);
+    let deliver = DeliverParams {
+        envelope: env.clone(),
+        recipient_boxes: p.recipient_boxes.clone(),
+        sender_device_certificate: state.devices[device_id].clone(),
+        authorization: p.authorization.clone(),
+    };
+    let event = AccountEvent::MessageSent {
+        message_id: env.message_id.clone(),
+        to: env.to.clone(),
+        digest: digest.into(),
+        accepted_at,
+        deadline,
+        retention_until,
+        record: sent_record,
+    };
+    Ok(SendDecision::Sent { event, status: DeliveryStatus::delivering(accepted_at), deliver, deadline })
+}
+
+/// What a receipt (`message.deliver`, or a local delivery) decided.
+#[derive(Debug)]
+pub enum ReceiveDecision {
+    Duplicate(DeliveryStatus),
+    Accepted { event: AccountEvent, status: DeliveryStatus },
+}
+
+/// The digest a receipt is keyed on: blake3(JCS(deliver params)).
+/// Computed over the params as they go on the wire (their raw objects
+/// included), exactly as the destination computes it from the body.
+pub fn deliver_digest(p: &DeliverParams) -> Result<String, RelayError> {
+    let wire = serde_json::to_vec(p).map_err(|e| RelayError::internal(e.to_string()))?;
+    let value: serde_json::Value = serde_json::from_slice(&wire).map_err(|e| RelayError::internal(e.to_string()))?;
+    Ok(blake3::hash(&jcs(&value)?).to_hex().to_string())
+}
+
+/// The seed's receiving validation rules, at the destination.
+pub fn receive(state: &AccountState, p: &DeliverParams, digest: &str, ctx: Ctx) -> Result<ReceiveDecision, RelayError> {
+    let env = &p.envelope;
+    env.check_constraints(ctx.policy.max_ciphertext_bytes)?;
+    check_boxes("recipient_boxes", &p.recipient_boxes, ctx.policy.max_boxes)?;
+    // Rule 1: the recipient's current route designates this relay.
+    served_here(state, ctx)?;
+    if env.to != state.account_id {
+        return Err(RelayError::invalid_params("envelope.to is not this account"));
+    }
+    if let Some(entry) = state.receipts.get(&receipt_key(&env.from, &env.message_id)) {
+        idempotent(digest, &entry.digest, entry.retention_until, ctx.now)?;
+        return Ok(ReceiveDecision::Duplicate(DeliveryStatus::target_accepted(entry.accepted_at)));
+    }
+    // Rule 2: certificate binding and signatures.
+    let cert = &p.sender_device_certificate;
+    let device_key = cert.check(ctx.now, ctx.policy.clock_tolerance)?;
+    if cert.account_id != env.from || cert.device_id != env.from_device_id {
+        return Err(RelayError::invalid_signature("sender_device_certificate does not match envelope.from / from_device_id"));
+    }
+    env.verify(Tag::Envelope, &device_key)?;
+    // Rule 3: this relay's own clock tolerance and age limit.
+    check_created_at(env, ctx)?;
+    // Rule 4: authorization, with no fallback from invalid credentials.
+    check_authorization(state, &env.from, p.authorization.as_ref(), ctx)?;
+    // Rule 5: at least one recipient device valid now.
+    let visible = visible_devices(state, &p.recipient_boxes, ctx.now);
+    if visible.is_empty() {
+        return Err(RelayError::device_unknown("no recipient box names a valid device"));
+    }
+    let accepted_at = ctx.now;
+    let retention_until = accepted_at + ctx.policy.message_retention;
+    let event = AccountEvent::MessageReceived {
+        from: env.from.clone(),
+        message_id: env.message_id.clone(),
+        digest: digest.into(),
+        accepted_at,
+        retention_until,
+        record: record(state, env, &p.recipient_boxes, visible, retention_until),
+    };
+    Ok(ReceiveDecision::Accepted { event, status: DeliveryStatus::target_accepted(accepted_at) })
+}
+
+fn check_authorization(state: &AccountState, sender: &str, auth: Option<&Authorization>, ctx: Ctx) -> Result<(), RelayError> {
+    if sender == state.account_id {
+        return Ok(());
+    }
+    let Some(auth) = auth else {
+        return if state.public_discovery {
+            Ok(())
+        } else {
+            Err(RelayError::forbidden("recipient does not allow public discovery; a contact grant or invite is required"))
+        };
+    };
+    let key = state.account_key().ok_or_else(|| RelayError::internal("account key unreadable"))?;
+    auth.check(sender, &state.account_id, key, ctx.now, ctx.policy.clock_tolerance)?;
+    let (kind, id) = auth.revocation_key();
+    if state.revoked_contacts.contains(&contact_key(kind, id)) {
+        return Err(RelayError::forbidden(format!("authorization: {kind} was revoked")));
+    }
+    Ok(())
+}
+
+/// A delivery outcome reported to the sender's account. The status keeps
+/// the source's `accepted_at`; terminal states never change, so repeated
+/// or late reports are no-ops.
+pub fn record_delivery(state: &AccountState, message_id: &str, status: &DeliveryStatus) -> Vec<AccountEvent> {
+    let Some(entry) = state.sends.get(message_id) else { return vec![] };
+    let status = DeliveryStatus { accepted_at: entry.status.accepted_at, ..status.clone() };
+    if entry.status.status.is_terminal() || entry.status == status {
+        return vec![];
+    }
+    vec![AccountEvent::DeliveryUpdated { message_id: message_id.into(), status }]
+}

@@ -1,0 +1,114 @@
+//! Events of an account stream (`account/{account_id}`). Past tense, each
+//! with a stable type name and a version for upcasting.
+
+use relay_schemas::objects::{DeviceCertificate, DeviceRevocation, KeyBox, MessageEnvelope, Route};
+use relay_schemas::{DeliveryStatus, Wire};
+use serde::{Deserialize, Serialize};
+
+/// A timeline record as stored at acceptance: the original envelope, the
+/// boxes, and the devices that may read it (fixed now, never recomputed).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Record {
+    pub sequence: u64,
+    pub expires_at: u64,
+    pub envelope: Wire<MessageEnvelope>,
+    pub boxes: Vec<Wire<KeyBox>>,
+    pub visible: Vec<String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AccountEvent {
+    Registered {
+        route: Wire<Route>,
+        device_certificate: Wire<DeviceCertificate>,
+        public_discovery: bool,
+        /// blake3(JCS(params)), for idempotent re-registration.
+        params_digest: String,
+    },
+    DeviceAdded {
+        device_certificate: Wire<DeviceCertificate>,
+    },
+    DeviceRevoked {
+        revocation: Wire<DeviceRevocation>,
+    },
+    SettingsUpdated {
+        public_discovery: bool,
+    },
+    RouteUpdated {
+        route: Wire<Route>,
+    },
+    ContactRevoked {
+        kind: String,
+        id: String,
+    },
+    /// A cross-account `message.send` accepted; its delivery stream is
+    /// created in the same batch. `record` is the sent record, present only
+    /// when `sender_boxes` were given.
+    MessageSent {
+        message_id: String,
+        to: String,
+        digest: String,
+        accepted_at: u64,
+        deadline: u64,
+        retention_until: u64,
+        record: Option<Record>,
+    },
+    /// Account self-delivery: one record, `target_accepted` at once.
+    SelfDelivered {
+        message_id: String,
+        digest: String,
+        accepted_at: u64,
+        retention_until: u64,
+        record: Record,
+    },
+    MessageReceived {
+        from: String,
+        message_id: String,
+        digest: String,
+        accepted_at: u64,
+        retention_until: u64,
+        record: Record,
+    },
+    /// The delivery of a sent message changed status (terminal states only
+    /// ever once).
+    DeliveryUpdated {
+        message_id: String,
+        status: DeliveryStatus,
+    },
+    CursorMoved {
+        device_id: String,
+        through: u64,
+    },
+}
+
+impl AccountEvent {
+    pub const VERSION: u32 = 1;
+
+    pub fn event_type(&self) -> &'static str {
+        match self {
+            AccountEvent::Registered { .. } => "registered",
+            AccountEvent::DeviceAdded { .. } => "device_added",
+            AccountEvent::DeviceRevoked { .. } => "device_revoked",
+            AccountEvent::SettingsUpdated { .. } => "settings_updated",
+            AccountEvent::RouteUpdated { .. } => "route_updated",
+            AccountEvent::ContactRevoked { .. } => "contact_revoked",
+            AccountEvent::MessageSent { .. } => "message_sent",
+            AccountEvent::SelfDelivered { .. } => "self_delivered",
+            AccountEvent::MessageReceived { .. } => "message_received",
+            AccountEvent::DeliveryUpdated { .. } => "delivery_updated",
+            AccountEvent::CursorMoved { .. } => "cursor_moved",
+        }
+    }
+
+    /// The timeline record this event appends, if any.
+    pub fn record(&self) -> Option<&Record> {
+        match self {
+            AccountEvent::MessageSent { record, .. } => record.as_ref(),
+            AccountEvent::SelfDelivered { record, .. } | AccountEvent::MessageReceived { record, .. } => {
+                Some(record)
+            }
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,18 @@
+//! The account: one actor per account, state folded from
+//! `account/{account_id}`.
+
+pub mod actor;
+pub mod decide;
+pub mod events;
+pub mod state;
+pub mod timeline;
+
+pub use actor::{AccountActor, AccountCmd, Reply};
+pub use events::{AccountEvent, Record};
+pub use state::AccountState;
+
+pub fn stream_id(account_id: &str) -> String {
+    format!("account/{account_id}")
+}
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,25 @@
+//! # relay-actors
+//!
+//! The event-sourced core of the relay. No HTTP here.
+//!
+//! - [`store`]: the sled event store: append-only, hash-chained streams,
+//!   group commit, snapshots and a kv space for projections and indexes;
+//! - [`account`]: the AccountActor and its pure `decide`/`apply` core;
+//! - [`delivery`]: the DeliveryActor, its core (the seed's error table and
+//!   deadlines) and the retry timetable;
+//! - [`supervisor`]: creates and passivates account actors, owns the
+//!   timetable's timers and restores them on start;
+//! - [`sessions`]: device session tokens;
+//! - [`clock`] and [`policy`]: injected time and configured limits.
+
+pub mod account;
+pub mod clock;
+pub mod delivery;
+pub mod policy;
+pub mod sessions;
+pub mod store;
+pub mod supervisor;
+
+pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
+pub use policy::Policy;
+pub use supervisor::Supervisor;

@@ -1,0 +1,52 @@
+//! The relay's policy values, in the units the cores compute with. The
+//! binary builds one from its configuration (`[relay]`, `[limits]`,
+//! `[delivery]`, `[sessions]`).
+
+#[derive(Clone, Debug)]
+pub struct Policy {
+    /// This relay's `relay_id`; a route must list it for the relay to serve
+    /// the account.
+    pub relay_id: String,
+    /// Seconds a `created_at` or `issued_at` may lie in the future.
+    pub clock_tolerance: u64,
+    /// Seconds after `created_at` a message may still be accepted.
+    pub delivery_age_limit: u64,
+    /// Seconds an acceptance result (and its timeline record) is kept.
+    pub message_retention: u64,
+    pub max_ciphertext_bytes: usize,
+    pub max_boxes: usize,
+    /// Seconds a session token lives.
+    pub session_ttl: u64,
+    /// Seconds a session challenge may be answered.
+    pub challenge_ttl: u64,
+    /// Attempt offsets from acceptance, in milliseconds.
+    pub retry_timetable_ms: Vec<u64>,
+    /// After the timetable, attempts repeat this often (milliseconds).
+    pub retry_then_every_ms: u64,
+    pub attempt_timeout_ms: u64,
+    /// An account actor writes a snapshot after this many events.
+    pub snapshot_every: u64,
+    /// An account actor idle this long (milliseconds) is passivated.
+    pub passivate_after_ms: u64,
+}
+
+impl Policy {
+    /// The protocol's defaults (PROTOCOL §6, §7).
+    pub fn with_relay_id(relay_id: impl Into<String>) -> Self {
+        Policy {
+            relay_id: relay_id.into(),
+            clock_tolerance: 5 * 60,
+            delivery_age_limit: 90 * 60,
+            message_retention: 30 * 24 * 3600,
+            max_ciphertext_bytes: 65536,
+            max_boxes: 64,
+            session_ttl: 24 * 3600,
+            challenge_ttl: 5 * 60,
+            retry_timetable_ms: vec![0, 30_000, 300_000, 1_500_000, 3_600_000],
+            retry_then_every_ms: 3_600_000,
+            attempt_timeout_ms: 10_000,
+            snapshot_every: 1000,
+            passivate_after_ms: 10 * 60 * 1000,
+        }
+    }
+}

@@ -1,0 +1,211 @@
+//! Byte layout of the one sled tree that holds everything.
+//!
+//! One tree, so that a single `apply_batch` is atomic across events,
+//! snapshots and kv entries. A one-byte prefix tells the record kinds apart:
+//!
+//! | key                                  | value                              |
+//! |--------------------------------------|------------------------------------|
+//! | `b'e' ‖ stream ‖ 0x00 ‖ seq (u64 BE)` | `hash (32) ‖ body (JSON)`          |
+//! | `b's' ‖ stream`                      | `seq (u64 BE) ‖ hash (32) ‖ state` |
+//! | `b'k' ‖ key`                         | value                              |
+//!
+//! Big-endian seqs make key order equal seq order, and the 0x00 separator
+//! (stream ids never contain it) keeps stream `a` from overlapping `ab`.
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use super::{Hash, Snapshot, StoreError, StoredEvent};
+
+pub(super) const EVENT: u8 = b'e';
+pub(super) const SNAPSHOT: u8 = b's';
+pub(super) const KV: u8 = b'k';
+
+/// Stream ids are non-empty ASCII without 0x00 (the key separator).
+pub(super) fn check_stream(stream: &str) -> Result<(), StoreError> {
+    if stream.is_empty() || !stream.bytes().all(|b| b != 0 && b.is_ascii()) {
+        return Err(StoreError::Invalid(format!(
+            "stream id {stream:?} must be non-empty ASCII without NUL"
+        )));
+    }
+    Ok(())
+}
+
+fn stream_prefix(stream: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(stream.len() + 10);
+    key.push(EVENT);
+    key.extend_from_slice(stream.as_bytes());
+    key.push(0);
+    key
+}
+
+pub(super) fn event_key(stream: &str, seq: u64) -> Vec<u8> {
+    let mut key = stream_prefix(stream);
+    key.extend_from_slice(&seq.to_be_bytes());
+    key
+}
+
+/// First key after every event key of `stream`.
+pub(super) fn stream_end(stream: &str) -> Vec<u8> {
+    let mut end = stream_prefix(stream);
+    end.pop();
+    end.push(1);
+    end
+}
+
+/// Key range of the events of `stream` with seq > `after`; `None` when empty.
+pub(super) fn event_range(stream: &str, after: u64) -> Option<(Vec<u8>, Vec<u8>)> {
+    Some((event_key(stream, after.checked_add(1)?), stream_end(stream)))
+}
+
+/// Splits an event key into (stream, seq).
+pub(super) fn parse_event_key(key: &[u8]) -> Result<(String, u64), StoreError> {
+    let lossy = || String::from_utf8_lossy(key).into_owned();
+    let corrupt = |what: &str| StoreError::Corrupt {
+        stream: lossy(),
+        seq: 0,
+        what: format!("event key: {what}"),
+    };
+    if key.len() < 11 || key[0] != EVENT || key[key.len() - 9] != 0 {
+        return Err(corrupt("bad layout"));
+    }
+    let (stream, seq) = key[1..].split_at(key.len() - 10);
+    let stream = std::str::from_utf8(stream).map_err(|_| corrupt("stream is not UTF-8"))?;
+    let mut be = [0; 8];
+    be.copy_from_slice(&seq[1..]);
+    Ok((stream.to_owned(), u64::from_be_bytes(be)))
+}
+
+pub(super) fn snapshot_key(stream: &str) -> Vec<u8> {
+    let mut key = vec![SNAPSHOT];
+    key.extend_from_slice(stream.as_bytes());
+    key
+}
+
+pub(super) fn kv_key(key: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(key.len() + 1);
+    k.push(KV);
+    k.extend_from_slice(key);
+    k
+}
+
+/// The hashed body, as written. Field order is part of the format.
+#[derive(Serialize)]
+struct BodyOut<'a> {
+    stream: &'a str,
+    seq: u64,
+    #[serde(rename = "type")]
+    event_type: &'a str,
+    version: u32,
+    at: u64,
+    prev: String,
+    data: &'a RawValue,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BodyIn {
+    stream: String,
+    seq: u64,
+    #[serde(rename = "type")]
+    event_type: String,
+    version: u32,
+    at: u64,
+    prev: String,
+    data: Box<RawValue>,
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn encode_body(
+    stream: &str,
+    seq: u64,
+    event_type: &str,
+    version: u32,
+    at: u64,
+    prev: &Hash,
+    data: &RawValue,
+) -> Result<Vec<u8>, StoreError> {
+    let body = BodyOut {
+        stream,
+        seq,
+        event_type,
+        version,
+        at,
+        prev: hex::encode(prev),
+        data,
+    };
+    serde_json::to_vec(&body).map_err(|e| StoreError::Invalid(format!("encode event: {e}")))
+}
+
+/// `hash_i = blake3(prev_hash ‖ body_i)`.
+pub(super) fn chain_hash(prev: &Hash, body: &[u8]) -> Hash {
+    let mut h = blake3::Hasher::new();
+    h.update(prev);
+    h.update(body);
+    *h.finalize().as_bytes()
+}
+
+/// Decodes a stored event and checks it against its key and its stored hash.
+pub(super) fn decode_event(key: &[u8], value: &[u8]) -> Result<StoredEvent, StoreError> {
+    let (stream, seq) = parse_event_key(key)?;
+    let corrupt = |what: String| StoreError::Corrupt {
+        stream: stream.clone(),
+        seq,
+        what,
+    };
+    if value.len() < 32 {
+        return Err(corrupt(format!("value of {} bytes", value.len())));
+    }
+    let (stored_hash, body) = value.split_at(32);
+    let b: BodyIn = serde_json::from_slice(body).map_err(|e| corrupt(format!("body: {e}")))?;
+    if b.stream != stream || b.seq != seq {
+        return Err(corrupt(format!(
+            "body says stream {:?} seq {}",
+            b.stream, b.seq
+        )));
+    }
+    let mut prev = [0; 32];
+    hex::decode_to_slice(&b.prev, &mut prev).map_err(|e| corrupt(format!("prev: {e}")))?;
+    if chain_hash(&prev, body) != stored_hash {
+        return Err(StoreError::HashMismatch { stream, seq });
+    }
+    let mut hash = [0; 32];
+    hash.copy_from_slice(stored_hash);
+    Ok(StoredEvent {
+        stream,
+        seq,
+        event_type: b.event_type,
+        version: b.version,
+        at: b.at,
+        data: b.data,
+        prev,
+        hash,
+    })
+}
+
+pub(super) fn encode_snapshot(snap: &Snapshot) -> Vec<u8> {
+    let mut v = Vec::with_capacity(40 + snap.state.len());
+    v.extend_from_slice(&snap.seq.to_be_bytes());
+    v.extend_from_slice(&snap.hash);
+    v.extend_from_slice(&snap.state);
+    v
+}
+
+pub(super) fn decode_snapshot(stream: &str, value: &[u8]) -> Result<Snapshot, StoreError> {
+    if value.len() < 40 {
+        return Err(StoreError::Corrupt {
+            stream: stream.to_owned(),
+            seq: 0,
+            what: format!("snapshot of {} bytes", value.len()),
+        });
+    }
+    let mut seq = [0; 8];
+    seq.copy_from_slice(&value[..8]);
+    let mut hash = [0; 32];
+    hash.copy_from_slice(&value[8..40]);
+    Ok(Snapshot {
+        seq: u64::from_be_bytes(seq),
+        hash,
+        state: value[40..].to_vec(),
+    })
+}

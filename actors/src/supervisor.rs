@@ -1,0 +1,216 @@
+//! The supervisor: creates account actors on demand (passivated ones
+//! rehydrate from snapshot + tail), owns the retry timetable's timers and
+//! restores them on start from the due-time index of in-flight deliveries.
+
+use crate::account::{self, AccountActor, AccountCmd, Reply};
+use crate::clock::SharedClock;
+use crate::delivery::{self, actor::DeliveryActor};
+use crate::policy::Policy;
+use crate::sessions::Sessions;
+use crate::store::Store;
+use actix::prelude::*;
+use relay_schemas::{DeliveryStatus, RelayError};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+use tokio::sync::oneshot;
+
+pub(crate) fn internal(e: &dyn std::fmt::Display) -> RelayError {
+    RelayError::internal(format!("{e}"))
+}
+
+const PASSIVATED: &str = "account actor passivated";
+
+pub(crate) fn passivated() -> RelayError {
+    RelayError::unavailable(PASSIVATED)
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+struct Inner {
+    store: Store,
+    policy: Arc<Policy>,
+    clock: SharedClock,
+    sessions: Sessions,
+    accounts: Mutex<HashMap<String, Addr<AccountActor>>>,
+    deliveries: Mutex<HashMap<String, Addr<DeliveryActor>>>,
+    scheduler: OnceLock<Addr<Scheduler>>,
+}
+
+/// Cheap to clone; shared by the transport and every actor.
+#[derive(Clone)]
+pub struct Supervisor {
+    inner: Arc<Inner>,
+}
+
+impl Supervisor {
+    pub fn new(store: Store, policy: Policy, clock: SharedClock) -> Self {
+        Supervisor {
+            inner: Arc::new(Inner {
+                sessions: Sessions::new(store.clone()),
+                store,
+                policy: Arc::new(policy),
+                clock,
+                accounts: Mutex::default(),
+                deliveries: Mutex::default(),
+                scheduler: OnceLock::new(),
+            }),
+        }
+    }
+
+    /// Starts the timer actor on the current arbiter and restores the timers
+    /// of every in-flight delivery. Call once, inside an actix system.
+    pub fn start(&self) -> Result<usize, RelayError> {
+        let mut restored = Vec::new();
+        for kv in self.store().kv_scan_prefix(delivery::DUE_PREFIX) {
+            let (key, _) = kv.map_err(|e| internal(&e))?;
+            if let Some(entry) = delivery::parse_due_key(&key) {
+                restored.push(entry);
+            }
+        }
+        let n = restored.len();
+        let addr = Scheduler { sup: self.clone() }.start();
+        for (due_ms, stream) in restored {
+            addr.do_send(Schedule { stream, due_ms });
+        }
+        let _ = self.inner.scheduler.set(addr);
+        Ok(n)
+    }
+
+    pub fn store(&self) -> Store {
+        self.inner.store.clone()
+    }
+    pub fn policy(&self) -> Arc<Policy> {
+        self.inner.policy.clone()
+    }
+    pub fn clock(&self) -> &SharedClock {
+        &self.inner.clock
+    }
+    pub fn sessions(&self) -> &Sessions {
+        &self.inner.sessions
+    }
+
+    /// Number of account actors resident in memory.
+    pub fn resident_accounts(&self) -> usize {
+        lock(&self.inner.accounts).len()
+    }
+
+    /// Whether an account is registered on this relay.
+    pub fn account_exists(&self, account_id: &str) -> Result<bool, RelayError> {
+        if lock(&self.inner.accounts).contains_key(account_id) {
+            return Ok(true);
+        }
+        let head = self.store().head(&account::stream_id(account_id)).map_err(|e| internal(&e))?;
+        Ok(head.seq > 0)
+    }
+
+    fn account_addr(&self, account_id: &str) -> Result<Addr<AccountActor>, RelayError> {
+        let mut accounts = lock(&self.inner.accounts);
+        if let Some(addr) = accounts.get(account_id) {
+            if addr.connected() {
+                return Ok(addr.clone());
+            }
+        }
+        let actor = AccountActor::load(self.clone(), account_id).map_err(|e| internal(&e))?;
+        let addr = actor.start();
+        accounts.insert(account_id.to_owned(), addr.clone());
+        Ok(addr)
+    }
+
+    /// Called by a passivating actor: forget it, unless already replaced.
+    pub(crate) fn forget_account(&self, account_id: &str, addr: &Addr<AccountActor>) {
+        let mut accounts = lock(&self.inner.accounts);
+        if accounts.get(account_id) == Some(addr) {
+            accounts.remove(account_id);
+        }
+    }
+
+    /// Sends a command to an account's actor, creating it on demand. A
+    /// command that raced with passivation is sent again to a fresh actor.
+    pub async fn ask(&self, account_id: &str, cmd: AccountCmd) -> Result<Reply, RelayError> {
+        let cmd = Arc::new(cmd);
+        for _ in 0..3 {
+            let addr = self.account_addr(account_id)?;
+            match addr.send(account::actor::Envelope(cmd.clone())).await {
+                Ok(Err(e)) if e.message == PASSIVATED => continue,
+                Ok(reply) => return reply,
+                Err(MailboxError::Closed) => continue,
+                Err(MailboxError::Timeout) => return Err(RelayError::unavailable("account busy")),
+            }
+        }
+        Err(RelayError::unavailable("account actor unavailable"))
+    }
+
+    /// Starts (or joins) the delivery actor of `stream` for an attempt now;
+    /// `watch` gets the status after that attempt.
+    pub fn start_delivery(&self, stream: &str, watch: Option<oneshot::Sender<DeliveryStatus>>) {
+        let mut running = lock(&self.inner.deliveries);
+        if let Some(addr) = running.get(stream) {
+            if addr.connected() {
+                if let Some(w) = watch {
+                    addr.do_send(delivery::actor::Watch(w));
+                }
+                return;
+            }
+        }
+        match DeliveryActor::load(self.clone(), stream, watch) {
+            Ok(actor) => {
+                running.insert(stream.to_owned(), actor.start());
+            }
+            Err(e) => tracing::error!(%stream, error = %e, "cannot load delivery"),
+        }
+    }
+
+    pub(crate) fn delivery_stopped(&self, stream: &str) {
+        let mut running = lock(&self.inner.deliveries);
+        if running.get(stream).is_some_and(|a| !a.connected()) {
+            running.remove(stream);
+        }
+    }
+
+    /// Arms the timer of `stream`'s next attempt.
+    pub fn schedule(&self, stream: String, due_ms: u64) {
+        if let Some(s) = self.inner.scheduler.get() {
+            s.do_send(Schedule { stream, due_ms });
+        }
+    }
+
+    /// The status of a local account's delivery attempt: the local transport.
+    pub async fn deliver_local(&self, to: &str, params: relay_schemas::methods::DeliverParams, digest: String) -> Result<DeliveryStatus, RelayError> {
+        match self.ask(to, AccountCmd::Receive { params, digest }).await? {
+            Reply::Status(s) => Ok(s),
+            _ => Err(RelayError::internal("unexpected reply to receive")),
+        }
+    }
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Schedule {
+    stream: String,
+    due_ms: u64,
+}
+
+/// The retry timetable's timers: one actix timer per pending delivery,
+/// no polling scan. Memory per pending delivery is one timer entry; the
+/// delivery's actor exists only while an attempt runs.
+pub struct Scheduler {
+    sup: Supervisor,
+}
+
+impl Actor for Scheduler {
+    type Context = Context<Self>;
+}
+
+impl Handler<Schedule> for Scheduler {
+    type Result = ();
+
+    fn handle(&mut self, msg: Schedule, ctx: &mut Self::Context) {
+        let delay = msg.due_ms.saturating_sub(self.sup.clock().now_ms());
+        ctx.run_later(Duration::from_millis(delay), move |act, _| {
+            act.sup.start_delivery(&msg.stream, None);
+        });
+    }
+}

@@ -1,0 +1,543 @@
+//! The event store's rules, one test per rule.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use relay_actors::store::{
+    verify_chain, ChainProblem, Head, NewEvent, Snapshot, Store, StoreError, StoredEvent, ZERO_HASH,
+};
+
+/// Every wait in these tests is bounded by this.
+const WAIT: Duration = Duration::from_secs(20);
+
+fn event(n: u64) -> NewEvent {
+    NewEvent {
+        event_type: "noted".into(),
+        version: 1,
+        at: 1_700_000_000 + n,
+        data: format!(r#"{{"n":{n},"text":"hello"}}"#).into_bytes(),
+    }
+}
+
+fn events(range: std::ops::RangeInclusive<u64>) -> Vec<NewEvent> {
+    range.map(event).collect()
+}
+
+/// Appends `n` events to `stream` in one batch, durably; returns the head.
+fn append_n(store: &Store, stream: &str, n: u64) -> Head {
+    let head = store.head(stream).unwrap();
+    let mut batch = store.batch();
+    let new = batch.append(stream, head, events(head.seq + 1..=head.seq + n));
+    within(WAIT, {
+        let store = store.clone();
+        move || store.commit_durable_blocking(batch).unwrap()
+    });
+    new
+}
+
+fn read_all(store: &Store, stream: &str) -> Vec<StoredEvent> {
+    store.read(stream, 0).collect::<Result<_, _>>().unwrap()
+}
+
+/// Runs `f` on a thread and fails the test if it does not finish in time.
+fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(limit)
+        .expect("operation did not finish in time")
+}
+
+#[test]
+fn append_then_read_returns_seq_1_to_n_with_valid_chain_and_matching_head() {
+    let store = Store::temporary().unwrap();
+    let head = append_n(&store, "account/a", 5);
+
+    let read = read_all(&store, "account/a");
+    assert_eq!(
+        read.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        [1, 2, 3, 4, 5]
+    );
+    assert_eq!(read[0].prev, ZERO_HASH);
+    for pair in read.windows(2) {
+        assert_eq!(pair[1].prev, pair[0].hash);
+    }
+    assert_eq!(read[2].event_type, "noted");
+    assert_eq!(read[2].version, 1);
+    assert_eq!(read[2].at, 1_700_000_003);
+    assert_eq!(read[2].data.get(), r#"{"n":3,"text":"hello"}"#);
+    assert_eq!(verify_chain(store.read("account/a", 0)), []);
+
+    assert_eq!(head, read[4].head());
+    assert_eq!(store.head("account/a").unwrap(), head);
+    assert_eq!(store.head("account/none").unwrap(), Head::default());
+
+    let tail: Vec<u64> = store.read("account/a", 3).map(|e| e.unwrap().seq).collect();
+    assert_eq!(tail, [4, 5]);
+    assert_eq!(store.read("account/a", u64::MAX).count(), 0);
+    assert_eq!(store.stats().events_appended, 5);
+}
+
+#[test]
+fn append_continues_the_chain_across_batches_and_within_one() {
+    let store = Store::temporary().unwrap();
+    append_n(&store, "s", 2);
+    let mut batch = store.batch();
+    let h = batch.append("s", store.head("s").unwrap(), events(3..=3));
+    let h = batch.append("s", h, events(4..=5));
+    store.commit_durable_blocking(batch).unwrap();
+    assert_eq!(h.seq, 5);
+    assert_eq!(store.head("s").unwrap(), h);
+    assert_eq!(verify_chain(store.read("s", 0)), []);
+}
+
+#[test]
+fn append_with_stale_head_is_rejected_and_writes_nothing() {
+    let store = Store::temporary().unwrap();
+    let stale = append_n(&store, "s", 2);
+    let current = append_n(&store, "s", 1);
+
+    let mut batch = store.batch();
+    batch.append("other", Head::default(), events(1..=1));
+    batch.append("s", stale, events(3..=3));
+    batch.kv_put(b"index/x", b"1");
+    match store.commit(batch) {
+        Err(StoreError::HeadMismatch {
+            stream,
+            expected,
+            found,
+        }) => {
+            assert_eq!(stream, "s");
+            assert_eq!(expected, stale);
+            assert_eq!(found, current);
+        }
+        other => panic!("expected a head mismatch, got {other:?}"),
+    }
+    assert_eq!(store.head("s").unwrap(), current);
+    assert_eq!(store.head("other").unwrap(), Head::default());
+    assert_eq!(store.kv_get(b"index/x").unwrap(), None);
+}
+
+#[test]
+fn appends_to_one_stream_in_a_batch_must_chain() {
+    let store = Store::temporary().unwrap();
+    let mut batch = store.batch();
+    batch.append("s", Head::default(), events(1..=2));
+    batch.append("s", Head::default(), events(1..=1));
+    assert!(matches!(
+        store.commit(batch),
+        Err(StoreError::HeadMismatch { .. })
+    ));
+    assert_eq!(store.head("s").unwrap(), Head::default());
+}
+
+#[test]
+fn invalid_stream_id_or_data_is_rejected_and_writes_nothing() {
+    let store = Store::temporary().unwrap();
+    for stream in ["", "a\0b", "caf\u{e9}"] {
+        let mut batch = store.batch();
+        batch.kv_put(b"k", b"v");
+        batch.append(stream, Head::default(), events(1..=1));
+        assert!(matches!(store.commit(batch), Err(StoreError::Invalid(_))));
+    }
+    let mut batch = store.batch();
+    batch.kv_put(b"k", b"v");
+    let mut bad = event(1);
+    bad.data = b"{not json".to_vec();
+    batch.append("s", Head::default(), vec![event(1), bad]);
+    assert!(matches!(store.commit(batch), Err(StoreError::Invalid(_))));
+    assert_eq!(store.head("s").unwrap(), Head::default());
+    assert_eq!(store.kv_get(b"k").unwrap(), None);
+}
+
+#[test]
+fn batch_spanning_two_streams_and_kv_is_atomic() {
+    let store = Store::temporary().unwrap();
+    let mut batch = store.batch();
+    assert!(batch.is_empty());
+    let a = batch.append("account/a", Head::default(), events(1..=2));
+    let d = batch.append("delivery/a/m1", Head::default(), events(1..=1));
+    batch.kv_put(b"idem/a/k1", b"accepted");
+    batch.kv_put(b"gone", b"x");
+    batch.kv_remove(b"gone");
+    assert!(!batch.is_empty());
+    let ticket = store.commit(batch).unwrap();
+
+    // Visible at once, before any durability wait.
+    assert_eq!(store.head("account/a").unwrap(), a);
+    assert_eq!(store.head("delivery/a/m1").unwrap(), d);
+    assert_eq!(
+        store.kv_get(b"idem/a/k1").unwrap().as_deref(),
+        Some(&b"accepted"[..])
+    );
+    assert_eq!(store.kv_get(b"gone").unwrap(), None);
+    block_on_bounded(store.durable(ticket)).unwrap();
+}
+
+#[test]
+fn streams_lists_every_stream_with_events_once() {
+    let store = Store::temporary().unwrap();
+    for s in ["b", "a", "ab", "a/x"] {
+        append_n(&store, s, 3);
+    }
+    let mut batch = store.batch();
+    batch.kv_put(b"not-a-stream", b"");
+    store.commit(batch).unwrap();
+    let streams: Vec<String> = store.streams().collect::<Result<_, _>>().unwrap();
+    assert_eq!(streams, ["a", "a/x", "ab", "b"]);
+}
+
+#[test]
+fn kv_scan_prefix_returns_only_matching_keys_in_order() {
+    let store = Store::temporary().unwrap();
+    let mut batch = store.batch();
+    batch.kv_put(b"due/0002", b"b");
+    batch.kv_put(b"due/0001", b"a");
+    batch.kv_put(b"dux", b"no");
+    store.commit(batch).unwrap();
+    let found: Vec<_> = store
+        .kv_scan_prefix(b"due/")
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(
+        found,
+        [
+            (b"due/0001".to_vec(), b"a".to_vec()),
+            (b"due/0002".to_vec(), b"b".to_vec())
+        ]
+    );
+}
+
+/// Runs a future on a fresh current-thread runtime, failing after `WAIT`.
+fn block_on_bounded<F: std::future::Future>(fut: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap()
+        .block_on(async { tokio::time::timeout(WAIT, fut).await.expect("timed out") })
+}
+
+#[actix_rt::test]
+async fn durable_resolves_after_commit() {
+    let store = Store::temporary().unwrap();
+    let mut tickets = Vec::new();
+    for i in 0..3 {
+        let mut batch = store.batch();
+        batch.append(&format!("s{i}"), Head::default(), events(1..=1));
+        tickets.push(store.commit(batch).unwrap());
+    }
+    assert!(tickets.windows(2).all(|t| t[0] < t[1]));
+    for t in tickets.into_iter().rev() {
+        tokio::time::timeout(WAIT, store.durable(t))
+            .await
+            .expect("durable did not resolve")
+            .unwrap();
+    }
+    assert!(store.stats().flushes >= 1);
+}
+
+#[test]
+fn concurrent_commits_share_flushes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    const THREADS: u64 = 4;
+    const COMMITS: u64 = 40;
+    within(WAIT * 3, {
+        let store = store.clone();
+        move || {
+            let workers: Vec<_> = (0..THREADS)
+                .map(|t| {
+                    let store = store.clone();
+                    std::thread::spawn(move || {
+                        let stream = format!("s{t}");
+                        let mut head = Head::default();
+                        for n in 1..=COMMITS {
+                            let mut batch = store.batch();
+                            head = batch.append(&stream, head, events(n..=n));
+                            store.commit_durable_blocking(batch).unwrap();
+                        }
+                    })
+                })
+                .collect();
+            workers.into_iter().for_each(|w| w.join().unwrap());
+        }
+    });
+    let stats = store.stats();
+    assert_eq!(stats.commits, THREADS * COMMITS);
+    assert_eq!(stats.events_appended, THREADS * COMMITS);
+    assert!(
+        stats.flushes < stats.commits,
+        "group commit should share flushes: {stats:?}"
+    );
+    for t in 0..THREADS {
+        assert_eq!(store.head(&format!("s{t}")).unwrap().seq, COMMITS);
+    }
+}
+
+#[test]
+fn reopen_after_drop_keeps_events_snapshot_and_kv() {
+    let dir = tempfile::tempdir().unwrap();
+    let (head, snap) = {
+        let store = Store::open(dir.path()).unwrap();
+        let head = append_n(&store, "account/a", 3);
+        let snap = Snapshot {
+            seq: head.seq,
+            hash: head.hash,
+            state: b"{\"devices\":2}".to_vec(),
+        };
+        let mut batch = store.batch();
+        batch.put_snapshot("account/a", snap.clone());
+        batch.kv_put(b"due/1/x", b"y");
+        let ticket = store.commit(batch).unwrap();
+        assert!(store.stats().commits >= ticket.0);
+        // Dropping the last clone flushes.
+        (head, snap)
+    };
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(store.head("account/a").unwrap(), head);
+    assert_eq!(read_all(&store, "account/a").len(), 3);
+    assert_eq!(verify_chain(store.read("account/a", 0)), []);
+    assert_eq!(store.load_snapshot("account/a").unwrap(), Some(snap));
+    assert_eq!(store.load_snapshot("account/b").unwrap(), None);
+    assert_eq!(
+        store.kv_get(b"due/1/x").unwrap().as_deref(),
+        Some(&b"y"[..])
+    );
+    // Appending continues the chain after the reopen.
+    append_n(&store, "account/a", 1);
+    assert_eq!(verify_chain(store.read("account/a", 0)), []);
+}
+
+#[test]
+fn commit_after_close_is_rejected() {
+    let store = Store::temporary().unwrap();
+    append_n(&store, "s", 1);
+    let other = store.clone();
+    store.close().unwrap();
+    let mut batch = other.batch();
+    batch.append("s", other.head("s").unwrap(), events(2..=2));
+    assert!(matches!(other.commit(batch), Err(StoreError::Closed)));
+    assert_eq!(other.head("s").unwrap().seq, 1);
+}
+
+const CRASH_DIR: &str = "RELAY_STORE_CRASH_DIR";
+const CRASH_STREAMS: usize = 3;
+
+/// The child half of `crash_loses_no_acknowledged_event`; does nothing unless
+/// started by it. Commits events durably from several threads and prints
+/// `acked {stream} {seq}` after each acknowledgement, until killed.
+#[test]
+fn crash_child_commits_until_killed() {
+    let Some(dir) = std::env::var_os(CRASH_DIR) else {
+        return;
+    };
+    let store = Store::open(std::path::Path::new(&dir)).unwrap();
+    let workers: Vec<_> = (0..CRASH_STREAMS)
+        .map(|s| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                let stream = format!("crash/{s}");
+                let mut head = Head::default();
+                // Bounded so an orphaned child still ends.
+                for n in 1..=20_000 {
+                    let mut batch = store.batch();
+                    head = batch.append(&stream, head, events(n..=n));
+                    batch.kv_put(format!("last/{stream}").as_bytes(), &n.to_be_bytes());
+                    store.commit_durable_blocking(batch).unwrap();
+                    println!("acked {s} {n}");
+                }
+            })
+        })
+        .collect();
+    workers.into_iter().for_each(|w| w.join().unwrap());
+}
+
+/// Kills the child on drop so a failing test leaves no process behind.
+struct KillOnDrop(Child);
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn crash_loses_no_acknowledged_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = KillOnDrop(
+        Command::new(std::env::current_exe().unwrap())
+            .args([
+                "crash_child_commits_until_killed",
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CRASH_DIR, dir.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let (tx, rx) = mpsc::channel();
+    let stdout = child.0.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let mut parts = line.split(' ');
+            if parts.next() == Some("acked") {
+                let s: usize = parts.next().unwrap().parse().unwrap();
+                let n: u64 = parts.next().unwrap().parse().unwrap();
+                if tx.send((s, n)).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+
+    let mut acked = [0u64; CRASH_STREAMS];
+    let mut total = 0;
+    while total < 60 {
+        let (s, n) = rx.recv_timeout(WAIT).expect("child stopped acknowledging");
+        acked[s] = acked[s].max(n);
+        total += 1;
+    }
+    child.0.kill().unwrap(); // SIGKILL: no destructor, no final flush
+    child.0.wait().unwrap();
+    // Acks printed before the kill are still in the pipe.
+    while let Ok((s, n)) = rx.recv_timeout(WAIT) {
+        acked[s] = acked[s].max(n);
+    }
+
+    let store = Store::open(dir.path()).unwrap();
+    for (s, &acked) in acked.iter().enumerate() {
+        let stream = format!("crash/{s}");
+        let read = read_all(&store, &stream);
+        assert!(
+            read.len() as u64 >= acked,
+            "{stream}: {acked} acknowledged, {} recovered",
+            read.len()
+        );
+        assert_eq!(verify_chain(store.read(&stream, 0)), [], "{stream}");
+        for ev in &read {
+            assert_eq!(
+                ev.data.get(),
+                format!(r#"{{"n":{},"text":"hello"}}"#, ev.seq)
+            );
+        }
+        // The kv written in the same batch as the last event is there too.
+        let last = store.kv_get(format!("last/{stream}").as_bytes()).unwrap();
+        let expected = (!read.is_empty()).then(|| (read.len() as u64).to_be_bytes().to_vec());
+        assert_eq!(
+            last, expected,
+            "{stream}: kv and events of one batch recovered together"
+        );
+    }
+}
+
+/// A store with 5 events in stream "s", for the tamper tests.
+fn five_events() -> Store {
+    let store = Store::temporary().unwrap();
+    append_n(&store, "s", 5);
+    store
+}
+
+#[test]
+fn verify_chain_reports_clean_for_untouched_log() {
+    let store = five_events();
+    append_n(&store, "t", 2);
+    assert_eq!(verify_chain(store.read("s", 0)), []);
+    // A whole-store scan, stream after stream, is clean too.
+    let all = store
+        .streams()
+        .flat_map(|s| store.read(&s.unwrap(), 0))
+        .collect::<Vec<_>>();
+    assert_eq!(all.len(), 7);
+    assert_eq!(verify_chain(all), []);
+}
+
+#[test]
+fn verify_chain_finds_a_flipped_byte_in_a_stored_body() {
+    let store = five_events();
+    let key = Store::raw_event_key("s", 3);
+    let mut value = store.raw_db().get(&key).unwrap().unwrap().to_vec();
+    let at = value.len() - 1 - value.iter().rev().position(|&b| b == b'h').unwrap();
+    value[at] = b'j'; // "hello" -> "jello": still valid JSON
+    store.raw_db().insert(&key, value).unwrap();
+
+    assert!(matches!(
+        store.read("s", 2).next(),
+        Some(Err(StoreError::HashMismatch { seq: 3, .. }))
+    ));
+    let findings = verify_chain(store.read("s", 0));
+    assert_eq!(findings.len(), 1, "{findings:?}");
+    assert_eq!((findings[0].stream.as_str(), findings[0].seq), ("s", 3));
+    assert_eq!(findings[0].problem, ChainProblem::HashMismatch);
+}
+
+#[test]
+fn verify_chain_finds_a_deleted_event_in_the_middle() {
+    let store = five_events();
+    store.raw_db().remove(Store::raw_event_key("s", 3)).unwrap();
+    let findings = verify_chain(store.read("s", 0));
+    assert_eq!(findings.len(), 1, "{findings:?}");
+    assert_eq!(findings[0].seq, 4);
+    assert_eq!(findings[0].problem, ChainProblem::Gap { expected: 3 });
+}
+
+#[test]
+fn verify_chain_finds_a_forged_event_that_links_to_another_chain() {
+    let store = five_events();
+    // A self-consistent event 3 (its hash matches its body) from another history.
+    let other = Store::temporary().unwrap();
+    let mut batch = other.batch();
+    batch.append("s", Head::default(), vec![event(100), event(101), event(3)]);
+    other.commit(batch).unwrap();
+    let forged = other
+        .raw_db()
+        .get(Store::raw_event_key("s", 3))
+        .unwrap()
+        .unwrap();
+    store
+        .raw_db()
+        .insert(Store::raw_event_key("s", 3), forged)
+        .unwrap();
+
+    let findings = verify_chain(store.read("s", 0));
+    let problems: Vec<_> = findings
+        .iter()
+        .map(|f| (f.seq, f.problem.clone()))
+        .collect();
+    assert_eq!(
+        problems,
+        [
+            (3, ChainProblem::PrevMismatch),
+            (4, ChainProblem::PrevMismatch)
+        ]
+    );
+}
+
+#[test]
+fn undecodable_record_is_reported_not_panicked() {
+    let store = five_events();
+    let key = Store::raw_event_key("s", 2);
+    let mut value = store.raw_db().get(&key).unwrap().unwrap().to_vec();
+    value[32] = b'['; // body no longer an object
+    store.raw_db().insert(&key, value).unwrap();
+    store
+        .raw_db()
+        .insert(Store::raw_event_key("s", 4), &b"short"[..])
+        .unwrap();
+
+    let findings = verify_chain(store.read("s", 0));
+    let problems: Vec<_> = findings.iter().map(|f| (f.seq, &f.problem)).collect();
+    assert!(
+        matches!(
+            problems[..],
+            [(2, ChainProblem::Decode(_)), (4, ChainProblem::Decode(_))]
+        ),
+        "{findings:?}"
+    );
+    assert!(matches!(store.head("s"), Ok(Head { seq: 5, .. })));
+}

@@ -1,0 +1,127 @@
+//! Building and signing protocol objects as a client does: used by the
+//! example client, the load benchmark and the tests. Pure: the caller
+//! supplies keys and times.
+
+use crate::encoding::{b64_encode, jcs};
+use crate::ids::account_id_of;
+use crate::sign::{sign_object, Tag};
+use ed25519_dalek::{Signer, SigningKey};
+use serde_json::{json, Map, Value};
+
+fn signed(tag: Tag, v: Value, key: &SigningKey) -> Value {
+    let mut m: Map<String, Value> = match v {
+        Value::Object(m) => m,
+        _ => unreachable!("objects only"),
+    };
+    sign_object(tag, &mut m, key);
+    Value::Object(m)
+}
+
+/// An account: its Ed25519 key and derived id.
+#[derive(Clone)]
+pub struct Account {
+    pub key: SigningKey,
+    pub id: String,
+}
+
+/// A device of an account: its signing key and X25519 box key (opaque here).
+#[derive(Clone)]
+pub struct Device {
+    pub id: String,
+    pub key: SigningKey,
+    pub box_key: [u8; 32],
+}
+
+impl Account {
+    pub fn from_seed(seed: [u8; 32]) -> Self {
+        let key = SigningKey::from_bytes(&seed);
+        let id = account_id_of(key.verifying_key().as_bytes());
+        Account { key, id }
+    }
+
+    pub fn public_key(&self) -> String {
+        b64_encode(self.key.verifying_key().as_bytes())
+    }
+
+    /// A signed Route listing `relays` as `(id, url)`.
+    pub fn route(&self, revision: u64, relays: &[(&str, &str)], issued_at: u64) -> Value {
+        let relays: Vec<Value> = relays.iter().map(|(id, url)| json!({"id": id, "url": url})).collect();
+        signed(
+            Tag::Route,
+            json!({"account_id": self.id, "account_key": self.public_key(), "revision": revision,
+                   "relays": relays, "issued_at": issued_at}),
+            &self.key,
+        )
+    }
+
+    pub fn certificate(&self, device: &Device, issued_at: u64, expires_at: Option<u64>) -> Value {
+        let mut v = json!({"account_id": self.id, "account_key": self.public_key(), "device_id": device.id,
+                           "device_key": device.public_key(), "box_key": b64_encode(&device.box_key),
+                           "issued_at": issued_at});
+        if let Some(e) = expires_at {
+            v["expires_at"] = json!(e);
+        }
+        signed(Tag::DeviceCertificate, v, &self.key)
+    }
+
+    pub fn revocation(&self, device_id: &str, revoked_at: u64) -> Value {
+        signed(
+            Tag::DeviceRevocation,
+            json!({"account_id": self.id, "device_id": device_id, "revoked_at": revoked_at}),
+            &self.key,
+        )
+    }
+
+    /// A ContactGrant from this account (the recipient) to `grantee`.
+    pub fn grant(&self, grant_id: &str, grantee: &str, issued_at: u64, expires_at: Option<u64>) -> Value {
+        let mut v = json!({"grant_id": grant_id, "grantor": self.id, "grantee": grantee, "issued_at": issued_at});
+        if let Some(e) = expires_at {
+            v["expires_at"] = json!(e);
+        }
+        signed(Tag::ContactGrant, v, &self.key)
+    }
+
+    pub fn invite(&self, invite_id: &str, issued_at: u64, expires_at: u64) -> Value {
+        signed(
+            Tag::ContactInvite,
+            json!({"invite_id": invite_id, "issuer": self.id, "issued_at": issued_at, "expires_at": expires_at}),
+            &self.key,
+        )
+    }
+}
+
+impl Device {
+    pub fn from_seed(id: &str, seed: [u8; 32]) -> Self {
+        let mut box_key = *blake3::hash(&seed).as_bytes();
+        box_key[0] ^= 1;
+        Device { id: id.into(), key: SigningKey::from_bytes(&seed), box_key }
+    }
+
+    pub fn public_key(&self) -> String {
+        b64_encode(self.key.verifying_key().as_bytes())
+    }
+
+    /// A signed MessageEnvelope from this device of `from` to `to`.
+    pub fn envelope(&self, from: &str, to: &str, message_id: &str, created_at: u64, ciphertext: &[u8]) -> Value {
+        signed(
+            Tag::Envelope,
+            json!({"message_id": message_id, "from": from, "from_device_id": self.id, "to": to,
+                   "created_at": created_at, "ciphertext": b64_encode(ciphertext)}),
+            &self.key,
+        )
+    }
+
+    /// The `session.open` signature over `{account_id, device_id, challenge, relay_id}`.
+    pub fn session_proof(&self, account_id: &str, challenge: &str, relay_id: &str) -> String {
+        let body = json!({"account_id": account_id, "device_id": self.id, "challenge": challenge, "relay_id": relay_id});
+        let mut bytes = Tag::Session.as_str().as_bytes().to_vec();
+        bytes.push(b'\n');
+        bytes.extend_from_slice(&jcs(&body).expect("canonical"));
+        b64_encode(&self.key.sign(&bytes).to_bytes())
+    }
+}
+
+/// A key box for `device_id` holding opaque bytes.
+pub fn key_box(device_id: &str, bytes: &[u8]) -> Value {
+    json!({"device_id": device_id, "box": b64_encode(bytes)})
+}

@@ -1,0 +1,26 @@
+//! # relay-schemas
+//!
+//! The relay protocol's vocabulary, pure and without I/O:
+//!
+//! - [`error`]: `RelayError` and its codes, HTTP statuses and the seed's
+//!   delivery handling of each code;
+//! - [`encoding`]: base64url, RFC 8785 canonical JSON and its digest;
+//! - [`ids`]: identifier syntax and the key-bound `account_id`;
+//! - [`sign`]: domain-tagged Ed25519 signatures, verified strictly;
+//! - [`objects`]: the core objects of PROTOCOL §2, kept byte-for-byte;
+//! - [`methods`]: params and results of every method;
+//! - [`client`]: building and signing objects as a client does.
+//!
+//! JSON Schema files for all of these are in `schemas/json/`, and an
+//! OpenAPI 3.1 document for `/v1/rpc/{method}` in `schemas/openapi.json`.
+
+pub mod encoding;
+pub mod client;
+pub mod error;
+pub mod ids;
+pub mod methods;
+pub mod objects;
+pub mod sign;
+
+pub use error::{DeliveryHandling, ErrorCode, RelayError};
+pub use objects::{DeliveryStatus, Status, Wire};

@@ -1,0 +1,420 @@
+//! The core objects of PROTOCOL §2 and their stateless validity checks.
+//!
+//! Every object is held as [`Wire<T>`]: the typed view plus the exact bytes
+//! it arrived as, so unknown members (covered by signatures) are stored and
+//! forwarded byte-for-byte. Checks that need an account's state (is the
+//! certificate on file? was the grant revoked?) live in the account core.
+
+use crate::encoding::{b64_decode, b64_decoded_len};
+use crate::ids::{account_id_of, check_account_id, check_id, check_message_id, check_relay_id};
+use crate::sign::{parse_public_key, verify_object, Tag};
+use crate::{ErrorCode, RelayError};
+use ed25519_dalek::VerifyingKey;
+use serde::de::{DeserializeOwned, Error as _};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+use std::ops::Deref;
+
+/// A protocol object as received: the typed view and the original JSON text.
+#[derive(Clone, Debug)]
+pub struct Wire<T> {
+    raw: Box<RawValue>,
+    body: T,
+}
+
+impl<T: DeserializeOwned> Wire<T> {
+    pub fn from_raw(raw: Box<RawValue>) -> Result<Self, serde_json::Error> {
+        let body = serde_json::from_str(raw.get())?;
+        Ok(Wire { raw, body })
+    }
+
+    pub fn parse(json: &str) -> Result<Self, serde_json::Error> {
+        Self::from_raw(RawValue::from_string(json.to_owned())?)
+    }
+
+    /// Builds one from a value (clients and tests); the bytes are its
+    /// compact serialization.
+    pub fn from_value(v: &Value) -> Result<Self, serde_json::Error> {
+        Self::parse(&serde_json::to_string(v)?)
+    }
+}
+
+impl<T> Wire<T> {
+    /// The original JSON text.
+    pub fn raw(&self) -> &RawValue {
+        &self.raw
+    }
+
+    /// The object as a JSON map (for signatures and canonical JSON).
+    pub fn map(&self) -> Result<Map<String, Value>, RelayError> {
+        serde_json::from_str(self.raw.get())
+            .map_err(|e| RelayError::invalid_params(format!("not a JSON object: {e}")))
+    }
+
+    pub fn verify(&self, tag: Tag, key: &VerifyingKey) -> Result<(), RelayError> {
+        verify_object(tag, &self.map()?, key)
+    }
+}
+
+impl<T> Deref for Wire<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.body
+    }
+}
+
+impl<T> PartialEq for Wire<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.raw.get() == other.raw.get()
+    }
+}
+
+impl<'de, T: DeserializeOwned> Deserialize<'de> for Wire<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = Box::<RawValue>::deserialize(d)?;
+        Wire::from_raw(raw).map_err(D::Error::custom)
+    }
+}
+
+impl<T> Serialize for Wire<T> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.raw.serialize(s)
+    }
+}
+
+fn invalid(m: impl Into<String>) -> RelayError {
+    RelayError::invalid_params(m)
+}
+
+/// Checks `issued_at`/`expires_at` of a credential against `now`.
+fn check_validity_window(
+    what: &str,
+    issued_at: u64,
+    expires_at: Option<u64>,
+    now: u64,
+    tolerance: u64,
+    code: ErrorCode,
+) -> Result<(), RelayError> {
+    if issued_at > now.saturating_add(tolerance) {
+        return Err(RelayError::new(code, format!("{what}: issued_at is in the future")));
+    }
+    if let Some(exp) = expires_at {
+        if exp <= now {
+            return Err(RelayError::new(code, format!("{what}: expired")));
+        }
+    }
+    Ok(())
+}
+
+/// Checks that `account_id` derives from `account_key` and returns the key.
+fn bound_account_key(account_id: &str, account_key: &str) -> Result<VerifyingKey, RelayError> {
+    check_account_id("account_id", account_id)?;
+    let key = parse_public_key("account_key", account_key)?;
+    if account_id_of(key.as_bytes()) != account_id {
+        return Err(RelayError::invalid_signature("account_id does not derive from account_key"));
+    }
+    Ok(key)
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct DeviceCertificate {
+    pub account_id: String,
+    pub account_key: String,
+    pub device_id: String,
+    pub device_key: String,
+    pub box_key: String,
+    pub issued_at: u64,
+    #[serde(default)]
+    pub expires_at: Option<u64>,
+    pub signature: String,
+}
+
+impl Wire<DeviceCertificate> {
+    /// Signature and identity binding; returns the device key. Whether the
+    /// account lists this certificate is the account's business.
+    pub fn check(&self, now: u64, tolerance: u64) -> Result<VerifyingKey, RelayError> {
+        let account_key = bound_account_key(&self.account_id, &self.account_key)?;
+        check_id("device_id", &self.device_id)?;
+        let device_key = parse_public_key("device_key", &self.device_key)?;
+        if b64_decode("box_key", &self.box_key)?.len() != 32 {
+            return Err(invalid("box_key: expected 32 bytes"));
+        }
+        self.verify(Tag::DeviceCertificate, &account_key)?;
+        check_validity_window(
+            "device_certificate",
+            self.issued_at,
+            self.expires_at,
+            now,
+            tolerance,
+            ErrorCode::InvalidParams,
+        )?;
+        Ok(device_key)
+    }
+
+    pub fn is_expired(&self, now: u64) -> bool {
+        self.expires_at.is_some_and(|e| e <= now)
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct DeviceRevocation {
+    pub account_id: String,
+    pub device_id: String,
+    pub revoked_at: u64,
+    pub signature: String,
+}
+
+impl Wire<DeviceRevocation> {
+    pub fn check(&self, account_key: &VerifyingKey) -> Result<(), RelayError> {
+        check_account_id("account_id", &self.account_id)?;
+        check_id("device_id", &self.device_id)?;
+        self.verify(Tag::DeviceRevocation, account_key)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RelayRef {
+    pub id: String,
+    pub url: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Route {
+    pub account_id: String,
+    pub account_key: String,
+    pub revision: u64,
+    pub relays: Vec<RelayRef>,
+    pub issued_at: u64,
+    pub signature: String,
+}
+
+impl Wire<Route> {
+    /// Signature, identity binding and shape; returns the account key.
+    pub fn check(&self, now: u64, tolerance: u64) -> Result<VerifyingKey, RelayError> {
+        let key = bound_account_key(&self.account_id, &self.account_key)?;
+        if !(1..=2).contains(&self.relays.len()) {
+            return Err(invalid("route.relays: expected 1 or 2 relays"));
+        }
+        for r in &self.relays {
+            check_relay_id("route.relays[].id", &r.id)?;
+            if r.url.is_empty() || r.url.len() > 2048 {
+                return Err(invalid("route.relays[].url: expected 1-2048 characters"));
+            }
+        }
+        if self.relays.len() == 2 && self.relays[0].id == self.relays[1].id {
+            return Err(invalid("route.relays: duplicate relay id"));
+        }
+        self.verify(Tag::Route, &key)?;
+        check_validity_window("route", self.issued_at, None, now, tolerance, ErrorCode::InvalidParams)?;
+        Ok(key)
+    }
+
+    pub fn lists_relay(&self, relay_id: &str) -> bool {
+        self.relays.iter().any(|r| r.id == relay_id)
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct MessageEnvelope {
+    pub message_id: String,
+    pub from: String,
+    pub from_device_id: String,
+    pub to: String,
+    pub created_at: u64,
+    pub ciphertext: String,
+    pub signature: String,
+}
+
+impl Wire<MessageEnvelope> {
+    /// Object constraints (not the signature: that needs the device key).
+    pub fn check_constraints(&self, max_ciphertext_bytes: usize) -> Result<(), RelayError> {
+        check_message_id("envelope.message_id", &self.message_id)?;
+        check_account_id("envelope.from", &self.from)?;
+        check_account_id("envelope.to", &self.to)?;
+        check_id("envelope.from_device_id", &self.from_device_id)?;
+        // Size first, from the encoded length, so an oversize body is
+        // refused before it is decoded.
+        let len = b64_decoded_len(&self.ciphertext)
+            .ok_or_else(|| invalid("envelope.ciphertext: not base64url without padding"))?;
+        if len > max_ciphertext_bytes {
+            return Err(RelayError::payload_too_large(format!(
+                "envelope.ciphertext: {len} bytes, limit {max_ciphertext_bytes}"
+            )));
+        }
+        if b64_decode("envelope.ciphertext", &self.ciphertext)?.is_empty() {
+            return Err(invalid("envelope.ciphertext: empty"));
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct KeyBox {
+    pub device_id: String,
+    #[serde(rename = "box")]
+    pub key_box: String,
+}
+
+pub const MAX_BOX_BYTES: usize = 1024;
+
+/// `recipient_boxes` / `sender_boxes`: 1..=max boxes, distinct devices,
+/// each box 1..=1024 bytes.
+pub fn check_boxes(field: &str, boxes: &[Wire<KeyBox>], max_boxes: usize) -> Result<(), RelayError> {
+    if boxes.is_empty() {
+        return Err(invalid(format!("{field}: at least one box")));
+    }
+    if boxes.len() > max_boxes {
+        return Err(RelayError::payload_too_large(format!(
+            "{field}: {} boxes, limit {max_boxes}",
+            boxes.len()
+        )));
+    }
+    let mut seen = std::collections::HashSet::with_capacity(boxes.len());
+    for b in boxes {
+        check_id(&format!("{field}[].device_id"), &b.device_id)?;
+        if !seen.insert(b.device_id.as_str()) {
+            return Err(invalid(format!("{field}: duplicate device_id {}", b.device_id)));
+        }
+        let len = b64_decoded_len(&b.key_box)
+            .ok_or_else(|| invalid(format!("{field}[].box: not base64url without padding")))?;
+        if len > MAX_BOX_BYTES {
+            return Err(RelayError::payload_too_large(format!(
+                "{field}[].box: {len} bytes, limit {MAX_BOX_BYTES}"
+            )));
+        }
+        if b64_decode(&format!("{field}[].box"), &b.key_box)?.is_empty() {
+            return Err(invalid(format!("{field}[].box: empty")));
+        }
+    }
+    Ok(())
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ContactGrant {
+    pub grant_id: String,
+    pub grantor: String,
+    pub grantee: String,
+    pub issued_at: u64,
+    #[serde(default)]
+    pub expires_at: Option<u64>,
+    pub signature: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ContactInvite {
+    pub invite_id: String,
+    pub issuer: String,
+    pub issued_at: u64,
+    pub expires_at: u64,
+    pub signature: String,
+}
+
+/// The `authorization` param of a send.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Authorization {
+    ContactGrant(Wire<ContactGrant>),
+    ContactInvite(Wire<ContactInvite>),
+}
+
+impl Authorization {
+    /// Checks the credential lets `sender` deliver to `recipient`, whose
+    /// account key is `recipient_key`. Any failure is `forbidden`: invalid
+    /// credentials never fall back to public discovery. Revocation is checked
+    /// by the caller, which knows the recipient's revoked ids.
+    pub fn check(
+        &self,
+        sender: &str,
+        recipient: &str,
+        recipient_key: &VerifyingKey,
+        now: u64,
+        tolerance: u64,
+    ) -> Result<(), RelayError> {
+        let forbid = |why: &str| RelayError::forbidden(format!("authorization: {why}"));
+        match self {
+            Authorization::ContactGrant(g) => {
+                check_id("grant_id", &g.grant_id).map_err(|_| forbid("malformed grant_id"))?;
+                if g.grantor != recipient || g.grantee != sender {
+                    return Err(forbid("grant names another account"));
+                }
+                g.verify(Tag::ContactGrant, recipient_key).map_err(|_| forbid("bad grant signature"))?;
+                check_validity_window("grant", g.issued_at, g.expires_at, now, tolerance, ErrorCode::Forbidden)
+                    .map_err(|_| forbid("grant not valid now"))
+            }
+            Authorization::ContactInvite(i) => {
+                check_id("invite_id", &i.invite_id).map_err(|_| forbid("malformed invite_id"))?;
+                if i.issuer != recipient {
+                    return Err(forbid("invite names another account"));
+                }
+                i.verify(Tag::ContactInvite, recipient_key).map_err(|_| forbid("bad invite signature"))?;
+                check_validity_window("invite", i.issued_at, Some(i.expires_at), now, tolerance, ErrorCode::Forbidden)
+                    .map_err(|_| forbid("invite not valid now"))
+            }
+        }
+    }
+
+    /// `(kind, id)` for revocation lookups.
+    pub fn revocation_key(&self) -> (&'static str, &str) {
+        match self {
+            Authorization::ContactGrant(g) => ("grant", &g.grant_id),
+            Authorization::ContactInvite(i) => ("invite", &i.invite_id),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Delivering,
+    TargetAccepted,
+    Failed,
+}
+
+impl Status {
+    pub fn is_terminal(self) -> bool {
+        self != Status::Delivering
+    }
+}
+
+/// `DeliveryStatus` exactly as in the seed: `error` iff `failed`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DeliveryStatus {
+    pub status: Status,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<RelayError>,
+    pub accepted_at: u64,
+}
+
+impl DeliveryStatus {
+    pub fn delivering(accepted_at: u64) -> Self {
+        DeliveryStatus { status: Status::Delivering, error: None, accepted_at }
+    }
+    pub fn target_accepted(accepted_at: u64) -> Self {
+        DeliveryStatus { status: Status::TargetAccepted, error: None, accepted_at }
+    }
+    pub fn failed(accepted_at: u64, error: RelayError) -> Self {
+        DeliveryStatus { status: Status::Failed, error: Some(error), accepted_at }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Direction {
+    Received,
+    Sent,
+}
+
+/// One record of `message.timeline.sync`.
+#[derive(Clone, Debug, Serialize)]
+pub struct TimelineRecord<'a> {
+    pub sequence: u64,
+    pub direction: Direction,
+    pub accepted_at: u64,
+    pub expires_at: u64,
+    pub envelope: &'a RawValue,
+    #[serde(rename = "box")]
+    pub key_box: &'a RawValue,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delivery: Option<DeliveryStatus>,
+}

@@ -1,0 +1,150 @@
+//! Signatures with domain tags (PROTOCOL §1).
+//!
+//! The signed bytes are `TAG || "\n" || JCS(object without "signature")`.
+//! Verification is strict: non-canonical encodings and small-order keys or
+//! points are rejected.
+
+use crate::encoding::{b64_decode_array, b64_encode, jcs};
+use crate::RelayError;
+use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
+use serde_json::{Map, Value};
+
+/// The domain tag of each signed object kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tag {
+    DeviceCertificate,
+    DeviceRevocation,
+    Route,
+    Envelope,
+    ContactGrant,
+    ContactInvite,
+    Session,
+    RelayRequest,
+}
+
+impl Tag {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tag::DeviceCertificate => "relay/v1/device-certificate",
+            Tag::DeviceRevocation => "relay/v1/device-revocation",
+            Tag::Route => "relay/v1/route",
+            Tag::Envelope => "relay/v1/envelope",
+            Tag::ContactGrant => "relay/v1/contact-grant",
+            Tag::ContactInvite => "relay/v1/contact-invite",
+            Tag::Session => "relay/v1/session",
+            Tag::RelayRequest => "relay/v1/relay-request",
+        }
+    }
+}
+
+/// The bytes an object's signature covers: every member but `signature`.
+pub fn signed_bytes(tag: Tag, object: &Map<String, Value>) -> Result<Vec<u8>, RelayError> {
+    struct WithoutSignature<'a>(&'a Map<String, Value>);
+    impl serde::Serialize for WithoutSignature<'_> {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            s.collect_map(self.0.iter().filter(|(k, _)| k.as_str() != "signature"))
+        }
+    }
+    let mut out = Vec::with_capacity(256);
+    out.extend_from_slice(tag.as_str().as_bytes());
+    out.push(b'\n');
+    out.extend_from_slice(&jcs(&WithoutSignature(object))?);
+    Ok(out)
+}
+
+/// Parses a base64url Ed25519 public key, rejecting small-order (weak) keys.
+pub fn parse_public_key(field: &str, b64: &str) -> Result<VerifyingKey, RelayError> {
+    let bytes: [u8; 32] = b64_decode_array(field, b64)?;
+    let key = VerifyingKey::from_bytes(&bytes)
+        .map_err(|_| RelayError::invalid_params(format!("{field}: not an Ed25519 public key")))?;
+    if key.is_weak() {
+        return Err(RelayError::invalid_signature(format!("{field}: small-order key")));
+    }
+    Ok(key)
+}
+
+/// Strict verification of raw bytes.
+pub fn verify_bytes(key: &VerifyingKey, message: &[u8], signature_b64: &str) -> Result<(), RelayError> {
+    let sig: [u8; 64] = b64_decode_array("signature", signature_b64)?;
+    key.verify_strict(message, &Signature::from_bytes(&sig))
+        .map_err(|_| RelayError::invalid_signature("signature does not verify"))
+}
+
+/// Verifies the `signature` member of a signed object under `key`.
+pub fn verify_object(tag: Tag, object: &Map<String, Value>, key: &VerifyingKey) -> Result<(), RelayError> {
+    let sig = match object.get("signature") {
+        Some(Value::String(s)) => s,
+        _ => return Err(RelayError::invalid_params("signature: missing")),
+    };
+    verify_bytes(key, &signed_bytes(tag, object)?, sig)
+}
+
+/// Signs an object in place (sets `signature`). Used by clients, tests and
+/// the relay for its own requests.
+pub fn sign_object(tag: Tag, object: &mut Map<String, Value>, key: &SigningKey) {
+    object.remove("signature");
+    let bytes = signed_bytes(tag, object).expect("a Map always canonicalizes");
+    let sig = key.sign(&bytes);
+    object.insert("signature".into(), Value::String(b64_encode(&sig.to_bytes())));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn key() -> SigningKey {
+        SigningKey::from_bytes(&[7u8; 32])
+    }
+
+    fn obj(v: Value) -> Map<String, Value> {
+        v.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn signature_covers_unknown_members() {
+        let k = key();
+        let mut o = obj(json!({"a": 1, "x-future": "kept"}));
+        sign_object(Tag::Route, &mut o, &k);
+        verify_object(Tag::Route, &o, &k.verifying_key()).unwrap();
+        o.insert("x-future".into(), json!("changed"));
+        let e = verify_object(Tag::Route, &o, &k.verifying_key()).unwrap_err();
+        assert_eq!(e.code, crate::ErrorCode::InvalidSignature);
+    }
+
+    #[test]
+    fn wrong_domain_tag_is_invalid_signature() {
+        let k = key();
+        let mut o = obj(json!({"a": 1}));
+        sign_object(Tag::Envelope, &mut o, &k);
+        let e = verify_object(Tag::Route, &o, &k.verifying_key()).unwrap_err();
+        assert_eq!(e.code, crate::ErrorCode::InvalidSignature);
+    }
+
+    #[test]
+    fn signed_bytes_are_tag_newline_jcs_without_signature() {
+        let o = obj(json!({"b": 2, "a": "x", "signature": "zz"}));
+        assert_eq!(
+            signed_bytes(Tag::Session, &o).unwrap(),
+            b"relay/v1/session\n{\"a\":\"x\",\"b\":2}".to_vec()
+        );
+    }
+
+    #[test]
+    fn small_order_public_key_is_rejected() {
+        // The identity point: a small-order key that plain verification accepts.
+        let mut id = [0u8; 32];
+        id[0] = 1;
+        let e = parse_public_key("k", &b64_encode(&id)).unwrap_err();
+        assert_eq!(e.code, crate::ErrorCode::InvalidSignature);
+    }
+
+    #[test]
+    fn malformed_signature_encoding_is_invalid_params() {
+        let k = key();
+        let mut o = obj(json!({"a": 1}));
+        o.insert("signature".into(), json!("not base64!"));
+        let e = verify_object(Tag::Route, &o, &k.verifying_key()).unwrap_err();
+        assert_eq!(e.code, crate::ErrorCode::InvalidParams);
+    }
+}

@@ -1,0 +1,289 @@
+//! Configuration (PROTOCOL §7): a TOML file, every key overridable by an
+//! environment variable `RELAY__SECTION__KEY` (e.g. `RELAY__LIMITS__MAX_BOXES=16`,
+//! `RELAY__DELIVERY__RETRY_TIMETABLE=0s,1s,5s`).
+
+use relay_actors::Policy;
+use serde::{Deserialize, Deserializer};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let s = String::deserialize(d)?;
+    humantime::parse_duration(&s).map_err(|e| serde::de::Error::custom(format!("{s:?}: {e}")))
+}
+
+fn durations<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Duration>, D::Error> {
+    Vec::<String>::deserialize(d)?
+        .iter()
+        .map(|s| humantime::parse_duration(s.trim()).map_err(|e| serde::de::Error::custom(format!("{s:?}: {e}"))))
+        .collect()
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub relay: RelaySection,
+    #[serde(default)]
+    pub peers: Vec<Peer>,
+    #[serde(default)]
+    pub limits: Limits,
+    #[serde(default)]
+    pub delivery: Delivery,
+    #[serde(default)]
+    pub sessions: Sessions,
+    #[serde(default)]
+    pub actors: Actors,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RelaySection {
+    pub id: String,
+    pub public_url: String,
+    pub listen: String,
+    pub data_dir: PathBuf,
+    /// Generated on first start if absent.
+    pub key_file: PathBuf,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Peer {
+    pub id: String,
+    pub url: String,
+    pub public_key: String,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    #[serde(deserialize_with = "duration")]
+    pub clock_tolerance: Duration,
+    #[serde(deserialize_with = "duration")]
+    pub delivery_age_limit: Duration,
+    #[serde(deserialize_with = "duration")]
+    pub message_retention: Duration,
+    pub max_ciphertext_bytes: usize,
+    pub max_boxes: usize,
+    /// Largest accepted request body; larger ones get `payload_too_large`.
+    pub max_body_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            clock_tolerance: Duration::from_secs(300),
+            delivery_age_limit: Duration::from_secs(90 * 60),
+            message_retention: Duration::from_secs(30 * 24 * 3600),
+            max_ciphertext_bytes: 65536,
+            max_boxes: 64,
+            max_body_bytes: 1 << 20,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Delivery {
+    #[serde(deserialize_with = "durations")]
+    pub retry_timetable: Vec<Duration>,
+    #[serde(deserialize_with = "duration")]
+    pub retry_then_every: Duration,
+    #[serde(deserialize_with = "duration")]
+    pub attempt_timeout: Duration,
+}
+
+impl Default for Delivery {
+    fn default() -> Self {
+        Delivery {
+            retry_timetable: [0, 30, 300, 1500, 3600].map(Duration::from_secs).to_vec(),
+            retry_then_every: Duration::from_secs(3600),
+            attempt_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Sessions {
+    #[serde(deserialize_with = "duration")]
+    pub ttl: Duration,
+    #[serde(deserialize_with = "duration")]
+    pub challenge_ttl: Duration,
+}
+
+impl Default for Sessions {
+    fn default() -> Self {
+        Sessions { ttl: Duration::from_secs(24 * 3600), challenge_ttl: Duration::from_secs(300) }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Actors {
+    pub snapshot_every: u64,
+    #[serde(deserialize_with = "duration")]
+    pub passivate_after: Duration,
+}
+
+impl Default for Actors {
+    fn default() -> Self {
+        Actors { snapshot_every: 1000, passivate_after: Duration::from_secs(600) }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config {path}: {source}")]
+    Load { path: String, source: config::ConfigError },
+    #[error("config {path}: {what}")]
+    Invalid { path: String, what: String },
+}
+
+impl Config {
+    /// Loads `path`, then applies `RELAY__SECTION__KEY` overrides, then checks.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let shown = path.display().to_string();
+        let load = |source| ConfigError::Load { path: shown.clone(), source };
+        let cfg: Config = config::Config::builder()
+            .add_source(config::File::from(path).format(config::FileFormat::Toml))
+            .add_source(
+                config::Environment::with_prefix("RELAY")
+                    .prefix_separator("__")
+                    .separator("__")
+                    .try_parsing(true)
+                    .list_separator(",")
+                    .with_list_parse_key("delivery.retry_timetable"),
+            )
+            .build()
+            .map_err(load)?
+            .try_deserialize()
+            .map_err(load)?;
+        cfg.check().map_err(|what| ConfigError::Invalid { path: shown, what })?;
+        Ok(cfg)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        relay_schemas::ids::check_relay_id("relay.id", &self.relay.id).map_err(|e| e.message)?;
+        self.relay
+            .listen
+            .parse::<std::net::SocketAddr>()
+            .map_err(|e| format!("relay.listen {:?}: {e}", self.relay.listen))?;
+        for p in &self.peers {
+            relay_schemas::ids::check_relay_id("peers.id", &p.id).map_err(|e| e.message)?;
+            relay_schemas::sign::parse_public_key("peers.public_key", &p.public_key).map_err(|e| e.message)?;
+        }
+        if self.delivery.retry_timetable.is_empty() {
+            return Err("delivery.retry_timetable must have at least one entry".into());
+        }
+        if self.delivery.retry_timetable.windows(2).any(|w| w[0] > w[1]) {
+            return Err("delivery.retry_timetable must be in increasing order".into());
+        }
+        if self.delivery.retry_then_every.is_zero() {
+            return Err("delivery.retry_then_every must be positive".into());
+        }
+        if self.limits.max_boxes == 0 || self.limits.max_ciphertext_bytes == 0 {
+            return Err("limits.max_boxes and limits.max_ciphertext_bytes must be positive".into());
+        }
+        Ok(())
+    }
+
+    pub fn policy(&self) -> Policy {
+        let ms = |d: Duration| d.as_millis() as u64;
+        Policy {
+            relay_id: self.relay.id.clone(),
+            clock_tolerance: self.limits.clock_tolerance.as_secs(),
+            delivery_age_limit: self.limits.delivery_age_limit.as_secs(),
+            message_retention: self.limits.message_retention.as_secs(),
+            max_ciphertext_bytes: self.limits.max_ciphertext_bytes,
+            max_boxes: self.limits.max_boxes,
+            session_ttl: self.sessions.ttl.as_secs(),
+            challenge_ttl: self.sessions.challenge_ttl.as_secs(),
+            retry_timetable_ms: self.delivery.retry_timetable.iter().copied().map(ms).collect(),
+            retry_then_every_ms: ms(self.delivery.retry_then_every),
+            attempt_timeout_ms: ms(self.delivery.attempt_timeout),
+            snapshot_every: self.actors.snapshot_every.max(1),
+            passivate_after_ms: ms(self.actors.passivate_after),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, body: &str) -> PathBuf {
+        let p = dir.join("relay.toml");
+        std::fs::write(&p, body).unwrap();
+        p
+    }
+
+    const MINIMAL: &str = r#"
+[relay]
+id = "relay-a"
+public_url = "http://127.0.0.1:7801"
+listen = "127.0.0.1:7801"
+data_dir = "data/relay-a"
+key_file = "data/relay-a/relay.key"
+"#;
+
+    #[test]
+    fn default_config_file_loads_with_protocol_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/default.toml");
+        let cfg = Config::load(&path).unwrap();
+        let p = cfg.policy();
+        assert_eq!(p.clock_tolerance, 300);
+        assert_eq!(p.delivery_age_limit, 5400);
+        assert_eq!(p.message_retention, 30 * 24 * 3600);
+        assert_eq!(p.retry_timetable_ms, vec![0, 30_000, 300_000, 1_500_000, 3_600_000]);
+        assert_eq!(p.retry_then_every_ms, 3_600_000);
+        assert_eq!(p.attempt_timeout_ms, 10_000);
+    }
+
+    #[test]
+    fn durations_accept_ms_s_m_h_d() {
+        let dir = tempfile::tempdir().unwrap();
+        let body = format!(
+            "{MINIMAL}\n[limits]\nmessage_retention = \"30d\"\nclock_tolerance = \"250ms\"\n[delivery]\nretry_timetable = [\"0s\", \"5m\", \"1h\"]\n"
+        );
+        let p = Config::load(&write(dir.path(), &body)).unwrap().policy();
+        assert_eq!(p.message_retention, 30 * 86400);
+        assert_eq!(p.clock_tolerance, 0);
+        assert_eq!(p.retry_timetable_ms, vec![0, 300_000, 3_600_000]);
+    }
+
+    // Environment overrides are process-global; one test covers them all so
+    // parallel tests never see each other's variables.
+    #[test]
+    fn environment_overrides_section_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(dir.path(), MINIMAL);
+        std::env::set_var("RELAY__LIMITS__MAX_BOXES", "7");
+        std::env::set_var("RELAY__DELIVERY__RETRY_TIMETABLE", "0s,10ms,20ms");
+        std::env::set_var("RELAY__RELAY__ID", "relay-z");
+        let cfg = Config::load(&path);
+        std::env::remove_var("RELAY__LIMITS__MAX_BOXES");
+        std::env::remove_var("RELAY__DELIVERY__RETRY_TIMETABLE");
+        std::env::remove_var("RELAY__RELAY__ID");
+        let p = cfg.unwrap().policy();
+        assert_eq!(p.max_boxes, 7);
+        assert_eq!(p.retry_timetable_ms, vec![0, 10, 20]);
+        assert_eq!(p.relay_id, "relay-z");
+    }
+
+    #[test]
+    fn bad_config_gets_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let cases = [
+            (MINIMAL.replace("relay-a\"\npublic", "Relay A\"\npublic"), "relay.id"),
+            (format!("{MINIMAL}\n[limits]\nclock_tolerance = \"soon\"\n"), "soon"),
+            (format!("{MINIMAL}\n[limits]\nmax_boxs = 3\n"), "max_boxs"),
+            (MINIMAL.replace("127.0.0.1:7801\"\ndata", "nowhere\"\ndata"), "relay.listen"),
+            ("[relay\n".to_string(), "relay.toml"),
+        ];
+        for (body, needle) in cases {
+            let err = Config::load(&write(dir.path(), &body)).unwrap_err().to_string();
+            assert!(err.contains(needle), "{err:?} should mention {needle:?}");
+        }
+    }
+}

@@ -1,0 +1,50 @@
+//! The actix-web transport: `POST /v1/rpc/{method}` and `GET /healthz`.
+//! Protocol logic is in [`crate::rpc`]; this module only maps HTTP to it.
+
+use crate::rpc::Relay;
+use actix_web::http::header::{self, HeaderValue};
+use actix_web::http::StatusCode;
+use actix_web::{web, HttpRequest, HttpResponse};
+use relay_schemas::RelayError;
+
+pub fn error_response(e: &RelayError) -> HttpResponse {
+    let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    HttpResponse::build(status).json(e.to_body())
+}
+
+fn bearer(req: &HttpRequest) -> Option<&str> {
+    req.headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v: &HeaderValue| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+}
+
+async fn rpc_call(relay: web::Data<Relay>, method: web::Path<String>, req: HttpRequest, body: web::Payload) -> HttpResponse {
+    let body = match body.to_bytes_limited(relay.max_body_bytes()).await {
+        Ok(Ok(b)) => b,
+        Ok(Err(e)) => return error_response(&RelayError::invalid_params(format!("request body: {e}"))),
+        Err(_) => return error_response(&RelayError::payload_too_large("request body over limits.max_body_bytes")),
+    };
+    match relay.call(&method, bearer(&req), &body).await {
+        Ok(json) => HttpResponse::Ok().content_type("application/json").body(json),
+        Err(e) => error_response(&e),
+    }
+}
+
+async fn healthz() -> HttpResponse {
+    HttpResponse::Ok().json(serde_json::json!({"status": "ok"}))
+}
+
+async fn not_found() -> HttpResponse {
+    error_response(&RelayError::not_found("no such endpoint"))
+}
+
+pub fn configure(relay: web::Data<Relay>) -> impl FnOnce(&mut web::ServiceConfig) {
+    move |cfg: &mut web::ServiceConfig| {
+        cfg.app_data(relay)
+            .route("/healthz", web::get().to(healthz))
+            .route("/v1/rpc/{method}", web::post().to(rpc_call))
+            .default_service(web::to(not_found));
+    }
+}

@@ -1,0 +1,52 @@
+//! # relay
+//!
+//! A relay for end-to-end encrypted messages between accounts. This crate
+//! is the binary's wiring; the protocol vocabulary is in `relay-schemas`
+//! and the event-sourced core in `relay-actors`.
+//!
+//! # Layout
+//! - [`config`]: TOML configuration with `RELAY__SECTION__KEY` overrides;
+//! - [`keys`]: the relay's own key file;
+//! - [`rpc`]: the client methods, independent of transport;
+//! - [`http`]: the actix-web transport (`/v1/rpc/{method}`, `/healthz`);
+//! - [`serve`]: opens the store, starts the supervisor and the HTTP server.
+
+pub mod config;
+pub mod http;
+pub mod keys;
+pub mod rpc;
+
+use actix_web::{web, App, HttpServer};
+use relay_actors::store::Store;
+use relay_actors::{Supervisor, SystemClock};
+use std::net::TcpListener;
+use std::sync::Arc;
+
+/// Runs a relay until SIGINT/SIGTERM (actix-web stops accepting, finishes
+/// in-flight requests), then flushes the store. Prints one line
+/// `relay <id> listening on http://<addr>` on stdout once it accepts
+/// connections, so a parent process can find a port chosen with `:0`.
+pub async fn serve(cfg: config::Config) -> Result<(), String> {
+    std::fs::create_dir_all(&cfg.relay.data_dir).map_err(|e| format!("{}: {e}", cfg.relay.data_dir.display()))?;
+    let key = keys::load_or_generate(&cfg.relay.key_file)?;
+    let store_dir = cfg.relay.data_dir.join("store");
+    let store = Store::open(&store_dir).map_err(|e| format!("store {}: {e}", store_dir.display()))?;
+    let sup = Supervisor::new(store.clone(), cfg.policy(), Arc::new(SystemClock));
+    let restored = sup.start().map_err(|e| format!("restoring deliveries: {e}"))?;
+    let relay = web::Data::new(rpc::Relay::new(sup, cfg.limits.max_body_bytes));
+
+    let listener = TcpListener::bind(&cfg.relay.listen).map_err(|e| format!("listen {}: {e}", cfg.relay.listen))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let server = HttpServer::new(move || App::new().configure(http::configure(relay.clone())))
+        .listen(listener)
+        .map_err(|e| e.to_string())?
+        .run();
+    tracing::info!(relay = %cfg.relay.id, %addr, restored, public_key = %keys::public_key(&key), "relay started");
+    println!("relay {} listening on http://{addr}", cfg.relay.id);
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    server.await.map_err(|e| e.to_string())?;
+    store.flush().map_err(|e| format!("final flush: {e}"))?;
+    tracing::info!("relay stopped");
+    Ok(())
+}

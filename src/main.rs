@@ -1,0 +1,61 @@
+//! `relay`: run a relay, manage its key.
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "relay", version, about = "Relay for end-to-end encrypted messages between accounts")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a relay.
+    Serve {
+        /// TOML config; keys can be overridden with RELAY__SECTION__KEY.
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Manage the relay's key.
+    Key {
+        #[command(subcommand)]
+        command: KeyCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeyCommand {
+    /// Write a new relay key (mode 0600) and print its public key.
+    Generate {
+        #[arg(long)]
+        out: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,actix_server=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match Cli::parse().command {
+        Command::Key { command: KeyCommand::Generate { out } } => {
+            relay::keys::generate(&out).map(|key| println!("{}", relay::keys::public_key(&key)))
+        }
+        Command::Serve { config } => match relay::config::Config::load(&config) {
+            Ok(cfg) => actix_web::rt::System::new().block_on(relay::serve(cfg)),
+            Err(e) => Err(e.to_string()),
+        },
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("relay: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

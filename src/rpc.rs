@@ -1,0 +1,177 @@
+//! The client methods of PROTOCOL §4, independent of transport: a method
+//! name, an optional session token and the params bytes in; the result
+//! object's JSON or a `RelayError` out. HTTP (and later WebSocket) call
+//! [`Relay::call`].
+
+use relay_actors::account::{AccountCmd, Reply};
+use relay_actors::sessions::Session;
+use relay_actors::Supervisor;
+use relay_schemas::encoding::jcs_digest;
+use relay_schemas::ids::check_account_id;
+use relay_schemas::methods::*;
+use relay_schemas::{DeliveryStatus, ErrorCode, RelayError};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use std::time::Duration;
+
+pub struct Relay {
+    sup: Supervisor,
+    max_body_bytes: usize,
+}
+
+/// Parses params, mapping any JSON or type error to `invalid_params`.
+fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, RelayError> {
+    serde_json::from_slice(body).map_err(|e| RelayError::invalid_params(format!("params: {e}")))
+}
+
+/// blake3 of the JCS of the complete params object: the idempotency
+/// comparison of the seed (unknown members, array order and optional
+/// members all count).
+fn params_digest(body: &[u8]) -> Result<String, RelayError> {
+    let v: Value = parse(body)?;
+    if !v.is_object() {
+        return Err(RelayError::invalid_params("params must be a JSON object"));
+    }
+    Ok(hex::encode(jcs_digest(&v)?))
+}
+
+fn json_of(reply: Reply) -> Result<String, RelayError> {
+    match reply {
+        Reply::Json(s) => Ok(s),
+        Reply::Status(st) | Reply::Sent { status: st, .. } => status_json(&st),
+    }
+}
+
+fn status_json(st: &DeliveryStatus) -> Result<String, RelayError> {
+    serde_json::to_string(st).map_err(|e| RelayError::internal(e.to_string()))
+}
+
+impl Relay {
+    pub fn new(sup: Supervisor, max_body_bytes: usize) -> Self {
+        Relay { sup, max_body_bytes }
+    }
+
+    pub fn supervisor(&self) -> &Supervisor {
+        &self.sup
+    }
+
+    pub fn max_body_bytes(&self) -> usize {
+        self.max_body_bytes
+    }
+
+    fn session(&self, token: Option<&str>) -> Result<Session, RelayError> {
+        let token = token.ok_or_else(|| RelayError::unauthorized("this method needs a session (Authorization: Bearer)"))?;
+        self.sup
+            .sessions()
+            .lookup(token, self.sup.clock().now())
+            .ok_or_else(|| RelayError::unauthorized("unknown or expired session"))
+    }
+
+    /// A method on the session's own account.
+    async fn own(&self, token: Option<&str>, cmd: impl FnOnce(String) -> AccountCmd) -> Result<String, RelayError> {
+        let s = self.session(token)?;
+        json_of(self.sup.ask(&s.account_id, cmd(s.device_id)).await?)
+    }
+
+    /// A method on a local account named in params; unknown accounts get
+    /// `unknown` (their route lives elsewhere, or nowhere).
+    async fn local(&self, account_id: &str, unknown: ErrorCode, cmd: AccountCmd) -> Result<String, RelayError> {
+        check_account_id("account_id", account_id)?;
+        if !self.sup.account_exists(account_id)? {
+            return Err(RelayError::new(unknown, format!("account {account_id} is not known here")));
+        }
+        json_of(self.sup.ask(account_id, cmd).await?)
+    }
+
+    pub async fn call(&self, method: &str, token: Option<&str>, body: &[u8]) -> Result<String, RelayError> {
+        match method {
+            "account.register" => {
+                let params: RegisterParams = parse(body)?;
+                let digest = params_digest(body)?;
+                check_account_id("route.account_id", &params.route.account_id)?;
+                let account_id = params.route.account_id.clone();
+                json_of(self.sup.ask(&account_id, AccountCmd::Register { params, digest }).await?)
+            }
+            "session.challenge" => {
+                let p: ChallengeParams = parse(body)?;
+                self.local(&p.account_id.clone(), ErrorCode::NotFound, AccountCmd::Challenge { device_id: p.device_id }).await
+            }
+            "session.open" => {
+                let params: SessionOpenParams = parse(body)?;
+                self.local(&params.account_id.clone(), ErrorCode::NotFound, AccountCmd::OpenSession { params }).await
+            }
+            "session.attach" => Err(RelayError::invalid_params("session.attach is a WebSocket method")),
+            "device.add" => {
+                let params = parse(body)?;
+                self.own(token, |device| AccountCmd::DeviceAdd { device, params }).await
+            }
+            "device.revoke" => {
+                let params = parse(body)?;
+                self.own(token, |device| AccountCmd::DeviceRevoke { device, params }).await
+            }
+            "account.devices.get" => {
+                let s = self.session(token)?;
+                let p: AccountIdParams = parse(body)?;
+                // The caller's own session must still be valid.
+                self.sup.ask(&s.account_id, AccountCmd::CheckSession { device: s.device_id }).await?;
+                self.local(&p.account_id, ErrorCode::NotFound, AccountCmd::DevicesGet).await
+            }
+            "account.settings.update" => {
+                let params = parse(body)?;
+                self.own(token, |device| AccountCmd::SettingsUpdate { device, params }).await
+            }
+            "route.get" => {
+                let p: AccountIdParams = parse(body)?;
+                self.local(&p.account_id, ErrorCode::RouteNotFound, AccountCmd::RouteGet).await
+            }
+            "route.update" => {
+                let params = parse(body)?;
+                self.own(token, |device| AccountCmd::RouteUpdate { device, params }).await
+            }
+            "contact.revoke" => {
+                let params = parse(body)?;
+                self.own(token, |device| AccountCmd::ContactRevoke { device, params }).await
+            }
+            "message.send" => self.send(token, body).await,
+            "message.delivery.status" => {
+                let p: MessageIdParams = parse(body)?;
+                self.own(token, |device| AccountCmd::DeliveryStatus { device, message_id: p.message_id }).await
+            }
+            "message.timeline.sync" => {
+                let params = parse(body)?;
+                self.own(token, |device| AccountCmd::Sync { device, params }).await
+            }
+            "message.timeline.ack" => {
+                let params = parse(body)?;
+                self.own(token, |device| AccountCmd::Ack { device, params }).await
+            }
+            _ => Err(RelayError::not_found(format!("unknown method {method:?}"))),
+        }
+    }
+
+    /// `message.send`: accepted at the sender's account; for another account
+    /// the answer waits for the first delivery attempt (local delivery is
+    /// immediate), so the client usually gets the terminal status at once.
+    async fn send(&self, token: Option<&str>, body: &[u8]) -> Result<String, RelayError> {
+        let s = self.session(token)?;
+        let params: SendParams = parse(body)?;
+        let digest = params_digest(body)?;
+        let to = params.envelope.to.clone();
+        check_account_id("envelope.to", &to)?;
+        if to != s.account_id && !self.sup.account_exists(&to)? {
+            return Err(RelayError::new(ErrorCode::RouteNotFound, format!("no route known for account {to}")));
+        }
+        let reply = self.sup.ask(&s.account_id, AccountCmd::Send { device: s.device_id, params, digest }).await?;
+        match reply {
+            Reply::Sent { status, first_attempt } => {
+                let wait = Duration::from_millis(self.sup.policy().attempt_timeout_ms + 1000);
+                let status = match tokio::time::timeout(wait, first_attempt).await {
+                    Ok(Ok(after_attempt)) => after_attempt,
+                    _ => status,
+                };
+                status_json(&status)
+            }
+            other => json_of(other),
+        }
+    }
+}

@@ -1,0 +1,162 @@
+//! A test client: HTTP calls and ready-made accounts with sessions.
+
+use relay_schemas::client::{key_box, Account, Device};
+use serde_json::{json, Value};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+pub fn now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()
+}
+
+#[derive(Clone)]
+pub struct Client {
+    http: awc::Client,
+    pub base: String,
+}
+
+impl Client {
+    pub fn new(base: &str) -> Self {
+        let http = awc::Client::builder().timeout(std::time::Duration::from_secs(30)).finish();
+        Client { http, base: base.to_string() }
+    }
+
+    /// POSTs raw bytes; returns (HTTP status, JSON body).
+    pub async fn raw(&self, method: &str, token: Option<&str>, body: Vec<u8>) -> (u16, Value) {
+        let mut req = self.http.post(format!("{}/v1/rpc/{method}", self.base)).content_type("application/json");
+        if let Some(t) = token {
+            req = req.insert_header(("Authorization", format!("Bearer {t}")));
+        }
+        let mut resp = req.send_body(body).await.expect("request");
+        let status = resp.status().as_u16();
+        let bytes = resp.body().limit(64 << 20).await.expect("body");
+        let v = serde_json::from_slice(&bytes).unwrap_or_else(|_| panic!("non-JSON body {:?}", String::from_utf8_lossy(&bytes)));
+        (status, v)
+    }
+
+    pub async fn call(&self, method: &str, token: Option<&str>, params: &Value) -> (u16, Value) {
+        self.raw(method, token, serde_json::to_vec(params).unwrap()).await
+    }
+
+    /// A call that must succeed.
+    pub async fn ok(&self, method: &str, token: Option<&str>, params: &Value) -> Value {
+        let (status, v) = self.call(method, token, params).await;
+        assert_eq!(status, 200, "{method} failed: {v}");
+        v
+    }
+
+    /// A call that must fail; returns the error code (and checks the status
+    /// matches it).
+    pub async fn err(&self, method: &str, token: Option<&str>, params: &Value) -> String {
+        let (status, v) = self.call(method, token, params).await;
+        assert_ne!(status, 200, "{method} unexpectedly succeeded: {v}");
+        super::schema::assert_valid("ErrorResponse.schema.json", &v);
+        let code = v["error"]["code"].as_str().unwrap().to_string();
+        assert_eq!(status, http_status(&code), "{code}");
+        code
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, String) {
+        let mut resp = self.http.get(format!("{}{path}", self.base)).send().await.expect("request");
+        let body = resp.body().await.expect("body");
+        (resp.status().as_u16(), String::from_utf8_lossy(&body).into_owned())
+    }
+}
+
+pub fn http_status(code: &str) -> u16 {
+    relay_schemas::ErrorCode::parse(code).expect("known code").http_status()
+}
+
+/// An account registered on a relay, with devices and their sessions.
+pub struct User {
+    pub account: Account,
+    pub devices: Vec<Device>,
+    pub tokens: Vec<String>,
+    pub relay_id: String,
+}
+
+impl User {
+    pub fn id(&self) -> &str {
+        &self.account.id
+    }
+
+    pub fn token(&self, device: usize) -> Option<&str> {
+        Some(self.tokens[device].as_str())
+    }
+
+    /// Registers account `seed` with device "phone" on `relay_id`, then opens
+    /// a session for it.
+    pub async fn register(c: &Client, relay_id: &str, seed: u8, public_discovery: bool) -> User {
+        let account = Account::from_seed([seed; 32]);
+        let phone = Device::from_seed("phone", [seed.wrapping_add(100); 32]);
+        let route = account.route(1, &[(relay_id, c.base.as_str())], now());
+        let cert = account.certificate(&phone, now(), None);
+        let res = c
+            .ok(
+                "account.register",
+                None,
+                &json!({"route": route, "device_certificate": cert, "settings": {"public_discovery": public_discovery}}),
+            )
+            .await;
+        assert_eq!(res["account_id"], account.id);
+        let mut user = User { account, devices: vec![phone], tokens: vec![], relay_id: relay_id.into() };
+        let token = user.open_session(c, 0).await;
+        user.tokens.push(token);
+        user
+    }
+
+    /// Adds device `name` (certificate via `device.add`) and opens its session.
+    pub async fn add_device(&mut self, c: &Client, name: &str, seed: u8) -> usize {
+        let device = Device::from_seed(name, [seed; 32]);
+        let cert = self.account.certificate(&device, now(), None);
+        c.ok("device.add", self.token(0), &json!({"device_certificate": cert})).await;
+        self.devices.push(device);
+        let i = self.devices.len() - 1;
+        let token = self.open_session(c, i).await;
+        self.tokens.push(token);
+        i
+    }
+
+    pub async fn open_session(&self, c: &Client, device: usize) -> String {
+        let d = &self.devices[device];
+        let ch = c.ok("session.challenge", None, &json!({"account_id": self.id(), "device_id": d.id})).await;
+        let challenge = ch["challenge"].as_str().unwrap();
+        let sig = d.session_proof(self.id(), challenge, &self.relay_id);
+        let s = c
+            .ok("session.open", None, &json!({"account_id": self.id(), "device_id": d.id, "challenge": challenge, "signature": sig}))
+            .await;
+        s["token"].as_str().unwrap().to_string()
+    }
+
+    /// `message.send` params from device 0 to `to`, with a box for each of
+    /// `to`'s devices and (if `sender_boxes`) for each of ours.
+    pub fn send_params(&self, to: &User, message_id: &str, sender_boxes: bool) -> Value {
+        let env = self.devices[0].envelope(self.id(), to.id(), message_id, now(), b"ciphertext bytes");
+        let rb: Vec<Value> = to.devices.iter().map(|d| key_box(&d.id, format!("box for {}", d.id).as_bytes())).collect();
+        let mut p = json!({"envelope": env, "recipient_boxes": rb});
+        if sender_boxes {
+            let sb: Vec<Value> = self.devices.iter().map(|d| key_box(&d.id, b"sender box")).collect();
+            p["sender_boxes"] = json!(sb);
+        }
+        p
+    }
+
+    /// All records device `device` can sync, following pagination.
+    pub async fn sync_all(&self, c: &Client, device: usize) -> Vec<Value> {
+        let mut after = 0;
+        let mut out = vec![];
+        loop {
+            let page = c.ok("message.timeline.sync", self.token(device), &json!({"after": after, "limit": 500})).await;
+            super::schema::assert_valid("methods/message.timeline.sync.result.schema.json", &page);
+            out.extend(page["records"].as_array().unwrap().iter().cloned());
+            after = page["next"].as_u64().unwrap();
+            if !page["has_more"].as_bool().unwrap() {
+                return out;
+            }
+        }
+    }
+}
+
+/// A message id unique within a test.
+pub fn mid(n: u64) -> String {
+    format!("msg-{n:016}")
+}

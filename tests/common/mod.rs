@@ -1,0 +1,4 @@
+#![allow(dead_code)]
+pub mod client;
+pub mod relay;
+pub mod schema;
