@@ -160,3 +160,85 @@ impl User {
 pub fn mid(n: u64) -> String {
     format!("msg-{n:016}")
 }
+
+// ---- helpers added for tests/methods.rs and tests/bad_input.rs ----------
+
+impl Client {
+    /// A call that must fail; returns the whole `{"error":…}` body after the
+    /// same checks as [`Client::err`] (ErrorResponse schema, HTTP status of
+    /// the code).
+    pub async fn err_body(&self, method: &str, token: Option<&str>, params: &Value) -> Value {
+        self.raw_err_body(method, token, serde_json::to_vec(params).unwrap()).await
+    }
+
+    /// Raw bytes that must fail; returns the whole `{"error":…}` body.
+    pub async fn raw_err_body(&self, method: &str, token: Option<&str>, body: Vec<u8>) -> Value {
+        let (status, v) = self.raw(method, token, body).await;
+        assert_ne!(status, 200, "{method} unexpectedly succeeded: {v}");
+        super::schema::assert_valid("ErrorResponse.schema.json", &v);
+        let code = v["error"]["code"].as_str().unwrap().to_string();
+        assert_eq!(status, http_status(&code), "{code}: {v}");
+        v
+    }
+
+    /// Raw bytes that must fail; returns the error code.
+    pub async fn raw_err(&self, method: &str, token: Option<&str>, body: Vec<u8>) -> String {
+        let v = self.raw_err_body(method, token, body).await;
+        v["error"]["code"].as_str().unwrap().to_string()
+    }
+
+    /// `GET /healthz` answers 200 `{"status":"ok"}` (the process is alive).
+    pub async fn assert_healthy(&self) {
+        let (status, body) = self.get("/healthz").await;
+        assert_eq!(status, 200, "healthz: {body}");
+        let v: Value = serde_json::from_str(&body).expect("healthz JSON");
+        super::schema::assert_valid("methods/healthz.result.schema.json", &v);
+    }
+}
+
+impl User {
+    /// The index of device `name`.
+    pub fn device(&self, name: &str) -> usize {
+        self.devices.iter().position(|d| d.id == name).unwrap_or_else(|| panic!("no device {name}"))
+    }
+
+    /// `message.send` params from device `from_device` of this account to
+    /// account `to`, created at `created_at`, with one recipient box per
+    /// name in `recipient_devices` and, if given, one sender box per name in
+    /// `sender_devices`.
+    pub fn params_to(
+        &self,
+        from_device: usize,
+        to: &str,
+        message_id: &str,
+        created_at: u64,
+        recipient_devices: &[&str],
+        sender_devices: Option<&[&str]>,
+    ) -> Value {
+        let env = self.devices[from_device].envelope(self.id(), to, message_id, created_at, b"ciphertext bytes");
+        let rb: Vec<Value> = recipient_devices.iter().map(|d| key_box(d, format!("box for {d}").as_bytes())).collect();
+        let mut p = json!({"envelope": env, "recipient_boxes": rb});
+        if let Some(sd) = sender_devices {
+            let sb: Vec<Value> = sd.iter().map(|d| key_box(d, format!("sender box for {d}").as_bytes())).collect();
+            p["sender_boxes"] = json!(sb);
+        }
+        p
+    }
+
+    /// Self-delivery params from device 0 with boxes for `devices`.
+    pub fn self_params(&self, message_id: &str, devices: &[&str]) -> Value {
+        self.params_to(0, self.id(), message_id, now(), devices, None)
+    }
+}
+
+/// Re-signs a signed object (`signature` replaced) with `tag` and `key`.
+pub fn resign(tag: relay_schemas::sign::Tag, object: &Value, key: &ed25519_dalek::SigningKey) -> Value {
+    let mut m = object.as_object().expect("an object").clone();
+    relay_schemas::sign::sign_object(tag, &mut m, key);
+    Value::Object(m)
+}
+
+/// The `message_id`s of timeline records, in order.
+pub fn message_ids(records: &[Value]) -> Vec<String> {
+    records.iter().map(|r| r["envelope"]["message_id"].as_str().unwrap().to_string()).collect()
+}

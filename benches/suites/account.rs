@@ -1,0 +1,48 @@
+//! The account core's decide/apply for a cross-account send (no I/O).
+
+use super::{Fixture, NOW};
+use criterion::{criterion_group, BatchSize, Criterion, Throughput};
+use relay_actors::account::decide::{self, Ctx, SendDecision};
+use relay_actors::account::{AccountEvent, AccountState};
+use relay_actors::Policy;
+use relay_schemas::methods::{RegisterParams, SendParams};
+use serde_json::json;
+
+fn account(c: &mut Criterion) {
+    let f = Fixture::new();
+    let policy = Policy::with_relay_id("relay-a");
+    let ctx = Ctx { now: NOW, policy: &policy };
+    let route = f.alice.route(1, &[("relay-a", "http://127.0.0.1:7801")], NOW);
+    let reg = json!({"route": route, "device_certificate": f.alice.certificate(&f.phone, NOW, None)});
+    let reg: RegisterParams = serde_json::from_str(&reg.to_string()).unwrap();
+    let mut state = AccountState::new(f.alice.id.clone());
+    for e in decide::register(&state, &reg, "d", ctx).unwrap() {
+        state.apply(&e);
+    }
+    let mut n = 0u64;
+    let mut g = c.benchmark_group("account");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("decide_and_apply_send", |b| {
+        b.iter_batched(
+            || {
+                n += 1;
+                let p = serde_json::from_str::<SendParams>(&f.send_params(n, 256).to_string()).unwrap();
+                (p, format!("{n:064x}"))
+            },
+            |(p, digest)| {
+                match decide::send(&state, "phone", &p, &digest, ctx).unwrap() {
+                    SendDecision::Sent { event, .. } => {
+                        let mut s = state.clone();
+                        s.apply(&event);
+                        matches!(event, AccountEvent::MessageSent { .. })
+                    }
+                    other => panic!("{other:?}"),
+                }
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    g.finish();
+}
+
+criterion_group!(benches, account);
