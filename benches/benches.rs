@@ -8,4 +8,5 @@ criterion::criterion_main!(
     suites::envelope::benches,
     suites::store::benches,
     suites::account::benches,
+    suites::http::benches,
 );

@@ -8,12 +8,16 @@
 //! - [`config`]: TOML configuration with `RELAY__SECTION__KEY` overrides;
 //! - [`keys`]: the relay's own key file;
 //! - [`rpc`]: the client methods, independent of transport;
-//! - [`http`]: the actix-web transport (`/v1/rpc/{method}`, `/healthz`);
+//! - [`relay_rpc`]: the relay methods peers call, and their authentication;
+//! - [`peers`]: the signed relay-to-relay client (the delivery transport);
+//! - [`http`]: the actix-web transport (`/v1/rpc`, `/v1/relay`, `/healthz`);
 //! - [`serve`]: opens the store, starts the supervisor and the HTTP server.
 
 pub mod config;
 pub mod http;
 pub mod keys;
+pub mod peers;
+pub mod relay_rpc;
 pub mod rpc;
 
 use actix_web::{web, App, HttpServer};
@@ -31,9 +35,26 @@ pub async fn serve(cfg: config::Config) -> Result<(), String> {
     let key = keys::load_or_generate(&cfg.relay.key_file)?;
     let store_dir = cfg.relay.data_dir.join("store");
     let store = Store::open(&store_dir).map_err(|e| format!("store {}: {e}", store_dir.display()))?;
-    let sup = Supervisor::new(store.clone(), cfg.policy(), Arc::new(SystemClock));
+    let policy = cfg.policy();
+    let clock: relay_actors::SharedClock = Arc::new(SystemClock);
+    let peers = peers::PeerClient::new(
+        &cfg.relay.id,
+        key.clone(),
+        &cfg.peers,
+        cfg.delivery.attempt_timeout,
+        clock.clone(),
+        policy.clock_tolerance,
+    );
+    let peer_keys = cfg
+        .peers
+        .iter()
+        .map(|p| Ok((p.id.clone(), relay_schemas::sign::parse_public_key("peers.public_key", &p.public_key)?)))
+        .collect::<Result<_, relay_schemas::RelayError>>()
+        .map_err(|e| e.message)?;
+    let peer_keys = relay_rpc::PeerKeys::new(&cfg.relay.id, peer_keys, policy.clock_tolerance);
+    let sup = Supervisor::new(store.clone(), policy, clock, Arc::new(peers.clone()));
     let restored = sup.start().map_err(|e| format!("restoring deliveries: {e}"))?;
-    let relay = web::Data::new(rpc::Relay::new(sup, cfg.limits.max_body_bytes));
+    let relay = web::Data::new(rpc::Relay::new(sup, cfg.limits.max_body_bytes, peers, peer_keys));
 
     let listener = TcpListener::bind(&cfg.relay.listen).map_err(|e| format!("listen {}: {e}", cfg.relay.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;

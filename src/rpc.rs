@@ -3,6 +3,8 @@
 //! object's JSON or a `RelayError` out. HTTP (and later WebSocket) call
 //! [`Relay::call`].
 
+use crate::peers::{CallError, PeerClient};
+use crate::relay_rpc::PeerKeys;
 use relay_actors::account::{AccountCmd, Reply};
 use relay_actors::sessions::Session;
 use relay_actors::Supervisor;
@@ -17,17 +19,19 @@ use std::time::Duration;
 pub struct Relay {
     sup: Supervisor,
     max_body_bytes: usize,
+    peers: PeerClient,
+    peer_keys: PeerKeys,
 }
 
 /// Parses params, mapping any JSON or type error to `invalid_params`.
-fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, RelayError> {
+pub(crate) fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, RelayError> {
     serde_json::from_slice(body).map_err(|e| RelayError::invalid_params(format!("params: {e}")))
 }
 
 /// blake3 of the JCS of the complete params object: the idempotency
 /// comparison of the seed (unknown members, array order and optional
 /// members all count).
-fn params_digest(body: &[u8]) -> Result<String, RelayError> {
+pub(crate) fn params_digest(body: &[u8]) -> Result<String, RelayError> {
     let v: Value = parse(body)?;
     if !v.is_object() {
         return Err(RelayError::invalid_params("params must be a JSON object"));
@@ -35,20 +39,24 @@ fn params_digest(body: &[u8]) -> Result<String, RelayError> {
     Ok(hex::encode(jcs_digest(&v)?))
 }
 
-fn json_of(reply: Reply) -> Result<String, RelayError> {
-    match reply {
-        Reply::Json(s) => Ok(s),
-        Reply::Status(st) | Reply::Sent { status: st, .. } => status_json(&st),
-    }
-}
-
 fn status_json(st: &DeliveryStatus) -> Result<String, RelayError> {
     serde_json::to_string(st).map_err(|e| RelayError::internal(e.to_string()))
 }
 
 impl Relay {
-    pub fn new(sup: Supervisor, max_body_bytes: usize) -> Self {
-        Relay { sup, max_body_bytes }
+    pub fn new(sup: Supervisor, max_body_bytes: usize, peers: PeerClient, peer_keys: PeerKeys) -> Self {
+        Relay { sup, max_body_bytes, peers, peer_keys }
+    }
+
+    pub fn peer_keys(&self) -> &PeerKeys {
+        &self.peer_keys
+    }
+
+    pub(crate) fn json_of(reply: Reply) -> Result<String, RelayError> {
+        match reply {
+            Reply::Json(s) => Ok(s),
+            Reply::Status(st) | Reply::Sent { status: st, .. } => status_json(&st),
+        }
     }
 
     pub fn supervisor(&self) -> &Supervisor {
@@ -70,7 +78,7 @@ impl Relay {
     /// A method on the session's own account.
     async fn own(&self, token: Option<&str>, cmd: impl FnOnce(String) -> AccountCmd) -> Result<String, RelayError> {
         let s = self.session(token)?;
-        json_of(self.sup.ask(&s.account_id, cmd(s.device_id)).await?)
+        Self::json_of(self.sup.ask(&s.account_id, cmd(s.device_id)).await?)
     }
 
     /// A method on a local account named in params; unknown accounts get
@@ -80,7 +88,7 @@ impl Relay {
         if !self.sup.account_exists(account_id)? {
             return Err(RelayError::new(unknown, format!("account {account_id} is not known here")));
         }
-        json_of(self.sup.ask(account_id, cmd).await?)
+        Self::json_of(self.sup.ask(account_id, cmd).await?)
     }
 
     pub async fn call(&self, method: &str, token: Option<&str>, body: &[u8]) -> Result<String, RelayError> {
@@ -90,7 +98,7 @@ impl Relay {
                 let digest = params_digest(body)?;
                 check_account_id("route.account_id", &params.route.account_id)?;
                 let account_id = params.route.account_id.clone();
-                json_of(self.sup.ask(&account_id, AccountCmd::Register { params, digest }).await?)
+                Self::json_of(self.sup.ask(&account_id, AccountCmd::Register { params, digest }).await?)
             }
             "session.challenge" => {
                 let p: ChallengeParams = parse(body)?;
@@ -114,7 +122,11 @@ impl Relay {
                 let p: AccountIdParams = parse(body)?;
                 // The caller's own session must still be valid.
                 self.sup.ask(&s.account_id, AccountCmd::CheckSession { device: s.device_id }).await?;
-                self.local(&p.account_id, ErrorCode::NotFound, AccountCmd::DevicesGet).await
+                check_account_id("account_id", &p.account_id)?;
+                if self.sup.account_exists(&p.account_id)? {
+                    return self.local(&p.account_id, ErrorCode::NotFound, AccountCmd::DevicesGet).await;
+                }
+                self.remote_devices(&p.account_id, body).await
             }
             "account.settings.update" => {
                 let params = parse(body)?;
@@ -122,7 +134,10 @@ impl Relay {
             }
             "route.get" => {
                 let p: AccountIdParams = parse(body)?;
-                self.local(&p.account_id, ErrorCode::RouteNotFound, AccountCmd::RouteGet).await
+                check_account_id("account_id", &p.account_id)?;
+                let route = self.sup.resolve_route(&p.account_id, false).await;
+                let route = route.ok_or_else(|| RelayError::new(ErrorCode::RouteNotFound, "no route known for this account"))?;
+                Ok(route.raw().get().to_owned())
             }
             "route.update" => {
                 let params = parse(body)?;
@@ -149,6 +164,22 @@ impl Relay {
         }
     }
 
+    /// `account.devices.get` for an account served elsewhere: asked of its
+    /// home relay (the first of its route that answers).
+    async fn remote_devices(&self, account_id: &str, body: &[u8]) -> Result<String, RelayError> {
+        let route = self.sup.resolve_route(account_id, false).await;
+        let route = route.ok_or_else(|| RelayError::not_found(format!("account {account_id} is not known")))?;
+        let mut last = RelayError::new(ErrorCode::BadGateway, "no home relay answered");
+        for relay in route.relays.iter() {
+            match self.peers.call(&relay.id, "account.devices.get", body.to_vec()).await {
+                Ok(bytes) => return String::from_utf8(bytes.to_vec()).map_err(|_| RelayError::new(ErrorCode::BadGateway, "non-UTF-8 answer")),
+                Err(CallError::Answered { error, .. }) => return Err(error),
+                Err(CallError::NotSent(e) | CallError::Unknown(e)) => last = e,
+            }
+        }
+        Err(RelayError::new(ErrorCode::BadGateway, last.message))
+    }
+
     /// `message.send`: accepted at the sender's account; for another account
     /// the answer waits for the first delivery attempt (local delivery is
     /// immediate), so the client usually gets the terminal status at once.
@@ -158,7 +189,8 @@ impl Relay {
         let digest = params_digest(body)?;
         let to = params.envelope.to.clone();
         check_account_id("envelope.to", &to)?;
-        if to != s.account_id && !self.sup.account_exists(&to)? {
+        // Nothing is accepted for a recipient no relay we know of serves.
+        if to != s.account_id && self.sup.resolve_route(&to, false).await.is_none() {
             return Err(RelayError::new(ErrorCode::RouteNotFound, format!("no route known for account {to}")));
         }
         let reply = self.sup.ask(&s.account_id, AccountCmd::Send { device: s.device_id, params, digest }).await?;
@@ -171,7 +203,7 @@ impl Relay {
                 };
                 status_json(&status)
             }
-            other => json_of(other),
+            other => Self::json_of(other),
         }
     }
 }

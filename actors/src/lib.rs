@@ -16,6 +16,7 @@ pub mod account;
 pub mod clock;
 pub mod delivery;
 pub mod policy;
+pub mod routes;
 pub mod sessions;
 pub mod store;
 pub mod supervisor;

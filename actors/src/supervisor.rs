@@ -4,12 +4,14 @@
 
 use crate::account::{self, AccountActor, AccountCmd, Reply};
 use crate::clock::SharedClock;
-use crate::delivery::{self, actor::DeliveryActor};
+use crate::delivery::{self, actor::DeliveryActor, Transport};
+use crate::routes::RouteBook;
 use crate::policy::Policy;
 use crate::sessions::Sessions;
 use crate::store::Store;
 use actix::prelude::*;
-use relay_schemas::{DeliveryStatus, RelayError};
+use relay_schemas::objects::Route;
+use relay_schemas::{DeliveryStatus, RelayError, Wire};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
@@ -34,6 +36,8 @@ struct Inner {
     policy: Arc<Policy>,
     clock: SharedClock,
     sessions: Sessions,
+    routes: RouteBook,
+    transport: Arc<dyn Transport>,
     accounts: Mutex<HashMap<String, Addr<AccountActor>>>,
     deliveries: Mutex<HashMap<String, Addr<DeliveryActor>>>,
     scheduler: OnceLock<Addr<Scheduler>>,
@@ -46,10 +50,12 @@ pub struct Supervisor {
 }
 
 impl Supervisor {
-    pub fn new(store: Store, policy: Policy, clock: SharedClock) -> Self {
+    pub fn new(store: Store, policy: Policy, clock: SharedClock, transport: Arc<dyn Transport>) -> Self {
         Supervisor {
             inner: Arc::new(Inner {
                 sessions: Sessions::new(store.clone()),
+                routes: RouteBook::new(store.clone()),
+                transport,
                 store,
                 policy: Arc::new(policy),
                 clock,
@@ -90,6 +96,28 @@ impl Supervisor {
     }
     pub fn sessions(&self) -> &Sessions {
         &self.inner.sessions
+    }
+    pub fn routes(&self) -> &RouteBook {
+        &self.inner.routes
+    }
+    pub fn transport(&self) -> &Arc<dyn Transport> {
+        &self.inner.transport
+    }
+
+    /// The best route this relay knows for `account_id`; with `fresh` (after
+    /// a route error, or when none is known) it first asks the peers,
+    /// bypassing the cache. A newer valid route from a peer is kept.
+    pub async fn resolve_route(&self, account_id: &str, fresh: bool) -> Option<Wire<Route>> {
+        let known = self.routes().get(account_id).ok().flatten();
+        if fresh || known.is_none() {
+            if let Some(route) = self.transport().fetch_route(account_id).await {
+                if let Err(e) = self.routes().offer(&route) {
+                    tracing::warn!(account = account_id, error = %e, "cannot keep fetched route");
+                }
+            }
+            return self.routes().get(account_id).ok().flatten();
+        }
+        known
     }
 
     /// Number of account actors resident in memory.
@@ -133,7 +161,7 @@ impl Supervisor {
         let cmd = Arc::new(cmd);
         for _ in 0..3 {
             let addr = self.account_addr(account_id)?;
-            match addr.send(account::actor::Envelope(cmd.clone())).await {
+            match addr.send(account::actor::Ask(cmd.clone())).await {
                 Ok(Err(e)) if e.message == PASSIVATED => continue,
                 Ok(reply) => return reply,
                 Err(MailboxError::Closed) => continue,

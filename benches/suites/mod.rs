@@ -1,6 +1,7 @@
 pub mod account;
 pub mod canonical;
 pub mod envelope;
+pub mod http;
 pub mod store;
 
 use relay_schemas::client::{key_box, Account, Device};

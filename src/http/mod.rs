@@ -1,6 +1,8 @@
-//! The actix-web transport: `POST /v1/rpc/{method}` and `GET /healthz`.
+//! The actix-web transport: `POST /v1/rpc/{method}` (clients),
+//! `POST /v1/relay/{method}` (peers) and `GET /healthz`.
 //! Protocol logic is in [`crate::rpc`]; this module only maps HTTP to it.
 
+use crate::relay_rpc::RelayHeaders;
 use crate::rpc::Relay;
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::http::StatusCode;
@@ -32,6 +34,30 @@ async fn rpc_call(relay: web::Data<Relay>, method: web::Path<String>, req: HttpR
     }
 }
 
+/// `POST /v1/relay/{method}`: authenticated peer calls.
+async fn relay_call(relay: web::Data<Relay>, method: web::Path<String>, req: HttpRequest, body: web::Payload) -> HttpResponse {
+    let body = match body.to_bytes_limited(relay.max_body_bytes()).await {
+        Ok(Ok(b)) => b,
+        Ok(Err(e)) => return error_response(&RelayError::invalid_params(format!("request body: {e}"))),
+        Err(_) => return error_response(&RelayError::payload_too_large("request body over limits.max_body_bytes")),
+    };
+    let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
+    let headers = RelayHeaders {
+        relay_id: header("Relay-Id"),
+        timestamp: header("Relay-Timestamp"),
+        signature: header("Relay-Signature"),
+    };
+    let now = relay.supervisor().clock().now();
+    let peer = match relay.peer_keys().authenticate(&headers, &method, &body, now) {
+        Ok(peer) => peer,
+        Err(e) => return error_response(&e),
+    };
+    match relay.call_relay(&method, &peer, &body).await {
+        Ok(json) => HttpResponse::Ok().content_type("application/json").body(json),
+        Err(e) => error_response(&e),
+    }
+}
+
 async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(serde_json::json!({"status": "ok"}))
 }
@@ -45,6 +71,7 @@ pub fn configure(relay: web::Data<Relay>) -> impl FnOnce(&mut web::ServiceConfig
         cfg.app_data(relay)
             .route("/healthz", web::get().to(healthz))
             .route("/v1/rpc/{method}", web::post().to(rpc_call))
+            .route("/v1/relay/{method}", web::post().to(relay_call))
             .default_service(web::to(not_found));
     }
 }

@@ -29,7 +29,8 @@ impl Client {
         let mut resp = req.send_body(body).await.expect("request");
         let status = resp.status().as_u16();
         let bytes = resp.body().limit(64 << 20).await.expect("body");
-        let v = serde_json::from_slice(&bytes).unwrap_or_else(|_| panic!("non-JSON body {:?}", String::from_utf8_lossy(&bytes)));
+        let v = serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| panic!("non-JSON body {:?}", String::from_utf8_lossy(&bytes)));
         (status, v)
     }
 
@@ -122,7 +123,11 @@ impl User {
         let challenge = ch["challenge"].as_str().unwrap();
         let sig = d.session_proof(self.id(), challenge, &self.relay_id);
         let s = c
-            .ok("session.open", None, &json!({"account_id": self.id(), "device_id": d.id, "challenge": challenge, "signature": sig}))
+            .ok(
+                "session.open",
+                None,
+                &json!({"account_id": self.id(), "device_id": d.id, "challenge": challenge, "signature": sig}),
+            )
             .await;
         s["token"].as_str().unwrap().to_string()
     }
@@ -131,7 +136,8 @@ impl User {
     /// `to`'s devices and (if `sender_boxes`) for each of ours.
     pub fn send_params(&self, to: &User, message_id: &str, sender_boxes: bool) -> Value {
         let env = self.devices[0].envelope(self.id(), to.id(), message_id, now(), b"ciphertext bytes");
-        let rb: Vec<Value> = to.devices.iter().map(|d| key_box(&d.id, format!("box for {}", d.id).as_bytes())).collect();
+        let rb: Vec<Value> =
+            to.devices.iter().map(|d| key_box(&d.id, format!("box for {}", d.id).as_bytes())).collect();
         let mut p = json!({"envelope": env, "recipient_boxes": rb});
         if sender_boxes {
             let sb: Vec<Value> = self.devices.iter().map(|d| key_box(&d.id, b"sender box")).collect();

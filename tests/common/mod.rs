@@ -1,4 +1,5 @@
 #![allow(dead_code)]
 pub mod client;
+pub mod cluster;
 pub mod relay;
 pub mod schema;

@@ -17,11 +17,16 @@ pub struct RelayProc {
 /// Writes a config for relay `id` in `dir`; `extra` is appended verbatim
 /// (more sections, e.g. a millisecond timetable).
 pub fn write_config(dir: &Path, id: &str, extra: &str) -> PathBuf {
+    write_config_at(dir, id, "127.0.0.1:0", extra)
+}
+
+/// Like [`write_config`], listening on `listen`.
+pub fn write_config_at(dir: &Path, id: &str, listen: &str, extra: &str) -> PathBuf {
     let data = dir.join(id);
     std::fs::create_dir_all(&data).unwrap();
     let path = dir.join(format!("{id}.toml"));
     let body = format!(
-        "[relay]\nid = \"{id}\"\npublic_url = \"http://127.0.0.1:0\"\nlisten = \"127.0.0.1:0\"\n\
+        "[relay]\nid = \"{id}\"\npublic_url = \"http://{listen}\"\nlisten = \"{listen}\"\n\
          data_dir = {data:?}\nkey_file = {key:?}\n{extra}\n",
         data = data.display().to_string(),
         key = data.join("relay.key").display().to_string(),
@@ -33,6 +38,12 @@ pub fn write_config(dir: &Path, id: &str, extra: &str) -> PathBuf {
 impl RelayProc {
     pub fn start(dir: &Path, id: &str, extra: &str) -> RelayProc {
         let config = write_config(dir, id, extra);
+        Self::start_with(id, config, dir.join(id))
+    }
+
+    /// Starts relay `id` listening on a given `listen` address.
+    pub fn start_at(dir: &Path, id: &str, listen: &str, extra: &str) -> RelayProc {
+        let config = write_config_at(dir, id, listen, extra);
         Self::start_with(id, config, dir.join(id))
     }
 

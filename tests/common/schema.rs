@@ -23,9 +23,7 @@ const BASE: &str = "https://relay.invalid/schemas/";
 
 /// `schemas/json` of the workspace.
 pub fn schema_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("schemas")
-        .join("json")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("schemas").join("json")
 }
 
 fn collect(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -55,10 +53,8 @@ fn load() -> BTreeMap<String, Value> {
                 .map(|c| c.as_os_str().to_string_lossy().into_owned())
                 .collect::<Vec<_>>()
                 .join("/");
-            let text = std::fs::read_to_string(&path)
-                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            let doc = serde_json::from_str(&text)
-                .unwrap_or_else(|e| panic!("{}: not JSON: {e}", path.display()));
+            let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let doc = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: not JSON: {e}", path.display()));
             (rel, doc)
         })
         .collect()
@@ -70,10 +66,7 @@ fn validators() -> &'static BTreeMap<String, Validator> {
         let docs = load();
         let registry = Registry::new()
             .draft(Draft::Draft202012)
-            .extend(
-                docs.iter()
-                    .map(|(rel, doc)| (format!("{BASE}{rel}"), doc.clone())),
-            )
+            .extend(docs.iter().map(|(rel, doc)| (format!("{BASE}{rel}"), doc.clone())))
             .expect("registering schemas")
             .prepare()
             .expect("preparing the schema registry");
@@ -102,14 +95,7 @@ fn validator(schema: &str) -> &'static Validator {
 pub fn validation_errors(schema: &str, instance: &Value) -> Vec<String> {
     validator(schema)
         .iter_errors(instance)
-        .map(|e| {
-            format!(
-                "{} (at \"{}\", schema \"{}\")",
-                e,
-                e.instance_path(),
-                e.schema_path()
-            )
-        })
+        .map(|e| format!("{} (at \"{}\", schema \"{}\")", e, e.instance_path(), e.schema_path()))
         .collect()
 }
 

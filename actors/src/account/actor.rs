@@ -41,6 +41,9 @@ pub enum AccountCmd {
     Receive { params: DeliverParams, digest: String },
     RecordDelivery { message_id: String, status: DeliveryStatus },
     DeliveryStatus { device: String, message_id: String },
+    /// `message.delivery.peer_status` from `peer`, one of this account's home
+    /// relays: read-only.
+    PeerStatus { peer: String, message_id: String },
     Sync { device: String, params: SyncParams },
     Ack { device: String, params: AckParams },
 }
@@ -65,9 +68,11 @@ impl Reply {
     }
 }
 
-pub struct Envelope(pub Arc<AccountCmd>);
+/// A command on its way to an account actor (shared, so a retry after
+/// passivation costs no copy).
+pub struct Ask(pub Arc<AccountCmd>);
 
-impl Message for Envelope {
+impl Message for Ask {
     type Result = Result<Reply, RelayError>;
 }
 
@@ -115,6 +120,11 @@ impl AccountActor {
             state.apply(&event);
             head = ev.head();
             since_snapshot += 1;
+        }
+        // The route book may have missed the account's latest route if the
+        // relay stopped between the two writes.
+        if let Some(route) = state.route() {
+            sup.routes().offer(route)?;
         }
         Ok(AccountActor {
             last_active_ms: sup.clock().now_ms(),
@@ -169,6 +179,11 @@ impl AccountActor {
             self.state.apply(e);
         }
         self.since_snapshot += events.len() as u64;
+        for e in &events {
+            if let AccountEvent::Registered { route, .. } | AccountEvent::RouteUpdated { route } = e {
+                self.sup.routes().offer(route).map_err(|e| internal(&e))?;
+            }
+        }
         if self.since_snapshot >= self.sup.policy().snapshot_every {
             self.snapshot();
         }
@@ -296,7 +311,7 @@ impl AccountActor {
             AccountCmd::Receive { params, digest } => match decide::receive(&self.state, params, digest, ctx)? {
                 ReceiveDecision::Duplicate(status) => Ok(Reply::Status(status)),
                 ReceiveDecision::Accepted { event, status } => {
-                    self.persist(vec![event], |_| {})?;
+                    self.persist(vec![*event], |_| {})?;
                     Ok(Reply::Status(status))
                 }
             },
@@ -313,6 +328,16 @@ impl AccountActor {
                     Some(e) if e.retention_until > now => Ok(Reply::Status(e.status.clone())),
                     Some(_) => Err(RelayError::new(relay_schemas::ErrorCode::MessageExpired, "result retention has ended")),
                     None => Err(RelayError::not_found("unknown message")),
+                }
+            }
+            AccountCmd::PeerStatus { peer, message_id } => {
+                let route = self.state.route().ok_or_else(|| RelayError::not_found("unknown account"))?;
+                if !route.lists_relay(peer) {
+                    return Err(RelayError::forbidden("only the account's other home relay may ask"));
+                }
+                match self.state.sends.get(message_id) {
+                    Some(e) => Reply::json(&json!({ "known": true, "status": e.status })),
+                    None => Reply::json(&json!({ "known": false })),
                 }
             }
             AccountCmd::Sync { device, params } => {
@@ -510,10 +535,10 @@ impl Actor for AccountActor {
     }
 }
 
-impl Handler<Envelope> for AccountActor {
+impl Handler<Ask> for AccountActor {
     type Result = ResponseFuture<Result<Reply, RelayError>>;
 
-    fn handle(&mut self, msg: Envelope, _ctx: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, msg: Ask, _ctx: &mut Self::Context) -> Self::Result {
         if self.passivated {
             // Raced with passivation: the supervisor retries on a fresh actor.
             return Box::pin(async { Err(crate::supervisor::passivated()) });

@@ -23,19 +23,21 @@ pub struct Ctx<'a> {
     pub policy: &'a Policy,
 }
 
-fn registered<'s>(state: &'s AccountState) -> Result<&'s Wire<Route>, RelayError> {
+fn registered(state: &AccountState) -> Result<&Wire<Route>, RelayError> {
     state
         .route()
         .ok_or_else(|| RelayError::not_found(format!("unknown account {}", state.account_id)))
 }
 
-/// Receiving rule 1: this relay is a home relay in the account's route.
+/// Receiving rule 1: this relay is a home relay in the account's current
+/// route. An account that moved away keeps its new route here, and callers
+/// get it back with `route_stale`.
 fn served_here(state: &AccountState, ctx: Ctx) -> Result<(), RelayError> {
     let route = registered(state)?;
     if route.lists_relay(&ctx.policy.relay_id) {
         return Ok(());
     }
-    Err(RelayError::new(ErrorCode::TargetNotLocal, "this relay does not serve the account")
+    Err(RelayError::new(ErrorCode::RouteStale, "the account's current route names other relays")
         .with_data(serde_json::json!({ "route": route })))
 }
 
@@ -71,14 +73,14 @@ fn visible_devices(state: &AccountState, boxes: &[Wire<KeyBox>], now: u64) -> Ve
         .collect()
 }
 
-fn record(state: &AccountState, envelope: &Wire<MessageEnvelope>, boxes: &[Wire<KeyBox>], visible: Vec<String>, expires_at: u64) -> Record {
-    Record {
+fn record(state: &AccountState, envelope: &Wire<MessageEnvelope>, boxes: &[Wire<KeyBox>], visible: Vec<String>, expires_at: u64) -> Box<Record> {
+    Box::new(Record {
         sequence: state.last_sequence + 1,
         expires_at,
         envelope: envelope.clone(),
         boxes: boxes.to_vec(),
         visible,
-    }
+    })
 }
 
 /// Idempotency lookup shared by sends and receipts: `Some(accepted_at)` for
@@ -231,7 +233,7 @@ pub enum SendDecision {
     /// Self-delivery: one record, `target_accepted` at once.
     SelfDelivered { event: AccountEvent, status: DeliveryStatus },
     /// Cross-account: accepted, delivery to start with these params.
-    Sent { event: AccountEvent, status: DeliveryStatus, deliver: DeliverParams, deadline: u64 },
+    Sent { event: AccountEvent, status: DeliveryStatus, deliver: Box<DeliverParams>, deadline: u64 },
 }
 
 /// `message.send` at the source. `digest` is blake3(JCS(params)).
@@ -283,12 +285,12 @@ pub fn send(state: &AccountState, device_id: &str, p: &SendParams, digest: &str,
         record(state, env, boxes, visible_devices(state, boxes, ctx.now), retention_until)
     });
     let deadline = (env.created_at + ctx.policy.delivery_age_limit).min(retention_until);
-    let deliver = DeliverParams {
+    let deliver = Box::new(DeliverParams {
         envelope: env.clone(),
         recipient_boxes: p.recipient_boxes.clone(),
         sender_device_certificate: state.devices[device_id].clone(),
         authorization: p.authorization.clone(),
-    };
+    });
     let event = AccountEvent::MessageSent {
         message_id: env.message_id.clone(),
         to: env.to.clone(),
@@ -305,7 +307,7 @@ pub fn send(state: &AccountState, device_id: &str, p: &SendParams, digest: &str,
 #[derive(Debug)]
 pub enum ReceiveDecision {
     Duplicate(DeliveryStatus),
-    Accepted { event: AccountEvent, status: DeliveryStatus },
+    Accepted { event: Box<AccountEvent>, status: DeliveryStatus },
 }
 
 /// The digest a receipt is keyed on: blake3(JCS(deliver params)).
@@ -322,15 +324,18 @@ pub fn receive(state: &AccountState, p: &DeliverParams, digest: &str, ctx: Ctx) 
     let env = &p.envelope;
     env.check_constraints(ctx.policy.max_ciphertext_bytes)?;
     check_boxes("recipient_boxes", &p.recipient_boxes, ctx.policy.max_boxes)?;
-    // Rule 1: the recipient's current route designates this relay.
-    served_here(state, ctx)?;
     if env.to != state.account_id {
         return Err(RelayError::invalid_params("envelope.to is not this account"));
     }
+    // A previously accepted request answers its result, whatever changed
+    // since (even the account's home): a route error here would invite the
+    // source to deliver it again elsewhere.
     if let Some(entry) = state.receipts.get(&receipt_key(&env.from, &env.message_id)) {
         idempotent(digest, &entry.digest, entry.retention_until, ctx.now)?;
         return Ok(ReceiveDecision::Duplicate(DeliveryStatus::target_accepted(entry.accepted_at)));
     }
+    // Rule 1: the recipient's current route designates this relay.
+    served_here(state, ctx)?;
     // Rule 2: certificate binding and signatures.
     let cert = &p.sender_device_certificate;
     let device_key = cert.check(ctx.now, ctx.policy.clock_tolerance)?;
@@ -357,7 +362,7 @@ pub fn receive(state: &AccountState, p: &DeliverParams, digest: &str, ctx: Ctx) 
         retention_until,
         record: record(state, env, &p.recipient_boxes, visible, retention_until),
     };
-    Ok(ReceiveDecision::Accepted { event, status: DeliveryStatus::target_accepted(accepted_at) })
+    Ok(ReceiveDecision::Accepted { event: Box::new(event), status: DeliveryStatus::target_accepted(accepted_at) })
 }
 
 fn check_authorization(state: &AccountState, sender: &str, auth: Option<&Authorization>, ctx: Ctx) -> Result<(), RelayError> {

@@ -52,7 +52,7 @@ pub enum AccountEvent {
         accepted_at: u64,
         deadline: u64,
         retention_until: u64,
-        record: Option<Record>,
+        record: Option<Box<Record>>,
     },
     /// Account self-delivery: one record, `target_accepted` at once.
     SelfDelivered {
@@ -60,7 +60,7 @@ pub enum AccountEvent {
         digest: String,
         accepted_at: u64,
         retention_until: u64,
-        record: Record,
+        record: Box<Record>,
     },
     MessageReceived {
         from: String,
@@ -68,7 +68,7 @@ pub enum AccountEvent {
         digest: String,
         accepted_at: u64,
         retention_until: u64,
-        record: Record,
+        record: Box<Record>,
     },
     /// The delivery of a sent message changed status (terminal states only
     /// ever once).
@@ -104,7 +104,7 @@ impl AccountEvent {
     /// The timeline record this event appends, if any.
     pub fn record(&self) -> Option<&Record> {
         match self {
-            AccountEvent::MessageSent { record, .. } => record.as_ref(),
+            AccountEvent::MessageSent { record, .. } => record.as_deref(),
             AccountEvent::SelfDelivered { record, .. } | AccountEvent::MessageReceived { record, .. } => {
                 Some(record)
             }

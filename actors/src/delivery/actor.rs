@@ -3,13 +3,15 @@
 //! due. Persist before effect: the attempt is durable before the request
 //! goes out, the outcome before the next timer is armed.
 
-use super::core::{decide_due, decide_outcome, DeliveryEvent, DeliveryState};
+use super::core::{combine, decide_due, decide_outcome, decide_peer_confirmed, DeliveryEvent, DeliveryState};
+use super::transport::{AttemptOutcome, LocalFuture};
 use super::due_key;
 use crate::account::{AccountCmd, Reply};
 use crate::store::{Batch, Head, NewEvent, StoreError, Ticket};
 use crate::supervisor::{internal, Supervisor};
 use actix::prelude::*;
-use relay_schemas::{DeliveryStatus, RelayError};
+use relay_schemas::objects::{RelayRef, Route};
+use relay_schemas::{DeliveryStatus, RelayError, Wire};
 use std::time::Duration;
 use tokio::sync::oneshot;
 
@@ -119,8 +121,43 @@ impl DeliveryActor {
         if self.state.finished.is_some() {
             return self.report(ctx);
         }
+        // Before the route and the attempt: the sender's other home relay
+        // may already have delivered it (attempts after the second).
+        let sup = self.sup.clone();
+        let other_home = (self.state.attempts >= 2).then(|| self.sender_other_home()).flatten();
+        let (from, message_id, to) = (self.state.from.clone(), self.state.message_id.clone(), self.state.to.clone());
+        let fresh = self.state.wants_fresh_route();
+        let prepare = async move {
+            if let Some(relay) = other_home {
+                let st = sup.transport().peer_status(&relay, &from, &message_id).await;
+                if st.is_some_and(|st| st.status == relay_schemas::Status::TargetAccepted) {
+                    return (true, None);
+                }
+            }
+            (false, sup.resolve_route(&to, fresh).await)
+        };
+        ctx.wait(prepare.into_actor(self).map(|(peer_confirmed, route), act, ctx| {
+            if peer_confirmed {
+                let events = decide_peer_confirmed(&act.state);
+                return match act.persist(events, |_| {}) {
+                    Ok(()) => act.report(ctx),
+                    Err(e) => act.retry_later(ctx, &e),
+                };
+            }
+            act.start_attempt(route, ctx)
+        }));
+    }
+
+    /// The sender's other home relay, if its route names two.
+    fn sender_other_home(&self) -> Option<RelayRef> {
+        let route = self.sup.routes().get(&self.state.from).ok()??;
+        let own = &self.sup.policy().relay_id;
+        (route.relays.len() == 2 && route.lists_relay(own)).then(|| route.relays.iter().find(|r| &r.id != own).cloned())?
+    }
+
+    fn start_attempt(&mut self, route: Option<Wire<Route>>, ctx: &mut Context<Self>) {
         let now = self.sup.clock().now_ms();
-        let events = decide_due(&self.state, now, &self.sup.policy().relay_id);
+        let events = decide_due(&self.state, now, route.as_ref());
         if let Err(e) = self.persist(events, |_| {}) {
             return self.retry_later(ctx, &e);
         }
@@ -128,23 +165,41 @@ impl DeliveryActor {
             return self.report(ctx);
         }
         let attempt = self.state.attempts;
-        let params = self.state.params.clone().expect("checked above");
-        let digest = self.state.digest.clone();
-        let to = self.state.to.clone();
-        let sup = self.sup.clone();
+        let params = self.state.params.clone().expect("checked in step_due");
+        let relays = self.state.target.as_ref().map(|t| t.relays.clone()).unwrap_or_default();
+        let (sup, digest, to) = (self.sup.clone(), self.state.digest.clone(), self.state.to.clone());
         let timeout = Duration::from_millis(sup.policy().attempt_timeout_ms);
         let durable = self.durable();
         let attempt_fut = async move {
-            durable.await?;
-            match tokio::time::timeout(timeout, sup.deliver_local(&to, params, digest)).await {
-                Ok(r) => r,
-                Err(_) => Err(RelayError::unavailable("delivery attempt timed out")),
+            if let Err(e) = durable.await {
+                return AttemptOutcome::NotAttempted(e);
             }
+            // Every relay of the route at once; the first acceptance wins.
+            let tries = relays.iter().map(|relay| {
+                let one: LocalFuture<AttemptOutcome> = if relay.id == sup.policy().relay_id {
+                    let (sup, params, digest, to) = (sup.clone(), params.clone(), digest.clone(), to.clone());
+                    Box::pin(async move {
+                        match sup.deliver_local(&to, params, digest).await {
+                            Ok(st) => AttemptOutcome::Answered(st),
+                            Err(e) => AttemptOutcome::Rejected(e),
+                        }
+                    })
+                } else {
+                    sup.transport().deliver(relay, &params)
+                };
+                async move {
+                    match tokio::time::timeout(timeout, one).await {
+                        Ok(o) => o,
+                        Err(_) => AttemptOutcome::Unknown(RelayError::unavailable("delivery attempt timed out")),
+                    }
+                }
+            });
+            combine(futures_util::future::join_all(tries).await)
         };
         ctx.wait(attempt_fut.into_actor(self).map(move |outcome, act, ctx| act.step_outcome(attempt, outcome, ctx)));
     }
 
-    fn step_outcome(&mut self, attempt: u32, outcome: Result<DeliveryStatus, RelayError>, ctx: &mut Context<Self>) {
+    fn step_outcome(&mut self, attempt: u32, outcome: AttemptOutcome, ctx: &mut Context<Self>) {
         let now = self.sup.clock().now_ms();
         let events = decide_outcome(&self.state, attempt, outcome, now, &self.sup.policy());
         let next_due = events.iter().find_map(|e| match e {
@@ -232,3 +287,4 @@ impl Handler<Watch> for DeliveryActor {
         self.watchers.push(msg.0);
     }
 }
+

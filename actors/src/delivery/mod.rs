@@ -4,8 +4,10 @@
 pub mod actor;
 pub mod core;
 pub mod timetable;
+pub mod transport;
 
 pub use self::core::{DeliveryEvent, DeliveryState};
+pub use self::transport::{AttemptOutcome, NoPeers, Transport};
 
 /// The stream of the delivery of `(from, message_id)`.
 pub fn stream_id(from: &str, message_id: &str) -> String {

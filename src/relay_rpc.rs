@@ -1,0 +1,104 @@
+//! The relay methods of PROTOCOL §5 (`POST /v1/relay/{method}`), called by
+//! peers. Every request is authenticated first: the `Relay-Id` must be a
+//! configured peer, `Relay-Timestamp` within the clock tolerance, and
+//! `Relay-Signature` the peer key's signature of the request digest.
+
+use crate::rpc::{params_digest, parse, Relay};
+use ed25519_dalek::VerifyingKey;
+use relay_actors::account::{AccountCmd, Reply};
+use relay_schemas::ids::{check_account_id, check_message_id};
+use relay_schemas::methods::{AccountIdParams, DeliverParams};
+use relay_schemas::sign::{relay_request_bytes, verify_bytes};
+use relay_schemas::{ErrorCode, RelayError};
+use serde::Deserialize;
+use std::collections::HashMap;
+
+/// The request headers of a relay call.
+pub struct RelayHeaders<'a> {
+    pub relay_id: Option<&'a str>,
+    pub timestamp: Option<&'a str>,
+    pub signature: Option<&'a str>,
+}
+
+/// Who may call: configured peers and their keys.
+pub struct PeerKeys {
+    own_id: String,
+    keys: HashMap<String, VerifyingKey>,
+    clock_tolerance: u64,
+}
+
+impl PeerKeys {
+    pub fn new(own_id: &str, keys: HashMap<String, VerifyingKey>, clock_tolerance: u64) -> Self {
+        PeerKeys { own_id: own_id.into(), keys, clock_tolerance }
+    }
+
+    /// The calling peer's id, or `unauthorized`.
+    pub fn authenticate(&self, h: &RelayHeaders, method: &str, body: &[u8], now: u64) -> Result<String, RelayError> {
+        let deny = |why: &str| RelayError::unauthorized(format!("relay authentication: {why}"));
+        let id = h.relay_id.ok_or_else(|| deny("Relay-Id missing"))?;
+        let key = self.keys.get(id).ok_or_else(|| deny("not a configured peer"))?;
+        let ts: u64 = h.timestamp.and_then(|t| t.parse().ok()).ok_or_else(|| deny("Relay-Timestamp missing or malformed"))?;
+        if ts.abs_diff(now) > self.clock_tolerance {
+            return Err(deny("Relay-Timestamp outside clock tolerance"));
+        }
+        let sig = h.signature.ok_or_else(|| deny("Relay-Signature missing"))?;
+        verify_bytes(key, &relay_request_bytes(method, &self.own_id, ts, body), sig).map_err(|_| deny("bad signature"))?;
+        Ok(id.to_owned())
+    }
+}
+
+#[derive(Deserialize)]
+struct PeerStatusParams {
+    from: String,
+    message_id: String,
+}
+
+impl Relay {
+    /// Where an account this relay does not serve lives now: `route_stale`
+    /// with the newer route when one is known, else `target_not_local`.
+    fn not_served_here(&self, account_id: &str) -> RelayError {
+        match self.supervisor().routes().get(account_id).ok().flatten() {
+            Some(route) => RelayError::new(ErrorCode::RouteStale, "the account is served by other relays")
+                .with_data(serde_json::json!({ "route": route })),
+            None => RelayError::new(ErrorCode::TargetNotLocal, "this relay does not serve the account"),
+        }
+    }
+
+    async fn on_local(&self, account_id: &str, cmd: AccountCmd) -> Result<Reply, RelayError> {
+        check_account_id("account_id", account_id)?;
+        if !self.supervisor().account_exists(account_id)? {
+            return Err(self.not_served_here(account_id));
+        }
+        self.supervisor().ask(account_id, cmd).await
+    }
+
+    pub async fn call_relay(&self, method: &str, peer: &str, body: &[u8]) -> Result<String, RelayError> {
+        match method {
+            "message.deliver" => {
+                let params: DeliverParams = parse(body)?;
+                let digest = params_digest(body)?;
+                let to = params.envelope.to.clone();
+                Self::json_of(self.on_local(&to, AccountCmd::Receive { params, digest }).await?)
+            }
+            "route.get" => {
+                let p: AccountIdParams = parse(body)?;
+                check_account_id("account_id", &p.account_id)?;
+                // Only what this relay knows: no recursion through peers.
+                let route = self.supervisor().routes().get(&p.account_id).map_err(|e| RelayError::internal(e.to_string()))?;
+                let route = route.ok_or_else(|| RelayError::new(ErrorCode::RouteNotFound, "no route known for this account"))?;
+                Ok(route.raw().get().to_owned())
+            }
+            "account.devices.get" => {
+                let p: AccountIdParams = parse(body)?;
+                Self::json_of(self.on_local(&p.account_id, AccountCmd::DevicesGet).await?)
+            }
+            "message.delivery.peer_status" => {
+                let p: PeerStatusParams = parse(body)?;
+                check_message_id("message_id", &p.message_id)?;
+                let cmd = AccountCmd::PeerStatus { peer: peer.to_owned(), message_id: p.message_id };
+                Self::json_of(self.on_local(&p.from, cmd).await?)
+            }
+            _ => Err(RelayError::not_found(format!("unknown relay method {method:?}"))),
+        }
+    }
+}

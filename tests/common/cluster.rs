@@ -1,0 +1,69 @@
+//! Several relays on loopback that peer with each other: fixed ports picked
+//! up front (so a relay keeps its address across restarts) and keys written
+//! before start (so every config can name every peer's key).
+
+use super::relay::RelayProc;
+use relay_schemas::encoding::b64_encode;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+
+pub struct Member {
+    pub id: String,
+    pub url: String,
+    pub public_key: String,
+}
+
+/// A free loopback port (released for the relay to bind right after).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Writes relay `id`'s key file (0600) from `seed`; returns its public key.
+pub fn write_key(path: &Path, seed: [u8; 32]) -> String {
+    use std::io::Write;
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+    writeln!(opts.open(path).unwrap(), "{}", b64_encode(&seed)).unwrap();
+    let key = ed25519_dalek::SigningKey::from_bytes(&seed);
+    b64_encode(key.verifying_key().as_bytes())
+}
+
+/// Plans relays `ids` in `dir` (ports and keys); `start` each when wanted.
+pub struct Cluster {
+    pub dir: PathBuf,
+    pub members: Vec<Member>,
+}
+
+impl Cluster {
+    pub fn plan(dir: &Path, ids: &[&str]) -> Cluster {
+        let members = ids
+            .iter()
+            .enumerate()
+            .map(|(i, id)| {
+                let key = dir.join(id).join("relay.key");
+                let public_key = write_key(&key, [200 + i as u8; 32]);
+                Member { id: id.to_string(), url: format!("http://127.0.0.1:{}", free_port()), public_key }
+            })
+            .collect();
+        Cluster { dir: dir.to_path_buf(), members }
+    }
+
+    pub fn url(&self, id: &str) -> &str {
+        &self.members.iter().find(|m| m.id == id).unwrap().url
+    }
+
+    /// Starts relay `id` peering with every other member; `extra` TOML is
+    /// appended to its config (sections other than [relay] and [[peers]]).
+    pub fn start(&self, id: &str, extra: &str) -> RelayProc {
+        let me = self.members.iter().find(|m| m.id == id).unwrap();
+        let mut peers = String::new();
+        for m in self.members.iter().filter(|m| m.id != id) {
+            peers.push_str(&format!("[[peers]]\nid = \"{}\"\nurl = \"{}\"\npublic_key = \"{}\"\n\n", m.id, m.url, m.public_key));
+        }
+        let listen = me.url.trim_start_matches("http://");
+        RelayProc::start_at(&self.dir, id, listen, &format!("{peers}\n{extra}"))
+    }
+}
