@@ -24,7 +24,11 @@ pub struct Relay {
 }
 
 /// Parses params, mapping any JSON or type error to `invalid_params`.
+/// Params are a JSON object: serde would also take a positional array.
 pub(crate) fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, RelayError> {
+    if body.trim_ascii_start().first() != Some(&b'{') {
+        return Err(RelayError::invalid_params("params must be a JSON object"));
+    }
     serde_json::from_slice(body).map_err(|e| RelayError::invalid_params(format!("params: {e}")))
 }
 

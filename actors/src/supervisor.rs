@@ -125,11 +125,10 @@ impl Supervisor {
         lock(&self.inner.accounts).len()
     }
 
-    /// Whether an account is registered on this relay.
+    /// Whether an account is registered on this relay (it has events; a
+    /// resident actor alone proves nothing: a rejected registration leaves
+    /// one behind).
     pub fn account_exists(&self, account_id: &str) -> Result<bool, RelayError> {
-        if lock(&self.inner.accounts).contains_key(account_id) {
-            return Ok(true);
-        }
         let head = self.store().head(&account::stream_id(account_id)).map_err(|e| internal(&e))?;
         Ok(head.seq > 0)
     }

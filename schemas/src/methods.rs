@@ -2,12 +2,12 @@
 //! methods (§5). Params keep unknown members out of the typed view; the
 //! transport keeps the whole params object for idempotency.
 
-use crate::objects::*;
+use crate::objects::{present, *};
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Settings {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     pub public_discovery: Option<bool>,
 }
 
@@ -15,7 +15,7 @@ pub struct Settings {
 pub struct RegisterParams {
     pub route: Wire<Route>,
     pub device_certificate: Wire<DeviceCertificate>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     pub settings: Option<Settings>,
 }
 
@@ -84,9 +84,9 @@ pub struct RouteUpdateParams {
 
 #[derive(Clone, Debug, Deserialize)]
 pub struct ContactRevokeParams {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     pub grant_id: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     pub invite_id: Option<String>,
 }
 
@@ -94,9 +94,9 @@ pub struct ContactRevokeParams {
 pub struct SendParams {
     pub envelope: Wire<MessageEnvelope>,
     pub recipient_boxes: Vec<Wire<KeyBox>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, deserialize_with = "present", skip_serializing_if = "Option::is_none")]
     pub sender_boxes: Option<Vec<Wire<KeyBox>>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, deserialize_with = "present", skip_serializing_if = "Option::is_none")]
     pub authorization: Option<Authorization>,
 }
 
@@ -105,7 +105,7 @@ pub struct DeliverParams {
     pub envelope: Wire<MessageEnvelope>,
     pub recipient_boxes: Vec<Wire<KeyBox>>,
     pub sender_device_certificate: Wire<DeviceCertificate>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, deserialize_with = "present", skip_serializing_if = "Option::is_none")]
     pub authorization: Option<Authorization>,
 }
 
@@ -120,7 +120,7 @@ pub const SYNC_MAX_LIMIT: u32 = 500;
 #[derive(Clone, Debug, Deserialize)]
 pub struct SyncParams {
     pub after: u64,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     pub limit: Option<u32>,
 }
 

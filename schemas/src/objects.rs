@@ -64,9 +64,15 @@ impl<T> Deref for Wire<T> {
     }
 }
 
+/// Same content: equal bytes, or equal JSON values (member order and
+/// whitespace do not make two objects different, as under JCS).
 impl<T> PartialEq for Wire<T> {
     fn eq(&self, other: &Self) -> bool {
         self.raw.get() == other.raw.get()
+            || matches!(
+                (serde_json::from_str::<Value>(self.raw.get()), serde_json::from_str::<Value>(other.raw.get())),
+                (Ok(a), Ok(b)) if a == b
+            )
     }
 }
 
@@ -81,6 +87,12 @@ impl<T> Serialize for Wire<T> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         self.raw.serialize(s)
     }
+}
+
+/// For optional members: absent is `None`, but an explicit `null` is a
+/// type error like any other wrong type (the JSON Schemas agree).
+pub(crate) fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
 }
 
 fn invalid(m: impl Into<String>) -> RelayError {
@@ -125,7 +137,7 @@ pub struct DeviceCertificate {
     pub device_key: String,
     pub box_key: String,
     pub issued_at: u64,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     pub expires_at: Option<u64>,
     pub signature: String,
 }
@@ -296,7 +308,7 @@ pub struct ContactGrant {
     pub grantor: String,
     pub grantee: String,
     pub issued_at: u64,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     pub expires_at: Option<u64>,
     pub signature: String,
 }

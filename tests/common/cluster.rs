@@ -61,7 +61,10 @@ impl Cluster {
         let me = self.members.iter().find(|m| m.id == id).unwrap();
         let mut peers = String::new();
         for m in self.members.iter().filter(|m| m.id != id) {
-            peers.push_str(&format!("[[peers]]\nid = \"{}\"\nurl = \"{}\"\npublic_key = \"{}\"\n\n", m.id, m.url, m.public_key));
+            peers.push_str(&format!(
+                "[[peers]]\nid = \"{}\"\nurl = \"{}\"\npublic_key = \"{}\"\n\n",
+                m.id, m.url, m.public_key
+            ));
         }
         let listen = me.url.trim_start_matches("http://");
         RelayProc::start_at(&self.dir, id, listen, &format!("{peers}\n{extra}"))

@@ -1,5 +1,6 @@
 #![allow(dead_code)]
 pub mod client;
 pub mod cluster;
+pub mod fake_peer;
 pub mod relay;
 pub mod schema;

@@ -71,6 +71,11 @@ impl RelayProc {
         RelayProc { child: Some(child), id: id.into(), url, config, data_dir }
     }
 
+    /// The process id (for /proc measurements).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
     /// SIGKILL: no shutdown, no flush.
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {

@@ -514,8 +514,17 @@ impl AccountActor {
     }
 
     fn maybe_passivate(&mut self, ctx: &mut Context<Self>) {
-        let idle = self.sup.clock().now_ms().saturating_sub(self.last_active_ms);
-        if idle >= self.sup.policy().passivate_after_ms && self.pending.load(Ordering::SeqCst) == 0 {
+        let now_ms = self.sup.clock().now_ms();
+        let idle = now_ms.saturating_sub(self.last_active_ms);
+        // Outstanding challenges live only here: keep the actor until they expire.
+        self.challenges.retain(|_, list| {
+            list.retain(|(_, exp)| *exp > now_ms / 1000);
+            !list.is_empty()
+        });
+        if idle >= self.sup.policy().passivate_after_ms
+            && self.pending.load(Ordering::SeqCst) == 0
+            && self.challenges.is_empty()
+        {
             if self.since_snapshot > 0 {
                 self.snapshot();
             }

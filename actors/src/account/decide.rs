@@ -327,6 +327,11 @@ pub fn receive(state: &AccountState, p: &DeliverParams, digest: &str, ctx: Ctx) 
     if env.to != state.account_id {
         return Err(RelayError::invalid_params("envelope.to is not this account"));
     }
+    // Self-delivery happens only at the account's home relay, on
+    // `message.send`; it never travels as `message.deliver` (seed).
+    if env.from == env.to {
+        return Err(RelayError::invalid_params("account self-delivery is not delivered between relays"));
+    }
     // A previously accepted request answers its result, whatever changed
     // since (even the account's home): a route error here would invite the
     // source to deliver it again elsewhere.

@@ -1449,7 +1449,6 @@ fn receive_retry_of_an_accepted_message_answers_the_original_result_after_the_ro
 }
 
 #[test]
-#[ignore = "bug: receive accepts an inter-relay message.deliver for account self-delivery (from == to)"]
 fn receive_refuses_inter_relay_delivery_of_a_self_delivery() {
     let s = given_alice([]);
     let env = envelope(&phone(), &alice(), &alice(), 1, NOW);

@@ -201,6 +201,7 @@ impl DeliveryActor {
 
     fn step_outcome(&mut self, attempt: u32, outcome: AttemptOutcome, ctx: &mut Context<Self>) {
         let now = self.sup.clock().now_ms();
+        self.learn_route(&outcome);
         let events = decide_outcome(&self.state, attempt, outcome, now, &self.sup.policy());
         let next_due = events.iter().find_map(|e| match e {
             DeliveryEvent::AttemptFailed { next_due_ms, .. } => Some(*next_due_ms),
@@ -232,6 +233,19 @@ impl DeliveryActor {
         } else {
             self.tell_watchers();
             ctx.stop();
+        }
+    }
+
+    /// A route error may carry the newer route (`data.route`); a valid one
+    /// is kept, so the next attempt can follow it.
+    fn learn_route(&self, outcome: &AttemptOutcome) {
+        let Some(route) = outcome.error().and_then(|e| e.data.as_ref()).and_then(|d| d.get("route")) else { return };
+        let Ok(route) = Wire::<Route>::from_value(route) else { return };
+        let policy = self.sup.policy();
+        if route.account_id == self.state.to && route.check(self.sup.clock().now(), policy.clock_tolerance).is_ok() {
+            if let Err(e) = self.sup.routes().offer(&route) {
+                tracing::warn!(stream = %self.stream, error = %e, "cannot keep route from data.route");
+            }
         }
     }
 
