@@ -32,7 +32,13 @@ impl Rpc {
     }
 
     /// Registers the account with one device and opens a session for it.
-    async fn register(&self, relay_id: &str, account: &Account, device: &Device, public: bool) -> Result<String, String> {
+    async fn register(
+        &self,
+        relay_id: &str,
+        account: &Account,
+        device: &Device,
+        public: bool,
+    ) -> Result<String, String> {
         let now = now();
         let route = account.route(1, &[(relay_id, &self.base)], now);
         let cert = account.certificate(device, now, None);
@@ -42,7 +48,8 @@ impl Rpc {
             json!({"route": route, "device_certificate": cert, "settings": {"public_discovery": public}}),
         )
         .await?;
-        let ch = self.call("session.challenge", None, json!({"account_id": account.id, "device_id": device.id})).await?;
+        let ch =
+            self.call("session.challenge", None, json!({"account_id": account.id, "device_id": device.id})).await?;
         let challenge = ch["challenge"].as_str().ok_or("no challenge")?;
         let signature = device.session_proof(&account.id, challenge, relay_id);
         let s = self

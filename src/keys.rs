@@ -33,11 +33,16 @@ pub fn load(path: &Path) -> Result<SigningKey, String> {
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?.permissions().mode();
         if mode & 0o077 != 0 {
-            return Err(format!("{}: key file is readable by others (mode {:o}); chmod 600 it", path.display(), mode & 0o777));
+            return Err(format!(
+                "{}: key file is readable by others (mode {:o}); chmod 600 it",
+                path.display(),
+                mode & 0o777
+            ));
         }
     }
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let seed: [u8; 32] = b64_decode_array("key", text.trim()).map_err(|_| format!("{}: not a relay key", path.display()))?;
+    let seed: [u8; 32] =
+        b64_decode_array("key", text.trim()).map_err(|_| format!("{}: not a relay key", path.display()))?;
     Ok(SigningKey::from_bytes(&seed))
 }
 

@@ -64,7 +64,14 @@ struct WireError {
 }
 
 impl PeerClient {
-    pub fn new(relay_id: &str, key: SigningKey, peers: &[Peer], timeout: Duration, clock: SharedClock, clock_tolerance: u64) -> Self {
+    pub fn new(
+        relay_id: &str,
+        key: SigningKey,
+        peers: &[Peer],
+        timeout: Duration,
+        clock: SharedClock,
+        clock_tolerance: u64,
+    ) -> Self {
         let peers = peers.iter().map(|p| (p.id.clone(), p.clone())).collect();
         PeerClient { inner: Arc::new(Inner { relay_id: relay_id.into(), key, peers, timeout, clock, clock_tolerance }) }
     }
@@ -73,10 +80,7 @@ impl PeerClient {
         let timeout = self.inner.timeout;
         HTTP.with(|c| {
             c.get_or_init(|| {
-                awc::Client::builder()
-                    .timeout(timeout)
-                    .connector(awc::Connector::new().timeout(timeout))
-                    .finish()
+                awc::Client::builder().timeout(timeout).connector(awc::Connector::new().timeout(timeout)).finish()
             })
             .clone()
         })
@@ -105,7 +109,8 @@ impl PeerClient {
             .await;
         let mut resp = match sent {
             Ok(r) => r,
-            Err(SendRequestError::Connect(ConnectError::Timeout)) | Err(SendRequestError::Connect(ConnectError::Io(_))) => {
+            Err(SendRequestError::Connect(ConnectError::Timeout))
+            | Err(SendRequestError::Connect(ConnectError::Io(_))) => {
                 return Err(CallError::NotSent(RelayError::unavailable(format!("{peer_id}: cannot connect"))));
             }
             Err(e) => return Err(CallError::Unknown(RelayError::unavailable(format!("{peer_id}: {e}")))),
@@ -134,7 +139,9 @@ impl PeerClient {
         match self.call(&target.id, "message.deliver", body).await {
             Ok(bytes) => match serde_json::from_slice::<DeliveryStatus>(&bytes) {
                 Ok(status) => AttemptOutcome::Answered(status),
-                Err(e) => AttemptOutcome::Unknown(RelayError::new(ErrorCode::BadGateway, format!("unreadable answer: {e}"))),
+                Err(e) => {
+                    AttemptOutcome::Unknown(RelayError::new(ErrorCode::BadGateway, format!("unreadable answer: {e}")))
+                }
             },
             Err(CallError::NotSent(e)) => AttemptOutcome::NotAttempted(e),
             Err(CallError::Unknown(e)) => AttemptOutcome::Unknown(e),

@@ -37,12 +37,14 @@ impl PeerKeys {
         let deny = |why: &str| RelayError::unauthorized(format!("relay authentication: {why}"));
         let id = h.relay_id.ok_or_else(|| deny("Relay-Id missing"))?;
         let key = self.keys.get(id).ok_or_else(|| deny("not a configured peer"))?;
-        let ts: u64 = h.timestamp.and_then(|t| t.parse().ok()).ok_or_else(|| deny("Relay-Timestamp missing or malformed"))?;
+        let ts: u64 =
+            h.timestamp.and_then(|t| t.parse().ok()).ok_or_else(|| deny("Relay-Timestamp missing or malformed"))?;
         if ts.abs_diff(now) > self.clock_tolerance {
             return Err(deny("Relay-Timestamp outside clock tolerance"));
         }
         let sig = h.signature.ok_or_else(|| deny("Relay-Signature missing"))?;
-        verify_bytes(key, &relay_request_bytes(method, &self.own_id, ts, body), sig).map_err(|_| deny("bad signature"))?;
+        verify_bytes(key, &relay_request_bytes(method, &self.own_id, ts, body), sig)
+            .map_err(|_| deny("bad signature"))?;
         Ok(id.to_owned())
     }
 }
@@ -84,8 +86,10 @@ impl Relay {
                 let p: AccountIdParams = parse(body)?;
                 check_account_id("account_id", &p.account_id)?;
                 // Only what this relay knows: no recursion through peers.
-                let route = self.supervisor().routes().get(&p.account_id).map_err(|e| RelayError::internal(e.to_string()))?;
-                let route = route.ok_or_else(|| RelayError::new(ErrorCode::RouteNotFound, "no route known for this account"))?;
+                let route =
+                    self.supervisor().routes().get(&p.account_id).map_err(|e| RelayError::internal(e.to_string()))?;
+                let route = route
+                    .ok_or_else(|| RelayError::new(ErrorCode::RouteNotFound, "no route known for this account"))?;
                 Ok(route.raw().get().to_owned())
             }
             "account.devices.get" => {

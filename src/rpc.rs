@@ -72,7 +72,8 @@ impl Relay {
     }
 
     fn session(&self, token: Option<&str>) -> Result<Session, RelayError> {
-        let token = token.ok_or_else(|| RelayError::unauthorized("this method needs a session (Authorization: Bearer)"))?;
+        let token =
+            token.ok_or_else(|| RelayError::unauthorized("this method needs a session (Authorization: Bearer)"))?;
         self.sup
             .sessions()
             .lookup(token, self.sup.clock().now())
@@ -106,7 +107,8 @@ impl Relay {
             }
             "session.challenge" => {
                 let p: ChallengeParams = parse(body)?;
-                self.local(&p.account_id.clone(), ErrorCode::NotFound, AccountCmd::Challenge { device_id: p.device_id }).await
+                self.local(&p.account_id.clone(), ErrorCode::NotFound, AccountCmd::Challenge { device_id: p.device_id })
+                    .await
             }
             "session.open" => {
                 let params: SessionOpenParams = parse(body)?;
@@ -140,7 +142,8 @@ impl Relay {
                 let p: AccountIdParams = parse(body)?;
                 check_account_id("account_id", &p.account_id)?;
                 let route = self.sup.resolve_route(&p.account_id, false).await;
-                let route = route.ok_or_else(|| RelayError::new(ErrorCode::RouteNotFound, "no route known for this account"))?;
+                let route = route
+                    .ok_or_else(|| RelayError::new(ErrorCode::RouteNotFound, "no route known for this account"))?;
                 Ok(route.raw().get().to_owned())
             }
             "route.update" => {
@@ -176,7 +179,10 @@ impl Relay {
         let mut last = RelayError::new(ErrorCode::BadGateway, "no home relay answered");
         for relay in route.relays.iter() {
             match self.peers.call(&relay.id, "account.devices.get", body.to_vec()).await {
-                Ok(bytes) => return String::from_utf8(bytes.to_vec()).map_err(|_| RelayError::new(ErrorCode::BadGateway, "non-UTF-8 answer")),
+                Ok(bytes) => {
+                    return String::from_utf8(bytes.to_vec())
+                        .map_err(|_| RelayError::new(ErrorCode::BadGateway, "non-UTF-8 answer"))
+                }
                 Err(CallError::Answered { error, .. }) => return Err(error),
                 Err(CallError::NotSent(e) | CallError::Unknown(e)) => last = e,
             }

@@ -177,7 +177,7 @@ async fn malformed_json_is_invalid_params() {
         b"{'after':0}".to_vec(),
         b"{\"after\":NaN}".to_vec(),
         b"\xff\xfe{}".to_vec(),
-        valid[..valid.len() - 1].as_bytes().to_vec(),
+        valid.as_bytes()[..valid.len() - 1].to_vec(),
         format!("{valid}{valid}").into_bytes(),
         format!("{valid} x").into_bytes(),
         // A lone surrogate in an unknown envelope member.

@@ -35,7 +35,13 @@ async fn message_crosses_from_its_source_relay_to_the_recipients_home_relay() {
 const FAST: &str = "[delivery]\nretry_timetable = [\"0s\", \"300ms\", \"600ms\"]\nretry_then_every = \"300ms\"\nattempt_timeout = \"1s\"\n";
 
 /// Polls `message.delivery.status` until `done` holds (bounded).
-async fn wait_status(c: &Client, user: &User, message_id: &str, secs: u64, done: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+async fn wait_status(
+    c: &Client,
+    user: &User,
+    message_id: &str,
+    secs: u64,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
     loop {
         let st = c.ok("message.delivery.status", user.token(0), &json!({"message_id": message_id})).await;
@@ -151,7 +157,9 @@ async fn unauthenticated_relay_calls_are_rejected() {
     let ts = common::client::now();
     let good_key = ed25519_dalek::SigningKey::from_bytes(&[201; 32]); // relay-b's seed (Cluster::plan)
     let wrong_key = ed25519_dalek::SigningKey::from_bytes(&[9; 32]);
-    let sign = |k: &ed25519_dalek::SigningKey, ts: u64| relay_schemas::sign::sign_relay_request(k, "route.get", "relay-a", ts, body);
+    let sign = |k: &ed25519_dalek::SigningKey, ts: u64| {
+        relay_schemas::sign::sign_relay_request(k, "route.get", "relay-a", ts, body)
+    };
     let cases: Vec<(Option<&str>, u64, String)> = vec![
         (None, ts, sign(&good_key, ts)),
         (Some("relay-x"), ts, sign(&good_key, ts)),
@@ -159,7 +167,8 @@ async fn unauthenticated_relay_calls_are_rejected() {
         (Some("relay-b"), ts - 3600, sign(&good_key, ts - 3600)),
     ];
     for (id, ts, sig) in cases {
-        let mut req = http.post(&url).insert_header(("Relay-Timestamp", ts.to_string())).insert_header(("Relay-Signature", sig));
+        let mut req =
+            http.post(&url).insert_header(("Relay-Timestamp", ts.to_string())).insert_header(("Relay-Signature", sig));
         if let Some(id) = id {
             req = req.insert_header(("Relay-Id", id));
         }

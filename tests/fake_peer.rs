@@ -379,6 +379,29 @@ async fn deadline_reached_before_completion_ends_delivery_with_message_expired()
     assert_eq!(error_code(&src.status(&m).await), "message_expired");
 }
 
+/// Seed: "Waiting does not change the fixed deadline. If still unfinished at
+/// the deadline, end delivery …; do not extend delivery responsibility or
+/// retry after the deadline to satisfy a waiting hint."
+#[actix_rt::test]
+async fn rate_limited_wait_beyond_the_deadline_does_not_extend_delivery() {
+    let dir = tempdir();
+    let b = FakePeer::start("relay-b", dir.path(), 31);
+    let src = Source::start(&dir, &[&b], FAST, "3s").await;
+    let bob = recipient(99);
+    b.set_route(&bob.id, route(&bob, 1, &b));
+    let m = mid(1);
+    b.script(&m, [Reply::error_with("rate_limited", json!({"retry_after": 60}))]); // then Accept
+    let created_at = now();
+    let sent = src.client.ok("message.send", src.alice.token(0), &src.params(&bob, &m, created_at)).await;
+    let deadline_ms = (created_at + 3) * 1000;
+    let (fin, _) = src.wait_terminal(&m).await;
+    let ended_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    assert_eq!((fin["status"].as_str(), error_code(&fin)), (Some("failed"), "message_expired"), "{fin} (sent {sent})");
+    assert!(ended_ms <= deadline_ms + 1500, "ended {} ms after the deadline", ended_ms.saturating_sub(deadline_ms));
+    sleep(deadline_ms.saturating_sub(ended_ms) + 500).await;
+    assert_eq!(b.deliveries(&m).len(), 1, "no attempt before the wait is over, none after the deadline");
+}
+
 // ---- Delivery Result Confirmation and Destination Relay Switching ---------------------
 
 /// Seed: "When a timeout … leaves receipt unknown, the source confirms with

@@ -33,7 +33,8 @@ async fn ten_thousand_pending_deliveries_leave_the_relay_idle_between_due_times(
 
     // Sixteen senders at a time: every send is accepted, its first attempt
     // finds the destination down, and the next is due in an hour.
-    let bodies: Vec<_> = (0..N).map(|n| serde_json::to_vec(&alice.send_params(&bob, &mid(n), false)).unwrap()).collect();
+    let bodies: Vec<_> =
+        (0..N).map(|n| serde_json::to_vec(&alice.send_params(&bob, &mid(n), false)).unwrap()).collect();
     let token = alice.tokens[0].clone();
     let mut chunks = bodies.chunks(N as usize / 16).map(|c| c.to_vec()).collect::<Vec<_>>();
     let tasks: Vec<_> = chunks

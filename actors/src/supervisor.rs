@@ -5,8 +5,8 @@
 use crate::account::{self, AccountActor, AccountCmd, Reply};
 use crate::clock::SharedClock;
 use crate::delivery::{self, actor::DeliveryActor, Transport};
-use crate::routes::RouteBook;
 use crate::policy::Policy;
+use crate::routes::RouteBook;
 use crate::sessions::Sessions;
 use crate::store::Store;
 use actix::prelude::*;
@@ -205,7 +205,12 @@ impl Supervisor {
     }
 
     /// The status of a local account's delivery attempt: the local transport.
-    pub async fn deliver_local(&self, to: &str, params: relay_schemas::methods::DeliverParams, digest: String) -> Result<DeliveryStatus, RelayError> {
+    pub async fn deliver_local(
+        &self,
+        to: &str,
+        params: relay_schemas::methods::DeliverParams,
+        digest: String,
+    ) -> Result<DeliveryStatus, RelayError> {
         match self.ask(to, AccountCmd::Receive { params, digest }).await? {
             Reply::Status(s) => Ok(s),
             _ => Err(RelayError::internal("unexpected reply to receive")),

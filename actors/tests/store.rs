@@ -47,8 +47,7 @@ fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'st
     std::thread::spawn(move || {
         let _ = tx.send(f());
     });
-    rx.recv_timeout(limit)
-        .expect("operation did not finish in time")
+    rx.recv_timeout(limit).expect("operation did not finish in time")
 }
 
 #[test]
@@ -57,10 +56,7 @@ fn append_then_read_returns_seq_1_to_n_with_valid_chain_and_matching_head() {
     let head = append_n(&store, "account/a", 5);
 
     let read = read_all(&store, "account/a");
-    assert_eq!(
-        read.iter().map(|e| e.seq).collect::<Vec<_>>(),
-        [1, 2, 3, 4, 5]
-    );
+    assert_eq!(read.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2, 3, 4, 5]);
     assert_eq!(read[0].prev, ZERO_HASH);
     for pair in read.windows(2) {
         assert_eq!(pair[1].prev, pair[0].hash);
@@ -105,11 +101,7 @@ fn append_with_stale_head_is_rejected_and_writes_nothing() {
     batch.append("s", stale, events(3..=3));
     batch.kv_put(b"index/x", b"1");
     match store.commit(batch) {
-        Err(StoreError::HeadMismatch {
-            stream,
-            expected,
-            found,
-        }) => {
+        Err(StoreError::HeadMismatch { stream, expected, found }) => {
             assert_eq!(stream, "s");
             assert_eq!(expected, stale);
             assert_eq!(found, current);
@@ -127,10 +119,7 @@ fn appends_to_one_stream_in_a_batch_must_chain() {
     let mut batch = store.batch();
     batch.append("s", Head::default(), events(1..=2));
     batch.append("s", Head::default(), events(1..=1));
-    assert!(matches!(
-        store.commit(batch),
-        Err(StoreError::HeadMismatch { .. })
-    ));
+    assert!(matches!(store.commit(batch), Err(StoreError::HeadMismatch { .. })));
     assert_eq!(store.head("s").unwrap(), Head::default());
 }
 
@@ -169,10 +158,7 @@ fn batch_spanning_two_streams_and_kv_is_atomic() {
     // Visible at once, before any durability wait.
     assert_eq!(store.head("account/a").unwrap(), a);
     assert_eq!(store.head("delivery/a/m1").unwrap(), d);
-    assert_eq!(
-        store.kv_get(b"idem/a/k1").unwrap().as_deref(),
-        Some(&b"accepted"[..])
-    );
+    assert_eq!(store.kv_get(b"idem/a/k1").unwrap().as_deref(), Some(&b"accepted"[..]));
     assert_eq!(store.kv_get(b"gone").unwrap(), None);
     block_on_bounded(store.durable(ticket)).unwrap();
 }
@@ -198,17 +184,8 @@ fn kv_scan_prefix_returns_only_matching_keys_in_order() {
     batch.kv_put(b"due/0001", b"a");
     batch.kv_put(b"dux", b"no");
     store.commit(batch).unwrap();
-    let found: Vec<_> = store
-        .kv_scan_prefix(b"due/")
-        .collect::<Result<_, _>>()
-        .unwrap();
-    assert_eq!(
-        found,
-        [
-            (b"due/0001".to_vec(), b"a".to_vec()),
-            (b"due/0002".to_vec(), b"b".to_vec())
-        ]
-    );
+    let found: Vec<_> = store.kv_scan_prefix(b"due/").collect::<Result<_, _>>().unwrap();
+    assert_eq!(found, [(b"due/0001".to_vec(), b"a".to_vec()), (b"due/0002".to_vec(), b"b".to_vec())]);
 }
 
 /// Runs a future on a fresh current-thread runtime, failing after `WAIT`.
@@ -231,10 +208,7 @@ async fn durable_resolves_after_commit() {
     }
     assert!(tickets.windows(2).all(|t| t[0] < t[1]));
     for t in tickets.into_iter().rev() {
-        tokio::time::timeout(WAIT, store.durable(t))
-            .await
-            .expect("durable did not resolve")
-            .unwrap();
+        tokio::time::timeout(WAIT, store.durable(t)).await.expect("durable did not resolve").unwrap();
     }
     assert!(store.stats().flushes >= 1);
 }
@@ -268,10 +242,7 @@ fn concurrent_commits_share_flushes() {
     let stats = store.stats();
     assert_eq!(stats.commits, THREADS * COMMITS);
     assert_eq!(stats.events_appended, THREADS * COMMITS);
-    assert!(
-        stats.flushes < stats.commits,
-        "group commit should share flushes: {stats:?}"
-    );
+    assert!(stats.flushes < stats.commits, "group commit should share flushes: {stats:?}");
     for t in 0..THREADS {
         assert_eq!(store.head(&format!("s{t}")).unwrap().seq, COMMITS);
     }
@@ -283,11 +254,7 @@ fn reopen_after_drop_keeps_events_snapshot_and_kv() {
     let (head, snap) = {
         let store = Store::open(dir.path()).unwrap();
         let head = append_n(&store, "account/a", 3);
-        let snap = Snapshot {
-            seq: head.seq,
-            hash: head.hash,
-            state: b"{\"devices\":2}".to_vec(),
-        };
+        let snap = Snapshot { seq: head.seq, hash: head.hash, state: b"{\"devices\":2}".to_vec() };
         let mut batch = store.batch();
         batch.put_snapshot("account/a", snap.clone());
         batch.kv_put(b"due/1/x", b"y");
@@ -302,10 +269,7 @@ fn reopen_after_drop_keeps_events_snapshot_and_kv() {
     assert_eq!(verify_chain(store.read("account/a", 0)), []);
     assert_eq!(store.load_snapshot("account/a").unwrap(), Some(snap));
     assert_eq!(store.load_snapshot("account/b").unwrap(), None);
-    assert_eq!(
-        store.kv_get(b"due/1/x").unwrap().as_deref(),
-        Some(&b"y"[..])
-    );
+    assert_eq!(store.kv_get(b"due/1/x").unwrap().as_deref(), Some(&b"y"[..]));
     // Appending continues the chain after the reopen.
     append_n(&store, "account/a", 1);
     assert_eq!(verify_chain(store.read("account/a", 0)), []);
@@ -369,12 +333,7 @@ fn crash_loses_no_acknowledged_event() {
     let dir = tempfile::tempdir().unwrap();
     let mut child = KillOnDrop(
         Command::new(std::env::current_exe().unwrap())
-            .args([
-                "crash_child_commits_until_killed",
-                "--exact",
-                "--nocapture",
-                "--test-threads=1",
-            ])
+            .args(["crash_child_commits_until_killed", "--exact", "--nocapture", "--test-threads=1"])
             .env(CRASH_DIR, dir.path())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -414,25 +373,15 @@ fn crash_loses_no_acknowledged_event() {
     for (s, &acked) in acked.iter().enumerate() {
         let stream = format!("crash/{s}");
         let read = read_all(&store, &stream);
-        assert!(
-            read.len() as u64 >= acked,
-            "{stream}: {acked} acknowledged, {} recovered",
-            read.len()
-        );
+        assert!(read.len() as u64 >= acked, "{stream}: {acked} acknowledged, {} recovered", read.len());
         assert_eq!(verify_chain(store.read(&stream, 0)), [], "{stream}");
         for ev in &read {
-            assert_eq!(
-                ev.data.get(),
-                format!(r#"{{"n":{},"text":"hello"}}"#, ev.seq)
-            );
+            assert_eq!(ev.data.get(), format!(r#"{{"n":{},"text":"hello"}}"#, ev.seq));
         }
         // The kv written in the same batch as the last event is there too.
         let last = store.kv_get(format!("last/{stream}").as_bytes()).unwrap();
         let expected = (!read.is_empty()).then(|| (read.len() as u64).to_be_bytes().to_vec());
-        assert_eq!(
-            last, expected,
-            "{stream}: kv and events of one batch recovered together"
-        );
+        assert_eq!(last, expected, "{stream}: kv and events of one batch recovered together");
     }
 }
 
@@ -449,10 +398,7 @@ fn verify_chain_reports_clean_for_untouched_log() {
     append_n(&store, "t", 2);
     assert_eq!(verify_chain(store.read("s", 0)), []);
     // A whole-store scan, stream after stream, is clean too.
-    let all = store
-        .streams()
-        .flat_map(|s| store.read(&s.unwrap(), 0))
-        .collect::<Vec<_>>();
+    let all = store.streams().flat_map(|s| store.read(&s.unwrap(), 0)).collect::<Vec<_>>();
     assert_eq!(all.len(), 7);
     assert_eq!(verify_chain(all), []);
 }
@@ -466,10 +412,7 @@ fn verify_chain_finds_a_flipped_byte_in_a_stored_body() {
     value[at] = b'j'; // "hello" -> "jello": still valid JSON
     store.raw_db().insert(&key, value).unwrap();
 
-    assert!(matches!(
-        store.read("s", 2).next(),
-        Some(Err(StoreError::HashMismatch { seq: 3, .. }))
-    ));
+    assert!(matches!(store.read("s", 2).next(), Some(Err(StoreError::HashMismatch { seq: 3, .. }))));
     let findings = verify_chain(store.read("s", 0));
     assert_eq!(findings.len(), 1, "{findings:?}");
     assert_eq!((findings[0].stream.as_str(), findings[0].seq), ("s", 3));
@@ -494,28 +437,12 @@ fn verify_chain_finds_a_forged_event_that_links_to_another_chain() {
     let mut batch = other.batch();
     batch.append("s", Head::default(), vec![event(100), event(101), event(3)]);
     other.commit(batch).unwrap();
-    let forged = other
-        .raw_db()
-        .get(Store::raw_event_key("s", 3))
-        .unwrap()
-        .unwrap();
-    store
-        .raw_db()
-        .insert(Store::raw_event_key("s", 3), forged)
-        .unwrap();
+    let forged = other.raw_db().get(Store::raw_event_key("s", 3)).unwrap().unwrap();
+    store.raw_db().insert(Store::raw_event_key("s", 3), forged).unwrap();
 
     let findings = verify_chain(store.read("s", 0));
-    let problems: Vec<_> = findings
-        .iter()
-        .map(|f| (f.seq, f.problem.clone()))
-        .collect();
-    assert_eq!(
-        problems,
-        [
-            (3, ChainProblem::PrevMismatch),
-            (4, ChainProblem::PrevMismatch)
-        ]
-    );
+    let problems: Vec<_> = findings.iter().map(|f| (f.seq, f.problem.clone())).collect();
+    assert_eq!(problems, [(3, ChainProblem::PrevMismatch), (4, ChainProblem::PrevMismatch)]);
 }
 
 #[test]
@@ -525,19 +452,10 @@ fn undecodable_record_is_reported_not_panicked() {
     let mut value = store.raw_db().get(&key).unwrap().unwrap().to_vec();
     value[32] = b'['; // body no longer an object
     store.raw_db().insert(&key, value).unwrap();
-    store
-        .raw_db()
-        .insert(Store::raw_event_key("s", 4), &b"short"[..])
-        .unwrap();
+    store.raw_db().insert(Store::raw_event_key("s", 4), &b"short"[..]).unwrap();
 
     let findings = verify_chain(store.read("s", 0));
     let problems: Vec<_> = findings.iter().map(|f| (f.seq, &f.problem)).collect();
-    assert!(
-        matches!(
-            problems[..],
-            [(2, ChainProblem::Decode(_)), (4, ChainProblem::Decode(_))]
-        ),
-        "{findings:?}"
-    );
+    assert!(matches!(problems[..], [(2, ChainProblem::Decode(_)), (4, ChainProblem::Decode(_))]), "{findings:?}");
     assert!(matches!(store.head("s"), Ok(Head { seq: 5, .. })));
 }

@@ -2,7 +2,7 @@
 //! one request in flight at a time, so each iteration is one send's latency.
 
 use super::{Fixture, NOW};
-use criterion::{criterion_group, BatchSize, Criterion};
+use criterion::{criterion_group, BatchSize, Criterion, Throughput};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -69,17 +69,36 @@ impl Drop for Relay {
     }
 }
 
-fn start_relay() -> Relay {
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Starts relay `id` on `port` with a fixed key seed, peering with `peers`
+/// (id, port, seed).
+fn start_relay(id: &str, port: u16, seed: u8, peers: &[(&str, u16, u8)]) -> Relay {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("relay.toml");
     let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let key = data.join("relay.key");
+    std::fs::write(&key, relay_schemas::encoding::b64_encode(&[seed; 32])).unwrap();
+    #[cfg(unix)]
+    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let mut peer_toml = String::new();
+    for (pid, pport, pseed) in peers {
+        let pk = ed25519_dalek::SigningKey::from_bytes(&[*pseed; 32]);
+        peer_toml.push_str(&format!(
+            "[[peers]]\nid = \"{pid}\"\nurl = \"http://127.0.0.1:{pport}\"\npublic_key = \"{}\"\n",
+            relay_schemas::encoding::b64_encode(pk.verifying_key().as_bytes())
+        ));
+    }
     std::fs::write(
         &cfg,
         format!(
-            "[relay]\nid = \"relay-a\"\npublic_url = \"http://127.0.0.1\"\nlisten = \"127.0.0.1:0\"\ndata_dir = {:?}\nkey_file = {:?}\n\
-             [limits]\nclock_tolerance = \"100000d\"\ndelivery_age_limit = \"100000d\"\n",
+            "[relay]\nid = \"{id}\"\npublic_url = \"http://127.0.0.1:{port}\"\nlisten = \"127.0.0.1:{port}\"\ndata_dir = {:?}\nkey_file = {:?}\n\
+             {peer_toml}[limits]\nclock_tolerance = \"100000d\"\ndelivery_age_limit = \"100000d\"\n",
             data.display().to_string(),
-            data.join("relay.key").display().to_string()
+            key.display().to_string()
         ),
     )
     .unwrap();
@@ -96,14 +115,25 @@ fn start_relay() -> Relay {
     Relay { child, addr, _dir: dir }
 }
 
-/// Registers an account with one device and returns its session token.
-fn register(c: &mut Conn, account: &relay_schemas::client::Account, device: &relay_schemas::client::Device, public: bool) -> String {
-    let route = account.route(1, &[("relay-a", "http://127.0.0.1")], NOW);
+/// Registers an account with one device on `relay_id` and returns its
+/// session token.
+fn register(
+    c: &mut Conn,
+    relay_id: &str,
+    account: &relay_schemas::client::Account,
+    device: &relay_schemas::client::Device,
+    public: bool,
+) -> String {
+    let route = account.route(1, &[(relay_id, "http://127.0.0.1")], NOW);
     let cert = account.certificate(device, NOW, None);
-    c.ok("account.register", None, &json!({"route": route, "device_certificate": cert, "settings": {"public_discovery": public}}));
+    c.ok(
+        "account.register",
+        None,
+        &json!({"route": route, "device_certificate": cert, "settings": {"public_discovery": public}}),
+    );
     let ch = c.ok("session.challenge", None, &json!({"account_id": account.id, "device_id": device.id}));
     let challenge = ch["challenge"].as_str().unwrap();
-    let sig = device.session_proof(&account.id, challenge, "relay-a");
+    let sig = device.session_proof(&account.id, challenge, relay_id);
     let s = c.ok(
         "session.open",
         None,
@@ -112,12 +142,37 @@ fn register(c: &mut Conn, account: &relay_schemas::client::Account, device: &rel
     s["token"].as_str().unwrap().to_string()
 }
 
+/// Sends `per_conn` messages on each of `conns` connections in parallel
+/// threads (one request in flight per connection).
+fn send_parallel(addr: &str, token: &str, bodies: Vec<Vec<Vec<u8>>>) {
+    std::thread::scope(|s| {
+        for chunk in bodies {
+            s.spawn(move || {
+                let mut conn = Conn::open(addr);
+                for body in chunk {
+                    let (status, reply) = conn.post("message.send", Some(token), &body);
+                    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&reply));
+                }
+            });
+        }
+    });
+}
+
 fn http(c: &mut Criterion) {
-    let relay = start_relay();
+    let (port_a, port_b) = (free_port(), free_port());
+    let a = start_relay("relay-a", port_a, 11, &[("relay-b", port_b, 12)]);
+    let b = start_relay("relay-b", port_b, 12, &[("relay-a", port_a, 11)]);
     let f = Fixture::new();
-    let mut conn = Conn::open(&relay.addr);
-    let alice = register(&mut conn, &f.alice, &f.phone, false);
-    register(&mut conn, &f.bob, &f.laptop, true);
+    let mut conn = Conn::open(&a.addr);
+    let alice = register(&mut conn, "relay-a", &f.alice, &f.phone, false);
+    register(&mut conn, "relay-a", &f.bob, &f.laptop, true);
+    // Carol lives on relay-b: alice's messages to her cross relays.
+    let carol = relay_schemas::client::Account::from_seed([5; 32]);
+    let carol_phone = relay_schemas::client::Device::from_seed("laptop", [6; 32]);
+    register(&mut Conn::open(&b.addr), "relay-b", &carol, &carol_phone, true);
+    conn.ok("route.get", None, &json!({"account_id": carol.id}));
+    let to_carol = Fixture { bob: carol, laptop: carol_phone, ..Fixture::new() };
+
     let mut n = 0u64;
     let mut g = c.benchmark_group("http");
     g.bench_function("message_send_local_durable", |b| {
@@ -133,6 +188,45 @@ fn http(c: &mut Criterion) {
             BatchSize::SmallInput,
         )
     });
+    // message.send answers after the first attempt, so this is the time
+    // from send to target_accepted across two relays.
+    g.bench_function("message_send_to_target_accepted_cross_relay", |b| {
+        b.iter_batched(
+            || {
+                n += 1;
+                serde_json::to_vec(&to_carol.send_params(n, 256)).unwrap()
+            },
+            |body| {
+                let (status, reply) = conn.post("message.send", Some(&alice), &body);
+                assert_eq!(status, 200);
+                assert!(String::from_utf8_lossy(&reply).contains("target_accepted"));
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    const CONNS: usize = 16;
+    const PER_CONN: usize = 16;
+    g.throughput(Throughput::Elements((CONNS * PER_CONN) as u64));
+    for (name, fixture) in [("local", &f), ("cross_relay", &to_carol)] {
+        g.bench_function(format!("message_send_{name}_{CONNS}_connections"), |b| {
+            b.iter_batched(
+                || {
+                    (0..CONNS)
+                        .map(|_| {
+                            (0..PER_CONN)
+                                .map(|_| {
+                                    n += 1;
+                                    serde_json::to_vec(&fixture.send_params(n, 256)).unwrap()
+                                })
+                                .collect()
+                        })
+                        .collect()
+                },
+                |bodies| send_parallel(&a.addr, &alice, bodies),
+                BatchSize::SmallInput,
+            )
+        });
+    }
     g.finish();
 }
 

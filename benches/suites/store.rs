@@ -5,7 +5,12 @@ use relay_actors::store::{Head, NewEvent, Store};
 use std::sync::Arc;
 
 fn event(n: u64) -> NewEvent {
-    NewEvent { event_type: "bench".into(), version: 1, at: n, data: format!("{{\"n\":{n},\"pad\":\"{}\"}}", "x".repeat(200)).into_bytes() }
+    NewEvent {
+        event_type: "bench".into(),
+        version: 1,
+        at: n,
+        data: format!("{{\"n\":{n},\"pad\":\"{}\"}}", "x".repeat(200)).into_bytes(),
+    }
 }
 
 /// `writers` threads each append `per_writer` events, one durable commit

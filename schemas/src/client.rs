@@ -113,7 +113,8 @@ impl Device {
 
     /// The `session.open` signature over `{account_id, device_id, challenge, relay_id}`.
     pub fn session_proof(&self, account_id: &str, challenge: &str, relay_id: &str) -> String {
-        let body = json!({"account_id": account_id, "device_id": self.id, "challenge": challenge, "relay_id": relay_id});
+        let body =
+            json!({"account_id": account_id, "device_id": self.id, "challenge": challenge, "relay_id": relay_id});
         let mut bytes = Tag::Session.as_str().as_bytes().to_vec();
         bytes.push(b'\n');
         bytes.extend_from_slice(&jcs(&body).expect("canonical"));

@@ -8,17 +8,13 @@ use serde::Serialize;
 
 /// Decodes base64url without padding; anything else is `invalid_params`.
 pub fn b64_decode(field: &str, s: &str) -> Result<Vec<u8>, RelayError> {
-    URL_SAFE_NO_PAD
-        .decode(s)
-        .map_err(|_| RelayError::invalid_params(format!("{field}: not base64url without padding")))
+    URL_SAFE_NO_PAD.decode(s).map_err(|_| RelayError::invalid_params(format!("{field}: not base64url without padding")))
 }
 
 /// Decodes base64url into exactly `N` bytes.
 pub fn b64_decode_array<const N: usize>(field: &str, s: &str) -> Result<[u8; N], RelayError> {
     let bytes = b64_decode(field, s)?;
-    bytes
-        .try_into()
-        .map_err(|_| RelayError::invalid_params(format!("{field}: expected {N} bytes")))
+    bytes.try_into().map_err(|_| RelayError::invalid_params(format!("{field}: expected {N} bytes")))
 }
 
 pub fn b64_encode(bytes: &[u8]) -> String {
@@ -36,8 +32,7 @@ pub fn b64_decoded_len(s: &str) -> Option<usize> {
 
 /// RFC 8785 (JCS) bytes of any serializable value.
 pub fn jcs<T: Serialize>(value: &T) -> Result<Vec<u8>, RelayError> {
-    serde_json_canonicalizer::to_vec(value)
-        .map_err(|e| RelayError::invalid_params(format!("cannot canonicalize: {e}")))
+    serde_json_canonicalizer::to_vec(value).map_err(|e| RelayError::invalid_params(format!("cannot canonicalize: {e}")))
 }
 
 /// `blake3(JCS(value))`: what idempotency compares (PROTOCOL §1 allows the

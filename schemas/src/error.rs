@@ -113,15 +113,12 @@ impl ErrorCode {
 
     pub fn delivery_handling(self) -> DeliveryHandling {
         match self {
-            Self::InternalError
-            | Self::BadGateway
-            | Self::RateLimited
-            | Self::TemporarilyUnavailable => DeliveryHandling::Retry,
-            Self::RouteStale
-            | Self::TargetNotLocal
-            | Self::RouteNotFound
-            | Self::NotFound
-            | Self::InvalidState => DeliveryHandling::RefreshRouteAndRetry,
+            Self::InternalError | Self::BadGateway | Self::RateLimited | Self::TemporarilyUnavailable => {
+                DeliveryHandling::Retry
+            }
+            Self::RouteStale | Self::TargetNotLocal | Self::RouteNotFound | Self::NotFound | Self::InvalidState => {
+                DeliveryHandling::RefreshRouteAndRetry
+            }
             _ => DeliveryHandling::End,
         }
     }
@@ -145,11 +142,7 @@ pub struct RelayError {
 
 impl RelayError {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        RelayError {
-            code,
-            message: message.into(),
-            data: None,
-        }
+        RelayError { code, message: message.into(), data: None }
     }
 
     pub fn with_data(mut self, data: Value) -> Self {
@@ -211,15 +204,8 @@ impl RelayError {
     /// not define become `bad_gateway` (seed error table).
     pub fn from_remote(code: &str, message: &str, data: Option<Value>) -> Self {
         match ErrorCode::parse(code) {
-            Some(code) => RelayError {
-                code,
-                message: message.to_owned(),
-                data,
-            },
-            None => RelayError::new(
-                ErrorCode::BadGateway,
-                format!("peer answered unrecognized code {code:?}"),
-            ),
+            Some(code) => RelayError { code, message: message.to_owned(), data },
+            None => RelayError::new(ErrorCode::BadGateway, format!("peer answered unrecognized code {code:?}")),
         }
     }
 }
@@ -274,8 +260,7 @@ mod tests {
 
     #[test]
     fn error_body_has_code_message_and_optional_data() {
-        let e = RelayError::new(ErrorCode::RateLimited, "slow down")
-            .with_data(serde_json::json!({"retry_after": 3}));
+        let e = RelayError::new(ErrorCode::RateLimited, "slow down").with_data(serde_json::json!({"retry_after": 3}));
         assert_eq!(
             e.to_body(),
             serde_json::json!({"error":{"code":"rate_limited","message":"slow down","data":{"retry_after":3}}})

@@ -38,9 +38,7 @@ pub fn check_message_id(field: &str, s: &str) -> Result<(), RelayError> {
 }
 
 pub fn check_relay_id(field: &str, s: &str) -> Result<(), RelayError> {
-    let valid = charset_ok(s, 1, 64, |b| {
-        b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-'
-    });
+    let valid = charset_ok(s, 1, 64, |b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-');
     check(field, valid, "expected 1-64 characters of [a-z0-9.-]")
 }
 

@@ -14,8 +14,8 @@
 //! JSON Schema files for all of these are in `schemas/json/`, and an
 //! OpenAPI 3.1 document for `/v1/rpc/{method}` in `schemas/openapi.json`.
 
-pub mod encoding;
 pub mod client;
+pub mod encoding;
 pub mod error;
 pub mod ids;
 pub mod methods;

@@ -48,8 +48,7 @@ impl<T> Wire<T> {
 
     /// The object as a JSON map (for signatures and canonical JSON).
     pub fn map(&self) -> Result<Map<String, Value>, RelayError> {
-        serde_json::from_str(self.raw.get())
-            .map_err(|e| RelayError::invalid_params(format!("not a JSON object: {e}")))
+        serde_json::from_str(self.raw.get()).map_err(|e| RelayError::invalid_params(format!("not a JSON object: {e}")))
     }
 
     pub fn verify(&self, tag: Tag, key: &VerifyingKey) -> Result<(), RelayError> {
@@ -277,10 +276,7 @@ pub fn check_boxes(field: &str, boxes: &[Wire<KeyBox>], max_boxes: usize) -> Res
         return Err(invalid(format!("{field}: at least one box")));
     }
     if boxes.len() > max_boxes {
-        return Err(RelayError::payload_too_large(format!(
-            "{field}: {} boxes, limit {max_boxes}",
-            boxes.len()
-        )));
+        return Err(RelayError::payload_too_large(format!("{field}: {} boxes, limit {max_boxes}", boxes.len())));
     }
     let mut seen = std::collections::HashSet::with_capacity(boxes.len());
     for b in boxes {
@@ -291,9 +287,7 @@ pub fn check_boxes(field: &str, boxes: &[Wire<KeyBox>], max_boxes: usize) -> Res
         let len = b64_decoded_len(&b.key_box)
             .ok_or_else(|| invalid(format!("{field}[].box: not base64url without padding")))?;
         if len > MAX_BOX_BYTES {
-            return Err(RelayError::payload_too_large(format!(
-                "{field}[].box: {len} bytes, limit {MAX_BOX_BYTES}"
-            )));
+            return Err(RelayError::payload_too_large(format!("{field}[].box: {len} bytes, limit {MAX_BOX_BYTES}")));
         }
         if b64_decode(&format!("{field}[].box"), &b.key_box)?.is_empty() {
             return Err(invalid(format!("{field}[].box: empty")));

@@ -124,10 +124,7 @@ mod tests {
     #[test]
     fn signed_bytes_are_tag_newline_jcs_without_signature() {
         let o = obj(json!({"b": 2, "a": "x", "signature": "zz"}));
-        assert_eq!(
-            signed_bytes(Tag::Session, &o).unwrap(),
-            b"relay/v1/session\n{\"a\":\"x\",\"b\":2}".to_vec()
-        );
+        assert_eq!(signed_bytes(Tag::Session, &o).unwrap(), b"relay/v1/session\n{\"a\":\"x\",\"b\":2}".to_vec());
     }
 
     #[test]

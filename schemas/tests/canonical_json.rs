@@ -17,11 +17,7 @@ fn jcs_matches_every_rfc8785_reference_vector() {
         let name = path.file_name().unwrap().to_owned();
         let input: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         let expected = std::fs::read(vectors().join("output").join(&name)).unwrap();
-        assert_eq!(
-            String::from_utf8(jcs(&input).unwrap()).unwrap(),
-            String::from_utf8(expected).unwrap(),
-            "{name:?}"
-        );
+        assert_eq!(String::from_utf8(jcs(&input).unwrap()).unwrap(), String::from_utf8(expected).unwrap(), "{name:?}");
         n += 1;
     }
     assert_eq!(n, 6);

@@ -50,13 +50,8 @@ const SESSION_METHODS: &[&str] = &[
     "message.timeline.ack",
 ];
 /// PROTOCOL §5 relay methods.
-const RELAY_METHODS: &[&str] = &[
-    "message.deliver",
-    "route.get",
-    "account.devices.get",
-    "message.delivery.peer_status",
-    "timeline.replicate",
-];
+const RELAY_METHODS: &[&str] =
+    &["message.deliver", "route.get", "account.devices.get", "message.delivery.peer_status", "timeline.replicate"];
 /// PROTOCOL §2 core objects.
 const CORE_OBJECTS: &[&str] = &[
     "DeviceCertificate",
@@ -128,8 +123,7 @@ fn docs() -> &'static BTreeMap<String, Value> {
                     .collect::<Vec<_>>()
                     .join("/");
                 let text = std::fs::read_to_string(&path).unwrap();
-                let value: Value = serde_json::from_str(&text)
-                    .unwrap_or_else(|e| panic!("{rel} is not JSON: {e}"));
+                let value: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{rel} is not JSON: {e}"));
                 (rel, value)
             })
             .collect()
@@ -150,10 +144,8 @@ fn openapi() -> &'static Value {
 fn registry() -> &'static Registry<'static> {
     static REGISTRY: OnceLock<Registry<'static>> = OnceLock::new();
     REGISTRY.get_or_init(|| {
-        let mut resources: Vec<(String, Value)> = docs()
-            .iter()
-            .map(|(rel, doc)| (format!("{BASE}{rel}"), doc.clone()))
-            .collect();
+        let mut resources: Vec<(String, Value)> =
+            docs().iter().map(|(rel, doc)| (format!("{BASE}{rel}"), doc.clone())).collect();
         resources.push((OPENAPI_URI.to_owned(), openapi().clone()));
         Registry::new()
             .draft(Draft::Draft202012)
@@ -186,16 +178,11 @@ fn validators() -> &'static BTreeMap<String, Validator> {
 }
 
 fn errors(validator: &Validator, instance: &Value) -> Vec<String> {
-    validator
-        .iter_errors(instance)
-        .map(|e| format!("{} (at {})", e, e.instance_path()))
-        .collect()
+    validator.iter_errors(instance).map(|e| format!("{} (at {})", e, e.instance_path())).collect()
 }
 
 fn check(schema: &str, instance: &Value) -> Vec<String> {
-    let validator = validators()
-        .get(schema)
-        .unwrap_or_else(|| panic!("no schema file {schema}"));
+    let validator = validators().get(schema).unwrap_or_else(|| panic!("no schema file {schema}"));
     errors(validator, instance)
 }
 
@@ -219,22 +206,13 @@ fn valid(schema: &str, instance: Value) {
     let errs = check(schema, &instance);
     assert!(errs.is_empty(), "{schema} rejected {instance:#}: {errs:#?}");
     let errs = check_openapi(&component_of(schema), &instance);
-    assert!(
-        errs.is_empty(),
-        "openapi {schema} rejected {instance:#}: {errs:#?}"
-    );
+    assert!(errs.is_empty(), "openapi {schema} rejected {instance:#}: {errs:#?}");
 }
 
 #[track_caller]
 fn invalid(schema: &str, instance: Value) {
-    assert!(
-        !check(schema, &instance).is_empty(),
-        "{schema} accepted {instance:#}"
-    );
-    assert!(
-        !check_openapi(&component_of(schema), &instance).is_empty(),
-        "openapi {schema} accepted {instance:#}"
-    );
+    assert!(!check(schema, &instance).is_empty(), "{schema} accepted {instance:#}");
+    assert!(!check_openapi(&component_of(schema), &instance).is_empty(), "openapi {schema} accepted {instance:#}");
 }
 
 fn without(mut value: Value, member: &str) -> Value {
@@ -243,10 +221,7 @@ fn without(mut value: Value, member: &str) -> Value {
 }
 
 fn with(mut value: Value, member: &str, new: Value) -> Value {
-    value
-        .as_object_mut()
-        .unwrap()
-        .insert(member.to_owned(), new);
+    value.as_object_mut().unwrap().insert(member.to_owned(), new);
     value
 }
 
@@ -257,8 +232,7 @@ const ACCOUNT_B: &str = "8bafd85aabf3bddf6e13a7d3093070e4";
 const KEY_1: &str = "bZcmVeRVMGXNpY2Yuz8VLrlzNleL9xGun5LtzQAooa0";
 const KEY_2: &str = "_LfYfJKOlfCH5YVk2qWGLRzbmNstciD6xIN311t0PL0";
 const KEY_3: &str = "eawbp-y_SwyTxy3IDW_DVIVpk8csb-KSxRUawoLbeM8";
-const SIG: &str =
-    "0m9D6P4dX4_7F8SeMSJ9cu4WVkYJ2Odlh-2pdw6GmqjGv_Lq2R2Nao1Lss4PagmQ0DC9ammWE21eKfPXh10DEw";
+const SIG: &str = "0m9D6P4dX4_7F8SeMSJ9cu4WVkYJ2Odlh-2pdw6GmqjGv_Lq2R2Nao1Lss4PagmQ0DC9ammWE21eKfPXh10DEw";
 const MESSAGE_ID: &str = "hluOdv0Y6zHVb1XS6HnRcQ";
 
 fn certificate() -> Value {
@@ -363,23 +337,11 @@ fn every_ref_is_relative_and_resolves_offline() {
         let mut found = Vec::new();
         refs(doc, &mut found);
         for reference in found {
-            assert!(
-                !reference.contains("://"),
-                "{rel}: $ref {reference} must be relative"
-            );
+            assert!(!reference.contains("://"), "{rel}: $ref {reference} must be relative");
             let (file, fragment) = reference.split_once('#').unwrap_or((reference, ""));
-            let target_rel = if file.is_empty() {
-                rel.clone()
-            } else {
-                resolve_relative(rel, file)
-            };
-            let target = docs()
-                .get(&target_rel)
-                .unwrap_or_else(|| panic!("{rel}: $ref {reference} names no file"));
-            assert!(
-                target.pointer(fragment).is_some(),
-                "{rel}: $ref {reference} points nowhere"
-            );
+            let target_rel = if file.is_empty() { rel.clone() } else { resolve_relative(rel, file) };
+            let target = docs().get(&target_rel).unwrap_or_else(|| panic!("{rel}: $ref {reference} names no file"));
+            assert!(target.pointer(fragment).is_some(), "{rel}: $ref {reference} points nowhere");
         }
     }
     // Compiling resolves every reference through the registry (no retrieval
@@ -390,10 +352,7 @@ fn every_ref_is_relative_and_resolves_offline() {
 #[test]
 fn every_protocol_object_and_method_has_schemas() {
     for object in CORE_OBJECTS {
-        assert!(
-            docs().contains_key(&format!("{object}.schema.json")),
-            "missing {object}"
-        );
+        assert!(docs().contains_key(&format!("{object}.schema.json")), "missing {object}");
     }
     assert!(docs().contains_key("defs.schema.json"));
     assert!(docs().contains_key("methods/healthz.result.schema.json"));
@@ -404,10 +363,7 @@ fn every_protocol_object_and_method_has_schemas() {
         }
     }
     let codes: Vec<&str> = ERROR_CODES.iter().map(|(code, _)| *code).collect();
-    assert_eq!(
-        docs()["RelayError.schema.json"]["properties"]["code"]["enum"],
-        json!(codes)
-    );
+    assert_eq!(docs()["RelayError.schema.json"]["properties"]["code"]["enum"], json!(codes));
 }
 
 #[test]
@@ -447,14 +403,8 @@ fn defs_match_protocol_identifiers() {
 #[test]
 fn core_objects_accept_protocol_examples() {
     valid("DeviceCertificate.schema.json", certificate());
-    valid(
-        "DeviceCertificate.schema.json",
-        without(certificate(), "expires_at"),
-    );
-    valid(
-        "DeviceCertificate.schema.json",
-        with(certificate(), "future_member", json!({"x": 1})),
-    );
+    valid("DeviceCertificate.schema.json", without(certificate(), "expires_at"));
+    valid("DeviceCertificate.schema.json", with(certificate(), "future_member", json!({"x": 1})));
     valid("DeviceRevocation.schema.json", revocation());
     valid("Route.schema.json", route());
     let two = with(
@@ -464,30 +414,15 @@ fn core_objects_accept_protocol_examples() {
     );
     valid("Route.schema.json", two);
     valid("MessageEnvelope.schema.json", envelope());
-    valid(
-        "MessageEnvelope.schema.json",
-        with(envelope(), "x_unknown", json!("kept")),
-    );
+    valid("MessageEnvelope.schema.json", with(envelope(), "x_unknown", json!("kept")));
     valid("KeyBox.schema.json", key_box("phone"));
     valid("ContactGrant.schema.json", grant());
     valid("ContactGrant.schema.json", without(grant(), "expires_at"));
     valid("ContactInvite.schema.json", invite());
-    valid(
-        "Authorization.schema.json",
-        json!({"contact_grant": grant()}),
-    );
-    valid(
-        "Authorization.schema.json",
-        json!({"contact_invite": invite()}),
-    );
-    valid(
-        "DeliveryStatus.schema.json",
-        json!({"status": "delivering", "accepted_at": 1764400000}),
-    );
-    valid(
-        "DeliveryStatus.schema.json",
-        json!({"status": "target_accepted", "accepted_at": 1764400000}),
-    );
+    valid("Authorization.schema.json", json!({"contact_grant": grant()}));
+    valid("Authorization.schema.json", json!({"contact_invite": invite()}));
+    valid("DeliveryStatus.schema.json", json!({"status": "delivering", "accepted_at": 1764400000}));
+    valid("DeliveryStatus.schema.json", json!({"status": "target_accepted", "accepted_at": 1764400000}));
     valid("DeliveryStatus.schema.json", failed());
     valid("TimelineRecord.schema.json", record());
     let sent = with(
@@ -497,10 +432,7 @@ fn core_objects_accept_protocol_examples() {
     );
     valid("TimelineRecord.schema.json", sent);
     for (code, _) in ERROR_CODES {
-        valid(
-            "RelayError.schema.json",
-            json!({"code": code, "message": "human text"}),
-        );
+        valid("RelayError.schema.json", json!({"code": code, "message": "human text"}));
     }
     valid(
         "RelayError.schema.json",
@@ -515,61 +447,23 @@ fn core_objects_accept_protocol_examples() {
 #[test]
 fn core_objects_reject_violations() {
     // missing required members
-    invalid(
-        "DeviceCertificate.schema.json",
-        without(certificate(), "signature"),
-    );
-    invalid(
-        "DeviceCertificate.schema.json",
-        without(certificate(), "box_key"),
-    );
-    invalid(
-        "MessageEnvelope.schema.json",
-        without(envelope(), "ciphertext"),
-    );
+    invalid("DeviceCertificate.schema.json", without(certificate(), "signature"));
+    invalid("DeviceCertificate.schema.json", without(certificate(), "box_key"));
+    invalid("MessageEnvelope.schema.json", without(envelope(), "ciphertext"));
     invalid("ContactInvite.schema.json", without(invite(), "expires_at"));
-    invalid(
-        "DeviceRevocation.schema.json",
-        without(revocation(), "revoked_at"),
-    );
+    invalid("DeviceRevocation.schema.json", without(revocation(), "revoked_at"));
     invalid("Route.schema.json", without(route(), "revision"));
     // bad identifiers
     invalid(
         "DeviceCertificate.schema.json",
-        with(
-            certificate(),
-            "account_id",
-            json!("9188D9A54AD1BF8DAD693A41BBC91BFF"),
-        ),
+        with(certificate(), "account_id", json!("9188D9A54AD1BF8DAD693A41BBC91BFF")),
     );
-    invalid(
-        "MessageEnvelope.schema.json",
-        with(envelope(), "to", json!("not-an-account")),
-    );
-    invalid(
-        "MessageEnvelope.schema.json",
-        with(envelope(), "message_id", json!("short_id_15char")),
-    );
-    invalid(
-        "MessageEnvelope.schema.json",
-        with(envelope(), "ciphertext", json!("")),
-    );
-    invalid(
-        "MessageEnvelope.schema.json",
-        with(envelope(), "ciphertext", json!("not base64url!")),
-    );
-    invalid(
-        "MessageEnvelope.schema.json",
-        with(envelope(), "created_at", json!(-5)),
-    );
-    invalid(
-        "Route.schema.json",
-        with(
-            route(),
-            "relays",
-            json!([{"id": "Relay_A", "url": "https://a.example"}]),
-        ),
-    );
+    invalid("MessageEnvelope.schema.json", with(envelope(), "to", json!("not-an-account")));
+    invalid("MessageEnvelope.schema.json", with(envelope(), "message_id", json!("short_id_15char")));
+    invalid("MessageEnvelope.schema.json", with(envelope(), "ciphertext", json!("")));
+    invalid("MessageEnvelope.schema.json", with(envelope(), "ciphertext", json!("not base64url!")));
+    invalid("MessageEnvelope.schema.json", with(envelope(), "created_at", json!(-5)));
+    invalid("Route.schema.json", with(route(), "relays", json!([{"id": "Relay_A", "url": "https://a.example"}])));
     invalid("Route.schema.json", with(route(), "relays", json!([])));
     invalid(
         "Route.schema.json",
@@ -579,66 +473,27 @@ fn core_objects_reject_violations() {
             json!([{"id": "a", "url": "https://a"}, {"id": "b", "url": "https://b"}, {"id": "c", "url": "https://c"}]),
         ),
     );
-    invalid(
-        "KeyBox.schema.json",
-        json!({"device_id": "phone", "box": ""}),
-    );
-    invalid(
-        "KeyBox.schema.json",
-        json!({"device_id": "phone", "box": "A".repeat(1367)}),
-    );
+    invalid("KeyBox.schema.json", json!({"device_id": "phone", "box": ""}));
+    invalid("KeyBox.schema.json", json!({"device_id": "phone", "box": "A".repeat(1367)}));
     // authorization is exactly one of grant / invite
-    invalid(
-        "Authorization.schema.json",
-        json!({"contact_grant": grant(), "contact_invite": invite()}),
-    );
+    invalid("Authorization.schema.json", json!({"contact_grant": grant(), "contact_invite": invite()}));
     invalid("Authorization.schema.json", json!({}));
-    invalid(
-        "Authorization.schema.json",
-        json!({"contact_grant": invite()}),
-    );
+    invalid("Authorization.schema.json", json!({"contact_grant": invite()}));
     // DeliveryStatus: error iff failed
     invalid("DeliveryStatus.schema.json", without(failed(), "error"));
-    invalid(
-        "DeliveryStatus.schema.json",
-        with(failed(), "status", json!("target_accepted")),
-    );
-    invalid(
-        "DeliveryStatus.schema.json",
-        with(failed(), "status", json!("delivering")),
-    );
-    invalid(
-        "DeliveryStatus.schema.json",
-        json!({"status": "delivered", "accepted_at": 1}),
-    );
-    invalid(
-        "DeliveryStatus.schema.json",
-        json!({"status": "delivering"}),
-    );
+    invalid("DeliveryStatus.schema.json", with(failed(), "status", json!("target_accepted")));
+    invalid("DeliveryStatus.schema.json", with(failed(), "status", json!("delivering")));
+    invalid("DeliveryStatus.schema.json", json!({"status": "delivered", "accepted_at": 1}));
+    invalid("DeliveryStatus.schema.json", json!({"status": "delivering"}));
     // TimelineRecord
-    invalid(
-        "TimelineRecord.schema.json",
-        with(record(), "direction", json!("sent")),
-    );
+    invalid("TimelineRecord.schema.json", with(record(), "direction", json!("sent")));
     invalid("TimelineRecord.schema.json", without(record(), "box"));
-    invalid(
-        "TimelineRecord.schema.json",
-        with(record(), "direction", json!("outgoing")),
-    );
+    invalid("TimelineRecord.schema.json", with(record(), "direction", json!("outgoing")));
     // RelayError
-    invalid(
-        "RelayError.schema.json",
-        json!({"code": "teapot", "message": "x"}),
-    );
+    invalid("RelayError.schema.json", json!({"code": "teapot", "message": "x"}));
     invalid("RelayError.schema.json", json!({"code": "forbidden"}));
-    invalid(
-        "RelayError.schema.json",
-        json!({"code": "forbidden", "message": "x", "data": 5}),
-    );
-    invalid(
-        "ErrorResponse.schema.json",
-        json!({"code": "forbidden", "message": "x"}),
-    );
+    invalid("RelayError.schema.json", json!({"code": "forbidden", "message": "x", "data": 5}));
+    invalid("ErrorResponse.schema.json", json!({"code": "forbidden", "message": "x"}));
 }
 
 #[test]
@@ -649,18 +504,9 @@ fn method_schemas_accept_examples() {
         json!({"route": route(), "device_certificate": certificate(),
                "settings": {"public_discovery": true}}),
     );
-    valid(
-        &m("account.register.params"),
-        json!({"route": route(), "device_certificate": certificate()}),
-    );
-    valid(
-        &m("account.register.result"),
-        json!({"account_id": ACCOUNT_A, "route": route()}),
-    );
-    valid(
-        &m("session.challenge.params"),
-        json!({"account_id": ACCOUNT_A, "device_id": "phone"}),
-    );
+    valid(&m("account.register.params"), json!({"route": route(), "device_certificate": certificate()}));
+    valid(&m("account.register.result"), json!({"account_id": ACCOUNT_A, "route": route()}));
+    valid(&m("session.challenge.params"), json!({"account_id": ACCOUNT_A, "device_id": "phone"}));
     valid(
         &m("session.challenge.result"),
         json!({"challenge": "eaPu3HZf9qR78POOdlWOWzHf_anwWmm5", "expires_at": 1764400300}),
@@ -670,14 +516,8 @@ fn method_schemas_accept_examples() {
         json!({"account_id": ACCOUNT_A, "device_id": "phone",
                "challenge": "eaPu3HZf9qR78POOdlWOWzHf_anwWmm5", "signature": SIG}),
     );
-    valid(
-        &m("session.open.result"),
-        json!({"token": "opaque-token", "expires_at": 1764486400}),
-    );
-    valid(
-        &m("session.attach.params"),
-        json!({"token": "opaque-token"}),
-    );
+    valid(&m("session.open.result"), json!({"token": "opaque-token", "expires_at": 1764486400}));
+    valid(&m("session.attach.params"), json!({"token": "opaque-token"}));
     for empty in [
         "session.attach",
         "device.add",
@@ -689,26 +529,11 @@ fn method_schemas_accept_examples() {
         valid(&m(&format!("{empty}.result")), json!({}));
         invalid(&m(&format!("{empty}.result")), json!({"ok": true}));
     }
-    valid(
-        &m("device.add.params"),
-        json!({"device_certificate": certificate()}),
-    );
-    valid(
-        &m("device.revoke.params"),
-        json!({"revocation": revocation()}),
-    );
-    valid(
-        &m("account.devices.get.params"),
-        json!({"account_id": ACCOUNT_A}),
-    );
-    valid(
-        &m("account.devices.get.result"),
-        json!({"certificates": [certificate()], "revocations": [revocation()]}),
-    );
-    valid(
-        &m("account.settings.update.params"),
-        json!({"public_discovery": false}),
-    );
+    valid(&m("device.add.params"), json!({"device_certificate": certificate()}));
+    valid(&m("device.revoke.params"), json!({"revocation": revocation()}));
+    valid(&m("account.devices.get.params"), json!({"account_id": ACCOUNT_A}));
+    valid(&m("account.devices.get.result"), json!({"certificates": [certificate()], "revocations": [revocation()]}));
+    valid(&m("account.settings.update.params"), json!({"public_discovery": false}));
     valid(&m("route.get.params"), json!({"account_id": ACCOUNT_A}));
     valid(&m("route.get.result"), route());
     valid(&m("route.update.params"), json!({"route": route()}));
@@ -716,36 +541,15 @@ fn method_schemas_accept_examples() {
     valid(&m("contact.revoke.params"), json!({"grant_id": "g1"}));
     valid(&m("contact.revoke.params"), json!({"invite_id": "i-1"}));
     valid(&m("message.send.params"), send_params());
-    valid(
-        &m("message.send.params"),
-        json!({"envelope": envelope(), "recipient_boxes": [key_box("laptop")]}),
-    );
-    valid(
-        &m("message.send.result"),
-        json!({"status": "delivering", "accepted_at": 1764400000}),
-    );
+    valid(&m("message.send.params"), json!({"envelope": envelope(), "recipient_boxes": [key_box("laptop")]}));
+    valid(&m("message.send.result"), json!({"status": "delivering", "accepted_at": 1764400000}));
     valid(&m("message.send.result"), failed());
-    valid(
-        &m("message.delivery.status.params"),
-        json!({"message_id": MESSAGE_ID}),
-    );
-    valid(
-        &m("message.delivery.status.result"),
-        json!({"status": "target_accepted", "accepted_at": 1764400000}),
-    );
+    valid(&m("message.delivery.status.params"), json!({"message_id": MESSAGE_ID}));
+    valid(&m("message.delivery.status.result"), json!({"status": "target_accepted", "accepted_at": 1764400000}));
     valid(&m("message.timeline.sync.params"), json!({"after": 0}));
-    valid(
-        &m("message.timeline.sync.params"),
-        json!({"after": 41, "limit": 500}),
-    );
-    valid(
-        &m("message.timeline.sync.result"),
-        json!({"records": [record()], "next": 42, "has_more": false}),
-    );
-    valid(
-        &m("message.timeline.sync.result"),
-        json!({"records": [], "next": 0, "has_more": false}),
-    );
+    valid(&m("message.timeline.sync.params"), json!({"after": 41, "limit": 500}));
+    valid(&m("message.timeline.sync.result"), json!({"records": [record()], "next": 42, "has_more": false}));
+    valid(&m("message.timeline.sync.result"), json!({"records": [], "next": 0, "has_more": false}));
     valid(&m("message.timeline.ack.params"), json!({"through": 42}));
     // relay methods
     valid(
@@ -754,30 +558,15 @@ fn method_schemas_accept_examples() {
                "sender_device_certificate": certificate(),
                "authorization": {"contact_invite": invite()}}),
     );
-    valid(
-        &m("message.deliver.result"),
-        json!({"status": "target_accepted", "accepted_at": 1764400002}),
-    );
-    valid(
-        &m("message.delivery.peer_status.params"),
-        json!({"from": ACCOUNT_A, "message_id": MESSAGE_ID}),
-    );
+    valid(&m("message.deliver.result"), json!({"status": "target_accepted", "accepted_at": 1764400002}));
+    valid(&m("message.delivery.peer_status.params"), json!({"from": ACCOUNT_A, "message_id": MESSAGE_ID}));
     valid(
         &m("message.delivery.peer_status.result"),
         json!({"known": true, "status": {"status": "target_accepted", "accepted_at": 1764400000}}),
     );
-    valid(
-        &m("message.delivery.peer_status.result"),
-        json!({"known": false}),
-    );
-    valid(
-        &m("timeline.replicate.params"),
-        json!({"account_id": ACCOUNT_A, "after": 0, "limit": 100, "ack": 0}),
-    );
-    valid(
-        &m("timeline.replicate.result"),
-        json!({"items": [], "next": 0, "has_more": false}),
-    );
+    valid(&m("message.delivery.peer_status.result"), json!({"known": false}));
+    valid(&m("timeline.replicate.params"), json!({"account_id": ACCOUNT_A, "after": 0, "limit": 100, "ack": 0}));
+    valid(&m("timeline.replicate.result"), json!({"items": [], "next": 0, "has_more": false}));
     valid(&m("healthz.result"), json!({"status": "ok"}));
     // notifications
     valid(
@@ -798,116 +587,57 @@ fn method_schemas_accept_examples() {
 #[test]
 fn method_schemas_reject_violations() {
     let m = |name: &str| format!("methods/{name}.schema.json");
-    invalid(
-        &m("message.send.params"),
-        without(send_params(), "envelope"),
-    );
-    invalid(
-        &m("message.send.params"),
-        without(send_params(), "recipient_boxes"),
-    );
-    invalid(
-        &m("message.send.params"),
-        with(send_params(), "recipient_boxes", json!([])),
-    );
+    invalid(&m("message.send.params"), without(send_params(), "envelope"));
+    invalid(&m("message.send.params"), without(send_params(), "recipient_boxes"));
+    invalid(&m("message.send.params"), with(send_params(), "recipient_boxes", json!([])));
     let too_many: Vec<Value> = (0..65).map(|i| key_box(&format!("d{i}"))).collect();
-    invalid(
-        &m("message.send.params"),
-        with(send_params(), "recipient_boxes", json!(too_many)),
-    );
+    invalid(&m("message.send.params"), with(send_params(), "recipient_boxes", json!(too_many)));
     let max: Vec<Value> = (0..64).map(|i| key_box(&format!("d{i}"))).collect();
-    valid(
-        &m("message.send.params"),
-        with(send_params(), "recipient_boxes", json!(max)),
-    );
+    valid(&m("message.send.params"), with(send_params(), "recipient_boxes", json!(max)));
+    invalid(&m("message.send.params"), with(send_params(), "sender_boxes", json!([])));
     invalid(
         &m("message.send.params"),
-        with(send_params(), "sender_boxes", json!([])),
+        with(send_params(), "envelope", with(envelope(), "message_id", json!("tooshort"))),
     );
     invalid(
         &m("message.send.params"),
-        with(
-            send_params(),
-            "envelope",
-            with(envelope(), "message_id", json!("tooshort")),
-        ),
+        with(send_params(), "authorization", json!({"contact_grant": grant(), "contact_invite": invite()})),
     );
-    invalid(
-        &m("message.send.params"),
-        with(
-            send_params(),
-            "authorization",
-            json!({"contact_grant": grant(), "contact_invite": invite()}),
-        ),
-    );
-    invalid(
-        &m("message.send.result"),
-        json!({"status": "failed", "accepted_at": 1764400000}),
-    );
-    invalid(
-        &m("message.delivery.status.params"),
-        json!({"message_id": "abc"}),
-    );
+    invalid(&m("message.send.result"), json!({"status": "failed", "accepted_at": 1764400000}));
+    invalid(&m("message.delivery.status.params"), json!({"message_id": "abc"}));
     invalid(&m("account.register.params"), json!({"route": route()}));
     invalid(
         &m("account.register.params"),
         json!({"route": route(), "device_certificate": certificate(),
                "settings": {"public_discovery": "yes"}}),
     );
-    invalid(
-        &m("account.register.result"),
-        json!({"account_id": "ABC", "route": route()}),
-    );
+    invalid(&m("account.register.result"), json!({"account_id": "ABC", "route": route()}));
     invalid(
         &m("session.challenge.params"),
         json!({"account_id": "9188d9a54ad1bf8dad693a41bbc91bf", "device_id": "phone"}),
     );
-    invalid(
-        &m("session.open.result"),
-        json!({"token": "", "expires_at": 1}),
-    );
+    invalid(&m("session.open.result"), json!({"token": "", "expires_at": 1}));
     invalid(&m("contact.revoke.params"), json!({}));
-    invalid(
-        &m("contact.revoke.params"),
-        json!({"grant_id": "g1", "invite_id": "i-1"}),
-    );
+    invalid(&m("contact.revoke.params"), json!({"grant_id": "g1", "invite_id": "i-1"}));
     invalid(&m("account.settings.update.params"), json!({}));
     invalid(&m("message.timeline.sync.params"), json!({}));
-    invalid(
-        &m("message.timeline.sync.params"),
-        json!({"after": 0, "limit": 501}),
-    );
-    invalid(
-        &m("message.timeline.sync.params"),
-        json!({"after": 0, "limit": 0}),
-    );
+    invalid(&m("message.timeline.sync.params"), json!({"after": 0, "limit": 501}));
+    invalid(&m("message.timeline.sync.params"), json!({"after": 0, "limit": 0}));
     invalid(&m("message.timeline.sync.params"), json!({"after": -1}));
     invalid(
         &m("message.timeline.sync.result"),
         json!({"records": [with(record(), "direction", json!("sent"))], "next": 42, "has_more": false}),
     );
-    invalid(
-        &m("message.timeline.sync.result"),
-        json!({"records": [], "next": 0}),
-    );
-    invalid(
-        &m("message.timeline.sync.result"),
-        json!({"records": [], "next": 0, "has_more": false, "extra": 1}),
-    );
+    invalid(&m("message.timeline.sync.result"), json!({"records": [], "next": 0}));
+    invalid(&m("message.timeline.sync.result"), json!({"records": [], "next": 0, "has_more": false, "extra": 1}));
     invalid(&m("message.timeline.ack.params"), json!({"through": "42"}));
-    invalid(
-        &m("message.deliver.params"),
-        json!({"envelope": envelope(), "recipient_boxes": [key_box("laptop")]}),
-    );
+    invalid(&m("message.deliver.params"), json!({"envelope": envelope(), "recipient_boxes": [key_box("laptop")]}));
     invalid(
         &m("message.delivery.peer_status.result"),
         json!({"known": false, "status": {"status": "delivering", "accepted_at": 1}}),
     );
     invalid(&m("message.delivery.peer_status.result"), json!({}));
-    invalid(
-        &m("timeline.replicate.params"),
-        json!({"account_id": ACCOUNT_A, "after": 0}),
-    );
+    invalid(&m("timeline.replicate.params"), json!({"account_id": ACCOUNT_A, "after": 0}));
     invalid(&m("healthz.result"), json!({"status": "degraded"}));
     invalid(
         "notifications/message.delivery.changed.params.schema.json",
@@ -923,9 +653,7 @@ fn rewrite_ref(reference: &str, current_file: &str) -> String {
     let file = if file.is_empty() { current_file } else { file };
     let name = component_of(file);
     if name == "defs" {
-        let def = fragment
-            .strip_prefix("/$defs/")
-            .unwrap_or_else(|| panic!("bad defs ref {reference}"));
+        let def = fragment.strip_prefix("/$defs/").unwrap_or_else(|| panic!("bad defs ref {reference}"));
         assert!(!def.contains('/'), "bad defs ref {reference}");
         format!("#/components/schemas/{def}")
     } else {
@@ -939,16 +667,12 @@ fn rewrite(value: &Value, current_file: &str) -> Value {
         Value::Object(map) => Value::Object(
             map.iter()
                 .map(|(key, item)| match (key.as_str(), item) {
-                    ("$ref", Value::String(r)) => {
-                        (key.clone(), json!(rewrite_ref(r, current_file)))
-                    }
+                    ("$ref", Value::String(r)) => (key.clone(), json!(rewrite_ref(r, current_file))),
                     _ => (key.clone(), rewrite(item, current_file)),
                 })
                 .collect::<Map<_, _>>(),
         ),
-        Value::Array(items) => {
-            Value::Array(items.iter().map(|i| rewrite(i, current_file)).collect())
-        }
+        Value::Array(items) => Value::Array(items.iter().map(|i| rewrite(i, current_file)).collect()),
         other => other.clone(),
     }
 }
@@ -964,25 +688,17 @@ fn openapi_document_describes_every_client_method() {
     );
     let paths = doc["paths"].as_object().expect("paths");
     let schemas = doc["components"]["schemas"].as_object().expect("schemas");
-    let error_statuses: BTreeSet<String> = ERROR_CODES
-        .iter()
-        .map(|(_, status)| status.to_string())
-        .collect();
+    let error_statuses: BTreeSet<String> = ERROR_CODES.iter().map(|(_, status)| status.to_string()).collect();
     for method in CLIENT_METHODS {
         for kind in ["params", "result"] {
-            assert!(
-                schemas.contains_key(&format!("{method}.{kind}")),
-                "component {method}.{kind}"
-            );
+            assert!(schemas.contains_key(&format!("{method}.{kind}")), "component {method}.{kind}");
         }
         let path = format!("/v1/rpc/{method}");
         if WEBSOCKET_ONLY.contains(method) {
             assert!(!paths.contains_key(&path), "{path} is WebSocket only");
             continue;
         }
-        let op = &paths
-            .get(&path)
-            .unwrap_or_else(|| panic!("openapi.json has no {path}"))["post"];
+        let op = &paths.get(&path).unwrap_or_else(|| panic!("openapi.json has no {path}"))["post"];
         assert_eq!(op["operationId"], *method);
         assert_eq!(
             op["requestBody"]["content"]["application/json"]["schema"]["$ref"],
@@ -995,16 +711,9 @@ fn openapi_document_describes_every_client_method() {
             format!("#/components/schemas/{method}.result")
         );
         for status in &error_statuses {
-            assert!(
-                responses.contains_key(status),
-                "{path}: no {status} response"
-            );
+            assert!(responses.contains_key(status), "{path}: no {status} response");
         }
-        let expected = if SESSION_METHODS.contains(method) {
-            json!([{"bearerAuth": []}])
-        } else {
-            json!([])
-        };
+        let expected = if SESSION_METHODS.contains(method) { json!([{"bearerAuth": []}]) } else { json!([]) };
         assert_eq!(op["security"], expected, "{path}: security");
     }
     for method in RELAY_METHODS {
@@ -1012,18 +721,12 @@ fn openapi_document_describes_every_client_method() {
         assert!(schemas.contains_key(&format!("{method}.result")));
     }
     let health = &paths["/healthz"]["get"]["responses"]["200"]["content"]["application/json"];
-    assert_eq!(
-        health["schema"]["$ref"],
-        "#/components/schemas/healthz.result"
-    );
+    assert_eq!(health["schema"]["$ref"], "#/components/schemas/healthz.result");
     // error responses carry the codes of their HTTP status
     for (code, status) in ERROR_CODES {
         let schema = &schemas[&format!("ErrorResponse{status}")];
         let codes = &schema["allOf"][1]["properties"]["error"]["properties"]["code"]["enum"];
-        assert!(
-            codes.as_array().unwrap().contains(&json!(code)),
-            "{code} not under {status}"
-        );
+        assert!(codes.as_array().unwrap().contains(&json!(code)), "{code} not under {status}");
         let response = &doc["components"]["responses"][format!("Error{status}")];
         assert_eq!(
             response["content"]["application/json"]["schema"]["$ref"],
@@ -1040,11 +743,7 @@ fn openapi_components_equal_the_schema_files() {
         let name = component_of(rel);
         if name == "defs" {
             for (def, body) in doc["$defs"].as_object().unwrap() {
-                assert_eq!(
-                    schemas.get(def),
-                    Some(&rewrite(body, rel)),
-                    "component {def}"
-                );
+                assert_eq!(schemas.get(def), Some(&rewrite(body, rel)), "component {def}");
                 from_files.insert(def.clone());
             }
             continue;
@@ -1061,10 +760,7 @@ fn openapi_components_equal_the_schema_files() {
         from_files.insert(name);
     }
     for name in schemas.keys() {
-        assert!(
-            from_files.contains(name) || name.starts_with("ErrorResponse"),
-            "component {name} has no schema file"
-        );
+        assert!(from_files.contains(name) || name.starts_with("ErrorResponse"), "component {name} has no schema file");
     }
 }
 
@@ -1075,13 +771,9 @@ fn openapi_refs_resolve_within_the_document() {
     refs(doc, &mut found);
     assert!(!found.is_empty());
     for reference in found {
-        let pointer = reference
-            .strip_prefix('#')
-            .unwrap_or_else(|| panic!("openapi.json $ref {reference} is not local"));
-        assert!(
-            doc.pointer(pointer).is_some(),
-            "$ref {reference} points nowhere"
-        );
+        let pointer =
+            reference.strip_prefix('#').unwrap_or_else(|| panic!("openapi.json $ref {reference} is not local"));
+        assert!(doc.pointer(pointer).is_some(), "$ref {reference} points nowhere");
     }
     // every component compiles as a 2020-12 schema inside the document
     for name in doc["components"]["schemas"].as_object().unwrap().keys() {
@@ -1089,16 +781,9 @@ fn openapi_refs_resolve_within_the_document() {
         let wrapper = json!({"$schema": DIALECT, "$ref": format!("{OPENAPI_URI}{pointer}")});
         compile(&wrapper).unwrap_or_else(|e| panic!("{pointer}: {e}"));
     }
-    check_openapi(
-        "ErrorResponse404",
-        &json!({"error": {"code": "route_not_found", "message": "x"}}),
-    )
-    .is_empty()
-    .then_some(())
-    .expect("404 route_not_found");
-    assert!(!check_openapi(
-        "ErrorResponse404",
-        &json!({"error": {"code": "forbidden", "message": "x"}})
-    )
-    .is_empty());
+    check_openapi("ErrorResponse404", &json!({"error": {"code": "route_not_found", "message": "x"}}))
+        .is_empty()
+        .then_some(())
+        .expect("404 route_not_found");
+    assert!(!check_openapi("ErrorResponse404", &json!({"error": {"code": "forbidden", "message": "x"}})).is_empty());
 }

@@ -22,7 +22,12 @@ fn bearer(req: &HttpRequest) -> Option<&str> {
         .map(str::trim)
 }
 
-async fn rpc_call(relay: web::Data<Relay>, method: web::Path<String>, req: HttpRequest, body: web::Payload) -> HttpResponse {
+async fn rpc_call(
+    relay: web::Data<Relay>,
+    method: web::Path<String>,
+    req: HttpRequest,
+    body: web::Payload,
+) -> HttpResponse {
     let body = match body.to_bytes_limited(relay.max_body_bytes()).await {
         Ok(Ok(b)) => b,
         Ok(Err(e)) => return error_response(&RelayError::invalid_params(format!("request body: {e}"))),
@@ -35,7 +40,12 @@ async fn rpc_call(relay: web::Data<Relay>, method: web::Path<String>, req: HttpR
 }
 
 /// `POST /v1/relay/{method}`: authenticated peer calls.
-async fn relay_call(relay: web::Data<Relay>, method: web::Path<String>, req: HttpRequest, body: web::Payload) -> HttpResponse {
+async fn relay_call(
+    relay: web::Data<Relay>,
+    method: web::Path<String>,
+    req: HttpRequest,
+    body: web::Payload,
+) -> HttpResponse {
     let body = match body.to_bytes_limited(relay.max_body_bytes()).await {
         Ok(Ok(b)) => b,
         Ok(Err(e)) => return error_response(&RelayError::invalid_params(format!("request body: {e}"))),

@@ -221,8 +221,11 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
 
-/// Reads one HTTP/1.1 request: (path, headers, body).
-fn read_request(s: &mut TcpStream) -> Option<(String, Vec<(String, String)>, Vec<u8>)> {
+/// One HTTP/1.1 request: (path, headers, body).
+type RawRequest = (String, Vec<(String, String)>, Vec<u8>);
+
+/// Reads one HTTP/1.1 request.
+fn read_request(s: &mut TcpStream) -> Option<RawRequest> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 8192];
     let head_end = loop {
@@ -311,7 +314,7 @@ fn decide(state: &Mutex<State>, path: &str, headers: Vec<(String, String)>, body
             let reply = st
                 .routes
                 .get(&account)
-                .and_then(|rs| rs.iter().filter(|(n, _)| *n <= delivered).last().map(|(_, r)| r.clone()));
+                .and_then(|rs| rs.iter().rfind(|(n, _)| *n <= delivered).map(|(_, r)| r.clone()));
             match reply {
                 Some(RouteReply::Route(route)) => Action::Respond(200, serde_json::to_vec(&route).unwrap()),
                 Some(RouteReply::Error(status, code)) => Action::Respond(status, error_body(&code, None)),

@@ -26,26 +26,72 @@ use tokio::sync::oneshot;
 /// from the authenticated session, never from params.
 #[derive(Debug)]
 pub enum AccountCmd {
-    Register { params: RegisterParams, digest: String },
-    Challenge { device_id: String },
-    OpenSession { params: SessionOpenParams },
-    CheckSession { device: String },
-    DeviceAdd { device: String, params: DeviceAddParams },
-    DeviceRevoke { device: String, params: DeviceRevokeParams },
+    Register {
+        params: RegisterParams,
+        digest: String,
+    },
+    Challenge {
+        device_id: String,
+    },
+    OpenSession {
+        params: SessionOpenParams,
+    },
+    CheckSession {
+        device: String,
+    },
+    DeviceAdd {
+        device: String,
+        params: DeviceAddParams,
+    },
+    DeviceRevoke {
+        device: String,
+        params: DeviceRevokeParams,
+    },
     DevicesGet,
-    SettingsUpdate { device: String, params: SettingsUpdateParams },
+    SettingsUpdate {
+        device: String,
+        params: SettingsUpdateParams,
+    },
     RouteGet,
-    RouteUpdate { device: String, params: RouteUpdateParams },
-    ContactRevoke { device: String, params: ContactRevokeParams },
-    Send { device: String, params: SendParams, digest: String },
-    Receive { params: DeliverParams, digest: String },
-    RecordDelivery { message_id: String, status: DeliveryStatus },
-    DeliveryStatus { device: String, message_id: String },
+    RouteUpdate {
+        device: String,
+        params: RouteUpdateParams,
+    },
+    ContactRevoke {
+        device: String,
+        params: ContactRevokeParams,
+    },
+    Send {
+        device: String,
+        params: SendParams,
+        digest: String,
+    },
+    Receive {
+        params: DeliverParams,
+        digest: String,
+    },
+    RecordDelivery {
+        message_id: String,
+        status: DeliveryStatus,
+    },
+    DeliveryStatus {
+        device: String,
+        message_id: String,
+    },
     /// `message.delivery.peer_status` from `peer`, one of this account's home
     /// relays: read-only.
-    PeerStatus { peer: String, message_id: String },
-    Sync { device: String, params: SyncParams },
-    Ack { device: String, params: AckParams },
+    PeerStatus {
+        peer: String,
+        message_id: String,
+    },
+    Sync {
+        device: String,
+        params: SyncParams,
+    },
+    Ack {
+        device: String,
+        params: AckParams,
+    },
 }
 
 /// What a command answers.
@@ -56,7 +102,10 @@ pub enum Reply {
     Status(DeliveryStatus),
     /// A cross-account send was accepted; `first_attempt` resolves with the
     /// status after the first delivery attempt.
-    Sent { status: DeliveryStatus, first_attempt: oneshot::Receiver<DeliveryStatus> },
+    Sent {
+        status: DeliveryStatus,
+        first_attempt: oneshot::Receiver<DeliveryStatus>,
+    },
 }
 
 impl Reply {
@@ -326,7 +375,9 @@ impl AccountActor {
                 relay_schemas::ids::check_message_id("message_id", message_id)?;
                 match self.state.sends.get(message_id) {
                     Some(e) if e.retention_until > now => Ok(Reply::Status(e.status.clone())),
-                    Some(_) => Err(RelayError::new(relay_schemas::ErrorCode::MessageExpired, "result retention has ended")),
+                    Some(_) => {
+                        Err(RelayError::new(relay_schemas::ErrorCode::MessageExpired, "result retention has ended"))
+                    }
                     None => Err(RelayError::not_found("unknown message")),
                 }
             }
@@ -353,7 +404,12 @@ impl AccountActor {
         }
     }
 
-    fn open_session(&mut self, p: &SessionOpenParams, now: u64, policy: &crate::policy::Policy) -> Result<Reply, RelayError> {
+    fn open_session(
+        &mut self,
+        p: &SessionOpenParams,
+        now: u64,
+        policy: &crate::policy::Policy,
+    ) -> Result<Reply, RelayError> {
         relay_schemas::ids::check_id("device_id", &p.device_id)?;
         if p.account_id != self.state.account_id || !self.state.is_registered() {
             return Err(RelayError::not_found("unknown account"));
@@ -363,7 +419,8 @@ impl AccountActor {
             .device_key(&p.device_id, now)
             .ok_or_else(|| RelayError::device_unknown("unknown or revoked device"))?;
         let list = self.challenges.get_mut(&p.device_id);
-        let Some(pos) = list.as_ref().and_then(|l| l.iter().position(|(c, exp)| *c == p.challenge && *exp > now)) else {
+        let Some(pos) = list.as_ref().and_then(|l| l.iter().position(|(c, exp)| *c == p.challenge && *exp > now))
+        else {
             return Err(RelayError::unauthorized("unknown or expired challenge"));
         };
         let signed = json!({

@@ -7,9 +7,7 @@ use super::events::{AccountEvent, Record};
 use super::state::{contact_key, receipt_key, AccountState};
 use crate::policy::Policy;
 use relay_schemas::encoding::jcs;
-use relay_schemas::methods::{
-    ContactRevokeParams, DeliverParams, RegisterParams, SendParams,
-};
+use relay_schemas::methods::{ContactRevokeParams, DeliverParams, RegisterParams, SendParams};
 use relay_schemas::objects::{
     check_boxes, Authorization, DeviceCertificate, DeviceRevocation, KeyBox, MessageEnvelope, Route,
 };
@@ -24,9 +22,7 @@ pub struct Ctx<'a> {
 }
 
 fn registered(state: &AccountState) -> Result<&Wire<Route>, RelayError> {
-    state
-        .route()
-        .ok_or_else(|| RelayError::not_found(format!("unknown account {}", state.account_id)))
+    state.route().ok_or_else(|| RelayError::not_found(format!("unknown account {}", state.account_id)))
 }
 
 /// Receiving rule 1: this relay is a home relay in the account's current
@@ -66,14 +62,16 @@ fn check_created_at(envelope: &MessageEnvelope, ctx: Ctx) -> Result<(), RelayErr
 /// Devices named in `boxes` that are valid now: the record's visible set,
 /// fixed at acceptance.
 fn visible_devices(state: &AccountState, boxes: &[Wire<KeyBox>], now: u64) -> Vec<String> {
-    boxes
-        .iter()
-        .filter(|b| state.device_valid(&b.device_id, now))
-        .map(|b| b.device_id.clone())
-        .collect()
+    boxes.iter().filter(|b| state.device_valid(&b.device_id, now)).map(|b| b.device_id.clone()).collect()
 }
 
-fn record(state: &AccountState, envelope: &Wire<MessageEnvelope>, boxes: &[Wire<KeyBox>], visible: Vec<String>, expires_at: u64) -> Box<Record> {
+fn record(
+    state: &AccountState,
+    envelope: &Wire<MessageEnvelope>,
+    boxes: &[Wire<KeyBox>],
+    visible: Vec<String>,
+    expires_at: u64,
+) -> Box<Record> {
     Box::new(Record {
         sequence: state.last_sequence + 1,
         expires_at,
@@ -86,12 +84,7 @@ fn record(state: &AccountState, envelope: &Wire<MessageEnvelope>, boxes: &[Wire<
 /// Idempotency lookup shared by sends and receipts: `Some(accepted_at)` for
 /// the same content, `state_conflict` for different content,
 /// `message_expired` once the promised retention has passed.
-fn idempotent(
-    digest: &str,
-    stored_digest: &str,
-    retention_until: u64,
-    now: u64,
-) -> Result<(), RelayError> {
+fn idempotent(digest: &str, stored_digest: &str, retention_until: u64, now: u64) -> Result<(), RelayError> {
     if retention_until <= now {
         return Err(RelayError::new(ErrorCode::MessageExpired, "result retention has ended"));
     }
@@ -103,7 +96,12 @@ fn idempotent(
 
 // ---- accounts and devices ---------------------------------------------------
 
-pub fn register(state: &AccountState, p: &RegisterParams, digest: &str, ctx: Ctx) -> Result<Vec<AccountEvent>, RelayError> {
+pub fn register(
+    state: &AccountState,
+    p: &RegisterParams,
+    digest: &str,
+    ctx: Ctx,
+) -> Result<Vec<AccountEvent>, RelayError> {
     p.route.check(ctx.now, ctx.policy.clock_tolerance)?;
     if p.route.account_id != state.account_id {
         return Err(RelayError::invalid_params("route.account_id does not match"));
@@ -131,7 +129,11 @@ pub fn register(state: &AccountState, p: &RegisterParams, digest: &str, ctx: Ctx
     }])
 }
 
-pub fn add_device(state: &AccountState, cert: &Wire<DeviceCertificate>, ctx: Ctx) -> Result<Vec<AccountEvent>, RelayError> {
+pub fn add_device(
+    state: &AccountState,
+    cert: &Wire<DeviceCertificate>,
+    ctx: Ctx,
+) -> Result<Vec<AccountEvent>, RelayError> {
     let route = registered(state)?;
     cert.check(ctx.now, ctx.policy.clock_tolerance)?;
     if cert.account_id != state.account_id || cert.account_key != route.account_key {
@@ -147,7 +149,11 @@ pub fn add_device(state: &AccountState, cert: &Wire<DeviceCertificate>, ctx: Ctx
     }
 }
 
-pub fn revoke_device(state: &AccountState, rev: &Wire<DeviceRevocation>, _ctx: Ctx) -> Result<Vec<AccountEvent>, RelayError> {
+pub fn revoke_device(
+    state: &AccountState,
+    rev: &Wire<DeviceRevocation>,
+    _ctx: Ctx,
+) -> Result<Vec<AccountEvent>, RelayError> {
     registered(state)?;
     let key = state.account_key().ok_or_else(|| RelayError::internal("account key unreadable"))?;
     rev.check(key)?;
@@ -237,7 +243,13 @@ pub enum SendDecision {
 }
 
 /// `message.send` at the source. `digest` is blake3(JCS(params)).
-pub fn send(state: &AccountState, device_id: &str, p: &SendParams, digest: &str, ctx: Ctx) -> Result<SendDecision, RelayError> {
+pub fn send(
+    state: &AccountState,
+    device_id: &str,
+    p: &SendParams,
+    digest: &str,
+    ctx: Ctx,
+) -> Result<SendDecision, RelayError> {
     let env = &p.envelope;
     // Basic parameter validation and invocation requirements come first,
     // even for a duplicate (seed: idempotent retries).
@@ -281,9 +293,10 @@ pub fn send(state: &AccountState, device_id: &str, p: &SendParams, digest: &str,
         };
         return Ok(SendDecision::SelfDelivered { event, status });
     }
-    let sent_record = p.sender_boxes.as_ref().map(|boxes| {
-        record(state, env, boxes, visible_devices(state, boxes, ctx.now), retention_until)
-    });
+    let sent_record = p
+        .sender_boxes
+        .as_ref()
+        .map(|boxes| record(state, env, boxes, visible_devices(state, boxes, ctx.now), retention_until));
     let deadline = (env.created_at + ctx.policy.delivery_age_limit).min(retention_until);
     let deliver = Box::new(DeliverParams {
         envelope: env.clone(),
@@ -345,7 +358,9 @@ pub fn receive(state: &AccountState, p: &DeliverParams, digest: &str, ctx: Ctx) 
     let cert = &p.sender_device_certificate;
     let device_key = cert.check(ctx.now, ctx.policy.clock_tolerance)?;
     if cert.account_id != env.from || cert.device_id != env.from_device_id {
-        return Err(RelayError::invalid_signature("sender_device_certificate does not match envelope.from / from_device_id"));
+        return Err(RelayError::invalid_signature(
+            "sender_device_certificate does not match envelope.from / from_device_id",
+        ));
     }
     env.verify(Tag::Envelope, &device_key)?;
     // Rule 3: this relay's own clock tolerance and age limit.
@@ -370,7 +385,12 @@ pub fn receive(state: &AccountState, p: &DeliverParams, digest: &str, ctx: Ctx) 
     Ok(ReceiveDecision::Accepted { event: Box::new(event), status: DeliveryStatus::target_accepted(accepted_at) })
 }
 
-fn check_authorization(state: &AccountState, sender: &str, auth: Option<&Authorization>, ctx: Ctx) -> Result<(), RelayError> {
+fn check_authorization(
+    state: &AccountState,
+    sender: &str,
+    auth: Option<&Authorization>,
+    ctx: Ctx,
+) -> Result<(), RelayError> {
     if sender == state.account_id {
         return Ok(());
     }
@@ -378,7 +398,9 @@ fn check_authorization(state: &AccountState, sender: &str, auth: Option<&Authori
         return if state.public_discovery {
             Ok(())
         } else {
-            Err(RelayError::forbidden("recipient does not allow public discovery; a contact grant or invite is required"))
+            Err(RelayError::forbidden(
+                "recipient does not allow public discovery; a contact grant or invite is required",
+            ))
         };
     };
     let key = state.account_key().ok_or_else(|| RelayError::internal("account key unreadable"))?;

@@ -105,9 +105,7 @@ impl AccountEvent {
     pub fn record(&self) -> Option<&Record> {
         match self {
             AccountEvent::MessageSent { record, .. } => record.as_deref(),
-            AccountEvent::SelfDelivered { record, .. } | AccountEvent::MessageReceived { record, .. } => {
-                Some(record)
-            }
+            AccountEvent::SelfDelivered { record, .. } | AccountEvent::MessageReceived { record, .. } => Some(record),
             _ => None,
         }
     }

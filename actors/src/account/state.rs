@@ -100,10 +100,7 @@ impl AccountState {
             .iter()
             .filter_map(|(id, c)| Some((id.clone(), parse_public_key("device_key", &c.device_key).ok()?)))
             .collect();
-        self.account_key = self
-            .route
-            .as_ref()
-            .and_then(|r| parse_public_key("account_key", &r.account_key).ok());
+        self.account_key = self.route.as_ref().and_then(|r| parse_public_key("account_key", &r.account_key).ok());
     }
 
     fn add_device(&mut self, cert: &Wire<DeviceCertificate>) {

@@ -4,8 +4,8 @@
 //! goes out, the outcome before the next timer is armed.
 
 use super::core::{combine, decide_due, decide_outcome, decide_peer_confirmed, DeliveryEvent, DeliveryState};
-use super::transport::{AttemptOutcome, LocalFuture};
 use super::due_key;
+use super::transport::{AttemptOutcome, LocalFuture};
 use crate::account::{AccountCmd, Reply};
 use crate::store::{Batch, Head, NewEvent, StoreError, Ticket};
 use crate::supervisor::{internal, Supervisor};
@@ -31,7 +31,11 @@ pub struct DeliveryActor {
 }
 
 impl DeliveryActor {
-    pub fn load(sup: Supervisor, stream: &str, watch: Option<oneshot::Sender<DeliveryStatus>>) -> Result<Self, StoreError> {
+    pub fn load(
+        sup: Supervisor,
+        stream: &str,
+        watch: Option<oneshot::Sender<DeliveryStatus>>,
+    ) -> Result<Self, StoreError> {
         let mut state = DeliveryState::default();
         let mut head = Head::default();
         let mut indexed_due_ms = None;
@@ -121,6 +125,13 @@ impl DeliveryActor {
         if self.state.finished.is_some() {
             return self.report(ctx);
         }
+        // Woken before its time (a stale timer): wait for the real due time.
+        let now = self.sup.clock().now_ms();
+        if let Some(due) = self.state.next_due_ms.filter(|due| *due > now) {
+            self.sup.schedule(self.stream.clone(), due);
+            self.tell_watchers();
+            return ctx.stop();
+        }
         // Before the route and the attempt: the sender's other home relay
         // may already have delivered it (attempts after the second).
         let sup = self.sup.clone();
@@ -152,7 +163,8 @@ impl DeliveryActor {
     fn sender_other_home(&self) -> Option<RelayRef> {
         let route = self.sup.routes().get(&self.state.from).ok()??;
         let own = &self.sup.policy().relay_id;
-        (route.relays.len() == 2 && route.lists_relay(own)).then(|| route.relays.iter().find(|r| &r.id != own).cloned())?
+        (route.relays.len() == 2 && route.lists_relay(own))
+            .then(|| route.relays.iter().find(|r| &r.id != own).cloned())?
     }
 
     fn start_attempt(&mut self, route: Option<Wire<Route>>, ctx: &mut Context<Self>) {
@@ -301,4 +313,3 @@ impl Handler<Watch> for DeliveryActor {
         self.watchers.push(msg.0);
     }
 }
-

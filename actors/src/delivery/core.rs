@@ -26,15 +26,30 @@ pub enum DeliveryEvent {
         first_due_ms: u64,
     },
     /// The delivery targets the relays of this route revision from now on.
-    RouteRefreshed { revision: u64, relays: Vec<RelayRef> },
+    RouteRefreshed {
+        revision: u64,
+        relays: Vec<RelayRef>,
+    },
     /// An attempt at `targets` (relay ids; empty when no route was known).
-    AttemptStarted { attempt: u32, targets: Vec<String>, revision: u64 },
+    AttemptStarted {
+        attempt: u32,
+        targets: Vec<String>,
+        revision: u64,
+    },
     /// The attempt did not deliver; the next one is due at `next_due_ms`.
     /// `may_switch`: the target refused explicitly with a route error, or
     /// surely never saw the request, so a higher route revision may be
     /// followed; `refresh_route`: fetch the route bypassing caches first.
-    AttemptFailed { attempt: u32, error: RelayError, next_due_ms: u64, may_switch: bool, refresh_route: bool },
-    Finished { status: DeliveryStatus },
+    AttemptFailed {
+        attempt: u32,
+        error: RelayError,
+        next_due_ms: u64,
+        may_switch: bool,
+        refresh_route: bool,
+    },
+    Finished {
+        status: DeliveryStatus,
+    },
 }
 
 impl DeliveryEvent {
@@ -171,15 +186,17 @@ pub fn decide_due(s: &DeliveryState, now_ms: u64, route: Option<&Wire<Route>>) -
 
 /// One outcome for an attempt at every relay of the route (1 or 2, tried in
 /// parallel): the first acceptance wins; otherwise the outcome that most
-/// constrains what happens next.
+/// constrains what happens next. An unknown result outranks a final
+/// rejection by the other relay: that relay may hold the message, so the
+/// delivery must confirm with it rather than end `failed`.
 pub fn combine(outcomes: Vec<AttemptOutcome>) -> AttemptOutcome {
     fn rank(o: &AttemptOutcome) -> u8 {
         match o {
             AttemptOutcome::Answered(s) if s.status == Status::TargetAccepted => 0,
-            AttemptOutcome::Rejected(e) if e.code.delivery_handling() == DeliveryHandling::End => 1,
-            AttemptOutcome::Unrecognized(_) => 2,
-            AttemptOutcome::Unknown(_) => 3,
-            AttemptOutcome::Answered(_) => 3,
+            AttemptOutcome::Unknown(_) => 1,
+            AttemptOutcome::Answered(_) => 1,
+            AttemptOutcome::Rejected(e) if e.code.delivery_handling() == DeliveryHandling::End => 2,
+            AttemptOutcome::Unrecognized(_) => 3,
             AttemptOutcome::Rejected(e) if e.code.delivery_handling() == DeliveryHandling::Retry => 4,
             AttemptOutcome::Rejected(_) => 5,
             AttemptOutcome::NotAttempted(_) => 6,
@@ -192,11 +209,18 @@ pub fn combine(outcomes: Vec<AttemptOutcome>) -> AttemptOutcome {
 
 /// The answer to attempt `attempt`, by the seed's error table. Late answers
 /// (to an older attempt, or after the end) change nothing.
-pub fn decide_outcome(s: &DeliveryState, attempt: u32, outcome: AttemptOutcome, now_ms: u64, policy: &Policy) -> Vec<DeliveryEvent> {
+pub fn decide_outcome(
+    s: &DeliveryState,
+    attempt: u32,
+    outcome: AttemptOutcome,
+    now_ms: u64,
+    policy: &Policy,
+) -> Vec<DeliveryEvent> {
     if s.finished.is_some() || s.in_flight != Some(attempt) {
         return vec![];
     }
-    let end = |error: RelayError| vec![DeliveryEvent::Finished { status: DeliveryStatus::failed(s.accepted_at, error) }];
+    let end =
+        |error: RelayError| vec![DeliveryEvent::Finished { status: DeliveryStatus::failed(s.accepted_at, error) }];
     let (error, may_switch, refresh_route) = match outcome {
         AttemptOutcome::Answered(st) if st.status == Status::TargetAccepted => {
             return vec![DeliveryEvent::Finished { status: DeliveryStatus::target_accepted(s.accepted_at) }];
@@ -211,12 +235,15 @@ pub fn decide_outcome(s: &DeliveryState, attempt: u32, outcome: AttemptOutcome, 
             DeliveryHandling::RefreshRouteAndRetry => (e, true, true),
         },
         AttemptOutcome::Unknown(e) => (e, false, false),
-        AttemptOutcome::NotAttempted(e) => (e, true, false),
+        // Never seen by the target: re-read the route, and follow a higher
+        // revision if there is one.
+        AttemptOutcome::NotAttempted(e) => (e, true, true),
     };
-    let not_before_ms = match (error.code, error.data.as_ref().and_then(|d| d.get("retry_after")).and_then(|v| v.as_u64())) {
-        (ErrorCode::RateLimited, Some(secs)) => now_ms.saturating_add(secs.saturating_mul(1000)),
-        _ => 0,
-    };
+    let not_before_ms =
+        match (error.code, error.data.as_ref().and_then(|d| d.get("retry_after")).and_then(|v| v.as_u64())) {
+            (ErrorCode::RateLimited, Some(secs)) => now_ms.saturating_add(secs.saturating_mul(1000)),
+            _ => 0,
+        };
     let accepted_ms = s.accepted_at.saturating_mul(1000);
     match next_attempt_ms(policy, accepted_ms, now_ms, not_before_ms, s.deadline_ms()) {
         Some(next_due_ms) => {
@@ -312,12 +339,22 @@ mod tests {
     #[test]
     fn retryable_codes_keep_delivering_and_schedule_the_next_slot() {
         let p = Policy::with_relay_id("r");
-        for code in [ErrorCode::InternalError, ErrorCode::BadGateway, ErrorCode::TemporarilyUnavailable, ErrorCode::RateLimited] {
+        for code in
+            [ErrorCode::InternalError, ErrorCode::BadGateway, ErrorCode::TemporarilyUnavailable, ErrorCode::RateLimited]
+        {
             let mut s = accepted();
             let n = start(&mut s, 1_000_000);
             let ev = decide_outcome(&s, n, rejected(code), 1_000_100, &p);
             assert!(
-                matches!(ev[..], [DeliveryEvent::AttemptFailed { next_due_ms: 1_030_000, may_switch: false, refresh_route: false, .. }]),
+                matches!(
+                    ev[..],
+                    [DeliveryEvent::AttemptFailed {
+                        next_due_ms: 1_030_000,
+                        may_switch: false,
+                        refresh_route: false,
+                        ..
+                    }]
+                ),
                 "{code}: {ev:?}"
             );
             apply_all(&mut s, &ev);
@@ -328,7 +365,13 @@ mod tests {
     #[test]
     fn route_errors_refresh_the_route_bypassing_caches_and_retry() {
         let p = Policy::with_relay_id("r");
-        for code in [ErrorCode::RouteStale, ErrorCode::TargetNotLocal, ErrorCode::RouteNotFound, ErrorCode::NotFound, ErrorCode::InvalidState] {
+        for code in [
+            ErrorCode::RouteStale,
+            ErrorCode::TargetNotLocal,
+            ErrorCode::RouteNotFound,
+            ErrorCode::NotFound,
+            ErrorCode::InvalidState,
+        ] {
             let mut s = accepted();
             let n = start(&mut s, 1_000_000);
             step(&mut s, n, rejected(code), 1_000_100, &p);
@@ -502,8 +545,12 @@ mod tests {
         let down = AttemptOutcome::Unknown(RelayError::unavailable("timeout"));
         assert!(matches!(combine(vec![down.clone(), accepted.clone()]), AttemptOutcome::Answered(_)));
         assert!(matches!(combine(vec![rejected(ErrorCode::DeviceUnknown), accepted]), AttemptOutcome::Answered(_)));
-        // No acceptance: an unknown result keeps the same targets (confirmation).
-        assert!(matches!(combine(vec![rejected(ErrorCode::RouteStale), down]), AttemptOutcome::Unknown(_)));
+        // No acceptance: an unknown result keeps the same targets (confirmation),
+        // even against a final rejection by the other relay.
+        assert!(matches!(combine(vec![rejected(ErrorCode::RouteStale), down.clone()]), AttemptOutcome::Unknown(_)));
+        assert!(matches!(combine(vec![rejected(ErrorCode::DeviceUnknown), down]), AttemptOutcome::Unknown(_)));
+        let refused = AttemptOutcome::NotAttempted(RelayError::unavailable("refused"));
+        assert!(matches!(combine(vec![rejected(ErrorCode::DeviceUnknown), refused]), AttemptOutcome::Rejected(_)));
     }
 
     #[test]

@@ -20,7 +20,13 @@ pub fn slot_offset_ms(policy: &Policy, k: usize) -> u64 {
 /// timetable slot strictly after `now_ms` (never an immediate loop), no
 /// earlier than `not_before_ms` (a `rate_limited` wait), and strictly before
 /// the deadline. `None` when no attempt is left before the deadline.
-pub fn next_attempt_ms(policy: &Policy, accepted_at_ms: u64, now_ms: u64, not_before_ms: u64, deadline_ms: u64) -> Option<u64> {
+pub fn next_attempt_ms(
+    policy: &Policy,
+    accepted_at_ms: u64,
+    now_ms: u64,
+    not_before_ms: u64,
+    deadline_ms: u64,
+) -> Option<u64> {
     let mut k = 0;
     let due = loop {
         let at = accepted_at_ms.saturating_add(slot_offset_ms(policy, k));

@@ -24,9 +24,7 @@ pub(super) const KV: u8 = b'k';
 /// Stream ids are non-empty ASCII without 0x00 (the key separator).
 pub(super) fn check_stream(stream: &str) -> Result<(), StoreError> {
     if stream.is_empty() || !stream.bytes().all(|b| b != 0 && b.is_ascii()) {
-        return Err(StoreError::Invalid(format!(
-            "stream id {stream:?} must be non-empty ASCII without NUL"
-        )));
+        return Err(StoreError::Invalid(format!("stream id {stream:?} must be non-empty ASCII without NUL")));
     }
     Ok(())
 }
@@ -61,11 +59,7 @@ pub(super) fn event_range(stream: &str, after: u64) -> Option<(Vec<u8>, Vec<u8>)
 /// Splits an event key into (stream, seq).
 pub(super) fn parse_event_key(key: &[u8]) -> Result<(String, u64), StoreError> {
     let lossy = || String::from_utf8_lossy(key).into_owned();
-    let corrupt = |what: &str| StoreError::Corrupt {
-        stream: lossy(),
-        seq: 0,
-        what: format!("event key: {what}"),
-    };
+    let corrupt = |what: &str| StoreError::Corrupt { stream: lossy(), seq: 0, what: format!("event key: {what}") };
     if key.len() < 11 || key[0] != EVENT || key[key.len() - 9] != 0 {
         return Err(corrupt("bad layout"));
     }
@@ -125,15 +119,7 @@ pub(super) fn encode_body(
     prev: &Hash,
     data: &RawValue,
 ) -> Result<Vec<u8>, StoreError> {
-    let body = BodyOut {
-        stream,
-        seq,
-        event_type,
-        version,
-        at,
-        prev: hex::encode(prev),
-        data,
-    };
+    let body = BodyOut { stream, seq, event_type, version, at, prev: hex::encode(prev), data };
     serde_json::to_vec(&body).map_err(|e| StoreError::Invalid(format!("encode event: {e}")))
 }
 
@@ -148,21 +134,14 @@ pub(super) fn chain_hash(prev: &Hash, body: &[u8]) -> Hash {
 /// Decodes a stored event and checks it against its key and its stored hash.
 pub(super) fn decode_event(key: &[u8], value: &[u8]) -> Result<StoredEvent, StoreError> {
     let (stream, seq) = parse_event_key(key)?;
-    let corrupt = |what: String| StoreError::Corrupt {
-        stream: stream.clone(),
-        seq,
-        what,
-    };
+    let corrupt = |what: String| StoreError::Corrupt { stream: stream.clone(), seq, what };
     if value.len() < 32 {
         return Err(corrupt(format!("value of {} bytes", value.len())));
     }
     let (stored_hash, body) = value.split_at(32);
     let b: BodyIn = serde_json::from_slice(body).map_err(|e| corrupt(format!("body: {e}")))?;
     if b.stream != stream || b.seq != seq {
-        return Err(corrupt(format!(
-            "body says stream {:?} seq {}",
-            b.stream, b.seq
-        )));
+        return Err(corrupt(format!("body says stream {:?} seq {}", b.stream, b.seq)));
     }
     let mut prev = [0; 32];
     hex::decode_to_slice(&b.prev, &mut prev).map_err(|e| corrupt(format!("prev: {e}")))?;
@@ -171,16 +150,7 @@ pub(super) fn decode_event(key: &[u8], value: &[u8]) -> Result<StoredEvent, Stor
     }
     let mut hash = [0; 32];
     hash.copy_from_slice(stored_hash);
-    Ok(StoredEvent {
-        stream,
-        seq,
-        event_type: b.event_type,
-        version: b.version,
-        at: b.at,
-        data: b.data,
-        prev,
-        hash,
-    })
+    Ok(StoredEvent { stream, seq, event_type: b.event_type, version: b.version, at: b.at, data: b.data, prev, hash })
 }
 
 pub(super) fn encode_snapshot(snap: &Snapshot) -> Vec<u8> {
@@ -203,9 +173,5 @@ pub(super) fn decode_snapshot(stream: &str, value: &[u8]) -> Result<Snapshot, St
     seq.copy_from_slice(&value[..8]);
     let mut hash = [0; 32];
     hash.copy_from_slice(&value[8..40]);
-    Ok(Snapshot {
-        seq: u64::from_be_bytes(seq),
-        hash,
-        state: value[40..].to_vec(),
-    })
+    Ok(Snapshot { seq: u64::from_be_bytes(seq), hash, state: value[40..].to_vec() })
 }

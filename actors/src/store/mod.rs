@@ -41,19 +41,11 @@ pub enum StoreError {
     #[error("sled: {0}")]
     Sled(#[from] sled::Error),
     #[error("corrupt record in stream {stream:?} at seq {seq}: {what}")]
-    Corrupt {
-        stream: String,
-        seq: u64,
-        what: String,
-    },
+    Corrupt { stream: String, seq: u64, what: String },
     #[error("hash mismatch in stream {stream:?} at seq {seq}")]
     HashMismatch { stream: String, seq: u64 },
     #[error("stream {stream:?}: expected head {expected}, found {found}")]
-    HeadMismatch {
-        stream: String,
-        expected: Head,
-        found: Head,
-    },
+    HeadMismatch { stream: String, expected: Head, found: Head },
     /// The batch was built with bad input (stream id, event data, seq overflow).
     #[error("invalid batch: {0}")]
     Invalid(String),
@@ -119,10 +111,7 @@ impl StoredEvent {
 
     /// The stream's head right after this event.
     pub fn head(&self) -> Head {
-        Head {
-            seq: self.seq,
-            hash: self.hash,
-        }
+        Head { seq: self.seq, hash: self.hash }
     }
 }
 
@@ -206,12 +195,7 @@ impl Store {
             .name("store-flusher".into())
             .spawn(move || for_thread.run_flusher(tx))
             .map_err(|e| StoreError::Sled(e.into()))?;
-        Ok(Store {
-            inner: Arc::new(Inner {
-                shared,
-                flusher: Mutex::new(Some(flusher)),
-            }),
-        })
+        Ok(Store { inner: Arc::new(Inner { shared, flusher: Mutex::new(Some(flusher)) }) })
     }
 
     fn db(&self) -> &sled::Db {
@@ -329,10 +313,7 @@ impl Store {
 
     /// Resolves once a flush covering `ticket` completed; `Err` if a flush
     /// failed or the store closed before that.
-    pub fn durable(
-        &self,
-        ticket: Ticket,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
+    pub fn durable(&self, ticket: Ticket) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
         let mut rx = self.inner.shared.flushed.clone();
         async move {
             loop {
@@ -419,11 +400,7 @@ impl Store {
             commits: sh.committed.load(SeqCst),
             flushes,
             events_appended: sh.events.load(SeqCst),
-            mean_commits_per_flush: if flushes == 0 {
-                0.0
-            } else {
-                flushed as f64 / flushes as f64
-            },
+            mean_commits_per_flush: if flushes == 0 { 0.0 } else { flushed as f64 / flushes as f64 },
         }
     }
 
@@ -478,12 +455,7 @@ impl Batch {
         }
     }
 
-    fn try_append(
-        &mut self,
-        stream: &str,
-        head: Head,
-        events: Vec<NewEvent>,
-    ) -> Result<Head, StoreError> {
+    fn try_append(&mut self, stream: &str, head: Head, events: Vec<NewEvent>) -> Result<Head, StoreError> {
         codec::check_stream(stream)?;
         let idx = match self.heads.iter().position(|c| c.stream == stream) {
             Some(i) if self.heads[i].next != head => {
@@ -495,11 +467,7 @@ impl Batch {
             }
             Some(i) => i,
             None => {
-                self.heads.push(HeadCheck {
-                    stream: stream.to_owned(),
-                    expected: head,
-                    next: head,
-                });
+                self.heads.push(HeadCheck { stream: stream.to_owned(), expected: head, next: head });
                 self.heads.len() - 1
             }
         };
@@ -511,20 +479,9 @@ impl Batch {
                 .seq
                 .checked_add(1)
                 .ok_or_else(|| StoreError::Invalid(format!("stream {stream:?}: seq overflow")))?;
-            let data: &RawValue = serde_json::from_slice(&ev.data).map_err(|e| {
-                StoreError::Invalid(format!(
-                    "stream {stream:?} seq {seq}: data is not JSON: {e}"
-                ))
-            })?;
-            let body = codec::encode_body(
-                stream,
-                seq,
-                &ev.event_type,
-                ev.version,
-                ev.at,
-                &cur.hash,
-                data,
-            )?;
+            let data: &RawValue = serde_json::from_slice(&ev.data)
+                .map_err(|e| StoreError::Invalid(format!("stream {stream:?} seq {seq}: data is not JSON: {e}")))?;
+            let body = codec::encode_body(stream, seq, &ev.event_type, ev.version, ev.at, &cur.hash, data)?;
             let hash = codec::chain_hash(&cur.hash, &body);
             let mut value = Vec::with_capacity(32 + body.len());
             value.extend_from_slice(&hash);
@@ -546,8 +503,7 @@ impl Batch {
             self.error.get_or_insert(e);
             return;
         }
-        self.ops
-            .insert(codec::snapshot_key(stream), codec::encode_snapshot(&snap));
+        self.ops.insert(codec::snapshot_key(stream), codec::encode_snapshot(&snap));
         self.writes += 1;
     }
 

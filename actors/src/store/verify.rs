@@ -47,17 +47,10 @@ impl fmt::Display for ChainFinding {
 /// were changed after reading. After an undecodable event the next `prev`
 /// cannot be checked, but seqs still are. Deleting a stream's *last* events
 /// leaves a valid shorter chain; the chain cannot show that.
-pub fn verify_chain(
-    events: impl IntoIterator<Item = Result<StoredEvent, StoreError>>,
-) -> Vec<ChainFinding> {
+pub fn verify_chain(events: impl IntoIterator<Item = Result<StoredEvent, StoreError>>) -> Vec<ChainFinding> {
     let mut findings = Vec::new();
-    let mut report = |stream: &str, seq: u64, problem| {
-        findings.push(ChainFinding {
-            stream: stream.to_owned(),
-            seq,
-            problem,
-        })
-    };
+    let mut report =
+        |stream: &str, seq: u64, problem| findings.push(ChainFinding { stream: stream.to_owned(), seq, problem });
     // (stream, last seq, last stored hash if the record was readable)
     let mut last: Option<(String, u64, Option<Hash>)> = None;
     for item in events {
@@ -67,12 +60,8 @@ pub fn verify_chain(
                 let problem = (!ok).then_some(ChainProblem::HashMismatch);
                 (ev.stream, ev.seq, Some((ev.prev, ev.hash)), problem)
             }
-            Err(StoreError::HashMismatch { stream, seq }) => {
-                (stream, seq, None, Some(ChainProblem::HashMismatch))
-            }
-            Err(StoreError::Corrupt { stream, seq, what }) => {
-                (stream, seq, None, Some(ChainProblem::Decode(what)))
-            }
+            Err(StoreError::HashMismatch { stream, seq }) => (stream, seq, None, Some(ChainProblem::HashMismatch)),
+            Err(StoreError::Corrupt { stream, seq, what }) => (stream, seq, None, Some(ChainProblem::Decode(what))),
             Err(e) => {
                 let stream = last.as_ref().map(|l| l.0.clone()).unwrap_or_default();
                 report(&stream, 0, ChainProblem::Decode(e.to_string()));

@@ -1,0 +1,165 @@
+//! The delivery actor under an injected manual clock and a scripted
+//! transport: deadlines, the timetable and the peer-status shortcut are
+//! decided from the clock, not from sleeps.
+
+use relay_actors::account::{AccountCmd, Reply};
+use relay_actors::delivery::transport::{AttemptOutcome, LocalFuture, Transport};
+use relay_actors::delivery::{self, DeliveryEvent};
+use relay_actors::{ManualClock, Policy, Supervisor};
+use relay_schemas::client::{key_box, Account, Device};
+use relay_schemas::methods::{DeliverParams, RegisterParams, SendParams};
+use relay_schemas::objects::{RelayRef, Route};
+use relay_schemas::{DeliveryStatus, ErrorCode, RelayError, Status, Wire};
+use serde_json::json;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+const T0: u64 = 1_800_000_000;
+
+/// A transport whose remote relay is down, and whose "other home relay"
+/// answers `peer_status` from a switch.
+#[derive(Default)]
+struct Scripted {
+    delivered: Mutex<u32>,
+    peer_says_accepted: Mutex<bool>,
+    route: Mutex<Option<Wire<Route>>>,
+}
+
+/// The transport handed to the supervisor; the test keeps the script.
+struct Fake(Arc<Scripted>);
+
+impl Transport for Fake {
+    fn deliver(&self, _: &RelayRef, _: &DeliverParams) -> LocalFuture<AttemptOutcome> {
+        *self.0.delivered.lock().unwrap() += 1;
+        Box::pin(async { AttemptOutcome::NotAttempted(RelayError::unavailable("connection refused")) })
+    }
+    fn fetch_route(&self, _: &str) -> LocalFuture<Option<Wire<Route>>> {
+        let r = self.0.route.lock().unwrap().clone();
+        Box::pin(async move { r })
+    }
+    fn peer_status(&self, _: &RelayRef, _: &str, _: &str) -> LocalFuture<Option<DeliveryStatus>> {
+        let yes = *self.0.peer_says_accepted.lock().unwrap();
+        Box::pin(async move { yes.then(|| DeliveryStatus::target_accepted(T0)) })
+    }
+}
+
+struct World {
+    sup: Supervisor,
+    clock: Arc<ManualClock>,
+    script: Arc<Scripted>,
+    alice: Account,
+    phone: Device,
+    bob: Account,
+}
+
+/// Alice on relay-a (this relay; her route may also name `alice_second`),
+/// Bob served by relay-b (down).
+async fn world(alice_second: Option<&str>) -> World {
+    let clock = ManualClock::at_ms(T0 * 1000);
+    let script = Arc::new(Scripted::default());
+    let mut policy = Policy::with_relay_id("relay-a");
+    policy.delivery_age_limit = 3600;
+    let store = relay_actors::store::Store::temporary().unwrap();
+    let sup = Supervisor::new(store, policy, clock.clone(), Arc::new(Fake(script.clone())));
+    sup.start().unwrap();
+    let (alice, phone, bob) =
+        (Account::from_seed([1; 32]), Device::from_seed("phone", [2; 32]), Account::from_seed([3; 32]));
+    let mut relays = vec![("relay-a", "http://a")];
+    relays.extend(alice_second.map(|id| (id, "http://second")));
+    let reg = json!({"route": alice.route(1, &relays, T0), "device_certificate": alice.certificate(&phone, T0, None)});
+    let params: RegisterParams = serde_json::from_str(&reg.to_string()).unwrap();
+    sup.ask(&alice.id, AccountCmd::Register { params, digest: "r".into() }).await.unwrap();
+    *script.route.lock().unwrap() = Some(Wire::from_value(&bob.route(1, &[("relay-b", "http://b")], T0)).unwrap());
+    World { sup, clock, script, alice, phone, bob }
+}
+
+impl World {
+    async fn send(&self, n: u64) -> (String, DeliveryStatus) {
+        let mid = format!("msg-{n:016}");
+        let env = self.phone.envelope(&self.alice.id, &self.bob.id, &mid, T0, b"x");
+        let p = json!({"envelope": env, "recipient_boxes": [key_box("laptop", b"k")]});
+        let params: SendParams = serde_json::from_str(&p.to_string()).unwrap();
+        let cmd = AccountCmd::Send { device: "phone".into(), params, digest: format!("d{n}") };
+        match self.sup.ask(&self.alice.id, cmd).await.unwrap() {
+            Reply::Sent { first_attempt, .. } => {
+                let st = tokio::time::timeout(Duration::from_secs(10), first_attempt).await.unwrap().unwrap();
+                (mid, st)
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    async fn status(&self, mid: &str) -> DeliveryStatus {
+        let cmd = AccountCmd::DeliveryStatus { device: "phone".into(), message_id: mid.into() };
+        match self.sup.ask(&self.alice.id, cmd).await.unwrap() {
+            Reply::Status(s) => s,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Runs the delivery's due step now (what its timer does), and waits
+    /// for the step to finish.
+    async fn fire(&self, mid: &str) -> DeliveryStatus {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.sup.start_delivery(&delivery::stream_id(&self.alice.id, mid), Some(tx));
+        tokio::time::timeout(Duration::from_secs(10), rx).await.unwrap().unwrap()
+    }
+
+    fn attempts(&self, mid: &str) -> Vec<DeliveryEvent> {
+        let store = self.sup.store();
+        store
+            .read(&delivery::stream_id(&self.alice.id, mid), 0)
+            .map(|e| serde_json::from_str(e.unwrap().data.get()).unwrap())
+            .filter(|e| matches!(e, DeliveryEvent::AttemptFailed { .. }))
+            .collect()
+    }
+}
+
+#[actix_rt::test]
+async fn failed_attempts_are_rescheduled_on_the_timetable_from_acceptance() {
+    let w = world(None).await;
+    let (mid, st) = w.send(1).await;
+    assert_eq!(st.status, Status::Delivering);
+    w.clock.advance_ms(30_000);
+    w.fire(&mid).await;
+    let due: Vec<u64> = w
+        .attempts(&mid)
+        .iter()
+        .map(|e| match e {
+            DeliveryEvent::AttemptFailed { next_due_ms, .. } => *next_due_ms - T0 * 1000,
+            _ => unreachable!(),
+        })
+        .collect();
+    assert_eq!(due, vec![30_000, 300_000], "next attempts at +30 s and +5 min from acceptance");
+    assert_eq!(*w.script.delivered.lock().unwrap(), 2);
+}
+
+#[actix_rt::test]
+async fn delivery_unfinished_at_its_deadline_fails_with_message_expired() {
+    let w = world(None).await;
+    let (mid, _) = w.send(1).await;
+    w.clock.advance_ms(3600 * 1000); // created_at + delivery_age_limit
+    let st = w.fire(&mid).await;
+    assert_eq!(st.status, Status::Failed);
+    assert_eq!(st.error.as_ref().unwrap().code, ErrorCode::MessageExpired);
+    assert_eq!(*w.script.delivered.lock().unwrap(), 1, "no attempt at or after the deadline");
+    // The sender's status says the same, with the source accepted_at.
+    assert_eq!(w.status(&mid).await, DeliveryStatus { accepted_at: T0, ..st });
+    // The timer firing again changes nothing: terminal states are final.
+    w.clock.advance_ms(3600 * 1000);
+    assert_eq!(w.fire(&mid).await.error.unwrap().code, ErrorCode::MessageExpired);
+}
+
+#[actix_rt::test]
+async fn other_home_relay_reporting_target_accepted_ends_the_delivery_without_contacting_the_recipient() {
+    let w = world(Some("relay-a2")).await;
+    let (mid, _) = w.send(1).await;
+    w.clock.advance_ms(30_000);
+    w.fire(&mid).await; // the second attempt: not yet asked
+    assert_eq!(*w.script.delivered.lock().unwrap(), 2);
+    *w.script.peer_says_accepted.lock().unwrap() = true;
+    w.clock.advance_ms(270_000);
+    let st = w.fire(&mid).await; // the third attempt asks the other home relay first
+    assert_eq!(st.status, Status::TargetAccepted);
+    assert_eq!(*w.script.delivered.lock().unwrap(), 2, "the recipient was not contacted");
+}
