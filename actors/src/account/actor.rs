@@ -374,7 +374,7 @@ impl AccountActor {
                 session(device)?;
                 relay_schemas::ids::check_message_id("message_id", message_id)?;
                 match self.state.sends.get(message_id) {
-                    Some(e) if e.retention_until > now => Ok(Reply::Status(e.status.clone())),
+                    Some(e) if e.retention_until >= now => Ok(Reply::Status(e.status.clone())),
                     Some(_) => {
                         Err(RelayError::new(relay_schemas::ErrorCode::MessageExpired, "result retention has ended"))
                     }

@@ -85,7 +85,8 @@ fn record(
 /// the same content, `state_conflict` for different content,
 /// `message_expired` once the promised retention has passed.
 fn idempotent(digest: &str, stored_digest: &str, retention_until: u64, now: u64) -> Result<(), RelayError> {
-    if retention_until <= now {
+    // Kept at least until `retention_until`, that second included.
+    if retention_until < now {
         return Err(RelayError::new(ErrorCode::MessageExpired, "result retention has ended"));
     }
     if stored_digest != digest {
