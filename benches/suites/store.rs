@@ -20,7 +20,7 @@ fn append_durable(store: &Store, writers: usize, per_writer: u64, round: u64) {
         for w in 0..writers {
             let store = store.clone();
             s.spawn(move || {
-                let stream = format!("bench/{round}/{w}");
+                let stream = format!("bench/{writers}/{round}/{w}");
                 let mut head = Head::default();
                 for n in 0..per_writer {
                     let mut batch = store.batch();

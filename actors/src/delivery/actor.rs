@@ -181,9 +181,16 @@ impl DeliveryActor {
         let relays = self.state.target.as_ref().map(|t| t.relays.clone()).unwrap_or_default();
         let (sup, digest, to) = (self.sup.clone(), self.state.digest.clone(), self.state.to.clone());
         let timeout = Duration::from_millis(sup.policy().attempt_timeout_ms);
-        let durable = self.durable();
+        // A request leaving the process waits until the attempt is on disk.
+        // A local attempt need not: its effect (the recipient's record) is
+        // answered only once durable, and flushes cover every earlier commit.
+        let remote = relays.iter().any(|r| r.id != sup.policy().relay_id);
+        let durable = remote.then(|| self.durable());
         let attempt_fut = async move {
-            if let Err(e) = durable.await {
+            if let Some(Err(e)) = match durable {
+                Some(d) => Some(d.await),
+                None => None,
+            } {
                 return AttemptOutcome::NotAttempted(e);
             }
             // Every relay of the route at once; the first acceptance wins.
@@ -266,9 +273,9 @@ impl DeliveryActor {
     fn report(&mut self, ctx: &mut Context<Self>) {
         let status = self.state.status();
         let (sup, from, message_id) = (self.sup.clone(), self.state.from.clone(), self.state.message_id.clone());
-        let durable = self.durable();
+        // No wait for `Finished` here: the account answers only once its own
+        // later write is durable, which covers this one.
         let fut = async move {
-            durable.await?;
             match sup.ask(&from, AccountCmd::RecordDelivery { message_id, status }).await? {
                 Reply::Status(_) => Ok(()),
                 _ => Err(RelayError::internal("unexpected reply")),
