@@ -33,6 +33,8 @@ pub struct Config {
     pub sessions: Sessions,
     #[serde(default)]
     pub actors: Actors,
+    #[serde(default)]
+    pub websocket: Websocket,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -132,6 +134,33 @@ impl Default for Actors {
     }
 }
 
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Websocket {
+    /// How often the relay pings an open connection.
+    #[serde(deserialize_with = "duration")]
+    pub ping_interval: Duration,
+    /// A connection that sends nothing (not even a pong) this long is closed.
+    #[serde(deserialize_with = "duration")]
+    pub idle_timeout: Duration,
+    /// Notifications that may wait for one connection; past that it is
+    /// closed as a slow consumer (its device reconnects and syncs).
+    pub queue: usize,
+    /// Largest accepted frame.
+    pub max_frame_bytes: usize,
+}
+
+impl Default for Websocket {
+    fn default() -> Self {
+        Websocket {
+            ping_interval: Duration::from_secs(20),
+            idle_timeout: Duration::from_secs(60),
+            queue: 256,
+            max_frame_bytes: 1 << 20,
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("config {path}: {source}")]
@@ -204,6 +233,7 @@ impl Config {
             attempt_timeout_ms: ms(self.delivery.attempt_timeout),
             snapshot_every: self.actors.snapshot_every.max(1),
             passivate_after_ms: ms(self.actors.passivate_after),
+            notify_queue: self.websocket.queue.max(1),
         }
     }
 }

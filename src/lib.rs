@@ -58,7 +58,8 @@ pub async fn serve(cfg: config::Config) -> Result<(), String> {
 
     let listener = TcpListener::bind(&cfg.relay.listen).map_err(|e| format!("listen {}: {e}", cfg.relay.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    let server = HttpServer::new(move || App::new().configure(http::configure(relay.clone())))
+    let websocket = web::Data::new(cfg.websocket.clone());
+    let server = HttpServer::new(move || App::new().configure(http::configure(relay.clone(), websocket.clone())))
         .listen(listener)
         .map_err(|e| e.to_string())?
         .run();

@@ -10,11 +10,14 @@
 //! - [`supervisor`]: creates and passivates account actors, owns the
 //!   timetable's timers and restores them on start;
 //! - [`sessions`]: device session tokens;
+//! - [`notify`]: realtime notifications to connected devices;
+//! - [`routes`]: the route book (best known signed route per account);
 //! - [`clock`] and [`policy`]: injected time and configured limits.
 
 pub mod account;
 pub mod clock;
 pub mod delivery;
+pub mod notify;
 pub mod policy;
 pub mod routes;
 pub mod sessions;

@@ -28,6 +28,9 @@ pub struct Policy {
     pub snapshot_every: u64,
     /// An account actor idle this long (milliseconds) is passivated.
     pub passivate_after_ms: u64,
+    /// Notifications that may wait for one connected device before its
+    /// connection is closed as a slow consumer.
+    pub notify_queue: usize,
 }
 
 impl Policy {
@@ -47,6 +50,7 @@ impl Policy {
             attempt_timeout_ms: 10_000,
             snapshot_every: 1000,
             passivate_after_ms: 10 * 60 * 1000,
+            notify_queue: 256,
         }
     }
 }

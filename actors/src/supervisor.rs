@@ -5,6 +5,7 @@
 use crate::account::{self, AccountActor, AccountCmd, Reply};
 use crate::clock::SharedClock;
 use crate::delivery::{self, actor::DeliveryActor, Transport};
+use crate::notify::Notifier;
 use crate::policy::Policy;
 use crate::routes::RouteBook;
 use crate::sessions::Sessions;
@@ -36,6 +37,7 @@ struct Inner {
     policy: Arc<Policy>,
     clock: SharedClock,
     sessions: Sessions,
+    notifier: Notifier,
     routes: RouteBook,
     transport: Arc<dyn Transport>,
     accounts: Mutex<HashMap<String, Addr<AccountActor>>>,
@@ -54,6 +56,7 @@ impl Supervisor {
         Supervisor {
             inner: Arc::new(Inner {
                 sessions: Sessions::new(store.clone()),
+                notifier: Notifier::new(policy.notify_queue),
                 routes: RouteBook::new(store.clone()),
                 transport,
                 store,
@@ -96,6 +99,9 @@ impl Supervisor {
     }
     pub fn sessions(&self) -> &Sessions {
         &self.inner.sessions
+    }
+    pub fn notifier(&self) -> &Notifier {
+        &self.inner.notifier
     }
     pub fn routes(&self) -> &RouteBook {
         &self.inner.routes

@@ -1,7 +1,11 @@
 //! The actix-web transport: `POST /v1/rpc/{method}` (clients),
-//! `POST /v1/relay/{method}` (peers) and `GET /healthz`.
+//! `POST /v1/relay/{method}` (peers), `GET /v1/ws` (client WebSocket) and
+//! `GET /healthz`.
 //! Protocol logic is in [`crate::rpc`]; this module only maps HTTP to it.
 
+pub mod ws;
+
+use crate::config::Websocket;
 use crate::relay_rpc::RelayHeaders;
 use crate::rpc::Relay;
 use actix_web::http::header::{self, HeaderValue};
@@ -14,7 +18,7 @@ pub fn error_response(e: &RelayError) -> HttpResponse {
     HttpResponse::build(status).json(e.to_body())
 }
 
-fn bearer(req: &HttpRequest) -> Option<&str> {
+pub(crate) fn bearer(req: &HttpRequest) -> Option<&str> {
     req.headers()
         .get(header::AUTHORIZATION)
         .and_then(|v: &HeaderValue| v.to_str().ok())
@@ -76,9 +80,11 @@ async fn not_found() -> HttpResponse {
     error_response(&RelayError::not_found("no such endpoint"))
 }
 
-pub fn configure(relay: web::Data<Relay>) -> impl FnOnce(&mut web::ServiceConfig) {
+pub fn configure(relay: web::Data<Relay>, websocket: web::Data<Websocket>) -> impl FnOnce(&mut web::ServiceConfig) {
     move |cfg: &mut web::ServiceConfig| {
         cfg.app_data(relay)
+            .app_data(websocket)
+            .route("/v1/ws", web::get().to(ws::upgrade))
             .route("/healthz", web::get().to(healthz))
             .route("/v1/rpc/{method}", web::post().to(rpc_call))
             .route("/v1/relay/{method}", web::post().to(relay_call))

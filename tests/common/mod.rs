@@ -4,3 +4,4 @@ pub mod cluster;
 pub mod fake_peer;
 pub mod relay;
 pub mod schema;
+pub mod ws;

@@ -88,6 +88,11 @@ pub enum AccountCmd {
         device: String,
         params: SyncParams,
     },
+    /// The last sequence the device may read beyond its ack cursor, if any:
+    /// what a (re)connecting device has to catch up on.
+    Backlog {
+        device: String,
+    },
     Ack {
         device: String,
         params: AckParams,
@@ -139,6 +144,15 @@ pub struct AccountActor {
     /// while any is pending.
     pending: Arc<AtomicUsize>,
     passivated: bool,
+    /// Notifications of what was written, sent once it is durable.
+    outbox: Vec<Notice>,
+}
+
+/// A notification owed to connected devices for a write.
+#[derive(Debug)]
+enum Notice {
+    Timeline { sequence: u64, visible: Vec<String> },
+    Delivery { message_id: String, status: DeliveryStatus },
 }
 
 impl AccountActor {
@@ -186,6 +200,7 @@ impl AccountActor {
             challenges: HashMap::new(),
             pending: Arc::new(AtomicUsize::new(0)),
             passivated: false,
+            outbox: Vec::new(),
         })
     }
 
@@ -226,6 +241,7 @@ impl AccountActor {
         self.last_ticket = Some(ticket);
         for e in &events {
             self.state.apply(e);
+            self.outbox.extend(Self::notices(e, &self.state));
         }
         self.since_snapshot += events.len() as u64;
         for e in &events {
@@ -237,6 +253,22 @@ impl AccountActor {
             self.snapshot();
         }
         Ok(())
+    }
+
+    /// What connected devices hear of an event: a new record (its visible
+    /// devices), and a sent message's status (all the account's devices).
+    fn notices(e: &AccountEvent, state: &AccountState) -> impl Iterator<Item = Notice> {
+        let timeline = e.record().map(|r| Notice::Timeline { sequence: r.sequence, visible: r.visible.clone() });
+        let delivery = match e {
+            AccountEvent::MessageSent { message_id, .. } | AccountEvent::DeliveryUpdated { message_id, .. } => {
+                state.sends.get(message_id).map(|entry| Notice::Delivery {
+                    message_id: message_id.clone(),
+                    status: entry.status.clone(),
+                })
+            }
+            _ => None,
+        };
+        timeline.into_iter().chain(delivery)
     }
 
     /// Writes a snapshot of the current state. A failed snapshot only costs
@@ -257,10 +289,13 @@ impl AccountActor {
 
     /// The reply, sent once everything this actor wrote so far is durable
     /// (so even a duplicate's answer never reports what a crash could undo).
-    fn reply_durable(&self, reply: Result<Reply, RelayError>) -> ResponseFuture<Result<Reply, RelayError>> {
+    /// Notifications go out at the same moment, never before.
+    fn reply_durable(&mut self, reply: Result<Reply, RelayError>) -> ResponseFuture<Result<Reply, RelayError>> {
         let wait = self.last_ticket.map(|t| self.sup.store().durable(t));
         let pending = self.pending.clone();
         pending.fetch_add(1, Ordering::SeqCst);
+        let outbox = std::mem::take(&mut self.outbox);
+        let (notifier, account) = (self.sup.notifier().clone(), self.state.account_id.clone());
         Box::pin(async move {
             let durable = match wait {
                 Some(w) => w.await.map_err(|e| RelayError::unavailable(format!("store: {e}"))),
@@ -268,6 +303,12 @@ impl AccountActor {
             };
             pending.fetch_sub(1, Ordering::SeqCst);
             durable?;
+            for n in outbox {
+                match n {
+                    Notice::Timeline { sequence, visible } => notifier.timeline_changed(&account, sequence, &visible),
+                    Notice::Delivery { message_id, status } => notifier.delivery_changed(&account, &message_id, &status),
+                }
+            }
             reply
         })
     }
@@ -318,6 +359,7 @@ impl AccountActor {
                 let events = decide::revoke_device(&self.state, &params.revocation, ctx)?;
                 self.persist(events, |_| {})?;
                 self.sup.sessions().forget_device(&self.state.account_id, &params.revocation.device_id);
+                self.sup.notifier().disconnect(&self.state.account_id, &params.revocation.device_id, "device revoked");
                 Ok(Reply::empty())
             }
             AccountCmd::DevicesGet => {
@@ -394,6 +436,10 @@ impl AccountActor {
             AccountCmd::Sync { device, params } => {
                 session(device)?;
                 self.sync(device, params)
+            }
+            AccountCmd::Backlog { device } => {
+                session(device)?;
+                Reply::json(&json!({ "latest": self.backlog(device)? }))
             }
             AccountCmd::Ack { device, params } => {
                 session(device)?;
@@ -568,6 +614,21 @@ impl AccountActor {
             });
         }
         Reply::json(&SyncResult { records, next, has_more })
+    }
+
+    fn backlog(&self, device: &str) -> Result<Option<u64>, RelayError> {
+        let cursor = self.state.cursors.get(device).copied().unwrap_or(0);
+        let account = &self.state.account_id;
+        let from = timeline::key(account, cursor.saturating_add(1));
+        let mut latest = None;
+        for item in self.sup.store().kv_scan_from(&timeline::prefix(account), &from) {
+            let (key, value) = item.map_err(|e| internal(&e))?;
+            let entry: timeline::IndexEntry = serde_json::from_slice(&value).map_err(|e| internal(&e))?;
+            if entry.visible.iter().any(|d| d == device) {
+                latest = timeline::sequence_of(&key);
+            }
+        }
+        Ok(latest)
     }
 
     fn maybe_passivate(&mut self, ctx: &mut Context<Self>) {
