@@ -424,3 +424,40 @@ pub struct TimelineRecord<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub delivery: Option<DeliveryStatus>,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ErrorCode;
+
+    #[test]
+    fn error_is_present_when_failed_and_omitted_otherwise() {
+        let failed = DeliveryStatus::failed(7, RelayError::new(ErrorCode::DeviceUnknown, "gone"));
+        let v = serde_json::to_value(&failed).unwrap();
+        assert_eq!(v["status"], "failed");
+        assert_eq!(v["error"]["code"], "device_unknown");
+        for ok in [DeliveryStatus::delivering(7), DeliveryStatus::target_accepted(7)] {
+            let v = serde_json::to_value(&ok).unwrap();
+            assert!(v.get("error").is_none(), "{v}");
+            assert_eq!(v["accepted_at"], 7);
+        }
+    }
+
+    #[test]
+    fn wire_objects_keep_unknown_members_byte_for_byte() {
+        let text = r#"{"device_id":"phone", "box":"AQ",  "x-later":[1.50,{"z":1e3}]}"#;
+        let b: Wire<KeyBox> = Wire::parse(text).unwrap();
+        assert_eq!(b.raw().get(), text);
+        assert_eq!(serde_json::to_string(&b).unwrap(), text);
+        assert_eq!(b.device_id, "phone");
+    }
+
+    #[test]
+    fn same_content_in_another_member_order_is_equal() {
+        let a: Wire<KeyBox> = Wire::parse(r#"{"device_id":"p","box":"AQ"}"#).unwrap();
+        let b: Wire<KeyBox> = Wire::parse(r#"{ "box":"AQ", "device_id":"p" }"#).unwrap();
+        let c: Wire<KeyBox> = Wire::parse(r#"{"device_id":"p","box":"AA"}"#).unwrap();
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+    }
+}
