@@ -35,6 +35,8 @@ pub struct Config {
     pub actors: Actors,
     #[serde(default)]
     pub websocket: Websocket,
+    #[serde(default)]
+    pub http: Http,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -69,6 +71,16 @@ pub struct Limits {
     pub max_boxes: usize,
     /// Largest accepted request body; larger ones get `payload_too_large`.
     pub max_body_bytes: usize,
+    /// Requests per second one session may make (sustained), and its burst;
+    /// past that: `rate_limited` with `data.retry_after`.
+    pub session_rate: u32,
+    pub session_burst: u32,
+    /// The same for each peer relay's calls.
+    pub peer_rate: u32,
+    pub peer_burst: u32,
+    /// Delivery attempts in flight at once to one destination relay; more
+    /// wait their turn, so one dead relay cannot tie up the others'.
+    pub max_in_flight_per_destination: usize,
 }
 
 impl Default for Limits {
@@ -80,6 +92,11 @@ impl Default for Limits {
             max_ciphertext_bytes: 65536,
             max_boxes: 64,
             max_body_bytes: 1 << 20,
+            session_rate: 100,
+            session_burst: 200,
+            peer_rate: 2000,
+            peer_burst: 4000,
+            max_in_flight_per_destination: 64,
         }
     }
 }
@@ -161,6 +178,36 @@ impl Default for Websocket {
     }
 }
 
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Http {
+    /// HTTP worker threads (0 = one per core).
+    pub workers: usize,
+    /// Open connections per worker; more wait in the listen backlog.
+    pub max_connections: usize,
+    /// Time a client has to send a request's head (slow-loris guard).
+    #[serde(deserialize_with = "duration")]
+    pub request_timeout: Duration,
+    /// Idle keep-alive connections are closed after this.
+    #[serde(deserialize_with = "duration")]
+    pub keep_alive: Duration,
+    /// On SIGTERM/SIGINT, in-flight requests get this long to finish.
+    #[serde(deserialize_with = "duration")]
+    pub shutdown_timeout: Duration,
+}
+
+impl Default for Http {
+    fn default() -> Self {
+        Http {
+            workers: 0,
+            max_connections: 25_000,
+            request_timeout: Duration::from_secs(5),
+            keep_alive: Duration::from_secs(30),
+            shutdown_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("config {path}: {source}")]
@@ -214,6 +261,10 @@ impl Config {
         if self.limits.max_boxes == 0 || self.limits.max_ciphertext_bytes == 0 {
             return Err("limits.max_boxes and limits.max_ciphertext_bytes must be positive".into());
         }
+        let l = &self.limits;
+        if [l.session_rate, l.session_burst, l.peer_rate, l.peer_burst].contains(&0) || l.max_in_flight_per_destination == 0 {
+            return Err("limits: rates, bursts and max_in_flight_per_destination must be positive".into());
+        }
         Ok(())
     }
 
@@ -234,6 +285,7 @@ impl Config {
             snapshot_every: self.actors.snapshot_every.max(1),
             passivate_after_ms: ms(self.actors.passivate_after),
             notify_queue: self.websocket.queue.max(1),
+            max_in_flight_per_destination: self.limits.max_in_flight_per_destination,
         }
     }
 }

@@ -9,13 +9,16 @@
 //! - [`keys`]: the relay's own key file;
 //! - [`rpc`]: the client methods, independent of transport;
 //! - [`relay_rpc`]: the relay methods peers call, and their authentication;
+//! - [`limits`]: per-session and per-peer rate limits;
 //! - [`peers`]: the signed relay-to-relay client (the delivery transport);
 //! - [`http`]: the actix-web transport (`/v1/rpc`, `/v1/relay`, `/healthz`);
 //! - [`serve`]: opens the store, starts the supervisor and the HTTP server.
 
+pub mod audit;
 pub mod config;
 pub mod http;
 pub mod keys;
+pub mod limits;
 pub mod peers;
 pub mod relay_rpc;
 pub mod rpc;
@@ -54,15 +57,23 @@ pub async fn serve(cfg: config::Config) -> Result<(), String> {
     let peer_keys = relay_rpc::PeerKeys::new(&cfg.relay.id, peer_keys, policy.clock_tolerance);
     let sup = Supervisor::new(store.clone(), policy, clock, Arc::new(peers.clone()));
     let restored = sup.start().map_err(|e| format!("restoring deliveries: {e}"))?;
-    let relay = web::Data::new(rpc::Relay::new(sup, cfg.limits.max_body_bytes, peers, peer_keys));
+    let l = &cfg.limits;
+    let limits = limits::RateLimits::new(l.session_rate, l.session_burst, l.peer_rate, l.peer_burst);
+    let relay = web::Data::new(rpc::Relay::new(sup, cfg.limits.max_body_bytes, peers, peer_keys, limits));
 
     let listener = TcpListener::bind(&cfg.relay.listen).map_err(|e| format!("listen {}: {e}", cfg.relay.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let websocket = web::Data::new(cfg.websocket.clone());
-    let server = HttpServer::new(move || App::new().configure(http::configure(relay.clone(), websocket.clone())))
-        .listen(listener)
-        .map_err(|e| e.to_string())?
-        .run();
+    let h = &cfg.http;
+    let mut server = HttpServer::new(move || App::new().configure(http::configure(relay.clone(), websocket.clone())))
+        .max_connections(h.max_connections)
+        .client_request_timeout(h.request_timeout)
+        .keep_alive(h.keep_alive)
+        .shutdown_timeout(h.shutdown_timeout.as_secs());
+    if h.workers > 0 {
+        server = server.workers(h.workers);
+    }
+    let server = server.listen(listener).map_err(|e| e.to_string())?.run();
     tracing::info!(relay = %cfg.relay.id, %addr, restored, public_key = %keys::public_key(&key), "relay started");
     println!("relay {} listening on http://{addr}", cfg.relay.id);
     use std::io::Write;

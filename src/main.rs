@@ -19,6 +19,8 @@ enum Command {
         #[arg(long)]
         config: PathBuf,
     },
+    /// Audit a stopped relay's event logs: verify, replay, message, export.
+    Audit(relay::audit::cli::AuditArgs),
     /// Manage the relay's key.
     Key {
         #[command(subcommand)]
@@ -43,6 +45,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let result = match Cli::parse().command {
+        Command::Audit(args) => return ExitCode::from(relay::audit::cli::run(args)),
         Command::Key { command: KeyCommand::Generate { out } } => {
             relay::keys::generate(&out).map(|key| println!("{}", relay::keys::public_key(&key)))
         }

@@ -80,7 +80,10 @@ impl PeerClient {
         let timeout = self.inner.timeout;
         HTTP.with(|c| {
             c.get_or_init(|| {
-                awc::Client::builder().timeout(timeout).connector(awc::Connector::new().timeout(timeout)).finish()
+                // No pool-wide cap: attempts are bounded per destination
+                // (limits.max_in_flight_per_destination), so a dead relay
+                // cannot take every pooled connection.
+                awc::Client::builder().timeout(timeout).connector(awc::Connector::new().timeout(timeout).limit(0)).finish()
             })
             .clone()
         })

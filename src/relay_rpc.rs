@@ -75,6 +75,16 @@ impl Relay {
     }
 
     pub async fn call_relay(&self, method: &str, peer: &str, body: &[u8]) -> Result<String, RelayError> {
+        let started = std::time::Instant::now();
+        let result = match self.limits().peer(peer) {
+            Ok(()) => self.dispatch_relay(method, peer, body).await,
+            Err(e) => Err(e),
+        };
+        self.observe(&format!("relay/{method}"), started, &result);
+        result
+    }
+
+    async fn dispatch_relay(&self, method: &str, peer: &str, body: &[u8]) -> Result<String, RelayError> {
         match method {
             "message.deliver" => {
                 let params: DeliverParams = parse(body)?;

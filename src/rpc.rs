@@ -3,7 +3,12 @@
 //! object's JSON or a `RelayError` out. HTTP (and later WebSocket) call
 //! [`Relay::call`].
 
+use crate::limits::RateLimits;
 use crate::peers::{CallError, PeerClient};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use crate::relay_rpc::PeerKeys;
 use relay_actors::account::{AccountCmd, Reply};
 use relay_actors::sessions::Session;
@@ -14,14 +19,52 @@ use relay_schemas::methods::*;
 use relay_schemas::{DeliveryStatus, ErrorCode, RelayError};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub struct Relay {
     sup: Supervisor,
     max_body_bytes: usize,
     peers: PeerClient,
     peer_keys: PeerKeys,
+    limits: RateLimits,
+    requests: Family<RequestLabels, Counter>,
+    latency: Family<MethodLabels, Histogram>,
 }
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    method: String,
+    code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MethodLabels {
+    method: String,
+}
+
+/// Methods get their own metric labels; anything else is "unknown", so a
+/// caller cannot grow the label set.
+const METHODS: &[&str] = &[
+    "account.register",
+    "session.challenge",
+    "session.open",
+    "session.attach",
+    "device.add",
+    "device.revoke",
+    "account.devices.get",
+    "account.settings.update",
+    "route.get",
+    "route.update",
+    "contact.revoke",
+    "message.send",
+    "message.delivery.status",
+    "message.timeline.sync",
+    "message.timeline.ack",
+    "relay/message.deliver",
+    "relay/route.get",
+    "relay/account.devices.get",
+    "relay/message.delivery.peer_status",
+];
 
 /// Parses params, mapping any JSON or type error to `invalid_params`.
 /// Params are a JSON object: serde would also take a positional array.
@@ -48,8 +91,32 @@ fn status_json(st: &DeliveryStatus) -> Result<String, RelayError> {
 }
 
 impl Relay {
-    pub fn new(sup: Supervisor, max_body_bytes: usize, peers: PeerClient, peer_keys: PeerKeys) -> Self {
-        Relay { sup, max_body_bytes, peers, peer_keys }
+    pub fn new(sup: Supervisor, max_body_bytes: usize, peers: PeerClient, peer_keys: PeerKeys, limits: RateLimits) -> Self {
+        let requests = Family::<RequestLabels, Counter>::default();
+        let latency = Family::<MethodLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.000_1, 2.0, 16))
+        });
+        {
+            let mut r = sup.metrics().registry.lock().unwrap_or_else(|e| e.into_inner());
+            r.register("requests", "Requests by method and result code", requests.clone());
+            r.register("request_seconds", "Request latency by method", latency.clone());
+        }
+        Relay { sup, max_body_bytes, peers, peer_keys, limits, requests, latency }
+    }
+
+    /// Counts a call and its latency under its method (and result code).
+    pub(crate) fn observe(&self, method: &str, started: Instant, result: &Result<String, RelayError>) {
+        let method = if METHODS.contains(&method) { method } else { "unknown" }.to_owned();
+        let code = match result {
+            Ok(_) => "ok".to_owned(),
+            Err(e) => e.code.as_str().to_owned(),
+        };
+        self.latency.get_or_create(&MethodLabels { method: method.clone() }).observe(started.elapsed().as_secs_f64());
+        self.requests.get_or_create(&RequestLabels { method, code }).inc();
+    }
+
+    pub(crate) fn limits(&self) -> &RateLimits {
+        &self.limits
     }
 
     pub fn peer_keys(&self) -> &PeerKeys {
@@ -74,10 +141,13 @@ impl Relay {
     fn session(&self, token: Option<&str>) -> Result<Session, RelayError> {
         let token =
             token.ok_or_else(|| RelayError::unauthorized("this method needs a session (Authorization: Bearer)"))?;
-        self.sup
+        let session = self
+            .sup
             .sessions()
             .lookup(token, self.sup.clock().now())
-            .ok_or_else(|| RelayError::unauthorized("unknown or expired session"))
+            .ok_or_else(|| RelayError::unauthorized("unknown or expired session"))?;
+        self.limits.session(&session.account_id, &session.device_id)?;
+        Ok(session)
     }
 
     /// A method on the session's own account.
@@ -97,6 +167,13 @@ impl Relay {
     }
 
     pub async fn call(&self, method: &str, token: Option<&str>, body: &[u8]) -> Result<String, RelayError> {
+        let started = Instant::now();
+        let result = self.dispatch(method, token, body).await;
+        self.observe(method, started, &result);
+        result
+    }
+
+    async fn dispatch(&self, method: &str, token: Option<&str>, body: &[u8]) -> Result<String, RelayError> {
         match method {
             "account.register" => {
                 let params: RegisterParams = parse(body)?;

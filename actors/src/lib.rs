@@ -11,18 +11,21 @@
 //!   timetable's timers and restores them on start;
 //! - [`sessions`]: device session tokens;
 //! - [`notify`]: realtime notifications to connected devices;
+//! - [`metrics`]: Prometheus metrics of the core;
 //! - [`routes`]: the route book (best known signed route per account);
 //! - [`clock`] and [`policy`]: injected time and configured limits.
 
 pub mod account;
 pub mod clock;
 pub mod delivery;
+pub mod metrics;
 pub mod notify;
 pub mod policy;
 pub mod routes;
 pub mod sessions;
 pub mod store;
 pub mod supervisor;
+pub mod upcast;
 
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
 pub use policy::Policy;

@@ -31,6 +31,8 @@ pub struct Policy {
     /// Notifications that may wait for one connected device before its
     /// connection is closed as a slow consumer.
     pub notify_queue: usize,
+    /// Delivery attempts in flight at once to one destination relay.
+    pub max_in_flight_per_destination: usize,
 }
 
 impl Policy {
@@ -51,6 +53,7 @@ impl Policy {
             snapshot_every: 1000,
             passivate_after_ms: 10 * 60 * 1000,
             notify_queue: 256,
+            max_in_flight_per_destination: 64,
         }
     }
 }

@@ -5,6 +5,7 @@
 use crate::account::{self, AccountActor, AccountCmd, Reply};
 use crate::clock::SharedClock;
 use crate::delivery::{self, actor::DeliveryActor, Transport};
+use crate::metrics::Metrics;
 use crate::notify::Notifier;
 use crate::policy::Policy;
 use crate::routes::RouteBook;
@@ -38,6 +39,9 @@ struct Inner {
     clock: SharedClock,
     sessions: Sessions,
     notifier: Notifier,
+    metrics: Arc<Metrics>,
+    /// Attempt slots per destination relay.
+    destinations: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
     routes: RouteBook,
     transport: Arc<dyn Transport>,
     accounts: Mutex<HashMap<String, Addr<AccountActor>>>,
@@ -57,6 +61,8 @@ impl Supervisor {
             inner: Arc::new(Inner {
                 sessions: Sessions::new(store.clone()),
                 notifier: Notifier::new(policy.notify_queue),
+                metrics: Arc::new(Metrics::default()),
+                destinations: Mutex::default(),
                 routes: RouteBook::new(store.clone()),
                 transport,
                 store,
@@ -80,6 +86,12 @@ impl Supervisor {
             }
         }
         let n = restored.len();
+        self.metrics().deliveries_in_flight.set(n as i64);
+        let metrics = self.metrics().clone();
+        self.store().set_flush_observer(move |commits, took| {
+            metrics.flush_batch.observe(commits as f64);
+            metrics.flush_seconds.observe(took.as_secs_f64());
+        });
         let addr = Scheduler { sup: self.clone() }.start();
         for (due_ms, stream) in restored {
             addr.do_send(Schedule { stream, due_ms });
@@ -102,6 +114,18 @@ impl Supervisor {
     }
     pub fn notifier(&self) -> &Notifier {
         &self.inner.notifier
+    }
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.inner.metrics
+    }
+
+    /// The attempt slots of destination `relay_id`
+    /// (`limits.max_in_flight_per_destination`).
+    pub fn destination(&self, relay_id: &str) -> Arc<tokio::sync::Semaphore> {
+        lock(&self.inner.destinations)
+            .entry(relay_id.to_owned())
+            .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(self.inner.policy.max_in_flight_per_destination)))
+            .clone()
     }
     pub fn routes(&self) -> &RouteBook {
         &self.inner.routes
@@ -149,6 +173,7 @@ impl Supervisor {
         let actor = AccountActor::load(self.clone(), account_id).map_err(|e| internal(&e))?;
         let addr = actor.start();
         accounts.insert(account_id.to_owned(), addr.clone());
+        self.metrics().actors_resident.set(accounts.len() as i64);
         Ok(addr)
     }
 
@@ -157,6 +182,8 @@ impl Supervisor {
         let mut accounts = lock(&self.inner.accounts);
         if accounts.get(account_id) == Some(addr) {
             accounts.remove(account_id);
+            self.metrics().actors_passivated.inc();
+            self.metrics().actors_resident.set(accounts.len() as i64);
         }
     }
 

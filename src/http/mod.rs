@@ -72,8 +72,25 @@ async fn relay_call(
     }
 }
 
+/// Liveness: the process answers.
 async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(serde_json::json!({"status": "ok"}))
+}
+
+/// Readiness: the store can still make writes durable.
+async fn readyz(relay: web::Data<Relay>) -> HttpResponse {
+    if relay.supervisor().store().is_healthy() {
+        HttpResponse::Ok().json(serde_json::json!({"status": "ready"}))
+    } else {
+        error_response(&RelayError::unavailable("the store cannot make writes durable"))
+    }
+}
+
+/// Prometheus text exposition.
+async fn metrics(relay: web::Data<Relay>) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("application/openmetrics-text; version=1.0.0; charset=utf-8")
+        .body(relay.supervisor().metrics().encode())
 }
 
 async fn not_found() -> HttpResponse {
@@ -86,6 +103,8 @@ pub fn configure(relay: web::Data<Relay>, websocket: web::Data<Websocket>) -> im
             .app_data(websocket)
             .route("/v1/ws", web::get().to(ws::upgrade))
             .route("/healthz", web::get().to(healthz))
+            .route("/readyz", web::get().to(readyz))
+            .route("/metrics", web::get().to(metrics))
             .route("/v1/rpc/{method}", web::post().to(rpc_call))
             .route("/v1/relay/{method}", web::post().to(relay_call))
             .default_service(web::to(not_found));

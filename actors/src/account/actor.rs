@@ -175,11 +175,7 @@ impl AccountActor {
         let mut since_snapshot = 0;
         for ev in store.read(&stream, head.seq) {
             let ev = ev?;
-            let event: AccountEvent = serde_json::from_str(ev.data.get()).map_err(|e| StoreError::Corrupt {
-                stream: stream.clone(),
-                seq: ev.seq,
-                what: format!("event: {e}"),
-            })?;
+            let event: AccountEvent = crate::upcast::account_event(&ev)?;
             state.apply(&event);
             head = ev.head();
             since_snapshot += 1;
@@ -532,6 +528,7 @@ impl AccountActor {
                     batch.append(&stream, Head::default(), vec![ev]);
                     batch.kv_put(&delivery::due_key(first_due_ms, &stream), b"");
                 })?;
+                self.sup.metrics().deliveries_in_flight.inc();
                 let (tx, rx) = oneshot::channel();
                 self.after_durable(move |sup| {
                     sup.start_delivery(&stream, Some(tx));

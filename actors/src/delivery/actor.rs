@@ -7,6 +7,7 @@ use super::core::{combine, decide_due, decide_outcome, decide_peer_confirmed, De
 use super::due_key;
 use super::transport::{AttemptOutcome, LocalFuture};
 use crate::account::{AccountCmd, Reply};
+use crate::metrics::{DestinationLabels, OutcomeLabels, StatusLabels};
 use crate::store::{Batch, Head, NewEvent, StoreError, Ticket};
 use crate::supervisor::{internal, Supervisor};
 use actix::prelude::*;
@@ -41,11 +42,7 @@ impl DeliveryActor {
         let mut indexed_due_ms = None;
         for ev in sup.store().read(stream, 0) {
             let ev = ev?;
-            let event: DeliveryEvent = serde_json::from_str(ev.data.get()).map_err(|e| StoreError::Corrupt {
-                stream: stream.to_owned(),
-                seq: ev.seq,
-                what: e.to_string(),
-            })?;
+            let event: DeliveryEvent = crate::upcast::delivery_event(&ev)?;
             match &event {
                 DeliveryEvent::Accepted { first_due_ms, .. } => indexed_due_ms = Some(*first_due_ms),
                 DeliveryEvent::AttemptFailed { next_due_ms, .. } => indexed_due_ms = Some(*next_due_ms),
@@ -86,6 +83,13 @@ impl DeliveryActor {
         self.head = head;
         for e in &events {
             self.state.apply(e);
+            if let DeliveryEvent::Finished { status } = e {
+                let labels = StatusLabels {
+                    status: serde_json::to_value(status.status).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default(),
+                    error: status.error.as_ref().map(|e| e.code.as_str().to_owned()).unwrap_or_default(),
+                };
+                self.sup.metrics().deliveries_finished.get_or_create(&labels).inc();
+            }
         }
         Ok(())
     }
@@ -206,11 +210,35 @@ impl DeliveryActor {
                 } else {
                     sup.transport().deliver(relay, &params)
                 };
+                let remote = (relay.id != sup.policy().relay_id).then(|| (sup.destination(&relay.id), relay.id.clone()));
+                let metrics = sup.metrics().clone();
                 async move {
-                    match tokio::time::timeout(timeout, one).await {
+                    // A bounded number of attempts per destination: a dead
+                    // relay ties up its own slots, never the others'.
+                    let mut _slot = None;
+                    if let Some((slots, id)) = &remote {
+                        match tokio::time::timeout(timeout, slots.clone().acquire_owned()).await {
+                            Ok(Ok(permit)) => _slot = Some(permit),
+                            _ => {
+                                let why = format!("too many delivery attempts in flight to {id}");
+                                return AttemptOutcome::NotAttempted(RelayError::unavailable(why));
+                            }
+                        }
+                    }
+                    let gauge = remote.as_ref().map(|(_, id)| {
+                        metrics.attempts_in_flight.get_or_create(&DestinationLabels { destination: id.clone() }).clone()
+                    });
+                    gauge.iter().for_each(|g| {
+                        g.inc();
+                    });
+                    let outcome = match tokio::time::timeout(timeout, one).await {
                         Ok(o) => o,
                         Err(_) => AttemptOutcome::Unknown(RelayError::unavailable("delivery attempt timed out")),
-                    }
+                    };
+                    gauge.iter().for_each(|g| {
+                        g.dec();
+                    });
+                    outcome
                 }
             });
             combine(futures_util::future::join_all(tries).await)
@@ -221,6 +249,14 @@ impl DeliveryActor {
     fn step_outcome(&mut self, attempt: u32, outcome: AttemptOutcome, ctx: &mut Context<Self>) {
         let now = self.sup.clock().now_ms();
         self.learn_route(&outcome);
+        let kind = match &outcome {
+            AttemptOutcome::Answered(_) => "answered",
+            AttemptOutcome::Rejected(_) => "rejected",
+            AttemptOutcome::Unrecognized(_) => "unrecognized",
+            AttemptOutcome::Unknown(_) => "unknown",
+            AttemptOutcome::NotAttempted(_) => "not_attempted",
+        };
+        self.sup.metrics().attempts.get_or_create(&OutcomeLabels { outcome: kind.into() }).inc();
         let events = decide_outcome(&self.state, attempt, outcome, now, &self.sup.policy());
         let next_due = events.iter().find_map(|e| match e {
             DeliveryEvent::AttemptFailed { next_due_ms, .. } => Some(*next_due_ms),
@@ -289,6 +325,7 @@ impl DeliveryActor {
 
     fn remove_index(&mut self, ctx: &mut Context<Self>) {
         if let Some(due) = self.indexed_due_ms.take() {
+            self.sup.metrics().deliveries_in_flight.dec();
             let store = self.sup.store();
             let mut batch = store.batch();
             batch.kv_remove(&due_key(due, &self.stream));

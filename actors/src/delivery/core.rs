@@ -68,13 +68,13 @@ impl DeliveryEvent {
 
 /// The relays a delivery currently targets, and the route revision that
 /// named them.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Target {
     pub revision: u64,
     pub relays: Vec<RelayRef>,
 }
 
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct DeliveryState {
     pub from: String,
     pub message_id: String,

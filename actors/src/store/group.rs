@@ -44,7 +44,11 @@ pub(super) struct Shared {
     pub flushed: watch::Receiver<Flushed>,
     pub events: AtomicU64,
     pub flushes: AtomicU64,
+    /// Told (commits covered, duration) after every flush.
+    pub observer: std::sync::OnceLock<FlushObserver>,
 }
+
+pub type FlushObserver = Box<dyn Fn(u64, std::time::Duration) + Send + Sync>;
 
 impl Shared {
     pub fn new(db: sled::Db) -> (Arc<Shared>, watch::Sender<Flushed>) {
@@ -58,6 +62,7 @@ impl Shared {
             flushed: rx,
             events: AtomicU64::new(0),
             flushes: AtomicU64::new(0),
+            observer: std::sync::OnceLock::new(),
         };
         (Arc::new(shared), tx)
     }
@@ -84,8 +89,12 @@ impl Shared {
             let closing = self.closing.load(SeqCst);
             let target = self.committed.load(SeqCst);
             if target > flushed {
+                let started = std::time::Instant::now();
                 match self.db.flush() {
                     Ok(_) => {
+                        if let Some(observe) = self.observer.get() {
+                            observe(target - flushed, started.elapsed());
+                        }
                         flushed = target;
                         self.flushes.fetch_add(1, SeqCst);
                         tx.send_modify(|f| f.upto = target);

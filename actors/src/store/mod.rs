@@ -392,6 +392,19 @@ impl Store {
             })
     }
 
+    /// False once a flush failed or the store was closed: nothing more can
+    /// be made durable (the readiness check reports it).
+    pub fn is_healthy(&self) -> bool {
+        let sh = &self.inner.shared;
+        sh.flushed.borrow().failed.is_none() && !sh.closing.load(SeqCst)
+    }
+
+    /// Installs the one function told (commits covered, duration) after
+    /// each flush, for metrics. Later calls are ignored.
+    pub fn set_flush_observer(&self, observe: impl Fn(u64, std::time::Duration) + Send + Sync + 'static) {
+        let _ = self.inner.shared.observer.set(Box::new(observe));
+    }
+
     pub fn stats(&self) -> StoreStats {
         let sh = &self.inner.shared;
         let flushes = sh.flushes.load(SeqCst);

@@ -1,0 +1,82 @@
+//! Prometheus metrics of the core (prometheus-client). The transport adds
+//! its own families to the same registry and serves `GET /metrics`.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use std::sync::Mutex;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StatusLabels {
+    pub status: String,
+    pub error: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DestinationLabels {
+    pub destination: String,
+}
+
+/// The core's metrics; cheap to share (every family is an `Arc` inside).
+pub struct Metrics {
+    pub registry: Mutex<Registry>,
+    /// Deliveries that ended, by final status and error code.
+    pub deliveries_finished: Family<StatusLabels, Counter>,
+    /// Deliveries accepted and not yet finished.
+    pub deliveries_in_flight: Gauge,
+    /// Attempts by outcome (answered, rejected, unrecognized, unknown, not_attempted).
+    pub attempts: Family<OutcomeLabels, Counter>,
+    /// Attempts running now, per destination relay.
+    pub attempts_in_flight: Family<DestinationLabels, Gauge>,
+    pub actors_resident: Gauge,
+    pub actors_passivated: Counter,
+    /// Commits made durable by one flush (group-commit batch size).
+    pub flush_batch: Histogram,
+    pub flush_seconds: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let m = Metrics {
+            registry: Mutex::new(Registry::with_prefix("relay")),
+            deliveries_finished: Family::default(),
+            deliveries_in_flight: Gauge::default(),
+            attempts: Family::default(),
+            attempts_in_flight: Family::default(),
+            actors_resident: Gauge::default(),
+            actors_passivated: Counter::default(),
+            flush_batch: Histogram::new(exponential_buckets(1.0, 2.0, 12)),
+            flush_seconds: Histogram::new(exponential_buckets(0.000_05, 2.0, 14)),
+        };
+        {
+            let mut r = m.registry.lock().unwrap_or_else(|e| e.into_inner());
+            r.register("deliveries_finished", "Deliveries that ended, by status and error", m.deliveries_finished.clone());
+            r.register("deliveries_in_flight", "Accepted deliveries not yet finished", m.deliveries_in_flight.clone());
+            r.register("delivery_attempts", "Delivery attempts by outcome", m.attempts.clone());
+            r.register("delivery_attempts_in_flight", "Attempts running now, per destination", m.attempts_in_flight.clone());
+            r.register("account_actors_resident", "Account actors in memory", m.actors_resident.clone());
+            r.register("account_actors_passivated", "Account actors passivated", m.actors_passivated.clone());
+            r.register("store_flush_batch_commits", "Commits made durable by one flush", m.flush_batch.clone());
+            r.register("store_flush_seconds", "Duration of one flush", m.flush_seconds.clone());
+        }
+        m
+    }
+}
+
+impl Metrics {
+    /// Prometheus text exposition of everything registered.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let r = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = prometheus_client::encoding::text::encode(&mut out, &r);
+        out
+    }
+}

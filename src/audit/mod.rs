@@ -1,0 +1,293 @@
+//! `relay audit`: what a relay did, proven from its event logs alone.
+//!
+//! Everything here works on the store of a *stopped* relay (sled holds an
+//! exclusive lock while a relay runs; [`open_store`] turns that into
+//! [`AuditError::InUse`]). The functions take a [`Store`] and return data;
+//! [`cli`] only parses arguments and prints.
+//!
+//! - [`verify`]: every stream's hash chain, sequence continuity, event
+//!   decoding (through the upcasters) and every snapshot against the state
+//!   rebuilt from the events;
+//! - [`replay`]: one stream's state rebuilt from its events only;
+//! - [`story`]: the whole story of one message on this relay;
+//! - [`export`]: events as JSON lines (`schemas/json/audit/export-line.schema.json`).
+
+pub mod cli;
+pub mod export;
+pub mod replay;
+pub mod story;
+pub mod verify;
+
+use relay_actors::account::{AccountEvent, AccountState};
+use relay_actors::delivery::{DeliveryEvent, DeliveryState};
+use relay_actors::store::{Store, StoreError, StoredEvent};
+use relay_actors::upcast;
+use serde_json::{Map, Value};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, UNIX_EPOCH};
+
+#[derive(Debug, thiserror::Error)]
+pub enum AuditError {
+    #[error("data dir {} is in use by a running relay; stop it first", .0.display())]
+    InUse(PathBuf),
+    #[error("no store in data dir {} (expected {}/store)", .0.display(), .0.display())]
+    NoStore(PathBuf),
+    #[error("{0}")]
+    Usage(String),
+    #[error("{0}")]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl AuditError {
+    /// 2 for "cannot audit this" (in use, no store, bad arguments), 1 for a
+    /// problem found in the data.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            AuditError::InUse(_) | AuditError::NoStore(_) | AuditError::Usage(_) => 2,
+            AuditError::Store(_) | AuditError::Io(_) => 1,
+        }
+    }
+}
+
+/// Opens the store in `data_dir/store` of a stopped relay. Never creates one.
+pub fn open_store(data_dir: &Path) -> Result<Store, AuditError> {
+    let dir = data_dir.join("store");
+    if !dir.join("conf").exists() && !dir.join("db").exists() {
+        return Err(AuditError::NoStore(data_dir.to_path_buf()));
+    }
+    Store::open(&dir).map_err(|e| match &e {
+        // sled's exclusive file lock, held by the running relay.
+        StoreError::Sled(inner) if inner.to_string().contains("could not acquire lock") => {
+            AuditError::InUse(data_dir.to_path_buf())
+        }
+        _ => AuditError::Store(e),
+    })
+}
+
+/// What a stream id names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamKind<'a> {
+    Account { account_id: &'a str },
+    Delivery { from: &'a str, message_id: &'a str },
+    Other,
+}
+
+pub fn stream_kind(stream: &str) -> StreamKind<'_> {
+    if let Some(account_id) = stream.strip_prefix("account/") {
+        if !account_id.is_empty() && !account_id.contains('/') {
+            return StreamKind::Account { account_id };
+        }
+    }
+    if let Some((from, message_id)) = stream.strip_prefix("delivery/").and_then(|r| r.split_once('/')) {
+        if !from.is_empty() && !message_id.is_empty() && !message_id.contains('/') {
+            return StreamKind::Delivery { from, message_id };
+        }
+    }
+    StreamKind::Other
+}
+
+/// A stream's state as its actor folds it.
+#[derive(Clone, Debug)]
+pub enum Folded {
+    Account(Box<AccountState>),
+    Delivery(Box<DeliveryState>),
+}
+
+/// A decoded event (already upcast to the current version).
+#[derive(Clone, Debug)]
+pub enum Decoded {
+    Account(Box<AccountEvent>),
+    Delivery(Box<DeliveryEvent>),
+}
+
+/// Decodes an event of `stream` through the upcasters; `None` for a stream
+/// of no known kind.
+pub fn decode(ev: &StoredEvent) -> Option<Result<Decoded, StoreError>> {
+    match stream_kind(&ev.stream) {
+        StreamKind::Account { .. } => Some(upcast::account_event(ev).map(|e| Decoded::Account(Box::new(e)))),
+        StreamKind::Delivery { .. } => Some(upcast::delivery_event(ev).map(|e| Decoded::Delivery(Box::new(e)))),
+        StreamKind::Other => None,
+    }
+}
+
+/// The event's data upcast to the current version, as JSON (for printing).
+pub fn decoded_json(ev: &StoredEvent) -> Result<Value, StoreError> {
+    match stream_kind(&ev.stream) {
+        StreamKind::Account { .. } => upcast::upcast_json(ev, AccountEvent::VERSION, upcast::ACCOUNT_UPCASTERS),
+        StreamKind::Delivery { .. } => upcast::upcast_json(ev, DeliveryEvent::VERSION, upcast::DELIVERY_UPCASTERS),
+        StreamKind::Other => serde_json::from_str(ev.data.get()).map_err(|e| StoreError::Corrupt {
+            stream: ev.stream.clone(),
+            seq: ev.seq,
+            what: format!("data: {e}"),
+        }),
+    }
+}
+
+impl Folded {
+    /// The empty state of `stream`, as its actor starts; `None` for a stream
+    /// of no known kind.
+    pub fn new(stream: &str) -> Option<Folded> {
+        match stream_kind(stream) {
+            StreamKind::Account { account_id } => Some(Folded::Account(Box::new(AccountState::new(account_id)))),
+            StreamKind::Delivery { .. } => Some(Folded::Delivery(Box::default())),
+            StreamKind::Other => None,
+        }
+    }
+
+    /// Decodes `ev` (upcasting older versions) and applies it, as the actor's
+    /// `load` does. Also returns the rule an event breaks that `apply` would
+    /// silently accept (a delivery must start with `accepted`, nothing
+    /// follows `finished`), as `Ok(Some(what))`.
+    pub fn apply(&mut self, ev: &StoredEvent) -> Result<Option<String>, StoreError> {
+        let mismatch = || StoreError::Corrupt {
+            stream: ev.stream.clone(),
+            seq: ev.seq,
+            what: "event of the wrong stream kind".into(),
+        };
+        match (self, decode(ev)) {
+            (Folded::Account(s), Some(Ok(Decoded::Account(e)))) => {
+                s.apply(&e);
+                Ok(None)
+            }
+            (Folded::Delivery(s), Some(Ok(Decoded::Delivery(e)))) => {
+                let first = matches!(*e, DeliveryEvent::Accepted { .. });
+                let anomaly = if ev.seq == 1 && !first {
+                    Some(format!("a delivery stream must start with accepted, not {}", ev.event_type))
+                } else if ev.seq > 1 && first {
+                    Some("accepted again after the start of the delivery".to_string())
+                } else if s.finished.is_some() {
+                    Some(format!("{} after the delivery finished", ev.event_type))
+                } else {
+                    None
+                };
+                s.apply(&e);
+                Ok(anomaly)
+            }
+            (_, Some(Err(e))) => Err(e),
+            _ => Err(mismatch()),
+        }
+    }
+
+    /// The state as its snapshot would hold it, with object keys sorted.
+    pub fn to_json(&self) -> Value {
+        let v = match self {
+            Folded::Account(s) => serde_json::to_value(s),
+            Folded::Delivery(s) => serde_json::to_value(s),
+        };
+        sorted(v.unwrap_or_else(|e| Value::String(format!("unserializable state: {e}"))))
+    }
+
+    /// Checks that `bytes` decode as this kind's snapshot state.
+    pub fn check_snapshot(&self, bytes: &[u8]) -> Result<Value, String> {
+        let typed = match self {
+            Folded::Account(_) => serde_json::from_slice::<AccountState>(bytes).map(|_| ()),
+            Folded::Delivery(_) => serde_json::from_slice::<DeliveryState>(bytes).map(|_| ()),
+        };
+        typed.map_err(|e| format!("snapshot state does not decode: {e}"))?;
+        serde_json::from_slice::<Value>(bytes).map(sorted).map_err(|e| format!("snapshot state is not JSON: {e}"))
+    }
+}
+
+/// `v` with every object's keys in sorted order (stable output whatever the
+/// map types inside the state).
+pub fn sorted(v: Value) -> Value {
+    match v {
+        Value::Object(m) => {
+            let mut entries: Vec<(String, Value)> = m.into_iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            Value::Object(entries.into_iter().map(|(k, v)| (k, sorted(v))).collect::<Map<_, _>>())
+        }
+        Value::Array(a) => Value::Array(a.into_iter().map(sorted).collect()),
+        other => other,
+    }
+}
+
+/// Where two JSON values first differ, as `path: left X, right Y`
+/// (values shortened); `None` when equal.
+pub fn first_difference(left: &Value, right: &Value) -> Option<String> {
+    fn short(v: Option<&Value>) -> String {
+        match v {
+            None => "absent".into(),
+            Some(v) => {
+                let s = v.to_string();
+                if s.chars().count() > 80 {
+                    format!("{}…", s.chars().take(80).collect::<String>())
+                } else {
+                    s
+                }
+            }
+        }
+    }
+    fn walk(path: &str, l: Option<&Value>, r: Option<&Value>) -> Option<(String, String, String)> {
+        if l == r {
+            return None;
+        }
+        match (l, r) {
+            (Some(Value::Object(a)), Some(Value::Object(b))) => {
+                let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+                keys.sort();
+                keys.dedup();
+                keys.into_iter().find_map(|k| walk(&format!("{path}/{k}"), a.get(k), b.get(k)))
+            }
+            (Some(Value::Array(a)), Some(Value::Array(b))) if a.len() == b.len() => {
+                (0..a.len()).find_map(|i| walk(&format!("{path}/{i}"), a.get(i), b.get(i)))
+            }
+            _ => Some((if path.is_empty() { "/".into() } else { path.to_string() }, short(l), short(r))),
+        }
+    }
+    walk("", Some(left), Some(right)).map(|(p, l, r)| format!("{p}: {l} vs {r}"))
+}
+
+/// Unix seconds as RFC 3339 (UTC).
+pub fn fmt_secs(secs: u64) -> String {
+    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(secs)).to_string()
+}
+
+/// Unix milliseconds as RFC 3339 (UTC) with milliseconds.
+pub fn fmt_ms(ms: u64) -> String {
+    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+}
+
+/// `T` of `--since T`: unix seconds, or an RFC 3339 time.
+pub fn parse_time(s: &str) -> Result<u64, AuditError> {
+    if let Ok(n) = s.parse::<u64>() {
+        return Ok(n);
+    }
+    let t = humantime::parse_rfc3339_weak(s)
+        .map_err(|e| AuditError::Usage(format!("time {s:?}: {e} (use unix seconds or RFC 3339)")))?;
+    Ok(t.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn stream_kinds_are_told_apart() {
+        assert_eq!(stream_kind("account/ab"), StreamKind::Account { account_id: "ab" });
+        assert_eq!(stream_kind("delivery/ab/m1"), StreamKind::Delivery { from: "ab", message_id: "m1" });
+        assert_eq!(stream_kind("delivery/ab"), StreamKind::Other);
+        assert_eq!(stream_kind("account/"), StreamKind::Other);
+        assert_eq!(stream_kind("bench/1"), StreamKind::Other);
+    }
+
+    #[test]
+    fn first_difference_names_the_path() {
+        let a = json!({"a": 1, "b": {"c": [1, 2]}});
+        let b = json!({"a": 1, "b": {"c": [1, 3]}});
+        assert_eq!(first_difference(&a, &b).unwrap(), "/b/c/1: 2 vs 3");
+        assert_eq!(first_difference(&a, &a), None);
+        assert_eq!(first_difference(&json!({"x": 1}), &json!({})).unwrap(), "/x: 1 vs absent");
+    }
+
+    #[test]
+    fn times_parse_as_unix_seconds_or_rfc3339() {
+        assert_eq!(parse_time("1700000000").unwrap(), 1_700_000_000);
+        assert_eq!(parse_time("2023-11-14T22:13:20Z").unwrap(), 1_700_000_000);
+        assert!(parse_time("yesterday").is_err());
+        assert_eq!(fmt_secs(1_700_000_000), "2023-11-14T22:13:20Z");
+    }
+}
