@@ -102,6 +102,8 @@ def load_files():
             if name.endswith(SCHEMA_SUFFIX):
                 path = os.path.join(root, name)
                 rel = os.path.relpath(path, JSON_DIR).replace(os.sep, "/")
+                if rel.startswith("audit/"):
+                    continue  # `relay audit` output formats, not part of the HTTP API
                 with open(path, encoding="utf-8") as f:
                     files.append((rel, json.load(f)))
     files.sort(key=lambda item: item[0])

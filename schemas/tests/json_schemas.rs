@@ -740,6 +740,9 @@ fn openapi_components_equal_the_schema_files() {
     let schemas = openapi()["components"]["schemas"].as_object().unwrap();
     let mut from_files = BTreeSet::new();
     for (rel, doc) in docs() {
+        if rel.starts_with("audit/") {
+            continue; // `relay audit` output formats, not part of the HTTP API
+        }
         let name = component_of(rel);
         if name == "defs" {
             for (def, body) in doc["$defs"].as_object().unwrap() {
