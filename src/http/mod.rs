@@ -26,16 +26,24 @@ pub(crate) fn bearer(req: &HttpRequest) -> Option<&str> {
         .map(str::trim)
 }
 
+/// The whole body, or `payload_too_large` past `limits.max_body_bytes`.
+async fn read_body(body: web::Payload, limit: usize) -> Result<web::Bytes, RelayError> {
+    match body.to_bytes_limited(limit).await {
+        Ok(Ok(b)) => Ok(b),
+        Ok(Err(e)) => Err(RelayError::invalid_params(format!("request body: {e}"))),
+        Err(_) => Err(RelayError::payload_too_large("request body over limits.max_body_bytes")),
+    }
+}
+
 async fn rpc_call(
     relay: web::Data<Relay>,
     method: web::Path<String>,
     req: HttpRequest,
     body: web::Payload,
 ) -> HttpResponse {
-    let body = match body.to_bytes_limited(relay.max_body_bytes()).await {
-        Ok(Ok(b)) => b,
-        Ok(Err(e)) => return error_response(&RelayError::invalid_params(format!("request body: {e}"))),
-        Err(_) => return error_response(&RelayError::payload_too_large("request body over limits.max_body_bytes")),
+    let body = match read_body(body, relay.max_body_bytes()).await {
+        Ok(b) => b,
+        Err(e) => return error_response(&e),
     };
     match relay.call(&method, bearer(&req), &body).await {
         Ok(json) => HttpResponse::Ok().content_type("application/json").body(json),
@@ -50,10 +58,9 @@ async fn relay_call(
     req: HttpRequest,
     body: web::Payload,
 ) -> HttpResponse {
-    let body = match body.to_bytes_limited(relay.max_body_bytes()).await {
-        Ok(Ok(b)) => b,
-        Ok(Err(e)) => return error_response(&RelayError::invalid_params(format!("request body: {e}"))),
-        Err(_) => return error_response(&RelayError::payload_too_large("request body over limits.max_body_bytes")),
+    let body = match read_body(body, relay.max_body_bytes()).await {
+        Ok(b) => b,
+        Err(e) => return error_response(&e),
     };
     let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
     let headers = RelayHeaders {
