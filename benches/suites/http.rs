@@ -96,7 +96,7 @@ fn start_relay(id: &str, port: u16, seed: u8, peers: &[(&str, u16, u8)]) -> Rela
         &cfg,
         format!(
             "[relay]\nid = \"{id}\"\npublic_url = \"http://127.0.0.1:{port}\"\nlisten = \"127.0.0.1:{port}\"\ndata_dir = {:?}\nkey_file = {:?}\n\
-             {peer_toml}[limits]\nclock_tolerance = \"100000d\"\ndelivery_age_limit = \"100000d\"\n",
+             {peer_toml}[limits]\nclock_tolerance = \"100000d\"\ndelivery_age_limit = \"100000d\"\nsession_rate = 1000000\nsession_burst = 1000000\n",
             data.display().to_string(),
             key.display().to_string()
         ),

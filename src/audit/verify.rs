@@ -252,3 +252,87 @@ impl Finding {
         full.split_once(": ").map(|(_, p)| p.to_string()).unwrap_or(full)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use relay_actors::account::{AccountEvent, AccountState};
+    use relay_actors::store::{Head, NewEvent, Snapshot};
+
+    fn cursor(through: u64) -> NewEvent {
+        let e = AccountEvent::CursorMoved { device_id: "phone".into(), through };
+        NewEvent { event_type: e.event_type().into(), version: 1, at: 1, data: serde_json::to_vec(&e).unwrap() }
+    }
+
+    fn raw(event_type: &str, data: &str) -> NewEvent {
+        NewEvent { event_type: event_type.into(), version: 1, at: 1, data: data.as_bytes().to_vec() }
+    }
+
+    fn run(store: &Store) -> Vec<String> {
+        verify(store, None, &mut |_| {}).unwrap().findings.iter().map(|f| f.to_string()).collect()
+    }
+
+    #[test]
+    fn a_sound_log_with_a_matching_snapshot_is_clean() {
+        let store = Store::temporary().unwrap();
+        let mut b = store.batch();
+        let head = b.append("account/a", Head::default(), vec![cursor(1), cursor(2)]);
+        let mut state = AccountState::new("a");
+        state.apply(&AccountEvent::CursorMoved { device_id: "phone".into(), through: 1 });
+        state.apply(&AccountEvent::CursorMoved { device_id: "phone".into(), through: 2 });
+        b.put_snapshot("account/a", Snapshot { seq: 2, hash: head.hash, state: serde_json::to_vec(&state).unwrap() });
+        store.commit_durable_blocking(b).unwrap();
+        let report = verify(&store, None, &mut |_| {}).unwrap();
+        assert_eq!((report.streams, report.events, report.snapshots), (1, 2, 1));
+        assert!(report.is_clean(), "{:?}", report.findings);
+    }
+
+    #[test]
+    fn snapshots_at_a_missing_event_with_a_wrong_hash_or_without_events_are_found() {
+        let store = Store::temporary().unwrap();
+        let mut b = store.batch();
+        let head = b.append("account/a", Head::default(), vec![cursor(1)]);
+        b.append("account/b", Head::default(), vec![cursor(1)]);
+        let state = serde_json::to_vec(&AccountState::new("a")).unwrap();
+        b.put_snapshot("account/a", Snapshot { seq: 5, hash: head.hash, state: state.clone() });
+        b.put_snapshot("account/b", Snapshot { seq: 1, hash: [7; 32], state: state.clone() });
+        b.put_snapshot("account/c", Snapshot { seq: 3, hash: [0; 32], state });
+        store.commit_durable_blocking(b).unwrap();
+        let found = run(&store);
+        assert_eq!(found.len(), 3, "{found:#?}");
+        assert!(found[0].starts_with("stream \"account/a\" seq 5: snapshot: taken at seq 5 but the stream has no such event"));
+        assert!(found[1].starts_with("stream \"account/b\" seq 1: snapshot: its hash"));
+        assert!(found[2].starts_with("stream \"account/c\" seq 3: snapshot: snapshot of a stream that has no events"));
+    }
+
+    #[test]
+    fn undecodable_events_broken_rules_and_unknown_streams_are_found() {
+        let store = Store::temporary().unwrap();
+        let mut b = store.batch();
+        b.append("account/a", Head::default(), vec![cursor(1), raw("cursor_moved", r#"{"cursor_moved":{"through":"x"}}"#)]);
+        b.append(
+            "delivery/a/m",
+            Head::default(),
+            vec![raw("attempt_started", r#"{"attempt_started":{"attempt":1,"targets":[],"revision":0}}"#)],
+        );
+        b.append("other/x", Head::default(), vec![raw("whatever", "{}")]);
+        store.commit_durable_blocking(b).unwrap();
+        let found = run(&store);
+        assert_eq!(found.len(), 3, "{found:#?}");
+        assert!(found[0].starts_with("stream \"account/a\" seq 2: undecodable event: event cursor_moved v1"), "{found:#?}");
+        assert!(found[1].starts_with("stream \"delivery/a/m\" seq 1: event breaks a rule: a delivery stream must start with accepted"));
+        assert!(found[2].starts_with("stream \"other/x\" seq 0: stream of unknown kind"));
+    }
+
+    #[test]
+    fn one_stream_only_and_an_unknown_stream_is_a_usage_error() {
+        let store = Store::temporary().unwrap();
+        let mut b = store.batch();
+        b.append("account/a", Head::default(), vec![cursor(1)]);
+        b.append("account/b", Head::default(), vec![cursor(1), cursor(2)]);
+        store.commit_durable_blocking(b).unwrap();
+        let report = verify(&store, Some("account/b"), &mut |_| {}).unwrap();
+        assert_eq!((report.streams, report.events), (1, 2));
+        assert!(matches!(verify(&store, Some("account/zz"), &mut |_| {}), Err(AuditError::Usage(_))));
+    }
+}

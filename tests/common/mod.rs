@@ -2,6 +2,8 @@
 pub mod client;
 pub mod cluster;
 pub mod fake_peer;
+pub mod proxy;
 pub mod relay;
 pub mod schema;
+pub mod torture;
 pub mod ws;

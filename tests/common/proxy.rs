@@ -241,7 +241,10 @@ impl RawRequest {
         let mut out = format!("{}\r\n", self.line);
         for (n, v) in &self.headers {
             let lower = n.to_ascii_lowercase();
-            if lower == "connection" || lower == "keep-alive" || lower == "transfer-encoding" || lower == "content-length"
+            if lower == "connection"
+                || lower == "keep-alive"
+                || lower == "transfer-encoding"
+                || lower == "content-length"
             {
                 continue;
             }
@@ -276,10 +279,8 @@ fn read_request(s: &mut TcpStream) -> Option<RawRequest> {
     let mut rest = buf[head_end + 4..].to_vec();
     let mut lines = head.split("\r\n");
     let line = lines.next()?.to_string();
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(n, v)| (n.trim().to_string(), v.trim().to_string()))
-        .collect();
+    let headers: Vec<(String, String)> =
+        lines.filter_map(|l| l.split_once(':')).map(|(n, v)| (n.trim().to_string(), v.trim().to_string())).collect();
     let mut req = RawRequest { line, headers, body: vec![] };
     if req.header("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
         loop {

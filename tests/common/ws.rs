@@ -57,11 +57,17 @@ impl WsClient {
 
     /// Reads one frame; returns a JSON text frame, or None once closed.
     async fn read(&mut self, wait: Duration) -> Option<Value> {
+        let deadline = std::time::Instant::now() + wait;
         loop {
             if self.closed.is_some() {
                 return None;
             }
-            let frame = match actix_rt::time::timeout(wait, self.conn.next()).await {
+            let frame = match actix_rt::time::timeout(
+                deadline.saturating_duration_since(std::time::Instant::now()),
+                self.conn.next(),
+            )
+            .await
+            {
                 Err(_) => return None,
                 Ok(None) => {
                     self.closed = Some(None);
@@ -89,7 +95,8 @@ impl WsClient {
         let id = self.next_id;
         self.send_text(json!({ "id": id, "method": method, "params": params }).to_string()).await;
         loop {
-            let frame = self.read(WAIT).await.unwrap_or_else(|| panic!("no answer to {method} (closed: {:?})", self.closed));
+            let frame =
+                self.read(WAIT).await.unwrap_or_else(|| panic!("no answer to {method} (closed: {:?})", self.closed));
             if frame.get("id") == Some(&json!(id)) {
                 return frame;
             }
@@ -119,8 +126,14 @@ impl WsClient {
     /// `id` member), buffering notifications that come first.
     pub async fn call_raw(&mut self, text: &str) -> Value {
         self.send_text(text.to_string()).await;
+        self.answer().await
+    }
+
+    /// The next answer frame (one with an `id` member), buffering
+    /// notifications that come first.
+    pub async fn answer(&mut self) -> Value {
         loop {
-            let frame = self.read(WAIT).await.unwrap_or_else(|| panic!("no answer to {text} (closed: {:?})", self.closed));
+            let frame = self.read(WAIT).await.unwrap_or_else(|| panic!("no answer (closed: {:?})", self.closed));
             if frame.get("id").is_some() {
                 return frame;
             }
