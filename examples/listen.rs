@@ -64,7 +64,8 @@ async fn open_session(base: &str, relay_id: &str, account: &Account, device: &De
     };
     let challenge = ch["challenge"].as_str().ok_or("no challenge")?;
     let signature = device.session_proof(&account.id, challenge, relay_id);
-    let open = json!({"account_id": account.id, "device_id": device.id, "challenge": challenge, "signature": signature});
+    let open =
+        json!({"account_id": account.id, "device_id": device.id, "challenge": challenge, "signature": signature});
     let s = http(base, "session.open", open).await.map_err(|e| format!("session.open: {e}"))?;
     Ok(s["token"].as_str().ok_or("no token")?.to_string())
 }

@@ -261,6 +261,10 @@ impl Config {
         if self.limits.max_boxes == 0 || self.limits.max_ciphertext_bytes == 0 {
             return Err("limits.max_boxes and limits.max_ciphertext_bytes must be positive".into());
         }
+        let w = &self.websocket;
+        if w.ping_interval.is_zero() || w.idle_timeout.is_zero() || w.queue == 0 {
+            return Err("websocket.ping_interval, idle_timeout and queue must be positive".into());
+        }
         let l = &self.limits;
         if [l.session_rate, l.session_burst, l.peer_rate, l.peer_burst].contains(&0) || l.max_in_flight_per_destination == 0 {
             return Err("limits: rates, bursts and max_in_flight_per_destination must be positive".into());

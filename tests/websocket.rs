@@ -3,11 +3,11 @@
 mod common;
 
 use common::client::{mid, now, Client, User};
-use relay_schemas::client::key_box;
 use common::cluster::Cluster;
 use common::relay::RelayProc;
 use common::schema::assert_valid;
 use common::ws::{close_code, RawWs, WsClient, WAIT};
+use relay_schemas::client::key_box;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
@@ -83,8 +83,16 @@ fn deliveries(ns: &[Value]) -> Vec<(String, String, Option<String>)> {
         .collect()
 }
 
-fn has_terminal(ns: &[Value], message_id: &str) -> bool {
-    deliveries(ns).iter().any(|(m, s, _)| m == message_id && s != "delivering")
+/// Whether `ns` hold both a `delivering` and a final status of `message_id`
+/// (in any order).
+fn has_both(ns: &[Value], message_id: &str) -> bool {
+    let d = deliveries(ns);
+    d.iter().any(|(m, s, _)| m == message_id && s == "delivering")
+        && d.iter().any(|(m, s, _)| m == message_id && s != "delivering")
+}
+
+fn timeline_count(ns: &[Value]) -> usize {
+    ns.iter().filter(|n| n["method"] == "message.timeline.changed").count()
 }
 
 /// All records readable from `after` over the socket, following pagination
@@ -160,7 +168,9 @@ async fn every_client_method_is_callable_over_the_socket_with_id_correlation() {
 
     // Ids of any JSON type come back as sent; answers keep request order
     // even when requests are pipelined.
-    let r = ws.call_raw(&json!({"id": "a-string", "method": "route.get", "params": {"account_id": bob.id()}}).to_string()).await;
+    let r = ws
+        .call_raw(&json!({"id": "a-string", "method": "route.get", "params": {"account_id": bob.id()}}).to_string())
+        .await;
     assert_eq!(r["id"], "a-string");
     assert_eq!(r["result"]["account_id"], bob.id());
     let r = ws.call_raw(&json!({"id": {"n": [1, 2]}, "method": "no.such.method", "params": {}}).to_string()).await;
@@ -246,7 +256,7 @@ async fn cross_relay_message_notifies_the_recipient_and_the_sender_sees_deliveri
     assert_eq!(message_ids(&got), [mid(1)]);
     assert_eq!(got[0]["direction"], "received");
 
-    let ns = notifications_until(&mut alice_ws, |ns| has_terminal(ns, &mid(1))).await;
+    let ns = notifications_until(&mut alice_ws, |ns| has_both(ns, &mid(1)) && timeline_count(ns) == 1).await;
     assert_eq!(
         deliveries(&ns),
         [(mid(1), "delivering".into(), None), (mid(1), "target_accepted".into(), None)],
@@ -274,7 +284,7 @@ async fn sender_sees_delivering_then_failed_when_the_destination_stays_down() {
     let status = alice_ws.ok("message.send", alice.send_params(&bob, &mid(1), false)).await;
     assert_eq!(status["status"], "delivering", "{status}");
     let started = Instant::now();
-    let ns = notifications_until(&mut alice_ws, |ns| has_terminal(ns, &mid(1))).await;
+    let ns = notifications_until(&mut alice_ws, |ns| has_both(ns, &mid(1))).await;
     println!("failed notified {:?} after the send", started.elapsed());
     assert_eq!(
         deliveries(&ns),
@@ -318,7 +328,7 @@ async fn a_device_outside_the_visible_set_gets_no_notification_and_cannot_sync_t
 
     // On the sender's side the tablet (no sender box) hears the delivery
     // status of both messages but never of alice's sent record.
-    let ns = notifications_until(&mut tablet, |ns| has_terminal(ns, &mid(1)) && has_terminal(ns, &mid(2))).await;
+    let ns = notifications_until(&mut tablet, |ns| has_both(ns, &mid(1)) && has_both(ns, &mid(2))).await;
     assert!(ns.iter().all(|n| n["method"] == "message.delivery.changed"), "{ns:?}");
     assert!(sync_from(&mut tablet, 0, 100).await.is_empty());
 }
@@ -345,7 +355,10 @@ async fn a_duplicate_send_produces_no_notification() {
     assert_eq!(next_timeline(&mut bob_ws, bob.id()).await, 2);
     assert_eq!(message_ids(&sync_from(&mut bob_ws, 0, 100).await), [mid(1), mid(2)]);
     // Alice heard each status of each message once, and of her two sent records.
-    let ns = notifications_until(&mut alice_ws, |ns| has_terminal(ns, &mid(1)) && has_terminal(ns, &mid(2))).await;
+    let ns = notifications_until(&mut alice_ws, |ns| {
+        has_both(ns, &mid(1)) && has_both(ns, &mid(2)) && timeline_count(ns) == 2
+    })
+    .await;
     let mut d = deliveries(&ns);
     d.sort();
     let expect = |m: String| [(m.clone(), "delivering".to_string(), None), (m, "target_accepted".to_string(), None)];
@@ -415,6 +428,38 @@ async fn a_retried_cross_relay_delivery_produces_no_second_notification() {
     assert_eq!(next_timeline(&mut bob_ws, bob.id()).await, 1);
     assert_eq!(next_timeline(&mut bob_ws, bob.id()).await, 2, "no notification for the duplicate");
     assert_eq!(message_ids(&sync_from(&mut bob_ws, 0, 100).await), [mid(1), mid(2)]);
+}
+
+#[actix_rt::test]
+async fn delivery_notifications_of_a_message_arrive_in_status_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let relay = RelayProc::start(dir.path(), "relay-a", "");
+    let c = Client::new(&relay.url);
+    let alice = User::register(&c, "relay-a", 1, false).await;
+    let bob = User::register(&c, "relay-a", 2, true).await;
+    let mut alice_ws = WsClient::attach(&relay.url, alice.token(0).unwrap()).await;
+    const N: u64 = 30;
+    for n in 1..=N {
+        let st = alice_ws.ok("message.send", alice.send_params(&bob, &mid(n), true)).await;
+        assert_eq!(st["status"], "target_accepted");
+    }
+    let ns = notifications_until(&mut alice_ws, |ns| {
+        (1..=N).all(|n| has_both(ns, &mid(n))) && timeline_count(ns) == N as usize
+    })
+    .await;
+    let d = deliveries(&ns);
+    let out_of_order: Vec<String> = (1..=N)
+        .map(mid)
+        .filter(|m| {
+            let statuses: Vec<&str> = d.iter().filter(|(x, _, _)| x == m).map(|(_, s, _)| s.as_str()).collect();
+            statuses != ["delivering", "target_accepted"]
+        })
+        .collect();
+    assert!(out_of_order.is_empty(), "final status heard before `delivering` for {out_of_order:?}: {ns:?}");
+    // The sent records' notifications come in sequence order.
+    let seqs: Vec<u64> =
+        ns.iter().filter(|n| n["method"] == "message.timeline.changed").map(|n| timeline_seq(n, alice.id())).collect();
+    assert_eq!(seqs, (1..=N).collect::<Vec<_>>());
 }
 
 // ---- cursor and backlog -----------------------------------------------------
@@ -566,7 +611,9 @@ async fn a_slow_consumer_does_not_delay_another_device_of_the_same_account() {
     let mut phone = RawWs::connect(&relay.url, bob.token(0), Some(8 << 10)).expect("upgrade");
     const PAGES: usize = 80;
     for i in 0..PAGES {
-        phone.send_text(&json!({"id": i, "method": "message.timeline.sync", "params": {"after": 0, "limit": 4}}).to_string());
+        phone.send_text(
+            &json!({"id": i, "method": "message.timeline.sync", "params": {"after": 0, "limit": 4}}).to_string(),
+        );
     }
     const LIVE: usize = 30;
     let mut live = vec![];
@@ -636,7 +683,6 @@ async fn a_revoked_device_is_disconnected_at_once() {
 }
 
 #[actix_rt::test]
-#[ignore = "bug: src/http/ws.rs upgrade() accepts a revoked device's token in the Authorization header (sessions lookup falls back to the store; attach() ignores the failed Backlog check) and registers it for the account's notifications"]
 async fn a_revoked_devices_token_cannot_open_a_socket_by_header() {
     let dir = tempfile::tempdir().unwrap();
     let relay = RelayProc::start(dir.path(), "relay-a", "");
@@ -707,4 +753,36 @@ async fn pongs_keep_a_connection_open_and_a_silent_one_is_closed_as_idle() {
     assert_eq!(close, (1001, "idle timeout".to_string()));
     assert!(pings >= 2, "{pings}");
     assert!(idle >= Duration::from_millis(700), "{idle:?}");
+}
+
+#[test]
+fn a_zero_ping_interval_is_refused_at_start() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = common::relay::write_config(dir.path(), "relay-a", "[websocket]\nping_interval = \"0s\"\n");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_relay"))
+        .args(["serve", "--config"])
+        .arg(&cfg)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(std::io::BufReader::new(stdout).lines().next());
+    });
+    match rx.recv_timeout(Duration::from_secs(30)) {
+        Ok(Some(Ok(line))) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the relay started with websocket.ping_interval = 0s: {line}");
+        }
+        _ => {
+            let out = child.wait_with_output().unwrap();
+            assert!(!out.status.success());
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(err.contains("ping_interval"), "{err}");
+        }
+    }
 }

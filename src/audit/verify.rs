@@ -13,6 +13,7 @@
 use super::{first_difference, AuditError, Folded};
 use relay_actors::store::{verify_chain, ChainProblem, Hash, Store, StoreError};
 use std::fmt;
+use std::sync::{mpsc, Mutex};
 
 /// One broken link: stream, sequence, what is wrong.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -89,22 +90,60 @@ pub fn verify(store: &Store, only: Option<&str>, progress: &mut dyn FnMut(u64)) 
             progress(report.events);
         }
         None => {
-            for stream in store.streams() {
-                let stream = match stream {
-                    Ok(s) => s,
-                    Err(e) => {
-                        report.findings.push(finding_from_error(e));
-                        break; // the key space itself is unreadable past here
-                    }
-                };
-                let before = report.events;
-                verify_stream(store, &stream, &mut report);
-                progress(report.events - before);
-            }
+            let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 8);
+            verify_all(store, threads, &mut report, progress);
             orphan_snapshots(store, &mut report);
         }
     }
     Ok(report)
+}
+
+/// Every stream, `threads` streams at a time (streams are independent);
+/// `progress` runs on the calling thread, the report keeps stream order.
+fn verify_all(store: &Store, threads: usize, report: &mut Report, progress: &mut dyn FnMut(u64)) {
+    let source = Mutex::new(store.streams().enumerate());
+    let (tx, rx) = mpsc::channel::<(usize, Result<Report, Finding>)>();
+    let mut parts = Vec::new();
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            let (tx, source) = (tx.clone(), &source);
+            scope.spawn(move || loop {
+                let next = source.lock().unwrap_or_else(|e| e.into_inner()).next();
+                let Some((i, stream)) = next else { break };
+                let part = match stream {
+                    Ok(stream) => {
+                        let mut r = Report::default();
+                        verify_stream(store, &stream, &mut r);
+                        Ok(r)
+                    }
+                    // The key space itself is unreadable past here.
+                    Err(e) => Err(finding_from_error(e)),
+                };
+                if tx.send((i, part)).is_err() {
+                    break;
+                }
+            });
+        }
+        drop(tx);
+        for (i, part) in rx {
+            if let Ok(r) = &part {
+                progress(r.events);
+            }
+            parts.push((i, part));
+        }
+    });
+    parts.sort_by_key(|(i, _)| *i);
+    for (_, part) in parts {
+        match part {
+            Ok(r) => {
+                report.streams += r.streams;
+                report.events += r.events;
+                report.snapshots += r.snapshots;
+                report.findings.extend(r.findings);
+            }
+            Err(f) => report.findings.push(f),
+        }
+    }
 }
 
 /// The number of streams (for a progress bar's length).

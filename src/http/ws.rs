@@ -58,9 +58,9 @@ pub async fn upgrade(
 ) -> Result<HttpResponse, actix_web::Error> {
     // A header that is present must be good: refuse the upgrade otherwise.
     let attach = match bearer(&req) {
-        Some(token) => match relay.supervisor().sessions().lookup(token, relay.supervisor().clock().now()) {
-            Some(s) => Some((token.to_owned(), s)),
-            None => return Ok(error_response(&RelayError::unauthorized("unknown or expired session"))),
+        Some(token) => match check_token(&relay, token).await {
+            Ok(s) => Some((token.to_owned(), s)),
+            Err(e) => return Ok(error_response(&e)),
         },
         None => None,
     };
@@ -68,6 +68,15 @@ pub async fn upgrade(
     let stream = stream.max_frame_size(ws.max_frame_bytes).aggregate_continuations().max_continuation_size(ws.max_frame_bytes);
     actix_web::rt::spawn(Connection { relay: relay.into_inner(), ws: ws.get_ref().clone(), session, attachment: None }.run(stream, attach));
     Ok(response)
+}
+
+/// A live session whose device is still valid (not revoked or expired).
+async fn check_token(relay: &Relay, token: &str) -> Result<sessions::Session, RelayError> {
+    let sup = relay.supervisor();
+    let session =
+        sup.sessions().lookup(token, sup.clock().now()).ok_or_else(|| RelayError::unauthorized("unknown or expired session"))?;
+    sup.ask(&session.account_id, AccountCmd::CheckSession { device: session.device_id.clone() }).await?;
+    Ok(session)
 }
 
 struct Connection {
@@ -194,12 +203,7 @@ impl Connection {
         if self.attachment.is_some() {
             return Err(RelayError::invalid_state("this connection is already attached to a session"));
         }
-        let sup = self.relay.supervisor();
-        let session = sup
-            .sessions()
-            .lookup(&p.token, sup.clock().now())
-            .ok_or_else(|| RelayError::unauthorized("unknown or expired session"))?;
-        sup.ask(&session.account_id, AccountCmd::CheckSession { device: session.device_id.clone() }).await?;
+        let session = check_token(&self.relay, &p.token).await?;
         self.attach(p.token, session).await;
         Ok("{}".into())
     }

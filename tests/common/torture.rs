@@ -218,6 +218,86 @@ pub fn verify_chains(data_dir: &std::path::Path) -> (usize, Vec<String>) {
     (streams, findings)
 }
 
+/// What the delivery streams of a stopped relay show.
+#[derive(Clone, Debug, Default)]
+pub struct StoreView {
+    pub deliveries: usize,
+    pub attempts: usize,
+    /// Due-index entries left for deliveries that had finished.
+    pub leftover_due: usize,
+}
+
+/// Checks a stopped relay's delivery streams: one `accepted` first, attempt
+/// numbers 1, 2, 3, …, at most one `finished` and nothing after it, every
+/// attempt aimed at the recipient's home relay only (`home` of an account
+/// id: no route changes in a torture run, so any other target is a switch),
+/// and no due-index entry for an unfinished delivery (all are terminal by
+/// now).
+pub fn inspect_deliveries(
+    data_dir: &std::path::Path,
+    home: &BTreeMap<String, String>,
+) -> Result<(StoreView, Vec<String>), String> {
+    use relay_actors::delivery::{parse_due_key, DUE_PREFIX};
+    let store = relay_actors::store::Store::open(&data_dir.join("store")).map_err(|e| e.to_string())?;
+    let mut view = StoreView::default();
+    let mut bad = vec![];
+    let mut finished = BTreeSet::new();
+    for stream in store.streams() {
+        let stream = stream.map_err(|e| e.to_string())?;
+        if !stream.starts_with("delivery/") {
+            continue;
+        }
+        view.deliveries += 1;
+        let (mut to, mut attempts, mut ends) = (None::<String>, 0u64, 0);
+        for (k, ev) in store.read(&stream, 0).enumerate() {
+            let ev = ev.map_err(|e| e.to_string())?;
+            let v: Value = serde_json::from_str(ev.data.get()).map_err(|e| e.to_string())?;
+            let body = v.get(&ev.event_type).cloned().unwrap_or(v);
+            if ends > 0 {
+                bad.push(format!("{stream}: {} after finished", ev.event_type));
+            }
+            match ev.event_type.as_str() {
+                "accepted" => {
+                    if k != 0 {
+                        bad.push(format!("{stream}: accepted at position {k}"));
+                    }
+                    to = body["to"].as_str().map(str::to_string);
+                }
+                "attempt_started" => {
+                    attempts += 1;
+                    view.attempts += 1;
+                    if body["attempt"].as_u64() != Some(attempts) {
+                        bad.push(format!("{stream}: attempt {} where {attempts} was due", body["attempt"]));
+                    }
+                    let targets: Vec<&str> =
+                        body["targets"].as_array().into_iter().flatten().filter_map(|t| t.as_str()).collect();
+                    let want = to.as_ref().and_then(|t| home.get(t));
+                    if !targets.is_empty() && want.is_none_or(|w| targets != [w.as_str()]) {
+                        bad.push(format!(
+                            "{stream}: attempt {attempts} aimed at {targets:?}, recipient's home {want:?}"
+                        ));
+                    }
+                }
+                "finished" => ends += 1,
+                _ => {}
+            }
+        }
+        if ends > 0 {
+            finished.insert(stream);
+        }
+    }
+    for kv in store.kv_scan_prefix(DUE_PREFIX) {
+        let (key, _) = kv.map_err(|e| e.to_string())?;
+        match parse_due_key(&key) {
+            Some((_, stream)) if finished.contains(&stream) => view.leftover_due += 1,
+            Some((due, stream)) => bad.push(format!("{stream}: still due at {due} ms, never finished")),
+            None => bad.push(format!("unreadable due key {key:?}")),
+        }
+    }
+    store.close().map_err(|e| e.to_string())?;
+    Ok((view, bad))
+}
+
 /// What a run did and found.
 #[derive(Debug, Default)]
 pub struct Report {
@@ -251,10 +331,14 @@ pub struct Report {
     pub audits: Vec<Audit>,
     /// Streams checked with `verify_chain` (in addition to the audit).
     pub chains_checked: usize,
+    /// Per relay, what its delivery streams show.
+    pub stores: Vec<(String, StoreView)>,
     pub load_time: Duration,
     pub total_time: Duration,
     /// Broken invariants; empty on success.
     pub violations: Vec<String>,
+    /// Where all violations were written (when there are any).
+    pub violations_file: Option<std::path::PathBuf>,
 }
 
 impl fmt::Display for Report {
@@ -291,6 +375,13 @@ impl fmt::Display for Report {
             )?;
         }
         writeln!(f, "  verify_chain: {} streams", self.chains_checked)?;
+        for (relay, v) in &self.stores {
+            writeln!(
+                f,
+                "  {relay}: {} delivery streams, {} attempts, {} due entries left for finished deliveries",
+                v.deliveries, v.attempts, v.leftover_due
+            )?;
+        }
         writeln!(f, "  load {:.1?}, total {:.1?}", self.load_time, self.total_time)?;
         if self.violations.is_empty() {
             writeln!(f, "  no violations: nothing lost, nothing duplicated")?;
@@ -298,6 +389,9 @@ impl fmt::Display for Report {
             writeln!(f, "  {} VIOLATIONS:", self.violations.len())?;
             for v in self.violations.iter().take(50) {
                 writeln!(f, "    {v}")?;
+            }
+            if let Some(path) = &self.violations_file {
+                writeln!(f, "  all violations: {}", path.display())?;
             }
         }
         Ok(())
@@ -331,8 +425,15 @@ async fn post(
     Ok((status, v))
 }
 
-/// A call that should succeed now (relays up): transport failures are
-/// retried (bounded), an error answer is returned as `Err`.
+/// `data.retry_after` of a `rate_limited` answer (at least 1 s).
+fn retry_after(v: &Value) -> Option<Duration> {
+    (v["error"]["code"] == "rate_limited")
+        .then(|| Duration::from_secs(v["error"]["data"]["retry_after"].as_u64().unwrap_or(1).max(1)))
+}
+
+/// A call that should succeed now (relays up): transport failures and
+/// `rate_limited` (after `retry_after`) are retried (bounded), another
+/// error answer is returned as `Err`.
 async fn call(
     http: &awc::Client,
     base: &str,
@@ -345,7 +446,14 @@ async fn call(
     for _ in 0..100 {
         match post(http, base, method, token, &body).await {
             Ok((200, v)) => return Ok(v),
-            Ok((status, v)) => return Err(format!("{method} at {base}: HTTP {status} {v}")),
+            Ok((status, v)) => match retry_after(&v) {
+                Some(wait) => {
+                    last = v.to_string();
+                    actix_rt::time::sleep(wait).await;
+                    continue;
+                }
+                None => return Err(format!("{method} at {base}: HTTP {status} {v}")),
+            },
             Err(e) => last = e,
         }
         actix_rt::time::sleep(Duration::from_millis(100)).await;
@@ -440,6 +548,9 @@ async fn send_until_answered(http: &awc::Client, base: &str, token: &str, body: 
                     return t;
                 }
                 t.retryable.push(code.clone());
+                if let Some(wait) = retry_after(&v) {
+                    actix_rt::time::sleep(wait).await;
+                }
                 code
             }
             Err(e) => {
@@ -585,6 +696,8 @@ pub async fn run(p: Params) -> Report {
         }
     }
 
+    let home: BTreeMap<String, String> =
+        users.iter().zip(&homes).map(|(u, r)| (u.id().to_string(), ids[*r].to_string())).collect();
     let mut rng = StdRng::seed_from_u64(p.seed);
     let plan = plan_messages(&p, &mut rng, &homes);
     let users = Rc::new(users);
@@ -716,8 +829,21 @@ pub async fn run(p: Params) -> Report {
         let (streams, findings) = verify_chains(&r.data_dir);
         report.chains_checked += streams;
         report.violations.extend(findings.into_iter().map(|f| format!("verify_chain {}: {f}", r.id)));
+        match inspect_deliveries(&r.data_dir, &home) {
+            Ok((view, bad)) => {
+                report.violations.extend(bad.into_iter().map(|b| format!("{}: {b}", r.id)));
+                report.stores.push((r.id.clone(), view));
+            }
+            Err(e) => report.violations.push(format!("{}: reading delivery streams: {e}", r.id)),
+        }
     }
     report.total_time = t0.elapsed();
+    if !report.violations.is_empty() {
+        let path = std::env::temp_dir().join(format!("torture-{:x}-violations.txt", p.seed));
+        if std::fs::write(&path, report.violations.join("\n") + "\n").is_ok() {
+            report.violations_file = Some(path);
+        }
+    }
     report
 }
 

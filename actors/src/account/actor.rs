@@ -16,7 +16,7 @@ use relay_schemas::objects::{Direction, TimelineRecord};
 use relay_schemas::sign::{verify_bytes, Tag};
 use relay_schemas::{DeliveryStatus, RelayError};
 use serde_json::json;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -144,8 +144,9 @@ pub struct AccountActor {
     /// while any is pending.
     pending: Arc<AtomicUsize>,
     passivated: bool,
-    /// Notifications of what was written, sent once it is durable.
-    outbox: Vec<Notice>,
+    /// Notifications of what was written, in write order with the commit
+    /// that wrote it; published, in that order, once that commit is durable.
+    outbox: VecDeque<(Ticket, Notice)>,
 }
 
 /// A notification owed to connected devices for a write.
@@ -196,7 +197,7 @@ impl AccountActor {
             challenges: HashMap::new(),
             pending: Arc::new(AtomicUsize::new(0)),
             passivated: false,
-            outbox: Vec::new(),
+            outbox: VecDeque::new(),
         })
     }
 
@@ -237,7 +238,9 @@ impl AccountActor {
         self.last_ticket = Some(ticket);
         for e in &events {
             self.state.apply(e);
-            self.outbox.extend(Self::notices(e, &self.state));
+            for n in Self::notices(e, &self.state) {
+                self.outbox.push_back((ticket, n));
+            }
         }
         self.since_snapshot += events.len() as u64;
         for e in &events {
@@ -285,26 +288,24 @@ impl AccountActor {
 
     /// The reply, sent once everything this actor wrote so far is durable
     /// (so even a duplicate's answer never reports what a crash could undo).
-    /// Notifications go out at the same moment, never before.
-    fn reply_durable(&mut self, reply: Result<Reply, RelayError>) -> ResponseFuture<Result<Reply, RelayError>> {
-        let wait = self.last_ticket.map(|t| self.sup.store().durable(t));
+    /// Notifications owed for those writes are published then, by the actor
+    /// itself, so they leave in write order.
+    fn reply_durable(&mut self, reply: Result<Reply, RelayError>, me: Addr<Self>) -> ResponseFuture<Result<Reply, RelayError>> {
+        let ticket = self.last_ticket;
+        let wait = ticket.map(|t| self.sup.store().durable(t));
+        let publish = !self.outbox.is_empty();
         let pending = self.pending.clone();
         pending.fetch_add(1, Ordering::SeqCst);
-        let outbox = std::mem::take(&mut self.outbox);
-        let (notifier, account) = (self.sup.notifier().clone(), self.state.account_id.clone());
         Box::pin(async move {
             let durable = match wait {
                 Some(w) => w.await.map_err(|e| RelayError::unavailable(format!("store: {e}"))),
                 None => Ok(()),
             };
+            if let (true, Ok(()), Some(t)) = (publish, &durable, ticket) {
+                me.do_send(Publish(t));
+            }
             pending.fetch_sub(1, Ordering::SeqCst);
             durable?;
-            for n in outbox {
-                match n {
-                    Notice::Timeline { sequence, visible } => notifier.timeline_changed(&account, sequence, &visible),
-                    Notice::Delivery { message_id, status } => notifier.delivery_changed(&account, &message_id, &status),
-                }
-            }
             reply
         })
     }
@@ -639,6 +640,7 @@ impl AccountActor {
         if idle >= self.sup.policy().passivate_after_ms
             && self.pending.load(Ordering::SeqCst) == 0
             && self.challenges.is_empty()
+            && self.outbox.is_empty()
         {
             if self.since_snapshot > 0 {
                 self.snapshot();
@@ -662,13 +664,33 @@ impl Actor for AccountActor {
 impl Handler<Ask> for AccountActor {
     type Result = ResponseFuture<Result<Reply, RelayError>>;
 
-    fn handle(&mut self, msg: Ask, _ctx: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, msg: Ask, ctx: &mut Self::Context) -> Self::Result {
         if self.passivated {
             // Raced with passivation: the supervisor retries on a fresh actor.
             return Box::pin(async { Err(crate::supervisor::passivated()) });
         }
         self.last_active_ms = self.sup.clock().now_ms();
         let reply = self.handle_cmd(&msg.0);
-        self.reply_durable(reply)
+        self.reply_durable(reply, ctx.address())
+    }
+}
+
+/// Everything written up to this commit is durable: publish its notifications.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Publish(Ticket);
+
+impl Handler<Publish> for AccountActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Publish, _ctx: &mut Self::Context) {
+        let (notifier, account) = (self.sup.notifier(), &self.state.account_id);
+        while self.outbox.front().is_some_and(|(t, _)| *t <= msg.0) {
+            let Some((_, notice)) = self.outbox.pop_front() else { break };
+            match notice {
+                Notice::Timeline { sequence, visible } => notifier.timeline_changed(account, sequence, &visible),
+                Notice::Delivery { message_id, status } => notifier.delivery_changed(account, &message_id, &status),
+            }
+        }
     }
 }
