@@ -266,7 +266,9 @@ impl Config {
             return Err("websocket.ping_interval, idle_timeout and queue must be positive".into());
         }
         let l = &self.limits;
-        if [l.session_rate, l.session_burst, l.peer_rate, l.peer_burst].contains(&0) || l.max_in_flight_per_destination == 0 {
+        if [l.session_rate, l.session_burst, l.peer_rate, l.peer_burst].contains(&0)
+            || l.max_in_flight_per_destination == 0
+        {
             return Err("limits: rates, bursts and max_in_flight_per_destination must be positive".into());
         }
         Ok(())

@@ -83,7 +83,10 @@ impl PeerClient {
                 // No pool-wide cap: attempts are bounded per destination
                 // (limits.max_in_flight_per_destination), so a dead relay
                 // cannot take every pooled connection.
-                awc::Client::builder().timeout(timeout).connector(awc::Connector::new().timeout(timeout).limit(0)).finish()
+                awc::Client::builder()
+                    .timeout(timeout)
+                    .connector(awc::Connector::new().timeout(timeout).limit(0))
+                    .finish()
             })
             .clone()
         })

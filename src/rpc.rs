@@ -5,11 +5,11 @@
 
 use crate::limits::RateLimits;
 use crate::peers::{CallError, PeerClient};
+use crate::relay_rpc::PeerKeys;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
-use crate::relay_rpc::PeerKeys;
 use relay_actors::account::{AccountCmd, Reply};
 use relay_actors::sessions::Session;
 use relay_actors::Supervisor;
@@ -91,7 +91,13 @@ fn status_json(st: &DeliveryStatus) -> Result<String, RelayError> {
 }
 
 impl Relay {
-    pub fn new(sup: Supervisor, max_body_bytes: usize, peers: PeerClient, peer_keys: PeerKeys, limits: RateLimits) -> Self {
+    pub fn new(
+        sup: Supervisor,
+        max_body_bytes: usize,
+        peers: PeerClient,
+        peer_keys: PeerKeys,
+        limits: RateLimits,
+    ) -> Self {
         let requests = Family::<RequestLabels, Counter>::default();
         let latency = Family::<MethodLabels, Histogram>::new_with_constructor(|| {
             Histogram::new(exponential_buckets(0.000_1, 2.0, 16))

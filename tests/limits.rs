@@ -111,7 +111,8 @@ async fn a_websocket_frame_over_the_limit_closes_the_connection() {
     let dir = tempfile::tempdir().unwrap();
     let relay = RelayProc::start(dir.path(), "relay-a", "[websocket]\nmax_frame_bytes = 1024\n");
     let mut ws = WsClient::connect(&relay.url, None).await;
-    ws.send_text(format!("{{\"id\":1,\"method\":\"route.get\",\"params\":{{\"pad\":\"{}\"}}}}", "x".repeat(4096))).await;
+    ws.send_text(format!("{{\"id\":1,\"method\":\"route.get\",\"params\":{{\"pad\":\"{}\"}}}}", "x".repeat(4096)))
+        .await;
     let reason = ws.closed(Duration::from_secs(5)).await;
     assert_eq!(reason.map(|r| u16::from(r.code)), Some(1009));
 }

@@ -34,7 +34,7 @@ fn check(report: &common::torture::Report) {
 /// under a concurrent mixed load; every lost answer retried unchanged.
 #[actix_rt::test]
 async fn crash_torture_short_seeded() {
-    let p = Params::ci().from_env();
+    let p = Params::ci().with_env();
     let kills = p.kills;
     let report = run(p).await;
     check(&report);
@@ -45,7 +45,7 @@ async fn crash_torture_short_seeded() {
 #[actix_rt::test]
 #[ignore = "long: cargo test --release --test torture -- --ignored --nocapture"]
 async fn crash_torture_long() {
-    let p = Params::long().from_env();
+    let p = Params::long().with_env();
     let kills = p.kills;
     let report = run(p).await;
     check(&report);

@@ -58,10 +58,18 @@ impl Default for Metrics {
         };
         {
             let mut r = m.registry.lock().unwrap_or_else(|e| e.into_inner());
-            r.register("deliveries_finished", "Deliveries that ended, by status and error", m.deliveries_finished.clone());
+            r.register(
+                "deliveries_finished",
+                "Deliveries that ended, by status and error",
+                m.deliveries_finished.clone(),
+            );
             r.register("deliveries_in_flight", "Accepted deliveries not yet finished", m.deliveries_in_flight.clone());
             r.register("delivery_attempts", "Delivery attempts by outcome", m.attempts.clone());
-            r.register("delivery_attempts_in_flight", "Attempts running now, per destination", m.attempts_in_flight.clone());
+            r.register(
+                "delivery_attempts_in_flight",
+                "Attempts running now, per destination",
+                m.attempts_in_flight.clone(),
+            );
             r.register("account_actors_resident", "Account actors in memory", m.actors_resident.clone());
             r.register("account_actors_passivated", "Account actors passivated", m.actors_passivated.clone());
             r.register("store_flush_batch_commits", "Commits made durable by one flush", m.flush_batch.clone());

@@ -73,10 +73,11 @@ impl Notifier {
     pub fn attach(&self, account_id: &str, device_id: &str) -> Attached {
         let (tx, rx) = mpsc::channel(self.queue);
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        lock(&self.conns)
-            .entry(account_id.to_owned())
-            .or_default()
-            .push(Conn { id, device_id: device_id.to_owned(), tx });
+        lock(&self.conns).entry(account_id.to_owned()).or_default().push(Conn {
+            id,
+            device_id: device_id.to_owned(),
+            tx,
+        });
         Attached { id, rx }
     }
 

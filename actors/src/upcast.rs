@@ -77,7 +77,7 @@ pub fn upcast_json(ev: &StoredEvent, current: u32, upcasters: &[Upcaster]) -> Re
 }
 
 fn check_version(ev: &StoredEvent, current: u32) -> Result<(), StoreError> {
-    if ev.version > current || ev.version < OLDEST_VERSION {
+    if !(OLDEST_VERSION..=current).contains(&ev.version) {
         return Err(StoreError::Corrupt {
             stream: ev.stream.clone(),
             seq: ev.seq,
@@ -98,7 +98,8 @@ fn decode<E: DeserializeOwned>(
 ) -> Result<E, StoreError> {
     let corrupt = |what: String| StoreError::Corrupt { stream: ev.stream.clone(), seq: ev.seq, what };
     let event: E = if ev.version == current {
-        serde_json::from_str(ev.data.get()).map_err(|e| corrupt(format!("event {} v{}: {e}", ev.event_type, current)))?
+        serde_json::from_str(ev.data.get())
+            .map_err(|e| corrupt(format!("event {} v{}: {e}", ev.event_type, current)))?
     } else {
         let data = upcast_json(ev, current, upcasters)?;
         // Through text, not `from_value`: protocol objects keep their raw bytes.
@@ -176,9 +177,17 @@ mod tests {
                 0,
                 json!({"route_refreshed": {"revision": 1, "relays": [{"id": "relay-b", "url": "http://b"}]}}),
             ),
-            new_event("attempt_started", 0, json!({"attempt_started": {"attempt": 1, "targets": ["relay-b"], "revision": 1}})),
+            new_event(
+                "attempt_started",
+                0,
+                json!({"attempt_started": {"attempt": 1, "targets": ["relay-b"], "revision": 1}}),
+            ),
             failed(1, "temporarily_unavailable", 1_030_000),
-            new_event("attempt_started", 0, json!({"attempt_started": {"attempt": 2, "targets": ["relay-b"], "revision": 1}})),
+            new_event(
+                "attempt_started",
+                0,
+                json!({"attempt_started": {"attempt": 2, "targets": ["relay-b"], "revision": 1}}),
+            ),
             failed(2, "route_stale", 1_300_000),
         ]
     }
@@ -186,8 +195,10 @@ mod tests {
     #[test]
     fn attempt_failed_v0_gets_may_switch_and_refresh_route_from_its_error_code() {
         let up = |code: &str| {
-            attempt_failed_v0(json!({"attempt_failed": {"attempt": 1, "error": {"code": code, "message": "x"}, "next_due_ms": 5}}))
-                .unwrap()
+            attempt_failed_v0(
+                json!({"attempt_failed": {"attempt": 1, "error": {"code": code, "message": "x"}, "next_due_ms": 5}}),
+            )
+            .unwrap()
         };
         assert_eq!(up("route_stale")["attempt_failed"]["may_switch"], true);
         assert_eq!(up("route_stale")["attempt_failed"]["refresh_route"], true);

@@ -78,7 +78,9 @@ pub fn run(args: AuditArgs) -> u8 {
 
 fn data_dir(args: &AuditArgs) -> Result<PathBuf, AuditError> {
     match (&args.config, &args.data_dir) {
-        (Some(path), None) => Config::load(path).map(|c| c.relay.data_dir).map_err(|e| AuditError::Usage(e.to_string())),
+        (Some(path), None) => {
+            Config::load(path).map(|c| c.relay.data_dir).map_err(|e| AuditError::Usage(e.to_string()))
+        }
         (None, Some(dir)) => Ok(dir.clone()),
         _ => Err(AuditError::Usage("give the relay's --config PATH or its --data-dir DIR".into())),
     }

@@ -120,14 +120,7 @@ pub struct Attempt {
 #[serde(tag = "result", rename_all = "snake_case")]
 pub enum AttemptOutcome {
     /// The attempt did not deliver; another is due at `next_due_ms`.
-    Failed {
-        at: u64,
-        error: RelayError,
-        next_due_ms: u64,
-        may_switch: bool,
-        refresh_route: bool,
-        event: EventRef,
-    },
+    Failed { at: u64, error: RelayError, next_due_ms: u64, may_switch: bool, refresh_route: bool, event: EventRef },
     /// The attempt ended the delivery with `status`.
     Finished { at: u64, status: DeliveryStatus, event: EventRef },
     /// No outcome recorded: still in flight when the log ends (the relay
@@ -496,7 +489,8 @@ pub fn render_text(s: &Story) -> String {
         }
     }
     for r in &s.receipts {
-        let _ = writeln!(o, "\nreceived here by account {}: {}  [{}]", r.account, fmt_secs(r.accepted_at), at(&r.event));
+        let _ =
+            writeln!(o, "\nreceived here by account {}: {}  [{}]", r.account, fmt_secs(r.accepted_at), at(&r.event));
         let _ = writeln!(o, "  deliver params digest {}", r.digest);
         let _ = writeln!(o, "  result kept until     {}", fmt_secs(r.retention_until));
     }

@@ -159,7 +159,9 @@ fn finding_from_error(e: StoreError) -> Finding {
         StoreError::HashMismatch { stream, seq } => {
             Finding { stream, seq, problem: Problem::Chain(ChainProblem::HashMismatch) }
         }
-        other => Finding { stream: String::new(), seq: 0, problem: Problem::Chain(ChainProblem::Decode(other.to_string())) },
+        other => {
+            Finding { stream: String::new(), seq: 0, problem: Problem::Chain(ChainProblem::Decode(other.to_string())) }
+        }
     }
 }
 
@@ -209,7 +211,11 @@ pub fn verify_stream(store: &Store, stream: &str, report: &mut Report) {
                             StoreError::Corrupt { what, .. } => what,
                             other => other.to_string(),
                         };
-                        findings.push(Finding { stream: ev.stream.clone(), seq: ev.seq, problem: Problem::Event(what) });
+                        findings.push(Finding {
+                            stream: ev.stream.clone(),
+                            seq: ev.seq,
+                            problem: Problem::Event(what),
+                        });
                     }
                 }
             }
@@ -223,13 +229,18 @@ pub fn verify_stream(store: &Store, stream: &str, report: &mut Report) {
         });
         verify_chain(events)
     };
-    findings.extend(chain.into_iter().map(|c| Finding { stream: c.stream, seq: c.seq, problem: Problem::Chain(c.problem) }));
+    findings.extend(chain.into_iter().map(|c| Finding {
+        stream: c.stream,
+        seq: c.seq,
+        problem: Problem::Chain(c.problem),
+    }));
     report.events += count;
     report.streams += 1;
 
     if let Some(snap) = snapshot {
         report.snapshots += 1;
-        let problem = |what: String| Finding { stream: stream.to_owned(), seq: snap.seq, problem: Problem::Snapshot(what) };
+        let problem =
+            |what: String| Finding { stream: stream.to_owned(), seq: snap.seq, problem: Problem::Snapshot(what) };
         match (&at_snapshot, &folded) {
             _ if snap.seq == 0 => findings.push(problem("taken at seq 0, before any event".into())),
             (None, _) => findings.push(problem(format!(
@@ -339,7 +350,8 @@ mod tests {
         store.commit_durable_blocking(b).unwrap();
         let found = run(&store);
         assert_eq!(found.len(), 3, "{found:#?}");
-        assert!(found[0].starts_with("stream \"account/a\" seq 5: snapshot: taken at seq 5 but the stream has no such event"));
+        assert!(found[0]
+            .starts_with("stream \"account/a\" seq 5: snapshot: taken at seq 5 but the stream has no such event"));
         assert!(found[1].starts_with("stream \"account/b\" seq 1: snapshot: its hash"));
         assert!(found[2].starts_with("stream \"account/c\" seq 3: snapshot: snapshot of a stream that has no events"));
     }
@@ -348,7 +360,11 @@ mod tests {
     fn undecodable_events_broken_rules_and_unknown_streams_are_found() {
         let store = Store::temporary().unwrap();
         let mut b = store.batch();
-        b.append("account/a", Head::default(), vec![cursor(1), raw("cursor_moved", r#"{"cursor_moved":{"through":"x"}}"#)]);
+        b.append(
+            "account/a",
+            Head::default(),
+            vec![cursor(1), raw("cursor_moved", r#"{"cursor_moved":{"through":"x"}}"#)],
+        );
         b.append(
             "delivery/a/m",
             Head::default(),
@@ -358,8 +374,13 @@ mod tests {
         store.commit_durable_blocking(b).unwrap();
         let found = run(&store);
         assert_eq!(found.len(), 3, "{found:#?}");
-        assert!(found[0].starts_with("stream \"account/a\" seq 2: undecodable event: event cursor_moved v1"), "{found:#?}");
-        assert!(found[1].starts_with("stream \"delivery/a/m\" seq 1: event breaks a rule: a delivery stream must start with accepted"));
+        assert!(
+            found[0].starts_with("stream \"account/a\" seq 2: undecodable event: event cursor_moved v1"),
+            "{found:#?}"
+        );
+        assert!(found[1].starts_with(
+            "stream \"delivery/a/m\" seq 1: event breaks a rule: a delivery stream must start with accepted"
+        ));
         assert!(found[2].starts_with("stream \"other/x\" seq 0: stream of unknown kind"));
     }
 

@@ -65,16 +65,22 @@ pub async fn upgrade(
         None => None,
     };
     let (response, session, stream) = actix_ws::handle(&req, body)?;
-    let stream = stream.max_frame_size(ws.max_frame_bytes).aggregate_continuations().max_continuation_size(ws.max_frame_bytes);
-    actix_web::rt::spawn(Connection { relay: relay.into_inner(), ws: ws.get_ref().clone(), session, attachment: None }.run(stream, attach));
+    let stream =
+        stream.max_frame_size(ws.max_frame_bytes).aggregate_continuations().max_continuation_size(ws.max_frame_bytes);
+    actix_web::rt::spawn(
+        Connection { relay: relay.into_inner(), ws: ws.get_ref().clone(), session, attachment: None }
+            .run(stream, attach),
+    );
     Ok(response)
 }
 
 /// A live session whose device is still valid (not revoked or expired).
 async fn check_token(relay: &Relay, token: &str) -> Result<sessions::Session, RelayError> {
     let sup = relay.supervisor();
-    let session =
-        sup.sessions().lookup(token, sup.clock().now()).ok_or_else(|| RelayError::unauthorized("unknown or expired session"))?;
+    let session = sup
+        .sessions()
+        .lookup(token, sup.clock().now())
+        .ok_or_else(|| RelayError::unauthorized("unknown or expired session"))?;
     sup.ask(&session.account_id, AccountCmd::CheckSession { device: session.device_id.clone() }).await?;
     Ok(session)
 }

@@ -25,6 +25,7 @@ pub fn write_config_at(dir: &Path, id: &str, listen: &str, extra: &str) -> PathB
     let data = dir.join(id);
     std::fs::create_dir_all(&data).unwrap();
     let path = dir.join(format!("{id}.toml"));
+    let extra = unlimited_sessions(extra);
     let body = format!(
         "[relay]\nid = \"{id}\"\npublic_url = \"http://{listen}\"\nlisten = \"{listen}\"\n\
          data_dir = {data:?}\nkey_file = {key:?}\n{extra}\n",
@@ -33,6 +34,19 @@ pub fn write_config_at(dir: &Path, id: &str, listen: &str, extra: &str) -> PathB
     );
     std::fs::write(&path, body).unwrap();
     path
+}
+
+/// Tests send far faster than a person: lift the per-session rate limit
+/// unless the test sets it (tests/limits.rs does).
+fn unlimited_sessions(extra: &str) -> String {
+    const LIFT: &str = "session_rate = 1000000\nsession_burst = 1000000\n";
+    if extra.contains("session_rate") {
+        extra.to_owned()
+    } else if extra.contains("[limits]\n") {
+        extra.replacen("[limits]\n", &format!("[limits]\n{LIFT}"), 1)
+    } else {
+        format!("{extra}\n[limits]\n{LIFT}")
+    }
 }
 
 impl RelayProc {

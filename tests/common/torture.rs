@@ -122,7 +122,7 @@ impl Params {
 
     /// Overrides from `TORTURE_SEED` (decimal or 0x-hex), `TORTURE_MESSAGES`
     /// and `TORTURE_KILLS`.
-    pub fn from_env(mut self) -> Params {
+    pub fn with_env(mut self) -> Params {
         fn var(name: &str) -> Option<u64> {
             let v = std::env::var(name).ok()?;
             let v = v.trim();

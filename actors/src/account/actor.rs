@@ -259,12 +259,10 @@ impl AccountActor {
     fn notices(e: &AccountEvent, state: &AccountState) -> impl Iterator<Item = Notice> {
         let timeline = e.record().map(|r| Notice::Timeline { sequence: r.sequence, visible: r.visible.clone() });
         let delivery = match e {
-            AccountEvent::MessageSent { message_id, .. } | AccountEvent::DeliveryUpdated { message_id, .. } => {
-                state.sends.get(message_id).map(|entry| Notice::Delivery {
-                    message_id: message_id.clone(),
-                    status: entry.status.clone(),
-                })
-            }
+            AccountEvent::MessageSent { message_id, .. } | AccountEvent::DeliveryUpdated { message_id, .. } => state
+                .sends
+                .get(message_id)
+                .map(|entry| Notice::Delivery { message_id: message_id.clone(), status: entry.status.clone() }),
             _ => None,
         };
         timeline.into_iter().chain(delivery)
@@ -290,7 +288,11 @@ impl AccountActor {
     /// (so even a duplicate's answer never reports what a crash could undo).
     /// Notifications owed for those writes are published then, by the actor
     /// itself, so they leave in write order.
-    fn reply_durable(&mut self, reply: Result<Reply, RelayError>, me: Addr<Self>) -> ResponseFuture<Result<Reply, RelayError>> {
+    fn reply_durable(
+        &mut self,
+        reply: Result<Reply, RelayError>,
+        me: Addr<Self>,
+    ) -> ResponseFuture<Result<Reply, RelayError>> {
         let ticket = self.last_ticket;
         let wait = ticket.map(|t| self.sup.store().durable(t));
         let publish = !self.outbox.is_empty();

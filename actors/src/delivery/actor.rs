@@ -85,7 +85,10 @@ impl DeliveryActor {
             self.state.apply(e);
             if let DeliveryEvent::Finished { status } = e {
                 let labels = StatusLabels {
-                    status: serde_json::to_value(status.status).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default(),
+                    status: serde_json::to_value(status.status)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_owned))
+                        .unwrap_or_default(),
                     error: status.error.as_ref().map(|e| e.code.as_str().to_owned()).unwrap_or_default(),
                 };
                 self.sup.metrics().deliveries_finished.get_or_create(&labels).inc();
@@ -210,7 +213,8 @@ impl DeliveryActor {
                 } else {
                     sup.transport().deliver(relay, &params)
                 };
-                let remote = (relay.id != sup.policy().relay_id).then(|| (sup.destination(&relay.id), relay.id.clone()));
+                let remote =
+                    (relay.id != sup.policy().relay_id).then(|| (sup.destination(&relay.id), relay.id.clone()));
                 let metrics = sup.metrics().clone();
                 async move {
                     // A bounded number of attempts per destination: a dead
