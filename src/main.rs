@@ -7,8 +7,17 @@ use std::process::ExitCode;
 #[derive(Parser)]
 #[command(name = "relay", version, about = "Relay for end-to-end encrypted messages between accounts")]
 struct Cli {
+    /// Log lines as text or as JSON objects (one per line, for collectors).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -38,13 +47,15 @@ enum KeyCommand {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,actix_server=warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    let result = match Cli::parse().command {
+    let cli = Cli::parse();
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,actix_server=warn".into());
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().flatten_event(true).with_current_span(true).init(),
+    }
+    let result = match cli.command {
         Command::Audit(args) => return ExitCode::from(relay::audit::cli::run(args)),
         Command::Key { command: KeyCommand::Generate { out } } => {
             relay::keys::generate(&out).map(|key| println!("{}", relay::keys::public_key(&key)))

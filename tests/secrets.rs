@@ -54,3 +54,27 @@ async fn tokens_keys_and_message_contents_never_reach_the_logs() {
         assert!(!logs.contains(&secret), "the {what} appears in the logs");
     }
 }
+
+#[test]
+fn json_log_format_writes_one_json_object_per_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = common::relay::write_config(dir.path(), "relay-a", "");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_relay"))
+        .args(["--log-format", "json", "serve", "--config"])
+        .arg(&cfg)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut line).unwrap();
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let logs = String::from_utf8(out.stderr).unwrap();
+    let lines: Vec<serde_json::Value> =
+        logs.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|_| panic!("not JSON: {l}"))).collect();
+    assert!(lines.iter().any(|l| l["message"] == "relay started" && l["relay"] == "relay-a"), "{logs}");
+    assert!(lines.iter().any(|l| l["message"] == "relay stopped"), "{logs}");
+}

@@ -84,6 +84,9 @@ impl DeliveryActor {
         for e in &events {
             self.state.apply(e);
             if let DeliveryEvent::Finished { status } = e {
+                tracing::info!(from = %self.state.from, message_id = %self.state.message_id,
+                    attempts = self.state.attempts, status = ?status.status,
+                    error = status.error.as_ref().map(|e| e.code.as_str()), "delivery finished");
                 let labels = StatusLabels {
                     status: serde_json::to_value(status.status)
                         .ok()
@@ -184,6 +187,8 @@ impl DeliveryActor {
             return self.report(ctx);
         }
         let attempt = self.state.attempts;
+        tracing::debug!(from = %self.state.from, message_id = %self.state.message_id, attempt,
+            target = ?self.state.target.as_ref().map(|t| &t.relays), "delivery attempt");
         let params = self.state.params.clone().expect("checked in step_due");
         let relays = self.state.target.as_ref().map(|t| t.relays.clone()).unwrap_or_default();
         let (sup, digest, to) = (self.sup.clone(), self.state.digest.clone(), self.state.to.clone());
