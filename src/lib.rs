@@ -74,11 +74,16 @@ pub async fn serve(cfg: config::Config) -> Result<(), String> {
         server = server.workers(h.workers);
     }
     let server = server.listen(listener).map_err(|e| e.to_string())?.run();
+    // The server starts (workers, and its SIGTERM/SIGINT handlers) on its
+    // first poll: let that happen before announcing it, so a signal sent
+    // right after the announcement already means a graceful stop.
+    let running = actix_web::rt::spawn(server);
+    actix_web::rt::task::yield_now().await;
     tracing::info!(relay = %cfg.relay.id, %addr, restored, public_key = %keys::public_key(&key), "relay started");
     println!("relay {} listening on http://{addr}", cfg.relay.id);
     use std::io::Write;
     let _ = std::io::stdout().flush();
-    server.await.map_err(|e| e.to_string())?;
+    running.await.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
     store.flush().map_err(|e| format!("final flush: {e}"))?;
     tracing::info!("relay stopped");
     Ok(())

@@ -71,8 +71,8 @@ fn json_log_format_writes_one_json_object_per_line() {
     std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut line).unwrap();
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let out = child.wait_with_output().unwrap();
-    assert!(out.status.success());
     let logs = String::from_utf8(out.stderr).unwrap();
+    assert!(out.status.success(), "{:?}: {logs}", out.status);
     let lines: Vec<serde_json::Value> =
         logs.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|_| panic!("not JSON: {l}"))).collect();
     assert!(lines.iter().any(|l| l["message"] == "relay started" && l["relay"] == "relay-a"), "{logs}");
