@@ -459,3 +459,11 @@ fn undecodable_record_is_reported_not_panicked() {
     assert!(matches!(problems[..], [(2, ChainProblem::Decode(_)), (4, ChainProblem::Decode(_))]), "{findings:?}");
     assert!(matches!(store.head("s"), Ok(Head { seq: 5, .. })));
 }
+
+#[test]
+fn a_closed_store_reports_unhealthy() {
+    let store = Store::temporary().unwrap();
+    assert!(store.is_healthy());
+    store.close().unwrap();
+    assert!(!store.is_healthy(), "readiness must fail once nothing can be made durable");
+}

@@ -342,11 +342,17 @@ fn fields<const N: usize>(data: &[u8]) -> [&[u8]; N] {
 /// and presents the one described by the others; it must pass exactly when
 /// the two are the same request and the timestamp is within tolerance.
 pub fn fuzz_relay_auth(data: &[u8]) {
-    let Some((&mode, rest)) = data.split_first() else { return };
+    relay_auth(data);
+}
+
+/// [`fuzz_relay_auth`]; `Some(accepted)` for a harness-signed request.
+pub fn relay_auth(data: &[u8]) -> Option<bool> {
+    let (&mode, rest) = data.split_first()?;
     let s = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-    let now = |b: &[u8]| {
-        NOW.wrapping_add(b.iter().fold(0u64, |a, x| a.wrapping_mul(31).wrapping_add(*x as u64)) % 2000)
-            .wrapping_sub(1000)
+    // The clock: NOW, or within ±1000 s of it as the field says.
+    let now = |b: &[u8]| match b {
+        [] => NOW,
+        b => NOW + b.iter().fold(0u64, |a, x| a.wrapping_mul(31).wrapping_add(*x as u64)) % 2001 - 1000,
     };
     if mode % 2 == 0 {
         let [id, ts, sig, method, body, clock] = fields::<6>(rest);
@@ -356,7 +362,7 @@ pub fn fuzz_relay_auth(data: &[u8]) {
         let h = RelayHeaders { relay_id: id.as_deref(), timestamp: ts.as_deref(), signature: sig.as_deref() };
         let e = peers().authenticate(&h, &s(method), body, now(clock)).unwrap_err();
         assert_eq!(e.code, ErrorCode::Unauthorized);
-        return;
+        return None;
     }
     let [s_method, s_target, s_ts, s_body, p_id, p_method, p_ts, p_body, clock] = fields::<9>(rest);
     let s_ts: u64 = s(s_ts).parse().unwrap_or(NOW);
@@ -385,4 +391,5 @@ pub fn fuzz_relay_auth(data: &[u8]) {
             assert_eq!(e.code, ErrorCode::Unauthorized);
         }
     }
+    Some(exact)
 }
