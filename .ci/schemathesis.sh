@@ -78,8 +78,11 @@ cargo build --locked --quiet --example session_token
 TOKEN="$(target/debug/examples/session_token "$URL" relay-a)"
 
 # ---- the run ----------------------------------------------------------------------------
+# From inside the build directory: schemathesis keeps a cache in
+# ./.schemathesis, which belongs there, not in the source tree.
 status=0
-"$PY" -m schemathesis.cli run schemas/openapi.json \
+SPEC="$PWD/schemas/openapi.json"
+(cd "$BUILD" && "$PY" -m schemathesis.cli run "$SPEC" \
     --url "$URL" \
     --header "Authorization: Bearer $TOKEN" \
     --rate-limit 50/s \
@@ -94,7 +97,7 @@ status=0
     --warnings off \
     --no-color \
     --report junit --report-dir "$BUILD/report" \
-    ${SCHEMATHESIS_EXTRA_ARGS:-} || status=$?
+    ${SCHEMATHESIS_EXTRA_ARGS:-}) || status=$?
 
 # The relay must have survived it all.
 if ! kill -0 "$RELAY_PID" 2>/dev/null; then

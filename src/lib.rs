@@ -12,9 +12,11 @@
 //! - [`limits`]: per-session and per-peer rate limits;
 //! - [`peers`]: the signed relay-to-relay client (the delivery transport);
 //! - [`http`]: the actix-web transport (`/v1/rpc`, `/v1/relay`, `/healthz`);
+//! - [`bench`]: `relay bench`, the load generator;
 //! - [`serve`]: opens the store, starts the supervisor and the HTTP server.
 
 pub mod audit;
+pub mod bench;
 pub mod config;
 pub mod http;
 pub mod keys;

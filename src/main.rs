@@ -30,6 +30,8 @@ enum Command {
     },
     /// Audit a stopped relay's event logs: verify, replay, message, export.
     Audit(relay::audit::cli::AuditArgs),
+    /// Load generator: drive real relays (its own, or --relays) over HTTP.
+    Bench(relay::bench::BenchArgs),
     /// Manage the relay's key.
     Key {
         #[command(subcommand)]
@@ -57,6 +59,7 @@ fn main() -> ExitCode {
     }
     let result = match cli.command {
         Command::Audit(args) => return ExitCode::from(relay::audit::cli::run(args)),
+        Command::Bench(args) => return ExitCode::from(relay::bench::run(args)),
         Command::Key { command: KeyCommand::Generate { out } } => {
             relay::keys::generate(&out).map(|key| println!("{}", relay::keys::public_key(&key)))
         }

@@ -10,9 +10,10 @@
 //! Cases per property (default; `PROPTEST_CASES=N` overrides every one):
 //! base64url and identifiers 1000 each, canonical JSON 1000 each (order and
 //! whitespace 500, structure 500), request parsing 1000 (bytes and JSON
-//! values) and 300 (mutated valid params), signed-object mutation and
-//! respelling 256 each, domain tags 1000 (signed bytes) and 128 (with
-//! Ed25519, slow in debug builds), public keys 1000, nesting depth 64.
+//! values) and 300 (mutated valid params, digest spelling), signed-object
+//! mutation and respelling 256 each, domain tags 1000 (signed bytes) and
+//! 128 (with Ed25519, slow in debug builds), public keys 1000, nesting
+//! depth 64.
 
 use proptest::prelude::*;
 use proptest::test_runner::Config;

@@ -1,0 +1,154 @@
+//! The measured window: `concurrency` threads, each with one keep-alive
+//! connection per relay, writing pre-built requests one at a time.
+
+use super::http::Conn;
+use super::plan::Send;
+use super::Target;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+#[derive(Default)]
+pub struct Outcome {
+    /// Every reply's latency (µs), whatever its status.
+    pub send_us: Vec<u64>,
+    /// Latency (µs) of replies whose status is `target_accepted`.
+    pub deliver_us: Vec<u64>,
+    pub sent: u64,
+    pub target_accepted: u64,
+    pub delivering: u64,
+    pub cross: u64,
+    pub errors: u64,
+    /// The first few error descriptions.
+    pub error_samples: Vec<String>,
+    pub elapsed: Duration,
+}
+
+impl Outcome {
+    fn merge(&mut self, o: Outcome) {
+        self.send_us.extend(o.send_us);
+        self.deliver_us.extend(o.deliver_us);
+        self.sent += o.sent;
+        self.target_accepted += o.target_accepted;
+        self.delivering += o.delivering;
+        self.cross += o.cross;
+        self.errors += o.errors;
+        for e in o.error_samples {
+            if self.error_samples.len() < 5 {
+                self.error_samples.push(e);
+            }
+        }
+    }
+
+    fn error(&mut self, e: String) {
+        self.errors += 1;
+        if self.error_samples.len() < 5 {
+            self.error_samples.push(e);
+        }
+    }
+}
+
+fn status_of(body: &[u8]) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    v.get("status")?.as_str().map(str::to_string)
+}
+
+fn worker(
+    targets: &[Target],
+    sends: &[&Send],
+    deadline: Option<Instant>,
+    done: &AtomicU64,
+    stop: &AtomicBool,
+) -> Outcome {
+    let mut out = Outcome::default();
+    let mut conns: Vec<Option<Conn>> = targets.iter().map(|_| None).collect();
+    for s in sends {
+        if stop.load(Ordering::Relaxed) || deadline.is_some_and(|d| Instant::now() >= d) {
+            stop.store(true, Ordering::Relaxed);
+            break;
+        }
+        let conn = match &mut conns[s.relay] {
+            Some(c) => c,
+            slot => match Conn::open(&targets[s.relay].addr) {
+                Ok(c) => slot.insert(c),
+                Err(e) => {
+                    out.error(e);
+                    done.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+            },
+        };
+        let t0 = Instant::now();
+        let r = conn.roundtrip(&s.request);
+        let us = t0.elapsed().as_micros() as u64;
+        out.sent += 1;
+        out.cross += s.cross as u64;
+        done.fetch_add(1, Ordering::Relaxed);
+        match r {
+            Err(e) => {
+                conns[s.relay] = None;
+                out.error(e);
+            }
+            Ok((200, body)) => {
+                out.send_us.push(us);
+                match status_of(&body).as_deref() {
+                    Some("target_accepted") => {
+                        out.target_accepted += 1;
+                        out.deliver_us.push(us);
+                    }
+                    Some("delivering") => out.delivering += 1,
+                    _ => out.error(format!("message.send: {}", String::from_utf8_lossy(&body))),
+                }
+            }
+            Ok((status, body)) => {
+                out.send_us.push(us);
+                out.error(format!("message.send: HTTP {status}: {}", String::from_utf8_lossy(&body)))
+            }
+        }
+    }
+    out
+}
+
+/// Runs the sends over `concurrency` threads; `tick` is called about every
+/// 100 ms with the number of replies so far (the progress bar).
+pub fn run(
+    targets: &[Target],
+    sends: &[Send],
+    concurrency: usize,
+    duration: Option<Duration>,
+    tick: &dyn Fn(u64),
+) -> Outcome {
+    let concurrency = concurrency.max(1).min(sends.len().max(1));
+    // Thread t takes sends t, t + C, …: contiguous chunks would give one
+    // thread all of one sender's messages.
+    let mut shards: Vec<Vec<&Send>> = (0..concurrency).map(|_| Vec::new()).collect();
+    for (i, s) in sends.iter().enumerate() {
+        shards[i % concurrency].push(s);
+    }
+    let done = AtomicU64::new(0);
+    let stop = AtomicBool::new(false);
+    let start = Instant::now();
+    let deadline = duration.map(|d| start + d);
+    let mut total = Outcome::default();
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = shards
+            .iter()
+            .map(|shard| {
+                let (done, stop) = (&done, &stop);
+                scope.spawn(move || worker(targets, shard, deadline, done, stop))
+            })
+            .collect();
+        while !handles.iter().all(|h| h.is_finished()) {
+            tick(done.load(Ordering::Relaxed));
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        total.elapsed = start.elapsed();
+        for h in handles {
+            match h.join() {
+                Ok(o) => total.merge(o),
+                Err(_) => total.error("worker thread panicked".into()),
+            }
+        }
+    });
+    tick(done.load(Ordering::Relaxed));
+    total
+}

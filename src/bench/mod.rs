@@ -1,0 +1,258 @@
+//! `relay bench`: a load generator that drives real relays over HTTP.
+//!
+//! It starts one or two relays of its own (this same binary, `serve`, fresh
+//! data dirs on loopback, peering both ways) or targets `--relays URL,…`;
+//! registers accounts and opens sessions; pre-builds every signed
+//! `message.send` request; then measures only the sends:
+//! - [`plan`]: keys, registration, sessions, the pre-built requests;
+//! - [`load`]: the measured window (blocking keep-alive HTTP/1.1 per thread);
+//! - [`report`]: `/metrics` and RSS, the table and the JSON report.
+
+pub mod http;
+pub mod load;
+pub mod plan;
+pub mod report;
+
+use clap::Args;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde_json::json;
+use std::io::{BufRead, BufReader, IsTerminal};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Accounts to register (split round-robin across the relays).
+    #[arg(long, default_value_t = 16)]
+    pub accounts: usize,
+    /// Devices per account (the first registers, the others via device.add).
+    #[arg(long, default_value_t = 1)]
+    pub devices: usize,
+    /// Messages to pre-build and send (an upper bound with --duration).
+    #[arg(long, default_value_t = 10_000)]
+    pub messages: usize,
+    /// Keep-alive connections sending at once (one thread each).
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: usize,
+    /// Ciphertext bytes per message.
+    #[arg(long, default_value_t = 256)]
+    pub payload: usize,
+    /// Number of relays to start (1 or 2); ignored with --relays.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
+    pub local_relays: u8,
+    /// Fraction of messages sent to an account on the other relay (two
+    /// relays only; starting own relays, a non-zero value starts two).
+    #[arg(long, default_value_t = 0.0)]
+    pub cross_share: f64,
+    /// Stop sending after this long (e.g. `10s`), even if messages remain.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub duration: Option<Duration>,
+    /// Target existing relays instead of starting them: `URL[,URL2]`.
+    #[arg(long, value_delimiter = ',')]
+    pub relays: Vec<String>,
+    /// The ids of the --relays, in the same order.
+    #[arg(long, value_delimiter = ',', default_values_t = ["relay-a".to_string(), "relay-b".to_string()])]
+    pub relay_ids: Vec<String>,
+    /// Print the JSON report instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A relay under load.
+pub struct Target {
+    pub id: String,
+    /// Its URL as written in routes.
+    pub url: String,
+    /// `host:port` to connect to.
+    pub addr: String,
+}
+
+/// A relay process this bench started: killed and its dir removed on drop.
+struct OwnRelay {
+    child: Child,
+}
+
+impl Drop for OwnRelay {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn free_port() -> Result<u16, String> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    Ok(l.local_addr().map_err(|e| e.to_string())?.port())
+}
+
+/// Writes a key file (base64url seed, mode 0600); returns the public key.
+fn write_key(path: &Path, seed: [u8; 32]) -> Result<String, String> {
+    use std::io::Write;
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+    let mut f = opts.open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    writeln!(f, "{}", relay_schemas::encoding::b64_encode(&seed)).map_err(|e| e.to_string())?;
+    let key = ed25519_dalek::SigningKey::from_bytes(&seed);
+    Ok(relay_schemas::encoding::b64_encode(key.verifying_key().as_bytes()))
+}
+
+/// Starts `n` relays (ids relay-a, relay-b) peering with each other.
+fn start_relays(dir: &Path, n: usize) -> Result<(Vec<Target>, Vec<OwnRelay>), String> {
+    let ids = ["relay-a", "relay-b"];
+    let mut plan = Vec::new();
+    for (i, id) in ids.iter().take(n).enumerate() {
+        let data = dir.join(id);
+        std::fs::create_dir_all(&data).map_err(|e| e.to_string())?;
+        let key_file = data.join("relay.key");
+        let pk = write_key(&key_file, [100 + i as u8; 32])?;
+        plan.push((id.to_string(), free_port()?, data, key_file, pk));
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+    let mut targets = Vec::new();
+    let mut procs = Vec::new();
+    for (id, port, data, key_file, _) in &plan {
+        let mut peers = String::new();
+        for (pid, pport, _, _, pk) in plan.iter().filter(|p| &p.0 != id) {
+            peers.push_str(&format!(
+                "[[peers]]\nid = \"{pid}\"\nurl = \"http://127.0.0.1:{pport}\"\npublic_key = \"{pk}\"\n\n"
+            ));
+        }
+        let cfg = data.join("relay.toml");
+        let toml = format!(
+            "[relay]\nid = \"{id}\"\npublic_url = \"http://127.0.0.1:{port}\"\nlisten = \"127.0.0.1:{port}\"\n\
+             data_dir = {:?}\nkey_file = {:?}\n\n{peers}[limits]\nsession_rate = 1000000\nsession_burst = 1000000\n\
+             peer_rate = 1000000\npeer_burst = 1000000\n",
+            data.display().to_string(),
+            key_file.display().to_string()
+        );
+        std::fs::write(&cfg, toml).map_err(|e| e.to_string())?;
+        let mut child = Command::new(&exe)
+            .args(["serve", "--config"])
+            .arg(&cfg)
+            .env("RUST_LOG", std::env::var("RELAY_BENCH_LOG").unwrap_or_else(|_| "error".into()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("starting {id}: {e}"))?;
+        let stdout = child.stdout.take();
+        let own = OwnRelay { child };
+        let mut line = String::new();
+        if let Some(out) = stdout {
+            let _ = BufReader::new(out).read_line(&mut line);
+        }
+        let addr = line.trim().rsplit("http://").next().unwrap_or("").to_string();
+        if !line.contains("listening on") || addr.is_empty() {
+            return Err(format!("{id} did not start (see its log above)"));
+        }
+        procs.push(own);
+        targets.push(Target { id: id.clone(), url: format!("http://127.0.0.1:{port}"), addr });
+    }
+    Ok((targets, procs))
+}
+
+fn progress(len: u64, msg: &str) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
+    if let Ok(style) = ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} {msg} ({per_sec})") {
+        bar.set_style(style);
+    }
+    bar.set_message(msg.to_string());
+    bar
+}
+
+/// Runs the bench; the exit code: 0, 2 when some sends failed (the report
+/// is printed all the same), 1 when the bench itself could not run.
+pub fn run(args: BenchArgs) -> u8 {
+    match bench(args) {
+        Ok((text, errors)) => {
+            print!("{text}");
+            if errors > 0 {
+                eprintln!("relay bench: {errors} errors");
+                return 2;
+            }
+            0
+        }
+        Err(e) => {
+            eprintln!("relay bench: {e}");
+            1
+        }
+    }
+}
+
+fn bench(args: BenchArgs) -> Result<(String, u64), String> {
+    if args.accounts == 0 || args.devices == 0 || args.messages == 0 {
+        return Err("--accounts, --devices and --messages must be at least 1".into());
+    }
+    let run_id =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+            ^ u64::from(std::process::id());
+    let (targets, own, _dir, mode) = if args.relays.is_empty() {
+        let n = if args.cross_share > 0.0 { 2 } else { args.local_relays as usize };
+        let dir = TempDir(std::env::temp_dir().join(format!("relay-bench-{}-{run_id:x}", std::process::id())));
+        std::fs::create_dir_all(&dir.0).map_err(|e| format!("{}: {e}", dir.0.display()))?;
+        let (t, p) = start_relays(&dir.0, n)?;
+        (t, p, Some(dir), "started")
+    } else {
+        if args.relays.len() > 2 || args.relay_ids.len() < args.relays.len() {
+            return Err("--relays takes one or two URLs, and --relay-ids one id per URL".into());
+        }
+        let t = args
+            .relays
+            .iter()
+            .zip(&args.relay_ids)
+            .map(|(u, id)| {
+                Ok(Target { id: id.clone(), url: u.trim_end_matches('/').to_string(), addr: http::host_port(u)? })
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        (t, Vec::new(), None, "external")
+    };
+    if args.accounts < targets.len() {
+        return Err(format!("--accounts must be at least the number of relays ({})", targets.len()));
+    }
+
+    // Outside the measured window: accounts, sessions, signed requests.
+    let setup = progress(2, "setup: registering accounts");
+    let accounts = plan::register(&targets, args.accounts, args.devices, run_id)?;
+    setup.inc(1);
+    setup.set_message("setup: signing requests");
+    let sends = plan::sends(&accounts, targets.len(), args.messages, args.payload, args.cross_share, run_id);
+    setup.finish_and_clear();
+
+    let before: Vec<_> = targets.iter().map(|t| report::scrape(&t.addr)).collect();
+    let bar = progress(sends.len() as u64, "sends");
+    let mut outcome = load::run(&targets, &sends, args.concurrency, args.duration, &|n| bar.set_position(n));
+    bar.finish_and_clear();
+    let after: Vec<_> = targets.iter().map(|t| report::scrape(&t.addr)).collect();
+    let rss = own.iter().map(|p| report::rss_bytes(p.child.id())).collect();
+
+    let config = json!({
+        "mode": mode,
+        "relays": targets.len(),
+        "relay_urls": targets.iter().map(|t| t.url.clone()).collect::<Vec<_>>(),
+        "accounts": args.accounts,
+        "devices": args.devices,
+        "messages": args.messages,
+        "concurrency": args.concurrency,
+        "payload": args.payload,
+        "cross_share": if targets.len() > 1 { args.cross_share } else { 0.0 },
+        "duration_s": args.duration.map(|d| d.as_secs_f64()),
+        "websocket": false,
+    });
+    let r = report::build(report::Inputs { config, outcome: &mut outcome, before, after, rss });
+    drop(own);
+    let text =
+        if args.json { serde_json::to_string_pretty(&r).map_err(|e| e.to_string())? + "\n" } else { report::table(&r) };
+    Ok((text, outcome.errors))
+}

@@ -1,0 +1,162 @@
+//! Metrics scraping, the summary numbers, the table and the JSON report.
+
+use super::http::Conn;
+use super::load::Outcome;
+use serde_json::{json, Value};
+
+/// The value of the first sample line named `name` (labels or not).
+pub fn sample(metrics: &str, name: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find(|l| l.strip_prefix(name).is_some_and(|r| r.starts_with(' ') || r.starts_with('{')))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// What one relay's `/metrics` says that the report uses.
+#[derive(Clone, Copy, Default)]
+pub struct Scrape {
+    pub resident: f64,
+    pub commits_sum: f64,
+    pub flush_count: f64,
+}
+
+pub fn scrape(addr: &str) -> Option<Scrape> {
+    let (status, body) = Conn::open(addr).ok()?.get("/metrics").ok()?;
+    if status != 200 {
+        return None;
+    }
+    let m = String::from_utf8_lossy(&body);
+    Some(Scrape {
+        resident: sample(&m, "relay_account_actors_resident")?,
+        commits_sum: sample(&m, "relay_store_flush_batch_commits_sum")?,
+        flush_count: sample(&m, "relay_store_flush_batch_commits_count")?,
+    })
+}
+
+/// Resident set size of process `pid` in bytes (Linux `/proc`).
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: u64 =
+        s.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kb * 1024)
+}
+
+fn pct(sorted: &[u64], p: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
+    Some(sorted[i] as f64 / 1000.0)
+}
+
+fn round(v: f64) -> f64 {
+    (v * 1000.0).round() / 1000.0
+}
+
+pub struct Inputs<'a> {
+    pub config: Value,
+    pub outcome: &'a mut Outcome,
+    pub before: Vec<Option<Scrape>>,
+    pub after: Vec<Option<Scrape>>,
+    /// RSS of each relay process the bench started (empty with `--relays`).
+    pub rss: Vec<Option<u64>>,
+}
+
+pub fn build(i: Inputs) -> Value {
+    let o = i.outcome;
+    o.send_us.sort_unstable();
+    o.deliver_us.sort_unstable();
+    let secs = o.elapsed.as_secs_f64().max(1e-9);
+    let per_sec = |n: f64| round(n / secs);
+    let opt = |v: Option<f64>| v.map(round);
+    // Metrics: sums over relays of the deltas across the measured window;
+    // null when any relay could not be scraped.
+    let pairs: Option<Vec<(Scrape, Scrape)>> =
+        i.before.iter().zip(&i.after).map(|(b, a)| Some(((*b)?, (*a)?))).collect();
+    let (resident, commits, flushes) = match &pairs {
+        Some(p) => (
+            Some(p.iter().map(|(_, a)| a.resident).sum::<f64>()),
+            Some(p.iter().map(|(b, a)| a.commits_sum - b.commits_sum).sum::<f64>()),
+            Some(p.iter().map(|(b, a)| a.flush_count - b.flush_count).sum::<f64>()),
+        ),
+        None => (None, None, None),
+    };
+    let rss: Option<u64> = if i.rss.is_empty() { None } else { i.rss.iter().copied().sum::<Option<u64>>() };
+    let mean_flush = match (commits, flushes) {
+        (Some(c), Some(f)) if f > 0.0 => Some(round(c / f)),
+        _ => None,
+    };
+    json!({
+        "config": i.config,
+        "elapsed_s": round(secs),
+        "sent": o.sent,
+        "cross_relay_sent": o.cross,
+        "target_accepted": o.target_accepted,
+        "delivering": o.delivering,
+        "errors": o.errors,
+        "error_samples": o.error_samples,
+        "send_per_sec": per_sec(o.sent as f64),
+        "send_p50_ms": opt(pct(&o.send_us, 0.50)),
+        "send_p99_ms": opt(pct(&o.send_us, 0.99)),
+        "send_max_ms": opt(o.send_us.last().map(|&v| v as f64 / 1000.0)),
+        "target_accepted_per_sec": per_sec(o.target_accepted as f64),
+        "deliver_p50_ms": opt(pct(&o.deliver_us, 0.50)),
+        "deliver_p99_ms": opt(pct(&o.deliver_us, 0.99)),
+        "resident_actors": resident.map(|v| v as u64),
+        "rss_bytes": rss,
+        "rss_bytes_per_relay": i.rss,
+        "commits": commits.map(|v| v as u64),
+        "commits_per_sec": commits.map(per_sec),
+        "events_per_sec": commits.map(per_sec),
+        "flushes": flushes.map(|v| v as u64),
+        "mean_flush_batch": mean_flush,
+    })
+}
+
+/// The human table.
+pub fn table(r: &Value) -> String {
+    let ms = |k: &str| r[k].as_f64().map(|v| format!("{v:.3} ms")).unwrap_or_else(|| "-".into());
+    let num = |k: &str| match &r[k] {
+        Value::Null => "-".to_string(),
+        v => v.to_string(),
+    };
+    let c = &r["config"];
+    let rows: Vec<(String, String)> = vec![
+        ("relays".into(), format!("{} ({})", c["relays"], c["mode"].as_str().unwrap_or(""))),
+        (
+            "workload".into(),
+            format!(
+                "{} accounts × {} devices, {} B payload, concurrency {}, cross-share {}",
+                c["accounts"], c["devices"], c["payload"], c["concurrency"], c["cross_share"]
+            ),
+        ),
+        ("sent".into(), format!("{} ({} cross-relay) in {} s", num("sent"), num("cross_relay_sent"), num("elapsed_s"))),
+        ("send/s".into(), num("send_per_sec")),
+        (
+            "send p50 / p99 / max".into(),
+            format!("{} / {} / {}", ms("send_p50_ms"), ms("send_p99_ms"), ms("send_max_ms")),
+        ),
+        ("target_accepted/s".into(), num("target_accepted_per_sec")),
+        ("deliver p50 / p99".into(), format!("{} / {}", ms("deliver_p50_ms"), ms("deliver_p99_ms"))),
+        ("delivering (not yet accepted)".into(), num("delivering")),
+        ("errors".into(), num("errors")),
+        ("resident actors".into(), num("resident_actors")),
+        (
+            "relay RSS".into(),
+            r["rss_bytes"].as_u64().map(|b| format!("{:.1} MiB", b as f64 / 1048576.0)).unwrap_or_else(|| "-".into()),
+        ),
+        ("store commits/s (events_per_sec)".into(), num("commits_per_sec")),
+        ("mean flush batch (commits)".into(), num("mean_flush_batch")),
+    ];
+    let w = rows.iter().map(|(k, _)| k.chars().count()).max().unwrap_or(0);
+    let mut out = String::new();
+    for (k, v) in rows {
+        out.push_str(&format!("{k:<w$}  {v}\n"));
+    }
+    if let Some(errs) = r["error_samples"].as_array() {
+        for e in errs {
+            out.push_str(&format!("error: {}\n", e.as_str().unwrap_or("")));
+        }
+    }
+    out
+}
