@@ -572,7 +572,6 @@ fn bodies_over_the_size_limit_are_payload_too_large() {
 /// parser keeps the first occurrence sees content the signature does not
 /// cover.
 #[test]
-#[ignore = "known gap: repeated unknown members of signed objects are accepted"]
 fn an_envelope_with_a_repeated_unknown_member_is_invalid_params() {
     use relay_schemas::sign::{sign_object, Tag};
     let sys = actix_rt::System::new();
@@ -599,7 +598,6 @@ fn an_envelope_with_a_repeated_unknown_member_is_invalid_params() {
 /// not match its schema. Either refusal (`invalid_params`) or storing only
 /// the two members would do.
 #[test]
-#[ignore = "known gap: unknown members of key boxes are accepted and synced back"]
 fn a_key_box_with_an_unknown_member_is_refused_or_stripped() {
     let sys = actix_rt::System::new();
     let dir = tempfile::tempdir().unwrap();

@@ -6,6 +6,7 @@
 //!   delivery handling of each code;
 //! - [`encoding`]: base64url, RFC 8785 canonical JSON and its digest;
 //! - [`ids`]: identifier syntax and the key-bound `account_id`;
+//! - [`ijson`]: I-JSON checks (no repeated members, safe integers);
 //! - [`sign`]: domain-tagged Ed25519 signatures, verified strictly;
 //! - [`objects`]: the core objects of PROTOCOL §2, kept byte-for-byte;
 //! - [`methods`]: params and results of every method;
@@ -18,6 +19,7 @@ pub mod client;
 pub mod encoding;
 pub mod error;
 pub mod ids;
+pub mod ijson;
 pub mod methods;
 pub mod objects;
 pub mod sign;

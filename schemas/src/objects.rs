@@ -24,7 +24,10 @@ pub struct Wire<T> {
 }
 
 impl<T: DeserializeOwned> Wire<T> {
+    /// Parses the typed view, after the I-JSON checks ([`crate::ijson`]):
+    /// the bytes kept must mean one thing to every parser.
     pub fn from_raw(raw: Box<RawValue>) -> Result<Self, serde_json::Error> {
+        crate::ijson::check(raw.get())?;
         let body = serde_json::from_str(raw.get())?;
         Ok(Wire { raw, body })
     }
@@ -260,7 +263,10 @@ impl Wire<MessageEnvelope> {
     }
 }
 
+/// Exactly `device_id` and `box` (PROTOCOL §2): a box is not signed, so
+/// extra members would only travel unchecked to the recipient's devices.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct KeyBox {
     pub device_id: String,
     #[serde(rename = "box")]
@@ -444,12 +450,25 @@ mod tests {
     }
 
     #[test]
-    fn wire_objects_keep_unknown_members_byte_for_byte() {
-        let text = r#"{"device_id":"phone", "box":"AQ",  "x-later":[1.50,{"z":1e3}]}"#;
-        let b: Wire<KeyBox> = Wire::parse(text).unwrap();
-        assert_eq!(b.raw().get(), text);
-        assert_eq!(serde_json::to_string(&b).unwrap(), text);
-        assert_eq!(b.device_id, "phone");
+    fn signed_objects_keep_unknown_members_byte_for_byte() {
+        let text = r#"{"invite_id":"i", "issuer":"a","issued_at":1,"expires_at":2,"signature":"s",  "x-later":[1.50,{"z":1e3}]}"#;
+        let i: Wire<ContactInvite> = Wire::parse(text).unwrap();
+        assert_eq!(i.raw().get(), text);
+        assert_eq!(serde_json::to_string(&i).unwrap(), text);
+        assert_eq!(i.invite_id, "i");
+    }
+
+    #[test]
+    fn key_boxes_have_exactly_their_two_members() {
+        assert!(Wire::<KeyBox>::parse(r#"{"device_id":"p","box":"AQ","extra":1}"#).is_err());
+    }
+
+    #[test]
+    fn repeated_members_and_unsafe_integers_are_refused_in_wire_objects() {
+        let dup = r#"{"invite_id":"i","issuer":"a","issued_at":1,"expires_at":2,"signature":"s","x":1,"x":2}"#;
+        assert!(Wire::<ContactInvite>::parse(dup).is_err());
+        let big = r#"{"invite_id":"i","issuer":"a","issued_at":1,"expires_at":1152921504606846976,"signature":"s"}"#;
+        assert!(Wire::<ContactInvite>::parse(big).is_err());
     }
 
     #[test]
