@@ -176,3 +176,17 @@ async fn a_dead_destination_with_many_pending_deliveries_does_not_delay_a_health
         s.await.unwrap();
     }
 }
+
+#[actix_rt::test]
+async fn an_idle_keep_alive_connection_is_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let relay = RelayProc::start(dir.path(), "relay-a", "[http]\nkeep_alive = \"300ms\"\n");
+    let mut s = TcpStream::connect(relay.url.trim_start_matches("http://")).unwrap();
+    assert_eq!(healthz(&mut s).as_deref(), Some("HTTP/1.1 200 OK"));
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let started = Instant::now();
+    let mut buf = [0u8; 64];
+    let n = s.read(&mut buf).unwrap_or(0); // the relay closes the idle connection
+    assert_eq!(n, 0, "no more bytes, only the close");
+    assert!(started.elapsed() < Duration::from_secs(4), "idle connection kept {:?}", started.elapsed());
+}
