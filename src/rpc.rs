@@ -42,30 +42,6 @@ struct MethodLabels {
     method: String,
 }
 
-/// Methods get their own metric labels; anything else is "unknown", so a
-/// caller cannot grow the label set.
-const METHODS: &[&str] = &[
-    "account.register",
-    "session.challenge",
-    "session.open",
-    "session.attach",
-    "device.add",
-    "device.revoke",
-    "account.devices.get",
-    "account.settings.update",
-    "route.get",
-    "route.update",
-    "contact.revoke",
-    "message.send",
-    "message.delivery.status",
-    "message.timeline.sync",
-    "message.timeline.ack",
-    "relay/message.deliver",
-    "relay/route.get",
-    "relay/account.devices.get",
-    "relay/message.delivery.peer_status",
-];
-
 /// Parses params, mapping any JSON or type error to `invalid_params`.
 /// Params are a JSON object: serde would also take a positional array.
 pub(crate) fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, RelayError> {
@@ -112,7 +88,11 @@ impl Relay {
 
     /// Counts a call and its latency under its method (and result code).
     pub(crate) fn observe(&self, method: &str, started: Instant, result: &Result<String, RelayError>) {
-        let method = if METHODS.contains(&method) { method } else { "unknown" }.to_owned();
+        // Methods get their own metric labels; anything else is "unknown", so
+        // a caller cannot grow the label set.
+        let known = CLIENT_METHODS.contains(&method)
+            || method.strip_prefix("relay/").is_some_and(|m| RELAY_METHODS.contains(&m));
+        let method = if known { method } else { "unknown" }.to_owned();
         let code = match result {
             Ok(_) => "ok".to_owned(),
             Err(e) => e.code.as_str().to_owned(),

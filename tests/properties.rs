@@ -187,23 +187,7 @@ proptest! {
 
 // ---- a real relay over HTTP -----------------------------------------------------------------
 
-const CLIENT_METHODS: &[&str] = &[
-    "account.register",
-    "session.challenge",
-    "session.open",
-    "session.attach",
-    "device.add",
-    "device.revoke",
-    "account.devices.get",
-    "account.settings.update",
-    "route.get",
-    "route.update",
-    "contact.revoke",
-    "message.send",
-    "message.delivery.status",
-    "message.timeline.sync",
-    "message.timeline.ack",
-];
+use relay_schemas::methods::CLIENT_METHODS;
 
 fn arb_json() -> impl Strategy<Value = Value> {
     let leaf = prop_oneof![

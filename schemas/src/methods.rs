@@ -5,6 +5,29 @@
 use crate::objects::{present, *};
 use serde::{Deserialize, Serialize};
 
+/// The client methods of PROTOCOL §4.
+pub const CLIENT_METHODS: &[&str] = &[
+    "account.register",
+    "session.challenge",
+    "session.open",
+    "session.attach",
+    "device.add",
+    "device.revoke",
+    "account.devices.get",
+    "account.settings.update",
+    "route.get",
+    "route.update",
+    "contact.revoke",
+    "message.send",
+    "message.delivery.status",
+    "message.timeline.sync",
+    "message.timeline.ack",
+];
+
+/// The relay methods of PROTOCOL §5 that this relay serves.
+pub const RELAY_METHODS: &[&str] =
+    &["message.deliver", "route.get", "account.devices.get", "message.delivery.peer_status"];
+
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Settings {
     #[serde(default, deserialize_with = "present")]
