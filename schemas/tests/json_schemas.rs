@@ -790,3 +790,13 @@ fn openapi_refs_resolve_within_the_document() {
         .expect("404 route_not_found");
     assert!(!check_openapi("ErrorResponse404", &json!({"error": {"code": "forbidden", "message": "x"}})).is_empty());
 }
+
+/// The crate's method list (used for dispatch metrics and tests) is the
+/// protocol's: this file keeps its own copy, written from PROTOCOL §4/§5,
+/// so that each checks the other.
+#[test]
+fn crate_method_lists_match_the_protocol() {
+    assert_eq!(relay_schemas::methods::CLIENT_METHODS, CLIENT_METHODS);
+    let served: Vec<&str> = RELAY_METHODS.iter().copied().filter(|m| *m != "timeline.replicate").collect();
+    assert_eq!(relay_schemas::methods::RELAY_METHODS, served.as_slice());
+}
