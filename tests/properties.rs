@@ -358,7 +358,7 @@ fn valid_params(user: &User, method: &str, url: &str, n: u64) -> Value {
         "account.register" => json!({
             "route": stranger.route(1, &[("relay-a", url)], now),
             "device_certificate": stranger.certificate(&tab, now, None),
-            "settings": {"public_discovery": n % 2 == 0},
+            "settings": {"public_discovery": n.is_multiple_of(2)},
         }),
         "session.challenge" => json!({"account_id": a.id, "device_id": "phone"}),
         "session.open" => json!({"account_id": a.id, "device_id": "phone", "challenge": "AAAA",
@@ -367,7 +367,7 @@ fn valid_params(user: &User, method: &str, url: &str, n: u64) -> Value {
         "device.add" => json!({"device_certificate": a.certificate(&tab, now, Some(now + 3600))}),
         "device.revoke" => json!({"revocation": a.revocation("tab", now)}),
         "account.devices.get" | "route.get" => json!({"account_id": a.id}),
-        "account.settings.update" => json!({"public_discovery": n % 2 == 0}),
+        "account.settings.update" => json!({"public_discovery": n.is_multiple_of(2)}),
         "route.update" => json!({"route": a.route(1 + n % 3, &[("relay-a", url)], now)}),
         "contact.revoke" => json!({"grant_id": format!("g{}", n % 5)}),
         "message.send" => user.self_params(&mid, &["phone"]),
