@@ -5,11 +5,12 @@ use serde_json::Value;
 use std::process::Command;
 
 fn bench(extra: &[&str]) -> Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_relay"))
-        .args(["bench", "--messages", "200", "--accounts", "4", "--concurrency", "4", "--json"])
-        .args(extra)
-        .output()
-        .unwrap();
+    run(&[&["--messages", "200", "--accounts", "4", "--concurrency", "4"], extra].concat())
+}
+
+/// `relay bench --json ARGS`: exit 0 and the parsed report.
+fn run(args: &[&str]) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_relay")).arg("bench").args(args).arg("--json").output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "exit {:?}\n{stdout}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
     serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
@@ -52,4 +53,60 @@ fn bench_two_relays_with_cross_relay_share() {
     let r = bench(&["--cross-share", "0.5"]);
     check(&r, 2);
     assert_eq!(r["cross_relay_sent"], 100, "{r:#}");
+}
+
+#[test]
+fn bench_ws_correlates_a_notification_to_every_accepted_send() {
+    // Two relays (cross-relay records are notified at relay-b) and two
+    // devices per account (each recipient device is notified).
+    let r = run(&[
+        "--ws",
+        "--messages",
+        "40",
+        "--accounts",
+        "4",
+        "--devices",
+        "2",
+        "--concurrency",
+        "4",
+        "--cross-share",
+        "0.5",
+    ]);
+    assert_eq!(r["errors"], 0, "{r:#}");
+    assert_eq!(r["sent"], 40, "{r:#}");
+    assert_eq!(r["config"]["websocket"], true, "{r:#}");
+    assert_eq!(r["config"]["websocket_connections"], 8, "{r:#}");
+    assert_eq!(r["notify_missing"], 0, "{r:#}");
+    assert_eq!(r["ws_failures"], 0, "{r:#}");
+    let accepted = r["target_accepted"].as_u64().unwrap();
+    assert!(accepted > 0, "{r:#}");
+    assert_eq!(r["notified"].as_u64(), Some(accepted * 2), "one per recipient device: {r:#}");
+    for k in ["notify_p50_ms", "notify_p99_ms", "notify_max_ms"] {
+        let v = r[k].as_f64().unwrap_or_else(|| panic!("{k} is not a number: {r:#}"));
+        assert!(v.is_finite() && v >= 0.0, "{k} = {v}");
+    }
+    assert!(r["notify_p50_ms"].as_f64() <= r["notify_max_ms"].as_f64(), "{r:#}");
+}
+
+#[test]
+fn bench_without_ws_reports_no_notification_figures() {
+    let r = run(&["--messages", "10", "--accounts", "2", "--concurrency", "2"]);
+    assert_eq!(r["config"]["websocket"], false, "{r:#}");
+    for k in ["notify_p50_ms", "notified", "notify_missing", "pending", "idle_cpu_share"] {
+        assert!(r.get(k).is_some_and(Value::is_null), "{k}: {r:#}");
+    }
+}
+
+#[test]
+fn bench_pending_counts_the_deliveries_waiting_for_a_dead_relay() {
+    let r = run(&["--pending", "20", "--idle-window", "1s"]);
+    assert_eq!(r["errors"], 0, "{r:#}");
+    assert_eq!(r["sent"], 20, "{r:#}");
+    assert_eq!(r["delivering"], 20, "the destination is down: {r:#}");
+    assert_eq!(r["pending"], 20, "{r:#}");
+    assert_eq!(r["config"]["pending"], 20, "{r:#}");
+    for k in ["idle_cpu_share", "idle_cpu_seconds", "idle_window_s", "settle_s"] {
+        let v = r[k].as_f64().unwrap_or_else(|| panic!("{k} is not a number: {r:#}"));
+        assert!(v.is_finite() && v >= 0.0, "{k} = {v}");
+    }
 }

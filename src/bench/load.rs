@@ -21,12 +21,17 @@ pub struct Outcome {
     /// The first few error descriptions.
     pub error_samples: Vec<String>,
     pub elapsed: Duration,
+    /// `(send index, when its request was written)` of every reply whose
+    /// status is `target_accepted` (the start of a `--ws` notification
+    /// latency).
+    pub accepted: Vec<(usize, Instant)>,
 }
 
 impl Outcome {
     fn merge(&mut self, o: Outcome) {
         self.send_us.extend(o.send_us);
         self.deliver_us.extend(o.deliver_us);
+        self.accepted.extend(o.accepted);
         self.sent += o.sent;
         self.target_accepted += o.target_accepted;
         self.delivering += o.delivering;
@@ -54,14 +59,14 @@ fn status_of(body: &[u8]) -> Option<String> {
 
 fn worker(
     targets: &[Target],
-    sends: &[&Send],
+    sends: &[(usize, &Send)],
     deadline: Option<Instant>,
     done: &AtomicU64,
     stop: &AtomicBool,
 ) -> Outcome {
     let mut out = Outcome::default();
     let mut conns: Vec<Option<Conn>> = targets.iter().map(|_| None).collect();
-    for s in sends {
+    for &(index, s) in sends {
         if stop.load(Ordering::Relaxed) || deadline.is_some_and(|d| Instant::now() >= d) {
             stop.store(true, Ordering::Relaxed);
             break;
@@ -94,6 +99,7 @@ fn worker(
                     Some("target_accepted") => {
                         out.target_accepted += 1;
                         out.deliver_us.push(us);
+                        out.accepted.push((index, t0));
                     }
                     Some("delivering") => out.delivering += 1,
                     _ => out.error(format!("message.send: {}", String::from_utf8_lossy(&body))),
@@ -120,9 +126,9 @@ pub fn run(
     let concurrency = concurrency.max(1).min(sends.len().max(1));
     // Thread t takes sends t, t + C, …: contiguous chunks would give one
     // thread all of one sender's messages.
-    let mut shards: Vec<Vec<&Send>> = (0..concurrency).map(|_| Vec::new()).collect();
+    let mut shards: Vec<Vec<(usize, &Send)>> = (0..concurrency).map(|_| Vec::new()).collect();
     for (i, s) in sends.iter().enumerate() {
-        shards[i % concurrency].push(s);
+        shards[i % concurrency].push((i, s));
     }
     let done = AtomicU64::new(0);
     let stop = AtomicBool::new(false);

@@ -6,12 +6,16 @@
 //! `message.send` request; then measures only the sends:
 //! - [`plan`]: keys, registration, sessions, the pre-built requests;
 //! - [`load`]: the measured window (blocking keep-alive HTTP/1.1 per thread);
-//! - [`report`]: `/metrics` and RSS, the table and the JSON report.
+//! - [`report`]: `/metrics` and RSS, the table and the JSON report;
+//! - [`ws`]: `--ws`, the recipients' WebSockets and notification latency;
+//! - [`pending`]: `--pending N`, the idle CPU of N deliveries to a dead relay.
 
 pub mod http;
 pub mod load;
+pub mod pending;
 pub mod plan;
 pub mod report;
+pub mod ws;
 
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -54,6 +58,22 @@ pub struct BenchArgs {
     /// The ids of the --relays, in the same order.
     #[arg(long, value_delimiter = ',', default_values_t = ["relay-a".to_string(), "relay-b".to_string()])]
     pub relay_ids: Vec<String>,
+    /// Every device holds a WebSocket (`GET /v1/ws`) through the window;
+    /// measure send → `message.timeline.changed` at the recipient device.
+    #[arg(long)]
+    pub ws: bool,
+    /// With --ws: how long to wait after the sends for notifications still
+    /// missing (then counted in `notify_missing`).
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    pub notify_grace: Duration,
+    /// Instead of the load: N deliveries pending to a dead relay, and the
+    /// CPU share of one core the source relay uses between due times (own
+    /// relays only).
+    #[arg(long, value_name = "N", conflicts_with_all = ["relays", "ws", "duration", "cross_share", "local_relays"])]
+    pub pending: Option<usize>,
+    /// With --pending: how long to measure the idle CPU.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub idle_window: Duration,
     /// Print the JSON report instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -106,8 +126,9 @@ fn write_key(path: &Path, seed: [u8; 32]) -> Result<String, String> {
     Ok(relay_schemas::encoding::b64_encode(key.verifying_key().as_bytes()))
 }
 
-/// Starts `n` relays (ids relay-a, relay-b) peering with each other.
-fn start_relays(dir: &Path, n: usize) -> Result<(Vec<Target>, Vec<OwnRelay>), String> {
+/// Starts `n` relays (ids relay-a, relay-b) peering with each other;
+/// `extra[i]`, when given, is appended to relay `i`'s TOML.
+fn start_relays(dir: &Path, n: usize, extra: &[&str]) -> Result<(Vec<Target>, Vec<OwnRelay>), String> {
     let ids = ["relay-a", "relay-b"];
     let mut plan = Vec::new();
     for (i, id) in ids.iter().take(n).enumerate() {
@@ -120,7 +141,7 @@ fn start_relays(dir: &Path, n: usize) -> Result<(Vec<Target>, Vec<OwnRelay>), St
     let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
     let mut targets = Vec::new();
     let mut procs = Vec::new();
-    for (id, port, data, key_file, _) in &plan {
+    for (i, (id, port, data, key_file, _)) in plan.iter().enumerate() {
         let mut peers = String::new();
         for (pid, pport, _, _, pk) in plan.iter().filter(|p| &p.0 != id) {
             peers.push_str(&format!(
@@ -131,9 +152,10 @@ fn start_relays(dir: &Path, n: usize) -> Result<(Vec<Target>, Vec<OwnRelay>), St
         let toml = format!(
             "[relay]\nid = \"{id}\"\npublic_url = \"http://127.0.0.1:{port}\"\nlisten = \"127.0.0.1:{port}\"\n\
              data_dir = {:?}\nkey_file = {:?}\n\n{peers}[limits]\nsession_rate = 1000000\nsession_burst = 1000000\n\
-             peer_rate = 1000000\npeer_burst = 1000000\n",
+             peer_rate = 1000000\npeer_burst = 1000000\n\n{}",
             data.display().to_string(),
-            key_file.display().to_string()
+            key_file.display().to_string(),
+            extra.get(i).copied().unwrap_or("")
         );
         std::fs::write(&cfg, toml).map_err(|e| e.to_string())?;
         let mut child = Command::new(&exe)
@@ -158,6 +180,15 @@ fn start_relays(dir: &Path, n: usize) -> Result<(Vec<Target>, Vec<OwnRelay>), St
         targets.push(Target { id: id.clone(), url: format!("http://127.0.0.1:{port}"), addr });
     }
     Ok((targets, procs))
+}
+
+/// Starts `n` relays in a fresh temp dir (removed when dropped, after the
+/// relays).
+fn own_relays(run_id: u64, n: usize, extra: &[&str]) -> Result<(Vec<Target>, Vec<OwnRelay>, TempDir), String> {
+    let dir = TempDir(std::env::temp_dir().join(format!("relay-bench-{}-{run_id:x}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).map_err(|e| format!("{}: {e}", dir.0.display()))?;
+    let (t, p) = start_relays(&dir.0, n, extra)?;
+    Ok((t, p, dir))
 }
 
 fn progress(len: u64, msg: &str) -> ProgressBar {
@@ -198,11 +229,12 @@ fn bench(args: BenchArgs) -> Result<(String, u64), String> {
     let run_id =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
             ^ u64::from(std::process::id());
-    let (targets, own, _dir, mode) = if args.relays.is_empty() {
+    if let Some(n) = args.pending {
+        return pending::run(&args, n, run_id);
+    }
+    let (targets, own, dir, mode) = if args.relays.is_empty() {
         let n = if args.cross_share > 0.0 { 2 } else { args.local_relays as usize };
-        let dir = TempDir(std::env::temp_dir().join(format!("relay-bench-{}-{run_id:x}", std::process::id())));
-        std::fs::create_dir_all(&dir.0).map_err(|e| format!("{}: {e}", dir.0.display()))?;
-        let (t, p) = start_relays(&dir.0, n)?;
+        let (t, p, dir) = own_relays(run_id, n, &[])?;
         (t, p, Some(dir), "started")
     } else {
         if args.relays.len() > 2 || args.relay_ids.len() < args.relays.len() {
@@ -228,6 +260,12 @@ fn bench(args: BenchArgs) -> Result<(String, u64), String> {
     setup.inc(1);
     setup.set_message("setup: signing requests");
     let sends = plan::sends(&accounts, targets.len(), args.messages, args.payload, args.cross_share, run_id);
+    let listener = if args.ws {
+        setup.set_message("setup: attaching websockets");
+        Some(ws::Listener::start(&targets, &accounts)?)
+    } else {
+        None
+    };
     setup.finish_and_clear();
 
     let before: Vec<_> = targets.iter().map(|t| report::scrape(&t.addr)).collect();
@@ -236,6 +274,15 @@ fn bench(args: BenchArgs) -> Result<(String, u64), String> {
     bar.finish_and_clear();
     let after: Vec<_> = targets.iter().map(|t| report::scrape(&t.addr)).collect();
     let rss = own.iter().map(|p| report::rss_bytes(p.child.id())).collect();
+    let mut notify = match listener {
+        Some(l) => {
+            let waiting = progress(1, "waiting for notifications");
+            let n = ws::correlate(l, &targets, &accounts, &sends, &outcome.accepted, args.notify_grace)?;
+            waiting.finish_and_clear();
+            Some(n)
+        }
+        None => None,
+    };
 
     let config = json!({
         "mode": mode,
@@ -248,10 +295,16 @@ fn bench(args: BenchArgs) -> Result<(String, u64), String> {
         "payload": args.payload,
         "cross_share": if targets.len() > 1 { args.cross_share } else { 0.0 },
         "duration_s": args.duration.map(|d| d.as_secs_f64()),
-        "websocket": false,
+        "websocket": args.ws,
+        "websocket_connections": notify.as_ref().map(|n| n.sockets),
+        "notify_grace_s": args.ws.then_some(args.notify_grace.as_secs_f64()),
     });
-    let r = report::build(report::Inputs { config, outcome: &mut outcome, before, after, rss });
+    let mut r = report::build(report::Inputs { config, outcome: &mut outcome, before, after, rss });
+    if let Some(n) = notify.as_mut() {
+        report::notify(&mut r, n);
+    }
     drop(own);
+    drop(dir);
     let text =
         if args.json { serde_json::to_string_pretty(&r).map_err(|e| e.to_string())? + "\n" } else { report::table(&r) };
     Ok((text, outcome.errors))

@@ -20,6 +20,10 @@ pub struct Send {
     pub relay: usize,
     pub request: Vec<u8>,
     pub cross: bool,
+    /// The recipient: an index into the accounts.
+    pub to: usize,
+    /// The envelope's `message_id` (correlates `--ws` notifications).
+    pub message_id: String,
 }
 
 pub fn now() -> u64 {
@@ -115,23 +119,49 @@ pub fn sends(
             // count floor((m+1)·share) steps.
             let cross = ((m + 1) as f64 * cross_share).floor() > (m as f64 * cross_share).floor();
             let to = recipient(accounts, relays, from, m, cross);
-            let (a, b) = (&accounts[from], &accounts[to]);
-            let env = a.devices[0].envelope(
-                &a.account.id,
-                &b.account.id,
-                &format!("bench-{run:x}-{m:010}"),
-                created,
-                &ciphertext,
-            );
-            let rb: Vec<_> = b.devices.iter().map(|d| key_box(&d.id, &[9u8; 64])).collect();
-            let sb: Vec<_> = a.devices.iter().map(|d| key_box(&d.id, &[8u8; 64])).collect();
-            let body = serde_json::to_vec(&json!({"envelope": env, "recipient_boxes": rb, "sender_boxes": sb}))
-                .expect("serializable");
-            Send {
-                relay: a.home,
-                request: rpc_request("message.send", Some(&a.tokens[0]), &body),
-                cross: a.home != b.home,
-            }
+            build(accounts, from, to, m, created, &ciphertext, run)
         })
         .collect()
+}
+
+/// Builds `count` signed `message.send` requests, all from account `from`
+/// to account `to` (`--pending`).
+pub fn sends_between(
+    accounts: &[BenchAccount],
+    from: usize,
+    to: usize,
+    count: usize,
+    payload: usize,
+    run: u64,
+) -> Vec<Send> {
+    let created = now();
+    let ciphertext = vec![7u8; payload];
+    (0..count).map(|m| build(accounts, from, to, m, created, &ciphertext, run)).collect()
+}
+
+/// Message `m` from account `from` to account `to`: boxes for every device
+/// of the recipient and of the sender.
+fn build(
+    accounts: &[BenchAccount],
+    from: usize,
+    to: usize,
+    m: usize,
+    created: u64,
+    ciphertext: &[u8],
+    run: u64,
+) -> Send {
+    let (a, b) = (&accounts[from], &accounts[to]);
+    let message_id = format!("bench-{run:x}-{m:010}");
+    let env = a.devices[0].envelope(&a.account.id, &b.account.id, &message_id, created, ciphertext);
+    let rb: Vec<_> = b.devices.iter().map(|d| key_box(&d.id, &[9u8; 64])).collect();
+    let sb: Vec<_> = a.devices.iter().map(|d| key_box(&d.id, &[8u8; 64])).collect();
+    let body =
+        serde_json::to_vec(&json!({"envelope": env, "recipient_boxes": rb, "sender_boxes": sb})).expect("serializable");
+    Send {
+        relay: a.home,
+        request: rpc_request("message.send", Some(&a.tokens[0]), &body),
+        cross: a.home != b.home,
+        to,
+        message_id,
+    }
 }

@@ -2,6 +2,7 @@
 
 use super::http::Conn;
 use super::load::Outcome;
+use super::ws::Notify;
 use serde_json::{json, Value};
 
 /// The value of the first sample line named `name` (labels or not).
@@ -110,7 +111,36 @@ pub fn build(i: Inputs) -> Value {
         "events_per_sec": commits.map(per_sec),
         "flushes": flushes.map(|v| v as u64),
         "mean_flush_batch": mean_flush,
+        // `--ws` (see `notify`); null otherwise.
+        "notify_p50_ms": null,
+        "notify_p99_ms": null,
+        "notify_max_ms": null,
+        "notified": null,
+        "notify_missing": null,
+        "ws_failures": null,
+        "ws_failure_samples": [],
+        // `--pending` (set by `pending::run`); null otherwise.
+        "pending": null,
+        "settle_s": null,
+        "idle_window_s": null,
+        "idle_cpu_seconds": null,
+        "idle_cpu_share": null,
+        "idle_cpu_target": null,
     })
+}
+
+/// The `--ws` figures: latency send written → notification read, per
+/// (send, recipient device).
+pub fn notify(r: &mut Value, n: &mut Notify) {
+    n.us.sort_unstable();
+    let opt = |v: Option<f64>| v.map(round);
+    r["notify_p50_ms"] = json!(opt(pct(&n.us, 0.50)));
+    r["notify_p99_ms"] = json!(opt(pct(&n.us, 0.99)));
+    r["notify_max_ms"] = json!(opt(n.us.last().map(|&v| v as f64 / 1000.0)));
+    r["notified"] = json!(n.notified);
+    r["notify_missing"] = json!(n.missing);
+    r["ws_failures"] = json!(n.socket_failures);
+    r["ws_failure_samples"] = json!(n.failure_samples);
 }
 
 /// The human table.
@@ -121,15 +151,20 @@ pub fn table(r: &Value) -> String {
         v => v.to_string(),
     };
     let c = &r["config"];
-    let rows: Vec<(String, String)> = vec![
+    let workload = if c["pending"].is_u64() {
+        format!(
+            "{} messages relay-a → relay-b (killed), {} devices, {} B payload, concurrency {}, retry timetable 0s, 1h",
+            c["pending"], c["devices"], c["payload"], c["concurrency"]
+        )
+    } else {
+        format!(
+            "{} accounts × {} devices, {} B payload, concurrency {}, cross-share {}",
+            c["accounts"], c["devices"], c["payload"], c["concurrency"], c["cross_share"]
+        )
+    };
+    let mut rows: Vec<(String, String)> = vec![
         ("relays".into(), format!("{} ({})", c["relays"], c["mode"].as_str().unwrap_or(""))),
-        (
-            "workload".into(),
-            format!(
-                "{} accounts × {} devices, {} B payload, concurrency {}, cross-share {}",
-                c["accounts"], c["devices"], c["payload"], c["concurrency"], c["cross_share"]
-            ),
-        ),
+        ("workload".into(), workload),
         ("sent".into(), format!("{} ({} cross-relay) in {} s", num("sent"), num("cross_relay_sent"), num("elapsed_s"))),
         ("send/s".into(), num("send_per_sec")),
         (
@@ -148,14 +183,40 @@ pub fn table(r: &Value) -> String {
         ("store commits/s (events_per_sec)".into(), num("commits_per_sec")),
         ("mean flush batch (commits)".into(), num("mean_flush_batch")),
     ];
+    if c["websocket"] == true {
+        rows.push((
+            "websockets".into(),
+            format!("{} (notify grace {} s)", c["websocket_connections"], c["notify_grace_s"]),
+        ));
+        rows.push((
+            "notify p50 / p99 / max".into(),
+            format!("{} / {} / {}", ms("notify_p50_ms"), ms("notify_p99_ms"), ms("notify_max_ms")),
+        ));
+        rows.push(("notified / missing".into(), format!("{} / {}", num("notified"), num("notify_missing"))));
+        rows.push(("websocket failures".into(), num("ws_failures")));
+    }
+    if !r["pending"].is_null() || !r["idle_cpu_share"].is_null() {
+        rows.push(("pending deliveries (relay-a)".into(), num("pending")));
+        rows.push(("first attempts settled in".into(), format!("{} s", num("settle_s"))));
+        let share = r["idle_cpu_share"].as_f64();
+        rows.push((
+            "idle CPU of relay-a".into(),
+            format!(
+                "{} of one core ({} s CPU in {} s; target < 2 %)",
+                share.map(|v| format!("{:.3} %", v * 100.0)).unwrap_or_else(|| "-".into()),
+                num("idle_cpu_seconds"),
+                num("idle_window_s")
+            ),
+        ));
+    }
     let w = rows.iter().map(|(k, _)| k.chars().count()).max().unwrap_or(0);
     let mut out = String::new();
     for (k, v) in rows {
         out.push_str(&format!("{k:<w$}  {v}\n"));
     }
-    if let Some(errs) = r["error_samples"].as_array() {
-        for e in errs {
-            out.push_str(&format!("error: {}\n", e.as_str().unwrap_or("")));
+    for (key, label) in [("error_samples", "error"), ("ws_failure_samples", "websocket")] {
+        for e in r[key].as_array().into_iter().flatten() {
+            out.push_str(&format!("{label}: {}\n", e.as_str().unwrap_or("")));
         }
     }
     out
