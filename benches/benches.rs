@@ -9,4 +9,5 @@ criterion::criterion_main!(
     suites::store::benches,
     suites::account::benches,
     suites::http::benches,
+    suites::timetable::benches,
 );

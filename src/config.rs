@@ -37,6 +37,25 @@ pub struct Config {
     pub websocket: Websocket,
     #[serde(default)]
     pub http: Http,
+    #[serde(default)]
+    pub store: StoreSection,
+}
+
+/// The embedded event store (sled).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreSection {
+    /// sled's page cache, in bytes (its own default is 1 GiB).
+    pub cache_bytes: u64,
+    /// Flushes start at most this often; a lone commit is flushed at once.
+    #[serde(deserialize_with = "duration")]
+    pub group_commit_window: Duration,
+}
+
+impl Default for StoreSection {
+    fn default() -> Self {
+        StoreSection { cache_bytes: 256 << 20, group_commit_window: Duration::from_micros(500) }
+    }
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -265,6 +284,9 @@ impl Config {
         if w.ping_interval.is_zero() || w.idle_timeout.is_zero() || w.queue == 0 {
             return Err("websocket.ping_interval, idle_timeout and queue must be positive".into());
         }
+        if self.store.cache_bytes == 0 {
+            return Err("store.cache_bytes must be positive".into());
+        }
         let l = &self.limits;
         if [l.session_rate, l.session_burst, l.peer_rate, l.peer_burst].contains(&0)
             || l.max_in_flight_per_destination == 0
@@ -326,6 +348,8 @@ key_file = "data/relay-a/relay.key"
         assert_eq!(p.retry_timetable_ms, vec![0, 30_000, 300_000, 1_500_000, 3_600_000]);
         assert_eq!(p.retry_then_every_ms, 3_600_000);
         assert_eq!(p.attempt_timeout_ms, 10_000);
+        assert_eq!(cfg.store.cache_bytes, StoreSection::default().cache_bytes);
+        assert_eq!(cfg.store.group_commit_window, StoreSection::default().group_commit_window);
     }
 
     #[test]

@@ -39,7 +39,9 @@ pub async fn serve(cfg: config::Config) -> Result<(), String> {
     std::fs::create_dir_all(&cfg.relay.data_dir).map_err(|e| format!("{}: {e}", cfg.relay.data_dir.display()))?;
     let key = keys::load_or_generate(&cfg.relay.key_file)?;
     let store_dir = cfg.relay.data_dir.join("store");
-    let store = Store::open(&store_dir).map_err(|e| format!("store {}: {e}", store_dir.display()))?;
+    let store = Store::open_with_cache(&store_dir, cfg.store.cache_bytes)
+        .map_err(|e| format!("store {}: {e}", store_dir.display()))?;
+    store.set_group_commit_window(cfg.store.group_commit_window);
     let policy = cfg.policy();
     let clock: relay_actors::SharedClock = Arc::new(SystemClock);
     let peers = peers::PeerClient::new(
@@ -67,11 +69,15 @@ pub async fn serve(cfg: config::Config) -> Result<(), String> {
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let websocket = web::Data::new(cfg.websocket.clone());
     let h = &cfg.http;
-    let mut server = HttpServer::new(move || App::new().configure(http::configure(relay.clone(), websocket.clone())))
-        .max_connections(h.max_connections)
-        .client_request_timeout(h.request_timeout)
-        .keep_alive(h.keep_alive)
-        .shutdown_timeout(h.shutdown_timeout.as_secs());
+    let mut server = HttpServer::new(move || {
+        // Runs once on each worker thread: account actors spread over them.
+        relay.supervisor().add_arbiter(actix::Arbiter::current());
+        App::new().configure(http::configure(relay.clone(), websocket.clone()))
+    })
+    .max_connections(h.max_connections)
+    .client_request_timeout(h.request_timeout)
+    .keep_alive(h.keep_alive)
+    .shutdown_timeout(h.shutdown_timeout.as_secs());
     if h.workers > 0 {
         server = server.workers(h.workers);
     }

@@ -92,7 +92,7 @@ fn bench_ws_correlates_a_notification_to_every_accepted_send() {
 fn bench_without_ws_reports_no_notification_figures() {
     let r = run(&["--messages", "10", "--accounts", "2", "--concurrency", "2"]);
     assert_eq!(r["config"]["websocket"], false, "{r:#}");
-    for k in ["notify_p50_ms", "notified", "notify_missing", "pending", "idle_cpu_share"] {
+    for k in ["notify_p50_ms", "notified", "notify_missing", "pending", "idle_cpu_share", "population", "seed_s"] {
         assert!(r.get(k).is_some_and(Value::is_null), "{k}: {r:#}");
     }
 }
@@ -109,4 +109,22 @@ fn bench_pending_counts_the_deliveries_waiting_for_a_dead_relay() {
         let v = r[k].as_f64().unwrap_or_else(|| panic!("{k} is not a number: {r:#}"));
         assert!(v.is_finite() && v >= 0.0, "{k} = {v}");
     }
+}
+
+#[test]
+fn bench_population_sends_to_accounts_seeded_before_the_relay_starts() {
+    let r = run(&["--population", "300", "--messages", "100", "--accounts", "4", "--concurrency", "4"]);
+    assert_eq!(r["errors"], 0, "{r:#}");
+    assert_eq!(r["sent"], 100, "{r:#}");
+    assert_eq!(r["target_accepted"], 100, "every send reaches a seeded account: {r:#}");
+    assert_eq!(r["delivering"], 0, "{r:#}");
+    assert_eq!(r["population"], 300, "{r:#}");
+    assert_eq!(r["config"]["population"], 300, "{r:#}");
+    assert_eq!(r["config"]["relays"], 1, "{r:#}");
+    let seed = r["seed_s"].as_f64().unwrap_or_else(|| panic!("seed_s is not a number: {r:#}"));
+    assert!(seed.is_finite() && seed > 0.0, "{r:#}");
+    let rss = r["rss_bytes"].as_u64().unwrap_or_else(|| panic!("rss_bytes: {r:#}"));
+    let peak = r["rss_peak_bytes"].as_u64().unwrap_or_else(|| panic!("rss_peak_bytes: {r:#}"));
+    assert!(rss > 0 && peak >= rss, "{r:#}");
+    assert!(r["resident_actors"].is_u64(), "{r:#}");
 }

@@ -1,13 +1,17 @@
 //! The route book: the highest valid revision of every account's signed
 //! Route this relay knows (its own accounts' and those fetched from peers).
 //! Stored in the kv space (`route/{account_id}`) so it survives restarts;
-//! read through an in-memory cache.
+//! read through a bounded in-memory cache (a million accounts' routes would
+//! not fit; a miss costs one kv read).
 
 use crate::store::{Store, StoreError};
+use dashmap::DashMap;
 use relay_schemas::objects::Route;
 use relay_schemas::Wire;
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+
+/// Routes kept in memory; past this the cache starts over.
+const CACHE_ROUTES: usize = 65_536;
 
 fn key(account_id: &str) -> Vec<u8> {
     format!("route/{account_id}").into_bytes()
@@ -27,7 +31,8 @@ pub enum Offer {
 #[derive(Clone)]
 pub struct RouteBook {
     store: Store,
-    cache: Arc<Mutex<HashMap<String, Wire<Route>>>>,
+    /// Sharded: every send looks its recipient's route up here.
+    cache: Arc<DashMap<String, Wire<Route>>>,
     write: Arc<Mutex<()>>,
 }
 
@@ -38,7 +43,7 @@ impl RouteBook {
 
     /// The best known route of `account_id`.
     pub fn get(&self, account_id: &str) -> Result<Option<Wire<Route>>, StoreError> {
-        if let Some(r) = self.cache.lock().unwrap_or_else(|e| e.into_inner()).get(account_id) {
+        if let Some(r) = self.cache.get(account_id) {
             return Ok(Some(r.clone()));
         }
         let Some(bytes) = self.store.kv_get(&key(account_id))? else { return Ok(None) };
@@ -46,8 +51,24 @@ impl RouteBook {
             .ok()
             .and_then(|s| Wire::<Route>::parse(s).ok())
             .ok_or_else(|| StoreError::Invalid(format!("stored route of {account_id} is unreadable")))?;
-        self.cache.lock().unwrap_or_else(|e| e.into_inner()).insert(account_id.to_owned(), route.clone());
+        self.remember(route.clone());
         Ok(Some(route))
+    }
+
+    /// Caches a route unless a higher revision is cached already (a reader
+    /// that missed may come back after an `offer` cached a newer one).
+    fn remember(&self, route: Wire<Route>) {
+        if self.cache.len() >= CACHE_ROUTES {
+            self.cache.clear();
+        }
+        self.cache
+            .entry(route.account_id.clone())
+            .and_modify(|known| {
+                if route.revision > known.revision {
+                    *known = route.clone();
+                }
+            })
+            .or_insert(route);
     }
 
     /// Compares a route (already checked valid by the caller) with the known one.
@@ -70,7 +91,7 @@ impl RouteBook {
             let mut batch = self.store.batch();
             batch.kv_put(&key(&route.account_id), route.raw().get().as_bytes());
             self.store.commit(batch)?;
-            self.cache.lock().unwrap_or_else(|e| e.into_inner()).insert(route.account_id.clone(), route.clone());
+            self.remember(route.clone());
         }
         Ok(offer)
     }

@@ -2,7 +2,7 @@
 //! rehydrate from snapshot + tail), owns the retry timetable's timers and
 //! restores them on start from the due-time index of in-flight deliveries.
 
-use crate::account::{self, AccountActor, AccountCmd, Reply};
+use crate::account::{self, actor::Answer, AccountActor, AccountCmd, Reply};
 use crate::clock::SharedClock;
 use crate::delivery::{self, actor::DeliveryActor, Transport};
 use crate::metrics::Metrics;
@@ -12,6 +12,7 @@ use crate::routes::RouteBook;
 use crate::sessions::Sessions;
 use crate::store::Store;
 use actix::prelude::*;
+use dashmap::DashMap;
 use relay_schemas::objects::Route;
 use relay_schemas::{DeliveryStatus, RelayError, Wire};
 use std::collections::HashMap;
@@ -44,7 +45,13 @@ struct Inner {
     destinations: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
     routes: RouteBook,
     transport: Arc<dyn Transport>,
-    accounts: Mutex<HashMap<String, Addr<AccountActor>>>,
+    /// Resident account actors. Sharded (dashmap): every request looks its
+    /// account up here, and loading one actor locks only its shard.
+    accounts: DashMap<String, Addr<AccountActor>>,
+    /// Arbiters new account actors are spread over by account, so accounts
+    /// use every core (the HTTP workers register theirs); none registered:
+    /// the caller's arbiter.
+    arbiters: std::sync::RwLock<Vec<ArbiterHandle>>,
     deliveries: Mutex<HashMap<String, Addr<DeliveryActor>>>,
     scheduler: OnceLock<Addr<Scheduler>>,
 }
@@ -68,7 +75,8 @@ impl Supervisor {
                 store,
                 policy: Arc::new(policy),
                 clock,
-                accounts: Mutex::default(),
+                accounts: DashMap::new(),
+                arbiters: Default::default(),
                 deliveries: Mutex::default(),
                 scheduler: OnceLock::new(),
             }),
@@ -152,7 +160,7 @@ impl Supervisor {
 
     /// Number of account actors resident in memory.
     pub fn resident_accounts(&self) -> usize {
-        lock(&self.inner.accounts).len()
+        self.inner.accounts.len()
     }
 
     /// Whether an account is registered on this relay (it has events; a
@@ -163,37 +171,75 @@ impl Supervisor {
         Ok(head.seq > 0)
     }
 
+    /// Adds an arbiter (thread) that account actors may live on. Each HTTP
+    /// worker registers its own: a request then often finds its account on
+    /// the thread that parsed it, and accounts spread over all workers.
+    pub fn add_arbiter(&self, arbiter: ArbiterHandle) {
+        self.inner.arbiters.write().unwrap_or_else(|e| e.into_inner()).push(arbiter);
+    }
+
+    /// The arbiter an account's actor is started on: fixed per account (by
+    /// hash) while the set of arbiters is unchanged.
+    fn arbiter_for(&self, account_id: &str) -> Option<ArbiterHandle> {
+        use std::hash::{Hash, Hasher};
+        let arbiters = self.inner.arbiters.read().unwrap_or_else(|e| e.into_inner());
+        if arbiters.is_empty() {
+            return None;
+        }
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        account_id.hash(&mut h);
+        Some(arbiters[h.finish() as usize % arbiters.len()].clone())
+    }
+
     fn account_addr(&self, account_id: &str) -> Result<Addr<AccountActor>, RelayError> {
-        let mut accounts = lock(&self.inner.accounts);
-        if let Some(addr) = accounts.get(account_id) {
+        use dashmap::mapref::entry::Entry;
+        if let Some(addr) = self.inner.accounts.get(account_id) {
             if addr.connected() {
                 return Ok(addr.clone());
             }
         }
-        let actor = AccountActor::load(self.clone(), account_id).map_err(|e| internal(&e))?;
-        let addr = actor.start();
-        accounts.insert(account_id.to_owned(), addr.clone());
-        self.metrics().actors_resident.set(accounts.len() as i64);
+        // Not resident: loaded under its shard's lock, so two requests never
+        // start two actors for one account.
+        let addr = match self.inner.accounts.entry(account_id.to_owned()) {
+            Entry::Occupied(o) if o.get().connected() => return Ok(o.get().clone()),
+            Entry::Occupied(mut o) => {
+                let addr = self.start_account(account_id)?;
+                o.insert(addr.clone());
+                addr
+            }
+            Entry::Vacant(v) => v.insert(self.start_account(account_id)?).clone(),
+        };
+        self.metrics().actors_resident.set(self.inner.accounts.len() as i64);
         Ok(addr)
+    }
+
+    fn start_account(&self, account_id: &str) -> Result<Addr<AccountActor>, RelayError> {
+        let actor = AccountActor::load(self.clone(), account_id).map_err(|e| internal(&e))?;
+        Ok(match self.arbiter_for(account_id) {
+            Some(arbiter) => AccountActor::start_in_arbiter(&arbiter, move |_| actor),
+            None => actor.start(),
+        })
     }
 
     /// Called by a passivating actor: forget it, unless already replaced.
     pub(crate) fn forget_account(&self, account_id: &str, addr: &Addr<AccountActor>) {
-        let mut accounts = lock(&self.inner.accounts);
-        if accounts.get(account_id) == Some(addr) {
-            accounts.remove(account_id);
+        if self.inner.accounts.remove_if(account_id, |_, a| a == addr).is_some() {
             self.metrics().actors_passivated.inc();
-            self.metrics().actors_resident.set(accounts.len() as i64);
+            self.metrics().actors_resident.set(self.inner.accounts.len() as i64);
         }
     }
 
     /// Sends a command to an account's actor, creating it on demand. A
     /// command that raced with passivation is sent again to a fresh actor.
     pub async fn ask(&self, account_id: &str, cmd: AccountCmd) -> Result<Reply, RelayError> {
+        self.ask_with(account_id, cmd, Answer::WhenDurable).await
+    }
+
+    async fn ask_with(&self, account_id: &str, cmd: AccountCmd, answer: Answer) -> Result<Reply, RelayError> {
         let cmd = Arc::new(cmd);
         for _ in 0..3 {
             let addr = self.account_addr(account_id)?;
-            match addr.send(account::actor::Ask(cmd.clone())).await {
+            match addr.send(account::actor::Ask(cmd.clone(), answer)).await {
                 Ok(Err(e)) if e.message == PASSIVATED => continue,
                 Ok(reply) => return reply,
                 Err(MailboxError::Closed) => continue,
@@ -237,6 +283,16 @@ impl Supervisor {
         }
     }
 
+    /// Resolves once the timer actor has handled every [`Supervisor::schedule`]
+    /// made before this call and every timer [`Supervisor::start`] restored
+    /// (its mailbox is first in, first out): those timers are all armed. At
+    /// once before `start`. For tests and benchmarks.
+    pub async fn timers_armed(&self) {
+        if let Some(s) = self.inner.scheduler.get() {
+            let _ = s.send(Armed).await;
+        }
+    }
+
     /// The status of a local account's delivery attempt: the local transport.
     pub async fn deliver_local(
         &self,
@@ -244,7 +300,10 @@ impl Supervisor {
         params: relay_schemas::methods::DeliverParams,
         digest: String,
     ) -> Result<DeliveryStatus, RelayError> {
-        match self.ask(to, AccountCmd::Receive { params, digest }).await? {
+        // Answered at once: the attempt's outcome reaches the sender's client
+        // only after the sender's account has written it durably, a later
+        // commit that covers this receipt.
+        match self.ask_with(to, AccountCmd::Receive { params, digest }, Answer::AtOnce).await? {
             Reply::Status(s) => Ok(s),
             _ => Err(RelayError::internal("unexpected reply to receive")),
         }
@@ -257,6 +316,11 @@ struct Schedule {
     stream: String,
     due_ms: u64,
 }
+
+/// Answered after every `Schedule` sent before it ([`Supervisor::timers_armed`]).
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Armed;
 
 /// The retry timetable's timers: one actix timer per pending delivery,
 /// no polling scan. Memory per pending delivery is one timer entry; the
@@ -278,4 +342,10 @@ impl Handler<Schedule> for Scheduler {
             act.sup.start_delivery(&msg.stream, None);
         });
     }
+}
+
+impl Handler<Armed> for Scheduler {
+    type Result = ();
+
+    fn handle(&mut self, _: Armed, _: &mut Self::Context) {}
 }

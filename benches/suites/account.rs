@@ -29,7 +29,7 @@ fn account(c: &mut Criterion) {
                 let p = serde_json::from_str::<SendParams>(&f.send_params(n, 256).to_string()).unwrap();
                 (p, format!("{n:064x}"))
             },
-            |(p, digest)| match decide::send(&state, "phone", &p, &digest, ctx).unwrap() {
+            |(p, digest)| match decide::send(&state, None, "phone", &p, &digest, ctx).unwrap() {
                 SendDecision::Sent { event, .. } => {
                     let mut s = state.clone();
                     s.apply(&event);

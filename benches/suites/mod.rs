@@ -3,6 +3,7 @@ pub mod canonical;
 pub mod envelope;
 pub mod http;
 pub mod store;
+pub mod timetable;
 
 use relay_schemas::client::{key_box, Account, Device};
 use serde_json::{json, Value};

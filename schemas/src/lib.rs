@@ -7,7 +7,8 @@
 //! - [`encoding`]: base64url, RFC 8785 canonical JSON and its digest;
 //! - [`ids`]: identifier syntax and the key-bound `account_id`;
 //! - [`ijson`]: I-JSON checks (no repeated members, safe integers);
-//! - [`sign`]: domain-tagged Ed25519 signatures, verified strictly;
+//! - [`sign`]: domain-tagged Ed25519 signatures, verified strictly (and
+//!   remembered once verified, in `verified`);
 //! - [`objects`]: the core objects of PROTOCOL §2, kept byte-for-byte;
 //! - [`methods`]: params and results of every method;
 //! - [`client`]: building and signing objects as a client does.
@@ -23,6 +24,7 @@ pub mod ijson;
 pub mod methods;
 pub mod objects;
 pub mod sign;
+mod verified;
 
 pub use error::{DeliveryHandling, ErrorCode, RelayError};
 pub use objects::{DeliveryStatus, Status, Wire};

@@ -54,8 +54,16 @@ impl<T> Wire<T> {
         serde_json::from_str(self.raw.get()).map_err(|e| RelayError::invalid_params(format!("not a JSON object: {e}")))
     }
 
+    /// Verifies the object's signature; an identical object (same bytes,
+    /// tag and key) verified before is not verified again (`verified.rs`).
     pub fn verify(&self, tag: Tag, key: &VerifyingKey) -> Result<(), RelayError> {
-        verify_object(tag, &self.map()?, key)
+        let memo = crate::verified::key(tag, key, self.raw.get());
+        if crate::verified::MEMO.contains(&memo) {
+            return Ok(());
+        }
+        verify_object(tag, &self.map()?, key)?;
+        crate::verified::MEMO.insert(memo);
+        Ok(())
     }
 }
 

@@ -6,8 +6,9 @@
 //! [`cli`] only parses arguments and prints.
 //!
 //! - [`verify`]: every stream's hash chain, sequence continuity, event
-//!   decoding (through the upcasters) and every snapshot against the state
-//!   rebuilt from the events;
+//!   decoding (through the upcasters), every snapshot against the state
+//!   rebuilt from the events, and each account's idempotency ledger (kv
+//!   projection) against the one its events give;
 //! - [`replay`]: one stream's state rebuilt from its events only;
 //! - [`story`]: the whole story of one message on this relay;
 //! - [`export`]: events as JSON lines (`schemas/json/audit/export-line.schema.json`).
@@ -18,7 +19,7 @@ pub mod replay;
 pub mod story;
 pub mod verify;
 
-use relay_actors::account::{AccountEvent, AccountState};
+use relay_actors::account::{AccountEvent, AccountState, Ledger};
 use relay_actors::delivery::{DeliveryEvent, DeliveryState};
 use relay_actors::store::{Store, StoreError, StoredEvent};
 use relay_actors::upcast;
@@ -91,8 +92,16 @@ pub fn stream_kind(stream: &str) -> StreamKind<'_> {
 /// A stream's state as its actor folds it.
 #[derive(Clone, Debug)]
 pub enum Folded {
-    Account(Box<AccountState>),
+    Account(Box<AccountFold>),
     Delivery(Box<DeliveryState>),
+}
+
+/// An account's state (what its snapshot holds) and its idempotency ledger
+/// (kept in the kv space, written with the events).
+#[derive(Clone, Debug)]
+pub struct AccountFold {
+    pub state: AccountState,
+    pub ledger: Ledger,
 }
 
 /// A decoded event (already upcast to the current version).
@@ -130,7 +139,10 @@ impl Folded {
     /// of no known kind.
     pub fn new(stream: &str) -> Option<Folded> {
         match stream_kind(stream) {
-            StreamKind::Account { account_id } => Some(Folded::Account(Box::new(AccountState::new(account_id)))),
+            StreamKind::Account { account_id } => Some(Folded::Account(Box::new(AccountFold {
+                state: AccountState::new(account_id),
+                ledger: Ledger::default(),
+            }))),
             StreamKind::Delivery { .. } => Some(Folded::Delivery(Box::default())),
             StreamKind::Other => None,
         }
@@ -147,8 +159,9 @@ impl Folded {
             what: "event of the wrong stream kind".into(),
         };
         match (self, decode(ev)) {
-            (Folded::Account(s), Some(Ok(Decoded::Account(e)))) => {
-                s.apply(&e);
+            (Folded::Account(a), Some(Ok(Decoded::Account(e)))) => {
+                a.state.apply(&e);
+                a.ledger.apply(&a.state.account_id, &e);
                 Ok(None)
             }
             (Folded::Delivery(s), Some(Ok(Decoded::Delivery(e)))) => {
@@ -173,20 +186,48 @@ impl Folded {
     /// The state as its snapshot would hold it, with object keys sorted.
     pub fn to_json(&self) -> Value {
         let v = match self {
-            Folded::Account(s) => serde_json::to_value(s),
+            Folded::Account(a) => serde_json::to_value(&a.state),
             Folded::Delivery(s) => serde_json::to_value(s),
         };
         sorted(v.unwrap_or_else(|e| Value::String(format!("unserializable state: {e}"))))
     }
 
-    /// Checks that `bytes` decode as this kind's snapshot state.
-    pub fn check_snapshot(&self, bytes: &[u8]) -> Result<Value, String> {
+    /// An account's ledger as `{"sends","receipts"}` (keys sorted); `None`
+    /// for other streams.
+    pub fn ledger_json(&self) -> Option<Value> {
+        match self {
+            Folded::Account(a) => Some(sorted(
+                serde_json::to_value(&a.ledger)
+                    .unwrap_or_else(|e| Value::String(format!("unserializable ledger: {e}"))),
+            )),
+            Folded::Delivery(_) => None,
+        }
+    }
+
+    /// Checks that `bytes` decode as this kind's snapshot state. Returns the
+    /// state (keys sorted) and, for an account snapshot written before the
+    /// ledger left the state, the ledger it held (`{"sends","receipts"}`),
+    /// which is not part of the state any more.
+    pub fn check_snapshot(&self, bytes: &[u8]) -> Result<(Value, Option<Value>), String> {
         let typed = match self {
             Folded::Account(_) => serde_json::from_slice::<AccountState>(bytes).map(|_| ()),
             Folded::Delivery(_) => serde_json::from_slice::<DeliveryState>(bytes).map(|_| ()),
         };
         typed.map_err(|e| format!("snapshot state does not decode: {e}"))?;
-        serde_json::from_slice::<Value>(bytes).map(sorted).map_err(|e| format!("snapshot state is not JSON: {e}"))
+        let mut state =
+            serde_json::from_slice::<Value>(bytes).map_err(|e| format!("snapshot state is not JSON: {e}"))?;
+        let mut legacy = None;
+        if let (Folded::Account(_), Value::Object(m)) = (self, &mut state) {
+            let (sends, receipts) = (m.remove("sends"), m.remove("receipts"));
+            if sends.is_some() || receipts.is_some() {
+                let empty = || Value::Object(Map::new());
+                legacy = Some(sorted(serde_json::json!({
+                    "sends": sends.unwrap_or_else(empty),
+                    "receipts": receipts.unwrap_or_else(empty),
+                })));
+            }
+        }
+        Ok((sorted(state), legacy))
     }
 }
 

@@ -21,15 +21,22 @@ pub struct Replayed {
 }
 
 impl Replayed {
-    /// `{"stream","seq","hash","events","state"}`: what `relay audit replay` prints.
+    /// `{"stream","seq","hash","events","state"}`, plus `"ledger"`
+    /// (`{"sends","receipts"}`) for an account: what `relay audit replay`
+    /// prints. The state is what the actor's snapshot holds; the ledger is
+    /// kept in the kv space.
     pub fn to_json(&self) -> Value {
-        serde_json::json!({
+        let mut out = serde_json::json!({
             "stream": self.stream,
             "seq": self.seq,
             "hash": hex::encode(self.hash),
             "events": self.events,
             "state": self.folded.to_json(),
-        })
+        });
+        if let (Some(ledger), Value::Object(m)) = (self.folded.ledger_json(), &mut out) {
+            m.insert("ledger".into(), ledger);
+        }
+        out
     }
 }
 

@@ -6,12 +6,20 @@
 //! upcasters and folded exactly as its actor folds it (plus the rules a fold
 //! accepts silently, e.g. a delivery starts with `accepted`), and the
 //! stream's snapshot: at an existing event, with that event's hash, and
-//! equal to the state rebuilt from events `1..=snapshot.seq`. Snapshots of
-//! streams without events are reported too. Deleting a stream's *last*
-//! events leaves a shorter valid chain; no log can show that by itself.
+//! equal to the state rebuilt from events `1..=snapshot.seq` (an account
+//! snapshot from before the ledger left the state: its `sends`/`receipts`
+//! equal to the ledger those events give). For an account, its idempotency
+//! ledger in the kv space (`i/{account_id}/…`) must be exactly the one its
+//! events give, unless the relay has not upgraded the account yet (no
+//! `i/{account_id}/v`: it writes the ledger at the account's next load).
+//! Snapshots of streams without events are reported too. Deleting a
+//! stream's *last* events leaves a shorter valid chain; no log can show
+//! that by itself.
 
-use super::{first_difference, AuditError, Folded};
+use super::{first_difference, AccountFold, AuditError, Folded};
+use relay_actors::account::{ledger, ReceiptEntry, SendEntry};
 use relay_actors::store::{verify_chain, ChainProblem, Hash, Store, StoreError};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{mpsc, Mutex};
 
@@ -35,6 +43,9 @@ pub enum Problem {
     Rule(String),
     /// The snapshot is not the state the events give.
     Snapshot(String),
+    /// An account's idempotency ledger (kv projection) is not the one its
+    /// events give.
+    Ledger(String),
     /// The stream is of no known kind (neither `account/…` nor `delivery/…`).
     UnknownStream,
 }
@@ -56,6 +67,7 @@ impl fmt::Display for Finding {
             Problem::Event(what) => write!(f, "undecodable event: {what}"),
             Problem::Rule(what) => write!(f, "event breaks a rule: {what}"),
             Problem::Snapshot(what) => write!(f, "snapshot: {what}"),
+            Problem::Ledger(what) => write!(f, "ledger: {what}"),
             Problem::UnknownStream => write!(f, "stream of unknown kind: events not decoded"),
         }
     }
@@ -186,8 +198,10 @@ pub fn verify_stream(store: &Store, stream: &str, report: &mut Report) {
     let mut fold_ok = true;
     let mut last_seq = 0;
     let mut count = 0u64;
-    // (hash of the event at the snapshot's seq, the state there if sound)
-    let mut at_snapshot: Option<(Hash, Option<serde_json::Value>)> = None;
+    // (hash of the event at the snapshot's seq, the state and the ledger
+    // there if sound)
+    type Sound = Option<(serde_json::Value, Option<serde_json::Value>)>;
+    let mut at_snapshot: Option<(Hash, Sound)> = None;
     let chain = {
         let events = store.read(stream, 0).inspect(|item| {
             count += 1;
@@ -221,7 +235,7 @@ pub fn verify_stream(store: &Store, stream: &str, report: &mut Report) {
             }
             if Some(ev.seq) == snap_seq {
                 let state = match (&folded, fold_ok) {
-                    (Some(f), true) => Some(f.to_json()),
+                    (Some(f), true) => Some((f.to_json(), f.ledger_json())),
                     _ => None,
                 };
                 at_snapshot = Some((ev.hash, state));
@@ -253,14 +267,22 @@ pub fn verify_stream(store: &Store, stream: &str, report: &mut Report) {
                 snap.seq,
                 hex::encode(&hash[..8])
             ))),
-            (Some((_, Some(replayed))), Some(f)) => match f.check_snapshot(&snap.state) {
+            (Some((_, Some((replayed, ledger)))), Some(f)) => match f.check_snapshot(&snap.state) {
                 Err(what) => findings.push(problem(what)),
-                Ok(stored) => {
+                Ok((stored, legacy)) => {
                     if let Some(diff) = first_difference(&stored, replayed) {
                         findings.push(problem(format!(
                             "differs from the state rebuilt from events 1..={} at {diff} (snapshot vs events)",
                             snap.seq
                         )));
+                    }
+                    if let (Some(stored), Some(replayed)) = (legacy, ledger) {
+                        if let Some(diff) = first_difference(&stored, replayed) {
+                            findings.push(problem(format!(
+                                "differs from the ledger rebuilt from events 1..={} at {diff} (snapshot vs events)",
+                                snap.seq
+                            )));
+                        }
                     }
                 }
             },
@@ -268,8 +290,57 @@ pub fn verify_stream(store: &Store, stream: &str, report: &mut Report) {
             _ => {}
         }
     }
+    if let (Some(Folded::Account(account)), true) = (&folded, fold_ok && last_seq > 0) {
+        findings.extend(check_ledger(store, account).into_iter().map(|what| Finding {
+            stream: stream.to_owned(),
+            seq: last_seq,
+            problem: Problem::Ledger(what),
+        }));
+    }
     findings.sort_by_key(|f| f.seq);
     report.findings.extend(findings);
+}
+
+/// Differences between an account's ledger in the kv space and the one its
+/// events give (nothing for an account the relay has not upgraded yet).
+fn check_ledger(store: &Store, account: &AccountFold) -> Vec<String> {
+    let id = &account.state.account_id;
+    match store.kv_get(&ledger::version_key(id)) {
+        Ok(Some(v)) if v == ledger::VERSION => {}
+        Ok(Some(v)) => return vec![format!("unknown ledger version {:?}", String::from_utf8_lossy(&v))],
+        Ok(None) => return vec![],
+        Err(e) => return vec![format!("unreadable: {e}")],
+    }
+    let mut expected: BTreeMap<Vec<u8>, ledger::Entry> = account.ledger.entries().map(|e| (e.key(id), e)).collect();
+    let mut found = Vec::new();
+    for item in store.kv_scan_prefix(format!("i/{id}/").as_bytes()) {
+        let (key, value) = match item {
+            Ok(kv) => kv,
+            Err(e) => {
+                found.push(format!("unreadable: {e}"));
+                break;
+            }
+        };
+        if key == ledger::version_key(id) {
+            continue;
+        }
+        let name = String::from_utf8_lossy(&key).into_owned();
+        let same = match expected.remove(&key) {
+            None => {
+                found.push(format!("{name}: no event gives this entry"));
+                continue;
+            }
+            Some(ledger::Entry::Send { entry, .. }) => serde_json::from_slice::<SendEntry>(&value).ok() == Some(entry),
+            Some(ledger::Entry::Receipt { entry, .. }) => {
+                serde_json::from_slice::<ReceiptEntry>(&value).ok() == Some(entry)
+            }
+        };
+        if !same {
+            found.push(format!("{name}: differs from the entry its events give"));
+        }
+    }
+    found.extend(expected.keys().map(|k| format!("{}: missing", String::from_utf8_lossy(k))));
+    found
 }
 
 /// Snapshots whose stream has no events at all.
@@ -306,8 +377,9 @@ impl Finding {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use relay_actors::account::{AccountEvent, AccountState};
+    use relay_actors::account::{AccountEvent, AccountState, Ledger};
     use relay_actors::store::{Head, NewEvent, Snapshot};
+    use relay_schemas::DeliveryStatus;
 
     fn cursor(through: u64) -> NewEvent {
         let e = AccountEvent::CursorMoved { device_id: "phone".into(), through };
@@ -382,6 +454,104 @@ mod tests {
             "stream \"delivery/a/m\" seq 1: event breaks a rule: a delivery stream must start with accepted"
         ));
         assert!(found[2].starts_with("stream \"other/x\" seq 0: stream of unknown kind"));
+    }
+
+    fn sent(message_id: &str) -> AccountEvent {
+        AccountEvent::MessageSent {
+            message_id: message_id.into(),
+            to: "b".into(),
+            digest: "d".into(),
+            accepted_at: 10,
+            deadline: 20,
+            retention_until: 30,
+            record: None,
+        }
+    }
+
+    fn accepted(message_id: &str) -> AccountEvent {
+        AccountEvent::DeliveryUpdated { message_id: message_id.into(), status: DeliveryStatus::target_accepted(10) }
+    }
+
+    fn new_event(e: &AccountEvent) -> NewEvent {
+        NewEvent { event_type: e.event_type().into(), version: 1, at: 1, data: serde_json::to_vec(e).unwrap() }
+    }
+
+    /// Account `a` with two sends, the first delivered, written as the actor
+    /// writes them: the ledger entries and its version with the events.
+    fn account_with_a_ledger(store: &Store) -> Ledger {
+        let events = [sent("m1"), sent("m2"), accepted("m1")];
+        let mut ledger = Ledger::default();
+        let mut b = store.batch();
+        b.append("account/a", Head::default(), events.iter().map(new_event).collect());
+        events.iter().for_each(|e| ledger.apply("a", e));
+        for entry in ledger.entries() {
+            b.kv_put(&entry.key("a"), &entry.value().unwrap());
+        }
+        b.kv_put(&ledger::version_key("a"), ledger::VERSION);
+        store.commit_durable_blocking(b).unwrap();
+        ledger
+    }
+
+    #[test]
+    fn the_ledger_in_the_kv_space_must_be_the_one_the_events_give() {
+        let store = Store::temporary().unwrap();
+        account_with_a_ledger(&store);
+        assert!(run(&store).is_empty(), "{:?}", run(&store));
+        let mut b = store.batch();
+        let mut changed: SendEntry =
+            serde_json::from_slice(&store.kv_get(&ledger::send_key("a", "m1")).unwrap().unwrap()).unwrap();
+        changed.status = DeliveryStatus::delivering(10);
+        b.kv_put(&ledger::send_key("a", "m1"), &serde_json::to_vec(&changed).unwrap());
+        b.kv_remove(&ledger::send_key("a", "m2"));
+        b.kv_put(&ledger::send_key("a", "m3"), b"{}");
+        store.commit_durable_blocking(b).unwrap();
+        let found = run(&store);
+        assert_eq!(
+            found,
+            [
+                "stream \"account/a\" seq 3: ledger: i/a/s/m1: differs from the entry its events give",
+                "stream \"account/a\" seq 3: ledger: i/a/s/m3: no event gives this entry",
+                "stream \"account/a\" seq 3: ledger: i/a/s/m2: missing",
+            ]
+        );
+    }
+
+    #[test]
+    fn an_account_not_yet_upgraded_has_no_ledger_to_check() {
+        let store = Store::temporary().unwrap();
+        let mut b = store.batch();
+        b.append("account/a", Head::default(), vec![new_event(&sent("m1"))]);
+        store.commit_durable_blocking(b).unwrap();
+        assert!(run(&store).is_empty(), "{:?}", run(&store));
+    }
+
+    #[test]
+    fn a_snapshot_holding_the_ledger_is_checked_against_the_ledger_the_events_give() {
+        let store = Store::temporary().unwrap();
+        let ledger = account_with_a_ledger(&store);
+        let head = store.head("account/a").unwrap();
+        let mut state = AccountState::new("a");
+        [sent("m1"), sent("m2"), accepted("m1")].iter().for_each(|e| state.apply(e));
+        // As written before the ledger left the state.
+        let mut old = serde_json::to_value(&state).unwrap();
+        old["sends"] = serde_json::to_value(&ledger.sends).unwrap();
+        old["receipts"] = serde_json::json!({});
+        let put = |snapshot: &serde_json::Value| {
+            let mut b = store.batch();
+            let state = serde_json::to_vec(snapshot).unwrap();
+            b.put_snapshot("account/a", Snapshot { seq: head.seq, hash: head.hash, state });
+            store.commit_durable_blocking(b).unwrap();
+        };
+        put(&old);
+        assert!(run(&store).is_empty(), "{:?}", run(&store));
+        old["sends"]["m1"]["status"] = serde_json::to_value(DeliveryStatus::delivering(10)).unwrap();
+        put(&old);
+        let found = run(&store);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].starts_with("stream \"account/a\" seq 3: snapshot: differs from the ledger rebuilt from events 1..=3 at /sends/m1/status"),
+            "{found:?}"
+        );
     }
 
     #[test]

@@ -8,12 +8,15 @@
 //! - [`load`]: the measured window (blocking keep-alive HTTP/1.1 per thread);
 //! - [`report`]: `/metrics` and RSS, the table and the JSON report;
 //! - [`ws`]: `--ws`, the recipients' WebSockets and notification latency;
-//! - [`pending`]: `--pending N`, the idle CPU of N deliveries to a dead relay.
+//! - [`pending`]: `--pending N`, the idle CPU of N deliveries to a dead relay;
+//! - [`population`]: `--population N`, sends to random accounts among N
+//!   seeded into relay-a's store before it starts.
 
 pub mod http;
 pub mod load;
 pub mod pending;
 pub mod plan;
+pub mod population;
 pub mod report;
 pub mod ws;
 
@@ -71,6 +74,15 @@ pub struct BenchArgs {
     /// relays only).
     #[arg(long, value_name = "N", conflicts_with_all = ["relays", "ws", "duration", "cross_share", "local_relays"])]
     pub pending: Option<usize>,
+    /// Before relay-a starts, register N accounts in its store (offline, in
+    /// this process); every send goes to one of them chosen at random (own
+    /// relays only; one relay).
+    #[arg(long, value_name = "N", conflicts_with_all = ["relays", "ws", "cross_share", "local_relays", "pending"])]
+    pub population: Option<u64>,
+    /// `actors.passivate_after` of the relays the bench starts (default:
+    /// the relay's own, 10m; 5s with --population).
+    #[arg(long, value_parser = humantime::parse_duration, conflicts_with_all = ["relays", "pending"])]
+    pub passivate_after: Option<Duration>,
     /// With --pending: how long to measure the idle CPU.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub idle_window: Duration,
@@ -126,9 +138,18 @@ fn write_key(path: &Path, seed: [u8; 32]) -> Result<String, String> {
     Ok(relay_schemas::encoding::b64_encode(key.verifying_key().as_bytes()))
 }
 
+/// Called with relay-a's config file once it is written, before relay-a
+/// starts (`--population` seeds its store).
+pub type BeforeStart<'a> = &'a mut dyn FnMut(&Path) -> Result<(), String>;
+
 /// Starts `n` relays (ids relay-a, relay-b) peering with each other;
 /// `extra[i]`, when given, is appended to relay `i`'s TOML.
-fn start_relays(dir: &Path, n: usize, extra: &[&str]) -> Result<(Vec<Target>, Vec<OwnRelay>), String> {
+fn start_relays(
+    dir: &Path,
+    n: usize,
+    extra: &[&str],
+    mut before_start: Option<BeforeStart>,
+) -> Result<(Vec<Target>, Vec<OwnRelay>), String> {
     let ids = ["relay-a", "relay-b"];
     let mut plan = Vec::new();
     for (i, id) in ids.iter().take(n).enumerate() {
@@ -158,6 +179,12 @@ fn start_relays(dir: &Path, n: usize, extra: &[&str]) -> Result<(Vec<Target>, Ve
             extra.get(i).copied().unwrap_or("")
         );
         std::fs::write(&cfg, toml).map_err(|e| e.to_string())?;
+        if let (0, Some(f)) = (i, before_start.as_mut()) {
+            // Holds the port chosen for relay-a while the hook runs.
+            let held = std::net::TcpListener::bind(("127.0.0.1", *port));
+            f(&cfg)?;
+            drop(held);
+        }
         let mut child = Command::new(&exe)
             .args(["serve", "--config"])
             .arg(&cfg)
@@ -184,10 +211,15 @@ fn start_relays(dir: &Path, n: usize, extra: &[&str]) -> Result<(Vec<Target>, Ve
 
 /// Starts `n` relays in a fresh temp dir (removed when dropped, after the
 /// relays).
-fn own_relays(run_id: u64, n: usize, extra: &[&str]) -> Result<(Vec<Target>, Vec<OwnRelay>, TempDir), String> {
+fn own_relays(
+    run_id: u64,
+    n: usize,
+    extra: &[&str],
+    before_start: Option<BeforeStart>,
+) -> Result<(Vec<Target>, Vec<OwnRelay>, TempDir), String> {
     let dir = TempDir(std::env::temp_dir().join(format!("relay-bench-{}-{run_id:x}", std::process::id())));
     std::fs::create_dir_all(&dir.0).map_err(|e| format!("{}: {e}", dir.0.display()))?;
-    let (t, p) = start_relays(&dir.0, n, extra)?;
+    let (t, p) = start_relays(&dir.0, n, extra, before_start)?;
     Ok((t, p, dir))
 }
 
@@ -232,9 +264,26 @@ fn bench(args: BenchArgs) -> Result<(String, u64), String> {
     if let Some(n) = args.pending {
         return pending::run(&args, n, run_id);
     }
+    if args.population == Some(0) {
+        return Err("--population must be at least 1".into());
+    }
+    let mut seed_time = None;
     let (targets, own, dir, mode) = if args.relays.is_empty() {
-        let n = if args.cross_share > 0.0 { 2 } else { args.local_relays as usize };
-        let (t, p, dir) = own_relays(run_id, n, &[])?;
+        let n = match (args.population, args.cross_share > 0.0) {
+            (Some(_), _) => 1,
+            (None, true) => 2,
+            (None, false) => args.local_relays as usize,
+        };
+        let passivate = args.passivate_after.or(args.population.map(|_| population::PASSIVATE_AFTER));
+        let actors =
+            passivate.map(|d| format!("[actors]\npassivate_after = \"{}ms\"\n", d.as_millis())).unwrap_or_default();
+        let mut seed = |cfg: &Path| -> Result<(), String> {
+            if let Some(p) = args.population {
+                seed_time = Some(population::seed(cfg, p)?);
+            }
+            Ok(())
+        };
+        let (t, p, dir) = own_relays(run_id, n, &[&actors, &actors], Some(&mut seed))?;
         (t, p, Some(dir), "started")
     } else {
         if args.relays.len() > 2 || args.relay_ids.len() < args.relays.len() {
@@ -259,7 +308,10 @@ fn bench(args: BenchArgs) -> Result<(String, u64), String> {
     let accounts = plan::register(&targets, args.accounts, args.devices, run_id)?;
     setup.inc(1);
     setup.set_message("setup: signing requests");
-    let sends = plan::sends(&accounts, targets.len(), args.messages, args.payload, args.cross_share, run_id);
+    let sends = match args.population {
+        Some(p) => population::sends(&accounts, p, args.messages, args.payload, run_id),
+        None => plan::sends(&accounts, targets.len(), args.messages, args.payload, args.cross_share, run_id),
+    };
     let listener = if args.ws {
         setup.set_message("setup: attaching websockets");
         Some(ws::Listener::start(&targets, &accounts)?)
@@ -274,6 +326,7 @@ fn bench(args: BenchArgs) -> Result<(String, u64), String> {
     bar.finish_and_clear();
     let after: Vec<_> = targets.iter().map(|t| report::scrape(&t.addr)).collect();
     let rss = own.iter().map(|p| report::rss_bytes(p.child.id())).collect();
+    let rss_peak = own.iter().map(|p| report::rss_peak_bytes(p.child.id())).collect();
     let mut notify = match listener {
         Some(l) => {
             let waiting = progress(1, "waiting for notifications");
@@ -298,8 +351,15 @@ fn bench(args: BenchArgs) -> Result<(String, u64), String> {
         "websocket": args.ws,
         "websocket_connections": notify.as_ref().map(|n| n.sockets),
         "notify_grace_s": args.ws.then_some(args.notify_grace.as_secs_f64()),
+        "population": args.population,
+        "passivate_after_s": args.passivate_after.or(args.population.map(|_| population::PASSIVATE_AFTER))
+            .map(|d| d.as_secs_f64()),
     });
-    let mut r = report::build(report::Inputs { config, outcome: &mut outcome, before, after, rss });
+    let mut r = report::build(report::Inputs { config, outcome: &mut outcome, before, after, rss, rss_peak });
+    if let (Some(p), Some(t)) = (args.population, seed_time) {
+        r["population"] = json!(p);
+        r["seed_s"] = json!((t.as_secs_f64() * 1e3).round() / 1e3);
+    }
     if let Some(n) = notify.as_mut() {
         report::notify(&mut r, n);
     }

@@ -102,7 +102,7 @@ pub fn run(args: &BenchArgs, n: usize, run_id: u64) -> Result<(String, u64), Str
     if args.idle_window.is_zero() {
         return Err("--idle-window must be positive".into());
     }
-    let (targets, mut own, dir) = super::own_relays(run_id, 2, &[TIMETABLE, ""])?;
+    let (targets, mut own, dir) = super::own_relays(run_id, 2, &[TIMETABLE, ""], None)?;
 
     let setup = progress(3, "setup: registering accounts");
     // Account 0 (the sender) on relay-a, account 1 (the recipient) on relay-b.
@@ -135,6 +135,7 @@ pub fn run(args: &BenchArgs, n: usize, run_id: u64) -> Result<(String, u64), Str
     let m = metrics(&targets[0].addr)?;
     let pending = report::sample(&m, "relay_deliveries_in_flight").map(|v| v as u64);
     let rss = vec![report::rss_bytes(pid)];
+    let rss_peak = vec![report::rss_peak_bytes(pid)];
 
     let config = json!({
         "mode": "started",
@@ -152,7 +153,7 @@ pub fn run(args: &BenchArgs, n: usize, run_id: u64) -> Result<(String, u64), Str
         "idle_window_s": args.idle_window.as_secs_f64(),
         "retry_timetable": ["0s", "1h"],
     });
-    let mut r = report::build(report::Inputs { config, outcome: &mut outcome, before, after, rss });
+    let mut r = report::build(report::Inputs { config, outcome: &mut outcome, before, after, rss, rss_peak });
     let round = |v: f64, per_unit: f64| (v * per_unit).round() / per_unit;
     r["pending"] = json!(pending);
     r["settle_s"] = json!(round(settled.as_secs_f64(), 1e3));

@@ -34,12 +34,21 @@ pub fn scrape(addr: &str) -> Option<Scrape> {
     })
 }
 
-/// Resident set size of process `pid` in bytes (Linux `/proc`).
-pub fn rss_bytes(pid: u32) -> Option<u64> {
+/// A `kB` line of `/proc/{pid}/status` (Linux), in bytes.
+fn status_bytes(pid: u32, field: &str) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kb: u64 =
-        s.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    let kb: u64 = s.lines().find_map(|l| l.strip_prefix(field))?.trim().trim_end_matches("kB").trim().parse().ok()?;
     Some(kb * 1024)
+}
+
+/// Resident set size of process `pid` in bytes (`VmRSS`).
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    status_bytes(pid, "VmRSS:")
+}
+
+/// The peak resident set size of process `pid` in bytes (`VmHWM`).
+pub fn rss_peak_bytes(pid: u32) -> Option<u64> {
+    status_bytes(pid, "VmHWM:")
 }
 
 fn pct(sorted: &[u64], p: f64) -> Option<f64> {
@@ -61,6 +70,8 @@ pub struct Inputs<'a> {
     pub after: Vec<Option<Scrape>>,
     /// RSS of each relay process the bench started (empty with `--relays`).
     pub rss: Vec<Option<u64>>,
+    /// Their peak RSS (`VmHWM`), in the same order.
+    pub rss_peak: Vec<Option<u64>>,
 }
 
 pub fn build(i: Inputs) -> Value {
@@ -82,7 +93,8 @@ pub fn build(i: Inputs) -> Value {
         ),
         None => (None, None, None),
     };
-    let rss: Option<u64> = if i.rss.is_empty() { None } else { i.rss.iter().copied().sum::<Option<u64>>() };
+    let sum = |v: &[Option<u64>]| if v.is_empty() { None } else { v.iter().copied().sum::<Option<u64>>() };
+    let (rss, rss_peak) = (sum(&i.rss), sum(&i.rss_peak));
     let mean_flush = match (commits, flushes) {
         (Some(c), Some(f)) if f > 0.0 => Some(round(c / f)),
         _ => None,
@@ -106,6 +118,7 @@ pub fn build(i: Inputs) -> Value {
         "resident_actors": resident.map(|v| v as u64),
         "rss_bytes": rss,
         "rss_bytes_per_relay": i.rss,
+        "rss_peak_bytes": rss_peak,
         "commits": commits.map(|v| v as u64),
         "commits_per_sec": commits.map(per_sec),
         "events_per_sec": commits.map(per_sec),
@@ -126,6 +139,9 @@ pub fn build(i: Inputs) -> Value {
         "idle_cpu_seconds": null,
         "idle_cpu_share": null,
         "idle_cpu_target": null,
+        // `--population` (set by `bench`); null otherwise.
+        "population": null,
+        "seed_s": null,
     })
 }
 
@@ -150,8 +166,14 @@ pub fn table(r: &Value) -> String {
         Value::Null => "-".to_string(),
         v => v.to_string(),
     };
+    let mib = |k: &str| r[k].as_u64().map(|b| format!("{:.1} MiB", b as f64 / 1048576.0)).unwrap_or_else(|| "-".into());
     let c = &r["config"];
-    let workload = if c["pending"].is_u64() {
+    let workload = if c["population"].is_u64() {
+        format!(
+            "{} senders × {} devices → {} population accounts (uniform), {} B payload, concurrency {}, passivate after {} s",
+            c["accounts"], c["devices"], c["population"], c["payload"], c["concurrency"], c["passivate_after_s"]
+        )
+    } else if c["pending"].is_u64() {
         format!(
             "{} messages relay-a → relay-b (killed), {} devices, {} B payload, concurrency {}, retry timetable 0s, 1h",
             c["pending"], c["devices"], c["payload"], c["concurrency"]
@@ -176,13 +198,17 @@ pub fn table(r: &Value) -> String {
         ("delivering (not yet accepted)".into(), num("delivering")),
         ("errors".into(), num("errors")),
         ("resident actors".into(), num("resident_actors")),
-        (
-            "relay RSS".into(),
-            r["rss_bytes"].as_u64().map(|b| format!("{:.1} MiB", b as f64 / 1048576.0)).unwrap_or_else(|| "-".into()),
-        ),
+        ("relay RSS".into(), mib("rss_bytes")),
+        ("relay RSS peak".into(), mib("rss_peak_bytes")),
         ("store commits/s (events_per_sec)".into(), num("commits_per_sec")),
         ("mean flush batch (commits)".into(), num("mean_flush_batch")),
     ];
+    if let (Some(n), Some(s)) = (r["population"].as_u64(), r["seed_s"].as_f64()) {
+        rows.push((
+            "population (seeded offline)".into(),
+            format!("{n} accounts in {s:.3} s ({:.0} accounts/s)", n as f64 / s.max(1e-9)),
+        ));
+    }
     if c["websocket"] == true {
         rows.push((
             "websockets".into(),

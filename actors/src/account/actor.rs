@@ -1,13 +1,15 @@
 //! The thin actix shell around the account core: load (snapshot + tail),
-//! decide, append, apply, reply once durable.
+//! read the command's ledger entry, decide, append (with the ledger and
+//! timeline projections), apply, reply once durable.
 
 use super::decide::{self, Ctx, ReceiveDecision, SendDecision};
 use super::events::AccountEvent;
+use super::ledger::{self, Ledger, ReceiptEntry, SendEntry};
 use super::state::AccountState;
 use super::{stream_id, timeline};
 use crate::delivery::{self, DeliveryEvent};
 use crate::sessions::Session;
-use crate::store::{Batch, Head, NewEvent, Snapshot, StoreError, Ticket};
+use crate::store::{Batch, Head, NewEvent, Snapshot, Store, StoreError, Ticket};
 use crate::supervisor::{internal, Supervisor};
 use actix::prelude::*;
 use relay_schemas::encoding::b64_encode;
@@ -15,8 +17,10 @@ use relay_schemas::methods::*;
 use relay_schemas::objects::{Direction, TimelineRecord};
 use relay_schemas::sign::{verify_bytes, Tag};
 use relay_schemas::{DeliveryStatus, RelayError};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
 use serde_json::json;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -124,7 +128,19 @@ impl Reply {
 
 /// A command on its way to an account actor (shared, so a retry after
 /// passivation costs no copy).
-pub struct Ask(pub Arc<AccountCmd>);
+pub struct Ask(pub Arc<AccountCmd>, pub Answer);
+
+/// When a command is answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// Once everything the actor wrote so far is durable: what anyone
+    /// outside the process may act on.
+    WhenDurable,
+    /// At once. Only for callers in this process that report onwards only
+    /// after a later durable write, which covers this one (flushes are in
+    /// commit order): a local delivery attempt.
+    AtOnce,
+}
 
 impl Message for Ask {
     type Result = Result<Reply, RelayError>;
@@ -161,7 +177,8 @@ impl AccountActor {
     pub fn load(sup: Supervisor, account_id: &str) -> Result<Self, StoreError> {
         let stream = stream_id(account_id);
         let store = sup.store();
-        let (mut state, mut head) = match store.load_snapshot(&stream)? {
+        let snapshot = store.load_snapshot(&stream)?;
+        let (mut state, mut head) = match &snapshot {
             Some(snap) => {
                 let state: AccountState = serde_json::from_slice(&snap.state).map_err(|e| StoreError::Corrupt {
                     stream: stream.clone(),
@@ -181,6 +198,11 @@ impl AccountActor {
             head = ev.head();
             since_snapshot += 1;
         }
+        let last_ticket = if head.seq > 0 && store.kv_get(&ledger::version_key(account_id))?.is_none() {
+            Some(upgrade_ledger(&store, &stream, account_id, snapshot.as_ref())?)
+        } else {
+            None
+        };
         // The route book may have missed the account's latest route if the
         // relay stopped between the two writes.
         if let Some(route) = state.route() {
@@ -193,7 +215,7 @@ impl AccountActor {
             head,
             state,
             since_snapshot,
-            last_ticket: None,
+            last_ticket,
             challenges: HashMap::new(),
             pending: Arc::new(AtomicUsize::new(0)),
             passivated: false,
@@ -217,13 +239,31 @@ impl AccountActor {
         let mut batch = store.batch();
         let now = self.sup.clock().now();
         let first = self.head.seq + 1;
+        let account = &self.state.account_id;
         let mut new_events = Vec::with_capacity(events.len());
+        // The ledger entry each event writes (the projection, in this batch).
+        let mut written: Vec<Option<ledger::Entry>> = Vec::with_capacity(events.len());
         for (i, e) in events.iter().enumerate() {
             if let Some(r) = e.record() {
                 let entry = timeline::IndexEntry { event: first + i as u64, visible: r.visible.clone() };
                 let bytes = serde_json::to_vec(&entry).map_err(|e| internal(&e))?;
-                batch.kv_put(&timeline::key(&self.state.account_id, r.sequence), &bytes);
+                batch.kv_put(&timeline::key(account, r.sequence), &bytes);
             }
+            let current = match ledger::changes(e) {
+                Some(message_id) => match written.iter().rev().flatten().find_map(|w| match w {
+                    ledger::Entry::Send { message_id: m, entry } if m == message_id => Some(entry.clone()),
+                    _ => None,
+                }) {
+                    Some(entry) => Some(entry),
+                    None => self.send_entry(message_id)?,
+                },
+                None => None,
+            };
+            let entry = ledger::written(account, e, current.as_ref());
+            if let Some(w) = &entry {
+                batch.kv_put(&w.key(account), &w.value().map_err(|e| internal(&e))?);
+            }
+            written.push(entry);
             new_events.push(NewEvent {
                 event_type: e.event_type().into(),
                 version: AccountEvent::VERSION,
@@ -231,14 +271,18 @@ impl AccountActor {
                 data: serde_json::to_vec(e).map_err(|e| internal(&e))?,
             });
         }
+        if self.head.seq == 0 && !events.is_empty() {
+            // A stream begun by this code: its ledger is complete from the start.
+            batch.kv_put(&ledger::version_key(account), ledger::VERSION);
+        }
         let head = batch.append(&self.stream, self.head, new_events);
         extra(&mut batch);
         let ticket = store.commit(batch).map_err(|e| internal(&e))?;
         self.head = head;
         self.last_ticket = Some(ticket);
-        for e in &events {
+        for (e, w) in events.iter().zip(&written) {
             self.state.apply(e);
-            for n in Self::notices(e, &self.state) {
+            for n in Self::notices(e, w.as_ref()) {
                 self.outbox.push_back((ticket, n));
             }
         }
@@ -254,18 +298,34 @@ impl AccountActor {
         Ok(())
     }
 
-    /// What connected devices hear of an event: a new record (its visible
-    /// devices), and a sent message's status (all the account's devices).
-    fn notices(e: &AccountEvent, state: &AccountState) -> impl Iterator<Item = Notice> {
+    /// What connected devices hear of an event (`written`: the ledger
+    /// entry it wrote): a new record (its visible devices), and a sent
+    /// message's status (all the account's devices).
+    fn notices(e: &AccountEvent, written: Option<&ledger::Entry>) -> impl Iterator<Item = Notice> {
         let timeline = e.record().map(|r| Notice::Timeline { sequence: r.sequence, visible: r.visible.clone() });
-        let delivery = match e {
-            AccountEvent::MessageSent { message_id, .. } | AccountEvent::DeliveryUpdated { message_id, .. } => state
-                .sends
-                .get(message_id)
-                .map(|entry| Notice::Delivery { message_id: message_id.clone(), status: entry.status.clone() }),
+        let delivery = match (e, written) {
+            (
+                AccountEvent::MessageSent { .. } | AccountEvent::DeliveryUpdated { .. },
+                Some(ledger::Entry::Send { message_id, entry }),
+            ) => Some(Notice::Delivery { message_id: message_id.clone(), status: entry.status.clone() }),
             _ => None,
         };
         timeline.into_iter().chain(delivery)
+    }
+
+    fn ledger_get<T: DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>, RelayError> {
+        let Some(bytes) = self.sup.store().kv_get(key).map_err(|e| internal(&e))? else { return Ok(None) };
+        serde_json::from_slice(&bytes).map(Some).map_err(|e| internal(&e))
+    }
+
+    /// The ledger's result of this account's `message.send` of `message_id`.
+    fn send_entry(&self, message_id: &str) -> Result<Option<SendEntry>, RelayError> {
+        self.ledger_get(&ledger::send_key(&self.state.account_id, message_id))
+    }
+
+    /// The ledger's result of the message `(from, message_id)` received here.
+    fn receipt_entry(&self, from: &str, message_id: &str) -> Result<Option<ReceiptEntry>, RelayError> {
+        self.ledger_get(&ledger::receipt_key(&self.state.account_id, from, message_id))
     }
 
     /// Writes a snapshot of the current state. A failed snapshot only costs
@@ -288,17 +348,23 @@ impl AccountActor {
     /// (so even a duplicate's answer never reports what a crash could undo).
     /// Notifications owed for those writes are published then, by the actor
     /// itself, so they leave in write order.
+    /// With [`Answer::AtOnce`] the reply leaves now and only the
+    /// notifications wait for durability.
     fn reply_durable(
         &mut self,
         reply: Result<Reply, RelayError>,
+        answer: Answer,
         me: Addr<Self>,
     ) -> ResponseFuture<Result<Reply, RelayError>> {
         let ticket = self.last_ticket;
-        let wait = ticket.map(|t| self.sup.store().durable(t));
         let publish = !self.outbox.is_empty();
+        if answer == Answer::AtOnce && !publish {
+            return Box::pin(async move { reply });
+        }
+        let wait = ticket.map(|t| self.sup.store().durable(t));
         let pending = self.pending.clone();
         pending.fetch_add(1, Ordering::SeqCst);
-        Box::pin(async move {
+        let durable = async move {
             let durable = match wait {
                 Some(w) => w.await.map_err(|e| RelayError::unavailable(format!("store: {e}"))),
                 None => Ok(()),
@@ -307,7 +373,16 @@ impl AccountActor {
                 me.do_send(Publish(t));
             }
             pending.fetch_sub(1, Ordering::SeqCst);
-            durable?;
+            durable
+        };
+        if answer == Answer::AtOnce {
+            actix::spawn(async move {
+                let _ = durable.await;
+            });
+            return Box::pin(async move { reply });
+        }
+        Box::pin(async move {
+            durable.await?;
             reply
         })
     }
@@ -366,7 +441,7 @@ impl AccountActor {
                     return Err(RelayError::not_found("unknown account"));
                 }
                 Reply::json(&DevicesResult {
-                    certificates: self.state.devices.values().collect(),
+                    certificates: self.state.certificates().collect(),
                     revocations: self.state.revocations.values().collect(),
                 })
             }
@@ -398,23 +473,30 @@ impl AccountActor {
                 session(device)?;
                 self.send(device, params, digest, ctx)
             }
-            AccountCmd::Receive { params, digest } => match decide::receive(&self.state, params, digest, ctx)? {
-                ReceiveDecision::Duplicate(status) => Ok(Reply::Status(status)),
-                ReceiveDecision::Accepted { event, status } => {
-                    self.persist(vec![*event], |_| {})?;
-                    Ok(Reply::Status(status))
+            AccountCmd::Receive { params, digest } => {
+                let prior = self.receipt_entry(&params.envelope.from, &params.envelope.message_id)?;
+                match decide::receive(&self.state, prior.as_ref(), params, digest, ctx)? {
+                    ReceiveDecision::Duplicate(status) => Ok(Reply::Status(status)),
+                    ReceiveDecision::Accepted { event, status } => {
+                        self.persist(vec![*event], |_| {})?;
+                        Ok(Reply::Status(status))
+                    }
                 }
-            },
+            }
             AccountCmd::RecordDelivery { message_id, status } => {
-                let events = decide::record_delivery(&self.state, message_id, status);
+                let entry = self.send_entry(message_id)?;
+                let events = decide::record_delivery(entry.as_ref(), message_id, status);
+                let current = match events.first() {
+                    Some(AccountEvent::DeliveryUpdated { status, .. }) => Some(status.clone()),
+                    _ => entry.map(|e| e.status),
+                };
                 self.persist(events, |_| {})?;
-                let current = self.state.sends.get(message_id).map(|e| e.status.clone());
                 Ok(Reply::Status(current.unwrap_or_else(|| status.clone())))
             }
             AccountCmd::DeliveryStatus { device, message_id } => {
                 session(device)?;
                 relay_schemas::ids::check_message_id("message_id", message_id)?;
-                match self.state.sends.get(message_id) {
+                match self.send_entry(message_id)? {
                     Some(e) if e.retention_until >= now => Ok(Reply::Status(e.status.clone())),
                     Some(_) => {
                         Err(RelayError::new(relay_schemas::ErrorCode::MessageExpired, "result retention has ended"))
@@ -427,7 +509,7 @@ impl AccountActor {
                 if !route.lists_relay(peer) {
                     return Err(RelayError::forbidden("only the account's other home relay may ask"));
                 }
-                match self.state.sends.get(message_id) {
+                match self.send_entry(message_id)? {
                     Some(e) => Reply::json(&json!({ "known": true, "status": e.status })),
                     None => Reply::json(&json!({ "known": false })),
                 }
@@ -496,7 +578,8 @@ impl AccountActor {
     }
 
     fn send(&mut self, device: &str, p: &SendParams, digest: &str, ctx: Ctx) -> Result<Reply, RelayError> {
-        match decide::send(&self.state, device, p, digest, ctx)? {
+        let prior = self.send_entry(&p.envelope.message_id)?;
+        match decide::send(&self.state, prior.as_ref(), device, p, digest, ctx)? {
             SendDecision::Duplicate(status) => Ok(Reply::Status(status)),
             SendDecision::SelfDelivered { event, status } => {
                 self.persist(vec![event], |_| {})?;
@@ -532,28 +615,15 @@ impl AccountActor {
                     batch.kv_put(&delivery::due_key(first_due_ms, &stream), b"");
                 })?;
                 self.sup.metrics().deliveries_in_flight.inc();
+                // The delivery starts now, not once the acceptance is durable:
+                // a remote attempt waits for its own later commit (which
+                // covers this one) before it leaves, and a local one is
+                // answered to the client only after a later durable write.
                 let (tx, rx) = oneshot::channel();
-                self.after_durable(move |sup| {
-                    sup.start_delivery(&stream, Some(tx));
-                });
+                self.sup.start_delivery(&stream, Some(tx));
                 Ok(Reply::Sent { status, first_attempt: rx })
             }
         }
-    }
-
-    /// Runs `f` once this actor's writes so far are durable (persist before
-    /// effect: no delivery starts for an acceptance a crash could undo).
-    fn after_durable(&self, f: impl FnOnce(&Supervisor) + 'static) {
-        let sup = self.sup.clone();
-        let wait = self.last_ticket.map(|t| sup.store().durable(t));
-        actix::spawn(async move {
-            if let Some(w) = wait {
-                if w.await.is_err() {
-                    return; // the restart restores the delivery from its index
-                }
-            }
-            f(&sup);
-        });
     }
 
     fn sync(&self, device: &str, p: &SyncParams) -> Result<Reply, RelayError> {
@@ -593,7 +663,7 @@ impl AccountActor {
         for (seq, event) in &found {
             let (direction, accepted_at, delivery) = match event {
                 AccountEvent::MessageSent { message_id, accepted_at, .. } => {
-                    let status = self.state.sends.get(message_id).map(|e| e.status.clone());
+                    let status = self.send_entry(message_id)?.map(|e| e.status);
                     (Direction::Sent, *accepted_at, status)
                 }
                 AccountEvent::SelfDelivered { accepted_at, .. } | AccountEvent::MessageReceived { accepted_at, .. } => {
@@ -639,6 +709,9 @@ impl AccountActor {
             list.retain(|(_, exp)| *exp > now_ms / 1000);
             !list.is_empty()
         });
+        // A resident but quiet actor keeps no spare buffers.
+        self.challenges.shrink_to_fit();
+        self.outbox.shrink_to_fit();
         if idle >= self.sup.policy().passivate_after_ms
             && self.pending.load(Ordering::SeqCst) == 0
             && self.challenges.is_empty()
@@ -652,6 +725,42 @@ impl AccountActor {
             ctx.stop();
         }
     }
+}
+
+/// The maps an account snapshot held before the ledger left the state.
+#[derive(Deserialize)]
+struct LegacySnapshot {
+    sends: Option<BTreeMap<String, SendEntry>>,
+    receipts: Option<BTreeMap<String, ReceiptEntry>>,
+}
+
+/// Writes the ledger of an account whose events were written before the
+/// ledger moved to the kv space (it has no `i/{account_id}/v`): from an old
+/// snapshot's maps and the events after it, or else from all its events,
+/// in one batch with the marker. Streams written since keep their ledger
+/// with their events, so this runs once per old account.
+fn upgrade_ledger(
+    store: &Store,
+    stream: &str,
+    account_id: &str,
+    snapshot: Option<&Snapshot>,
+) -> Result<Ticket, StoreError> {
+    let legacy = snapshot.and_then(|snap| {
+        let maps: LegacySnapshot = serde_json::from_slice(&snap.state).ok()?;
+        Some((Ledger { sends: maps.sends?, receipts: maps.receipts.unwrap_or_default() }, snap.seq))
+    });
+    let (mut ledger, after) = legacy.unwrap_or_default();
+    for ev in store.read(stream, after) {
+        ledger.apply(account_id, &crate::upcast::account_event(&ev?)?);
+    }
+    let mut batch = store.batch();
+    for entry in ledger.entries() {
+        let value = entry.value().map_err(|e| StoreError::Invalid(format!("ledger entry: {e}")))?;
+        batch.kv_put(&entry.key(account_id), &value);
+    }
+    batch.kv_put(&ledger::version_key(account_id), ledger::VERSION);
+    tracing::debug!(%stream, sends = ledger.sends.len(), receipts = ledger.receipts.len(), "ledger upgraded");
+    store.commit(batch)
 }
 
 impl Actor for AccountActor {
@@ -673,7 +782,7 @@ impl Handler<Ask> for AccountActor {
         }
         self.last_active_ms = self.sup.clock().now_ms();
         let reply = self.handle_cmd(&msg.0);
-        self.reply_durable(reply, ctx.address())
+        self.reply_durable(reply, msg.1, ctx.address())
     }
 }
 

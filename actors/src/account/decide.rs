@@ -1,10 +1,12 @@
 //! The rules of an account: `decide(state, command, now) -> events`.
 //! Pure: no I/O, no clock, no actix. Each function returns the events to
 //! append (empty for an idempotent no-op) or the `RelayError` that rejects
-//! the command, in which case nothing is appended.
+//! the command, in which case nothing is appended. A command keyed by a
+//! message gets that message's ledger entry, read by the shell.
 
 use super::events::{AccountEvent, Record};
-use super::state::{contact_key, receipt_key, AccountState};
+use super::ledger::{ReceiptEntry, SendEntry};
+use super::state::{contact_key, AccountState};
 use crate::policy::Policy;
 use relay_schemas::encoding::jcs;
 use relay_schemas::methods::{ContactRevokeParams, DeliverParams, RegisterParams, SendParams};
@@ -143,7 +145,7 @@ pub fn add_device(
     if state.revocations.contains_key(&cert.device_id) {
         return Err(RelayError::invalid_state("device_id was revoked and cannot be reused"));
     }
-    match state.devices.get(&cert.device_id) {
+    match state.certificate(&cert.device_id) {
         Some(existing) if existing == cert => Ok(vec![]),
         Some(_) => Err(RelayError::state_conflict("device_id already has another certificate")),
         None => Ok(vec![AccountEvent::DeviceAdded { device_certificate: cert.clone() }]),
@@ -243,9 +245,11 @@ pub enum SendDecision {
     Sent { event: AccountEvent, status: DeliveryStatus, deliver: Box<DeliverParams>, deadline: u64 },
 }
 
-/// `message.send` at the source. `digest` is blake3(JCS(params)).
+/// `message.send` at the source. `digest` is blake3(JCS(params)); `prior`
+/// is the ledger's entry for `envelope.message_id`.
 pub fn send(
     state: &AccountState,
+    prior: Option<&SendEntry>,
     device_id: &str,
     p: &SendParams,
     digest: &str,
@@ -265,7 +269,7 @@ pub fn send(
     if env.from_device_id != device_id {
         return Err(RelayError::forbidden("envelope.from_device_id is not the session's device"));
     }
-    if let Some(entry) = state.sends.get(&env.message_id) {
+    if let Some(entry) = prior {
         idempotent(digest, &entry.digest, entry.retention_until, ctx.now)?;
         return Ok(SendDecision::Duplicate(entry.status.clone()));
     }
@@ -302,7 +306,10 @@ pub fn send(
     let deliver = Box::new(DeliverParams {
         envelope: env.clone(),
         recipient_boxes: p.recipient_boxes.clone(),
-        sender_device_certificate: state.devices[device_id].clone(),
+        sender_device_certificate: state
+            .certificate(device_id)
+            .ok_or_else(|| RelayError::device_unknown("sending device is not valid"))?
+            .clone(),
         authorization: p.authorization.clone(),
     });
     let event = AccountEvent::MessageSent {
@@ -333,8 +340,15 @@ pub fn deliver_digest(p: &DeliverParams) -> Result<String, RelayError> {
     Ok(blake3::hash(&jcs(&value)?).to_hex().to_string())
 }
 
-/// The seed's receiving validation rules, at the destination.
-pub fn receive(state: &AccountState, p: &DeliverParams, digest: &str, ctx: Ctx) -> Result<ReceiveDecision, RelayError> {
+/// The seed's receiving validation rules, at the destination. `prior` is
+/// the ledger's entry for `(envelope.from, envelope.message_id)`.
+pub fn receive(
+    state: &AccountState,
+    prior: Option<&ReceiptEntry>,
+    p: &DeliverParams,
+    digest: &str,
+    ctx: Ctx,
+) -> Result<ReceiveDecision, RelayError> {
     let env = &p.envelope;
     env.check_constraints(ctx.policy.max_ciphertext_bytes)?;
     check_boxes("recipient_boxes", &p.recipient_boxes, ctx.policy.max_boxes)?;
@@ -349,7 +363,7 @@ pub fn receive(state: &AccountState, p: &DeliverParams, digest: &str, ctx: Ctx) 
     // A previously accepted request answers its result, whatever changed
     // since (even the account's home): a route error here would invite the
     // source to deliver it again elsewhere.
-    if let Some(entry) = state.receipts.get(&receipt_key(&env.from, &env.message_id)) {
+    if let Some(entry) = prior {
         idempotent(digest, &entry.digest, entry.retention_until, ctx.now)?;
         return Ok(ReceiveDecision::Duplicate(DeliveryStatus::target_accepted(entry.accepted_at)));
     }
@@ -413,11 +427,12 @@ fn check_authorization(
     Ok(())
 }
 
-/// A delivery outcome reported to the sender's account. The status keeps
-/// the source's `accepted_at`; terminal states never change, so repeated
-/// or late reports are no-ops.
-pub fn record_delivery(state: &AccountState, message_id: &str, status: &DeliveryStatus) -> Vec<AccountEvent> {
-    let Some(entry) = state.sends.get(message_id) else { return vec![] };
+/// A delivery outcome reported to the sender's account; `entry` is the
+/// ledger's entry for `message_id`. The status keeps the source's
+/// `accepted_at`; terminal states never change, so repeated or late
+/// reports are no-ops.
+pub fn record_delivery(entry: Option<&SendEntry>, message_id: &str, status: &DeliveryStatus) -> Vec<AccountEvent> {
+    let Some(entry) = entry else { return vec![] };
     let status = DeliveryStatus { accepted_at: entry.status.accepted_at, ..status.clone() };
     if entry.status.status.is_terminal() || entry.status == status {
         return vec![];

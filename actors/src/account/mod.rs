@@ -4,11 +4,13 @@
 pub mod actor;
 pub mod decide;
 pub mod events;
+pub mod ledger;
 pub mod state;
 pub mod timeline;
 
 pub use actor::{AccountActor, AccountCmd, Reply};
 pub use events::{AccountEvent, Record};
+pub use ledger::{Ledger, ReceiptEntry, SendEntry};
 pub use state::AccountState;
 
 pub fn stream_id(account_id: &str) -> String {

@@ -5,29 +5,102 @@ use super::events::AccountEvent;
 use ed25519_dalek::VerifyingKey;
 use relay_schemas::objects::{DeviceCertificate, DeviceRevocation, Route};
 use relay_schemas::sign::parse_public_key;
-use relay_schemas::{DeliveryStatus, Wire};
+use relay_schemas::Wire;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
-/// The acceptance result of one `message.send`, kept for idempotency and
-/// `message.delivery.status` until `retention_until`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct SendEntry {
-    pub digest: String,
-    pub to: String,
-    pub deadline: u64,
-    pub retention_until: u64,
-    pub status: DeliveryStatus,
-    pub sequence: Option<u64>,
+/// A device's certificate and its key, parsed once (derived: a snapshot
+/// holds the certificate alone).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Device {
+    pub certificate: Wire<DeviceCertificate>,
+    #[serde(skip)]
+    key: Option<VerifyingKey>,
 }
 
-/// The acceptance result of one received message (key `(from, message_id)`).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct ReceiptEntry {
-    pub digest: String,
-    pub accepted_at: u64,
-    pub retention_until: u64,
-    pub sequence: u64,
+impl Device {
+    fn new(certificate: Wire<DeviceCertificate>) -> Self {
+        let key = parse_public_key("device_key", &certificate.device_key).ok();
+        Device { certificate, key }
+    }
+}
+
+/// A map of an account's few per-device entries, kept as a sorted Vec: it
+/// costs exactly its entries where a B-tree node has room for eleven (most
+/// of an idle actor's memory, with one or two devices). Serialized as a map
+/// in key order, as the `BTreeMap` it replaces.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SmallMap<V>(Vec<(String, V)>);
+
+impl<V> Default for SmallMap<V> {
+    fn default() -> Self {
+        SmallMap(Vec::new())
+    }
+}
+
+impl<V> SmallMap<V> {
+    fn find(&self, key: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|(k, _)| k.as_str().cmp(key))
+    }
+
+    pub fn get(&self, key: &str) -> Option<&V> {
+        self.find(key).ok().map(|i| &self.0[i].1)
+    }
+
+    pub fn contains_key(&self, key: &str) -> bool {
+        self.find(key).is_ok()
+    }
+
+    pub fn insert(&mut self, key: String, value: V) {
+        match self.find(&key) {
+            Ok(i) => self.0[i].1 = value,
+            Err(i) => {
+                self.0.reserve_exact(1);
+                self.0.insert(i, (key, value));
+            }
+        }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &V)> {
+        self.0.iter().map(|(k, v)| (k.as_str(), v))
+    }
+
+    pub fn values(&self) -> impl Iterator<Item = &V> {
+        self.0.iter().map(|(_, v)| v)
+    }
+
+    fn values_mut(&mut self) -> impl Iterator<Item = &mut V> {
+        self.0.iter_mut().map(|(_, v)| v)
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl<V> std::ops::Index<&str> for SmallMap<V> {
+    type Output = V;
+    fn index(&self, key: &str) -> &V {
+        self.get(key).unwrap_or_else(|| panic!("no entry {key:?}"))
+    }
+}
+
+impl<V: Serialize> Serialize for SmallMap<V> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.0.iter().map(|(k, v)| (k, v)))
+    }
+}
+
+impl<'de, V: Deserialize<'de>> Deserialize<'de> for SmallMap<V> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        // Through a BTreeMap: sorted, one entry per key, exact capacity.
+        Ok(SmallMap(BTreeMap::<String, V>::deserialize(d)?.into_iter().collect()))
+    }
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -35,27 +108,17 @@ pub struct AccountState {
     pub account_id: String,
     pub route: Option<Wire<Route>>,
     pub register_digest: String,
-    pub devices: BTreeMap<String, Wire<DeviceCertificate>>,
-    pub revocations: BTreeMap<String, Wire<DeviceRevocation>>,
+    pub devices: SmallMap<Device>,
+    pub revocations: SmallMap<Wire<DeviceRevocation>>,
     pub public_discovery: bool,
     /// Revoked contact credentials as `grant:{id}` / `invite:{id}`.
     pub revoked_contacts: BTreeSet<String>,
     /// The last timeline sequence handed out (0 = none yet).
     pub last_sequence: u64,
-    pub sends: HashMap<String, SendEntry>,
-    /// Keyed by `{from}/{message_id}`.
-    pub receipts: HashMap<String, ReceiptEntry>,
     /// Per-device ack cursor (`message.timeline.ack`).
-    pub cursors: BTreeMap<String, u64>,
-    /// Parsed keys, derived from the certificates (not stored).
-    #[serde(skip)]
-    keys: HashMap<String, VerifyingKey>,
+    pub cursors: SmallMap<u64>,
     #[serde(skip)]
     account_key: Option<VerifyingKey>,
-}
-
-pub fn receipt_key(from: &str, message_id: &str) -> String {
-    format!("{from}/{message_id}")
 }
 
 pub fn contact_key(kind: &str, id: &str) -> String {
@@ -82,11 +145,19 @@ impl AccountState {
     /// A device is valid when its certificate is on file, unrevoked and
     /// unexpired.
     pub fn device_key(&self, device_id: &str, now: u64) -> Option<&VerifyingKey> {
-        let cert = self.devices.get(device_id)?;
-        if self.revocations.contains_key(device_id) || cert.is_expired(now) {
+        let device = self.devices.get(device_id)?;
+        if self.revocations.contains_key(device_id) || device.certificate.is_expired(now) {
             return None;
         }
-        self.keys.get(device_id)
+        device.key.as_ref()
+    }
+
+    pub fn certificate(&self, device_id: &str) -> Option<&Wire<DeviceCertificate>> {
+        self.devices.get(device_id).map(|d| &d.certificate)
+    }
+
+    pub fn certificates(&self) -> impl Iterator<Item = &Wire<DeviceCertificate>> {
+        self.devices.values().map(|d| &d.certificate)
     }
 
     pub fn device_valid(&self, device_id: &str, now: u64) -> bool {
@@ -95,19 +166,14 @@ impl AccountState {
 
     /// Rebuilds the derived caches after loading a snapshot.
     pub fn rebuild_caches(&mut self) {
-        self.keys = self
-            .devices
-            .iter()
-            .filter_map(|(id, c)| Some((id.clone(), parse_public_key("device_key", &c.device_key).ok()?)))
-            .collect();
+        for device in self.devices.values_mut() {
+            device.key = parse_public_key("device_key", &device.certificate.device_key).ok();
+        }
         self.account_key = self.route.as_ref().and_then(|r| parse_public_key("account_key", &r.account_key).ok());
     }
 
     fn add_device(&mut self, cert: &Wire<DeviceCertificate>) {
-        if let Ok(key) = parse_public_key("device_key", &cert.device_key) {
-            self.keys.insert(cert.device_id.clone(), key);
-        }
-        self.devices.insert(cert.device_id.clone(), cert.clone());
+        self.devices.insert(cert.device_id.clone(), Device::new(cert.clone()));
     }
 
     pub fn apply(&mut self, event: &AccountEvent) {
@@ -128,53 +194,16 @@ impl AccountState {
             AccountEvent::ContactRevoked { kind, id } => {
                 self.revoked_contacts.insert(contact_key(kind, id));
             }
-            AccountEvent::MessageSent { message_id, to, digest, accepted_at, deadline, retention_until, record } => {
+            AccountEvent::MessageSent { record, .. } => {
                 if let Some(r) = record {
                     self.last_sequence = r.sequence;
                 }
-                self.sends.insert(
-                    message_id.clone(),
-                    SendEntry {
-                        digest: digest.clone(),
-                        to: to.clone(),
-                        deadline: *deadline,
-                        retention_until: *retention_until,
-                        status: DeliveryStatus::delivering(*accepted_at),
-                        sequence: record.as_ref().map(|r| r.sequence),
-                    },
-                );
             }
-            AccountEvent::SelfDelivered { message_id, digest, accepted_at, retention_until, record } => {
+            AccountEvent::SelfDelivered { record, .. } | AccountEvent::MessageReceived { record, .. } => {
                 self.last_sequence = record.sequence;
-                self.sends.insert(
-                    message_id.clone(),
-                    SendEntry {
-                        digest: digest.clone(),
-                        to: self.account_id.clone(),
-                        deadline: *accepted_at,
-                        retention_until: *retention_until,
-                        status: DeliveryStatus::target_accepted(*accepted_at),
-                        sequence: Some(record.sequence),
-                    },
-                );
             }
-            AccountEvent::MessageReceived { from, message_id, digest, accepted_at, retention_until, record } => {
-                self.last_sequence = record.sequence;
-                self.receipts.insert(
-                    receipt_key(from, message_id),
-                    ReceiptEntry {
-                        digest: digest.clone(),
-                        accepted_at: *accepted_at,
-                        retention_until: *retention_until,
-                        sequence: record.sequence,
-                    },
-                );
-            }
-            AccountEvent::DeliveryUpdated { message_id, status } => {
-                if let Some(entry) = self.sends.get_mut(message_id) {
-                    entry.status = status.clone();
-                }
-            }
+            // The idempotency results live in the ledger (`ledger.rs`).
+            AccountEvent::DeliveryUpdated { .. } => {}
             AccountEvent::CursorMoved { device_id, through } => {
                 self.cursors.insert(device_id.clone(), *through);
             }

@@ -8,6 +8,7 @@
 
 use super::decide::{self, Ctx, ReceiveDecision, SendDecision};
 use super::events::{AccountEvent, Record};
+use super::ledger::{Ledger, SendEntry};
 use super::state::AccountState;
 use crate::policy::Policy;
 use ed25519_dalek::SigningKey;
@@ -20,6 +21,7 @@ use relay_schemas::{DeliveryStatus, ErrorCode, RelayError, Status, Wire};
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 use std::fmt::Debug;
+use std::ops::Deref;
 use std::sync::LazyLock;
 
 // ---- fixture ------------------------------------------------------------------
@@ -218,16 +220,46 @@ fn history(extra: impl IntoIterator<Item = AccountEvent>) -> Vec<AccountEvent> {
     h
 }
 
-/// The state an account's past events fold to.
-fn given(acct: &Account, events: &[AccountEvent]) -> AccountState {
-    let mut s = AccountState::new(&acct.id);
+/// An account as its actor has it: the state its events fold to, and its
+/// ledger (which the actor keeps in the store, not in the state).
+#[derive(Clone, Debug)]
+struct Given {
+    state: AccountState,
+    ledger: Ledger,
+}
+
+impl Deref for Given {
+    type Target = AccountState;
+    fn deref(&self) -> &AccountState {
+        &self.state
+    }
+}
+
+impl Given {
+    fn new(account_id: &str) -> Self {
+        Given { state: AccountState::new(account_id), ledger: Ledger::default() }
+    }
+
+    fn apply(&mut self, e: &AccountEvent) {
+        self.state.apply(e);
+        self.ledger.apply(&self.state.account_id, e);
+    }
+
+    fn sent(&self, message_id: &str) -> &SendEntry {
+        self.ledger.send(message_id).unwrap_or_else(|| panic!("no ledger entry for {message_id}"))
+    }
+}
+
+/// The account an account's past events fold to.
+fn given(acct: &Account, events: &[AccountEvent]) -> Given {
+    let mut s = Given::new(&acct.id);
     for e in events {
         s.apply(e);
     }
     s
 }
 
-fn given_alice(extra: impl IntoIterator<Item = AccountEvent>) -> AccountState {
+fn given_alice(extra: impl IntoIterator<Item = AccountEvent>) -> Given {
     given(&alice(), &history(extra))
 }
 
@@ -237,14 +269,20 @@ fn when_register(s: &AccountState, v: &Value, c: Ctx) -> Result<Vec<AccountEvent
     decide::register(s, &parse(v), &digest(v), c)
 }
 
-fn when_send(s: &AccountState, device: &str, v: &Value, c: Ctx) -> Result<SendDecision, RelayError> {
+/// `message.send`, with the ledger's entry for its message id as the
+/// actor reads it.
+fn when_send(s: &Given, device: &str, v: &Value, c: Ctx) -> Result<SendDecision, RelayError> {
     let p: SendParams = parse(v);
-    decide::send(s, device, &p, &digest(v), c)
+    decide::send(s, s.ledger.send(&p.envelope.message_id), device, &p, &digest(v), c)
 }
 
-fn when_receive(s: &AccountState, v: &Value, c: Ctx) -> Result<ReceiveDecision, RelayError> {
+fn when_receive(s: &Given, v: &Value, c: Ctx) -> Result<ReceiveDecision, RelayError> {
     let p: DeliverParams = parse(v);
-    decide::receive(s, &p, &digest(v), c)
+    decide::receive(s, s.ledger.receipt(&p.envelope.from, &p.envelope.message_id), &p, &digest(v), c)
+}
+
+fn record_delivery(s: &Given, message_id: &str, status: &DeliveryStatus) -> Vec<AccountEvent> {
+    decide::record_delivery(s.ledger.send(message_id), message_id, status)
 }
 
 // ---- outcomes -----------------------------------------------------------------
@@ -374,7 +412,7 @@ fn bob_to_alice_without_auth(n: u32) -> Value {
 }
 
 /// The event of an accepted `message.send` on `s` at `NOW`.
-fn send_event(s: &AccountState, v: &Value) -> AccountEvent {
+fn send_event(s: &Given, v: &Value) -> AccountEvent {
     match when_send(s, "phone", v, at(NOW)).expect("fixture send is accepted") {
         SendDecision::Sent { event, .. } | SendDecision::SelfDelivered { event, .. } => event,
         d => panic!("fixture send was {d:?}"),
@@ -382,7 +420,7 @@ fn send_event(s: &AccountState, v: &Value) -> AccountEvent {
 }
 
 /// The event of an accepted receipt on `s` at `NOW`.
-fn receive_event(s: &AccountState, v: &Value) -> AccountEvent {
+fn receive_event(s: &Given, v: &Value) -> AccountEvent {
     then_accepted(when_receive(s, v, at(NOW))).0
 }
 
@@ -863,7 +901,7 @@ fn send_retry_with_identical_content_returns_the_original_status_and_appends_not
     let status = then_send_duplicate(when_send(&s, "phone", &v, at(NOW + 60)));
     assert_eq!(status, DeliveryStatus::delivering(NOW));
     // The latest known status, still with the original accepted_at.
-    let done = decide::record_delivery(&s, &mid(1), &DeliveryStatus::target_accepted(NOW + 5));
+    let done = record_delivery(&s, &mid(1), &DeliveryStatus::target_accepted(NOW + 5));
     let s2 = {
         let mut s2 = s.clone();
         done.iter().for_each(|e| s2.apply(e));
@@ -878,7 +916,7 @@ fn send_retry_with_different_content_is_state_conflict_and_leaves_the_original_u
     let s = given_alice([]);
     let original = alice_to_bob(1);
     let s = given_alice([send_event(&s, &original)]);
-    let entry_before = s.sends[&mid(1)].clone();
+    let entry_before = s.sent(&mid(1)).clone();
     // Other ciphertext under the same message id.
     let other_env = phone().envelope(&alice().id, &bob().id, &mid(1), NOW, b"other ciphertext");
     let other = send_value(other_env, &["bob-phone"], Some(&["phone", "laptop"]));
@@ -889,7 +927,7 @@ fn send_retry_with_different_content_is_state_conflict_and_leaves_the_original_u
     // Only array order differs.
     let reordered = send_value(original["envelope"].clone(), &["bob-phone"], Some(&["laptop", "phone"]));
     then_error(when_send(&s, "phone", &reordered, at(NOW + 1)), ErrorCode::StateConflict);
-    assert_eq!(s.sends[&mid(1)], entry_before);
+    assert_eq!(*s.sent(&mid(1)), entry_before);
     then_send_duplicate(when_send(&s, "phone", &original, at(NOW + 2)));
 }
 
@@ -927,7 +965,7 @@ fn send_deadline_is_created_at_plus_the_age_limit_when_that_is_earlier() {
     assert_eq!(sent.deadline, created_at + age_limit());
     assert!(matches!(sent.event, AccountEvent::MessageSent { deadline, .. } if deadline == created_at + age_limit()));
     let s = given_alice([sent.event]);
-    assert_eq!(s.sends[&mid(1)].deadline, created_at + age_limit());
+    assert_eq!(s.sent(&mid(1)).deadline, created_at + age_limit());
 }
 
 #[test]
@@ -950,7 +988,7 @@ fn send_appends_a_sent_record_only_when_sender_boxes_are_given() {
     assert!(sent.event.record().is_none());
     let s = given_alice([sent.event]);
     assert_eq!(s.last_sequence, 0, "no sequence is used without a record");
-    assert_eq!(s.sends[&mid(1)].sequence, None);
+    assert_eq!(s.sent(&mid(1)).sequence, None);
 
     let with = alice_to_bob(2);
     let sent = then_sent(when_send(&s, "phone", &with, at(NOW)));
@@ -997,7 +1035,7 @@ fn self_delivery_appends_exactly_one_record_and_returns_target_accepted() {
     assert_eq!(box_ids(r), strings(&["phone", "laptop"]));
     let s = given_alice([event]);
     assert_eq!(s.last_sequence, 1);
-    assert_eq!(s.sends[&mid(1)].status, DeliveryStatus::target_accepted(NOW));
+    assert_eq!(s.sent(&mid(1)).status, DeliveryStatus::target_accepted(NOW));
 }
 
 #[test]
@@ -1100,7 +1138,7 @@ fn receive_accepts_at_either_home_relay_of_the_route() {
 
 #[test]
 fn receive_for_an_unregistered_account_is_not_found() {
-    let s = AccountState::new(&alice().id);
+    let s = Given::new(&alice().id);
     then_error(when_receive(&s, &bob_to_alice(1), at(NOW)), ErrorCode::NotFound);
 }
 
@@ -1496,17 +1534,17 @@ fn timeline_sequences_strictly_increase_across_sent_self_and_received_records() 
     let s = given(&alice(), &events);
     assert_eq!(sequences, vec![1, 2, 3, 4, 5]);
     assert_eq!(s.last_sequence, 5);
-    assert_eq!(s.sends[&mid(1)].sequence, Some(1));
-    assert_eq!(s.sends[&mid(2)].sequence, None);
-    assert_eq!(s.sends[&mid(4)].sequence, Some(3));
-    assert_eq!(s.sends[&mid(6)].sequence, Some(5));
+    assert_eq!(s.sent(&mid(1)).sequence, Some(1));
+    assert_eq!(s.sent(&mid(2)).sequence, None);
+    assert_eq!(s.sent(&mid(4)).sequence, Some(3));
+    assert_eq!(s.sent(&mid(6)).sequence, Some(5));
 }
 
 // =============================================================================
 // message.timeline.ack
 // =============================================================================
 
-fn alice_with_two_records() -> AccountState {
+fn alice_with_two_records() -> Given {
     let s = given_alice([]);
     let first = send_event(&s, &alice_to_self(1, &["phone", "laptop"]));
     let s = given_alice([first.clone()]);
@@ -1548,12 +1586,12 @@ fn ack_at_or_behind_the_cursor_is_a_no_op() {
 // delivery results at the source
 // =============================================================================
 
-fn alice_sent_one() -> AccountState {
+fn alice_sent_one() -> Given {
     let s = given_alice([]);
     given_alice([send_event(&s, &alice_to_bob(1))])
 }
 
-fn applied(mut s: AccountState, events: &[AccountEvent]) -> AccountState {
+fn applied(mut s: Given, events: &[AccountEvent]) -> Given {
     events.iter().for_each(|e| s.apply(e));
     s
 }
@@ -1561,23 +1599,23 @@ fn applied(mut s: AccountState, events: &[AccountEvent]) -> AccountState {
 #[test]
 fn record_delivery_moves_delivering_to_a_terminal_state() {
     let s = alice_sent_one();
-    let events = decide::record_delivery(&s, &mid(1), &DeliveryStatus::target_accepted(NOW));
+    let events = record_delivery(&s, &mid(1), &DeliveryStatus::target_accepted(NOW));
     assert!(matches!(events.as_slice(), [AccountEvent::DeliveryUpdated { .. }]));
     let s = applied(s, &events);
-    assert_eq!(s.sends[&mid(1)].status.status, Status::TargetAccepted);
+    assert_eq!(s.sent(&mid(1)).status.status, Status::TargetAccepted);
 }
 
 #[test]
 fn record_delivery_keeps_the_source_accepted_at() {
     let s = alice_sent_one();
     // The destination's accepted_at is later than the source's.
-    let events = decide::record_delivery(&s, &mid(1), &DeliveryStatus::target_accepted(NOW + 42));
+    let events = record_delivery(&s, &mid(1), &DeliveryStatus::target_accepted(NOW + 42));
     match events.as_slice() {
         [AccountEvent::DeliveryUpdated { status, .. }] => assert_eq!(status, &DeliveryStatus::target_accepted(NOW)),
         e => panic!("expected DeliveryUpdated, got {e:?}"),
     }
     let s = applied(s, &events);
-    assert_eq!(s.sends[&mid(1)].status, DeliveryStatus::target_accepted(NOW));
+    assert_eq!(s.sent(&mid(1)).status, DeliveryStatus::target_accepted(NOW));
 }
 
 #[test]
@@ -1585,16 +1623,16 @@ fn terminal_delivery_states_never_change() {
     let failed = DeliveryStatus::failed(NOW, RelayError::device_unknown("gone"));
     // target_accepted stays.
     let s = alice_sent_one();
-    let s = applied(s.clone(), &decide::record_delivery(&s, &mid(1), &DeliveryStatus::target_accepted(NOW)));
-    assert!(decide::record_delivery(&s, &mid(1), &failed).is_empty());
-    assert!(decide::record_delivery(&s, &mid(1), &DeliveryStatus::delivering(NOW)).is_empty());
-    assert!(decide::record_delivery(&s, &mid(1), &DeliveryStatus::target_accepted(NOW + 9)).is_empty());
+    let s = applied(s.clone(), &record_delivery(&s, &mid(1), &DeliveryStatus::target_accepted(NOW)));
+    assert!(record_delivery(&s, &mid(1), &failed).is_empty());
+    assert!(record_delivery(&s, &mid(1), &DeliveryStatus::delivering(NOW)).is_empty());
+    assert!(record_delivery(&s, &mid(1), &DeliveryStatus::target_accepted(NOW + 9)).is_empty());
     // failed stays, with its reason.
     let s = alice_sent_one();
-    let s = applied(s.clone(), &decide::record_delivery(&s, &mid(1), &failed));
-    assert!(decide::record_delivery(&s, &mid(1), &DeliveryStatus::target_accepted(NOW)).is_empty());
+    let s = applied(s.clone(), &record_delivery(&s, &mid(1), &failed));
+    assert!(record_delivery(&s, &mid(1), &DeliveryStatus::target_accepted(NOW)).is_empty());
     let other_failure = DeliveryStatus::failed(NOW, RelayError::new(ErrorCode::ClockSkew, "late"));
-    assert!(decide::record_delivery(&s, &mid(1), &other_failure).is_empty());
+    assert!(record_delivery(&s, &mid(1), &other_failure).is_empty());
     let status = then_send_duplicate(when_send(&s, "phone", &alice_to_bob(1), at(NOW + 1)));
     assert_eq!(status, failed);
 }
@@ -1602,8 +1640,8 @@ fn terminal_delivery_states_never_change() {
 #[test]
 fn record_delivery_of_an_unchanged_status_or_unknown_message_is_a_no_op() {
     let s = alice_sent_one();
-    assert!(decide::record_delivery(&s, &mid(1), &DeliveryStatus::delivering(NOW)).is_empty());
-    assert!(decide::record_delivery(&s, &mid(9), &DeliveryStatus::target_accepted(NOW)).is_empty());
+    assert!(record_delivery(&s, &mid(1), &DeliveryStatus::delivering(NOW)).is_empty());
+    assert!(record_delivery(&s, &mid(9), &DeliveryStatus::target_accepted(NOW)).is_empty());
 }
 
 #[test]
@@ -1611,26 +1649,30 @@ fn record_delivery_never_changes_a_self_delivery() {
     let s = given_alice([]);
     let s = given_alice([send_event(&s, &alice_to_self(1, &["phone"]))]);
     let failed = DeliveryStatus::failed(NOW, RelayError::device_unknown("gone"));
-    assert!(decide::record_delivery(&s, &mid(1), &failed).is_empty());
+    assert!(record_delivery(&s, &mid(1), &failed).is_empty());
 }
 
 // =============================================================================
 // apply and snapshots
 // =============================================================================
 
-/// What a relay restoring from a snapshot does: serde round trip, then the
-/// derived caches.
-fn snapshot_round_trip(s: &AccountState) -> AccountState {
-    let bytes = serde_json::to_vec(s).expect("snapshot serializes");
+/// What a relay restoring from a snapshot does: serde round trip of the
+/// state, then the derived caches. The ledger stays in the store.
+fn snapshot_round_trip(s: &Given) -> Given {
+    let bytes = serde_json::to_vec(&s.state).expect("snapshot serializes");
     let mut restored: AccountState = serde_json::from_slice(&bytes).expect("snapshot deserializes");
     restored.rebuild_caches();
-    restored
+    Given { state: restored, ledger: s.ledger.clone() }
 }
 
 /// A busy account: devices added, revoked and expiring, settings, a revoked
 /// contact, sent, self-delivered and received messages, a delivery result and
 /// a cursor.
-fn busy_alice() -> AccountState {
+fn busy_alice() -> Given {
+    given(&alice(), &busy_alice_events())
+}
+
+fn busy_alice_events() -> Vec<AccountEvent> {
     let expiring = alice().certificate(&tablet(), ISSUED, Some(NOW + 100));
     let mut events = history([
         device_added_cert(&expiring),
@@ -1645,13 +1687,13 @@ fn busy_alice() -> AccountState {
     let s = given(&alice(), &events);
     events.push(receive_event(&s, &bob_to_alice(3)));
     let s = given(&alice(), &events);
-    events.extend(decide::record_delivery(&s, &mid(1), &DeliveryStatus::target_accepted(NOW + 1)));
+    events.extend(record_delivery(&s, &mid(1), &DeliveryStatus::target_accepted(NOW + 1)));
     events.push(AccountEvent::CursorMoved { device_id: "phone".into(), through: 2 });
-    given(&alice(), &events)
+    events
 }
 
 /// The decisions an account makes, rendered for comparison.
-fn decisions(s: &AccountState) -> Vec<String> {
+fn decisions(s: &Given) -> Vec<String> {
     let old_grant = alice().grant("grant-old", &bob().id, ISSUED, None);
     let revoked_grant = with_auth(bob_to_alice_without_auth(20), grant_auth(old_grant));
     vec![
@@ -1699,7 +1741,7 @@ fn decisions(s: &AccountState) -> Vec<String> {
         format!("{:?}", decide::ack(s, "phone", 3)),
         format!("{:?}", decide::ack(s, "phone", 2)),
         format!("{:?}", decide::ack(s, "phone", 4)),
-        format!("{:?}", decide::record_delivery(s, &mid(1), &DeliveryStatus::delivering(NOW))),
+        format!("{:?}", record_delivery(s, &mid(1), &DeliveryStatus::delivering(NOW))),
     ]
 }
 
@@ -1739,7 +1781,7 @@ fn a_snapshot_keeps_signed_objects_byte_for_byte() {
     assert_eq!(then_events(decide::add_device(&s, &wire(&with_extra), at(NOW))).len(), 1);
     let s = given_alice([device_added_cert(&with_extra)]);
     let restored = snapshot_round_trip(&s);
-    assert_eq!(restored.devices["tablet"].raw().get(), s.devices["tablet"].raw().get());
+    assert_eq!(restored.devices["tablet"].certificate.raw().get(), s.devices["tablet"].certificate.raw().get());
     then_no_events(decide::add_device(&restored, &wire(&with_extra), at(NOW)));
     assert!(restored.device_valid("tablet", NOW));
 }
@@ -1751,5 +1793,132 @@ fn apply_folds_registration_into_a_usable_account() {
     assert!(s.account_key().is_some());
     assert!(s.devices.contains_key("phone"));
     let _: &Wire<Route> = s.route().unwrap();
-    let _: &Wire<DeviceCertificate> = &s.devices["phone"];
+    let _: &Wire<DeviceCertificate> = &s.devices["phone"].certificate;
+}
+
+#[test]
+fn a_snapshot_holds_no_idempotency_results() {
+    let s = busy_alice();
+    assert!(!s.ledger.sends.is_empty() && !s.ledger.receipts.is_empty());
+    let snapshot = serde_json::to_value(&s.state).unwrap();
+    assert!(snapshot.get("sends").is_none() && snapshot.get("receipts").is_none(), "{snapshot}");
+}
+
+// =============================================================================
+// the ledger of data written before it left the state
+// =============================================================================
+
+mod upgrade {
+    use super::*;
+    use crate::account::actor::AccountActor;
+    use crate::account::{ledger, stream_id};
+    use crate::delivery::NoPeers;
+    use crate::store::{Head, NewEvent, Snapshot, Store};
+    use crate::{ManualClock, Supervisor};
+    use std::sync::Arc;
+
+    /// A store holding Alice's busy history as the previous version wrote
+    /// it: events only (no ledger entries, no ledger version), and, with
+    /// `snapshot_at`, a snapshot there that still holds `sends`/`receipts`.
+    fn old_store(events: &[AccountEvent], snapshot_at: Option<usize>) -> Store {
+        let store = Store::temporary().unwrap();
+        let stream = stream_id(&alice().id);
+        let new: Vec<NewEvent> = events
+            .iter()
+            .map(|e| NewEvent {
+                event_type: e.event_type().into(),
+                version: AccountEvent::VERSION,
+                at: NOW,
+                data: serde_json::to_vec(e).unwrap(),
+            })
+            .collect();
+        let mut b = store.batch();
+        b.append(&stream, Head::default(), new);
+        store.commit_durable_blocking(b).unwrap();
+        if let Some(k) = snapshot_at {
+            let then = given(&alice(), &events[..k]);
+            let mut old = serde_json::to_value(&then.state).unwrap();
+            old["sends"] = serde_json::to_value(&then.ledger.sends).unwrap();
+            old["receipts"] = serde_json::to_value(&then.ledger.receipts).unwrap();
+            let at = store.read(&stream, k as u64 - 1).next().unwrap().unwrap().head();
+            let mut b = store.batch();
+            b.put_snapshot(&stream, Snapshot { seq: at.seq, hash: at.hash, state: serde_json::to_vec(&old).unwrap() });
+            store.commit_durable_blocking(b).unwrap();
+        }
+        store
+    }
+
+    fn supervisor(store: &Store) -> Supervisor {
+        Supervisor::new(store.clone(), POLICY.clone(), ManualClock::at_ms(NOW * 1000), Arc::new(NoPeers))
+    }
+
+    /// The ledger entries the kv space holds for Alice.
+    fn stored_ledger(store: &Store) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let prefix = format!("i/{}/", alice().id);
+        store.kv_scan_prefix(prefix.as_bytes()).map(Result::unwrap).collect()
+    }
+
+    fn expected_ledger(events: &[AccountEvent]) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let id = alice().id;
+        let mut kv: Vec<(Vec<u8>, Vec<u8>)> = given(&alice(), events)
+            .ledger
+            .entries()
+            .map(|e| (e.key(&id), e.value().unwrap()))
+            .chain([(ledger::version_key(&id), ledger::VERSION.to_vec())])
+            .collect();
+        kv.sort();
+        kv
+    }
+
+    #[test]
+    fn an_old_log_without_a_snapshot_gets_its_ledger_from_all_its_events_at_load() {
+        let events = busy_alice_events();
+        let store = old_store(&events, None);
+        assert!(stored_ledger(&store).is_empty());
+        let actor = AccountActor::load(supervisor(&store), &alice().id).unwrap();
+        assert_eq!(stored_ledger(&store), expected_ledger(&events));
+        assert_eq!(actor.state().last_sequence, busy_alice().last_sequence);
+    }
+
+    #[test]
+    fn an_old_snapshot_with_idempotency_results_still_loads_and_fills_the_ledger() {
+        let events = busy_alice_events();
+        // After the first send, before the delivery result and the receipt.
+        let k = events.iter().position(|e| matches!(e, AccountEvent::MessageSent { .. })).unwrap() + 1;
+        assert!(k < events.len() - 2);
+        let store = old_store(&events, Some(k));
+        let actor = AccountActor::load(supervisor(&store), &alice().id).unwrap();
+        assert_eq!(stored_ledger(&store), expected_ledger(&events));
+        // The state decides as the state folded from every event does.
+        let loaded = Given { state: actor.state().clone(), ledger: busy_alice().ledger };
+        assert_eq!(decisions(&loaded), decisions(&busy_alice()));
+    }
+
+    #[test]
+    fn an_upgraded_ledger_is_not_rewritten_at_the_next_load() {
+        let events = busy_alice_events();
+        let store = old_store(&events, None);
+        AccountActor::load(supervisor(&store), &alice().id).unwrap();
+        // Were it rebuilt from the events, this entry would come back.
+        let mut b = store.batch();
+        b.kv_remove(&ledger::send_key(&alice().id, &mid(1)));
+        store.commit_durable_blocking(b).unwrap();
+        AccountActor::load(supervisor(&store), &alice().id).unwrap();
+        assert_eq!(stored_ledger(&store).len(), expected_ledger(&events).len() - 1);
+    }
+}
+
+#[test]
+fn a_small_map_reads_and_writes_as_the_btree_map_it_replaces() {
+    use super::state::SmallMap;
+    let json = r#"{"tablet":3,"laptop":1,"phone":2,"laptop":4}"#;
+    let small: SmallMap<u64> = serde_json::from_str(json).unwrap();
+    let btree: std::collections::BTreeMap<String, u64> = serde_json::from_str(json).unwrap();
+    assert_eq!(serde_json::to_string(&small).unwrap(), serde_json::to_string(&btree).unwrap());
+    let mut m = SmallMap::default();
+    for (k, v) in [("phone", 1), ("laptop", 2), ("phone", 3)] {
+        m.insert(k.to_string(), v);
+    }
+    assert_eq!(m.iter().collect::<Vec<_>>(), [("laptop", &2), ("phone", &3)]);
+    assert_eq!((m["phone"], m.get("tablet"), m.len()), (3, None, 2));
 }

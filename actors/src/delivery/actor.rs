@@ -84,7 +84,7 @@ impl DeliveryActor {
         for e in &events {
             self.state.apply(e);
             if let DeliveryEvent::Finished { status } = e {
-                tracing::info!(from = %self.state.from, message_id = %self.state.message_id,
+                tracing::debug!(from = %self.state.from, message_id = %self.state.message_id,
                     attempts = self.state.attempts, status = ?status.status,
                     error = status.error.as_ref().map(|e| e.code.as_str()), "delivery finished");
                 let labels = StatusLabels {

@@ -12,6 +12,12 @@
 //!    no waiter is ever told Ok for data that might not be on disk.
 //! 4. On close the flusher flushes what is left, then exits and drops the
 //!    sender, so a waiter that can no longer be served gets `Closed`.
+//! 5. Flushes start at most once per `interval` (the group-commit window).
+//!    An idle store flushes a lone commit at once; under load the flusher
+//!    would otherwise flush back to back, a handful of commits each, and
+//!    every flush costs a write and a `sync_file_range` in sled's IO
+//!    threads whatever it carries. Waiting out the rest of the window costs
+//!    a commit at most `interval` and lets one flush carry many.
 
 use std::future::Future;
 use std::pin::pin;
@@ -44,9 +50,15 @@ pub(super) struct Shared {
     pub flushed: watch::Receiver<Flushed>,
     pub events: AtomicU64,
     pub flushes: AtomicU64,
+    /// The group-commit window in microseconds (see 5. above).
+    pub interval_us: AtomicU64,
     /// Told (commits covered, duration) after every flush.
     pub observer: std::sync::OnceLock<FlushObserver>,
 }
+
+/// Half a millisecond: under load about 2,000 flushes a second at most,
+/// and a commit waits at most that long for its window.
+pub(super) const DEFAULT_INTERVAL_US: u64 = 500;
 
 pub type FlushObserver = Box<dyn Fn(u64, std::time::Duration) + Send + Sync>;
 
@@ -62,6 +74,7 @@ impl Shared {
             flushed: rx,
             events: AtomicU64::new(0),
             flushes: AtomicU64::new(0),
+            interval_us: AtomicU64::new(DEFAULT_INTERVAL_US),
             observer: std::sync::OnceLock::new(),
         };
         (Arc::new(shared), tx)
@@ -77,11 +90,18 @@ impl Shared {
     /// The flusher thread's body.
     pub fn run_flusher(&self, tx: watch::Sender<Flushed>) {
         let mut flushed = 0;
+        let mut last_start: Option<std::time::Instant> = None;
         loop {
             {
                 let mut g = lock(&self.wake.0);
                 while !self.closing.load(SeqCst) && self.committed.load(SeqCst) <= flushed {
                     g = self.wake.1.wait(g).unwrap_or_else(|e| e.into_inner());
+                }
+            }
+            let interval = std::time::Duration::from_micros(self.interval_us.load(SeqCst));
+            if let Some(rest) = last_start.and_then(|t| interval.checked_sub(t.elapsed())) {
+                if !self.closing.load(SeqCst) {
+                    std::thread::sleep(rest);
                 }
             }
             // `close` sets the flag under the commit lock, so if it is set here
@@ -90,6 +110,7 @@ impl Shared {
             let target = self.committed.load(SeqCst);
             if target > flushed {
                 let started = std::time::Instant::now();
+                last_start = Some(started);
                 match self.db.flush() {
                     Ok(_) => {
                         if let Some(observe) = self.observer.get() {

@@ -180,6 +180,11 @@ impl Store {
         Store::with_config(sled::Config::new().path(dir))
     }
 
+    /// Like [`Store::open`], with sled's page cache limited to `cache_bytes`.
+    pub fn open_with_cache(dir: &Path, cache_bytes: u64) -> Result<Store, StoreError> {
+        Store::with_config(sled::Config::new().path(dir).cache_capacity(cache_bytes))
+    }
+
     /// A store in a temporary sled database, removed on drop (tests).
     pub fn temporary() -> Result<Store, StoreError> {
         Store::with_config(sled::Config::new().temporary(true))
@@ -196,6 +201,12 @@ impl Store {
             .spawn(move || for_thread.run_flusher(tx))
             .map_err(|e| StoreError::Sled(e.into()))?;
         Ok(Store { inner: Arc::new(Inner { shared, flusher: Mutex::new(Some(flusher)) }) })
+    }
+
+    /// Sets the group-commit window: flushes start at most this often
+    /// (`group.rs`, default 500 µs). Zero flushes back to back.
+    pub fn set_group_commit_window(&self, window: std::time::Duration) {
+        self.inner.shared.interval_us.store(window.as_micros().min(u64::MAX as u128) as u64, SeqCst);
     }
 
     fn db(&self) -> &sled::Db {
