@@ -15,7 +15,7 @@ use actix::prelude::*;
 use dashmap::DashMap;
 use relay_schemas::objects::Route;
 use relay_schemas::{DeliveryStatus, RelayError, Wire};
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 use tokio::sync::oneshot;
@@ -100,7 +100,7 @@ impl Supervisor {
             metrics.flush_batch.observe(commits as f64);
             metrics.flush_seconds.observe(took.as_secs_f64());
         });
-        let addr = Scheduler { sup: self.clone() }.start();
+        let addr = Scheduler::new(self.clone()).start();
         for (due_ms, stream) in restored {
             addr.do_send(Schedule { stream, due_ms });
         }
@@ -322,11 +322,73 @@ struct Schedule {
 #[rtype(result = "()")]
 struct Armed;
 
-/// The retry timetable's timers: one actix timer per pending delivery,
-/// no polling scan. Memory per pending delivery is one timer entry; the
-/// delivery's actor exists only while an attempt runs.
+/// Pending attempts in due order: the scheduler's pure core.
+#[derive(Default)]
+struct DueQueue {
+    /// (due ms, delivery stream); a stream scheduled twice (a stale timer
+    /// and its real due time) is woken twice and `step_due` sorts it out.
+    due: BTreeSet<(u64, String)>,
+}
+
+impl DueQueue {
+    fn insert(&mut self, due_ms: u64, stream: String) {
+        self.due.insert((due_ms, stream));
+    }
+
+    /// The earliest due time, if any.
+    fn next(&self) -> Option<u64> {
+        self.due.first().map(|(due, _)| *due)
+    }
+
+    /// Removes and returns the streams due at `now_ms`, earliest first.
+    fn pop_due(&mut self, now_ms: u64) -> Vec<String> {
+        let later = self.due.split_off(&(now_ms.saturating_add(1), String::new()));
+        std::mem::replace(&mut self.due, later).into_iter().map(|(_, s)| s).collect()
+    }
+}
+
+/// The retry timetable's timers, no polling scan: pending attempts wait in
+/// a [`DueQueue`] and one actix timer is armed for the earliest. (A timer
+/// per delivery would cost every wake a pass over all of them: actix polls
+/// each item of a context on every wake.) Memory per pending delivery is one
+/// queue entry; the delivery's actor exists only while an attempt runs.
 pub struct Scheduler {
     sup: Supervisor,
+    queue: DueQueue,
+    /// The armed timer and the due time it is armed for.
+    armed: Option<(u64, SpawnHandle)>,
+}
+
+impl Scheduler {
+    fn new(sup: Supervisor) -> Self {
+        Scheduler { sup, queue: DueQueue::default(), armed: None }
+    }
+
+    /// Arms the timer for the earliest due time, unless it already is.
+    fn arm(&mut self, ctx: &mut Context<Self>) {
+        let Some(next) = self.queue.next() else { return };
+        match self.armed {
+            Some((at, _)) if at <= next => return,
+            Some((_, handle)) => {
+                ctx.cancel_future(handle);
+            }
+            None => {}
+        }
+        let delay = next.saturating_sub(self.sup.clock().now_ms());
+        let handle = ctx.run_later(Duration::from_millis(delay), |act, ctx| {
+            act.armed = None;
+            act.fire(ctx);
+        });
+        self.armed = Some((next, handle));
+    }
+
+    /// Starts every delivery that is due, then arms for the next.
+    fn fire(&mut self, ctx: &mut Context<Self>) {
+        for stream in self.queue.pop_due(self.sup.clock().now_ms()) {
+            self.sup.start_delivery(&stream, None);
+        }
+        self.arm(ctx);
+    }
 }
 
 impl Actor for Scheduler {
@@ -337,10 +399,8 @@ impl Handler<Schedule> for Scheduler {
     type Result = ();
 
     fn handle(&mut self, msg: Schedule, ctx: &mut Self::Context) {
-        let delay = msg.due_ms.saturating_sub(self.sup.clock().now_ms());
-        ctx.run_later(Duration::from_millis(delay), move |act, _| {
-            act.sup.start_delivery(&msg.stream, None);
-        });
+        self.queue.insert(msg.due_ms, msg.stream);
+        self.arm(ctx);
     }
 }
 
@@ -348,4 +408,33 @@ impl Handler<Armed> for Scheduler {
     type Result = ();
 
     fn handle(&mut self, _: Armed, _: &mut Self::Context) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DueQueue;
+
+    #[test]
+    fn due_queue_pops_what_is_due_earliest_first_and_keeps_the_rest() {
+        let mut q = DueQueue::default();
+        q.insert(3_000, "c".into());
+        q.insert(1_000, "a".into());
+        q.insert(2_000, "b".into());
+        q.insert(1_000, "a".into()); // the same timer twice is one entry
+        assert_eq!(q.next(), Some(1_000));
+        assert_eq!(q.pop_due(999), Vec::<String>::new());
+        assert_eq!(q.pop_due(2_000), vec!["a".to_string(), "b".to_string()]);
+        assert_eq!(q.next(), Some(3_000));
+        assert_eq!(q.pop_due(u64::MAX - 1), vec!["c".to_string()]);
+        assert_eq!(q.next(), None);
+    }
+
+    #[test]
+    fn a_stream_due_twice_is_woken_twice() {
+        let mut q = DueQueue::default();
+        q.insert(1_000, "a".into());
+        q.insert(5_000, "a".into());
+        assert_eq!(q.pop_due(1_000), vec!["a".to_string()]);
+        assert_eq!(q.next(), Some(5_000));
+    }
 }
