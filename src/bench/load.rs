@@ -1,5 +1,7 @@
 //! The measured window: `concurrency` threads, each with one keep-alive
-//! connection per relay, writing pre-built requests one at a time.
+//! connection per relay, writing pre-built requests one at a time: as fast
+//! as replies come (closed loop), or each at its due time under `--rate`
+//! (open loop).
 
 use super::http::Conn;
 use super::plan::Send;
@@ -57,10 +59,15 @@ fn status_of(body: &[u8]) -> Option<String> {
     v.get("status")?.as_str().map(str::to_string)
 }
 
+/// When send `index` is due under an offered `rate` (sends/s) from `start`.
+fn due(start: Instant, rate: Option<f64>, index: usize) -> Option<Instant> {
+    rate.filter(|r| *r > 0.0).map(|r| start + Duration::from_secs_f64(index as f64 / r))
+}
+
 fn worker(
     targets: &[Target],
     sends: &[(usize, &Send)],
-    deadline: Option<Instant>,
+    (start, rate, deadline): (Instant, Option<f64>, Option<Instant>),
     done: &AtomicU64,
     stop: &AtomicBool,
 ) -> Outcome {
@@ -82,7 +89,17 @@ fn worker(
                 }
             },
         };
-        let t0 = Instant::now();
+        // Open loop: wait for the send's due time, and count its latency
+        // from then (a late start is the relay's queueing, not ours to hide).
+        let t0 = match due(start, rate, index) {
+            Some(at) => {
+                if let Some(wait) = at.checked_duration_since(Instant::now()) {
+                    std::thread::sleep(wait);
+                }
+                at
+            }
+            None => Instant::now(),
+        };
         let r = conn.roundtrip(&s.request);
         let us = t0.elapsed().as_micros() as u64;
         out.sent += 1;
@@ -121,6 +138,7 @@ pub fn run(
     sends: &[Send],
     concurrency: usize,
     duration: Option<Duration>,
+    rate: Option<f64>,
     tick: &dyn Fn(u64),
 ) -> Outcome {
     let concurrency = concurrency.max(1).min(sends.len().max(1));
@@ -140,7 +158,7 @@ pub fn run(
             .iter()
             .map(|shard| {
                 let (done, stop) = (&done, &stop);
-                scope.spawn(move || worker(targets, shard, deadline, done, stop))
+                scope.spawn(move || worker(targets, shard, (start, rate, deadline), done, stop))
             })
             .collect();
         while !handles.iter().all(|h| h.is_finished()) {
@@ -157,4 +175,17 @@ pub fn run(
     });
     tick(done.load(Ordering::Relaxed));
     total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn under_a_rate_send_i_is_due_at_i_over_rate() {
+        let start = Instant::now();
+        assert_eq!(due(start, None, 7), None);
+        assert_eq!(due(start, Some(1000.0), 0), Some(start));
+        assert_eq!(due(start, Some(1000.0), 2500), Some(start + Duration::from_millis(2500)));
+    }
 }

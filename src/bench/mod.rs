@@ -55,6 +55,11 @@ pub struct BenchArgs {
     /// Stop sending after this long (e.g. `10s`), even if messages remain.
     #[arg(long, value_parser = humantime::parse_duration)]
     pub duration: Option<Duration>,
+    /// Offered load in sends per second (open loop): send i is due at
+    /// i / RATE and its latency counts from then, so a relay that falls
+    /// behind shows it. Without it each thread sends as fast as replies come.
+    #[arg(long, conflicts_with = "pending")]
+    pub rate: Option<f64>,
     /// Target existing relays instead of starting them: `URL[,URL2]`.
     #[arg(long, value_delimiter = ',')]
     pub relays: Vec<String>,
@@ -322,7 +327,7 @@ fn bench(args: BenchArgs) -> Result<(String, u64), String> {
 
     let before: Vec<_> = targets.iter().map(|t| report::scrape(&t.addr)).collect();
     let bar = progress(sends.len() as u64, "sends");
-    let mut outcome = load::run(&targets, &sends, args.concurrency, args.duration, &|n| bar.set_position(n));
+    let mut outcome = load::run(&targets, &sends, args.concurrency, args.duration, args.rate, &|n| bar.set_position(n));
     bar.finish_and_clear();
     let after: Vec<_> = targets.iter().map(|t| report::scrape(&t.addr)).collect();
     let rss = own.iter().map(|p| report::rss_bytes(p.child.id())).collect();
@@ -348,6 +353,7 @@ fn bench(args: BenchArgs) -> Result<(String, u64), String> {
         "payload": args.payload,
         "cross_share": if targets.len() > 1 { args.cross_share } else { 0.0 },
         "duration_s": args.duration.map(|d| d.as_secs_f64()),
+        "rate": args.rate,
         "websocket": args.ws,
         "websocket_connections": notify.as_ref().map(|n| n.sockets),
         "notify_grace_s": args.ws.then_some(args.notify_grace.as_secs_f64()),

@@ -121,7 +121,7 @@ pub fn run(args: &BenchArgs, n: usize, run_id: u64) -> Result<(String, u64), Str
     let attempts0 = sum(&metrics(&targets[0].addr)?, "relay_delivery_attempts_total");
     let before = vec![report::scrape(&targets[0].addr)];
     let bar = progress(sends.len() as u64, "sends to a dead relay");
-    let mut outcome = load::run(&targets, &sends, args.concurrency, None, &|k| bar.set_position(k));
+    let mut outcome = load::run(&targets, &sends, args.concurrency, None, None, &|k| bar.set_position(k));
     bar.finish_and_clear();
     let after = vec![report::scrape(&targets[0].addr)];
 
@@ -148,6 +148,7 @@ pub fn run(args: &BenchArgs, n: usize, run_id: u64) -> Result<(String, u64), Str
         "payload": args.payload,
         "cross_share": 1.0,
         "duration_s": Value::Null,
+        "rate": Value::Null,
         "websocket": false,
         "pending": n,
         "idle_window_s": args.idle_window.as_secs_f64(),
