@@ -151,17 +151,28 @@ fn build(
     run: u64,
 ) -> Send {
     let (a, b) = (&accounts[from], &accounts[to]);
+    let devices: Vec<&str> = b.devices.iter().map(|d| d.id.as_str()).collect();
+    let (message_id, request) = send_request(a, &b.account.id, &devices, m, created, ciphertext, run);
+    Send { relay: a.home, request, cross: a.home != b.home, to, message_id }
+}
+
+/// The `message.send` request of message `m` from `a` to account `to_id`,
+/// signed: a box for each of `to_devices` and for each of the sender's
+/// devices. Returns the message id and the request bytes.
+pub fn send_request(
+    a: &BenchAccount,
+    to_id: &str,
+    to_devices: &[&str],
+    m: usize,
+    created: u64,
+    ciphertext: &[u8],
+    run: u64,
+) -> (String, Vec<u8>) {
     let message_id = format!("bench-{run:x}-{m:010}");
-    let env = a.devices[0].envelope(&a.account.id, &b.account.id, &message_id, created, ciphertext);
-    let rb: Vec<_> = b.devices.iter().map(|d| key_box(&d.id, &[9u8; 64])).collect();
+    let env = a.devices[0].envelope(&a.account.id, to_id, &message_id, created, ciphertext);
+    let rb: Vec<_> = to_devices.iter().map(|d| key_box(d, &[9u8; 64])).collect();
     let sb: Vec<_> = a.devices.iter().map(|d| key_box(&d.id, &[8u8; 64])).collect();
     let body =
         serde_json::to_vec(&json!({"envelope": env, "recipient_boxes": rb, "sender_boxes": sb})).expect("serializable");
-    Send {
-        relay: a.home,
-        request: rpc_request("message.send", Some(&a.tokens[0]), &body),
-        cross: a.home != b.home,
-        to,
-        message_id,
-    }
+    (message_id, rpc_request("message.send", Some(&a.tokens[0]), &body))
 }

@@ -17,8 +17,7 @@
 //! sends' recipients are drawn uniformly from `0..N` by a seeded generator
 //! and only their ids are derived again.
 
-use super::http::rpc_request;
-use super::plan::{now, BenchAccount, Send};
+use super::plan::{now, send_request, BenchAccount, Send};
 use super::progress;
 use crate::config::Config;
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -26,7 +25,7 @@ use relay_actors::account::AccountCmd;
 use relay_actors::delivery::NoPeers;
 use relay_actors::store::Store;
 use relay_actors::{SharedClock, Supervisor, SystemClock};
-use relay_schemas::client::{key_box, Account, Device};
+use relay_schemas::client::{Account, Device};
 use relay_schemas::methods::RegisterParams;
 use serde_json::json;
 use std::path::Path;
@@ -255,20 +254,8 @@ pub fn sends(accounts: &[BenchAccount], n: u64, count: usize, payload: usize, ru
 /// boxes for every device of the sender.
 fn build(accounts: &[BenchAccount], m: usize, to: u64, created: u64, ciphertext: &[u8], run: u64) -> Send {
     let a = &accounts[m % accounts.len()];
-    let to_id = account(to).id;
-    let message_id = format!("bench-{run:x}-{m:010}");
-    let env = a.devices[0].envelope(&a.account.id, &to_id, &message_id, created, ciphertext);
-    let rb = [key_box(DEVICE, &[9u8; 64])];
-    let sb: Vec<_> = a.devices.iter().map(|d| key_box(&d.id, &[8u8; 64])).collect();
-    let body =
-        serde_json::to_vec(&json!({"envelope": env, "recipient_boxes": rb, "sender_boxes": sb})).expect("serializable");
-    Send {
-        relay: a.home,
-        request: rpc_request("message.send", Some(&a.tokens[0]), &body),
-        cross: false,
-        to: to as usize,
-        message_id,
-    }
+    let (message_id, request) = send_request(a, &account(to).id, &[DEVICE], m, created, ciphertext, run);
+    Send { relay: a.home, request, cross: false, to: to as usize, message_id }
 }
 
 #[cfg(test)]
