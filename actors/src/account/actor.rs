@@ -4,12 +4,12 @@
 
 use super::decide::{self, Ctx, ReceiveDecision, SendDecision};
 use super::events::AccountEvent;
-use super::ledger::{self, Ledger, ReceiptEntry, SendEntry};
+use super::ledger::{self, ReceiptEntry, SendEntry};
 use super::state::AccountState;
 use super::{stream_id, timeline};
 use crate::delivery::{self, DeliveryEvent};
 use crate::sessions::Session;
-use crate::store::{Batch, Head, NewEvent, Snapshot, Store, StoreError, Ticket};
+use crate::store::{Batch, Head, NewEvent, Snapshot, StoreError, Ticket};
 use crate::supervisor::{internal, Supervisor};
 use actix::prelude::*;
 use relay_schemas::encoding::b64_encode;
@@ -18,9 +18,8 @@ use relay_schemas::objects::{Direction, TimelineRecord};
 use relay_schemas::sign::{verify_bytes, Tag};
 use relay_schemas::{DeliveryStatus, RelayError};
 use serde::de::DeserializeOwned;
-use serde::Deserialize;
 use serde_json::json;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -199,7 +198,7 @@ impl AccountActor {
             since_snapshot += 1;
         }
         let last_ticket = if head.seq > 0 && store.kv_get(&ledger::version_key(account_id))?.is_none() {
-            Some(upgrade_ledger(&store, &stream, account_id, snapshot.as_ref())?)
+            Some(super::upgrade::ledger(&store, &stream, account_id, snapshot.as_ref())?)
         } else {
             None
         };
@@ -725,42 +724,6 @@ impl AccountActor {
             ctx.stop();
         }
     }
-}
-
-/// The maps an account snapshot held before the ledger left the state.
-#[derive(Deserialize)]
-struct LegacySnapshot {
-    sends: Option<BTreeMap<String, SendEntry>>,
-    receipts: Option<BTreeMap<String, ReceiptEntry>>,
-}
-
-/// Writes the ledger of an account whose events were written before the
-/// ledger moved to the kv space (it has no `i/{account_id}/v`): from an old
-/// snapshot's maps and the events after it, or else from all its events,
-/// in one batch with the marker. Streams written since keep their ledger
-/// with their events, so this runs once per old account.
-fn upgrade_ledger(
-    store: &Store,
-    stream: &str,
-    account_id: &str,
-    snapshot: Option<&Snapshot>,
-) -> Result<Ticket, StoreError> {
-    let legacy = snapshot.and_then(|snap| {
-        let maps: LegacySnapshot = serde_json::from_slice(&snap.state).ok()?;
-        Some((Ledger { sends: maps.sends?, receipts: maps.receipts.unwrap_or_default() }, snap.seq))
-    });
-    let (mut ledger, after) = legacy.unwrap_or_default();
-    for ev in store.read(stream, after) {
-        ledger.apply(account_id, &crate::upcast::account_event(&ev?)?);
-    }
-    let mut batch = store.batch();
-    for entry in ledger.entries() {
-        let value = entry.value().map_err(|e| StoreError::Invalid(format!("ledger entry: {e}")))?;
-        batch.kv_put(&entry.key(account_id), &value);
-    }
-    batch.kv_put(&ledger::version_key(account_id), ledger::VERSION);
-    tracing::debug!(%stream, sends = ledger.sends.len(), receipts = ledger.receipts.len(), "ledger upgraded");
-    store.commit(batch)
 }
 
 impl Actor for AccountActor {

@@ -7,6 +7,7 @@ pub mod events;
 pub mod ledger;
 pub mod state;
 pub mod timeline;
+mod upgrade;
 
 pub use actor::{AccountActor, AccountCmd, Reply};
 pub use events::{AccountEvent, Record};
