@@ -107,43 +107,17 @@ impl Relay {
 
 // ---- a minimal HTTP/1.1 client ---------------------------------------------
 
-struct Http {
-    reader: BufReader<TcpStream>,
-    writer: TcpStream,
-}
+/// The bench's blocking keep-alive client (`relay::bench::http`).
+struct Http(relay::bench::http::Conn);
 
 impl Http {
     fn open(addr: &str) -> Http {
-        let s = TcpStream::connect(addr).unwrap();
-        s.set_nodelay(true).unwrap();
-        Http { reader: BufReader::new(s.try_clone().unwrap()), writer: s }
+        Http(relay::bench::http::Conn::open(addr).unwrap())
     }
 
     fn call(&mut self, method: &str, token: Option<&str>, params: &Value) -> (u16, Value) {
-        let body = serde_json::to_vec(params).unwrap();
-        let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
-        let head = format!(
-            "POST /v1/rpc/{method} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n{auth}Content-Length: {}\r\n\r\n",
-            body.len()
-        );
-        self.writer.write_all(head.as_bytes()).unwrap();
-        self.writer.write_all(&body).unwrap();
-        let mut line = String::new();
-        self.reader.read_line(&mut line).unwrap();
-        let status: u16 = line.split(' ').nth(1).unwrap().parse().unwrap();
-        let mut len = 0;
-        loop {
-            line.clear();
-            self.reader.read_line(&mut line).unwrap();
-            if line == "\r\n" {
-                break;
-            }
-            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                len = v.trim().parse().unwrap();
-            }
-        }
-        let mut body = vec![0; len];
-        self.reader.read_exact(&mut body).unwrap();
+        let request = relay::bench::http::rpc_request(method, token, &serde_json::to_vec(params).unwrap());
+        let (status, body) = self.0.roundtrip(&request).unwrap();
         (status, serde_json::from_slice(&body).unwrap())
     }
 

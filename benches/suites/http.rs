@@ -4,49 +4,20 @@
 use super::{Fixture, NOW};
 use criterion::{criterion_group, BatchSize, Criterion, Throughput};
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 
-/// A minimal HTTP/1.1 keep-alive client: the benchmark should measure the
-/// relay, not a client library.
-struct Conn {
-    reader: BufReader<TcpStream>,
-    writer: TcpStream,
-}
+/// The bench's blocking keep-alive client (`relay bench` uses it too): the
+/// benchmark should measure the relay, not a client library.
+struct Conn(relay::bench::http::Conn);
 
 impl Conn {
     fn open(addr: &str) -> Conn {
-        let s = TcpStream::connect(addr).unwrap();
-        s.set_nodelay(true).unwrap();
-        Conn { reader: BufReader::new(s.try_clone().unwrap()), writer: s }
+        Conn(relay::bench::http::Conn::open(addr).unwrap())
     }
 
     fn post(&mut self, method: &str, token: Option<&str>, body: &[u8]) -> (u16, Vec<u8>) {
-        let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
-        let head = format!(
-            "POST /v1/rpc/{method} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n{auth}Content-Length: {}\r\n\r\n",
-            body.len()
-        );
-        self.writer.write_all(head.as_bytes()).unwrap();
-        self.writer.write_all(body).unwrap();
-        let mut line = String::new();
-        self.reader.read_line(&mut line).unwrap();
-        let status: u16 = line.split(' ').nth(1).unwrap().parse().unwrap();
-        let mut len = 0;
-        loop {
-            line.clear();
-            self.reader.read_line(&mut line).unwrap();
-            if line == "\r\n" {
-                break;
-            }
-            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                len = v.trim().parse().unwrap();
-            }
-        }
-        let mut body = vec![0; len];
-        self.reader.read_exact(&mut body).unwrap();
-        (status, body)
+        self.0.roundtrip(&relay::bench::http::rpc_request(method, token, body)).unwrap()
     }
 
     fn ok(&mut self, method: &str, token: Option<&str>, params: &Value) -> Value {
