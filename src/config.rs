@@ -52,6 +52,19 @@ pub struct StoreSection {
     pub group_commit_window: Duration,
 }
 
+impl Config {
+    /// Opens the relay's event store (`<data_dir>/store`) with the `[store]`
+    /// settings: what `relay serve` runs on, and what `relay bench
+    /// --population` seeds.
+    pub fn open_store(&self) -> Result<relay_actors::store::Store, String> {
+        let dir = self.relay.data_dir.join("store");
+        let store = relay_actors::store::Store::open_with_cache(&dir, self.store.cache_bytes)
+            .map_err(|e| format!("store {}: {e}", dir.display()))?;
+        store.set_group_commit_window(self.store.group_commit_window);
+        Ok(store)
+    }
+}
+
 impl Default for StoreSection {
     fn default() -> Self {
         StoreSection { cache_bytes: 256 << 20, group_commit_window: Duration::from_micros(500) }

@@ -26,7 +26,6 @@ pub mod relay_rpc;
 pub mod rpc;
 
 use actix_web::{web, App, HttpServer};
-use relay_actors::store::Store;
 use relay_actors::{Supervisor, SystemClock};
 use std::net::TcpListener;
 use std::sync::Arc;
@@ -38,10 +37,7 @@ use std::sync::Arc;
 pub async fn serve(cfg: config::Config) -> Result<(), String> {
     std::fs::create_dir_all(&cfg.relay.data_dir).map_err(|e| format!("{}: {e}", cfg.relay.data_dir.display()))?;
     let key = keys::load_or_generate(&cfg.relay.key_file)?;
-    let store_dir = cfg.relay.data_dir.join("store");
-    let store = Store::open_with_cache(&store_dir, cfg.store.cache_bytes)
-        .map_err(|e| format!("store {}: {e}", store_dir.display()))?;
-    store.set_group_commit_window(cfg.store.group_commit_window);
+    let store = cfg.open_store()?;
     let policy = cfg.policy();
     let clock: relay_actors::SharedClock = Arc::new(SystemClock);
     let peers = peers::PeerClient::new(

@@ -103,8 +103,7 @@ fn registration(i: u64, relay_id: &str, url: &str, issued: u64) -> Result<Regist
 pub fn seed(config: &Path, n: u64) -> Result<Duration, String> {
     let start = Instant::now();
     let cfg = Config::load(config).map_err(|e| e.to_string())?;
-    let store_dir = cfg.relay.data_dir.join("store");
-    let store = Store::open(&store_dir).map_err(|e| format!("store {}: {e}", store_dir.display()))?;
+    let store = cfg.open_store()?;
     let mut policy = cfg.policy();
     policy.passivate_after_ms = SEED_PASSIVATE_MS;
     let (relay_id, url) = (cfg.relay.id.clone(), cfg.relay.public_url.clone());
