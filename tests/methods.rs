@@ -889,35 +889,6 @@ async fn send_by_an_account_that_moved_to_another_relay_fails_with_route_stale_a
     assert_eq!(c.err("message.delivery.status", bob.token(0), &json!({"message_id": mid(1)})).await, "not_found");
 }
 
-/// A relay method call signed as peer `peer_id` with `key` (PROTOCOL §3).
-async fn relay_call(
-    c: &Client,
-    target: &str,
-    peer_id: &str,
-    key: &ed25519_dalek::SigningKey,
-    method: &str,
-    body: &Value,
-) -> (u16, Value) {
-    let body = serde_json::to_vec(body).unwrap();
-    let ts = now();
-    let sig = relay_schemas::sign::sign_relay_request(key, method, target, ts, &body);
-    let mut resp = awc::Client::default()
-        .post(format!("{}/v1/relay/{method}", c.base))
-        .content_type("application/json")
-        .insert_header(("Relay-Id", peer_id))
-        .insert_header(("Relay-Timestamp", ts.to_string()))
-        .insert_header(("Relay-Signature", sig))
-        .send_body(body)
-        .await
-        .expect("request");
-    let status = resp.status().as_u16();
-    let bytes = resp.body().await.expect("body");
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or_else(|_| panic!("non-JSON {:?}", String::from_utf8_lossy(&bytes))),
-    )
-}
-
 #[actix_rt::test]
 async fn relay_deliver_for_an_account_this_relay_knows_nothing_of_fails_with_target_not_local() {
     // Through the client methods a single relay answers route_not_found /
@@ -941,12 +912,12 @@ async fn relay_deliver_for_an_account_this_relay_knows_nothing_of_fails_with_tar
                          "sender_device_certificate": dave.certificate(&dave_phone, now(), None),
                          "sender_route": dave.route(1, &[("relay-t", "http://127.0.0.1:9")], now())});
     assert_valid_params("message.deliver", &deliver);
-    let (status, body) = relay_call(&c, RELAY, "relay-t", &peer_key, "message.deliver", &deliver).await;
+    let (status, body) = c.relay_call(RELAY, "relay-t", &peer_key, "message.deliver", &deliver).await;
     assert_valid("ErrorResponse.schema.json", &body);
     assert_eq!((status, body["error"]["code"].as_str()), (421, Some("target_not_local")), "{body}");
     // A caller that is not a configured peer is unauthorized.
     let stranger = ed25519_dalek::SigningKey::from_bytes(&[43; 32]);
-    let (status, body) = relay_call(&c, RELAY, "relay-t", &stranger, "message.deliver", &deliver).await;
+    let (status, body) = c.relay_call(RELAY, "relay-t", &stranger, "message.deliver", &deliver).await;
     assert_eq!((status, body["error"]["code"].as_str()), (401, Some("unauthorized")), "{body}");
     c.assert_healthy().await;
 }

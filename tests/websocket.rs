@@ -371,32 +371,6 @@ async fn a_duplicate_send_produces_no_notification() {
     assert_eq!(alice_ws.buffered(), Vec::<Value>::new());
 }
 
-/// PROTOCOL §3 relay RPC: `method` with `params` to `target`, signed with
-/// `key` as relay `from`; (HTTP status, body).
-async fn relay_call(
-    url: &str,
-    from: &str,
-    key: &ed25519_dalek::SigningKey,
-    target: &str,
-    method: &str,
-    params: &Value,
-) -> (u16, Value) {
-    let body = serde_json::to_vec(params).unwrap();
-    let ts = now();
-    let sig = relay_schemas::sign::sign_relay_request(key, method, target, ts, &body);
-    let mut resp = awc::Client::new()
-        .post(format!("{url}/v1/relay/{method}"))
-        .insert_header(("Content-Type", "application/json"))
-        .insert_header(("Relay-Id", from))
-        .insert_header(("Relay-Timestamp", ts.to_string()))
-        .insert_header(("Relay-Signature", sig))
-        .send_body(body)
-        .await
-        .expect("relay request");
-    let v = serde_json::from_slice(&resp.body().await.unwrap()).unwrap();
-    (resp.status().as_u16(), v)
-}
-
 #[actix_rt::test]
 async fn a_retried_cross_relay_delivery_produces_no_second_notification() {
     let dir = tempfile::tempdir().unwrap();
@@ -421,11 +395,11 @@ async fn a_retried_cross_relay_delivery_produces_no_second_notification() {
         p
     };
     let (p1, p2) = (deliver(1), deliver(2));
-    let first = relay_call(&b.url, "relay-a", &relay_a, "relay-b", "message.deliver", &p1).await;
+    let first = cb.relay_call("relay-b", "relay-a", &relay_a, "message.deliver", &p1).await;
     assert_eq!((first.0, &first.1["status"]), (200, &json!("target_accepted")), "{first:?}");
-    let again = relay_call(&b.url, "relay-a", &relay_a, "relay-b", "message.deliver", &p1).await;
+    let again = cb.relay_call("relay-b", "relay-a", &relay_a, "message.deliver", &p1).await;
     assert_eq!(again, first, "the duplicate gets the original answer");
-    relay_call(&b.url, "relay-a", &relay_a, "relay-b", "message.deliver", &p2).await;
+    cb.relay_call("relay-b", "relay-a", &relay_a, "message.deliver", &p2).await;
 
     assert_eq!(next_timeline(&mut bob_ws, bob.id()).await, 1);
     assert_eq!(next_timeline(&mut bob_ws, bob.id()).await, 2, "no notification for the duplicate");

@@ -61,6 +61,43 @@ impl Client {
         let body = resp.body().await.expect("body");
         (resp.status().as_u16(), String::from_utf8_lossy(&body).into_owned())
     }
+
+    /// The first sample in `/metrics` whose line starts with `prefix`.
+    pub async fn metric(&self, prefix: &str) -> Option<f64> {
+        let (status, m) = self.get("/metrics").await;
+        assert_eq!(status, 200, "{m}");
+        m.lines().find(|l| l.starts_with(prefix)).and_then(|l| l.rsplit(' ').next()?.parse().ok())
+    }
+
+    /// A relay method at this relay (`target`), signed as relay `caller`
+    /// with `key`: what a peer sends.
+    pub async fn relay_call(
+        &self,
+        target: &str,
+        caller: &str,
+        key: &ed25519_dalek::SigningKey,
+        method: &str,
+        params: &Value,
+    ) -> (u16, Value) {
+        let body = serde_json::to_vec(params).unwrap();
+        let ts = now();
+        let sig = relay_schemas::sign::sign_relay_request(key, method, target, ts, &body);
+        let mut resp = self
+            .http
+            .post(format!("{}/v1/relay/{method}", self.base))
+            .content_type("application/json")
+            .insert_header(("Relay-Id", caller))
+            .insert_header(("Relay-Timestamp", ts.to_string()))
+            .insert_header(("Relay-Signature", sig))
+            .send_body(body)
+            .await
+            .expect("relay request");
+        let status = resp.status().as_u16();
+        let bytes = resp.body().await.expect("body");
+        let v =
+            serde_json::from_slice(&bytes).unwrap_or_else(|_| panic!("non-JSON {:?}", String::from_utf8_lossy(&bytes)));
+        (status, v)
+    }
 }
 
 pub fn http_status(code: &str) -> u16 {

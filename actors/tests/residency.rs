@@ -1,0 +1,85 @@
+//! What stays in memory: no account actor outlives a command for an account
+//! without events, and the resident actors never exceed
+//! `Policy::max_resident_accounts` for long, whatever is asked.
+
+use relay_actors::account::{AccountCmd, Reply};
+use relay_actors::delivery::NoPeers;
+use relay_actors::{ManualClock, Policy, Supervisor};
+use relay_schemas::client::{Account, Device};
+use relay_schemas::methods::RegisterParams;
+use relay_schemas::Wire;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const T0: u64 = 1_800_000_000;
+
+fn supervisor(policy: Policy) -> Supervisor {
+    let store = relay_actors::store::Store::temporary().unwrap();
+    let sup = Supervisor::new(store, policy, ManualClock::at_ms(T0 * 1000), Arc::new(NoPeers));
+    sup.start().unwrap();
+    sup
+}
+
+fn register(n: u8) -> (String, AccountCmd) {
+    let account = Account::from_seed([n; 32]);
+    let phone = Device::from_seed("phone", [n.wrapping_add(100); 32]);
+    let route = account.route(1, &[("relay-a", "http://a")], T0);
+    let v = account.register_params(&route, &account.certificate(&phone, T0, None), "relay-a", false, T0);
+    let params: RegisterParams = serde_json::from_str(&v.to_string()).unwrap();
+    (account.id.clone(), AccountCmd::Register { params, digest: format!("r{n}"), known: None })
+}
+
+/// Lets the actors (on this test's arbiter) run until `done` holds;
+/// fails after 10 s.
+async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < deadline, "not within 10 s: {what}");
+        tokio::task::yield_now().await;
+    }
+}
+
+#[actix_rt::test]
+async fn a_refused_command_for_an_account_without_events_leaves_no_actor() {
+    let sup = supervisor(Policy::with_relay_id("relay-a"));
+    let (id, cmd) = register(1);
+    let AccountCmd::Register { params, digest, .. } = cmd else { unreachable!() };
+    // A newer route is known: the registration is refused in the actor.
+    let account = Account::from_seed([1; 32]);
+    let newer = Wire::from_value(&account.route(2, &[("relay-b", "http://b")], T0)).unwrap();
+    let e = sup.ask(&id, AccountCmd::Register { params, digest, known: Some(newer) }).await.unwrap_err();
+    assert_eq!(e.code, relay_schemas::ErrorCode::RouteStale);
+    assert_eq!(sup.resident_accounts(), 0);
+    // So are commands for accounts that do not exist at all.
+    for n in 10..40u8 {
+        let id = Account::from_seed([n; 32]).id;
+        sup.ask(&id, AccountCmd::DevicesGet).await.unwrap_err();
+    }
+    assert_eq!(sup.resident_accounts(), 0);
+    // A registered account stays resident.
+    let (id, cmd) = register(2);
+    sup.ask(&id, cmd).await.unwrap();
+    assert_eq!(sup.resident_accounts(), 1);
+}
+
+#[actix_rt::test]
+async fn resident_account_actors_are_capped_and_evicted_ones_load_again() {
+    let mut policy = Policy::with_relay_id("relay-a");
+    policy.max_resident_accounts = 8;
+    let sup = supervisor(policy);
+    let mut ids = vec![];
+    for n in 1..=40u8 {
+        let (id, cmd) = register(n);
+        sup.ask(&id, cmd).await.unwrap();
+        ids.push(id);
+    }
+    eventually("resident actors back under the cap", || sup.resident_accounts() <= 8).await;
+    // Evicted accounts lost nothing: each answers from its events.
+    for id in &ids {
+        match sup.ask(id, AccountCmd::DevicesGet).await.unwrap() {
+            Reply::Json(j) => assert!(j.contains("\"phone\""), "{j}"),
+            other => panic!("{other:?}"),
+        }
+    }
+    eventually("resident actors back under the cap", || sup.resident_accounts() <= 8).await;
+}
