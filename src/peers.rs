@@ -7,7 +7,7 @@ use crate::config::Peer;
 use actix_web::http::StatusCode;
 use awc::error::{ConnectError, SendRequestError};
 use ed25519_dalek::SigningKey;
-use relay_actors::delivery::transport::{AttemptOutcome, LocalFuture, RouteLookup, Transport};
+use relay_actors::delivery::transport::{AttemptOutcome, LocalFuture, PeerRoute, RouteLookup, Transport};
 use relay_actors::SharedClock;
 use relay_schemas::methods::DeliverParams;
 use relay_schemas::objects::{RelayRef, Route};
@@ -166,30 +166,21 @@ impl PeerClient {
         let calls = self.inner.peers.keys().map(|id| self.call(id, "route.get", body.clone()));
         let answers = futures_util::future::join_all(calls).await;
         let now = self.inner.clock.now();
-        let mut best: Option<Wire<Route>> = None;
-        let mut absent = true;
-        for answer in answers {
+        RouteLookup::from_answers(answers.into_iter().map(|answer| {
             match answer {
-                Ok(bytes) => {
-                    let route = std::str::from_utf8(&bytes).ok().and_then(|s| Wire::<Route>::parse(s).ok());
-                    match route
-                        .filter(|r| r.account_id == account_id && r.check(now, self.inner.clock_tolerance).is_ok())
-                    {
-                        Some(r) if best.as_ref().is_none_or(|b| r.revision > b.revision) => best = Some(r),
-                        Some(_) => {}
-                        None => absent = false,
-                    }
-                }
+                Ok(bytes) => std::str::from_utf8(&bytes)
+                    .ok()
+                    .and_then(|s| Wire::<Route>::parse(s).ok())
+                    .filter(|r| r.account_id == account_id && r.check(now, self.inner.clock_tolerance).is_ok())
+                    .map_or(PeerRoute::NoAnswer, PeerRoute::Found),
                 Err(CallError::Answered { error, .. })
-                    if matches!(error.code, ErrorCode::NotFound | ErrorCode::RouteNotFound) => {}
-                Err(_) => absent = false,
+                    if matches!(error.code, ErrorCode::NotFound | ErrorCode::RouteNotFound) =>
+                {
+                    PeerRoute::NotFound
+                }
+                Err(_) => PeerRoute::NoAnswer,
             }
-        }
-        match best {
-            Some(route) => RouteLookup::Found(route),
-            None if absent => RouteLookup::Absent,
-            None => RouteLookup::Unknown,
-        }
+        }))
     }
 }
 

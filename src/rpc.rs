@@ -12,7 +12,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use relay_actors::account::decide::{self, Ctx};
 use relay_actors::account::{AccountCmd, Reply};
-use relay_actors::delivery::RouteLookup;
 use relay_actors::sessions::Session;
 use relay_actors::Supervisor;
 use relay_schemas::encoding::jcs_digest;
@@ -302,12 +301,7 @@ impl Relay {
         // the recipient; when some peer could not be asked, the message is
         // accepted and its route resolved at every attempt (PROTOCOL §4).
         if to != s.account_id {
-            if let RouteLookup::Absent = self.sup.lookup_route(&to, false).await {
-                return Err(RelayError::new(
-                    ErrorCode::RouteNotFound,
-                    format!("no relay knows a route for account {to}"),
-                ));
-            }
+            self.sup.lookup_route(&to, false).await.check_send(&to)?;
         }
         let reply = self.sup.ask(&s.account_id, AccountCmd::Send { device: s.device_id, params, digest }).await?;
         match reply {

@@ -55,7 +55,53 @@ pub enum RouteLookup {
     Unknown,
 }
 
+/// One configured peer's answer to `route.get`.
+#[derive(Clone, Debug)]
+pub enum PeerRoute {
+    /// A route of the account, its signature already checked.
+    Found(Wire<Route>),
+    /// `not_found` or `route_not_found`: this peer knows no route.
+    NotFound,
+    /// Anything else: refused connection, timeout, 5xx, `unauthorized`,
+    /// `rate_limited`, an unreadable answer.
+    NoAnswer,
+}
+
 impl RouteLookup {
+    /// The peers' answers together: the highest revision found; without
+    /// one, `Absent` only when every peer answered a definitive not-found
+    /// (with no peer at all, none serves the account).
+    pub fn from_answers(answers: impl IntoIterator<Item = PeerRoute>) -> RouteLookup {
+        let mut best: Option<Wire<Route>> = None;
+        let mut absent = true;
+        for answer in answers {
+            match answer {
+                PeerRoute::Found(r) if best.as_ref().is_none_or(|b| r.revision > b.revision) => best = Some(r),
+                PeerRoute::Found(_) | PeerRoute::NotFound => {}
+                PeerRoute::NoAnswer => absent = false,
+            }
+        }
+        match best {
+            Some(route) => RouteLookup::Found(route),
+            None if absent => RouteLookup::Absent,
+            None => RouteLookup::Unknown,
+        }
+    }
+
+    /// PROTOCOL §4 *Route resolution at acceptance*: finding the route is
+    /// part of delivery, so a `message.send` to an account not served here
+    /// is refused only when the lookup proves that no relay serves it;
+    /// otherwise it is accepted and the route resolved at every attempt.
+    pub fn check_send(&self, to: &str) -> Result<(), RelayError> {
+        match self {
+            RouteLookup::Absent => Err(RelayError::new(
+                relay_schemas::ErrorCode::RouteNotFound,
+                format!("no relay knows a route for account {to}"),
+            )),
+            RouteLookup::Found(_) | RouteLookup::Unknown => Ok(()),
+        }
+    }
+
     pub fn route(self) -> Option<Wire<Route>> {
         match self {
             RouteLookup::Found(r) => Some(r),
@@ -96,5 +142,51 @@ impl Transport for NoPeers {
     }
     fn peer_status(&self, _: &RelayRef, _: &str, _: &str) -> LocalFuture<Option<DeliveryStatus>> {
         Box::pin(async { None })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use relay_schemas::client::Account;
+    use relay_schemas::ErrorCode;
+
+    fn route(revision: u64) -> Wire<Route> {
+        Wire::from_value(&Account::from_seed([5; 32]).route(revision, &[("relay-b", "http://b")], 1)).unwrap()
+    }
+
+    fn revision(l: &RouteLookup) -> Option<u64> {
+        match l {
+            RouteLookup::Found(r) => Some(r.revision),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_send_is_refused_only_when_every_peer_answered_not_found() {
+        let l = RouteLookup::from_answers([PeerRoute::NotFound, PeerRoute::NotFound]);
+        assert!(matches!(l, RouteLookup::Absent));
+        assert_eq!(l.check_send("b").unwrap_err().code, ErrorCode::RouteNotFound);
+        // No peer to ask: no relay we know of serves the account.
+        assert!(matches!(RouteLookup::from_answers([]), RouteLookup::Absent));
+    }
+
+    #[test]
+    fn a_peer_that_could_not_be_asked_makes_the_send_accepted() {
+        for answers in [vec![PeerRoute::NoAnswer], vec![PeerRoute::NotFound, PeerRoute::NoAnswer]] {
+            let l = RouteLookup::from_answers(answers);
+            assert!(matches!(l, RouteLookup::Unknown), "{l:?}");
+            l.check_send("b").unwrap();
+        }
+    }
+
+    #[test]
+    fn a_found_route_makes_the_send_accepted_and_the_highest_revision_wins() {
+        let l =
+            RouteLookup::from_answers([PeerRoute::Found(route(2)), PeerRoute::NoAnswer, PeerRoute::Found(route(3))]);
+        assert_eq!(revision(&l), Some(3));
+        l.check_send("b").unwrap();
+        let l = RouteLookup::from_answers([PeerRoute::Found(route(4)), PeerRoute::Found(route(1))]);
+        assert_eq!(revision(&l), Some(4));
     }
 }
