@@ -436,7 +436,8 @@ fn verify_chain_finds_a_forged_event_that_links_to_another_chain() {
     let other = Store::temporary().unwrap();
     let mut batch = other.batch();
     batch.append("s", Head::default(), vec![event(100), event(101), event(3)]);
-    other.commit(batch).unwrap();
+    // Durable: the raw sled handle sees only what is behind a barrier.
+    other.commit_durable_blocking(batch).unwrap();
     let forged = other.raw_db().get(Store::raw_event_key("s", 3)).unwrap().unwrap();
     store.raw_db().insert(Store::raw_event_key("s", 3), forged).unwrap();
 
