@@ -31,10 +31,19 @@ fn check(r: &Value, relays: u64) {
         "events_per_sec",
         "commits_per_sec",
         "mean_flush_batch",
+        "commits_per_send",
+        "barriers_per_send",
+        "log_bytes_per_send",
+        "disk_bytes_per_send",
     ] {
         let v = r[k].as_f64().unwrap_or_else(|| panic!("{k} is not a number: {r:#}"));
         assert!(v.is_finite() && v >= 0.0, "{k} = {v}");
     }
+    // Every answered send was made durable: at least one commit, behind a
+    // real barrier, and written to the log.
+    assert!(r["commits_per_send"].as_f64() >= Some(1.0), "{r:#}");
+    assert!(r["barriers"].as_u64().is_some_and(|n| n > 0), "{r:#}");
+    assert!(r["log_bytes_per_send"].as_f64() > Some(0.0), "{r:#}");
     assert!(r["send_p50_ms"].as_f64() <= r["send_max_ms"].as_f64());
     assert!(r["resident_actors"].as_u64().is_some_and(|n| n >= 1), "{r:#}");
     assert!(r["rss_bytes"].as_u64().is_some_and(|n| n > 0), "{r:#}");

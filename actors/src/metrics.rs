@@ -38,9 +38,16 @@ pub struct Metrics {
     pub attempts_in_flight: Family<DestinationLabels, Gauge>,
     pub actors_resident: Gauge,
     pub actors_passivated: Counter,
-    /// Commits made durable by one flush (group-commit batch size).
+    /// Commits made durable by one group (group-commit batch size).
     pub flush_batch: Histogram,
+    /// From taking a group to publishing it durable.
     pub flush_seconds: Histogram,
+    /// Store commits, groups written, real barriers (fsync/fdatasync) and
+    /// bytes the store wrote (its log), for `relay bench`'s cost per send.
+    pub store_commits: Counter,
+    pub store_groups: Counter,
+    pub store_barriers: Counter,
+    pub store_bytes_written: Counter,
 }
 
 impl Default for Metrics {
@@ -55,6 +62,10 @@ impl Default for Metrics {
             actors_passivated: Counter::default(),
             flush_batch: Histogram::new(exponential_buckets(1.0, 2.0, 12)),
             flush_seconds: Histogram::new(exponential_buckets(0.000_05, 2.0, 14)),
+            store_commits: Counter::default(),
+            store_groups: Counter::default(),
+            store_barriers: Counter::default(),
+            store_bytes_written: Counter::default(),
         };
         {
             let mut r = m.registry.lock().unwrap_or_else(|e| e.into_inner());
@@ -72,8 +83,12 @@ impl Default for Metrics {
             );
             r.register("account_actors_resident", "Account actors in memory", m.actors_resident.clone());
             r.register("account_actors_passivated", "Account actors passivated", m.actors_passivated.clone());
-            r.register("store_flush_batch_commits", "Commits made durable by one flush", m.flush_batch.clone());
-            r.register("store_flush_seconds", "Duration of one flush", m.flush_seconds.clone());
+            r.register("store_flush_batch_commits", "Commits made durable by one group", m.flush_batch.clone());
+            r.register("store_flush_seconds", "Time to write one group and make it durable", m.flush_seconds.clone());
+            r.register("store_commits", "Store commits made durable", m.store_commits.clone());
+            r.register("store_groups", "Groups the store's writer wrote", m.store_groups.clone());
+            r.register("store_barriers", "Real durability barriers (fsync/fdatasync)", m.store_barriers.clone());
+            r.register("store_bytes_written", "Bytes the store wrote to its log", m.store_bytes_written.clone());
         }
         m
     }

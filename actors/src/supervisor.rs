@@ -109,9 +109,13 @@ impl Supervisor {
         let n = restored.len();
         self.metrics().deliveries_in_flight.set(n as i64);
         let metrics = self.metrics().clone();
-        self.store().set_flush_observer(move |commits, took| {
-            metrics.flush_batch.observe(commits as f64);
-            metrics.flush_seconds.observe(took.as_secs_f64());
+        self.store().set_group_observer(move |group| {
+            metrics.flush_batch.observe(group.commits as f64);
+            metrics.flush_seconds.observe(group.took.as_secs_f64());
+            metrics.store_commits.inc_by(group.commits);
+            metrics.store_groups.inc();
+            metrics.store_barriers.inc_by(group.barriers);
+            metrics.store_bytes_written.inc_by(group.bytes);
         });
         let addr = Scheduler::new(self.clone()).start();
         for (due_ms, stream) in restored {

@@ -436,7 +436,8 @@ fn verify_chain_finds_a_forged_event_that_links_to_another_chain() {
     let other = Store::temporary().unwrap();
     let mut batch = other.batch();
     batch.append("s", Head::default(), vec![event(100), event(101), event(3)]);
-    other.commit(batch).unwrap();
+    // Durable: the raw sled handle sees only what is behind a barrier.
+    other.commit_durable_blocking(batch).unwrap();
     let forged = other.raw_db().get(Store::raw_event_key("s", 3)).unwrap().unwrap();
     store.raw_db().insert(Store::raw_event_key("s", 3), forged).unwrap();
 
@@ -466,4 +467,115 @@ fn a_closed_store_reports_unhealthy() {
     assert!(store.is_healthy());
     store.close().unwrap();
     assert!(!store.is_healthy(), "readiness must fail once nothing can be made durable");
+}
+
+const WAL_DIR: &str = "RELAY_STORE_WAL_DIR";
+const WAL_COMMITS: u64 = 5;
+
+/// The child half of `wal_replay_*`; does nothing unless started by it.
+/// Makes `WAL_COMMITS` commits durable one by one (one log record each),
+/// says so, and waits to be killed.
+#[test]
+fn wal_child_commits_then_waits() {
+    let Some(dir) = std::env::var_os(WAL_DIR) else {
+        return;
+    };
+    let store = Store::open(std::path::Path::new(&dir)).unwrap();
+    for n in 1..=WAL_COMMITS {
+        let mut batch = store.batch();
+        batch.append("wal/s", store.head("wal/s").unwrap(), events(n..=n));
+        batch.kv_put(b"last", &n.to_be_bytes());
+        store.commit_durable_blocking(batch).unwrap();
+    }
+    println!("\nwal child: committed");
+    // Bounded so an orphaned child still ends.
+    std::thread::sleep(Duration::from_secs(60));
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+/// Offsets of the log's records (framing: u32 LE payload length, u32 crc,
+/// payload).
+fn wal_records(log: &[u8]) -> Vec<usize> {
+    let mut at = 0;
+    let mut records = Vec::new();
+    while log.len() >= at + 8 {
+        records.push(at);
+        at += 8 + u32::from_le_bytes(log[at..at + 4].try_into().unwrap()) as usize;
+    }
+    records
+}
+
+/// Runs the child until it made its commits durable, then SIGKILLs it: its
+/// commits are in the log and (never flushed) not in sled's files.
+fn killed_after_wal_commits() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = KillOnDrop(
+        Command::new(std::env::current_exe().unwrap())
+            .args(["wal_child_commits_then_waits", "--exact", "--nocapture", "--test-threads=1"])
+            .env(WAL_DIR, dir.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let stdout = child.0.stdout.take().unwrap();
+    let done =
+        within(WAIT, move || BufReader::new(stdout).lines().map_while(Result::ok).any(|l| l == "wal child: committed"));
+    assert!(done, "the child did not finish its commits");
+    child.0.kill().unwrap();
+    child.0.wait().unwrap();
+    dir
+}
+
+/// Opens a copy of `dir` changed by `tamper`; returns (events, kv `last`).
+fn reopen_tampered(dir: &std::path::Path, tamper: impl FnOnce(&mut Vec<u8>)) -> (Vec<StoredEvent>, Option<u64>) {
+    let copy = tempfile::tempdir().unwrap();
+    copy_dir(dir, copy.path());
+    let wal = copy.path().join("wal");
+    let mut log = std::fs::read(&wal).unwrap();
+    assert_eq!(wal_records(&log).len() as u64, WAL_COMMITS, "one record per durable commit");
+    tamper(&mut log);
+    std::fs::write(&wal, &log).unwrap();
+    let store = Store::open(copy.path()).unwrap();
+    assert_eq!(std::fs::metadata(&wal).unwrap().len(), 0, "the replay ends in a checkpoint");
+    assert_eq!(verify_chain(store.read("wal/s", 0)), []);
+    let last = store.kv_get(b"last").unwrap().map(|v| u64::from_be_bytes(v.try_into().unwrap()));
+    (read_all(&store, "wal/s"), last)
+}
+
+#[test]
+fn wal_replay_ignores_a_torn_final_record_and_stops_at_a_checksum_bad_one() {
+    let dir = killed_after_wal_commits();
+
+    let (events, last) = reopen_tampered(dir.path(), |_| {});
+    assert_eq!((events.len() as u64, last), (WAL_COMMITS, Some(WAL_COMMITS)), "replayed from the log");
+
+    // A record cut short by the crash: a header and part of its payload.
+    let (events, last) = reopen_tampered(dir.path(), |log| {
+        log.extend_from_slice(&100u32.to_le_bytes());
+        log.extend_from_slice(&[0xab; 4]);
+        log.extend_from_slice(&[1, 0, 0, 0, 9]);
+    });
+    assert_eq!((events.len() as u64, last), (WAL_COMMITS, Some(WAL_COMMITS)), "torn tail ignored");
+
+    // A flipped byte in the third record: it and every record after it are
+    // not replayed, though the later ones are sound.
+    let (events, last) = reopen_tampered(dir.path(), |log| {
+        let third = wal_records(log)[2];
+        log[third + 8 + 1] ^= 0x01;
+    });
+    assert_eq!(events.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2]);
+    assert_eq!(last, Some(2), "the kv of the same commits, no more");
 }

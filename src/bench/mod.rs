@@ -327,10 +327,12 @@ fn bench(args: BenchArgs) -> Result<(String, u64), String> {
     setup.finish_and_clear();
 
     let before: Vec<_> = targets.iter().map(|t| report::scrape(&t.addr)).collect();
+    let disk_before = own.iter().map(|p| report::disk_write_bytes(p.child.id())).collect();
     let bar = progress(sends.len() as u64, "sends");
     let mut outcome = load::run(&targets, &sends, args.concurrency, args.duration, args.rate, &|n| bar.set_position(n));
     bar.finish_and_clear();
     let after: Vec<_> = targets.iter().map(|t| report::scrape(&t.addr)).collect();
+    let disk_after = own.iter().map(|p| report::disk_write_bytes(p.child.id())).collect();
     let rss = own.iter().map(|p| report::rss_bytes(p.child.id())).collect();
     let rss_peak = own.iter().map(|p| report::rss_peak_bytes(p.child.id())).collect();
     let mut notify = match listener {
@@ -362,7 +364,16 @@ fn bench(args: BenchArgs) -> Result<(String, u64), String> {
         "passivate_after_s": args.passivate_after.or(args.population.map(|_| population::PASSIVATE_AFTER))
             .map(|d| d.as_secs_f64()),
     });
-    let mut r = report::build(report::Inputs { config, outcome: &mut outcome, before, after, rss, rss_peak });
+    let mut r = report::build(report::Inputs {
+        config,
+        outcome: &mut outcome,
+        before,
+        after,
+        rss,
+        rss_peak,
+        disk_before,
+        disk_after,
+    });
     if let (Some(p), Some(t)) = (args.population, seed_time) {
         r["population"] = json!(p);
         r["seed_s"] = json!((t.as_secs_f64() * 1e3).round() / 1e3);

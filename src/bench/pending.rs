@@ -120,10 +120,12 @@ pub fn run(args: &BenchArgs, n: usize, run_id: u64) -> Result<(String, u64), Str
     let pid = own[0].child.id();
     let attempts0 = sum(&metrics(&targets[0].addr)?, "relay_delivery_attempts_total");
     let before = vec![report::scrape(&targets[0].addr)];
+    let disk_before = vec![report::disk_write_bytes(pid)];
     let bar = progress(sends.len() as u64, "sends to a dead relay");
     let mut outcome = load::run(&targets, &sends, args.concurrency, None, None, &|k| bar.set_position(k));
     bar.finish_and_clear();
     let after = vec![report::scrape(&targets[0].addr)];
+    let disk_after = vec![report::disk_write_bytes(pid)];
 
     let accepted = outcome.delivering + outcome.target_accepted;
     let settled = settle(&targets[0].addr, attempts0, accepted)?;
@@ -154,7 +156,16 @@ pub fn run(args: &BenchArgs, n: usize, run_id: u64) -> Result<(String, u64), Str
         "idle_window_s": args.idle_window.as_secs_f64(),
         "retry_timetable": ["0s", "1h"],
     });
-    let mut r = report::build(report::Inputs { config, outcome: &mut outcome, before, after, rss, rss_peak });
+    let mut r = report::build(report::Inputs {
+        config,
+        outcome: &mut outcome,
+        before,
+        after,
+        rss,
+        rss_peak,
+        disk_before,
+        disk_after,
+    });
     let round = |v: f64, per_unit: f64| (v * per_unit).round() / per_unit;
     r["pending"] = json!(pending);
     r["settle_s"] = json!(round(settled.as_secs_f64(), 1e3));

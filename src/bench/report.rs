@@ -19,6 +19,10 @@ pub struct Scrape {
     pub resident: f64,
     pub commits_sum: f64,
     pub flush_count: f64,
+    /// Real durability barriers (fsync/fdatasync) of the store.
+    pub barriers: f64,
+    /// Bytes the store wrote to its own log.
+    pub log_bytes: f64,
 }
 
 pub fn scrape(addr: &str) -> Option<Scrape> {
@@ -31,7 +35,17 @@ pub fn scrape(addr: &str) -> Option<Scrape> {
         resident: sample(&m, "relay_account_actors_resident")?,
         commits_sum: sample(&m, "relay_store_flush_batch_commits_sum")?,
         flush_count: sample(&m, "relay_store_flush_batch_commits_count")?,
+        barriers: sample(&m, "relay_store_barriers_total")?,
+        log_bytes: sample(&m, "relay_store_bytes_written_total")?,
     })
+}
+
+/// Bytes process `pid` caused to be written to storage so far
+/// (`write_bytes` of `/proc/{pid}/io`, Linux): the store's log and sled's
+/// files alike.
+pub fn disk_write_bytes(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
+    s.lines().find_map(|l| l.strip_prefix("write_bytes:"))?.trim().parse().ok()
 }
 
 /// A `kB` line of `/proc/{pid}/status` (Linux), in bytes.
@@ -72,6 +86,9 @@ pub struct Inputs<'a> {
     pub rss: Vec<Option<u64>>,
     /// Their peak RSS (`VmHWM`), in the same order.
     pub rss_peak: Vec<Option<u64>>,
+    /// Their `disk_write_bytes` before and after the window, same order.
+    pub disk_before: Vec<Option<u64>>,
+    pub disk_after: Vec<Option<u64>>,
 }
 
 pub fn build(i: Inputs) -> Value {
@@ -85,21 +102,30 @@ pub fn build(i: Inputs) -> Value {
     // null when any relay could not be scraped.
     let pairs: Option<Vec<(Scrape, Scrape)>> =
         i.before.iter().zip(&i.after).map(|(b, a)| Some(((*b)?, (*a)?))).collect();
-    let (resident, commits, flushes) = match &pairs {
-        Some(p) => (
-            Some(p.iter().map(|(_, a)| a.resident).sum::<f64>()),
-            Some(p.iter().map(|(b, a)| a.commits_sum - b.commits_sum).sum::<f64>()),
-            Some(p.iter().map(|(b, a)| a.flush_count - b.flush_count).sum::<f64>()),
-        ),
-        None => (None, None, None),
+    let delta = |f: fn(&Scrape) -> f64| pairs.as_ref().map(|p| p.iter().map(|(b, a)| f(a) - f(b)).sum::<f64>());
+    let resident = pairs.as_ref().map(|p| p.iter().map(|(_, a)| a.resident).sum::<f64>());
+    let commits = delta(|s| s.commits_sum);
+    let flushes = delta(|s| s.flush_count);
+    let barriers = delta(|s| s.barriers);
+    let log_bytes = delta(|s| s.log_bytes);
+    let disk_bytes = if i.disk_before.is_empty() {
+        None
+    } else {
+        i.disk_before
+            .iter()
+            .zip(&i.disk_after)
+            .map(|(b, a)| Some(a.as_ref()?.saturating_sub((*b)?)))
+            .sum::<Option<u64>>()
     };
+    // Cost of one send: the relays' totals over the window / sends answered.
+    let per_send = |v: Option<f64>| v.filter(|_| o.sent > 0).map(|v| round(v / o.sent as f64));
     let sum = |v: &[Option<u64>]| if v.is_empty() { None } else { v.iter().copied().sum::<Option<u64>>() };
     let (rss, rss_peak) = (sum(&i.rss), sum(&i.rss_peak));
     let mean_flush = match (commits, flushes) {
         (Some(c), Some(f)) if f > 0.0 => Some(round(c / f)),
         _ => None,
     };
-    json!({
+    let mut r = json!({
         "config": i.config,
         "elapsed_s": round(secs),
         "sent": o.sent,
@@ -142,7 +168,16 @@ pub fn build(i: Inputs) -> Value {
         // `--population` (set by `bench`); null otherwise.
         "population": null,
         "seed_s": null,
-    })
+    });
+    // What one send cost the store and the disk (a separate step: one
+    // `json!` this long exceeds the macro recursion limit).
+    r["barriers"] = json!(barriers.map(|v| v as u64));
+    r["commits_per_send"] = json!(per_send(commits));
+    r["barriers_per_send"] = json!(per_send(barriers));
+    r["log_bytes_per_send"] = json!(per_send(log_bytes));
+    r["disk_bytes"] = json!(disk_bytes);
+    r["disk_bytes_per_send"] = json!(per_send(disk_bytes.map(|v| v as f64)));
+    r
 }
 
 /// The `--ws` figures: latency send written → notification read, per
@@ -202,6 +237,11 @@ pub fn table(r: &Value) -> String {
         ("relay RSS peak".into(), mib("rss_peak_bytes")),
         ("store commits/s (events_per_sec)".into(), num("commits_per_sec")),
         ("mean flush batch (commits)".into(), num("mean_flush_batch")),
+        ("per send: commits / barriers".into(), format!("{} / {}", num("commits_per_send"), num("barriers_per_send"))),
+        (
+            "per send: bytes to log / to disk".into(),
+            format!("{} B / {} B", num("log_bytes_per_send"), num("disk_bytes_per_send")),
+        ),
     ];
     if let (Some(n), Some(s)) = (r["population"].as_u64(), r["seed_s"].as_f64()) {
         rows.push((

@@ -175,3 +175,16 @@ pub(super) fn decode_snapshot(stream: &str, value: &[u8]) -> Result<Snapshot, St
     hash.copy_from_slice(&value[8..40]);
     Ok(Snapshot { seq: u64::from_be_bytes(seq), hash, state: value[40..].to_vec() })
 }
+
+/// The first key after every key that starts with `prefix`; `None` when
+/// there is none (a prefix of 0xff bytes only).
+pub(super) fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}

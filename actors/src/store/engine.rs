@@ -1,0 +1,63 @@
+//! The storage seam: what the store needs from the engine underneath.
+//!
+//! An engine is an ordered key-value space with three write-side promises:
+//! a group given to [`Engine::apply`] survives a crash whole or not at all;
+//! groups survive in the order they were applied (a crash keeps a prefix);
+//! and after [`Engine::barrier`] returns, every group applied before it
+//! survives a power cut and is visible to reads. Reads may or may not see a
+//! group between its apply and the next barrier: the store never asks (its
+//! overlay answers for writes not yet behind a barrier).
+//!
+//! Engines: [`SledEngine`](super::SledEngine), the embedded default, and
+//! [`ModelEngine`](super::ModelEngine), an in-memory model whose power cut
+//! drops what follows the last barrier (property tests).
+
+use std::any::Any;
+
+use super::StoreError;
+
+/// One write of a group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Write {
+    Put(Vec<u8>, Vec<u8>),
+    Remove(Vec<u8>),
+}
+
+impl Write {
+    pub fn key(&self) -> &[u8] {
+        match self {
+            Write::Put(k, _) | Write::Remove(k) => k,
+        }
+    }
+}
+
+/// Key-value pairs in key order (or reverse key order after `.rev()`).
+pub type KvIter = Box<dyn DoubleEndedIterator<Item = Result<(Vec<u8>, Vec<u8>), StoreError>> + Send>;
+
+pub trait Engine: Any + Send + Sync {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
+
+    /// Pairs with `start <= key < end` (no upper bound when `end` is `None`).
+    fn range(&self, start: &[u8], end: Option<&[u8]>) -> KvIter;
+
+    /// Writes one group: atomic, ordered after every group applied before,
+    /// not yet durable. Only the store's writer thread calls this.
+    fn apply(&self, group: Vec<Write>) -> Result<(), StoreError>;
+
+    /// One real durability barrier covering every group applied so far;
+    /// afterwards reads see them. Only the store's writer thread calls this.
+    fn barrier(&self) -> Result<(), StoreError>;
+
+    /// Called once by the writer when the store closes, after the last
+    /// barrier: leave the data in its quickest state to open.
+    fn close(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// Bytes this engine wrote for groups and barriers so far (its own
+    /// log; what the engine underneath adds is not seen here).
+    fn bytes_written(&self) -> u64;
+
+    /// Real barriers (fsync/fdatasync) so far, checkpoints included.
+    fn barriers(&self) -> u64;
+}
