@@ -35,7 +35,7 @@ use std::sync::Arc;
 /// `relay <id> listening on http://<addr>` on stdout once it accepts
 /// connections, so a parent process can find a port chosen with `:0`.
 pub async fn serve(cfg: config::Config) -> Result<(), String> {
-    std::fs::create_dir_all(&cfg.relay.data_dir).map_err(|e| format!("{}: {e}", cfg.relay.data_dir.display()))?;
+    prepare_data_dir(&cfg.relay.data_dir)?;
     let key = keys::load_or_generate(&cfg.relay.key_file)?;
     let store = cfg.open_store()?;
     let policy = cfg.policy();
@@ -91,4 +91,14 @@ pub async fn serve(cfg: config::Config) -> Result<(), String> {
     store.flush().map_err(|e| format!("final flush: {e}"))?;
     tracing::info!("relay stopped");
     Ok(())
+}
+
+/// Creates `relay.data_dir` if needed and checks that this process can
+/// write there, so the error names the setting rather than a file inside.
+fn prepare_data_dir(dir: &std::path::Path) -> Result<(), String> {
+    let fail = |e: std::io::Error| format!("relay.data_dir {}: {e}", dir.display());
+    std::fs::create_dir_all(dir).map_err(fail)?;
+    let probe = dir.join(".write-check");
+    std::fs::write(&probe, b"").map_err(|e| format!("relay.data_dir {} is not writable: {e}", dir.display()))?;
+    std::fs::remove_file(&probe).map_err(fail)
 }
