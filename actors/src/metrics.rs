@@ -27,7 +27,10 @@ pub struct DestinationLabels {
 
 /// The core's metrics; cheap to share (every family is an `Arc` inside).
 pub struct Metrics {
+    /// Families named `relay_*`.
     pub registry: Mutex<Registry>,
+    /// Families with names of their own (`process_*`), encoded after `registry`.
+    pub unprefixed: Mutex<Registry>,
     /// Deliveries that ended, by final status and error code.
     pub deliveries_finished: Family<StatusLabels, Counter>,
     /// Deliveries accepted and not yet finished.
@@ -41,12 +44,15 @@ pub struct Metrics {
     /// Commits made durable by one flush (group-commit batch size).
     pub flush_batch: Histogram,
     pub flush_seconds: Histogram,
+    /// Open client WebSocket connections.
+    pub websocket_connections: Gauge,
 }
 
 impl Default for Metrics {
     fn default() -> Self {
         let m = Metrics {
             registry: Mutex::new(Registry::with_prefix("relay")),
+            unprefixed: Mutex::new(Registry::default()),
             deliveries_finished: Family::default(),
             deliveries_in_flight: Gauge::default(),
             attempts: Family::default(),
@@ -55,6 +61,7 @@ impl Default for Metrics {
             actors_passivated: Counter::default(),
             flush_batch: Histogram::new(exponential_buckets(1.0, 2.0, 12)),
             flush_seconds: Histogram::new(exponential_buckets(0.000_05, 2.0, 14)),
+            websocket_connections: Gauge::default(),
         };
         {
             let mut r = m.registry.lock().unwrap_or_else(|e| e.into_inner());
@@ -74,6 +81,7 @@ impl Default for Metrics {
             r.register("account_actors_passivated", "Account actors passivated", m.actors_passivated.clone());
             r.register("store_flush_batch_commits", "Commits made durable by one flush", m.flush_batch.clone());
             r.register("store_flush_seconds", "Duration of one flush", m.flush_seconds.clone());
+            r.register("websocket_connections", "Open client WebSocket connections", m.websocket_connections.clone());
         }
         m
     }
@@ -82,9 +90,12 @@ impl Default for Metrics {
 impl Metrics {
     /// Prometheus text exposition of everything registered.
     pub fn encode(&self) -> String {
+        use prometheus_client::encoding::text::{encode_eof, encode_registry};
         let mut out = String::new();
-        let r = self.registry.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = prometheus_client::encoding::text::encode(&mut out, &r);
+        for r in [&self.registry, &self.unprefixed] {
+            let _ = encode_registry(&mut out, &r.lock().unwrap_or_else(|e| e.into_inner()));
+        }
+        let _ = encode_eof(&mut out);
         out
     }
 }
