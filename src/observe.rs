@@ -171,7 +171,9 @@ impl Drop for Held {
 /// A relay id as it may appear in a log line: a valid id as it is; anything
 /// else (a stranger's header) is not repeated.
 pub fn shown_id(id: &str) -> &str {
-    if relay_schemas::ids::check_relay_id("relay_id", id).is_ok() {
+    if id.is_empty() {
+        "(none)"
+    } else if relay_schemas::ids::check_relay_id("relay_id", id).is_ok() {
         id
     } else {
         "(invalid relay id)"

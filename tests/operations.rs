@@ -126,7 +126,7 @@ async fn every_reason_a_relay_request_is_refused_is_logged_and_counted() {
     // A correctly signed request is counted as relay-b's.
     assert_eq!(relay_request(&a.url, &signed(now), &body).await, 404);
     // A stranger (unknown Relay-Id), a bad signature, a timestamp an hour
-    // off, a malformed timestamp.
+    // off, a malformed timestamp, no headers at all.
     let mut stranger = signed(now);
     stranger[0].1 = "relay-x".into();
     let mut forged = signed(now);
@@ -138,6 +138,7 @@ async fn every_reason_a_relay_request_is_refused_is_logged_and_counted() {
         (forged, "relay-b", "bad signature"),
         (signed(now - 3600), "relay-b", "outside clock tolerance"),
         (malformed, "relay-b", "missing or malformed"),
+        (vec![], "(none)", "Relay-Id missing"),
     ];
     for (headers, peer, reason) in &cases {
         assert_eq!(relay_request(&a.url, headers, &body).await, 401, "{reason}");
@@ -145,7 +146,7 @@ async fn every_reason_a_relay_request_is_refused_is_logged_and_counted() {
     }
     wait_metric(&c, r#"relay_peer_requests_total{peer="relay-b",direction="in",outcome="route_not_found"}"#, 1.0).await;
     wait_metric(&c, r#"relay_peer_requests_total{peer="relay-b",direction="in",outcome="unauthorized"}"#, 3.0).await;
-    wait_metric(&c, r#"relay_peer_requests_total{peer="unknown",direction="in",outcome="unauthorized"}"#, 1.0).await;
+    wait_metric(&c, r#"relay_peer_requests_total{peer="unknown",direction="in",outcome="unauthorized"}"#, 2.0).await;
     // Nothing a caller sends becomes a label.
     let (_, m) = c.get("/metrics").await;
     assert!(!m.contains("relay-x"), "{m}");

@@ -1,5 +1,6 @@
 //! Real relay processes on loopback ports, for integration tests.
 
+use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -16,7 +17,7 @@ pub struct RelayProc {
     /// `RUST_LOG` of the process (`warn` unless a test asks for more).
     rust_log: String,
     /// Its stderr lines so far (also echoed to the test's stderr).
-    log: Arc<Mutex<Vec<String>>>,
+    log: Arc<Mutex<VecDeque<String>>>,
 }
 
 /// Lines kept per relay process; the oldest go first.
@@ -97,7 +98,7 @@ impl RelayProc {
             }
             for _ in lines {} // keep the pipe drained
         });
-        let log = Arc::new(Mutex::new(Vec::new()));
+        let log = Arc::new(Mutex::new(VecDeque::new()));
         let (stderr, keep) = (child.stderr.take().unwrap(), log.clone());
         let who = id.to_owned();
         std::thread::spawn(move || {
@@ -105,9 +106,9 @@ impl RelayProc {
                 eprintln!("[{who}] {line}");
                 let mut log = keep.lock().unwrap();
                 if log.len() == LOG_LINES {
-                    log.remove(0);
+                    log.pop_front();
                 }
-                log.push(line);
+                log.push_back(line);
             }
         });
         let line = rx.recv_timeout(Duration::from_secs(30)).expect("relay did not start within 30 s");
@@ -118,7 +119,7 @@ impl RelayProc {
 
     /// The stderr lines written so far.
     pub fn log_lines(&self) -> Vec<String> {
-        self.log.lock().unwrap().clone()
+        self.log.lock().unwrap().iter().cloned().collect()
     }
 
     /// The first stderr line containing every one of `needles`, waiting up to
