@@ -1,10 +1,12 @@
 //! A small client: registers two accounts on a running relay, opens a
 //! device session for each, sends a message from Alice to Bob and prints
-//! Bob's timeline and Alice's delivery status.
+//! Bob's timeline and Alice's delivery status. Given a second relay, Bob
+//! lives there and the message goes across (the relays must be peers).
 //!
 //! ```text
-//! cargo run --release -- serve --config config/default.toml   # in one terminal
-//! cargo run --example hello -- http://127.0.0.1:7801 relay-a   # in another
+//! cargo run --release -- serve --config config/default.toml            # in one terminal
+//! cargo run --release --example hello -- http://127.0.0.1:7801 relay-a  # in another
+//! cargo run --release --example hello -- http://127.0.0.1:7801 relay-a http://127.0.0.1:7802 relay-b
 //! ```
 
 use relay_schemas::client::{key_box, Account, Device};
@@ -67,7 +69,11 @@ async fn main() -> Result<(), String> {
     let mut args = std::env::args().skip(1);
     let base = args.next().unwrap_or_else(|| "http://127.0.0.1:7801".into());
     let relay_id = args.next().unwrap_or_else(|| "relay-a".into());
-    let rpc = Rpc { http: awc::Client::default(), base };
+    let rpc = Rpc { http: awc::Client::default(), base: base.clone() };
+    // Bob's relay: the same one unless a second URL and relay id are given.
+    let bob_base = args.next().unwrap_or(base);
+    let bob_relay_id = args.next().unwrap_or_else(|| relay_id.clone());
+    let bob_rpc = Rpc { http: awc::Client::default(), base: bob_base };
 
     // Fresh keys each run, so the example can run again on the same relay.
     let alice = Account::from_seed(rand::random());
@@ -75,7 +81,7 @@ async fn main() -> Result<(), String> {
     let bob = Account::from_seed(rand::random());
     let laptop = Device::from_seed("laptop", rand::random());
     let alice_token = rpc.register(&relay_id, &alice, &phone, false).await?;
-    let bob_token = rpc.register(&relay_id, &bob, &laptop, true).await?;
+    let bob_token = bob_rpc.register(&bob_relay_id, &bob, &laptop, true).await?;
     println!("alice {}\nbob   {}", alice.id, bob.id);
 
     // The ciphertext and boxes are opaque to the relay; a real client
@@ -90,7 +96,7 @@ async fn main() -> Result<(), String> {
     let status = rpc.call("message.send", Some(&alice_token), params).await?;
     println!("message.send -> {status}");
 
-    let page = rpc.call("message.timeline.sync", Some(&bob_token), json!({"after": 0})).await?;
+    let page = bob_rpc.call("message.timeline.sync", Some(&bob_token), json!({"after": 0})).await?;
     println!("bob's timeline -> {}", serde_json::to_string_pretty(&page).unwrap_or_default());
     let status = rpc.call("message.delivery.status", Some(&alice_token), json!({"message_id": message_id})).await?;
     println!("message.delivery.status -> {status}");

@@ -39,6 +39,25 @@ pub struct Config {
     pub http: Http,
     #[serde(default)]
     pub store: StoreSection,
+    #[serde(default)]
+    pub log: LogSection,
+    #[serde(default)]
+    pub metrics: MetricsSection,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogSection {
+    /// One INFO line per HTTP request (method, path, status, duration).
+    pub access: bool,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsSection {
+    /// When set, `/metrics` is served on this address only (not on
+    /// `relay.listen`), so it can stay off the public network.
+    pub listen: Option<String>,
 }
 
 /// The embedded event store (sled).
@@ -58,11 +77,22 @@ impl Config {
     /// --population` seeds.
     pub fn open_store(&self) -> Result<relay_actors::store::Store, String> {
         let dir = self.relay.data_dir.join("store");
-        let store = relay_actors::store::Store::open_with_cache(&dir, self.store.cache_bytes)
-            .map_err(|e| format!("store {}: {e}", dir.display()))?;
+        let store = relay_actors::store::Store::open_with_cache(&dir, self.store.cache_bytes).map_err(|e| {
+            if store_in_use(&e) {
+                format!("relay.data_dir {} is in use by a running relay; stop it first", self.relay.data_dir.display())
+            } else {
+                format!("store {}: {e}", dir.display())
+            }
+        })?;
         store.set_group_commit_window(self.store.group_commit_window);
         Ok(store)
     }
+}
+
+/// sled holds an exclusive file lock on its store while a relay runs;
+/// opening it again fails with this (the OS error is `WouldBlock`).
+pub fn store_in_use(e: &relay_actors::store::StoreError) -> bool {
+    matches!(e, relay_actors::store::StoreError::Sled(inner) if inner.to_string().contains("could not acquire lock"))
 }
 
 impl Default for StoreSection {
@@ -258,10 +288,42 @@ impl Default for Http {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("config {path}: {source}")]
-    Load { path: String, source: config::ConfigError },
-    #[error("config {path}: {what}")]
-    Invalid { path: String, what: String },
+    /// `origin` is `config PATH`, or `environment variable RELAY__…` when
+    /// the bad value came from one.
+    #[error("{origin}: {source}")]
+    Load { origin: String, source: config::ConfigError },
+    #[error("{origin}: {what}")]
+    Invalid { origin: String, what: String },
+}
+
+/// The `RELAY__…` variable that set config key `key` (`limits.max_boxes`),
+/// if one is set. config-rs matches names case-insensitively.
+fn env_var_for(key: &str) -> Option<String> {
+    let want = format!("relay__{}", key.replace('.', "__")).to_ascii_lowercase();
+    std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()).find(|k| k.to_ascii_lowercase() == want)
+}
+
+/// Where the value of `key` came from, for an error message.
+fn origin(path: &str, key: Option<&str>) -> String {
+    match key.and_then(env_var_for) {
+        Some(var) => format!("environment variable {var}"),
+        None => format!("config {path}"),
+    }
+}
+
+/// The config key a config-rs error is about, if it says.
+fn error_key(e: &config::ConfigError) -> Option<&str> {
+    match e {
+        config::ConfigError::Type { key, .. } | config::ConfigError::At { key, .. } => key.as_deref(),
+        _ => None,
+    }
+}
+
+/// A failed check: the key it is about (to tell file from environment) and what is wrong.
+type Bad = (Option<&'static str>, String);
+
+fn bad(key: &'static str, what: impl Into<String>) -> Bad {
+    (Some(key), what.into())
 }
 
 impl Config {
@@ -279,7 +341,8 @@ impl Config {
     /// Loads `path`, then applies `RELAY__SECTION__KEY` overrides, then checks.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let shown = path.display().to_string();
-        let load = |source| ConfigError::Load { path: shown.clone(), source };
+        let load =
+            |source: config::ConfigError| ConfigError::Load { origin: origin(&shown, error_key(&source)), source };
         let cfg: Config = config::Config::builder()
             .add_source(config::File::from(path).format(config::FileFormat::Toml))
             .add_source(
@@ -294,38 +357,53 @@ impl Config {
             .map_err(load)?
             .try_deserialize()
             .map_err(load)?;
-        cfg.check().map_err(|what| ConfigError::Invalid { path: shown, what })?;
+        cfg.check().map_err(|(key, what)| ConfigError::Invalid { origin: origin(&shown, key), what })?;
         Ok(cfg)
     }
 
-    fn check(&self) -> Result<(), String> {
-        relay_schemas::ids::check_relay_id("relay.id", &self.relay.id).map_err(|e| e.message)?;
+    fn check(&self) -> Result<(), Bad> {
+        relay_schemas::ids::check_relay_id("relay.id", &self.relay.id).map_err(|e| bad("relay.id", e.message))?;
         self.relay
             .listen
             .parse::<std::net::SocketAddr>()
-            .map_err(|e| format!("relay.listen {:?}: {e}", self.relay.listen))?;
+            .map_err(|e| bad("relay.listen", format!("relay.listen {:?}: {e}", self.relay.listen)))?;
+        if let Some(listen) = &self.metrics.listen {
+            listen
+                .parse::<std::net::SocketAddr>()
+                .map_err(|e| bad("metrics.listen", format!("metrics.listen {listen:?}: {e}")))?;
+        }
+        let mut seen = std::collections::HashSet::new();
         for p in &self.peers {
-            relay_schemas::ids::check_relay_id("peers.id", &p.id).map_err(|e| e.message)?;
-            relay_schemas::sign::parse_public_key("peers.public_key", &p.public_key).map_err(|e| e.message)?;
+            relay_schemas::ids::check_relay_id("peers.id", &p.id).map_err(|e| (None, e.message))?;
+            let at = format!("peer {:?}", p.id);
+            if p.id == self.relay.id {
+                return Err((None, format!("{at}: a relay cannot be its own peer")));
+            }
+            if !seen.insert(&p.id) {
+                return Err((None, format!("{at} is listed twice in [[peers]]")));
+            }
+            relay_schemas::sign::parse_public_key("public_key", &p.public_key)
+                .map_err(|e| (None, format!("{at}: {}", e.message)))?;
+            check_peer_url(&p.url).map_err(|why| (None, format!("{at}: url {:?}: {why}", p.url)))?;
         }
         if self.delivery.retry_timetable.is_empty() {
-            return Err("delivery.retry_timetable must have at least one entry".into());
+            return Err(bad("delivery.retry_timetable", "delivery.retry_timetable must have at least one entry"));
         }
         if self.delivery.retry_timetable.windows(2).any(|w| w[0] > w[1]) {
-            return Err("delivery.retry_timetable must be in increasing order".into());
+            return Err(bad("delivery.retry_timetable", "delivery.retry_timetable must be in increasing order"));
         }
         if self.delivery.retry_then_every.is_zero() {
-            return Err("delivery.retry_then_every must be positive".into());
+            return Err(bad("delivery.retry_then_every", "delivery.retry_then_every must be positive"));
         }
         if self.limits.max_boxes == 0 || self.limits.max_ciphertext_bytes == 0 {
-            return Err("limits.max_boxes and limits.max_ciphertext_bytes must be positive".into());
+            return Err((None, "limits.max_boxes and limits.max_ciphertext_bytes must be positive".into()));
         }
         let w = &self.websocket;
         if w.ping_interval.is_zero() || w.idle_timeout.is_zero() || w.queue == 0 {
-            return Err("websocket.ping_interval, idle_timeout and queue must be positive".into());
+            return Err((None, "websocket.ping_interval, idle_timeout and queue must be positive".into()));
         }
         if self.store.cache_bytes == 0 {
-            return Err("store.cache_bytes must be positive".into());
+            return Err(bad("store.cache_bytes", "store.cache_bytes must be positive"));
         }
         let l = &self.limits;
         let rates = [
@@ -339,10 +417,10 @@ impl Config {
             l.anonymous_burst,
         ];
         if rates.contains(&0) || l.max_in_flight_per_destination == 0 || l.max_resident_accounts == 0 {
-            return Err(
-                "limits: rates, bursts, max_in_flight_per_destination and max_resident_accounts must be positive"
-                    .into(),
-            );
+            return Err((
+                None,
+                "limits: rates, bursts, max_in_flight_per_destination and max_resident_accounts must be positive".into(),
+            ));
         }
         Ok(())
     }
@@ -368,6 +446,22 @@ impl Config {
             max_resident_accounts: self.limits.max_resident_accounts,
         }
     }
+}
+
+/// A peer URL must be an absolute `http://` or `https://` URL with a host:
+/// the relay appends `/v1/relay/{method}` to it.
+fn check_peer_url(url: &str) -> Result<(), String> {
+    let uri: actix_web::http::Uri = url.parse().map_err(|e| format!("not a URL ({e})"))?;
+    if !matches!(uri.scheme_str(), Some("http" | "https")) {
+        return Err("must start with http:// or https://".into());
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err("has no host".into());
+    }
+    if uri.query().is_some() {
+        return Err("must not have a query".into());
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -433,6 +527,19 @@ key_file = "data/relay-a/relay.key"
         assert_eq!(p.max_boxes, 7);
         assert_eq!(p.retry_timetable_ms, vec![0, 10, 20]);
         assert_eq!(p.relay_id, "relay-z");
+
+        // A bad value from the environment names the variable, not the file.
+        for (var, value) in [
+            ("RELAY__LIMITS__MAX_BOXES", "many"),
+            ("RELAY__LIMITS__CLOCK_TOLERANCE", "soon"),
+            ("RELAY__RELAY__LISTEN", "nowhere"),
+        ] {
+            std::env::set_var(var, value);
+            let err = Config::load(&path).unwrap_err().to_string();
+            std::env::remove_var(var);
+            assert!(err.starts_with(&format!("environment variable {var}: ")), "{err}");
+            assert!(!err.contains("relay.toml"), "{err}");
+        }
     }
 
     #[test]
@@ -444,10 +551,36 @@ key_file = "data/relay-a/relay.key"
             (format!("{MINIMAL}\n[limits]\nmax_boxs = 3\n"), "max_boxs"),
             (MINIMAL.replace("127.0.0.1:7801\"\ndata", "nowhere\"\ndata"), "relay.listen"),
             ("[relay\n".to_string(), "relay.toml"),
+            (format!("{MINIMAL}\n[metrics]\nlisten = \"here\"\n"), "metrics.listen"),
         ];
         for (body, needle) in cases {
             let err = Config::load(&write(dir.path(), &body)).unwrap_err().to_string();
             assert!(err.contains(needle), "{err:?} should mention {needle:?}");
+        }
+    }
+
+    fn peer(id: &str, url: &str, key: &str) -> String {
+        format!("\n[[peers]]\nid = \"{id}\"\nurl = \"{url}\"\npublic_key = \"{key}\"\n")
+    }
+
+    const KEY: &str = "_XqsWUNkxUk0Q-1UclRxmiDk_gSE-6Kg1R3iQK_NGdE";
+
+    #[test]
+    fn a_bad_peer_entry_names_the_peer_and_what_is_wrong() {
+        let dir = tempfile::tempdir().unwrap();
+        let good = peer("relay-b", "http://127.0.0.1:7802", KEY);
+        assert!(Config::load(&write(dir.path(), &format!("{MINIMAL}{good}"))).is_ok());
+        let cases = [
+            (peer("relay-c", "http://127.0.0.1:7803", "not-a-key"), "peer \"relay-c\": public_key"),
+            (peer("relay-c", "not a url", KEY), "peer \"relay-c\": url \"not a url\": not a URL"),
+            (peer("relay-c", "127.0.0.1:7803", KEY), "must start with http://"),
+            (peer("relay-c", "ftp://127.0.0.1:7803", KEY), "must start with http://"),
+            (peer("relay-b", "http://127.0.0.1:7803", KEY), "peer \"relay-b\" is listed twice"),
+            (peer("relay-a", "http://127.0.0.1:7803", KEY), "cannot be its own peer"),
+        ];
+        for (entry, needle) in cases {
+            let err = Config::load(&write(dir.path(), &format!("{MINIMAL}{good}{entry}"))).unwrap_err().to_string();
+            assert!(err.starts_with("config ") && err.contains(needle), "{err:?} should mention {needle:?}");
         }
     }
 }

@@ -13,6 +13,7 @@
 //! - [`peers`]: the signed relay-to-relay client (the delivery transport);
 //! - [`http`]: the actix-web transport (`/v1/rpc`, `/v1/relay`, `/healthz`);
 //! - [`bench`]: `relay bench`, the load generator;
+//! - [`observe`]: peer request metrics and WARN lines, `process_*` metrics;
 //! - [`serve`]: opens the store, starts the supervisor and the HTTP server.
 
 pub mod audit;
@@ -21,10 +22,12 @@ pub mod config;
 pub mod http;
 pub mod keys;
 pub mod limits;
+pub mod observe;
 pub mod peers;
 pub mod relay_rpc;
 pub mod rpc;
 
+use actix_web::middleware::{from_fn, Condition};
 use actix_web::{web, App, HttpServer};
 use relay_actors::{Supervisor, SystemClock};
 use std::net::TcpListener;
@@ -46,11 +49,7 @@ use std::sync::Arc;
 /// connections, so a parent process can find a port chosen with `:0`.
 pub async fn serve(cfg: config::Config) -> Result<(), String> {
     private_files();
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&cfg.relay.data_dir)
-        .map_err(|e| format!("{}: {e}", cfg.relay.data_dir.display()))?;
+    prepare_data_dir(&cfg.relay.data_dir)?;
     let key = keys::load_or_generate(&cfg.relay.key_file)?;
     let store = cfg.open_store()?;
     let policy = cfg.policy();
@@ -70,19 +69,32 @@ pub async fn serve(cfg: config::Config) -> Result<(), String> {
         .collect::<Result<_, relay_schemas::RelayError>>()
         .map_err(|e| e.message)?;
     let peer_keys = relay_rpc::PeerKeys::new(&cfg.relay.id, peer_keys, policy.clock_tolerance);
+    let observer = web::Data::from(peers.observer().clone());
     let sup = Supervisor::new(store.clone(), policy, clock, Arc::new(peers.clone()));
+    observer.register(sup.metrics());
     let restored = sup.start().map_err(|e| format!("restoring deliveries: {e}"))?;
     let limits = limits::RateLimits::new(cfg.rates());
     let relay = web::Data::new(rpc::Relay::new(sup, cfg.limits.max_body_bytes, peers, peer_keys, limits));
 
     let listener = TcpListener::bind(&cfg.relay.listen).map_err(|e| format!("listen {}: {e}", cfg.relay.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let metrics_listener = match &cfg.metrics.listen {
+        Some(at) => Some(TcpListener::bind(at).map_err(|e| format!("metrics.listen {at}: {e}"))?),
+        None => None,
+    };
     let websocket = web::Data::new(cfg.websocket.clone());
     let h = &cfg.http;
+    let (access, with_metrics) = (cfg.log.access, metrics_listener.is_none());
+    let for_app = relay.clone();
     let mut server = HttpServer::new(move || {
         // Runs once on each worker thread: account actors spread over them.
-        relay.supervisor().add_arbiter(actix::Arbiter::current());
-        App::new().configure(http::configure(relay.clone(), websocket.clone()))
+        for_app.supervisor().add_arbiter(actix::Arbiter::current());
+        App::new().wrap(Condition::new(access, from_fn(http::access_log))).configure(http::configure(
+            for_app.clone(),
+            websocket.clone(),
+            observer.clone(),
+            with_metrics,
+        ))
     })
     .max_connections(h.max_connections)
     .client_request_timeout(h.request_timeout)
@@ -92,17 +104,64 @@ pub async fn serve(cfg: config::Config) -> Result<(), String> {
         server = server.workers(h.workers);
     }
     let server = server.listen(listener).map_err(|e| e.to_string())?.run();
+    let metrics_server = match metrics_listener {
+        Some(listener) => {
+            let at = listener.local_addr().map_err(|e| e.to_string())?;
+            let relay = relay.clone();
+            let server = HttpServer::new(move || {
+                App::new()
+                    .wrap(Condition::new(access, from_fn(http::access_log)))
+                    .configure(http::configure_metrics(relay.clone()))
+            })
+            .workers(1)
+            .shutdown_timeout(1)
+            .listen(listener)
+            .map_err(|e| e.to_string())?
+            .run();
+            Some((at, actix_web::rt::spawn(server)))
+        }
+        None => None,
+    };
     // The server starts (workers, and its SIGTERM/SIGINT handlers) on its
     // first poll: let that happen before announcing it, so a signal sent
     // right after the announcement already means a graceful stop.
     let running = actix_web::rt::spawn(server);
     actix_web::rt::task::yield_now().await;
-    tracing::info!(relay = %cfg.relay.id, %addr, restored, public_key = %keys::public_key(&key), "relay started");
+    let r = &cfg.relay;
+    let metrics_at = match &metrics_server {
+        Some((at, _)) => format!("http://{at}/metrics"),
+        None => format!("http://{addr}/metrics"),
+    };
+    tracing::info!(relay = %r.id, listen = %addr, public_url = %r.public_url, public_key = %keys::public_key(&key),
+        store = %r.data_dir.join("store").display(), peers = cfg.peers.len(), restored, metrics = %metrics_at,
+        "relay started");
+    for p in &cfg.peers {
+        tracing::info!(peer = %p.id, url = %p.url, public_key = %p.public_key, "peer configured");
+    }
+    if cfg.peers.is_empty() {
+        tracing::info!("no [[peers]] configured: this relay delivers only to its own accounts");
+    }
     println!("relay {} listening on http://{addr}", cfg.relay.id);
     use std::io::Write;
     let _ = std::io::stdout().flush();
-    running.await.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
+    let stopped = running.await.map_err(|e| e.to_string())?.map_err(|e| e.to_string());
+    if let Some((_, metrics)) = metrics_server {
+        // It got the same signal; its result adds nothing once the main server stopped.
+        let _ = metrics.await;
+    }
+    stopped?;
     store.flush().map_err(|e| format!("final flush: {e}"))?;
-    tracing::info!("relay stopped");
+    tracing::info!(relay = %r.id, "relay stopped");
     Ok(())
+}
+
+/// Creates `relay.data_dir` if needed and checks that this process can
+/// write there, so the error names the setting rather than a file inside.
+fn prepare_data_dir(dir: &std::path::Path) -> Result<(), String> {
+    let fail = |e: std::io::Error| format!("relay.data_dir {}: {e}", dir.display());
+    // Only the relay's user may read its data (see `private_files`).
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(fail)?;
+    let probe = dir.join(".write-check");
+    std::fs::write(&probe, b"").map_err(|e| format!("relay.data_dir {} is not writable: {e}", dir.display()))?;
+    std::fs::remove_file(&probe).map_err(fail)
 }

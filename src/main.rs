@@ -7,7 +7,9 @@ use std::process::ExitCode;
 #[derive(Parser)]
 #[command(name = "relay", version, about = "Relay for end-to-end encrypted messages between accounts")]
 struct Cli {
-    /// Log lines as text or as JSON objects (one per line, for collectors).
+    /// Log lines (on stderr) as text or as JSON objects (one per line, for
+    /// collectors). Which lines: RUST_LOG (default `info`), e.g.
+    /// RUST_LOG=debug or RUST_LOG=info,relay::access=warn.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
     #[command(subcommand)]
@@ -37,14 +39,37 @@ enum Command {
         #[command(subcommand)]
         command: KeyCommand,
     },
+    /// Check a configuration.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Load and validate a config (file and RELAY__… overrides, and the key
+    /// file if it exists) without starting a relay; prints `ok` or the error.
+    Check {
+        /// TOML config, as for `serve`.
+        #[arg(long)]
+        config: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
 enum KeyCommand {
     /// Write a new relay key (mode 0600) and print its public key.
     Generate {
+        /// Where to write the key (its directory is created; an existing file is never overwritten).
         #[arg(long)]
         out: PathBuf,
+    },
+    /// Print the public key of an existing key file (for a peer's `[[peers]]` entry).
+    Show {
+        /// The key file (e.g. the `relay.key_file` of a config).
+        #[arg(long)]
+        key_file: PathBuf,
     },
 }
 
@@ -52,7 +77,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,actix_server=warn".into());
-    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colour only for a person at a terminal; files and collectors get plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     match cli.log_format {
         LogFormat::Text => logs.init(),
         LogFormat::Json => logs.json().flatten_event(true).with_current_span(true).init(),
@@ -63,6 +90,16 @@ fn main() -> ExitCode {
         Command::Key { command: KeyCommand::Generate { out } } => {
             relay::keys::generate(&out).map(|key| println!("{}", relay::keys::public_key(&key)))
         }
+        Command::Key { command: KeyCommand::Show { key_file } } => {
+            relay::keys::load(&key_file).map(|key| println!("{}", relay::keys::public_key(&key)))
+        }
+        Command::Config { command: ConfigCommand::Check { config } } => relay::config::Config::load(&config)
+            .map_err(|e| e.to_string())
+            .and_then(|cfg| match cfg.relay.key_file.exists() {
+                true => relay::keys::load(&cfg.relay.key_file).map(drop),
+                false => Ok(()),
+            })
+            .map(|()| println!("ok")),
         Command::Serve { config } => match relay::config::Config::load(&config) {
             Ok(cfg) => actix_web::rt::System::new().block_on(relay::serve(cfg)),
             Err(e) => Err(e.to_string()),

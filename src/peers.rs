@@ -4,6 +4,7 @@
 //! [`Transport`].
 
 use crate::config::Peer;
+use crate::observe::{Direction, PeerObserver};
 use actix_web::http::StatusCode;
 use awc::error::{ConnectError, SendRequestError};
 use ed25519_dalek::SigningKey;
@@ -36,6 +37,7 @@ pub enum CallError {
 }
 
 struct Inner {
+    observer: Arc<PeerObserver>,
     relay_id: String,
     key: SigningKey,
     peers: HashMap<String, Peer>,
@@ -72,8 +74,15 @@ impl PeerClient {
         clock: SharedClock,
         clock_tolerance: u64,
     ) -> Self {
-        let peers = peers.iter().map(|p| (p.id.clone(), p.clone())).collect();
-        PeerClient { inner: Arc::new(Inner { relay_id: relay_id.into(), key, peers, timeout, clock, clock_tolerance }) }
+        let peers: HashMap<_, _> = peers.iter().map(|p| (p.id.clone(), p.clone())).collect();
+        let observer = Arc::new(PeerObserver::new(peers.keys().cloned()));
+        let inner = Inner { observer, relay_id: relay_id.into(), key, peers, timeout, clock, clock_tolerance };
+        PeerClient { inner: Arc::new(inner) }
+    }
+
+    /// Counts and logs relay-to-relay requests, both directions.
+    pub fn observer(&self) -> &Arc<PeerObserver> {
+        &self.inner.observer
     }
 
     fn http(&self) -> awc::Client {
@@ -93,8 +102,52 @@ impl PeerClient {
     }
 
     /// A signed call of relay method `method` at peer `peer_id`; the result
-    /// body on HTTP 200.
+    /// body on HTTP 200. Counted in `relay_peer_requests_total`; a refusal of
+    /// our authentication, no answer or a 5xx answer is logged (WARN).
     pub async fn call(&self, peer_id: &str, method: &str, body: Vec<u8>) -> Result<actix_web::web::Bytes, CallError> {
+        let result = self.send_call(peer_id, method, body).await;
+        if self.inner.peers.contains_key(peer_id) {
+            self.observe(peer_id, method, &result);
+        }
+        result
+    }
+
+    fn observe(&self, peer: &str, method: &str, result: &Result<actix_web::web::Bytes, CallError>) {
+        let o = &self.inner.observer;
+        let (outcome, error) = match result {
+            Ok(_) => ("ok", None),
+            Err(CallError::Answered { code, error }) => (crate::observe::outcome_of_code(code), Some(error)),
+            // An HTTP error status without an error object (a proxy's 502, say).
+            Err(CallError::Unknown(e)) if e.code == ErrorCode::BadGateway => ("bad_gateway", Some(e)),
+            Err(CallError::NotSent(e) | CallError::Unknown(e)) => ("unreachable", Some(e)),
+        };
+        o.count(peer, Direction::Out, outcome);
+        let Some(error) = error else { return };
+        let kind = match outcome {
+            "unauthorized" => "unauthorized",
+            "unreachable" => "unreachable",
+            _ if error.http_status() >= 500 => "server_error",
+            _ => return,
+        };
+        let Some(suppressed) = o.may_warn(peer, kind) else { return };
+        let why = error.message.as_str();
+        match kind {
+            "unauthorized" => tracing::warn!(
+                peer,
+                method,
+                reason = why,
+                suppressed,
+                "peer refused our relay authentication (does it list this relay, with this key, in its [[peers]]?)"
+            ),
+            "unreachable" => {
+                tracing::warn!(peer = %peer, method = %method, error = why, suppressed, "peer unreachable")
+            }
+            _ => tracing::warn!(peer = %peer, method = %method, outcome = %outcome, error = why, suppressed,
+                "peer answered with a server error"),
+        }
+    }
+
+    async fn send_call(&self, peer_id: &str, method: &str, body: Vec<u8>) -> Result<actix_web::web::Bytes, CallError> {
         let Some(peer) = self.inner.peers.get(peer_id) else {
             return Err(CallError::NotSent(RelayError::new(
                 ErrorCode::BadGateway,

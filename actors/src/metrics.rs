@@ -27,7 +27,10 @@ pub struct DestinationLabels {
 
 /// The core's metrics; cheap to share (every family is an `Arc` inside).
 pub struct Metrics {
+    /// Families named `relay_*`.
     pub registry: Mutex<Registry>,
+    /// Families with names of their own (`process_*`), encoded after `registry`.
+    pub unprefixed: Mutex<Registry>,
     /// Deliveries that ended, by final status and error code.
     pub deliveries_finished: Family<StatusLabels, Counter>,
     /// Deliveries accepted and not yet finished.
@@ -48,12 +51,15 @@ pub struct Metrics {
     pub store_groups: Counter,
     pub store_barriers: Counter,
     pub store_bytes_written: Counter,
+    /// Open client WebSocket connections.
+    pub websocket_connections: Gauge,
 }
 
 impl Default for Metrics {
     fn default() -> Self {
         let m = Metrics {
             registry: Mutex::new(Registry::with_prefix("relay")),
+            unprefixed: Mutex::new(Registry::default()),
             deliveries_finished: Family::default(),
             deliveries_in_flight: Gauge::default(),
             attempts: Family::default(),
@@ -66,6 +72,7 @@ impl Default for Metrics {
             store_groups: Counter::default(),
             store_barriers: Counter::default(),
             store_bytes_written: Counter::default(),
+            websocket_connections: Gauge::default(),
         };
         {
             let mut r = m.registry.lock().unwrap_or_else(|e| e.into_inner());
@@ -89,6 +96,9 @@ impl Default for Metrics {
             r.register("store_groups", "Groups the store's writer wrote", m.store_groups.clone());
             r.register("store_barriers", "Real durability barriers (fsync/fdatasync)", m.store_barriers.clone());
             r.register("store_bytes_written", "Bytes the store wrote to its log", m.store_bytes_written.clone());
+            r.register("store_flush_batch_commits", "Commits made durable by one flush", m.flush_batch.clone());
+            r.register("store_flush_seconds", "Duration of one flush", m.flush_seconds.clone());
+            r.register("websocket_connections", "Open client WebSocket connections", m.websocket_connections.clone());
         }
         m
     }
@@ -97,9 +107,12 @@ impl Default for Metrics {
 impl Metrics {
     /// Prometheus text exposition of everything registered.
     pub fn encode(&self) -> String {
+        use prometheus_client::encoding::text::{encode_eof, encode_registry};
         let mut out = String::new();
-        let r = self.registry.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = prometheus_client::encoding::text::encode(&mut out, &r);
+        for r in [&self.registry, &self.unprefixed] {
+            let _ = encode_registry(&mut out, &r.lock().unwrap_or_else(|e| e.into_inner()));
+        }
+        let _ = encode_eof(&mut out);
         out
     }
 }

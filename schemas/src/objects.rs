@@ -427,6 +427,15 @@ impl Status {
     pub fn is_terminal(self) -> bool {
         self != Status::Delivering
     }
+
+    /// The protocol string (as serialized).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Delivering => "delivering",
+            Status::TargetAccepted => "target_accepted",
+            Status::Failed => "failed",
+        }
+    }
 }
 
 /// `DeliveryStatus` exactly as in the seed: `error` iff `failed`.

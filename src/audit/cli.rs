@@ -33,6 +33,7 @@ pub enum AuditCommand {
     },
     /// Rebuild one stream's state from its events only and print it (JSON).
     Replay {
+        /// The stream: account/<id> or delivery/<from>/<message_id>.
         #[arg(long)]
         stream: String,
         /// Stop after this sequence.
@@ -42,10 +43,12 @@ pub enum AuditCommand {
         #[arg(long)]
         events: bool,
     },
-    /// The whole story of one message on this relay.
+    /// The whole story of one message on this relay: acceptance, every
+    /// delivery attempt, statuses reported, receipt and timeline records.
     Message {
-        /// The sender's account id.
+        /// The sender's account id (`envelope.from`).
         from: String,
+        /// The message id (`envelope.message_id`).
         message_id: String,
         /// The recipient's account id, when this relay only received the
         /// message (skips searching every account).
@@ -57,6 +60,7 @@ pub enum AuditCommand {
     },
     /// Events as JSON lines (schemas/json/audit/export-line.schema.json).
     Export {
+        /// Only this stream (e.g. account/<id> or delivery/<from>/<message_id>).
         #[arg(long)]
         stream: Option<String>,
         /// Only events written at or after T (unix seconds or RFC 3339).

@@ -58,12 +58,12 @@ pub fn open_store(data_dir: &Path) -> Result<Store, AuditError> {
     if !dir.join("conf").exists() && !dir.join("db").exists() {
         return Err(AuditError::NoStore(data_dir.to_path_buf()));
     }
-    Store::open(&dir).map_err(|e| match &e {
-        // sled's exclusive file lock, held by the running relay.
-        StoreError::Sled(inner) if inner.to_string().contains("could not acquire lock") => {
+    Store::open(&dir).map_err(|e| {
+        if crate::config::store_in_use(&e) {
             AuditError::InUse(data_dir.to_path_buf())
+        } else {
+            AuditError::Store(e)
         }
-        _ => AuditError::Store(e),
     })
 }
 

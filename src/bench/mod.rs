@@ -50,7 +50,7 @@ pub struct BenchArgs {
     pub local_relays: u8,
     /// Fraction of messages sent to an account on the other relay (two
     /// relays only; starting own relays, a non-zero value starts two).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = share)]
     pub cross_share: f64,
     /// Stop sending after this long (e.g. `10s`), even if messages remain.
     #[arg(long, value_parser = humantime::parse_duration)]
@@ -64,7 +64,7 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',')]
     pub relays: Vec<String>,
     /// The ids of the --relays, in the same order.
-    #[arg(long, value_delimiter = ',', default_values_t = ["relay-a".to_string(), "relay-b".to_string()])]
+    #[arg(long, value_delimiter = ',', default_value = "relay-a,relay-b")]
     pub relay_ids: Vec<String>,
     /// Every device holds a WebSocket (`GET /v1/ws`) through the window;
     /// measure send → `message.timeline.changed` at the recipient device.
@@ -94,6 +94,16 @@ pub struct BenchArgs {
     /// Print the JSON report instead of the table.
     #[arg(long)]
     pub json: bool,
+}
+
+/// A fraction in `0..=1`.
+fn share(s: &str) -> Result<f64, String> {
+    let f: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    if (0.0..=1.0).contains(&f) {
+        Ok(f)
+    } else {
+        Err(format!("{f} is not between 0 and 1"))
+    }
 }
 
 /// A relay under load.

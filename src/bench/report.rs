@@ -49,7 +49,7 @@ pub fn disk_write_bytes(pid: u32) -> Option<u64> {
 }
 
 /// A `kB` line of `/proc/{pid}/status` (Linux), in bytes.
-fn status_bytes(pid: u32, field: &str) -> Option<u64> {
+pub fn status_bytes(pid: u32, field: &str) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let kb: u64 = s.lines().find_map(|l| l.strip_prefix(field))?.trim().trim_end_matches("kB").trim().parse().ok()?;
     Some(kb * 1024)

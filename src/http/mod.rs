@@ -6,11 +6,16 @@
 pub mod ws;
 
 use crate::config::Websocket;
+use crate::observe::{shown_id, Direction, PeerObserver};
 use crate::relay_rpc::RelayHeaders;
 use crate::rpc::Relay;
+use actix_web::body::MessageBody;
+use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::http::StatusCode;
+use actix_web::middleware::Next;
 use actix_web::{web, HttpRequest, HttpResponse};
+use relay_schemas::methods::RELAY_METHODS;
 use relay_schemas::RelayError;
 
 pub fn error_response(e: &RelayError) -> HttpResponse {
@@ -55,6 +60,7 @@ async fn rpc_call(
 /// `POST /v1/relay/{method}`: authenticated peer calls.
 async fn relay_call(
     relay: web::Data<Relay>,
+    observer: web::Data<PeerObserver>,
     method: web::Path<String>,
     req: HttpRequest,
     body: web::Payload,
@@ -72,12 +78,41 @@ async fn relay_call(
     let now = relay.supervisor().clock().now();
     let peer = match relay.peer_keys().authenticate(&headers, &method, &body, now) {
         Ok(peer) => peer,
-        Err(e) => return error_response(&e),
+        Err(e) => {
+            let claimed = headers.relay_id.unwrap_or("");
+            observer.count(claimed, Direction::In, e.code.as_str());
+            if let Some(suppressed) = observer.may_warn(claimed, &e.message) {
+                let method = if RELAY_METHODS.contains(&method.as_str()) { method.as_str() } else { "unknown" };
+                tracing::warn!(peer = %shown_id(claimed), method = %method, reason = e.message.as_str(), suppressed,
+                    "refused a relay request (is the caller in [[peers]], with its current key?)");
+            }
+            return error_response(&e);
+        }
     };
-    match relay.call_relay(&method, &peer, &body).await {
+    let result = relay.call_relay(&method, &peer, &body).await;
+    observer.count(&peer, Direction::In, result.as_ref().map_or_else(|e| e.code.as_str(), |_| "ok"));
+    match result {
         Ok(json) => HttpResponse::Ok().content_type("application/json").body(json),
         Err(e) => error_response(&e),
     }
+}
+
+/// The access log (`log.access`): one line per request, after the answer.
+/// Never the query string, headers or body (tokens live there).
+pub async fn access_log(
+    req: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+    let started = std::time::Instant::now();
+    let (method, path) = (req.method().clone(), req.path().to_owned());
+    let res = next.call(req).await;
+    let ms = started.elapsed().as_secs_f64() * 1000.0;
+    let status = match &res {
+        Ok(r) => r.status().as_u16(),
+        Err(e) => e.as_response_error().status_code().as_u16(),
+    };
+    tracing::info!(target: "relay::access", method = %method, path = %path, status, ms = format_args!("{ms:.1}"), "request");
+    res
 }
 
 /// Liveness: the process answers.
@@ -95,7 +130,7 @@ async fn readyz(relay: web::Data<Relay>) -> HttpResponse {
 }
 
 /// Prometheus text exposition.
-async fn metrics(relay: web::Data<Relay>) -> HttpResponse {
+pub async fn metrics(relay: web::Data<Relay>) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("application/openmetrics-text; version=1.0.0; charset=utf-8")
         .body(relay.supervisor().metrics().encode())
@@ -105,16 +140,33 @@ async fn not_found() -> HttpResponse {
     error_response(&RelayError::not_found("no such endpoint"))
 }
 
-pub fn configure(relay: web::Data<Relay>, websocket: web::Data<Websocket>) -> impl FnOnce(&mut web::ServiceConfig) {
+/// The public listener's routes; `/metrics` only when `with_metrics` (no
+/// `[metrics] listen` of its own).
+pub fn configure(
+    relay: web::Data<Relay>,
+    websocket: web::Data<Websocket>,
+    observer: web::Data<PeerObserver>,
+    with_metrics: bool,
+) -> impl FnOnce(&mut web::ServiceConfig) {
     move |cfg: &mut web::ServiceConfig| {
         cfg.app_data(relay)
             .app_data(websocket)
+            .app_data(observer)
             .route("/v1/ws", web::get().to(ws::upgrade))
             .route("/healthz", web::get().to(healthz))
-            .route("/readyz", web::get().to(readyz))
-            .route("/metrics", web::get().to(metrics))
-            .route("/v1/rpc/{method}", web::post().to(rpc_call))
+            .route("/readyz", web::get().to(readyz));
+        if with_metrics {
+            cfg.route("/metrics", web::get().to(metrics));
+        }
+        cfg.route("/v1/rpc/{method}", web::post().to(rpc_call))
             .route("/v1/relay/{method}", web::post().to(relay_call))
             .default_service(web::to(not_found));
+    }
+}
+
+/// The separate metrics listener (`[metrics] listen`): `/metrics` only.
+pub fn configure_metrics(relay: web::Data<Relay>) -> impl FnOnce(&mut web::ServiceConfig) {
+    move |cfg: &mut web::ServiceConfig| {
+        cfg.app_data(relay).route("/metrics", web::get().to(metrics)).default_service(web::to(not_found));
     }
 }

@@ -102,6 +102,7 @@ enum Next {
 
 impl Connection {
     async fn run(mut self, mut stream: actix_ws::AggregatedMessageStream, attach: Option<(String, sessions::Session)>) {
+        let _open = crate::observe::Held::new(&self.relay.supervisor().metrics().websocket_connections);
         if let Some((token, s)) = attach {
             self.attach(token, s).await;
         }

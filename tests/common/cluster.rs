@@ -58,6 +58,11 @@ impl Cluster {
     /// Starts relay `id` peering with every other member; `extra` TOML is
     /// appended to its config (sections other than [relay] and [[peers]]).
     pub fn start(&self, id: &str, extra: &str) -> RelayProc {
+        self.start_logged(id, extra, "warn")
+    }
+
+    /// Like [`Cluster::start`], with `RUST_LOG=rust_log`.
+    pub fn start_logged(&self, id: &str, extra: &str, rust_log: &str) -> RelayProc {
         let me = self.members.iter().find(|m| m.id == id).unwrap();
         let mut peers = String::new();
         for m in self.members.iter().filter(|m| m.id != id) {
@@ -67,6 +72,6 @@ impl Cluster {
             ));
         }
         let listen = me.url.trim_start_matches("http://");
-        RelayProc::start_at(&self.dir, id, listen, &format!("{peers}\n{extra}"))
+        RelayProc::start_at_logged(&self.dir, id, listen, &format!("{peers}\n{extra}"), rust_log)
     }
 }

@@ -1,8 +1,10 @@
 //! Real relay processes on loopback ports, for integration tests.
 
+use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// A `relay serve` child process with its own data dir.
@@ -12,7 +14,14 @@ pub struct RelayProc {
     pub url: String,
     pub config: PathBuf,
     pub data_dir: PathBuf,
+    /// `RUST_LOG` of the process (`warn` unless a test asks for more).
+    rust_log: String,
+    /// Its stderr lines so far (also echoed to the test's stderr).
+    log: Arc<Mutex<VecDeque<String>>>,
 }
+
+/// Lines kept per relay process; the oldest go first.
+const LOG_LINES: usize = 20_000;
 
 /// Writes a config for relay `id` in `dir`; `extra` is appended verbatim
 /// (more sections, e.g. a millisecond timetable).
@@ -54,23 +63,33 @@ fn unlimited_sessions(extra: &str) -> String {
 
 impl RelayProc {
     pub fn start(dir: &Path, id: &str, extra: &str) -> RelayProc {
+        Self::start_logged(dir, id, extra, "warn")
+    }
+
+    /// Like [`RelayProc::start`], with `RUST_LOG=rust_log`.
+    pub fn start_logged(dir: &Path, id: &str, extra: &str, rust_log: &str) -> RelayProc {
         let config = write_config(dir, id, extra);
-        Self::start_with(id, config, dir.join(id))
+        Self::start_config(id, config, dir.join(id), rust_log)
     }
 
     /// Starts relay `id` listening on a given `listen` address.
     pub fn start_at(dir: &Path, id: &str, listen: &str, extra: &str) -> RelayProc {
-        let config = write_config_at(dir, id, listen, extra);
-        Self::start_with(id, config, dir.join(id))
+        Self::start_at_logged(dir, id, listen, extra, "warn")
     }
 
-    fn start_with(id: &str, config: PathBuf, data_dir: PathBuf) -> RelayProc {
+    pub fn start_at_logged(dir: &Path, id: &str, listen: &str, extra: &str, rust_log: &str) -> RelayProc {
+        let config = write_config_at(dir, id, listen, extra);
+        Self::start_config(id, config, dir.join(id), rust_log)
+    }
+
+    /// Starts `relay serve --config config` (whose data dir is `data_dir`).
+    pub fn start_config(id: &str, config: PathBuf, data_dir: PathBuf, rust_log: &str) -> RelayProc {
         let mut child = Command::new(env!("CARGO_BIN_EXE_relay"))
             .args(["serve", "--config"])
             .arg(&config)
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", rust_log)
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("spawn relay");
         let stdout = child.stdout.take().unwrap();
@@ -82,10 +101,52 @@ impl RelayProc {
             }
             for _ in lines {} // keep the pipe drained
         });
+        let log = Arc::new(Mutex::new(VecDeque::new()));
+        let (stderr, keep) = (child.stderr.take().unwrap(), log.clone());
+        let who = id.to_owned();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("[{who}] {line}");
+                let mut log = keep.lock().unwrap();
+                if log.len() == LOG_LINES {
+                    log.pop_front();
+                }
+                log.push_back(line);
+            }
+        });
         let line = rx.recv_timeout(Duration::from_secs(30)).expect("relay did not start within 30 s");
         let url = line.rsplit(' ').next().unwrap().to_string();
         assert!(url.starts_with("http://127.0.0.1:"), "unexpected start line {line:?}");
-        RelayProc { child: Some(child), id: id.into(), url, config, data_dir }
+        RelayProc { child: Some(child), id: id.into(), url, config, data_dir, rust_log: rust_log.into(), log }
+    }
+
+    /// The stderr lines written so far.
+    pub fn log_lines(&self) -> Vec<String> {
+        self.log.lock().unwrap().iter().cloned().collect()
+    }
+
+    /// The first stderr line containing every one of `needles`, waiting up to
+    /// `timeout` for it; panics (showing the lines) if none comes.
+    pub fn wait_for_log(&self, needles: &[&str], timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let lines = self.log_lines();
+            if let Some(l) = lines.iter().find(|l| needles.iter().all(|n| l.contains(n))) {
+                return l.clone();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{}: no log line with {needles:?} in {timeout:?}:\n{}",
+                self.id,
+                lines.join("\n")
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Stderr lines containing every one of `needles`.
+    pub fn count_log(&self, needles: &[&str]) -> usize {
+        self.log_lines().iter().filter(|l| needles.iter().all(|n| l.contains(n))).count()
     }
 
     /// The process id (for /proc measurements).
@@ -118,7 +179,7 @@ impl RelayProc {
     /// Starts the same relay again on its data dir (a new port).
     pub fn restart(&mut self) {
         self.kill9();
-        let again = Self::start_with(&self.id, self.config.clone(), self.data_dir.clone());
+        let again = Self::start_config(&self.id, self.config.clone(), self.data_dir.clone(), &self.rust_log);
         *self = again;
     }
 }

@@ -84,20 +84,37 @@ impl DeliveryActor {
         for e in &events {
             self.state.apply(e);
             if let DeliveryEvent::Finished { status } = e {
-                tracing::debug!(from = %self.state.from, message_id = %self.state.message_id,
-                    attempts = self.state.attempts, status = ?status.status,
-                    error = status.error.as_ref().map(|e| e.code.as_str()), "delivery finished");
+                self.log_finished(status);
                 let labels = StatusLabels {
-                    status: serde_json::to_value(status.status)
-                        .ok()
-                        .and_then(|v| v.as_str().map(str::to_owned))
-                        .unwrap_or_default(),
+                    status: status.status.as_str().to_owned(),
                     error: status.error.as_ref().map(|e| e.code.as_str().to_owned()).unwrap_or_default(),
                 };
                 self.sup.metrics().deliveries_finished.get_or_create(&labels).inc();
             }
         }
         Ok(())
+    }
+
+    /// The relays of the current target, comma-separated (`-` before one is known).
+    fn target_ids(&self) -> String {
+        match &self.state.target {
+            Some(t) => t.relays.iter().map(|r| r.id.as_str()).collect::<Vec<_>>().join(","),
+            None => "-".into(),
+        }
+    }
+
+    /// One line per delivery at its end: INFO when accepted, WARN when failed.
+    fn log_finished(&self, status: &DeliveryStatus) {
+        let s = &self.state;
+        let elapsed_s = self.sup.clock().now().saturating_sub(s.accepted_at);
+        let target = self.target_ids();
+        match &status.error {
+            None => tracing::info!(from = %s.from, message_id = %s.message_id, to = %s.to, target = %target,
+                attempts = s.attempts, elapsed_s, status = %status.status.as_str(), "delivery finished"),
+            Some(e) => tracing::warn!(from = %s.from, message_id = %s.message_id, to = %s.to, target = %target,
+                attempts = s.attempts, elapsed_s, status = %status.status.as_str(), error = %e.code.as_str(),
+                reason = e.message.as_str(), "delivery failed"),
+        }
     }
 
     fn durable(&self) -> impl std::future::Future<Output = Result<(), RelayError>> + 'static {
@@ -188,7 +205,7 @@ impl DeliveryActor {
         }
         let attempt = self.state.attempts;
         tracing::debug!(from = %self.state.from, message_id = %self.state.message_id, attempt,
-            target = ?self.state.target.as_ref().map(|t| &t.relays), "delivery attempt");
+            target = %self.target_ids(), "delivery attempt");
         let mut params = self.state.params.clone().expect("checked in step_due");
         if params.sender_route.is_none() {
             // Accepted before deliveries carried the sender's route: the
