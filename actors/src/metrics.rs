@@ -41,6 +41,8 @@ pub struct Metrics {
     /// Commits made durable by one flush (group-commit batch size).
     pub flush_batch: Histogram,
     pub flush_seconds: Histogram,
+    /// Expired sessions dropped by the sweep.
+    pub sessions_swept: Counter,
 }
 
 impl Default for Metrics {
@@ -55,6 +57,7 @@ impl Default for Metrics {
             actors_passivated: Counter::default(),
             flush_batch: Histogram::new(exponential_buckets(1.0, 2.0, 12)),
             flush_seconds: Histogram::new(exponential_buckets(0.000_05, 2.0, 14)),
+            sessions_swept: Counter::default(),
         };
         {
             let mut r = m.registry.lock().unwrap_or_else(|e| e.into_inner());
@@ -74,6 +77,7 @@ impl Default for Metrics {
             r.register("account_actors_passivated", "Account actors passivated", m.actors_passivated.clone());
             r.register("store_flush_batch_commits", "Commits made durable by one flush", m.flush_batch.clone());
             r.register("store_flush_seconds", "Duration of one flush", m.flush_seconds.clone());
+            r.register("sessions_swept", "Expired sessions dropped from memory and store", m.sessions_swept.clone());
         }
         m
     }

@@ -33,6 +33,11 @@ pub struct Policy {
     pub notify_queue: usize,
     /// Delivery attempts in flight at once to one destination relay.
     pub max_in_flight_per_destination: usize,
+    /// Bytes of records one `message.timeline.sync` page may hold (at least
+    /// one record is always served); past that the page ends with `has_more`.
+    pub max_page_bytes: usize,
+    /// Sessions one device may hold; opening one more drops its oldest.
+    pub max_sessions_per_device: usize,
 }
 
 impl Policy {
@@ -54,6 +59,8 @@ impl Policy {
             passivate_after_ms: 10 * 60 * 1000,
             notify_queue: 256,
             max_in_flight_per_destination: 64,
+            max_page_bytes: 4 << 20,
+            max_sessions_per_device: 16,
         }
     }
 }
