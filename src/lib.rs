@@ -11,13 +11,15 @@
 //! - [`relay_rpc`]: the relay methods peers call, and their authentication;
 //! - [`limits`]: per-session and per-peer rate limits;
 //! - [`peers`]: the signed relay-to-relay client (the delivery transport);
-//! - [`http`]: the actix-web transport (`/v1/rpc`, `/v1/relay`, `/healthz`);
+//! - [`http`]: the actix-web transport (`/v1/rpc`, `/v1/relay`, `/v1/ws`, `/healthz`);
+//! - [`fds`]: the open-file limit checked against the connection limits;
 //! - [`bench`]: `relay bench`, the load generator;
 //! - [`serve`]: opens the store, starts the supervisor and the HTTP server.
 
 pub mod audit;
 pub mod bench;
 pub mod config;
+pub mod fds;
 pub mod http;
 pub mod keys;
 pub mod limits;
@@ -25,7 +27,9 @@ pub mod peers;
 pub mod relay_rpc;
 pub mod rpc;
 
+use actix_web::dev::Service;
 use actix_web::{web, App, HttpServer};
+use futures_util::future::Either;
 use relay_actors::{Supervisor, SystemClock};
 use std::net::TcpListener;
 use std::sync::Arc;
@@ -35,6 +39,13 @@ use std::sync::Arc;
 /// `relay <id> listening on http://<addr>` on stdout once it accepts
 /// connections, so a parent process can find a port chosen with `:0`.
 pub async fn serve(cfg: config::Config) -> Result<(), String> {
+    let h = &cfg.http;
+    let workers = if h.workers > 0 { h.workers } else { std::thread::available_parallelism().map_or(1, |n| n.get()) };
+    let peer_connections = cfg.peers.len() * cfg.limits.max_in_flight_per_destination;
+    fds::ensure(
+        fds::needed(h.max_connections, workers, peer_connections),
+        &format!("http.max_connections ({}) × http.workers ({workers})", h.max_connections),
+    )?;
     std::fs::create_dir_all(&cfg.relay.data_dir).map_err(|e| format!("{}: {e}", cfg.relay.data_dir.display()))?;
     let key = keys::load_or_generate(&cfg.relay.key_file)?;
     let store = cfg.open_store()?;
@@ -59,17 +70,25 @@ pub async fn serve(cfg: config::Config) -> Result<(), String> {
     let restored = sup.start().map_err(|e| format!("restoring deliveries: {e}"))?;
     let l = &cfg.limits;
     let limits = limits::RateLimits::new(l.session_rate, l.session_burst, l.peer_rate, l.peer_burst);
+    actix_web::rt::spawn(sweep_sessions(sup.clone(), cfg.sessions.sweep_interval));
     let relay = web::Data::new(rpc::Relay::new(sup, cfg.limits.max_body_bytes, peers, peer_keys, limits));
 
     let listener = TcpListener::bind(&cfg.relay.listen).map_err(|e| format!("listen {}: {e}", cfg.relay.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let websocket = web::Data::new(cfg.websocket.clone());
-    let h = &cfg.http;
+    let body_timeout = http::BodyTimeout(h.body_timeout);
+    let per_ip = http::conn::PerIp::new(h.max_connections_per_ip);
     let mut server = HttpServer::new(move || {
         // Runs once on each worker thread: account actors spread over them.
         relay.supervisor().add_arbiter(actix::Arbiter::current());
-        App::new().configure(http::configure(relay.clone(), websocket.clone()))
+        App::new()
+            .wrap_fn(|req, srv| match http::over_connection_cap(req.request()) {
+                Some(refused) => Either::Left(std::future::ready(Ok(req.into_response(refused)))),
+                None => Either::Right(srv.call(req)),
+            })
+            .configure(http::configure(relay.clone(), websocket.clone(), body_timeout))
     })
+    .on_connect(per_ip.on_connect())
     .max_connections(h.max_connections)
     .client_request_timeout(h.request_timeout)
     .keep_alive(h.keep_alive)
@@ -91,4 +110,21 @@ pub async fn serve(cfg: config::Config) -> Result<(), String> {
     store.flush().map_err(|e| format!("final flush: {e}"))?;
     tracing::info!("relay stopped");
     Ok(())
+}
+
+/// Drops expired sessions from memory and the store every `every` (off the
+/// event loop: the sweep reads every stored session).
+async fn sweep_sessions(sup: Supervisor, every: std::time::Duration) {
+    let mut tick = actix_web::rt::time::interval(every);
+    loop {
+        tick.tick().await;
+        let (sessions, now) = (sup.sessions().clone(), sup.clock().now());
+        match actix_web::rt::task::spawn_blocking(move || sessions.sweep(now)).await {
+            Ok(Ok(n)) => {
+                sup.metrics().sessions_swept.inc_by(n as u64);
+            }
+            Ok(Err(e)) => tracing::warn!(error = %e, "session sweep"),
+            Err(e) => tracing::warn!(error = %e, "session sweep"),
+        }
+    }
 }

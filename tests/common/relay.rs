@@ -25,7 +25,7 @@ pub fn write_config_at(dir: &Path, id: &str, listen: &str, extra: &str) -> PathB
     let data = dir.join(id);
     std::fs::create_dir_all(&data).unwrap();
     let path = dir.join(format!("{id}.toml"));
-    let extra = unlimited_sessions(extra);
+    let extra = modest_connections(&unlimited_sessions(extra));
     let body = format!(
         "[relay]\nid = \"{id}\"\npublic_url = \"http://{listen}\"\nlisten = \"{listen}\"\n\
          data_dir = {data:?}\nkey_file = {key:?}\n{extra}\n",
@@ -46,6 +46,20 @@ fn unlimited_sessions(extra: &str) -> String {
         extra.replacen("[limits]\n", &format!("[limits]\n{LIFT}"), 1)
     } else {
         format!("{extra}\n[limits]\n{LIFT}")
+    }
+}
+
+/// The relay refuses to start when `http.max_connections × workers` does
+/// not fit the open-file limit: tests need few connections, so they fit
+/// whatever limit the machine has (unless the test sets its own).
+fn modest_connections(extra: &str) -> String {
+    const MODEST: &str = "max_connections = 512\n";
+    if extra.contains("max_connections =") {
+        extra.to_owned()
+    } else if extra.contains("[http]\n") {
+        extra.replacen("[http]\n", &format!("[http]\n{MODEST}"), 1)
+    } else {
+        format!("{extra}\n[http]\n{MODEST}")
     }
 }
 
