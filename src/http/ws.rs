@@ -150,17 +150,17 @@ impl Connection {
     }
 
     async fn run(mut self, mut stream: actix_ws::AggregatedMessageStream, attach: Option<(String, sessions::Session)>) {
-        let mut first = Next::Continue;
+        let mut next = Next::Continue;
         if let Some((token, session)) = attach {
             let (attached, latest) = register(&self.relay, &session).await;
-            first = self.attached(token, session, attached, latest).await;
+            next = self.attached(token, session, attached, latest).await;
         }
         let mut ping = actix_web::rt::time::interval(self.ws.ping_interval);
         ping.tick().await;
         let mut last_heard = Instant::now();
         let attach_by = Instant::now() + self.ws.attach_timeout;
         let reason = loop {
-            if let Next::Close(reason) = first {
+            if let Next::Close(reason) = next {
                 break reason;
             }
             // The next request starts once the previous one is answered and
@@ -174,7 +174,7 @@ impl Connection {
             let expiry = self.session_expiry();
             let unattached = self.attachment.is_none().then_some(attach_by);
             let stalled = self.flow.deadline(self.ws.write_timeout);
-            first = tokio::select! {
+            next = tokio::select! {
                 frame = stream.recv() => {
                     last_heard = Instant::now();
                     match frame {

@@ -51,15 +51,21 @@ fn unlimited_sessions(extra: &str) -> String {
 
 /// The relay refuses to start when `http.max_connections × workers` does
 /// not fit the open-file limit: tests need few connections, so they fit
-/// whatever limit the machine has (unless the test sets its own).
+/// whatever limit the machine has. Every test client (and every peer)
+/// connects from 127.0.0.1: the per-IP cap is lifted. Unless the test sets
+/// either itself.
 fn modest_connections(extra: &str) -> String {
-    const MODEST: &str = "max_connections = 512\n";
-    if extra.contains("max_connections =") {
-        extra.to_owned()
-    } else if extra.contains("[http]\n") {
-        extra.replacen("[http]\n", &format!("[http]\n{MODEST}"), 1)
+    let mut lines = String::new();
+    if !extra.contains("max_connections =") {
+        lines.push_str("max_connections = 512\n");
+    }
+    if !extra.contains("max_connections_per_ip") {
+        lines.push_str("max_connections_per_ip = 100000\n");
+    }
+    if extra.contains("[http]\n") {
+        extra.replacen("[http]\n", &format!("[http]\n{lines}"), 1)
     } else {
-        format!("{extra}\n[http]\n{MODEST}")
+        format!("{extra}\n[http]\n{lines}")
     }
 }
 
