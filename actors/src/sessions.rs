@@ -147,7 +147,6 @@ impl Sessions {
     /// the store (through its device index; the account refuses them anyway,
     /// since it checks the device on every call).
     pub fn forget_device(&self, account_id: &str, device_id: &str) -> Result<(), StoreError> {
-        self.cache().retain(|_, s| !(s.account_id == account_id && s.device_id == device_id));
         let mut batch = self.store.batch();
         for kv in self.store.kv_scan_prefix(&device_prefix(account_id, device_id)) {
             let (k, _) = kv?;
@@ -156,10 +155,10 @@ impl Sessions {
             }
             batch.kv_remove(&k);
         }
-        if !batch.is_empty() {
-            self.store.commit(batch)?;
-        }
-        Ok(())
+        let committed = if batch.is_empty() { Ok(()) } else { self.store.commit(batch).map(|_| ()) };
+        // Store first, then cache: a lookup in between cannot bring one back.
+        self.cache().retain(|_, s| !(s.account_id == account_id && s.device_id == device_id));
+        committed
     }
 
     /// Removes every session expired at `now` from the store and the cache;
