@@ -893,11 +893,13 @@ async fn a_socket_that_reads_gets_every_answer_in_order_in_pages_capped_in_bytes
 #[actix_rt::test]
 async fn requests_past_the_cap_in_flight_close_the_socket_with_a_clear_reason() {
     let dir = tempfile::tempdir().unwrap();
-    let relay = RelayProc::start(dir.path(), "relay-a", "[websocket]\nmax_requests_in_flight = 4\n");
+    let relay =
+        RelayProc::start(dir.path(), "relay-a", "[websocket]\nmax_requests_in_flight = 4\nmax_unread_bytes = 1024\n");
     let c = Client::new(&relay.url);
     let bob = User::register(&c, "relay-a", 2, true).await;
-    // A client that sends without reading: requests 1..4 wait (or run),
-    // the fifth is one too many.
+    // A client that sends without reading (nor answering pings): once a few
+    // error answers used up its 1 KiB budget, requests 1..4 wait (or run)
+    // and the fifth is one too many.
     let mut raw = RawWs::connect(&relay.url, bob.token(0), None).expect("upgrade");
     let slow = "{\"id\":0,\"method\":\"message.send\",\"params\":{}}";
     for _ in 0..50 {

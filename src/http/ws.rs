@@ -5,14 +5,18 @@
 //! upgrade or with a `session.attach {"token"}` frame; every client method
 //! is then callable with its `id`.
 //!
-//! One task per connection. It always reads frames (so pongs and closes are
-//! seen whatever else is going on), queues requests and runs them one after
-//! the other (answers keep request order), writes the notifications queued
-//! for it by [`relay_actors::notify::Notifier`] (in their order), pings, and
-//! closes the socket on idle timeout, session expiry, device revocation, no
-//! session attached within `websocket.attach_timeout`, more than
-//! `websocket.max_requests_in_flight` requests read and not yet answered, or
-//! slow consumption, with the reason in the close frame.
+//! One task per connection. It reads frames while a request runs (so pongs
+//! and closes are seen whatever else is going on), queues requests and runs
+//! them one after the other (answers keep request order), writes the
+//! notifications queued for it by [`relay_actors::notify::Notifier`] (in
+//! their order), pings, and closes the socket on idle timeout, session
+//! expiry, device revocation, no session attached within
+//! `websocket.attach_timeout`, or slow consumption, with the reason in the
+//! close frame. At most `websocket.max_requests_in_flight` requests (and
+//! `max_unread_bytes` of them) wait: a full queue pauses reading, so TCP
+//! holds back a client that pipelines more; only while the byte budget
+//! below is used up must frames still be read (for the pong), and one more
+//! request then closes the socket.
 //!
 //! Memory per connection is bounded whatever the client does: every write
 //! must be taken within `websocket.write_timeout`, and the bytes written and
@@ -132,8 +136,9 @@ struct Connection {
     session: Session,
     attachment: Option<Attachment>,
     flow: Flow,
-    /// Requests read and not started yet, in arrival order.
+    /// Requests read and not started yet, in arrival order, and their bytes.
     queued: VecDeque<Bytes>,
+    queued_bytes: usize,
     /// The request being answered (one at a time: answers keep request order).
     running: Option<LocalBoxFuture<'static, Done>>,
 }
@@ -146,7 +151,16 @@ enum Next {
 impl Connection {
     fn new(relay: Arc<Relay>, ws: Websocket, session: Session) -> Self {
         let flow = Flow::new(ws.max_unread_bytes as u64);
-        Connection { relay, ws, session, attachment: None, flow, queued: VecDeque::new(), running: None }
+        Connection {
+            relay,
+            ws,
+            session,
+            attachment: None,
+            flow,
+            queued: VecDeque::new(),
+            queued_bytes: 0,
+            running: None,
+        }
     }
 
     async fn run(mut self, mut stream: actix_ws::AggregatedMessageStream, attach: Option<(String, sessions::Session)>) {
@@ -167,15 +181,23 @@ impl Connection {
             // the client has read enough of what it was sent.
             if self.running.is_none() && self.flow.open() {
                 if let Some(text) = self.queued.pop_front() {
+                    self.queued_bytes -= text.len();
                     self.running = Some(self.start(text));
                 }
+            }
+            // A full queue pauses reading (TCP holds the rest), except while
+            // the budget is used up: the pong that reopens it must be read.
+            let reading = !self.flow.open() || self.has_room();
+            if !reading {
+                // Silence we do not listen to is not idleness.
+                last_heard = Instant::now();
             }
             let open = self.flow.open();
             let expiry = self.session_expiry();
             let unattached = self.attachment.is_none().then_some(attach_by);
             let stalled = self.flow.deadline(self.ws.write_timeout);
             next = tokio::select! {
-                frame = stream.recv() => {
+                frame = stream.recv(), if reading => {
                     last_heard = Instant::now();
                     match frame {
                         Some(Ok(AggregatedMessage::Text(text))) => self.read_request(text.into_bytes()),
@@ -242,14 +264,26 @@ impl Connection {
         Some(Instant::now() + Duration::from_secs(left))
     }
 
-    /// Queues a request frame, or closes the socket past the cap on
-    /// requests read and not yet answered.
-    fn read_request(&mut self, text: Bytes) -> Next {
+    /// Whether another request may be read: fewer than
+    /// `max_requests_in_flight` read and not answered, and the waiting ones
+    /// under `max_unread_bytes`.
+    fn has_room(&self) -> bool {
         let in_flight = self.queued.len() + usize::from(self.running.is_some());
-        if in_flight >= self.ws.max_requests_in_flight {
-            let reason = format!("more than {} requests in flight", self.ws.max_requests_in_flight);
+        in_flight < self.ws.max_requests_in_flight && self.queued_bytes < self.ws.max_unread_bytes
+    }
+
+    /// Queues a request frame. One read while the budget is used up and the
+    /// queue is full (a client that sends and does not read) closes the socket.
+    fn read_request(&mut self, text: Bytes) -> Next {
+        if !self.has_room() {
+            let reason = if self.queued_bytes >= self.ws.max_unread_bytes {
+                format!("more than {} bytes of requests in flight", self.ws.max_unread_bytes)
+            } else {
+                format!("more than {} requests in flight", self.ws.max_requests_in_flight)
+            };
             return Next::Close(close(POLICY, &reason));
         }
+        self.queued_bytes += text.len();
         self.queued.push_back(text);
         Next::Continue
     }
