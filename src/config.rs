@@ -154,6 +154,9 @@ pub struct Limits {
     /// Delivery attempts in flight at once to one destination relay; more
     /// wait their turn, so one dead relay cannot tie up the others'.
     pub max_in_flight_per_destination: usize,
+    /// Bytes of records in one `message.timeline.sync` page; past that the
+    /// page ends early with `has_more` (it always holds at least one record).
+    pub max_page_bytes: usize,
 }
 
 impl Default for Limits {
@@ -175,6 +178,7 @@ impl Default for Limits {
             anonymous_burst: 100,
             max_resident_accounts: 100_000,
             max_in_flight_per_destination: 64,
+            max_page_bytes: 4 << 20,
         }
     }
 }
@@ -207,11 +211,21 @@ pub struct Sessions {
     pub ttl: Duration,
     #[serde(deserialize_with = "duration")]
     pub challenge_ttl: Duration,
+    /// Sessions one device may hold; opening one more drops its oldest.
+    pub max_per_device: usize,
+    /// How often expired sessions are dropped from memory and the store.
+    #[serde(deserialize_with = "duration")]
+    pub sweep_interval: Duration,
 }
 
 impl Default for Sessions {
     fn default() -> Self {
-        Sessions { ttl: Duration::from_secs(24 * 3600), challenge_ttl: Duration::from_secs(300) }
+        Sessions {
+            ttl: Duration::from_secs(24 * 3600),
+            challenge_ttl: Duration::from_secs(300),
+            max_per_device: 16,
+            sweep_interval: Duration::from_secs(60),
+        }
     }
 }
 
@@ -243,6 +257,20 @@ pub struct Websocket {
     pub queue: usize,
     /// Largest accepted frame.
     pub max_frame_bytes: usize,
+    /// A frame the socket does not take within this, or a flow ping not
+    /// answered this long while `max_unread_bytes` are outstanding, closes
+    /// the connection as a slow consumer.
+    #[serde(deserialize_with = "duration")]
+    pub write_timeout: Duration,
+    /// Bytes written to one connection and not yet proven read (by a pong);
+    /// past that it starts no request and takes no notification.
+    pub max_unread_bytes: usize,
+    /// Requests read from one connection and not yet answered; one more
+    /// closes it.
+    pub max_requests_in_flight: usize,
+    /// A connection that attaches no session within this is closed.
+    #[serde(deserialize_with = "duration")]
+    pub attach_timeout: Duration,
 }
 
 impl Default for Websocket {
@@ -252,6 +280,10 @@ impl Default for Websocket {
             idle_timeout: Duration::from_secs(60),
             queue: 256,
             max_frame_bytes: 1 << 20,
+            write_timeout: Duration::from_secs(10),
+            max_unread_bytes: 8 << 20,
+            max_requests_in_flight: 32,
+            attach_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -262,7 +294,14 @@ pub struct Http {
     /// HTTP worker threads (0 = one per core).
     pub workers: usize,
     /// Open connections per worker; more wait in the listen backlog.
+    /// `max_connections × workers` must fit the open-file limit.
     pub max_connections: usize,
+    /// Open connections from one IP address; a request on one more is
+    /// refused (`rate_limited`) and that connection closed.
+    pub max_connections_per_ip: usize,
+    /// Time a client has to send a whole `/v1/rpc` or `/v1/relay` body.
+    #[serde(deserialize_with = "duration")]
+    pub body_timeout: Duration,
     /// Time a client has to send a request's head (slow-loris guard).
     #[serde(deserialize_with = "duration")]
     pub request_timeout: Duration,
@@ -278,7 +317,9 @@ impl Default for Http {
     fn default() -> Self {
         Http {
             workers: 0,
-            max_connections: 25_000,
+            max_connections: 8192,
+            max_connections_per_ip: 256,
+            body_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(5),
             keep_alive: Duration::from_secs(30),
             shutdown_timeout: Duration::from_secs(10),
@@ -402,6 +443,27 @@ impl Config {
         if w.ping_interval.is_zero() || w.idle_timeout.is_zero() || w.queue == 0 {
             return Err((None, "websocket.ping_interval, idle_timeout and queue must be positive".into()));
         }
+        if w.write_timeout.is_zero()
+            || w.attach_timeout.is_zero()
+            || w.max_unread_bytes == 0
+            || w.max_requests_in_flight == 0
+        {
+            return Err((
+                None,
+                "websocket.write_timeout, attach_timeout, max_unread_bytes and max_requests_in_flight must be positive"
+                    .into(),
+            ));
+        }
+        let h = &self.http;
+        if h.max_connections == 0 || h.max_connections_per_ip == 0 || h.body_timeout.is_zero() {
+            return Err((
+                None,
+                "http.max_connections, max_connections_per_ip and body_timeout must be positive".into(),
+            ));
+        }
+        if self.sessions.max_per_device == 0 || self.sessions.sweep_interval.is_zero() {
+            return Err((None, "sessions.max_per_device and sessions.sweep_interval must be positive".into()));
+        }
         if self.store.cache_bytes == 0 {
             return Err(bad("store.cache_bytes", "store.cache_bytes must be positive"));
         }
@@ -416,10 +478,16 @@ impl Config {
             l.anonymous_rate,
             l.anonymous_burst,
         ];
-        if rates.contains(&0) || l.max_in_flight_per_destination == 0 || l.max_resident_accounts == 0 {
+        if rates.contains(&0)
+            || l.max_in_flight_per_destination == 0
+            || l.max_resident_accounts == 0
+            || l.max_page_bytes == 0
+        {
             return Err((
                 None,
-                "limits: rates, bursts, max_in_flight_per_destination and max_resident_accounts must be positive".into(),
+                "limits: rates, bursts, max_in_flight_per_destination, max_resident_accounts and max_page_bytes \
+                 must be positive"
+                    .into(),
             ));
         }
         Ok(())
@@ -444,6 +512,8 @@ impl Config {
             notify_queue: self.websocket.queue.max(1),
             max_in_flight_per_destination: self.limits.max_in_flight_per_destination,
             max_resident_accounts: self.limits.max_resident_accounts,
+            max_page_bytes: self.limits.max_page_bytes,
+            max_sessions_per_device: self.sessions.max_per_device,
         }
     }
 }

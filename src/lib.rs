@@ -11,7 +11,8 @@
 //! - [`relay_rpc`]: the relay methods peers call, and their authentication;
 //! - [`limits`]: per-session and per-peer rate limits;
 //! - [`peers`]: the signed relay-to-relay client (the delivery transport);
-//! - [`http`]: the actix-web transport (`/v1/rpc`, `/v1/relay`, `/healthz`);
+//! - [`http`]: the actix-web transport (`/v1/rpc`, `/v1/relay`, `/v1/ws`, `/healthz`);
+//! - [`fds`]: the open-file limit checked against the connection limits;
 //! - [`bench`]: `relay bench`, the load generator;
 //! - [`observe`]: peer request metrics and WARN lines, `process_*` metrics;
 //! - [`serve`]: opens the store, starts the supervisor and the HTTP server.
@@ -19,6 +20,7 @@
 pub mod audit;
 pub mod bench;
 pub mod config;
+pub mod fds;
 pub mod http;
 pub mod keys;
 pub mod limits;
@@ -27,8 +29,10 @@ pub mod peers;
 pub mod relay_rpc;
 pub mod rpc;
 
+use actix_web::dev::Service;
 use actix_web::middleware::{from_fn, Condition};
 use actix_web::{web, App, HttpServer};
+use futures_util::future::Either;
 use relay_actors::{Supervisor, SystemClock};
 use std::net::TcpListener;
 use std::os::unix::fs::DirBuilderExt;
@@ -49,6 +53,13 @@ use std::sync::Arc;
 /// connections, so a parent process can find a port chosen with `:0`.
 pub async fn serve(cfg: config::Config) -> Result<(), String> {
     private_files();
+    let h = &cfg.http;
+    let workers = if h.workers > 0 { h.workers } else { std::thread::available_parallelism().map_or(1, |n| n.get()) };
+    let peer_connections = cfg.peers.len() * cfg.limits.max_in_flight_per_destination;
+    fds::ensure(
+        fds::needed(h.max_connections, workers, peer_connections),
+        &format!("http.max_connections ({}) × http.workers ({workers})", h.max_connections),
+    )?;
     prepare_data_dir(&cfg.relay.data_dir)?;
     let key = keys::load_or_generate(&cfg.relay.key_file)?;
     let store = cfg.open_store()?;
@@ -74,6 +85,7 @@ pub async fn serve(cfg: config::Config) -> Result<(), String> {
     observer.register(sup.metrics());
     let restored = sup.start().map_err(|e| format!("restoring deliveries: {e}"))?;
     let limits = limits::RateLimits::new(cfg.rates());
+    actix_web::rt::spawn(sweep_sessions(sup.clone(), cfg.sessions.sweep_interval));
     let relay = web::Data::new(rpc::Relay::new(sup, cfg.limits.max_body_bytes, peers, peer_keys, limits));
 
     let listener = TcpListener::bind(&cfg.relay.listen).map_err(|e| format!("listen {}: {e}", cfg.relay.listen))?;
@@ -85,17 +97,27 @@ pub async fn serve(cfg: config::Config) -> Result<(), String> {
     let websocket = web::Data::new(cfg.websocket.clone());
     let h = &cfg.http;
     let (access, with_metrics) = (cfg.log.access, metrics_listener.is_none());
+    let body_timeout = http::BodyTimeout(h.body_timeout);
+    let per_ip = http::conn::PerIp::new(h.max_connections_per_ip);
     let for_app = relay.clone();
     let mut server = HttpServer::new(move || {
         // Runs once on each worker thread: account actors spread over them.
         for_app.supervisor().add_arbiter(actix::Arbiter::current());
-        App::new().wrap(Condition::new(access, from_fn(http::access_log))).configure(http::configure(
-            for_app.clone(),
-            websocket.clone(),
-            observer.clone(),
-            with_metrics,
-        ))
+        App::new()
+            .wrap_fn(|req, srv| match http::over_connection_cap(req.request()) {
+                Some(refused) => Either::Left(std::future::ready(Ok(req.into_response(refused)))),
+                None => Either::Right(srv.call(req)),
+            })
+            .wrap(Condition::new(access, from_fn(http::access_log)))
+            .configure(http::configure(
+                for_app.clone(),
+                websocket.clone(),
+                observer.clone(),
+                body_timeout,
+                with_metrics,
+            ))
     })
+    .on_connect(per_ip.on_connect())
     .max_connections(h.max_connections)
     .client_request_timeout(h.request_timeout)
     .keep_alive(h.keep_alive)
@@ -164,4 +186,21 @@ fn prepare_data_dir(dir: &std::path::Path) -> Result<(), String> {
     let probe = dir.join(".write-check");
     std::fs::write(&probe, b"").map_err(|e| format!("relay.data_dir {} is not writable: {e}", dir.display()))?;
     std::fs::remove_file(&probe).map_err(fail)
+}
+
+/// Drops expired sessions from memory and the store every `every` (off the
+/// event loop: the sweep reads every stored session).
+async fn sweep_sessions(sup: Supervisor, every: std::time::Duration) {
+    let mut tick = actix_web::rt::time::interval(every);
+    loop {
+        tick.tick().await;
+        let (sessions, now) = (sup.sessions().clone(), sup.clock().now());
+        match actix_web::rt::task::spawn_blocking(move || sessions.sweep(now)).await {
+            Ok(Ok(n)) => {
+                sup.metrics().sessions_swept.inc_by(n as u64);
+            }
+            Ok(Err(e)) => tracing::warn!(error = %e, "session sweep"),
+            Err(e) => tracing::warn!(error = %e, "session sweep"),
+        }
+    }
 }

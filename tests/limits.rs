@@ -191,3 +191,192 @@ async fn an_idle_keep_alive_connection_is_closed() {
     assert_eq!(n, 0, "no more bytes, only the close");
     assert!(started.elapsed() < Duration::from_secs(4), "idle connection kept {:?}", started.elapsed());
 }
+
+/// Reads one HTTP response (head and a `Content-Length` body) from `s`.
+fn response(s: &mut TcpStream) -> (String, serde_json::Value) {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap()))
+                .unwrap_or(0);
+            if buf.len() >= end + 4 + len {
+                let body = serde_json::from_slice(&buf[end + 4..end + 4 + len]).unwrap_or(serde_json::Value::Null);
+                return (head, body);
+            }
+        }
+        let n = s.read(&mut chunk).expect("response");
+        assert!(n > 0, "connection closed before a whole response: {:?}", String::from_utf8_lossy(&buf));
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+#[actix_rt::test]
+async fn connections_from_one_ip_over_the_cap_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let relay = RelayProc::start(dir.path(), "relay-a", "[http]\nmax_connections_per_ip = 3\n");
+    let addr = relay.url.trim_start_matches("http://").to_owned();
+    let mut open: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(&addr).unwrap()).collect();
+    for s in &mut open {
+        assert_eq!(healthz(s).as_deref(), Some("HTTP/1.1 200 OK"));
+    }
+    // A fourth connection from the same address: refused, then closed.
+    let mut fourth = TcpStream::connect(&addr).unwrap();
+    fourth.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    fourth.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let (head, body) = response(&mut fourth);
+    assert!(head.starts_with("HTTP/1.1 429"), "{head}");
+    assert_eq!(body["error"]["code"], "rate_limited", "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("max_connections_per_ip"), "{body}");
+    let mut rest = Vec::new();
+    assert_eq!(fourth.read_to_end(&mut rest).unwrap_or(0), 0, "the refused connection is closed");
+    // A WebSocket upgrade over the cap is refused the same way.
+    assert_eq!(WsClient::try_connect(&relay.url, None).await.err(), Some(429));
+
+    // Once one of the three closes, a new connection is served.
+    drop(open.pop());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut s = TcpStream::connect(&addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        match healthz(&mut s).as_deref() {
+            Some("HTTP/1.1 200 OK") => break,
+            other => assert!(Instant::now() < deadline, "still refused: {other:?}"),
+        }
+        actix_rt::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[actix_rt::test]
+async fn a_body_sent_one_byte_a_second_gets_a_timeout_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let relay = RelayProc::start(dir.path(), "relay-a", "[http]\nbody_timeout = \"1s\"\n");
+    let addr = relay.url.trim_start_matches("http://").to_owned();
+    for path in ["/v1/rpc/route.get", "/v1/relay/route.get"] {
+        let mut s = TcpStream::connect(&addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let body = br#"{"account_id":"00000000000000000000000000000000"}"#;
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        s.write_all(head.as_bytes()).unwrap();
+        // One byte a second from another thread, until the relay answers.
+        let mut writer = s.try_clone().unwrap();
+        let trickle = std::thread::spawn(move || {
+            for b in body {
+                if writer.write_all(&[*b]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        });
+        let started = Instant::now();
+        let (head, v) = response(&mut s);
+        let took = started.elapsed();
+        assert!(head.starts_with("HTTP/1.1 503"), "{path}: {head}");
+        assert_eq!(v["error"]["code"], "temporarily_unavailable", "{v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains("http.body_timeout"), "{v}");
+        assert!(took < Duration::from_secs(5), "{path}: answered after {took:?}");
+        drop(s);
+        trickle.join().unwrap();
+    }
+}
+
+/// Starts `relay serve` with RLIMIT_NOFILE set to (soft, hard) in the child;
+/// Ok(the start line) or Err(stderr) when it exits.
+fn start_with_nofile(dir: &std::path::Path, extra: &str, soft: u64, hard: u64) -> Result<String, String> {
+    use std::io::BufRead;
+    use std::os::unix::process::CommandExt;
+    let cfg = common::relay::write_config(dir, "relay-a", extra);
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_relay"));
+    cmd.args(["serve", "--config"]).arg(&cfg).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    // SAFETY: only setrlimit between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            let lim = libc::rlimit { rlim_cur: soft, rlim_max: hard };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(std::io::BufReader::new(stdout).lines().next());
+    });
+    match rx.recv_timeout(Duration::from_secs(30)) {
+        Ok(Some(Ok(line))) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            Ok(line)
+        }
+        _ => {
+            let out = child.wait_with_output().unwrap();
+            assert!(!out.status.success());
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+}
+
+#[test]
+fn connections_that_cannot_fit_the_open_file_limit_are_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let too_many = "[http]\nworkers = 2\nmax_connections = 1000\n";
+    let err = start_with_nofile(dir.path(), too_many, 1024, 1024).expect_err("started over the open-file limit");
+    for needle in ["http.max_connections (1000)", "http.workers (2)", "RLIMIT_NOFILE", "hard 1024"] {
+        assert!(err.contains(needle), "{err:?} should mention {needle:?}");
+    }
+    // A soft limit under the need is raised up to the hard one.
+    start_with_nofile(dir.path(), too_many, 1024, 4096).expect("the soft limit was not raised");
+    // Fewer connections fit the low limit.
+    start_with_nofile(dir.path(), "[http]\nworkers = 2\nmax_connections = 300\n", 1024, 1024)
+        .expect("a relay that fits did not start");
+}
+
+/// The value of a counter in the relay's `/metrics`.
+async fn counter(c: &Client, name: &str) -> u64 {
+    let (_, text) = c.get("/metrics").await;
+    text.lines().find_map(|l| l.strip_prefix(name)?.trim().parse().ok()).unwrap_or(0)
+}
+
+#[actix_rt::test]
+async fn expired_sessions_are_swept_from_memory_and_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut relay = RelayProc::start(dir.path(), "relay-a", "[sessions]\nttl = \"1s\"\nsweep_interval = \"200ms\"\n");
+    let c = Client::new(&relay.url);
+    let alice = User::register(&c, "relay-a", 1, false).await;
+    alice.open_session(&c, 0).await;
+    // Both sessions expire after a second; the sweep then takes them.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while counter(&c, "relay_sessions_swept_total").await < 2 {
+        assert!(Instant::now() < deadline, "the sessions were not swept");
+        actix_rt::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(c.err("message.timeline.sync", alice.token(0), &json!({"after": 0})).await, "unauthorized");
+    assert!(relay.terminate().success());
+    let store = relay_actors::store::Store::open(&relay.data_dir.join("store")).unwrap();
+    assert_eq!(store.kv_scan_prefix(b"sess/").count(), 0, "sessions left in the store");
+    assert_eq!(store.kv_scan_prefix(b"sessd/").count(), 0, "device index entries left in the store");
+}
+
+#[actix_rt::test]
+async fn a_device_opening_more_sessions_than_the_cap_loses_its_oldest() {
+    let dir = tempfile::tempdir().unwrap();
+    let relay = RelayProc::start(dir.path(), "relay-a", "[sessions]\nmax_per_device = 2\n");
+    let c = Client::new(&relay.url);
+    let mut alice = User::register(&c, "relay-a", 1, false).await;
+    alice.add_device(&c, "laptop", 70).await;
+    let second = alice.open_session(&c, 0).await;
+    let third = alice.open_session(&c, 0).await;
+    let sync = json!({"after": 0});
+    assert_eq!(c.err("message.timeline.sync", alice.token(0), &sync).await, "unauthorized", "the oldest is gone");
+    c.ok("message.timeline.sync", Some(&second), &sync).await;
+    c.ok("message.timeline.sync", Some(&third), &sync).await;
+    c.ok("message.timeline.sync", alice.token(1), &sync).await; // another device's session is not counted
+}

@@ -549,7 +549,9 @@ async fn ack_moves_only_the_sessions_own_cursor_and_only_forward() {
 #[actix_rt::test]
 async fn a_slow_consumer_does_not_delay_another_device_of_the_same_account() {
     let dir = tempfile::tempdir().unwrap();
-    let relay = RelayProc::start(dir.path(), "relay-a", "[websocket]\nqueue = 4\n");
+    // More requests may wait than the phone sends: what closes it is its
+    // unread bytes, not the request cap.
+    let relay = RelayProc::start(dir.path(), "relay-a", "[websocket]\nqueue = 4\nmax_requests_in_flight = 100\n");
     let c = Client::new(&relay.url);
     let alice = User::register(&c, "relay-a", 1, false).await;
     let mut bob = User::register(&c, "relay-a", 2, true).await;
@@ -761,4 +763,144 @@ fn a_zero_ping_interval_is_refused_at_start() {
             assert!(err.contains("ping_interval"), "{err}");
         }
     }
+}
+
+// ---- bounded memory for clients that do not read ----------------------------
+
+/// VmRSS of a process, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS");
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// Small budgets so the test is quick: 1 MiB pages, 1 MiB unread per
+/// socket, writes and flow pings answered within 1 s.
+const TIGHT: &str = "[websocket]\nwrite_timeout = \"1s\"\nmax_unread_bytes = 1048576\nmax_requests_in_flight = 64\n\
+                     [limits]\nmax_page_bytes = 1048576\n";
+
+/// 60 messages of 60 KiB ciphertext (~80 KiB of base64 each) from a new
+/// account to `bob` (a public account), sent over HTTP.
+async fn big_timeline(c: &Client, bob: &User) {
+    let alice = User::register(c, "relay-a", 1, false).await;
+    for n in 1..=60 {
+        c.ok("message.send", alice.token(0), &params_sized(&alice, bob, &mid(n), 60 << 10, &["phone"])).await;
+    }
+}
+
+#[actix_rt::test]
+async fn a_socket_that_stops_reading_is_closed_and_the_relay_memory_comes_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let relay = RelayProc::start(dir.path(), "relay-a", TIGHT);
+    let c = Client::new(&relay.url);
+    let bob = User::register(&c, "relay-a", 2, true).await;
+    big_timeline(&c, &bob).await;
+    // Warm up: the whole timeline read once over HTTP (caches filled).
+    assert_eq!(bob.sync_all(&c, 0).await.len(), 60);
+    let baseline = rss_kib(relay.pid());
+
+    // 40 syncs of the whole timeline (~4.8 MB each without the page cap)
+    // on a socket that never reads and never answers pings.
+    let mut reader = RawWs::connect(&relay.url, bob.token(0), Some(8 << 10)).expect("upgrade");
+    for i in 0..40 {
+        reader.send_text(&json!({"id": i, "method": "message.timeline.sync", "params": {"after": 0}}).to_string());
+    }
+    let started = Instant::now();
+    let mut peak = baseline;
+    while reader.relay_holds_it() {
+        peak = peak.max(rss_kib(relay.pid()));
+        assert!(started.elapsed() < Duration::from_secs(15), "the socket is still open after 15 s");
+        actix_rt::time::sleep(Duration::from_millis(20)).await;
+    }
+    let closed_after = started.elapsed();
+    // Memory comes back once the relay let go of the socket.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut after = rss_kib(relay.pid());
+    while after > baseline + 16 * 1024 && Instant::now() < deadline {
+        actix_rt::time::sleep(Duration::from_millis(50)).await;
+        after = rss_kib(relay.pid());
+    }
+    println!(
+        "non-reading socket closed after {closed_after:?}; relay RSS baseline {baseline} KiB, peak {peak} KiB \
+         (+{} KiB), after {after} KiB",
+        peak - baseline
+    );
+    assert!(peak < baseline + 32 * 1024, "RSS grew by {} KiB during the flood", peak - baseline);
+    assert!(after <= baseline + 16 * 1024, "RSS {after} KiB did not come back near {baseline} KiB");
+
+    // The relay is fine: the same device syncs everything over a new socket.
+    let mut ws = WsClient::connect(&relay.url, bob.token(0)).await;
+    assert_eq!(sync_from(&mut ws, 0, 100).await.len(), 60);
+}
+
+#[actix_rt::test]
+async fn a_socket_that_reads_gets_every_answer_in_order_in_pages_capped_in_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let relay = RelayProc::start(dir.path(), "relay-a", TIGHT);
+    let c = Client::new(&relay.url);
+    let bob = User::register(&c, "relay-a", 2, true).await;
+    big_timeline(&c, &bob).await;
+
+    // Over HTTP: a page of 100 stops at 1 MiB with has_more; the pages
+    // together hold all 60 records, in order.
+    let page = c.ok("message.timeline.sync", bob.token(0), &json!({"after": 0, "limit": 100})).await;
+    let first = page["records"].as_array().unwrap().len();
+    assert!((1..60).contains(&first), "{first} records in a 1 MiB page");
+    assert!(serde_json::to_vec(&page).unwrap().len() <= 1 << 20);
+    assert_eq!(page["has_more"], true);
+    assert_eq!(page["next"], first as u64, "next is the last record served, not the one left out");
+    assert_eq!(sequences(&bob.sync_all(&c, 0).await), (1..=60).collect::<Vec<_>>());
+
+    // Over the socket: the same 40 requests, pipelined, from a client that
+    // reads (and answers the relay's flow pings as it reads).
+    let mut ws = WsClient::connect(&relay.url, bob.token(0)).await;
+    for i in 0..40 {
+        ws.send_text(json!({"id": i, "method": "message.timeline.sync", "params": {"after": 0}}).to_string()).await;
+    }
+    for i in 0..40 {
+        let a = ws.answer().await;
+        assert_eq!(a["id"], i, "answers keep request order");
+        assert_eq!(a["result"]["records"].as_array().unwrap().len(), first, "{}", a["id"]);
+    }
+    assert!(!ws.is_closed());
+    assert_eq!(ws.ok("route.get", json!({"account_id": bob.id()})).await["account_id"], bob.id());
+}
+
+#[actix_rt::test]
+async fn requests_past_the_cap_in_flight_close_the_socket_with_a_clear_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let relay =
+        RelayProc::start(dir.path(), "relay-a", "[websocket]\nmax_requests_in_flight = 4\nmax_unread_bytes = 1024\n");
+    let c = Client::new(&relay.url);
+    let bob = User::register(&c, "relay-a", 2, true).await;
+    // A client that sends without reading (nor answering pings): once a few
+    // error answers used up its 1 KiB budget, requests 1..4 wait (or run)
+    // and the fifth is one too many.
+    let mut raw = RawWs::connect(&relay.url, bob.token(0), None).expect("upgrade");
+    let slow = "{\"id\":0,\"method\":\"message.send\",\"params\":{}}";
+    for _ in 0..50 {
+        raw.send_text(slow);
+    }
+    let (_, close) = raw.drain(WAIT);
+    let (code, reason) = close.expect("the relay closed the socket");
+    assert_eq!((code, reason.as_str()), (1008, "more than 4 requests in flight"));
+}
+
+#[actix_rt::test]
+async fn a_socket_that_never_attaches_is_closed_after_the_attach_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let relay = RelayProc::start(dir.path(), "relay-a", "[websocket]\nattach_timeout = \"500ms\"\n");
+    let c = Client::new(&relay.url);
+    let bob = User::register(&c, "relay-a", 2, true).await;
+    let mut attached = WsClient::attach(&relay.url, bob.token(0).unwrap()).await;
+    let mut stranger = WsClient::connect(&relay.url, None).await;
+    let started = Instant::now();
+    // Session-less methods work meanwhile.
+    assert_eq!(stranger.ok("route.get", json!({"account_id": bob.id()})).await["account_id"], bob.id());
+    let (code, reason) = close_code(&stranger.closed(WAIT).await);
+    assert_eq!((code, reason.as_str()), (1008, "no session attached within websocket.attach_timeout"));
+    assert!(started.elapsed() >= Duration::from_millis(400), "{:?}", started.elapsed());
+    // The attached socket, older than the timeout, stays.
+    assert_eq!(attached.ok("message.timeline.sync", json!({"after": 0})).await["records"], json!([]));
+    assert!(!attached.is_closed());
 }

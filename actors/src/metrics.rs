@@ -53,6 +53,8 @@ pub struct Metrics {
     pub store_bytes_written: Counter,
     /// Open client WebSocket connections.
     pub websocket_connections: Gauge,
+    /// Expired sessions dropped by the sweep.
+    pub sessions_swept: Counter,
 }
 
 impl Default for Metrics {
@@ -73,6 +75,7 @@ impl Default for Metrics {
             store_barriers: Counter::default(),
             store_bytes_written: Counter::default(),
             websocket_connections: Gauge::default(),
+            sessions_swept: Counter::default(),
         };
         {
             let mut r = m.registry.lock().unwrap_or_else(|e| e.into_inner());
@@ -99,6 +102,7 @@ impl Default for Metrics {
             r.register("store_flush_batch_commits", "Commits made durable by one flush", m.flush_batch.clone());
             r.register("store_flush_seconds", "Duration of one flush", m.flush_seconds.clone());
             r.register("websocket_connections", "Open client WebSocket connections", m.websocket_connections.clone());
+            r.register("sessions_swept", "Expired sessions dropped from memory and store", m.sessions_swept.clone());
         }
         m
     }

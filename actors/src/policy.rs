@@ -36,6 +36,11 @@ pub struct Policy {
     /// Account actors resident at most; past this some are passivated at
     /// once, however recently used (memory stays bounded whatever is asked).
     pub max_resident_accounts: usize,
+    /// Bytes of records one `message.timeline.sync` page may hold (at least
+    /// one record is always served); past that the page ends with `has_more`.
+    pub max_page_bytes: usize,
+    /// Sessions one device may hold; opening one more drops its oldest.
+    pub max_sessions_per_device: usize,
 }
 
 impl Policy {
@@ -58,6 +63,8 @@ impl Policy {
             notify_queue: 256,
             max_in_flight_per_destination: 64,
             max_resident_accounts: 100_000,
+            max_page_bytes: 4 << 20,
+            max_sessions_per_device: 16,
         }
     }
 }

@@ -3,6 +3,8 @@
 //! `GET /healthz`.
 //! Protocol logic is in [`crate::rpc`]; this module only maps HTTP to it.
 
+pub mod conn;
+pub mod flow;
 pub mod ws;
 
 use crate::config::Websocket;
@@ -17,6 +19,7 @@ use actix_web::middleware::Next;
 use actix_web::{web, HttpRequest, HttpResponse};
 use relay_schemas::methods::RELAY_METHODS;
 use relay_schemas::RelayError;
+use std::time::Duration;
 
 pub fn error_response(e: &RelayError) -> HttpResponse {
     let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -31,13 +34,31 @@ pub(crate) fn bearer(req: &HttpRequest) -> Option<&str> {
         .map(str::trim)
 }
 
-/// The whole body, or `payload_too_large` past `limits.max_body_bytes`.
-async fn read_body(body: web::Payload, limit: usize) -> Result<web::Bytes, RelayError> {
-    match body.to_bytes_limited(limit).await {
-        Ok(Ok(b)) => Ok(b),
-        Ok(Err(e)) => Err(RelayError::invalid_params(format!("request body: {e}"))),
-        Err(_) => Err(RelayError::payload_too_large("request body over limits.max_body_bytes")),
+/// How long a request body may take to arrive (`http.body_timeout`).
+#[derive(Clone, Copy, Debug)]
+pub struct BodyTimeout(pub Duration);
+
+/// The whole body, or `payload_too_large` past `limits.max_body_bytes`, or
+/// `temporarily_unavailable` when it does not arrive within `http.body_timeout`
+/// (a retryable code: a peer's delivery must not end on a slow network).
+async fn read_body(body: web::Payload, limit: usize, within: BodyTimeout) -> Result<web::Bytes, RelayError> {
+    match actix_web::rt::time::timeout(within.0, body.to_bytes_limited(limit)).await {
+        Ok(Ok(Ok(b))) => Ok(b),
+        Ok(Ok(Err(e))) => Err(RelayError::invalid_params(format!("request body: {e}"))),
+        Ok(Err(_)) => Err(RelayError::payload_too_large("request body over limits.max_body_bytes")),
+        Err(_) => Err(RelayError::unavailable(format!(
+            "request body not received within http.body_timeout ({})",
+            humantime::format_duration(within.0)
+        ))),
     }
+}
+
+/// An error answer after which the connection is closed: the rest of a
+/// body that timed out is not worth reading.
+fn error_and_close(e: &RelayError) -> HttpResponse {
+    let mut resp = error_response(e);
+    resp.head_mut().set_connection_type(actix_web::http::ConnectionType::Close);
+    resp
 }
 
 async fn rpc_call(
@@ -45,10 +66,11 @@ async fn rpc_call(
     method: web::Path<String>,
     req: HttpRequest,
     body: web::Payload,
+    within: web::Data<BodyTimeout>,
 ) -> HttpResponse {
-    let body = match read_body(body, relay.max_body_bytes()).await {
+    let body = match read_body(body, relay.max_body_bytes(), **within).await {
         Ok(b) => b,
-        Err(e) => return error_response(&e),
+        Err(e) => return error_and_close(&e),
     };
     let ip = req.peer_addr().map(|a| a.ip());
     match relay.call(&method, bearer(&req), ip, &body).await {
@@ -64,10 +86,11 @@ async fn relay_call(
     method: web::Path<String>,
     req: HttpRequest,
     body: web::Payload,
+    within: web::Data<BodyTimeout>,
 ) -> HttpResponse {
-    let body = match read_body(body, relay.max_body_bytes()).await {
+    let body = match read_body(body, relay.max_body_bytes(), **within).await {
         Ok(b) => b,
-        Err(e) => return error_response(&e),
+        Err(e) => return error_and_close(&e),
     };
     let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
     let headers = RelayHeaders {
@@ -140,18 +163,34 @@ async fn not_found() -> HttpResponse {
     error_response(&RelayError::not_found("no such endpoint"))
 }
 
+/// The answer to a request on a connection over `http.max_connections_per_ip`
+/// (closing it), if it is one.
+pub fn over_connection_cap(req: &HttpRequest) -> Option<HttpResponse> {
+    let slot = req.conn_data::<conn::Slot>()?;
+    (!slot.within).then(|| {
+        let e = RelayError::new(
+            relay_schemas::ErrorCode::RateLimited,
+            "too many connections from this address (http.max_connections_per_ip)",
+        )
+        .with_data(serde_json::json!({ "retry_after": 1 }));
+        error_and_close(&e)
+    })
+}
+
 /// The public listener's routes; `/metrics` only when `with_metrics` (no
 /// `[metrics] listen` of its own).
 pub fn configure(
     relay: web::Data<Relay>,
     websocket: web::Data<Websocket>,
     observer: web::Data<PeerObserver>,
+    body_timeout: BodyTimeout,
     with_metrics: bool,
 ) -> impl FnOnce(&mut web::ServiceConfig) {
     move |cfg: &mut web::ServiceConfig| {
         cfg.app_data(relay)
             .app_data(websocket)
             .app_data(observer)
+            .app_data(web::Data::new(body_timeout))
             .route("/v1/ws", web::get().to(ws::upgrade))
             .route("/healthz", web::get().to(healthz))
             .route("/readyz", web::get().to(readyz));

@@ -2,20 +2,41 @@
 //! requests `{"id","method","params"}` answered `{"id","result"}` or
 //! `{"id","error"}`, and notifications `{"method","params"}` pushed by the
 //! relay. A connection authenticates with the `Authorization` header at
-//! upgrade or with a first `session.attach {"token"}` frame; every client
-//! method is then callable with its `id`.
+//! upgrade or with a `session.attach {"token"}` frame; every client method
+//! is then callable with its `id`.
 //!
-//! One task per connection: it reads frames, runs requests one after the
-//! other (answers keep request order), writes the notifications queued for
-//! it by [`relay_actors::notify::Notifier`], pings, and closes the socket on
-//! idle timeout, session expiry, device revocation or slow consumption, with
-//! the reason in the close frame.
+//! One task per connection. It reads frames while a request runs (so pongs
+//! and closes are seen whatever else is going on), queues requests and runs
+//! them one after the other (answers keep request order), writes the
+//! notifications queued for it by [`relay_actors::notify::Notifier`] (in
+//! their order), pings, and closes the socket on idle timeout, session
+//! expiry, device revocation, no session attached within
+//! `websocket.attach_timeout`, or slow consumption, with the reason in the
+//! close frame. At most `websocket.max_requests_in_flight` requests (and
+//! `max_unread_bytes` of them) wait: a full queue pauses reading, so TCP
+//! holds back a client that pipelines more; only while the byte budget
+//! below is used up must frames still be read (for the pong), and one more
+//! request then closes the socket.
+//!
+//! Memory per connection is bounded whatever the client does: every write
+//! must be taken within `websocket.write_timeout`, and the bytes written and
+//! not yet proven read are kept under `websocket.max_unread_bytes` by flow
+//! pings (see [`super::flow`]). While that budget is exhausted the
+//! connection starts no request and takes no notification; a client that
+//! does not answer the flow ping within `write_timeout` is a slow consumer.
+//! Once closed, the kernel gives up on a client that still reads nothing
+//! after `write_timeout` (`TCP_USER_TIMEOUT`), so the bytes actix-http still
+//! holds for it are freed too.
 
+use super::flow::Flow;
 use super::{bearer, error_response};
 use crate::config::Websocket;
 use crate::rpc::Relay;
+use actix_web::rt::time::timeout;
+use actix_web::web::Bytes;
 use actix_web::{web, HttpRequest, HttpResponse};
 use actix_ws::{AggregatedMessage, CloseCode, CloseReason, Session};
+use futures_util::future::LocalBoxFuture;
 use relay_actors::account::{AccountCmd, Reply};
 use relay_actors::notify::{Attached, Push};
 use relay_actors::sessions;
@@ -23,6 +44,7 @@ use relay_schemas::RelayError;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -38,6 +60,9 @@ struct Request<'a> {
 /// Close codes in the private range, with a readable reason.
 const SESSION_ENDED: u16 = 4001;
 const SLOW_OR_REVOKED: u16 = 4002;
+/// RFC 6455 policy violation: a limit of this relay.
+const POLICY: u16 = 1008;
+const SLOW_CONSUMER: &str = "slow consumer: reconnect and sync from your cursor";
 
 fn close(code: u16, reason: &str) -> Option<CloseReason> {
     Some(CloseReason { code: CloseCode::Other(code), description: Some(reason.to_owned()) })
@@ -64,14 +89,14 @@ pub async fn upgrade(
         },
         None => None,
     };
+    if let Some(socket) = req.conn_data::<super::conn::Socket>() {
+        socket.set_user_timeout(ws.write_timeout);
+    }
     let (response, session, stream) = actix_ws::handle(&req, body)?;
     let stream =
         stream.max_frame_size(ws.max_frame_bytes).aggregate_continuations().max_continuation_size(ws.max_frame_bytes);
     let ip = req.peer_addr().map(|a| a.ip());
-    actix_web::rt::spawn(
-        Connection { relay: relay.into_inner(), ws: ws.get_ref().clone(), session, attachment: None, ip }
-            .run(stream, attach),
-    );
+    actix_web::rt::spawn(Connection::new(relay.into_inner(), ws.get_ref().clone(), session, ip).run(stream, attach));
     Ok(response)
 }
 
@@ -86,6 +111,26 @@ async fn check_token(relay: &Relay, token: &str) -> Result<sessions::Session, Re
     Ok(session)
 }
 
+/// Registers a session's device for notifications, then asks for its
+/// backlog: the latest record beyond its ack cursor, if any. In this order,
+/// so a record appended in between is notified or in the backlog.
+async fn register(relay: &Relay, session: &sessions::Session) -> (Attached, Option<u64>) {
+    let sup = relay.supervisor();
+    let attached = sup.notifier().attach(&session.account_id, &session.device_id);
+    let backlog = sup.ask(&session.account_id, AccountCmd::Backlog { device: session.device_id.clone() }).await;
+    let latest = match backlog {
+        Ok(Reply::Json(j)) => serde_json::from_str::<Value>(&j).ok().and_then(|v| v["latest"].as_u64()),
+        _ => None,
+    };
+    (attached, latest)
+}
+
+/// A request that finished running.
+enum Done {
+    Answer(Value, Result<String, RelayError>),
+    Attached { id: Value, token: String, session: sessions::Session, attached: Attached, latest: Option<u64> },
+}
+
 struct Connection {
     relay: Arc<Relay>,
     ws: Websocket,
@@ -93,6 +138,12 @@ struct Connection {
     attachment: Option<Attachment>,
     /// The client's address (session-less methods are limited per address).
     ip: Option<std::net::IpAddr>,
+    flow: Flow,
+    /// Requests read and not started yet, in arrival order, and their bytes.
+    queued: VecDeque<Bytes>,
+    queued_bytes: usize,
+    /// The request being answered (one at a time: answers keep request order).
+    running: Option<LocalBoxFuture<'static, Done>>,
 }
 
 enum Next {
@@ -101,61 +152,107 @@ enum Next {
 }
 
 impl Connection {
+    fn new(relay: Arc<Relay>, ws: Websocket, session: Session, ip: Option<std::net::IpAddr>) -> Self {
+        let flow = Flow::new(ws.max_unread_bytes as u64);
+        Connection {
+            relay,
+            ws,
+            session,
+            attachment: None,
+            ip,
+            flow,
+            queued: VecDeque::new(),
+            queued_bytes: 0,
+            running: None,
+        }
+    }
+
     async fn run(mut self, mut stream: actix_ws::AggregatedMessageStream, attach: Option<(String, sessions::Session)>) {
         let _open = crate::observe::Held::new(&self.relay.supervisor().metrics().websocket_connections);
-        if let Some((token, s)) = attach {
-            self.attach(token, s).await;
+        let mut next = Next::Continue;
+        if let Some((token, session)) = attach {
+            let (attached, latest) = register(&self.relay, &session).await;
+            next = self.attached(token, session, attached, latest).await;
         }
         let mut ping = actix_web::rt::time::interval(self.ws.ping_interval);
         ping.tick().await;
         let mut last_heard = Instant::now();
+        let attach_by = Instant::now() + self.ws.attach_timeout;
         let reason = loop {
+            if let Next::Close(reason) = next {
+                break reason;
+            }
+            // The next request starts once the previous one is answered and
+            // the client has read enough of what it was sent.
+            if self.running.is_none() && self.flow.open() {
+                if let Some(text) = self.queued.pop_front() {
+                    self.queued_bytes -= text.len();
+                    self.running = Some(self.start(text));
+                }
+            }
+            // A full queue pauses reading (TCP holds the rest), except while
+            // the budget is used up: the pong that reopens it must be read.
+            let reading = !self.flow.open() || self.has_room();
+            if !reading {
+                // Silence we do not listen to is not idleness.
+                last_heard = Instant::now();
+            }
+            let open = self.flow.open();
             let expiry = self.session_expiry();
-            let next = tokio::select! {
-                frame = stream.recv() => {
+            let unattached = self.attachment.is_none().then_some(attach_by);
+            let stalled = self.flow.deadline(self.ws.write_timeout);
+            next = tokio::select! {
+                frame = stream.recv(), if reading => {
                     last_heard = Instant::now();
                     match frame {
-                        Some(Ok(AggregatedMessage::Text(text))) => self.on_text(&text).await,
+                        Some(Ok(AggregatedMessage::Text(text))) => self.read_request(text.into_bytes()),
                         Some(Ok(AggregatedMessage::Binary(_))) => Next::Close(close(1003, "binary frames are not part of the protocol")),
-                        Some(Ok(AggregatedMessage::Ping(b))) => match self.session.pong(&b).await {
-                            Ok(()) => Next::Continue,
-                            Err(_) => Next::Close(None),
-                        },
-                        Some(Ok(AggregatedMessage::Pong(_))) => Next::Continue,
+                        Some(Ok(AggregatedMessage::Ping(b))) => self.control(false, &b).await,
+                        Some(Ok(AggregatedMessage::Pong(b))) => {
+                            self.flow.pong(&b, Instant::now());
+                            self.probe().await
+                        }
                         Some(Ok(AggregatedMessage::Close(_))) | None => Next::Close(None),
                         Some(Err(e)) => Next::Close(close(1009, &format!("bad frame: {e}"))),
                     }
                 }
-                push = Self::next_push(&mut self.attachment) => match push {
+                done = Self::running(&mut self.running) => {
+                    self.running = None;
+                    self.finish(done).await
+                }
+                push = Self::next_push(&mut self.attachment), if open => match push {
                     Some(Push::Notify { method, params }) => {
-                        let frame = json!({ "method": method, "params": params }).to_string();
-                        match self.session.text(frame).await {
-                            Ok(()) => Next::Continue,
-                            Err(_) => Next::Close(None),
-                        }
+                        self.text(json!({ "method": method, "params": params }).to_string()).await
                     }
                     Some(Push::Close { reason }) => Next::Close(close(SLOW_OR_REVOKED, &reason)),
-                    None => Next::Close(close(SLOW_OR_REVOKED, "slow consumer: reconnect and sync from your cursor")),
+                    None => Next::Close(close(SLOW_OR_REVOKED, SLOW_CONSUMER)),
                 },
                 _ = ping.tick() => {
                     if last_heard.elapsed() >= self.ws.idle_timeout {
                         Next::Close(close(1001, "idle timeout"))
-                    } else if self.session.ping(b"").await.is_err() {
-                        Next::Close(None)
                     } else {
-                        Next::Continue
+                        self.control(true, b"").await
                     }
                 }
                 _ = sleep_until(expiry) => Next::Close(close(SESSION_ENDED, "session expired")),
+                _ = sleep_until(unattached) => {
+                    Next::Close(close(POLICY, "no session attached within websocket.attach_timeout"))
+                }
+                _ = sleep_until(stalled) => Next::Close(close(SLOW_OR_REVOKED, SLOW_CONSUMER)),
             };
-            if let Next::Close(reason) = next {
-                break reason;
-            }
         };
         if let Some(a) = self.attachment.take() {
             self.relay.supervisor().notifier().detach(&a.session.account_id, a.attached.id);
         }
-        let _ = self.session.close(reason).await;
+        // The close frame waits behind what the client has not read: bounded.
+        let _ = timeout(self.ws.write_timeout, self.session.close(reason)).await;
+    }
+
+    async fn running(running: &mut Option<LocalBoxFuture<'static, Done>>) -> Done {
+        match running {
+            Some(f) => f.as_mut().await,
+            None => std::future::pending().await,
+        }
     }
 
     async fn next_push(attachment: &mut Option<Attachment>) -> Option<Push> {
@@ -172,60 +269,135 @@ impl Connection {
         Some(Instant::now() + Duration::from_secs(left))
     }
 
-    /// Registers for notifications, then tells the device if it has records
-    /// beyond its ack cursor to catch up on (its backlog).
-    async fn attach(&mut self, token: String, session: sessions::Session) {
-        let sup = self.relay.supervisor();
-        let attached = sup.notifier().attach(&session.account_id, &session.device_id);
-        let backlog = sup.ask(&session.account_id, AccountCmd::Backlog { device: session.device_id.clone() }).await;
-        if let Ok(Reply::Json(j)) = backlog {
-            if let Some(latest) = serde_json::from_str::<Value>(&j).ok().and_then(|v| v["latest"].as_u64()) {
-                let push = Push::timeline_changed(&session.account_id, latest);
-                if let Push::Notify { method, params } = push {
-                    let _ = self.session.text(json!({ "method": method, "params": params }).to_string()).await;
+    /// Whether another request may be read: fewer than
+    /// `max_requests_in_flight` read and not answered, and the waiting ones
+    /// under `max_unread_bytes`.
+    fn has_room(&self) -> bool {
+        let in_flight = self.queued.len() + usize::from(self.running.is_some());
+        in_flight < self.ws.max_requests_in_flight && self.queued_bytes < self.ws.max_unread_bytes
+    }
+
+    /// Queues a request frame. One read while the budget is used up and the
+    /// queue is full (a client that sends and does not read) closes the socket.
+    fn read_request(&mut self, text: Bytes) -> Next {
+        if !self.has_room() {
+            let reason = if self.queued_bytes >= self.ws.max_unread_bytes {
+                format!("more than {} bytes of requests in flight", self.ws.max_unread_bytes)
+            } else {
+                format!("more than {} requests in flight", self.ws.max_requests_in_flight)
+            };
+            return Next::Close(close(POLICY, &reason));
+        }
+        self.queued_bytes += text.len();
+        self.queued.push_back(text);
+        Next::Continue
+    }
+
+    /// The future answering one request frame; it owns what it needs, so it
+    /// runs while the connection goes on reading frames and pinging.
+    fn start(&self, text: Bytes) -> LocalBoxFuture<'static, Done> {
+        let (relay, ip) = (self.relay.clone(), self.ip);
+        let token = self.attachment.as_ref().map(|a| a.token.clone());
+        Box::pin(async move {
+            let req: Request = match serde_json::from_slice(&text) {
+                Ok(r) => r,
+                Err(e) => return Done::Answer(Value::Null, Err(RelayError::invalid_params(format!("frame: {e}")))),
+            };
+            let params = req.params.map_or("{}", RawValue::get);
+            if req.method != "session.attach" {
+                let result = relay.call(&req.method, token.as_deref(), ip, params.as_bytes()).await;
+                return Done::Answer(req.id, result);
+            }
+            #[derive(Deserialize)]
+            struct Attach {
+                token: String,
+            }
+            let attach = async {
+                let p: Attach = crate::rpc::parse(params.as_bytes())?;
+                if token.is_some() {
+                    return Err(RelayError::invalid_state("this connection is already attached to a session"));
+                }
+                let session = check_token(&relay, &p.token).await?;
+                Ok((p.token, session))
+            };
+            match attach.await {
+                Ok((token, session)) => {
+                    let (attached, latest) = register(&relay, &session).await;
+                    Done::Attached { id: req.id, token, session, attached, latest }
+                }
+                Err(e) => Done::Answer(req.id, Err(e)),
+            }
+        })
+    }
+
+    async fn finish(&mut self, done: Done) -> Next {
+        match done {
+            Done::Answer(id, result) => {
+                let frame = match result {
+                    Ok(json) => format!("{{\"id\":{id},\"result\":{json}}}"),
+                    Err(e) => json!({ "id": id, "error": e }).to_string(),
+                };
+                self.text(frame).await
+            }
+            Done::Attached { id, token, session, attached, latest } => {
+                match self.attached(token, session, attached, latest).await {
+                    Next::Continue => self.text(format!("{{\"id\":{id},\"result\":{{}}}}")).await,
+                    close => close,
                 }
             }
         }
+    }
+
+    /// The connection is attached: tells the device of its backlog, if any.
+    async fn attached(
+        &mut self,
+        token: String,
+        session: sessions::Session,
+        attached: Attached,
+        latest: Option<u64>,
+    ) -> Next {
+        let account = session.account_id.clone();
         self.attachment = Some(Attachment { token, session, attached });
-    }
-
-    async fn on_text(&mut self, text: &str) -> Next {
-        let req: Request = match serde_json::from_str(text) {
-            Ok(r) => r,
-            Err(e) => return self.answer(&Value::Null, Err(RelayError::invalid_params(format!("frame: {e}")))).await,
-        };
-        let params = req.params.map_or("{}", RawValue::get);
-        let result = if req.method == "session.attach" {
-            self.session_attach(params).await
-        } else {
-            let token = self.attachment.as_ref().map(|a| a.token.clone());
-            self.relay.call(&req.method, token.as_deref(), self.ip, params.as_bytes()).await
-        };
-        self.answer(&req.id, result).await
-    }
-
-    async fn session_attach(&mut self, params: &str) -> Result<String, RelayError> {
-        #[derive(Deserialize)]
-        struct Attach {
-            token: String,
+        match latest.map(|l| Push::timeline_changed(&account, l)) {
+            Some(Push::Notify { method, params }) => {
+                self.text(json!({ "method": method, "params": params }).to_string()).await
+            }
+            _ => Next::Continue,
         }
-        let p: Attach = crate::rpc::parse(params.as_bytes())?;
-        if self.attachment.is_some() {
-            return Err(RelayError::invalid_state("this connection is already attached to a session"));
-        }
-        let session = check_token(&self.relay, &p.token).await?;
-        self.attach(p.token, session).await;
-        Ok("{}".into())
     }
 
-    async fn answer(&mut self, id: &Value, result: Result<String, RelayError>) -> Next {
-        let frame = match result {
-            Ok(json) => format!("{{\"id\":{id},\"result\":{json}}}"),
-            Err(e) => json!({ "id": id, "error": e }).to_string(),
+    /// Writes a text frame (within `write_timeout`), counts it against the
+    /// budget, and sends a flow ping when one is due.
+    async fn text(&mut self, frame: String) -> Next {
+        let bytes = frame.len();
+        match timeout(self.ws.write_timeout, self.session.text(frame)).await {
+            Ok(Ok(())) => self.flow.wrote(bytes, Instant::now()),
+            Ok(Err(_)) => return Next::Close(None),
+            Err(_) => return Next::Close(close(SLOW_OR_REVOKED, SLOW_CONSUMER)),
+        }
+        self.probe().await
+    }
+
+    async fn probe(&mut self) -> Next {
+        match self.flow.probe() {
+            Some(payload) => self.control(true, &payload).await,
+            None => Next::Continue,
+        }
+    }
+
+    /// A ping (or the pong answering the client's ping), within `write_timeout`.
+    async fn control(&mut self, ping: bool, payload: &[u8]) -> Next {
+        let write = async {
+            if ping {
+                self.session.ping(payload).await
+            } else {
+                self.session.pong(payload).await
+            }
         };
-        match self.session.text(frame).await {
-            Ok(()) => Next::Continue,
-            Err(_) => Next::Close(None),
+        match timeout(self.ws.write_timeout, write).await {
+            Ok(Ok(())) => Next::Continue,
+            Ok(Err(_)) => Next::Close(None),
+            Err(_) => Next::Close(close(SLOW_OR_REVOKED, SLOW_CONSUMER)),
         }
     }
 }

@@ -34,7 +34,7 @@ pub fn write_config_at(dir: &Path, id: &str, listen: &str, extra: &str) -> PathB
     let data = dir.join(id);
     std::fs::create_dir_all(&data).unwrap();
     let path = dir.join(format!("{id}.toml"));
-    let extra = unlimited_sessions(extra);
+    let extra = modest_connections(&unlimited_sessions(extra));
     let body = format!(
         "[relay]\nid = \"{id}\"\npublic_url = \"http://{listen}\"\nlisten = \"{listen}\"\n\
          data_dir = {data:?}\nkey_file = {key:?}\n{extra}\n",
@@ -58,6 +58,26 @@ fn unlimited_sessions(extra: &str) -> String {
         extra.replacen("[limits]\n", &format!("[limits]\n{lift}"), 1)
     } else {
         format!("{extra}\n[limits]\n{lift}")
+    }
+}
+
+/// The relay refuses to start when `http.max_connections × workers` does
+/// not fit the open-file limit: tests need few connections, so they fit
+/// whatever limit the machine has. Every test client (and every peer)
+/// connects from 127.0.0.1: the per-IP cap is lifted. Unless the test sets
+/// either itself.
+fn modest_connections(extra: &str) -> String {
+    let mut lines = String::new();
+    if !extra.contains("max_connections =") {
+        lines.push_str("max_connections = 512\n");
+    }
+    if !extra.contains("max_connections_per_ip") {
+        lines.push_str("max_connections_per_ip = 100000\n");
+    }
+    if extra.contains("[http]\n") {
+        extra.replacen("[http]\n", &format!("[http]\n{lines}"), 1)
+    } else {
+        format!("{extra}\n[http]\n{lines}")
     }
 }
 

@@ -292,6 +292,24 @@ impl RawWs {
         }
     }
 
+    /// Whether the relay still holds this connection (its side is in the
+    /// kernel's TCP table, `/proc/net/tcp`): seen without reading. A relay
+    /// that gives up on a client that does not read sends nothing, so only
+    /// the relay's side shows it.
+    pub fn relay_holds_it(&self) -> bool {
+        let (mine, relay) = (self.stream.local_addr().unwrap(), self.stream.peer_addr().unwrap());
+        let hex = |a: std::net::SocketAddr| {
+            let std::net::SocketAddr::V4(v4) = a else { panic!("IPv4 loopback expected") };
+            format!("{:08X}:{:04X}", u32::from_le_bytes(v4.ip().octets()), v4.port())
+        };
+        let (local, remote) = (hex(relay), hex(mine));
+        let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+        table.lines().skip(1).any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() > 3 && f[1] == local && f[2] == remote
+        })
+    }
+
     /// Reads everything until the relay's close frame (bounded by `wait`):
     /// the text frames before it, and the close code and reason.
     pub fn drain(&mut self, wait: std::time::Duration) -> (Vec<Value>, Option<(u16, String)>) {

@@ -443,7 +443,11 @@ impl AccountActor {
                 session(device)?;
                 let events = decide::revoke_device(&self.state, &params.revocation, ctx)?;
                 self.persist(events, |_| {})?;
-                self.sup.sessions().forget_device(&self.state.account_id, &params.revocation.device_id);
+                let revoked = &params.revocation.device_id;
+                if let Err(e) = self.sup.sessions().forget_device(&self.state.account_id, revoked) {
+                    // Only the stored tokens stay; the account refuses them.
+                    tracing::warn!(account = %self.state.account_id, error = %e, "dropping a revoked device's sessions");
+                }
                 self.sup.notifier().disconnect(&self.state.account_id, &params.revocation.device_id, "device revoked");
                 Ok(Reply::empty())
             }
@@ -583,10 +587,13 @@ impl AccountActor {
         };
         let store = self.sup.store();
         let mut batch = store.batch();
-        let (token, hash) = self.sup.sessions().issue(&mut batch, &session);
+        let sessions = self.sup.sessions();
+        let issued = sessions
+            .issue(&mut batch, &session, self.sup.clock().now_ms(), policy.max_sessions_per_device)
+            .map_err(|e| internal(&e))?;
         self.last_ticket = Some(store.commit(batch).map_err(|e| internal(&e))?);
-        self.sup.sessions().remember(hash, session.clone());
-        Reply::json(&SessionOpenResult { token, expires_at: session.expires_at })
+        sessions.remember_issued(&issued, session.clone());
+        Reply::json(&SessionOpenResult { token: issued.token, expires_at: session.expires_at })
     }
 
     fn send(&mut self, device: &str, p: &SendParams, digest: &str, ctx: Ctx) -> Result<Reply, RelayError> {
@@ -651,15 +658,17 @@ impl AccountActor {
         let mut scanned = 0;
         let mut next = p.after;
         let mut found = Vec::new();
+        // Pages are also capped in bytes, so one answer cannot pin more than
+        // about `max_page_bytes` in the relay's write buffers.
+        let mut page_bytes = 0;
+        let mut full = false;
         let from = timeline::key(account, p.after.saturating_add(1));
         let mut iter = store.kv_scan_from(&timeline::prefix(account), &from).peekable();
         while found.len() < limit as usize && scanned < max_scan {
-            let Some(item) = iter.next() else { break };
-            let (key, value) = item.map_err(|e| internal(&e))?;
-            let seq = timeline::sequence_of(&key).ok_or_else(|| RelayError::internal("bad timeline key"))?;
-            let entry: timeline::IndexEntry = serde_json::from_slice(&value).map_err(|e| internal(&e))?;
-            scanned += 1;
-            next = seq;
+            let Some(item) = iter.peek() else { break };
+            let (key, value) = item.as_ref().map_err(|e| internal(e))?;
+            let seq = timeline::sequence_of(key).ok_or_else(|| RelayError::internal("bad timeline key"))?;
+            let entry: timeline::IndexEntry = serde_json::from_slice(value).map_err(|e| internal(&e))?;
             if entry.visible.iter().any(|d| d == device) {
                 let ev = store
                     .read(&self.stream, entry.event - 1)
@@ -667,10 +676,19 @@ impl AccountActor {
                     .ok_or_else(|| RelayError::internal("timeline event missing"))?
                     .map_err(|e| internal(&e))?;
                 let event: AccountEvent = serde_json::from_str(ev.data.get()).map_err(|e| internal(&e))?;
+                let size = Self::record_bytes(&event, device);
+                if !timeline::fits_page(page_bytes, found.len(), size, self.sup.policy().max_page_bytes) {
+                    full = true;
+                    break;
+                }
+                page_bytes += size;
                 found.push((seq, event));
             }
+            iter.next();
+            scanned += 1;
+            next = seq;
         }
-        let has_more = iter.peek().is_some();
+        let has_more = full || iter.peek().is_some();
         let mut records = Vec::with_capacity(found.len());
         for (seq, event) in &found {
             let (direction, accepted_at, delivery) = match event {
@@ -696,6 +714,13 @@ impl AccountActor {
             });
         }
         Reply::json(&SyncResult { records, next, has_more })
+    }
+
+    /// The size a record of `event` takes in `device`'s sync page.
+    fn record_bytes(event: &AccountEvent, device: &str) -> usize {
+        let Some(record) = event.record() else { return 0 };
+        let own_box = record.boxes.iter().find(|b| b.device_id == device).map_or(0, |b| b.raw().get().len());
+        record.envelope.raw().get().len() + own_box + timeline::RECORD_OVERHEAD
     }
 
     fn backlog(&self, device: &str) -> Result<Option<u64>, RelayError> {
