@@ -93,8 +93,13 @@ async fn a_peer_pair_configured_one_way_warns_on_both_sides_and_counts_unauthori
     let b = cluster.start("relay-b", "");
     let (ca, cb) = (Client::new(&a.url), Client::new(&b.url));
 
-    // relay-b asks its peers for a route it does not know.
-    assert_eq!(cb.err("route.get", None, &serde_json::json!({"account_id": NOBODY})).await, "route_not_found");
+    // relay-b asks its peers for a route it does not know (for a device with
+    // a session there: strangers get only what relay-b knows).
+    let asker = User::register(&cb, "relay-b", 9, false).await;
+    assert_eq!(
+        cb.err("route.get", asker.token(0), &serde_json::json!({"account_id": NOBODY})).await,
+        "route_not_found"
+    );
 
     let refused = a.wait_for_log(&["WARN", "refused a relay request", "relay-b", "not a configured peer"], WAIT);
     assert!(refused.contains("route.get"), "{refused}");
@@ -159,8 +164,11 @@ async fn an_unreachable_peer_is_logged_once_a_minute_and_counted_every_time() {
     let cluster = Cluster::plan(dir.path(), &["relay-a", "relay-b"]);
     let a = cluster.start("relay-a", "");
     let c = Client::new(&a.url);
-    for _ in 0..3 {
-        assert_eq!(c.err("route.get", None, &serde_json::json!({"account_id": NOBODY})).await, "route_not_found");
+    let asker = User::register(&c, "relay-a", 9, false).await;
+    // Three accounts: a lookup that found nothing is remembered per account.
+    for n in 1..=3 {
+        let id = format!("{n:032x}");
+        assert_eq!(c.err("route.get", asker.token(0), &serde_json::json!({"account_id": id})).await, "route_not_found");
     }
     wait_metric(&c, r#"relay_peer_requests_total{peer="relay-b",direction="out",outcome="unreachable"}"#, 3.0).await;
     a.wait_for_log(&["WARN", "peer unreachable", "peer=relay-b", "suppressed=0"], WAIT);
@@ -174,7 +182,8 @@ async fn a_peer_answering_a_server_error_is_logged_and_counted() {
     fake.route_reply_after(NOBODY, 0, RouteReply::Error(500, "internal_error".into()));
     let a = RelayProc::start(dir.path(), "relay-a", &fake.peer_toml());
     let c = Client::new(&a.url);
-    c.err("route.get", None, &serde_json::json!({"account_id": NOBODY})).await;
+    let asker = User::register(&c, "relay-a", 9, false).await;
+    c.err("route.get", asker.token(0), &serde_json::json!({"account_id": NOBODY})).await;
     a.wait_for_log(&["WARN", "peer answered with a server error", "peer=relay-f", "internal_error"], WAIT);
     wait_metric(&c, r#"relay_peer_requests_total{peer="relay-f",direction="out",outcome="internal_error"}"#, 1.0).await;
 }
