@@ -192,6 +192,11 @@ pub struct Delivery {
     pub retry_then_every: Duration,
     #[serde(deserialize_with = "duration")]
     pub attempt_timeout: Duration,
+    /// A peer heard from again (an authenticated request from it, or an
+    /// answer to an attempt) makes its pending deliveries due now, at most
+    /// this often per peer.
+    #[serde(deserialize_with = "duration")]
+    pub wake_min_interval: Duration,
 }
 
 impl Default for Delivery {
@@ -200,6 +205,7 @@ impl Default for Delivery {
             retry_timetable: [0, 30, 300, 1500, 3600].map(Duration::from_secs).to_vec(),
             retry_then_every: Duration::from_secs(3600),
             attempt_timeout: Duration::from_secs(10),
+            wake_min_interval: Duration::from_secs(10),
         }
     }
 }
@@ -507,6 +513,7 @@ impl Config {
             retry_timetable_ms: self.delivery.retry_timetable.iter().copied().map(ms).collect(),
             retry_then_every_ms: ms(self.delivery.retry_then_every),
             attempt_timeout_ms: ms(self.delivery.attempt_timeout),
+            wake_min_interval_ms: ms(self.delivery.wake_min_interval),
             snapshot_every: self.actors.snapshot_every.max(1),
             passivate_after_ms: ms(self.actors.passivate_after),
             notify_queue: self.websocket.queue.max(1),

@@ -189,3 +189,45 @@ async fn unauthenticated_relay_calls_are_rejected() {
     let v: serde_json::Value = resp.json().await.unwrap();
     assert_eq!(v["error"]["code"], "route_not_found", "{v}");
 }
+
+/// Wake on inbound (Synapse resets a destination's backoff when it calls):
+/// relay-b comes back after its deliveries' first attempts failed; their
+/// next slot is an hour away, but as soon as relay-b calls relay-a they are
+/// attempted and delivered, each once, with their acceptance unchanged.
+#[actix_rt::test]
+async fn a_peer_that_comes_back_and_calls_gets_its_pending_deliveries_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::plan(dir.path(), &["relay-a", "relay-b"]);
+    let hourly =
+        "[delivery]\nretry_timetable = [\"0s\", \"1h\"]\nretry_then_every = \"1h\"\nattempt_timeout = \"1s\"\n\
+                  [limits]\ndelivery_age_limit = \"2h\"\n";
+    let a = cluster.start("relay-a", hourly);
+    let mut b = cluster.start("relay-b", "");
+    let (ca, cb) = (Client::new(&a.url), Client::new(&b.url));
+    let alice = User::register(&ca, "relay-a", 1, true).await;
+    let bob = User::register(&cb, "relay-b", 2, true).await;
+    let carol = User::register(&cb, "relay-b", 3, false).await;
+    ca.ok("route.get", alice.token(0), &json!({"account_id": bob.id()})).await;
+    b.kill9();
+    let mut accepted = vec![];
+    for n in 1..=3 {
+        let st = ca.ok("message.send", alice.token(0), &alice.send_params(&bob, &mid(n), false)).await;
+        assert_eq!(st["status"], "delivering", "{st}");
+        accepted.push(st["accepted_at"].clone());
+    }
+
+    b.restart();
+    let cb = Client::new(&b.url);
+    // relay-b calls relay-a (Carol writes to Alice): relay-a hears it is up.
+    let st = cb.ok("message.send", carol.token(0), &carol.send_params(&alice, &mid(100), false)).await;
+    assert_eq!(st["status"], "target_accepted", "{st}");
+    for n in 1..=3 {
+        let st = wait_status(&ca, &alice, &mid(n), 15, terminal).await;
+        assert_eq!(st["status"], "target_accepted", "{st}");
+        assert_eq!(st["accepted_at"], accepted[n as usize - 1]);
+    }
+    // Each once (woken together, they may arrive in any order).
+    let mut received = common::client::message_ids(&bob.sync_all(&cb, 0).await);
+    received.sort();
+    assert_eq!(received, [mid(1), mid(2), mid(3)]);
+}

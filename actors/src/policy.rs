@@ -33,6 +33,9 @@ pub struct Policy {
     pub notify_queue: usize,
     /// Delivery attempts in flight at once to one destination relay.
     pub max_in_flight_per_destination: usize,
+    /// A peer heard from again makes its pending deliveries due now, at
+    /// most this often (milliseconds).
+    pub wake_min_interval_ms: u64,
     /// Account actors resident at most; past this some are passivated at
     /// once, however recently used (memory stays bounded whatever is asked).
     pub max_resident_accounts: usize,
@@ -63,6 +66,7 @@ impl Policy {
             notify_queue: 256,
             max_in_flight_per_destination: 64,
             max_resident_accounts: 100_000,
+            wake_min_interval_ms: 10_000,
             max_page_bytes: 4 << 20,
             max_sessions_per_device: 16,
         }

@@ -118,8 +118,10 @@ impl Supervisor {
             metrics.store_bytes_written.inc_by(group.bytes);
         });
         let addr = Scheduler::new(self.clone()).start();
+        // Destinations are not in the index: a restored delivery waits for
+        // any peer that comes back, and learns its own at its next attempt.
         for (due_ms, stream) in restored {
-            addr.do_send(Schedule { stream, due_ms });
+            addr.do_send(Schedule { stream, due_ms, destinations: Vec::new() });
         }
         let _ = self.inner.scheduler.set(addr);
         Ok(n)
@@ -330,6 +332,12 @@ impl Supervisor {
     /// Starts (or joins) the delivery actor of `stream` for an attempt now;
     /// `watch` gets the status after that attempt.
     pub fn start_delivery(&self, stream: &str, watch: Option<oneshot::Sender<DeliveryStatus>>) {
+        self.start_delivery_with(stream, watch, false)
+    }
+
+    /// `woken`: its destination came back, so the attempt is made now even
+    /// though the timetable has it due later (the deadline is unchanged).
+    fn start_delivery_with(&self, stream: &str, watch: Option<oneshot::Sender<DeliveryStatus>>, woken: bool) {
         let mut running = lock(&self.inner.deliveries);
         if let Some(addr) = running.get(stream) {
             if addr.connected() {
@@ -339,7 +347,7 @@ impl Supervisor {
                 return;
             }
         }
-        match DeliveryActor::load(self.clone(), stream, watch) {
+        match DeliveryActor::load(self.clone(), stream, watch, woken) {
             Ok(actor) => {
                 running.insert(stream.to_owned(), actor.start());
             }
@@ -356,8 +364,25 @@ impl Supervisor {
 
     /// Arms the timer of `stream`'s next attempt.
     pub fn schedule(&self, stream: String, due_ms: u64) {
+        self.schedule_to(stream, due_ms, Vec::new())
+    }
+
+    /// Arms the timer of `stream`'s next attempt at `destinations` (relay
+    /// ids; empty when no route is known): a destination heard from again
+    /// makes it due at once ([`Supervisor::peer_seen`]).
+    pub fn schedule_to(&self, stream: String, due_ms: u64, destinations: Vec<String>) {
         if let Some(s) = self.inner.scheduler.get() {
-            s.do_send(Schedule { stream, due_ms });
+            s.do_send(Schedule { stream, due_ms, destinations });
+        }
+    }
+
+    /// Peer `relay_id` is up: it made an authenticated request here, or
+    /// answered an attempt. Its deliveries waiting for a later slot (and
+    /// those with no route known yet) are started now, at most once per
+    /// `wake_min_interval`, through the scheduler's bounded start queue.
+    pub fn peer_seen(&self, relay_id: &str) {
+        if let Some(s) = self.inner.scheduler.get() {
+            s.do_send(Wake { relay: relay_id.to_owned() });
         }
     }
 
@@ -411,6 +436,13 @@ impl Drop for LookupGuard<'_> {
 struct Schedule {
     stream: String,
     due_ms: u64,
+    destinations: Vec<String>,
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Wake {
+    relay: String,
 }
 
 /// Answered after every `Schedule` sent before it ([`Supervisor::timers_armed`]).
@@ -418,17 +450,42 @@ struct Schedule {
 #[rtype(result = "()")]
 struct Armed;
 
-/// Pending attempts in due order: the scheduler's pure core.
+/// The key of deliveries that know no destination yet: any peer that comes
+/// back may be theirs.
+const NO_DESTINATION: &str = "";
+
+/// Pending attempts in due order, and who waits for which destination: the
+/// scheduler's pure core (time comes in as arguments).
 #[derive(Default)]
 struct DueQueue {
     /// (due ms, delivery stream); a stream scheduled twice (a stale timer
     /// and its real due time) is woken twice and `step_due` sorts it out.
     due: BTreeSet<(u64, String)>,
+    /// Each waiting stream's due times and destinations.
+    waiting: HashMap<String, (Vec<u64>, Vec<String>)>,
+    /// Destination relay → streams waiting for it.
+    by_destination: HashMap<String, BTreeSet<String>>,
+    /// When each destination last woke its streams (ms).
+    woken_at: HashMap<String, u64>,
 }
 
 impl DueQueue {
-    fn insert(&mut self, due_ms: u64, stream: String) {
-        self.due.insert((due_ms, stream));
+    fn insert(&mut self, due_ms: u64, stream: String, destinations: Vec<String>) {
+        let mut destinations = destinations;
+        if destinations.is_empty() {
+            destinations.push(NO_DESTINATION.to_owned());
+        }
+        self.due.insert((due_ms, stream.clone()));
+        let entry = self.waiting.entry(stream.clone()).or_default();
+        entry.0.push(due_ms);
+        for old in std::mem::replace(&mut entry.1, destinations.clone()) {
+            if let Some(set) = self.by_destination.get_mut(&old) {
+                set.remove(&stream);
+            }
+        }
+        for d in destinations {
+            self.by_destination.entry(d).or_default().insert(stream.clone());
+        }
     }
 
     /// The earliest due time, if any.
@@ -439,25 +496,90 @@ impl DueQueue {
     /// Removes and returns the streams due at `now_ms`, earliest first.
     fn pop_due(&mut self, now_ms: u64) -> Vec<String> {
         let later = self.due.split_off(&(now_ms.saturating_add(1), String::new()));
-        std::mem::replace(&mut self.due, later).into_iter().map(|(_, s)| s).collect()
+        let due = std::mem::replace(&mut self.due, later);
+        due.into_iter()
+            .map(|(at, stream)| {
+                let done = self.waiting.get_mut(&stream).is_none_or(|(dues, _)| {
+                    dues.retain(|d| *d != at);
+                    dues.is_empty()
+                });
+                if done {
+                    self.forget(&stream);
+                }
+                stream
+            })
+            .collect()
+    }
+
+    /// Destination `relay` is up at `now_ms`: removes and returns the
+    /// streams waiting for it or for no known destination, unless it woke
+    /// some less than `min_interval_ms` ago (no request loop with a peer
+    /// that keeps calling while its deliveries keep failing).
+    fn wake(&mut self, relay: &str, now_ms: u64, min_interval_ms: u64) -> Vec<String> {
+        if self.woken_at.get(relay).is_some_and(|at| now_ms < at.saturating_add(min_interval_ms)) {
+            return Vec::new();
+        }
+        let mut streams: Vec<String> = [relay, NO_DESTINATION]
+            .iter()
+            .filter_map(|d| self.by_destination.get(*d))
+            .flat_map(|set| set.iter().cloned())
+            .collect();
+        streams.sort();
+        streams.dedup();
+        if !streams.is_empty() {
+            self.woken_at.insert(relay.to_owned(), now_ms);
+        }
+        for stream in &streams {
+            if let Some((dues, _)) = self.waiting.get(stream) {
+                for at in dues.clone() {
+                    self.due.remove(&(at, stream.clone()));
+                }
+            }
+            self.forget(stream);
+        }
+        streams
+    }
+
+    fn forget(&mut self, stream: &str) {
+        if let Some((_, destinations)) = self.waiting.remove(stream) {
+            for d in destinations {
+                if let Some(set) = self.by_destination.get_mut(&d) {
+                    set.remove(stream);
+                    if set.is_empty() {
+                        self.by_destination.remove(&d);
+                    }
+                }
+            }
+        }
     }
 }
+
+/// Deliveries started per scheduler turn; the rest wait for the next turn
+/// (a flood of due or woken deliveries never starts all at once).
+const START_BATCH: usize = 128;
+/// The pause between two turns of starts.
+const START_PAUSE: Duration = Duration::from_millis(20);
 
 /// The retry timetable's timers, no polling scan: pending attempts wait in
 /// a [`DueQueue`] and one actix timer is armed for the earliest. (A timer
 /// per delivery would cost every wake a pass over all of them: actix polls
 /// each item of a context on every wake.) Memory per pending delivery is one
 /// queue entry; the delivery's actor exists only while an attempt runs.
+/// Due and woken deliveries start through a bounded queue (`ready`).
 pub struct Scheduler {
     sup: Supervisor,
     queue: DueQueue,
     /// The armed timer and the due time it is armed for.
     armed: Option<(u64, SpawnHandle)>,
+    /// Deliveries to start, and whether each was woken (not due).
+    ready: std::collections::VecDeque<(String, bool)>,
+    /// Whether a turn of starts is planned.
+    starting: bool,
 }
 
 impl Scheduler {
     fn new(sup: Supervisor) -> Self {
-        Scheduler { sup, queue: DueQueue::default(), armed: None }
+        Scheduler { sup, queue: DueQueue::default(), armed: None, ready: Default::default(), starting: false }
     }
 
     /// Arms the timer for the earliest due time, unless it already is.
@@ -478,12 +600,28 @@ impl Scheduler {
         self.armed = Some((next, handle));
     }
 
-    /// Starts every delivery that is due, then arms for the next.
+    /// Queues every delivery that is due, then arms for the next.
     fn fire(&mut self, ctx: &mut Context<Self>) {
-        for stream in self.queue.pop_due(self.sup.clock().now_ms()) {
-            self.sup.start_delivery(&stream, None);
-        }
+        let due = self.queue.pop_due(self.sup.clock().now_ms());
+        self.ready.extend(due.into_iter().map(|s| (s, false)));
+        self.start_some(ctx);
         self.arm(ctx);
+    }
+
+    /// Starts up to [`START_BATCH`] queued deliveries; plans the next turn
+    /// if more wait.
+    fn start_some(&mut self, ctx: &mut Context<Self>) {
+        for _ in 0..START_BATCH {
+            let Some((stream, woken)) = self.ready.pop_front() else { break };
+            self.sup.start_delivery_with(&stream, None, woken);
+        }
+        if !self.ready.is_empty() && !self.starting {
+            self.starting = true;
+            ctx.run_later(START_PAUSE, |act, ctx| {
+                act.starting = false;
+                act.start_some(ctx);
+            });
+        }
     }
 }
 
@@ -495,8 +633,22 @@ impl Handler<Schedule> for Scheduler {
     type Result = ();
 
     fn handle(&mut self, msg: Schedule, ctx: &mut Self::Context) {
-        self.queue.insert(msg.due_ms, msg.stream);
+        self.queue.insert(msg.due_ms, msg.stream, msg.destinations);
         self.arm(ctx);
+    }
+}
+
+impl Handler<Wake> for Scheduler {
+    type Result = ();
+
+    fn handle(&mut self, msg: Wake, ctx: &mut Self::Context) {
+        let (now, every) = (self.sup.clock().now_ms(), self.sup.policy().wake_min_interval_ms);
+        let woken = self.queue.wake(&msg.relay, now, every);
+        if !woken.is_empty() {
+            tracing::info!(peer = %msg.relay, deliveries = woken.len(), "peer is back: pending deliveries start now");
+            self.ready.extend(woken.into_iter().map(|s| (s, true)));
+            self.start_some(ctx);
+        }
     }
 }
 
@@ -513,10 +665,10 @@ mod tests {
     #[test]
     fn due_queue_pops_what_is_due_earliest_first_and_keeps_the_rest() {
         let mut q = DueQueue::default();
-        q.insert(3_000, "c".into());
-        q.insert(1_000, "a".into());
-        q.insert(2_000, "b".into());
-        q.insert(1_000, "a".into()); // the same timer twice is one entry
+        q.insert(3_000, "c".into(), vec![]);
+        q.insert(1_000, "a".into(), vec![]);
+        q.insert(2_000, "b".into(), vec![]);
+        q.insert(1_000, "a".into(), vec![]); // the same timer twice is one entry
         assert_eq!(q.next(), Some(1_000));
         assert_eq!(q.pop_due(999), Vec::<String>::new());
         assert_eq!(q.pop_due(2_000), vec!["a".to_string(), "b".to_string()]);
@@ -528,9 +680,48 @@ mod tests {
     #[test]
     fn a_stream_due_twice_is_woken_twice() {
         let mut q = DueQueue::default();
-        q.insert(1_000, "a".into());
-        q.insert(5_000, "a".into());
+        q.insert(1_000, "a".into(), vec![]);
+        q.insert(5_000, "a".into(), vec![]);
         assert_eq!(q.pop_due(1_000), vec!["a".to_string()]);
         assert_eq!(q.next(), Some(5_000));
+    }
+
+    fn to(relay: &str) -> Vec<String> {
+        vec![relay.to_string()]
+    }
+
+    #[test]
+    fn a_destination_that_comes_back_wakes_only_its_own_and_unrouted_deliveries() {
+        let mut q = DueQueue::default();
+        q.insert(60_000, "to-b".into(), to("relay-b"));
+        q.insert(60_000, "to-c".into(), to("relay-c"));
+        q.insert(90_000, "no-route".into(), vec![]);
+        assert_eq!(q.wake("relay-b", 1_000, 10_000), vec!["no-route".to_string(), "to-b".to_string()]);
+        // Woken ones left the queue: their old timers do not fire again.
+        assert_eq!(q.pop_due(u64::MAX - 1), vec!["to-c".to_string()]);
+        assert_eq!(q.next(), None);
+    }
+
+    #[test]
+    fn a_destination_wakes_its_deliveries_at_most_once_per_interval() {
+        let mut q = DueQueue::default();
+        // A call while nothing waits does not use up the interval.
+        assert!(q.wake("relay-b", 500, 10_000).is_empty());
+        q.insert(60_000, "one".into(), to("relay-b"));
+        assert_eq!(q.wake("relay-b", 1_000, 10_000).len(), 1);
+        q.insert(60_000, "two".into(), to("relay-b"));
+        assert!(q.wake("relay-b", 10_999, 10_000).is_empty(), "within the interval");
+        assert_eq!(q.next(), Some(60_000), "still waiting for its slot");
+        assert_eq!(q.wake("relay-b", 11_000, 10_000), vec!["two".to_string()]);
+    }
+
+    #[test]
+    fn a_rescheduled_delivery_waits_for_its_latest_destination_only() {
+        let mut q = DueQueue::default();
+        q.insert(60_000, "m".into(), to("relay-b"));
+        q.insert(120_000, "m".into(), to("relay-c"));
+        assert!(q.wake("relay-b", 1_000, 0).is_empty());
+        assert_eq!(q.wake("relay-c", 1_000, 0), vec!["m".to_string()]);
+        assert_eq!(q.next(), None);
     }
 }

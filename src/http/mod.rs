@@ -112,6 +112,8 @@ async fn relay_call(
             return error_response(&e);
         }
     };
+    // The peer is up: deliveries to it need not wait for their next slot.
+    relay.supervisor().peer_seen(&peer);
     let result = relay.call_relay(&method, &peer, &body).await;
     observer.count(&peer, Direction::In, result.as_ref().map_or_else(|e| e.code.as_str(), |_| "ok"));
     match result {

@@ -29,6 +29,8 @@ pub struct DeliveryActor {
     indexed_due_ms: Option<u64>,
     last_ticket: Option<Ticket>,
     watchers: Vec<oneshot::Sender<DeliveryStatus>>,
+    /// Started because its destination came back, not because it is due.
+    woken: bool,
 }
 
 impl DeliveryActor {
@@ -36,6 +38,7 @@ impl DeliveryActor {
         sup: Supervisor,
         stream: &str,
         watch: Option<oneshot::Sender<DeliveryStatus>>,
+        woken: bool,
     ) -> Result<Self, StoreError> {
         let mut state = DeliveryState::default();
         let mut head = Head::default();
@@ -59,6 +62,7 @@ impl DeliveryActor {
             indexed_due_ms,
             last_ticket: None,
             watchers: watch.into_iter().collect(),
+            woken,
         })
     }
 
@@ -96,6 +100,13 @@ impl DeliveryActor {
     }
 
     /// The relays of the current target, comma-separated (`-` before one is known).
+    /// The other relays this delivery targets now (empty: no route known).
+    fn destinations(&self) -> Vec<String> {
+        let own = &self.sup.policy().relay_id;
+        let relays = self.state.target.iter().flat_map(|t| t.relays.iter());
+        relays.filter(|r| &r.id != own).map(|r| r.id.clone()).collect()
+    }
+
     fn target_ids(&self) -> String {
         match &self.state.target {
             Some(t) => t.relays.iter().map(|r| r.id.as_str()).collect::<Vec<_>>().join(","),
@@ -138,7 +149,7 @@ impl DeliveryActor {
     /// the index, which still holds this delivery.
     fn retry_later(&mut self, ctx: &mut Context<Self>, why: &RelayError) {
         tracing::warn!(stream = %self.stream, error = %why, "delivery step failed; retrying later");
-        self.sup.schedule(self.stream.clone(), self.sup.clock().now_ms() + 1000);
+        self.sup.schedule_to(self.stream.clone(), self.sup.clock().now_ms() + 1000, self.destinations());
         self.tell_watchers();
         ctx.stop();
     }
@@ -152,10 +163,11 @@ impl DeliveryActor {
         if self.state.finished.is_some() {
             return self.report(ctx);
         }
-        // Woken before its time (a stale timer): wait for the real due time.
+        // Woken before its time by a stale timer: wait for the real due
+        // time. (Woken because its destination came back: go now.)
         let now = self.sup.clock().now_ms();
-        if let Some(due) = self.state.next_due_ms.filter(|due| *due > now) {
-            self.sup.schedule(self.stream.clone(), due);
+        if let Some(due) = self.state.next_due_ms.filter(|due| *due > now && !self.woken) {
+            self.sup.schedule_to(self.stream.clone(), due, self.destinations());
             self.tell_watchers();
             return ctx.stop();
         }
@@ -282,6 +294,13 @@ impl DeliveryActor {
     fn step_outcome(&mut self, attempt: u32, outcome: AttemptOutcome, ctx: &mut Context<Self>) {
         let now = self.sup.clock().now_ms();
         self.learn_route(&outcome);
+        // A destination that answered is up: its other waiting deliveries
+        // need not wait for their slots.
+        if let ([relay], AttemptOutcome::Answered(_) | AttemptOutcome::Rejected(_)) =
+            (self.destinations().as_slice(), &outcome)
+        {
+            self.sup.peer_seen(relay);
+        }
         let kind = match &outcome {
             AttemptOutcome::Answered(_) => "answered",
             AttemptOutcome::Rejected(_) => "rejected",
@@ -310,9 +329,9 @@ impl DeliveryActor {
         if let Some(next) = next_due {
             self.indexed_due_ms = Some(next);
             let durable = self.durable();
-            let (sup, stream) = (self.sup.clone(), self.stream.clone());
+            let (sup, stream, destinations) = (self.sup.clone(), self.stream.clone(), self.destinations());
             ctx.wait(durable.into_actor(self).map(move |_, act, ctx| {
-                sup.schedule(stream, next);
+                sup.schedule_to(stream, next, destinations);
                 act.tell_watchers();
                 ctx.stop();
             }));
