@@ -62,8 +62,10 @@ struct Inner {
     misses: DashMap<String, (u64, RouteLookup)>,
 }
 
-/// How long a lookup that found no route is remembered.
-const MISS_TTL_MS: u64 = 30_000;
+/// How long a lookup that found no route is remembered: long enough that
+/// repeated asks for one unknown account cost the peers one question, short
+/// enough that an account registered elsewhere is found by the next send.
+const MISS_TTL_MS: u64 = 5_000;
 /// Remembered misses at most; past this the cache starts over.
 const MISS_ENTRIES: usize = 65_536;
 
