@@ -19,6 +19,7 @@ pub enum Tag {
     ContactGrant,
     ContactInvite,
     Session,
+    Registration,
     RelayRequest,
 }
 
@@ -32,6 +33,7 @@ impl Tag {
             Tag::ContactGrant => "relay/v1/contact-grant",
             Tag::ContactInvite => "relay/v1/contact-invite",
             Tag::Session => "relay/v1/session",
+            Tag::Registration => "relay/v1/registration",
             Tag::RelayRequest => "relay/v1/relay-request",
         }
     }
