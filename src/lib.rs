@@ -64,11 +64,21 @@ pub async fn serve(cfg: config::Config) -> Result<(), String> {
     let listener = TcpListener::bind(&cfg.relay.listen).map_err(|e| format!("listen {}: {e}", cfg.relay.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let websocket = web::Data::new(cfg.websocket.clone());
+    let cors = web::Data::new(http::webapp::Cors::new(&cfg.relay.public_url, &cfg.http.cors_origins));
+    let client = web::Data::new(http::webapp::ClientInfo {
+        relay_id: cfg.relay.id.clone(),
+        public_url: cfg.relay.public_url.clone(),
+    });
     let h = &cfg.http;
     let mut server = HttpServer::new(move || {
         // Runs once on each worker thread: account actors spread over them.
         relay.supervisor().add_arbiter(actix::Arbiter::current());
-        App::new().configure(http::configure(relay.clone(), websocket.clone()))
+        App::new()
+            .wrap(actix_web::middleware::from_fn(http::webapp::cors))
+            .app_data(cors.clone())
+            .app_data(client.clone())
+            .configure(http::webapp::configure)
+            .configure(http::configure(relay.clone(), websocket.clone()))
     })
     .max_connections(h.max_connections)
     .client_request_timeout(h.request_timeout)
