@@ -187,6 +187,18 @@ pub fn text(text: &str) -> Vec<u8> {
     jcs(&json!({"type": "text", "text": text})).expect("a string canonicalizes")
 }
 
+/// A text message with extra members beside `type` and `text` (the web
+/// client and the chat example put a reply grant there).
+pub fn text_with(text: &str, extra: Value) -> Vec<u8> {
+    let mut m = match extra {
+        Value::Object(m) => m,
+        _ => serde_json::Map::new(),
+    };
+    m.insert("type".into(), json!("text"));
+    m.insert("text".into(), json!(text));
+    jcs(&m).expect("JSON canonicalizes")
+}
+
 /// What a plaintext says: the text of a `text` message, `None` for a type
 /// this client does not know (shown as unsupported).
 pub fn read_text(plaintext: &[u8]) -> Result<Option<String>, RelayError> {
