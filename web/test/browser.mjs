@@ -267,6 +267,7 @@ async function main() {
     await alice.screenshot({ path: join(OUT, 'alice.png') });
     await bob.screenshot({ path: join(OUT, 'bob.png') });
 
+    await linkAndRevoke(open, alice, aliceId, bob, sent);
     if (CHAT) await withChat(bob, bobId, sent);
   } finally {
     await browser.close();
@@ -291,6 +292,41 @@ async function main() {
   }
   log(`byte search: ${sent.length} plaintexts, ${scanned} bytes of relay data, ${found} found`);
   assert(found === 0, 'no plaintext in either relay data dir');
+}
+
+/**
+ * A second browser profile joins Alice's account with a device-link code
+ * (its request, answered by a certificate signed with the account key),
+ * reads what Bob sends next, and is then revoked from the device list.
+ */
+async function linkAndRevoke(open, alice, aliceId, bob, sent) {
+  const laptop = await open('relay-a');
+  await laptop.click('#link-start');
+  await until(laptop, () => document.getElementById('link-request').value.length > 0);
+  const request = await laptop.$eval('#link-request', (e) => e.value);
+  await alice.type('#link-code', request);
+  await alice.click('#link-approve');
+  await until(alice, () => document.getElementById('link-approval').value.length > 0);
+  const answer = await alice.$eval('#link-approval', (e) => e.value);
+  await laptop.type('#link-answer', answer);
+  await laptop.click('#link-finish');
+  await until(laptop, () => document.getElementById('conn').dataset.state === 'online');
+  assert((await laptop.$eval('#account-id', (e) => e.textContent)) === aliceId, 'the linked browser is on Alice\'s account');
+  const laptopId = await laptop.$eval('#device-id', (e) => e.textContent);
+  await until(alice, (id) => !!document.querySelector(`#devices li[data-device-id="${id}"]`), laptopId);
+
+  const t = `For both of Alice's browsers ${Date.now()}`;
+  sent.push(t);
+  await sendText(bob, t);
+  await waitText(alice, t);
+  await waitText(laptop, t);
+  assert(true, 'both of Alice\'s devices read what Bob sent after the link');
+
+  await alice.click(`#devices li[data-device-id="${laptopId}"] button`);
+  await until(alice, (id) => !document.querySelector(`#devices li[data-device-id="${id}"]`), laptopId);
+  await until(laptop, () => document.getElementById('conn').dataset.state === 'offline', undefined, 20_000);
+  assert(true, 'Alice revokes the linked browser; it is signed out');
+  await laptop.browserContext().close();
 }
 
 /** The Rust CLI chat on relay-a talks with Bob's browser on relay-b. */
