@@ -96,7 +96,7 @@ fn two_browsers_and_a_terminal_chat_across_two_relays() {
             "--out".as_ref(),
             shots.as_os_str(),
         ],
-        Duration::from_secs(240),
+        Duration::from_secs(300),
     );
     eprintln!("screenshots in {}", shots.display());
 }

@@ -508,37 +508,50 @@ function ticks(m) {
 
 const short = (id) => `${id.slice(0, 8)}…`;
 
-let rendering = false;
-async function render() {
-  if (rendering) return;
-  rendering = true;
-  try {
-    const all = (await db.messages()).sort((a, b) => a.at - b.at || (a.message_id < b.message_id ? -1 : 1));
-    const cs = $('contacts');
-    cs.replaceChildren();
-    for (const id of Object.keys(contacts)) {
-      const b = Object.assign(document.createElement('button'), { textContent: id });
-      b.dataset.accountId = id;
-      b.className = id === selected ? 'active' : '';
-      b.onclick = () => select(id);
-      cs.append(b);
-    }
-    $('peer').textContent = selected ? `Conversation with ${short(selected)}` : 'No contact selected';
-    $('peer').dataset.accountId = selected ?? '';
-    const box = $('messages');
-    box.replaceChildren();
-    for (const m of all.filter((x) => x.peer === selected)) {
-      const div = document.createElement('div');
-      div.className = `msg ${m.direction}`;
-      div.dataset.messageId = m.message_id;
-      div.append(Object.assign(document.createElement('span'), { className: 'text', textContent: m.text ?? '' }));
-      if (m.direction === 'sent') div.append(ticks(m));
-      box.append(div);
-    }
-    box.scrollTop = box.scrollHeight;
-  } finally {
-    rendering = false;
+// One render at a time; a render asked for meanwhile runs once more after
+// it, so the last change (e.g. a tick) always reaches the page.
+let rendering = null;
+let again = false;
+function render() {
+  if (rendering) {
+    again = true;
+    return rendering;
   }
+  rendering = (async () => {
+    do {
+      again = false;
+      await draw();
+    } while (again);
+  })().finally(() => {
+    rendering = null;
+  });
+  return rendering;
+}
+
+async function draw() {
+  const all = (await db.messages()).sort((a, b) => a.at - b.at || (a.message_id < b.message_id ? -1 : 1));
+  const cs = $('contacts');
+  cs.replaceChildren();
+  for (const id of Object.keys(contacts)) {
+    const b = Object.assign(document.createElement('button'), { textContent: id });
+    b.dataset.accountId = id;
+    b.className = id === selected ? 'active' : '';
+    b.onclick = () => select(id);
+    cs.append(b);
+  }
+  $('peer').textContent = selected ? `Conversation with ${short(selected)}` : 'No contact selected';
+  $('peer').dataset.accountId = selected ?? '';
+  const box = $('messages');
+  box.replaceChildren();
+  for (const m of all.filter((x) => x.peer === selected)) {
+    const div = document.createElement('div');
+    div.className = `msg ${m.direction}`;
+    div.dataset.messageId = m.message_id;
+    div.append(Object.assign(document.createElement('span'), { className: 'text', textContent: m.text ?? '' }));
+    if (m.direction === 'sent') div.append(ticks(m));
+    box.append(div);
+  }
+  box.scrollTop = box.scrollHeight;
 }
 
 function select(id) {

@@ -105,7 +105,7 @@ async function stop(id, signal = 'SIGTERM') {
 }
 
 /** Waits (bounded) until `fn` in the page returns something truthy. */
-const until = (page, fn, arg, timeout = 20_000) => page.waitForFunction(fn, { timeout, polling: 100 }, arg);
+const until = (page, fn, arg, timeout = 30_000) => page.waitForFunction(fn, { timeout, polling: 100 }, arg);
 
 const status = (page, text) =>
   page.evaluate((t) => {
@@ -249,18 +249,18 @@ async function main() {
     assert((await status(alice, t3)) === 'delivering', 'one grey tick while relay-b is down');
     await alice.screenshot({ path: join(OUT, 'alice-one-tick.png') });
     await start('relay-b');
-    await waitStatus(alice, t3, 'target_accepted', 30_000);
+    await waitStatus(alice, t3, 'target_accepted', 45_000);
     const seen3 = await alice.evaluate((t) => window.__ticks[t], t3);
     log(`ticks of the message sent while relay-b was down: ${seen3.join(' -> ')}`);
     assert(seen3.includes('delivering') && seen3.at(-1) === 'target_accepted', 'grey tick, then two once relay-b returns');
-    await waitText(bob, t3, 30_000);
+    await waitText(bob, t3, 45_000);
     assert(true, 'Bob reads it after his relay returns (reconnect, sync from the cursor)');
 
     // History survives a reload (IndexedDB, then sync from the acked cursor).
     for (const page of [alice, bob]) {
       await page.reload();
       await until(page, () => document.body.dataset.ready === 'true');
-      for (const t of sent) await waitText(page, t, 10_000);
+      for (const t of sent) await waitText(page, t, 20_000);
     }
     assert(true, 'both pages show the whole conversation again after a reload');
     await until(alice, () => document.getElementById('conn').dataset.state === 'online');
