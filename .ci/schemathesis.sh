@@ -59,6 +59,10 @@ public_url = "http://127.0.0.1:1"
 listen = "127.0.0.1:0"
 data_dir = "$WORK/data"
 key_file = "$WORK/data/relay.key"
+
+[limits]
+anonymous_rate = 1000000
+anonymous_burst = 1000000
 EOF
 RUST_LOG=warn target/debug/relay serve --config "$WORK/relay.toml" >"$WORK/stdout" 2>"$BUILD/relay.log" &
 RELAY_PID=$!

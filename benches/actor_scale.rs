@@ -142,11 +142,8 @@ fn main() {
     let started = Instant::now();
     let registers: Vec<(String, RegisterParams)> = par_build(n, |i| {
         let (acct, dev) = account(i);
-        let v = json!({
-            "route": acct.route(1, &[(RELAY, "http://127.0.0.1:1")], t0),
-            "device_certificate": acct.certificate(&dev, t0, None),
-            "settings": {"public_discovery": true},
-        });
+        let route = acct.route(1, &[(RELAY, "http://127.0.0.1:1")], t0);
+        let v = acct.register_params(&route, &acct.certificate(&dev, t0, None), RELAY, true, t0);
         (acct.id.clone(), serde_json::from_str(&v.to_string()).unwrap())
     });
     let ids: Vec<String> = registers.iter().map(|(id, _)| id.clone()).collect();
@@ -158,8 +155,9 @@ fn main() {
     actix_rt::System::new().block_on(async {
         let sup = supervisor(&store, Duration::from_millis(100));
         let started = Instant::now();
-        let cmds =
-            registers.into_iter().map(|(id, params)| (id, AccountCmd::Register { params, digest: "bench".into() }));
+        let cmds = registers
+            .into_iter()
+            .map(|(id, params)| (id, AccountCmd::Register { params, digest: "bench".into(), known: None }));
         ask_all(&sup, cmds).await;
         let took = started.elapsed();
         let peak = sup.resident_accounts();

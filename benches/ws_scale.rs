@@ -75,7 +75,7 @@ impl Relay {
             &cfg,
             format!(
                 "[relay]\nid = \"relay-a\"\npublic_url = \"http://127.0.0.1:0\"\nlisten = \"127.0.0.1:0\"\n\
-                 data_dir = {:?}\nkey_file = {:?}\n",
+                 data_dir = {:?}\nkey_file = {:?}\n\n[limits]\nanonymous_rate = 1000000\nanonymous_burst = 1000000\n",
                 data.display().to_string(),
                 data.join("relay.key").display().to_string()
             ),
@@ -131,7 +131,7 @@ impl Http {
     fn register(&mut self, account: &Account, device: &Device) {
         let route = account.route(1, &[("relay-a", "http://127.0.0.1")], now());
         let cert = account.certificate(device, now(), None);
-        let p = json!({"route": route, "device_certificate": cert, "settings": {"public_discovery": true}});
+        let p = account.register_params(&route, &cert, "relay-a", true, now());
         self.ok("account.register", None, &p);
     }
 

@@ -52,10 +52,9 @@ async fn open_session(base: &str, relay_id: &str, account: &Account, device: &De
     let ch = match http(base, "session.challenge", ask.clone()).await {
         Ok(ch) => ch,
         Err(e) if e["code"] == "not_found" => {
-            let reg = json!({"route": account.route(1, &[(relay_id, base)], now()),
-                             "device_certificate": account.certificate(device, now(), None),
-                             "registration": account.registration(relay_id, false, now()),
-                             "settings": {"public_discovery": false}});
+            let route = account.route(1, &[(relay_id, base)], now());
+            let cert = account.certificate(device, now(), None);
+            let reg = account.register_params(&route, &cert, relay_id, false, now());
             http(base, "account.register", reg).await.map_err(|e| format!("account.register: {e}"))?;
             http(base, "session.challenge", ask).await.map_err(|e| format!("session.challenge: {e}"))?
         }

@@ -46,14 +46,7 @@ impl Rpc {
         let now = now();
         let route = account.route(1, &[(relay_id, &self.base)], now);
         let cert = account.certificate(device, now, None);
-        let registration = account.registration(relay_id, public, now);
-        self.call(
-            "account.register",
-            None,
-            json!({"route": route, "device_certificate": cert, "registration": registration,
-                   "settings": {"public_discovery": public}}),
-        )
-        .await?;
+        self.call("account.register", None, account.register_params(&route, &cert, relay_id, public, now)).await?;
         let ch =
             self.call("session.challenge", None, json!({"account_id": account.id, "device_id": device.id})).await?;
         let challenge = ch["challenge"].as_str().ok_or("no challenge")?;

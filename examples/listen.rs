@@ -61,9 +61,7 @@ async fn open_session(base: &str, relay_id: &str, account: &Account, device: &De
         Err(e) if e["code"] == "not_found" => {
             let route = account.route(1, &[(relay_id, base)], now());
             let cert = account.certificate(device, now(), None);
-            let registration = account.registration(relay_id, true, now());
-            let reg = json!({"route": route, "device_certificate": cert, "registration": registration,
-                             "settings": {"public_discovery": true}});
+            let reg = account.register_params(&route, &cert, relay_id, true, now());
             http(base, "account.register", reg).await.map_err(|e| format!("account.register: {e}"))?;
             println!("registered account {}", account.id);
             http(base, "session.challenge", ask).await.map_err(|e| format!("session.challenge: {e}"))?

@@ -43,7 +43,7 @@ async fn main() -> Result<(), String> {
     let phone = Device::from_seed("phone", rand::random());
     let route = account.route(1, &[(relay_id.as_str(), base.as_str())], now);
     let cert = account.certificate(&phone, now, None);
-    let params = json!({"route": route, "device_certificate": cert, "settings": {"public_discovery": true}});
+    let params = account.register_params(&route, &cert, &relay_id, true, now);
     call(&http, &base, "account.register", None, params).await?;
     let ch =
         call(&http, &base, "session.challenge", None, json!({"account_id": account.id, "device_id": "phone"})).await?;

@@ -110,6 +110,17 @@ pub struct Limits {
     /// The same for each peer relay's calls.
     pub peer_rate: u32,
     pub peer_burst: u32,
+    /// The same for each peer's `route.get` lookups (their own budget, so a
+    /// flood of lookups cannot spend what the peer's deliveries need).
+    pub peer_lookup_rate: u32,
+    pub peer_lookup_burst: u32,
+    /// The same for the methods without a session (`account.register`,
+    /// `session.challenge`, `session.open`, `route.get`), per client address.
+    pub anonymous_rate: u32,
+    pub anonymous_burst: u32,
+    /// Account actors resident in memory at most; past this some are
+    /// passivated at once (they load again on their next request).
+    pub max_resident_accounts: usize,
     /// Delivery attempts in flight at once to one destination relay; more
     /// wait their turn, so one dead relay cannot tie up the others'.
     pub max_in_flight_per_destination: usize,
@@ -128,6 +139,11 @@ impl Default for Limits {
             session_burst: 200,
             peer_rate: 2000,
             peer_burst: 4000,
+            peer_lookup_rate: 200,
+            peer_lookup_burst: 400,
+            anonymous_rate: 20,
+            anonymous_burst: 100,
+            max_resident_accounts: 100_000,
             max_in_flight_per_destination: 64,
         }
     }
@@ -253,6 +269,17 @@ pub enum ConfigError {
 }
 
 impl Config {
+    /// The request budgets of [`crate::limits::RateLimits`].
+    pub fn rates(&self) -> crate::limits::Rates {
+        let l = &self.limits;
+        crate::limits::Rates {
+            session: (l.session_rate, l.session_burst),
+            peer: (l.peer_rate, l.peer_burst),
+            peer_lookup: (l.peer_lookup_rate, l.peer_lookup_burst),
+            anonymous: (l.anonymous_rate, l.anonymous_burst),
+        }
+    }
+
     /// Loads `path`, then applies `RELAY__SECTION__KEY` overrides, then checks.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let shown = path.display().to_string();
@@ -305,10 +332,21 @@ impl Config {
             return Err("store.cache_bytes must be positive".into());
         }
         let l = &self.limits;
-        if [l.session_rate, l.session_burst, l.peer_rate, l.peer_burst].contains(&0)
-            || l.max_in_flight_per_destination == 0
-        {
-            return Err("limits: rates, bursts and max_in_flight_per_destination must be positive".into());
+        let rates = [
+            l.session_rate,
+            l.session_burst,
+            l.peer_rate,
+            l.peer_burst,
+            l.peer_lookup_rate,
+            l.peer_lookup_burst,
+            l.anonymous_rate,
+            l.anonymous_burst,
+        ];
+        if rates.contains(&0) || l.max_in_flight_per_destination == 0 || l.max_resident_accounts == 0 {
+            return Err(
+                "limits: rates, bursts, max_in_flight_per_destination and max_resident_accounts must be positive"
+                    .into(),
+            );
         }
         Ok(())
     }
@@ -331,6 +369,7 @@ impl Config {
             passivate_after_ms: ms(self.actors.passivate_after),
             notify_queue: self.websocket.queue.max(1),
             max_in_flight_per_destination: self.limits.max_in_flight_per_destination,
+            max_resident_accounts: self.limits.max_resident_accounts,
         }
     }
 }

@@ -28,6 +28,16 @@ pub mod rpc;
 use actix_web::{web, App, HttpServer};
 use relay_actors::{Supervisor, SystemClock};
 use std::net::TcpListener;
+use std::os::unix::fs::DirBuilderExt;
+
+/// Everything the relay creates (data dir, store files, key) is for its
+/// own user only: files 0600, directories 0700.
+fn private_files() {
+    // SAFETY: umask only sets the process's file mode mask; it cannot fail.
+    unsafe {
+        libc::umask(0o077);
+    }
+}
 use std::sync::Arc;
 
 /// Runs a relay until SIGINT/SIGTERM (actix-web stops accepting, finishes
@@ -35,7 +45,12 @@ use std::sync::Arc;
 /// `relay <id> listening on http://<addr>` on stdout once it accepts
 /// connections, so a parent process can find a port chosen with `:0`.
 pub async fn serve(cfg: config::Config) -> Result<(), String> {
-    std::fs::create_dir_all(&cfg.relay.data_dir).map_err(|e| format!("{}: {e}", cfg.relay.data_dir.display()))?;
+    private_files();
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&cfg.relay.data_dir)
+        .map_err(|e| format!("{}: {e}", cfg.relay.data_dir.display()))?;
     let key = keys::load_or_generate(&cfg.relay.key_file)?;
     let store = cfg.open_store()?;
     let policy = cfg.policy();
@@ -57,8 +72,7 @@ pub async fn serve(cfg: config::Config) -> Result<(), String> {
     let peer_keys = relay_rpc::PeerKeys::new(&cfg.relay.id, peer_keys, policy.clock_tolerance);
     let sup = Supervisor::new(store.clone(), policy, clock, Arc::new(peers.clone()));
     let restored = sup.start().map_err(|e| format!("restoring deliveries: {e}"))?;
-    let l = &cfg.limits;
-    let limits = limits::RateLimits::new(l.session_rate, l.session_burst, l.peer_rate, l.peer_burst);
+    let limits = limits::RateLimits::new(cfg.rates());
     let relay = web::Data::new(rpc::Relay::new(sup, cfg.limits.max_body_bytes, peers, peer_keys, limits));
 
     let listener = TcpListener::bind(&cfg.relay.listen).map_err(|e| format!("listen {}: {e}", cfg.relay.listen))?;

@@ -5,12 +5,30 @@
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use relay_schemas::{ErrorCode, RelayError};
+use std::net::IpAddr;
 use std::num::NonZeroU32;
 
 pub struct RateLimits {
     sessions: DefaultKeyedRateLimiter<String>,
     peers: DefaultKeyedRateLimiter<String>,
+    /// Route lookups per peer: their own budget, so a flood of lookups
+    /// cannot spend the budget a peer's deliveries need.
+    lookups: DefaultKeyedRateLimiter<String>,
+    /// Session-less calls per client address.
+    anonymous: DefaultKeyedRateLimiter<IpAddr>,
     clock: DefaultClock,
+}
+
+/// Keys a limiter keeps before it forgets those whose budget is full again.
+const MAX_KEYS: usize = 65_536;
+
+/// Requests per second (sustained) and burst of each budget.
+#[derive(Clone, Copy, Debug)]
+pub struct Rates {
+    pub session: (u32, u32),
+    pub peer: (u32, u32),
+    pub peer_lookup: (u32, u32),
+    pub anonymous: (u32, u32),
 }
 
 fn quota(rate: u32, burst: u32) -> Quota {
@@ -19,16 +37,28 @@ fn quota(rate: u32, burst: u32) -> Quota {
 }
 
 impl RateLimits {
-    pub fn new(session_rate: u32, session_burst: u32, peer_rate: u32, peer_burst: u32) -> Self {
+    pub fn new(r: Rates) -> Self {
         RateLimits {
-            sessions: RateLimiter::keyed(quota(session_rate, session_burst)),
-            peers: RateLimiter::keyed(quota(peer_rate, peer_burst)),
+            sessions: RateLimiter::keyed(quota(r.session.0, r.session.1)),
+            peers: RateLimiter::keyed(quota(r.peer.0, r.peer.1)),
+            lookups: RateLimiter::keyed(quota(r.peer_lookup.0, r.peer_lookup.1)),
+            anonymous: RateLimiter::keyed(quota(r.anonymous.0, r.anonymous.1)),
             clock: DefaultClock::default(),
         }
     }
 
-    fn check(&self, limiter: &DefaultKeyedRateLimiter<String>, key: &str, who: &str) -> Result<(), RelayError> {
-        limiter.check_key(&key.to_owned()).map_err(|not_until| {
+    fn check<K: Clone + Eq + std::hash::Hash>(
+        &self,
+        limiter: &DefaultKeyedRateLimiter<K>,
+        key: &K,
+        who: &str,
+    ) -> Result<(), RelayError> {
+        // Memory stays bounded whoever calls: keys back at a full budget
+        // carry no state worth keeping.
+        if limiter.len() > MAX_KEYS {
+            limiter.retain_recent();
+        }
+        limiter.check_key(key).map_err(|not_until| {
             let wait = not_until.wait_time_from(self.clock.now());
             let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
             RelayError::new(ErrorCode::RateLimited, format!("too many requests from this {who}"))
@@ -41,9 +71,16 @@ impl RateLimits {
         self.check(&self.sessions, &format!("{account_id}/{device_id}"), "session")
     }
 
-    /// One relay call from peer `peer_id`.
-    pub fn peer(&self, peer_id: &str) -> Result<(), RelayError> {
-        self.check(&self.peers, peer_id, "relay")
+    /// One relay call of `method` from peer `peer_id`.
+    pub fn peer(&self, peer_id: &str, method: &str) -> Result<(), RelayError> {
+        let limiter = if method == "route.get" { &self.lookups } else { &self.peers };
+        self.check(limiter, &peer_id.to_owned(), "relay")
+    }
+
+    /// One session-less client call from address `ip` (unknown: shared).
+    pub fn anonymous(&self, ip: Option<IpAddr>) -> Result<(), RelayError> {
+        let ip = ip.unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
+        self.check(&self.anonymous, &ip, "address")
     }
 }
 
@@ -51,9 +88,13 @@ impl RateLimits {
 mod tests {
     use super::*;
 
+    fn rates(session: (u32, u32), peer: (u32, u32)) -> Rates {
+        Rates { session, peer, peer_lookup: (1, 2), anonymous: (1, 2) }
+    }
+
     #[test]
     fn a_session_over_its_burst_is_rate_limited_with_retry_after() {
-        let l = RateLimits::new(1, 3, 100, 100);
+        let l = RateLimits::new(rates((1, 3), (100, 100)));
         for _ in 0..3 {
             l.session("a", "phone").unwrap();
         }
@@ -62,15 +103,34 @@ mod tests {
         assert!(e.data.unwrap()["retry_after"].as_u64().unwrap() >= 1);
         // Other sessions and peers have their own budgets.
         l.session("a", "laptop").unwrap();
-        l.peer("relay-b").unwrap();
+        l.peer("relay-b", "message.deliver").unwrap();
     }
 
     #[test]
     fn a_peer_over_its_burst_is_rate_limited() {
-        let l = RateLimits::new(100, 100, 1, 2);
-        l.peer("relay-b").unwrap();
-        l.peer("relay-b").unwrap();
-        assert_eq!(l.peer("relay-b").unwrap_err().code, ErrorCode::RateLimited);
-        l.peer("relay-c").unwrap();
+        let l = RateLimits::new(rates((100, 100), (1, 2)));
+        l.peer("relay-b", "message.deliver").unwrap();
+        l.peer("relay-b", "message.deliver").unwrap();
+        assert_eq!(l.peer("relay-b", "message.deliver").unwrap_err().code, ErrorCode::RateLimited);
+        l.peer("relay-c", "message.deliver").unwrap();
+    }
+
+    #[test]
+    fn route_lookups_of_a_peer_do_not_spend_its_delivery_budget() {
+        let l = RateLimits::new(rates((100, 100), (1, 2)));
+        l.peer("relay-b", "route.get").unwrap();
+        l.peer("relay-b", "route.get").unwrap();
+        assert_eq!(l.peer("relay-b", "route.get").unwrap_err().code, ErrorCode::RateLimited);
+        l.peer("relay-b", "message.deliver").unwrap();
+    }
+
+    #[test]
+    fn session_less_calls_are_limited_per_address() {
+        let l = RateLimits::new(rates((100, 100), (100, 100)));
+        let a = Some("127.0.0.2".parse().unwrap());
+        l.anonymous(a).unwrap();
+        l.anonymous(a).unwrap();
+        assert_eq!(l.anonymous(a).unwrap_err().code, ErrorCode::RateLimited);
+        l.anonymous(Some("127.0.0.3".parse().unwrap())).unwrap();
     }
 }

@@ -7,7 +7,7 @@ use crate::config::Peer;
 use actix_web::http::StatusCode;
 use awc::error::{ConnectError, SendRequestError};
 use ed25519_dalek::SigningKey;
-use relay_actors::delivery::transport::{AttemptOutcome, LocalFuture, Transport};
+use relay_actors::delivery::transport::{AttemptOutcome, LocalFuture, RouteLookup, Transport};
 use relay_actors::SharedClock;
 use relay_schemas::methods::DeliverParams;
 use relay_schemas::objects::{RelayRef, Route};
@@ -158,17 +158,38 @@ impl PeerClient {
         }
     }
 
-    /// The highest valid revision of `account_id`'s route any peer knows.
-    pub async fn fetch_route(self, account_id: String) -> Option<Wire<Route>> {
-        let body = serde_json::to_vec(&json!({ "account_id": account_id })).ok()?;
+    /// The highest valid revision of `account_id`'s route any peer knows;
+    /// without one, `Absent` only when every peer answered that it knows
+    /// none (a `rate_limited` or unreachable peer proves nothing).
+    pub async fn fetch_route(self, account_id: String) -> RouteLookup {
+        let Ok(body) = serde_json::to_vec(&json!({ "account_id": account_id })) else { return RouteLookup::Unknown };
         let calls = self.inner.peers.keys().map(|id| self.call(id, "route.get", body.clone()));
+        let answers = futures_util::future::join_all(calls).await;
         let now = self.inner.clock.now();
-        futures_util::future::join_all(calls)
-            .await
-            .into_iter()
-            .filter_map(|r| std::str::from_utf8(&r.ok()?).ok().and_then(|s| Wire::<Route>::parse(s).ok()))
-            .filter(|r| r.account_id == account_id && r.check(now, self.inner.clock_tolerance).is_ok())
-            .max_by_key(|r| r.revision)
+        let mut best: Option<Wire<Route>> = None;
+        let mut absent = true;
+        for answer in answers {
+            match answer {
+                Ok(bytes) => {
+                    let route = std::str::from_utf8(&bytes).ok().and_then(|s| Wire::<Route>::parse(s).ok());
+                    match route
+                        .filter(|r| r.account_id == account_id && r.check(now, self.inner.clock_tolerance).is_ok())
+                    {
+                        Some(r) if best.as_ref().is_none_or(|b| r.revision > b.revision) => best = Some(r),
+                        Some(_) => {}
+                        None => absent = false,
+                    }
+                }
+                Err(CallError::Answered { error, .. })
+                    if matches!(error.code, ErrorCode::NotFound | ErrorCode::RouteNotFound) => {}
+                Err(_) => absent = false,
+            }
+        }
+        match best {
+            Some(route) => RouteLookup::Found(route),
+            None if absent => RouteLookup::Absent,
+            None => RouteLookup::Unknown,
+        }
     }
 }
 
@@ -185,8 +206,12 @@ impl Transport for PeerClient {
         })
     }
 
-    fn fetch_route(&self, account_id: &str) -> LocalFuture<Option<Wire<Route>>> {
+    fn fetch_route(&self, account_id: &str) -> LocalFuture<RouteLookup> {
         Box::pin(self.clone().fetch_route(account_id.to_owned()))
+    }
+
+    fn is_peer(&self, relay_id: &str) -> bool {
+        self.inner.peers.contains_key(relay_id)
     }
 
     fn peer_status(&self, relay: &RelayRef, from: &str, message_id: &str) -> LocalFuture<Option<DeliveryStatus>> {

@@ -5,6 +5,7 @@
 
 use crate::rpc::{params_digest, parse, Relay};
 use ed25519_dalek::VerifyingKey;
+use relay_actors::account::decide::{self, Ctx};
 use relay_actors::account::{AccountCmd, Reply};
 use relay_schemas::ids::{check_account_id, check_message_id};
 use relay_schemas::methods::{AccountIdParams, DeliverParams};
@@ -37,8 +38,12 @@ impl PeerKeys {
         let deny = |why: &str| RelayError::unauthorized(format!("relay authentication: {why}"));
         let id = h.relay_id.ok_or_else(|| deny("Relay-Id missing"))?;
         let key = self.keys.get(id).ok_or_else(|| deny("not a configured peer"))?;
-        let ts: u64 =
-            h.timestamp.and_then(|t| t.parse().ok()).ok_or_else(|| deny("Relay-Timestamp missing or malformed"))?;
+        // Digits only: `u64::from_str` would also take a leading `+`.
+        let ts: u64 = h
+            .timestamp
+            .filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|t| t.parse().ok())
+            .ok_or_else(|| deny("Relay-Timestamp missing or malformed"))?;
         if ts.abs_diff(now) > self.clock_tolerance {
             return Err(deny("Relay-Timestamp outside clock tolerance"));
         }
@@ -66,6 +71,29 @@ impl Relay {
         }
     }
 
+    /// PROTOCOL §5 *Who may deliver*: `peer` must be a home relay of the
+    /// sender under the route the message was accepted with, and when this
+    /// relay serves the sender too, the sending device must be valid here.
+    async fn may_deliver(&self, peer: &str, p: &DeliverParams) -> Result<(), RelayError> {
+        let sup = self.supervisor();
+        let env = &p.envelope;
+        check_account_id("envelope.from", &env.from)?;
+        let known = sup.routes().get(&env.from).map_err(|e| RelayError::internal(e.to_string()))?;
+        let policy = sup.policy();
+        let ctx = Ctx { now: sup.clock().now(), policy: &policy };
+        decide::may_deliver(p.sender_route.as_ref(), known.as_ref(), peer, env, ctx)?;
+        let serves_sender = known.as_ref().is_some_and(|r| r.lists_relay(&policy.relay_id));
+        if serves_sender && sup.account_exists(&env.from)? {
+            let device_id = env.from_device_id.clone();
+            sup.ask(&env.from, AccountCmd::CheckSender { device_id }).await?;
+        }
+        if let Some(route) = &p.sender_route {
+            // Checked valid above: the route book keeps it if it is newer.
+            let _ = sup.routes().offer(route);
+        }
+        Ok(())
+    }
+
     async fn on_local(&self, account_id: &str, cmd: AccountCmd) -> Result<Reply, RelayError> {
         check_account_id("account_id", account_id)?;
         if !self.supervisor().account_exists(account_id)? {
@@ -76,7 +104,7 @@ impl Relay {
 
     pub async fn call_relay(&self, method: &str, peer: &str, body: &[u8]) -> Result<String, RelayError> {
         let started = std::time::Instant::now();
-        let result = match self.limits().peer(peer) {
+        let result = match self.limits().peer(peer, method) {
             Ok(()) => self.dispatch_relay(method, peer, body).await,
             Err(e) => Err(e),
         };
@@ -89,6 +117,7 @@ impl Relay {
             "message.deliver" => {
                 let params: DeliverParams = parse(body)?;
                 let digest = params_digest(body)?;
+                self.may_deliver(peer, &params).await?;
                 let to = params.envelope.to.clone();
                 Self::json_of(self.on_local(&to, AccountCmd::Receive { params, digest }).await?)
             }

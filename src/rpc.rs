@@ -10,7 +10,9 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use relay_actors::account::decide::{self, Ctx};
 use relay_actors::account::{AccountCmd, Reply};
+use relay_actors::delivery::RouteLookup;
 use relay_actors::sessions::Session;
 use relay_actors::Supervisor;
 use relay_schemas::encoding::jcs_digest;
@@ -19,7 +21,12 @@ use relay_schemas::methods::*;
 use relay_schemas::{DeliveryStatus, ErrorCode, RelayError};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
+
+/// The client methods a stranger may call without a session: rate limited
+/// per client address.
+const SESSIONLESS: &[&str] = &["account.register", "session.challenge", "session.open", "route.get"];
 
 pub struct Relay {
     sup: Supervisor,
@@ -44,11 +51,15 @@ struct MethodLabels {
 
 /// Parses params, mapping any JSON or type error to `invalid_params`.
 /// Params are a JSON object: serde would also take a positional array.
+/// I-JSON anywhere in the body (no member twice, safe integers): a repeated
+/// unknown member would otherwise be merged before the idempotency digest.
 pub(crate) fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, RelayError> {
     if body.trim_ascii_start().first() != Some(&b'{') {
         return Err(RelayError::invalid_params("params must be a JSON object"));
     }
-    serde_json::from_slice(body).map_err(|e| RelayError::invalid_params(format!("params: {e}")))
+    let text = std::str::from_utf8(body).map_err(|_| RelayError::invalid_params("params: not UTF-8"))?;
+    relay_schemas::ijson::check(text).map_err(|e| RelayError::invalid_params(format!("params: {e}")))?;
+    serde_json::from_str(text).map_err(|e| RelayError::invalid_params(format!("params: {e}")))
 }
 
 /// blake3 of the JCS of the complete params object: the idempotency
@@ -152,9 +163,24 @@ impl Relay {
         Self::json_of(self.sup.ask(account_id, cmd).await?)
     }
 
-    pub async fn call(&self, method: &str, token: Option<&str>, body: &[u8]) -> Result<String, RelayError> {
+    /// One client call. `ip` is the caller's address: methods without a
+    /// session are rate limited per address.
+    pub async fn call(
+        &self,
+        method: &str,
+        token: Option<&str>,
+        ip: Option<IpAddr>,
+        body: &[u8],
+    ) -> Result<String, RelayError> {
         let started = Instant::now();
-        let result = self.dispatch(method, token, body).await;
+        let result = match SESSIONLESS.contains(&method) {
+            true => self.limits.anonymous(ip),
+            false => Ok(()),
+        };
+        let result = match result {
+            Ok(()) => self.dispatch(method, token, body).await,
+            Err(e) => Err(e),
+        };
         self.observe(method, started, &result);
         result
     }
@@ -165,8 +191,13 @@ impl Relay {
                 let params: RegisterParams = parse(body)?;
                 let digest = params_digest(body)?;
                 check_account_id("route.account_id", &params.route.account_id)?;
+                // Every stateless check before an actor exists for the account.
+                let policy = self.sup.policy();
+                decide::check_register(&params, Ctx { now: self.sup.clock().now(), policy: &policy })?;
                 let account_id = params.route.account_id.clone();
-                Self::json_of(self.sup.ask(&account_id, AccountCmd::Register { params, digest }).await?)
+                // The highest revision known here or at the peers.
+                let known = self.sup.resolve_route(&account_id, true).await;
+                Self::json_of(self.sup.ask(&account_id, AccountCmd::Register { params, digest, known }).await?)
             }
             "session.challenge" => {
                 let p: ChallengeParams = parse(body)?;
@@ -204,7 +235,12 @@ impl Relay {
             "route.get" => {
                 let p: AccountIdParams = parse(body)?;
                 check_account_id("account_id", &p.account_id)?;
-                let route = self.sup.resolve_route(&p.account_id, false).await;
+                // Strangers get what this relay knows; only a device with a
+                // session here makes it ask its peers.
+                let route = match token.map(|t| self.session(Some(t))).transpose()? {
+                    Some(_) => self.sup.resolve_route(&p.account_id, false).await,
+                    None => self.sup.routes().get(&p.account_id).map_err(|e| RelayError::internal(e.to_string()))?,
+                };
                 let route = route
                     .ok_or_else(|| RelayError::new(ErrorCode::RouteNotFound, "no route known for this account"))?;
                 Ok(route.raw().get().to_owned())
@@ -262,9 +298,16 @@ impl Relay {
         let digest = params_digest(body)?;
         let to = params.envelope.to.clone();
         check_account_id("envelope.to", &to)?;
-        // Nothing is accepted for a recipient no relay we know of serves.
-        if to != s.account_id && self.sup.resolve_route(&to, false).await.is_none() {
-            return Err(RelayError::new(ErrorCode::RouteNotFound, format!("no route known for account {to}")));
+        // Refused only when the peers' answers prove that no relay serves
+        // the recipient; when some peer could not be asked, the message is
+        // accepted and its route resolved at every attempt (PROTOCOL §4).
+        if to != s.account_id {
+            if let RouteLookup::Absent = self.sup.lookup_route(&to, false).await {
+                return Err(RelayError::new(
+                    ErrorCode::RouteNotFound,
+                    format!("no relay knows a route for account {to}"),
+                ));
+            }
         }
         let reply = self.sup.ask(&s.account_id, AccountCmd::Send { device: s.device_id, params, digest }).await?;
         match reply {

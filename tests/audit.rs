@@ -426,7 +426,7 @@ async fn audit_message_tells_two_failed_attempts_then_target_accepted() {
     let (ca, cb) = (Client::new(&a.url), Client::new(&b.url));
     let alice = User::register(&ca, "relay-a", 1, false).await;
     let bob = User::register(&cb, "relay-b", 2, true).await;
-    ca.ok("route.get", None, &json!({"account_id": bob.id()})).await; // relay-a learns bob's route
+    ca.ok("route.get", alice.token(0), &json!({"account_id": bob.id()})).await; // relay-a learns bob's route
     b.kill9();
 
     let sent = ca.ok("message.send", alice.token(0), &alice.send_params(&bob, &mid(1), true)).await;
@@ -665,6 +665,7 @@ fn generate_a_large_log() {
                     device_certificate: wire(account.certificate(phone, t0, None)),
                     public_discovery: true,
                     params_digest: "0".repeat(64),
+                    registration: None,
                 });
             }
             match round % 8 {

@@ -115,8 +115,13 @@ fn all_methods(fx: &Fx) -> Vec<(&'static str, Option<String>, Value)> {
         (
             "account.register",
             None,
-            json!({"route": a.account.route(1, &[(RELAY, fx.c.base.as_str())], now()),
-                                          "device_certificate": a.account.certificate(&a.devices[0], now(), None)}),
+            a.account.register_params(
+                &a.account.route(1, &[(RELAY, fx.c.base.as_str())], now()),
+                &a.account.certificate(&a.devices[0], now(), None),
+                RELAY,
+                false,
+                now(),
+            ),
         ),
         ("session.challenge", None, json!({"account_id": a.id(), "device_id": "phone"})),
         (
@@ -145,7 +150,7 @@ fn all_methods(fx: &Fx) -> Vec<(&'static str, Option<String>, Value)> {
 fn positional(method: &str, params: &Value) -> Value {
     let m = params.as_object().unwrap();
     let order: Vec<&str> = match method {
-        "account.register" => vec!["route", "device_certificate", "settings"],
+        "account.register" => vec!["route", "device_certificate", "registration"],
         "session.challenge" => vec!["account_id", "device_id"],
         "session.open" => vec!["account_id", "device_id", "challenge", "signature"],
         "message.send" => vec!["envelope", "recipient_boxes", "sender_boxes", "authorization"],
@@ -671,11 +676,11 @@ async fn certificate_with_a_forged_signature_at_register_is_invalid_signature() 
         },
     ];
     for cert in forged {
-        let params = json!({"route": route, "device_certificate": cert});
+        let params = carol.register_params(&route, &cert, RELAY, false, now());
         assert_eq!(fx.c.err("account.register", None, &params).await, "invalid_signature", "{cert}");
     }
     // A forged route signature at register too.
-    let params = json!({"route": resign(Tag::Route, &route, &phone.key), "device_certificate": good});
+    let params = carol.register_params(&resign(Tag::Route, &route, &phone.key), &good, RELAY, false, now());
     assert_eq!(fx.c.err("account.register", None, &params).await, "invalid_signature");
     // Carol does not exist.
     assert_eq!(fx.c.err("route.get", None, &json!({"account_id": carol.id})).await, "route_not_found");
@@ -686,7 +691,7 @@ async fn certificate_with_a_forged_signature_at_register_is_invalid_signature() 
     assert_eq!(fx.c.err("account.devices.get", fx.alice.token(0), &json!({"account_id": carol.id})).await, "not_found");
     fx.finish_without_resend().await;
     // And she can still register properly afterwards.
-    let res = fx.c.ok("account.register", None, &json!({"route": route, "device_certificate": good})).await;
+    let res = fx.c.ok("account.register", None, &carol.register_params(&route, &good, RELAY, false, now())).await;
     assert_eq!(res["account_id"], carol.id);
     fx.c.assert_healthy().await;
 }
@@ -698,7 +703,7 @@ async fn sending_to_an_account_whose_register_was_rejected_is_route_not_found() 
     let phone = Device::from_seed("phone", [103; 32]);
     let route = carol.route(1, &[(RELAY, fx.c.base.as_str())], now());
     let forged = resign(Tag::DeviceCertificate, &carol.certificate(&phone, now(), None), &phone.key);
-    let params = json!({"route": route, "device_certificate": forged});
+    let params = carol.register_params(&route, &forged, RELAY, false, now());
     assert_eq!(fx.c.err("account.register", None, &params).await, "invalid_signature");
     let p = fx.alice.params_to(0, &carol.id, &attempted(), now(), &["phone"], Some(&["phone"]));
     let (status, v) = fx.c.call("message.send", fx.alice.token(0), &p).await;

@@ -66,7 +66,7 @@ async fn destination_down_then_up_before_the_deadline_receives_the_message_once(
     let (ca, cb) = (Client::new(&a.url), Client::new(&b.url));
     let alice = User::register(&ca, "relay-a", 1, false).await;
     let bob = User::register(&cb, "relay-b", 2, true).await;
-    ca.ok("route.get", None, &json!({"account_id": bob.id()})).await; // relay-a learns bob's route
+    ca.ok("route.get", alice.token(0), &json!({"account_id": bob.id()})).await; // relay-a learns bob's route (asking its peers: a session holder may)
     b.kill9();
 
     let status = ca.ok("message.send", alice.token(0), &alice.send_params(&bob, &mid(1), true)).await;
@@ -89,7 +89,7 @@ async fn destination_down_past_the_deadline_fails_with_message_expired() {
     let (ca, cb) = (Client::new(&a.url), Client::new(&b.url));
     let alice = User::register(&ca, "relay-a", 1, false).await;
     let bob = User::register(&cb, "relay-b", 2, true).await;
-    ca.ok("route.get", None, &json!({"account_id": bob.id()})).await;
+    ca.ok("route.get", alice.token(0), &json!({"account_id": bob.id()})).await;
     b.kill9();
 
     ca.ok("message.send", alice.token(0), &alice.send_params(&bob, &mid(1), true)).await;
@@ -117,7 +117,7 @@ async fn in_flight_delivery_follows_the_recipient_when_it_moves_home() {
     let (ca, cb, cc) = (Client::new(&a.url), Client::new(&b.url), Client::new(&c.url));
     let alice = User::register(&ca, "relay-a", 1, false).await;
     let mut bob = User::register(&cb, "relay-b", 2, true).await;
-    ca.ok("route.get", None, &json!({"account_id": bob.id()})).await;
+    ca.ok("route.get", alice.token(0), &json!({"account_id": bob.id()})).await;
     b.kill9();
     ca.ok("message.send", alice.token(0), &alice.send_params(&bob, &mid(1), true)).await;
 
@@ -129,7 +129,7 @@ async fn in_flight_delivery_follows_the_recipient_when_it_moves_home() {
     cc.ok(
         "account.register",
         None,
-        &json!({"route": route2, "device_certificate": cert, "settings": {"public_discovery": true}}),
+        &bob.account.register_params(&route2, &cert, "relay-c", true, common::client::now()),
     )
     .await;
     let moved = cb.ok("route.update", bob.token(0), &json!({"route": route2})).await;

@@ -45,7 +45,7 @@ async fn sigkill_with_hundreds_pending_loses_nothing_and_delivers_each_once() {
     let ca = Client::new(&a.url);
     let alice = User::register(&ca, "relay-a", 1, false).await;
     let bob = User::register(&Client::new(&b.url), "relay-b", 2, true).await;
-    ca.ok("route.get", None, &json!({"account_id": bob.id()})).await;
+    ca.ok("route.get", alice.token(0), &json!({"account_id": bob.id()})).await;
     b.kill9();
 
     for n in 0..N {

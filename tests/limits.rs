@@ -40,7 +40,8 @@ async fn a_session_over_its_rate_is_rate_limited_with_retry_after() {
 async fn a_peer_over_its_rate_is_rate_limited() {
     let dir = tempfile::tempdir().unwrap();
     let cluster = Cluster::plan(dir.path(), &["relay-a", "relay-b"]);
-    let a = cluster.start("relay-a", "[limits]\npeer_rate = 1\npeer_burst = 3\n");
+    // route.get spends the peer's lookup budget (deliveries have their own).
+    let a = cluster.start("relay-a", "[limits]\npeer_lookup_rate = 1\npeer_lookup_burst = 3\n");
     let key = ed25519_dalek::SigningKey::from_bytes(&[201; 32]); // relay-b (Cluster::plan)
     let http = awc::Client::default();
     let body = br#"{"account_id":"00000000000000000000000000000000"}"#;
@@ -138,8 +139,8 @@ async fn a_dead_destination_with_many_pending_deliveries_does_not_delay_a_health
     let bob = User::register(&Client::new(&b.url), "relay-b", 2, true).await;
     let xavier = Account::from_seed([77; 32]);
     dead.set_route(&xavier.id, xavier.route(1, &[("relay-x", &dead.url)], now()));
-    ca.ok("route.get", None, &json!({"account_id": bob.id()})).await;
-    ca.ok("route.get", None, &json!({"account_id": xavier.id})).await;
+    ca.ok("route.get", alice.token(0), &json!({"account_id": bob.id()})).await;
+    ca.ok("route.get", alice.token(0), &json!({"account_id": xavier.id})).await;
 
     // Hundreds of sends to the dead relay, 50 at a time, in the background.
     let token = alice.tokens[0].clone();

@@ -105,7 +105,7 @@ async fn register_returns_account_id_and_route_and_is_idempotent_on_identical_co
     let phone = Device::from_seed("phone", [103; 32]);
     let route = carol.route(1, &[(RELAY, c.base.as_str())], now());
     let cert = carol.certificate(&phone, now(), None);
-    let params = json!({"route": route, "device_certificate": cert, "settings": {"public_discovery": false}});
+    let params = carol.register_params(&route, &cert, RELAY, false, now());
     assert_valid_params("account.register", &params);
     let res = c.ok("account.register", None, &params).await;
     assert_valid_result("account.register", &res);
@@ -114,7 +114,7 @@ async fn register_returns_account_id_and_route_and_is_idempotent_on_identical_co
     // Identical content: the same answer, nothing new.
     assert_eq!(c.ok("account.register", None, &params).await, res);
     // Same account, different content.
-    let other = json!({"route": route, "device_certificate": cert, "settings": {"public_discovery": true}});
+    let other = carol.register_params(&route, &cert, RELAY, true, now());
     assert_eq!(c.err("account.register", None, &other).await, "state_conflict");
     assert_eq!(c.ok("route.get", None, &json!({"account_id": carol.id})).await, route);
 }
@@ -126,7 +126,7 @@ async fn register_with_a_route_that_does_not_list_this_relay_fails_with_invalid_
     let phone = Device::from_seed("phone", [103; 32]);
     let route = carol.route(1, &[("relay-z", "http://relay-z.invalid")], now());
     let cert = carol.certificate(&phone, now(), None);
-    let params = json!({"route": route, "device_certificate": cert});
+    let params = carol.register_params(&route, &cert, RELAY, false, now());
     assert_valid_params("account.register", &params);
     assert_eq!(c.err("account.register", None, &params).await, "invalid_params");
     assert_eq!(c.err("route.get", None, &json!({"account_id": carol.id})).await, "route_not_found");
@@ -139,7 +139,7 @@ async fn register_with_a_certificate_of_another_account_fails_with_invalid_param
     let dave = Account::from_seed([4; 32]);
     let phone = Device::from_seed("phone", [103; 32]);
     let route = carol.route(1, &[(RELAY, c.base.as_str())], now());
-    let params = json!({"route": route, "device_certificate": dave.certificate(&phone, now(), None)});
+    let params = carol.register_params(&route, &dave.certificate(&phone, now(), None), RELAY, false, now());
     assert_eq!(c.err("account.register", None, &params).await, "invalid_params");
     assert_eq!(c.err("route.get", None, &json!({"account_id": carol.id})).await, "route_not_found");
 }
@@ -153,7 +153,7 @@ async fn register_with_a_forged_certificate_signature_fails_with_invalid_signatu
     // Signed by the device key instead of the account key.
     let cert = resign(Tag::DeviceCertificate, &carol.certificate(&phone, now(), None), &phone.key);
     assert_eq!(
-        c.err("account.register", None, &json!({"route": route, "device_certificate": cert})).await,
+        c.err("account.register", None, &carol.register_params(&route, &cert, RELAY, false, now())).await,
         "invalid_signature"
     );
     assert_eq!(c.err("route.get", None, &json!({"account_id": carol.id})).await, "route_not_found");
@@ -771,7 +771,7 @@ async fn send_to_an_account_whose_registration_failed_fails_with_route_not_found
     let ghost = Account::from_seed([66; 32]);
     let phone = Device::from_seed("phone", [166; 32]);
     let route = ghost.route(1, &[("relay-z", "http://relay-z.invalid")], now());
-    let reg = json!({"route": route, "device_certificate": ghost.certificate(&phone, now(), None)});
+    let reg = ghost.register_params(&route, &ghost.certificate(&phone, now(), None), RELAY, false, now());
     assert_eq!(c.err("account.register", None, &reg).await, "invalid_params");
     assert_eq!(c.err("route.get", None, &json!({"account_id": ghost.id})).await, "route_not_found");
     let p = alice.params_to(0, &ghost.id, &mid(1), now(), &["phone"], Some(&["phone"]));
@@ -932,11 +932,14 @@ async fn relay_deliver_for_an_account_this_relay_knows_nothing_of_fails_with_tar
     let dir = tempfile::tempdir().unwrap();
     let relay = RelayProc::start(dir.path(), RELAY, &extra);
     let c = Client::new(&relay.url);
-    let alice = User::register(&c, RELAY, 1, false).await;
+    // The sender is served by relay-t, so relay-t may deliver as it.
+    let dave = Account::from_seed([67; 32]);
+    let dave_phone = Device::from_seed("phone", [167; 32]);
     let ghost = Account::from_seed([66; 32]);
-    let p = alice.params_to(0, &ghost.id, &mid(1), now(), &["phone"], None);
-    let deliver = json!({"envelope": p["envelope"], "recipient_boxes": p["recipient_boxes"],
-                         "sender_device_certificate": alice.account.certificate(&alice.devices[0], now(), None)});
+    let env = dave_phone.envelope(&dave.id, &ghost.id, &mid(1), now(), b"ciphertext bytes");
+    let deliver = json!({"envelope": env, "recipient_boxes": [key_box("phone", b"box")],
+                         "sender_device_certificate": dave.certificate(&dave_phone, now(), None),
+                         "sender_route": dave.route(1, &[("relay-t", "http://127.0.0.1:9")], now())});
     assert_valid_params("message.deliver", &deliver);
     let (status, body) = relay_call(&c, RELAY, "relay-t", &peer_key, "message.deliver", &deliver).await;
     assert_valid("ErrorResponse.schema.json", &body);

@@ -55,7 +55,7 @@ async fn setup(with_c: bool) -> Net {
     let (ca, cb) = (Client::new(&a.url), Client::new(&b.url));
     let alice = User::register(&ca, "relay-a", 1, false).await;
     let bob = User::register(&cb, "relay-b", 2, true).await;
-    let route = ca.ok("route.get", None, &json!({"account_id": bob.id()})).await;
+    let route = ca.ok("route.get", alice.token(0), &json!({"account_id": bob.id()})).await;
     assert_eq!(route["revision"], 1, "{route}");
     Net { _dir: dir, cluster, a, _b: b, _c: c, proxy, ca, cb, alice, bob }
 }
@@ -188,17 +188,12 @@ async fn unknown_result_is_confirmed_with_relay_b(fault: Fault) {
     // Revision 2 names relay-c; a new message's first attempt fetches it.
     let route2 = net.bob.account.route(2, &[("relay-c", net.cluster.url("relay-c"))], now());
     let cert = net.bob.account.certificate(&net.bob.devices[0], now(), None);
-    cc.ok(
-        "account.register",
-        None,
-        &json!({"route": route2, "device_certificate": cert, "settings": {"public_discovery": true}}),
-    )
-    .await;
+    cc.ok("account.register", None, &net.bob.account.register_params(&route2, &cert, "relay-c", true, now())).await;
     net.ca.ok("message.send", net.alice.token(0), &net.alice.send_params(&net.bob, &m2, true)).await;
     let st2 = wait_terminal(&net.ca, &net.alice, &m2, 20).await;
     assert_eq!(st2["status"], "target_accepted", "{kind}: {st2}");
     assert!(net.proxy.deliveries(&m2).is_empty(), "{kind}: m2 went to relay-c, not relay-b");
-    let known = net.ca.ok("route.get", None, &json!({"account_id": net.bob.id()})).await;
+    let known = net.ca.ok("route.get", net.alice.token(0), &json!({"account_id": net.bob.id()})).await;
     assert_eq!(known["revision"], 2, "{kind}: relay-a knows revision 2: {known}");
 
     // At least one more (faulted) attempt at relay-b while revision 2 is known.

@@ -160,7 +160,9 @@ proptest! {
         let sig = sign_relay_request(&peer_key(p.signer), m, target, *ts, body);
         let h = RelayHeaders { relay_id: Some(&p.relay_id), timestamp: Some(&p.timestamp), signature: Some(&sig) };
         let got = peers().authenticate(&h, &p.method, &p.body, p.now);
-        let presented_ts: Option<u64> = p.timestamp.parse().ok();
+        // Digits only (a leading `+` is not a timestamp).
+        let presented_ts: Option<u64> =
+            p.timestamp.bytes().all(|b| b.is_ascii_digit()).then(|| p.timestamp.parse().ok()).flatten();
         let key_matches = matches!((p.relay_id.as_str(), p.signer), ("relay-b", 1) | ("relay-c", 2));
         let exact = m == &p.method && target == OWN && Some(*ts) == presented_ts && body == &p.body;
         let in_time = presented_ts.is_some_and(|t| t.abs_diff(p.now) <= TOLERANCE);
@@ -219,6 +221,9 @@ fn arb_key() -> impl Strategy<Value = String> {
             "route",
             "device_certificate",
             "settings",
+            "registration",
+            "relay_id",
+            "issued_at",
             "public_discovery",
             "revocation",
             "grant_id",
@@ -355,11 +360,13 @@ fn valid_params(user: &User, method: &str, url: &str, n: u64) -> Value {
     let stranger = Account::from_seed([(n % 200) as u8 + 50; 32]);
     let mid = common::client::mid(n);
     match method {
-        "account.register" => json!({
-            "route": stranger.route(1, &[("relay-a", url)], now),
-            "device_certificate": stranger.certificate(&tab, now, None),
-            "settings": {"public_discovery": n.is_multiple_of(2)},
-        }),
+        "account.register" => stranger.register_params(
+            &stranger.route(1, &[("relay-a", url)], now),
+            &stranger.certificate(&tab, now, None),
+            "relay-a",
+            n.is_multiple_of(2),
+            now,
+        ),
         "session.challenge" => json!({"account_id": a.id, "device_id": "phone"}),
         "session.open" => json!({"account_id": a.id, "device_id": "phone", "challenge": "AAAA",
                                  "signature": user.devices[0].session_proof(&a.id, "AAAA", "relay-a")}),

@@ -277,7 +277,7 @@ async fn sender_sees_delivering_then_failed_when_the_destination_stays_down() {
     let (ca, cb) = (Client::new(&a.url), Client::new(&b.url));
     let alice = User::register(&ca, "relay-a", 1, false).await;
     let bob = User::register(&cb, "relay-b", 2, true).await;
-    ca.ok("route.get", None, &json!({"account_id": bob.id()})).await; // relay-a learns bob's route
+    ca.ok("route.get", alice.token(0), &json!({"account_id": bob.id()})).await; // relay-a learns bob's route
     b.kill9();
 
     let mut alice_ws = WsClient::connect(&a.url, alice.token(0)).await;
@@ -413,9 +413,11 @@ async fn a_retried_cross_relay_delivery_produces_no_second_notification() {
     let relay_a = ed25519_dalek::SigningKey::from_bytes(&[200; 32]);
     let devices = ca.ok("account.devices.get", alice.token(0), &json!({"account_id": alice.id()})).await;
     let cert = devices["certificates"][0].clone();
+    let route = ca.ok("route.get", None, &json!({"account_id": alice.id()})).await;
     let deliver = |n: u64| {
         let mut p = alice.send_params(&bob, &mid(n), false);
         p["sender_device_certificate"] = cert.clone();
+        p["sender_route"] = route.clone();
         p
     };
     let (p1, p2) = (deliver(1), deliver(2));

@@ -33,6 +33,9 @@ pub struct Policy {
     pub notify_queue: usize,
     /// Delivery attempts in flight at once to one destination relay.
     pub max_in_flight_per_destination: usize,
+    /// Account actors resident at most; past this some are passivated at
+    /// once, however recently used (memory stays bounded whatever is asked).
+    pub max_resident_accounts: usize,
 }
 
 impl Policy {
@@ -54,6 +57,7 @@ impl Policy {
             passivate_after_ms: 10 * 60 * 1000,
             notify_queue: 256,
             max_in_flight_per_destination: 64,
+            max_resident_accounts: 100_000,
         }
     }
 }

@@ -4,7 +4,7 @@
 
 use crate::account::{self, actor::Answer, AccountActor, AccountCmd, Reply};
 use crate::clock::SharedClock;
-use crate::delivery::{self, actor::DeliveryActor, Transport};
+use crate::delivery::{self, actor::DeliveryActor, RouteLookup, Transport};
 use crate::metrics::Metrics;
 use crate::notify::Notifier;
 use crate::policy::Policy;
@@ -54,7 +54,18 @@ struct Inner {
     arbiters: std::sync::RwLock<Vec<ArbiterHandle>>,
     deliveries: Mutex<HashMap<String, Addr<DeliveryActor>>>,
     scheduler: OnceLock<Addr<Scheduler>>,
+    /// Route lookups at the peers in progress, with who waits for each:
+    /// one fetch per account however many ask (single flight).
+    lookups: Mutex<HashMap<String, Vec<oneshot::Sender<RouteLookup>>>>,
+    /// Recent lookups that found no route (account → (until ms, result)),
+    /// so a flood of unknown ids costs the peers one question per id.
+    misses: DashMap<String, (u64, RouteLookup)>,
 }
+
+/// How long a lookup that found no route is remembered.
+const MISS_TTL_MS: u64 = 30_000;
+/// Remembered misses at most; past this the cache starts over.
+const MISS_ENTRIES: usize = 65_536;
 
 /// Cheap to clone; shared by the transport and every actor.
 #[derive(Clone)]
@@ -79,6 +90,8 @@ impl Supervisor {
                 arbiters: Default::default(),
                 deliveries: Mutex::default(),
                 scheduler: OnceLock::new(),
+                lookups: Mutex::default(),
+                misses: DashMap::new(),
             }),
         }
     }
@@ -146,16 +159,65 @@ impl Supervisor {
     /// a route error, or when none is known) it first asks the peers,
     /// bypassing the cache. A newer valid route from a peer is kept.
     pub async fn resolve_route(&self, account_id: &str, fresh: bool) -> Option<Wire<Route>> {
+        self.lookup_route(account_id, fresh).await.route()
+    }
+
+    /// Like [`Supervisor::resolve_route`], telling also whether the peers'
+    /// answers prove that no relay serves the account. Concurrent lookups
+    /// of one account share one fetch; a miss is remembered for a while
+    /// (`fresh` lookups, after route errors, bypass that memory).
+    pub async fn lookup_route(&self, account_id: &str, fresh: bool) -> RouteLookup {
         let known = self.routes().get(account_id).ok().flatten();
-        if fresh || known.is_none() {
-            if let Some(route) = self.transport().fetch_route(account_id).await {
+        if !fresh {
+            if let Some(route) = known {
+                return RouteLookup::Found(route);
+            }
+            let now = self.clock().now_ms();
+            if let Some(miss) = self.inner.misses.get(account_id).filter(|m| m.0 > now) {
+                return miss.1.clone();
+            }
+        }
+        let waiting = {
+            let mut lookups = lock(&self.inner.lookups);
+            match lookups.get_mut(account_id) {
+                Some(waiters) => {
+                    let (tx, rx) = oneshot::channel();
+                    waiters.push(tx);
+                    Some(rx)
+                }
+                None => {
+                    lookups.insert(account_id.to_owned(), Vec::new());
+                    None
+                }
+            }
+        };
+        if let Some(rx) = waiting {
+            return rx.await.unwrap_or(RouteLookup::Unknown);
+        }
+        // This caller fetches for everyone; the guard hands the result to
+        // the waiters, or drops them (`Unknown`) if this future is dropped.
+        let mut guard = LookupGuard { sup: self, account_id, result: None };
+        let result = match self.transport().fetch_route(account_id).await {
+            RouteLookup::Found(route) => {
                 if let Err(e) = self.routes().offer(&route) {
                     tracing::warn!(account = account_id, error = %e, "cannot keep fetched route");
                 }
+                RouteLookup::Found(self.routes().get(account_id).ok().flatten().unwrap_or(route))
             }
-            return self.routes().get(account_id).ok().flatten();
-        }
-        known
+            miss => match self.routes().get(account_id).ok().flatten() {
+                Some(route) => RouteLookup::Found(route),
+                None => {
+                    if self.inner.misses.len() >= MISS_ENTRIES {
+                        self.inner.misses.clear();
+                    }
+                    let until = self.clock().now_ms() + MISS_TTL_MS;
+                    self.inner.misses.insert(account_id.to_owned(), (until, miss.clone()));
+                    miss
+                }
+            },
+        };
+        guard.result = Some(result.clone());
+        result
     }
 
     /// Number of account actors resident in memory.
@@ -163,9 +225,7 @@ impl Supervisor {
         self.inner.accounts.len()
     }
 
-    /// Whether an account is registered on this relay (it has events; a
-    /// resident actor alone proves nothing: a rejected registration leaves
-    /// one behind).
+    /// Whether an account is registered on this relay (it has events).
     pub fn account_exists(&self, account_id: &str) -> Result<bool, RelayError> {
         let head = self.store().head(&account::stream_id(account_id)).map_err(|e| internal(&e))?;
         Ok(head.seq > 0)
@@ -209,8 +269,22 @@ impl Supervisor {
             }
             Entry::Vacant(v) => v.insert(self.start_account(account_id)?).clone(),
         };
-        self.metrics().actors_resident.set(self.inner.accounts.len() as i64);
+        let resident = self.inner.accounts.len();
+        self.metrics().actors_resident.set(resident as i64);
+        let cap = self.inner.policy.max_resident_accounts;
+        if resident > cap {
+            self.evict(resident - cap + cap / 64, account_id);
+        }
         Ok(addr)
+    }
+
+    /// Over the cap of resident actors: asks `n` of them (in the map's
+    /// order, which is by hash: effectively random, never `keep`) to leave
+    /// memory now. Each leaves unless it still owes a reply.
+    fn evict(&self, n: usize, keep: &str) {
+        for entry in self.inner.accounts.iter().filter(|e| e.key() != keep).take(n) {
+            entry.value().do_send(account::actor::Evict);
+        }
     }
 
     fn start_account(&self, account_id: &str) -> Result<Addr<AccountActor>, RelayError> {
@@ -306,6 +380,24 @@ impl Supervisor {
         match self.ask_with(to, AccountCmd::Receive { params, digest }, Answer::AtOnce).await? {
             Reply::Status(s) => Ok(s),
             _ => Err(RelayError::internal("unexpected reply to receive")),
+        }
+    }
+}
+
+/// Ends a single-flight route lookup: removes it and answers its waiters
+/// (with `Unknown` when the fetching future was dropped half-way).
+struct LookupGuard<'a> {
+    sup: &'a Supervisor,
+    account_id: &'a str,
+    result: Option<RouteLookup>,
+}
+
+impl Drop for LookupGuard<'_> {
+    fn drop(&mut self) {
+        let waiters = lock(&self.sup.inner.lookups).remove(self.account_id).unwrap_or_default();
+        let result = self.result.take().unwrap_or(RouteLookup::Unknown);
+        for w in waiters {
+            let _ = w.send(result.clone());
         }
     }
 }

@@ -3,7 +3,7 @@
 //! decided from the clock, not from sleeps.
 
 use relay_actors::account::{AccountCmd, Reply};
-use relay_actors::delivery::transport::{AttemptOutcome, LocalFuture, Transport};
+use relay_actors::delivery::transport::{AttemptOutcome, LocalFuture, RouteLookup, Transport};
 use relay_actors::delivery::{self, DeliveryEvent};
 use relay_actors::{ManualClock, Policy, Supervisor};
 use relay_schemas::client::{key_box, Account, Device};
@@ -33,9 +33,12 @@ impl Transport for Fake {
         *self.0.delivered.lock().unwrap() += 1;
         Box::pin(async { AttemptOutcome::NotAttempted(RelayError::unavailable("connection refused")) })
     }
-    fn fetch_route(&self, _: &str) -> LocalFuture<Option<Wire<Route>>> {
+    fn fetch_route(&self, _: &str) -> LocalFuture<RouteLookup> {
         let r = self.0.route.lock().unwrap().clone();
-        Box::pin(async move { r })
+        Box::pin(async move { r.map_or(RouteLookup::Unknown, RouteLookup::Found) })
+    }
+    fn is_peer(&self, relay_id: &str) -> bool {
+        relay_id == "relay-b"
     }
     fn peer_status(&self, _: &RelayRef, _: &str, _: &str) -> LocalFuture<Option<DeliveryStatus>> {
         let yes = *self.0.peer_says_accepted.lock().unwrap();
@@ -66,9 +69,10 @@ async fn world(alice_second: Option<&str>) -> World {
         (Account::from_seed([1; 32]), Device::from_seed("phone", [2; 32]), Account::from_seed([3; 32]));
     let mut relays = vec![("relay-a", "http://a")];
     relays.extend(alice_second.map(|id| (id, "http://second")));
-    let reg = json!({"route": alice.route(1, &relays, T0), "device_certificate": alice.certificate(&phone, T0, None)});
+    let reg =
+        alice.register_params(&alice.route(1, &relays, T0), &alice.certificate(&phone, T0, None), "relay-a", false, T0);
     let params: RegisterParams = serde_json::from_str(&reg.to_string()).unwrap();
-    sup.ask(&alice.id, AccountCmd::Register { params, digest: "r".into() }).await.unwrap();
+    sup.ask(&alice.id, AccountCmd::Register { params, digest: "r".into(), known: None }).await.unwrap();
     *script.route.lock().unwrap() = Some(Wire::from_value(&bob.route(1, &[("relay-b", "http://b")], T0)).unwrap());
     World { sup, clock, script, alice, phone, bob }
 }

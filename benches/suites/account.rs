@@ -6,17 +6,16 @@ use relay_actors::account::decide::{self, Ctx, SendDecision};
 use relay_actors::account::{AccountEvent, AccountState};
 use relay_actors::Policy;
 use relay_schemas::methods::{RegisterParams, SendParams};
-use serde_json::json;
 
 fn account(c: &mut Criterion) {
     let f = Fixture::new();
     let policy = Policy::with_relay_id("relay-a");
     let ctx = Ctx { now: NOW, policy: &policy };
     let route = f.alice.route(1, &[("relay-a", "http://127.0.0.1:7801")], NOW);
-    let reg = json!({"route": route, "device_certificate": f.alice.certificate(&f.phone, NOW, None)});
+    let reg = f.alice.register_params(&route, &f.alice.certificate(&f.phone, NOW, None), "relay-a", false, NOW);
     let reg: RegisterParams = serde_json::from_str(&reg.to_string()).unwrap();
     let mut state = AccountState::new(f.alice.id.clone());
-    for e in decide::register(&state, &reg, "d", ctx).unwrap() {
+    for e in decide::register(&state, &reg, "d", None, ctx).unwrap() {
         state.apply(&e);
     }
     let mut n = 0u64;

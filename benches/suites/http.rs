@@ -67,7 +67,8 @@ fn start_relay(id: &str, port: u16, seed: u8, peers: &[(&str, u16, u8)]) -> Rela
         &cfg,
         format!(
             "[relay]\nid = \"{id}\"\npublic_url = \"http://127.0.0.1:{port}\"\nlisten = \"127.0.0.1:{port}\"\ndata_dir = {:?}\nkey_file = {:?}\n\
-             {peer_toml}[limits]\nclock_tolerance = \"100000d\"\ndelivery_age_limit = \"100000d\"\nsession_rate = 1000000\nsession_burst = 1000000\n",
+             {peer_toml}[limits]\nclock_tolerance = \"100000d\"\ndelivery_age_limit = \"100000d\"\nsession_rate = 1000000\nsession_burst = 1000000\n\
+             anonymous_rate = 1000000\nanonymous_burst = 1000000\n",
             data.display().to_string(),
             key.display().to_string()
         ),
@@ -97,11 +98,7 @@ fn register(
 ) -> String {
     let route = account.route(1, &[(relay_id, "http://127.0.0.1")], NOW);
     let cert = account.certificate(device, NOW, None);
-    c.ok(
-        "account.register",
-        None,
-        &json!({"route": route, "device_certificate": cert, "settings": {"public_discovery": public}}),
-    );
+    c.ok("account.register", None, &account.register_params(&route, &cert, relay_id, public, NOW));
     let ch = c.ok("session.challenge", None, &json!({"account_id": account.id, "device_id": device.id}));
     let challenge = ch["challenge"].as_str().unwrap();
     let sig = device.session_proof(&account.id, challenge, relay_id);

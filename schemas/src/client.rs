@@ -57,6 +57,30 @@ impl Account {
         )
     }
 
+    /// A signed Registration asking `relay_id` to serve this account.
+    pub fn registration(&self, relay_id: &str, public_discovery: bool, issued_at: u64) -> Value {
+        signed(
+            Tag::Registration,
+            json!({"account_id": self.id, "relay_id": relay_id, "public_discovery": public_discovery,
+                   "issued_at": issued_at}),
+            &self.key,
+        )
+    }
+
+    /// `account.register` params: this route and first device's certificate,
+    /// with a registration for `relay_id` issued at `now`.
+    pub fn register_params(
+        &self,
+        route: &Value,
+        cert: &Value,
+        relay_id: &str,
+        public_discovery: bool,
+        now: u64,
+    ) -> Value {
+        json!({"route": route, "device_certificate": cert,
+               "registration": self.registration(relay_id, public_discovery, now)})
+    }
+
     pub fn certificate(&self, device: &Device, issued_at: u64, expires_at: Option<u64>) -> Value {
         let mut v = json!({"account_id": self.id, "account_key": self.public_key(), "device_id": device.id,
                            "device_key": device.public_key(), "box_key": b64_encode(&device.box_key),
@@ -65,17 +89,6 @@ impl Account {
             v["expires_at"] = json!(e);
         }
         signed(Tag::DeviceCertificate, v, &self.key)
-    }
-
-    /// The `registration` of `account.register`: this account asks
-    /// `relay_id` to serve it with these settings.
-    pub fn registration(&self, relay_id: &str, public_discovery: bool, issued_at: u64) -> Value {
-        signed(
-            Tag::Registration,
-            json!({"account_id": self.id, "relay_id": relay_id, "public_discovery": public_discovery,
-                   "issued_at": issued_at}),
-            &self.key,
-        )
     }
 
     pub fn revocation(&self, device_id: &str, revoked_at: u64) -> Value {

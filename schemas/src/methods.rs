@@ -38,6 +38,10 @@ pub struct Settings {
 pub struct RegisterParams {
     pub route: Wire<Route>,
     pub device_certificate: Wire<DeviceCertificate>,
+    /// Signed by the account key: the only source of the account's settings.
+    pub registration: Wire<Registration>,
+    /// The earlier, unsigned form of the settings: refused when it disagrees
+    /// with `registration`.
     #[serde(default, deserialize_with = "present")]
     pub settings: Option<Settings>,
 }
@@ -128,6 +132,12 @@ pub struct DeliverParams {
     pub envelope: Wire<MessageEnvelope>,
     pub recipient_boxes: Vec<Wire<KeyBox>>,
     pub sender_device_certificate: Wire<DeviceCertificate>,
+    /// The sender's signed Route under which the source accepted the
+    /// message (PROTOCOL §5 *Who may deliver*). Required on the wire; a
+    /// delivery accepted before this member existed has none stored and
+    /// gets the sender's current route when it is sent.
+    #[serde(default, deserialize_with = "present", skip_serializing_if = "Option::is_none")]
+    pub sender_route: Option<Wire<Route>>,
     #[serde(default, deserialize_with = "present", skip_serializing_if = "Option::is_none")]
     pub authorization: Option<Authorization>,
 }

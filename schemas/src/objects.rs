@@ -237,6 +237,38 @@ impl Wire<Route> {
     }
 }
 
+/// Proof that the holder of the account key asks this relay to serve the
+/// account with these settings (PROTOCOL §2 *Registration*). Routes and
+/// device certificates are public objects anyone can replay; this one is
+/// fresh and names the relay, so a registration cannot be made from them.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Registration {
+    pub account_id: String,
+    pub relay_id: String,
+    pub public_discovery: bool,
+    pub issued_at: u64,
+    pub signature: String,
+}
+
+impl Wire<Registration> {
+    /// Signed by the route's `account_key`, for this account and relay,
+    /// issued within `tolerance` of `now` either way.
+    pub fn check(&self, route: &Wire<Route>, relay_id: &str, now: u64, tolerance: u64) -> Result<(), RelayError> {
+        let key = bound_account_key(&route.account_id, &route.account_key)?;
+        if self.account_id != route.account_id {
+            return Err(invalid("registration.account_id does not match the route"));
+        }
+        if self.relay_id != relay_id {
+            return Err(invalid(format!("registration.relay_id must be this relay ({relay_id})")));
+        }
+        self.verify(Tag::Registration, &key)?;
+        if self.issued_at.abs_diff(now) > tolerance {
+            return Err(invalid("registration.issued_at is not within the clock tolerance of this relay"));
+        }
+        Ok(())
+    }
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct MessageEnvelope {
     pub message_id: String,

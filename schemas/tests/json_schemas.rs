@@ -62,6 +62,7 @@ const CORE_OBJECTS: &[&str] = &[
     "KeyBox",
     "ContactGrant",
     "ContactInvite",
+    "Registration",
     "Authorization",
     "DeliveryStatus",
     "TimelineRecord",
@@ -243,6 +244,11 @@ fn certificate() -> Value {
 
 fn revocation() -> Value {
     json!({"account_id": ACCOUNT_A, "device_id": "phone", "revoked_at": 1764400100, "signature": SIG})
+}
+
+fn registration() -> Value {
+    json!({"account_id": ACCOUNT_A, "relay_id": "relay-a", "public_discovery": false,
+           "issued_at": 1764400000, "signature": SIG})
 }
 
 fn route() -> Value {
@@ -501,10 +507,14 @@ fn method_schemas_accept_examples() {
     let m = |name: &str| format!("methods/{name}.schema.json");
     valid(
         &m("account.register.params"),
-        json!({"route": route(), "device_certificate": certificate(),
+        json!({"route": route(), "device_certificate": certificate(), "registration": registration(),
                "settings": {"public_discovery": true}}),
     );
-    valid(&m("account.register.params"), json!({"route": route(), "device_certificate": certificate()}));
+    valid(
+        &m("account.register.params"),
+        json!({"route": route(), "device_certificate": certificate(), "registration": registration()}),
+    );
+    valid("Registration.schema.json", registration());
     valid(&m("account.register.result"), json!({"account_id": ACCOUNT_A, "route": route()}));
     valid(&m("session.challenge.params"), json!({"account_id": ACCOUNT_A, "device_id": "phone"}));
     valid(
@@ -555,8 +565,13 @@ fn method_schemas_accept_examples() {
     valid(
         &m("message.deliver.params"),
         json!({"envelope": envelope(), "recipient_boxes": [key_box("laptop")],
-               "sender_device_certificate": certificate(),
+               "sender_device_certificate": certificate(), "sender_route": route(),
                "authorization": {"contact_invite": invite()}}),
+    );
+    invalid(
+        &m("message.deliver.params"),
+        json!({"envelope": envelope(), "recipient_boxes": [key_box("laptop")],
+               "sender_device_certificate": certificate()}),
     );
     valid(&m("message.deliver.result"), json!({"status": "target_accepted", "accepted_at": 1764400002}));
     valid(&m("message.delivery.peer_status.params"), json!({"from": ACCOUNT_A, "message_id": MESSAGE_ID}));
@@ -606,9 +621,11 @@ fn method_schemas_reject_violations() {
     invalid(&m("message.send.result"), json!({"status": "failed", "accepted_at": 1764400000}));
     invalid(&m("message.delivery.status.params"), json!({"message_id": "abc"}));
     invalid(&m("account.register.params"), json!({"route": route()}));
+    invalid(&m("account.register.params"), json!({"route": route(), "device_certificate": certificate()}));
+    invalid("Registration.schema.json", without(registration(), "relay_id"));
     invalid(
         &m("account.register.params"),
-        json!({"route": route(), "device_certificate": certificate(),
+        json!({"route": route(), "device_certificate": certificate(), "registration": registration(),
                "settings": {"public_discovery": "yes"}}),
     );
     invalid(&m("account.register.result"), json!({"account_id": "ABC", "route": route()}));

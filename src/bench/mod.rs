@@ -178,7 +178,8 @@ fn start_relays(
         let toml = format!(
             "[relay]\nid = \"{id}\"\npublic_url = \"http://127.0.0.1:{port}\"\nlisten = \"127.0.0.1:{port}\"\n\
              data_dir = {:?}\nkey_file = {:?}\n\n{peers}[limits]\nsession_rate = 1000000\nsession_burst = 1000000\n\
-             peer_rate = 1000000\npeer_burst = 1000000\n\n{}",
+             peer_rate = 1000000\npeer_burst = 1000000\n\
+             anonymous_rate = 1000000\nanonymous_burst = 1000000\n\n{}",
             data.display().to_string(),
             key_file.display().to_string(),
             extra.get(i).copied().unwrap_or("")

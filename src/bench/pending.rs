@@ -109,7 +109,7 @@ pub fn run(args: &BenchArgs, n: usize, run_id: u64) -> Result<(String, u64), Str
     let accounts = plan::register(&targets, 2, args.devices, run_id)?;
     setup.inc(1);
     let mut a = Conn::open(&targets[0].addr)?;
-    a.ok("route.get", None, &json!({"account_id": accounts[1].account.id}))?;
+    a.ok("route.get", Some(&accounts[0].tokens[0]), &json!({"account_id": accounts[1].account.id}))?;
     setup.set_message("setup: signing requests");
     let sends = plan::sends_between(&accounts, 0, 1, n, args.payload, run_id);
     setup.inc(1);

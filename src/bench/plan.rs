@@ -67,11 +67,7 @@ pub fn register(targets: &[Target], n: usize, devices: usize, run: u64) -> Resul
             (0..devices).map(|d| Device::from_seed(&format!("device-{d}"), seed(run, 1, i, d))).collect();
         let route = account.route(1, &[(t.id.as_str(), t.url.as_str())], issued);
         let cert = account.certificate(&devs[0], issued, None);
-        c.ok(
-            "account.register",
-            None,
-            &json!({"route": route, "device_certificate": cert, "settings": {"public_discovery": true}}),
-        )?;
+        c.ok("account.register", None, &account.register_params(&route, &cert, &t.id, true, issued))?;
         let first = open_session(c, t, &account, &devs[0])?;
         for d in &devs[1..] {
             let cert = account.certificate(d, issued, None);

@@ -27,7 +27,6 @@ use relay_actors::store::Store;
 use relay_actors::{SharedClock, Supervisor, SystemClock};
 use relay_schemas::client::{Account, Device};
 use relay_schemas::methods::RegisterParams;
-use serde_json::json;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -88,10 +87,8 @@ fn registration(i: u64, relay_id: &str, url: &str, issued: u64) -> Result<Regist
     let account = account(i);
     let route = account.route(1, &[(relay_id, url)], issued);
     let cert = account.certificate(&device(i), issued, None);
-    let body = serde_json::to_vec(
-        &json!({"route": route, "device_certificate": cert, "settings": {"public_discovery": true}}),
-    )
-    .map_err(|e| e.to_string())?;
+    let body = serde_json::to_vec(&account.register_params(&route, &cert, relay_id, true, issued))
+        .map_err(|e| e.to_string())?;
     let params: RegisterParams = crate::rpc::parse(&body).map_err(|e| e.message)?;
     let digest = crate::rpc::params_digest(&body).map_err(|e| e.message)?;
     Ok(Registration { account_id: account.id, params, digest })
@@ -166,7 +163,7 @@ fn register_all(
                     Some(Ok(reg)) => {
                         let sup = sup.clone();
                         in_flight.push(async move {
-                            let cmd = AccountCmd::Register { params: reg.params, digest: reg.digest };
+                            let cmd = AccountCmd::Register { params: reg.params, digest: reg.digest, known: None };
                             sup.ask(&reg.account_id, cmd)
                                 .await
                                 .map_err(|e| format!("account.register {}: {}", reg.account_id, e.message))

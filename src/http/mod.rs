@@ -46,7 +46,8 @@ async fn rpc_call(
         Ok(b) => b,
         Err(e) => return error_response(&e),
     };
-    match relay.call(&method, bearer(&req), &body).await {
+    let ip = req.peer_addr().map(|a| a.ip());
+    match relay.call(&method, bearer(&req), ip, &body).await {
         Ok(json) => HttpResponse::Ok().content_type("application/json").body(json),
         Err(e) => error_response(&e),
     }

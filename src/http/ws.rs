@@ -67,8 +67,9 @@ pub async fn upgrade(
     let (response, session, stream) = actix_ws::handle(&req, body)?;
     let stream =
         stream.max_frame_size(ws.max_frame_bytes).aggregate_continuations().max_continuation_size(ws.max_frame_bytes);
+    let ip = req.peer_addr().map(|a| a.ip());
     actix_web::rt::spawn(
-        Connection { relay: relay.into_inner(), ws: ws.get_ref().clone(), session, attachment: None }
+        Connection { relay: relay.into_inner(), ws: ws.get_ref().clone(), session, attachment: None, ip }
             .run(stream, attach),
     );
     Ok(response)
@@ -90,6 +91,8 @@ struct Connection {
     ws: Websocket,
     session: Session,
     attachment: Option<Attachment>,
+    /// The client's address (session-less methods are limited per address).
+    ip: Option<std::net::IpAddr>,
 }
 
 enum Next {
@@ -195,7 +198,7 @@ impl Connection {
             self.session_attach(params).await
         } else {
             let token = self.attachment.as_ref().map(|a| a.token.clone());
-            self.relay.call(&req.method, token.as_deref(), params.as_bytes()).await
+            self.relay.call(&req.method, token.as_deref(), self.ip, params.as_bytes()).await
         };
         self.answer(&req.id, result).await
     }

@@ -92,11 +92,7 @@ impl User {
         let route = account.route(1, &[(relay_id, c.base.as_str())], now());
         let cert = account.certificate(&phone, now(), None);
         let res = c
-            .ok(
-                "account.register",
-                None,
-                &json!({"route": route, "device_certificate": cert, "settings": {"public_discovery": public_discovery}}),
-            )
+            .ok("account.register", None, &account.register_params(&route, &cert, relay_id, public_discovery, now()))
             .await;
         assert_eq!(res["account_id"], account.id);
         let mut user = User { account, devices: vec![phone], tokens: vec![], relay_id: relay_id.into() };

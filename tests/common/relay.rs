@@ -36,16 +36,19 @@ pub fn write_config_at(dir: &Path, id: &str, listen: &str, extra: &str) -> PathB
     path
 }
 
-/// Tests send far faster than a person: lift the per-session rate limit
-/// unless the test sets it (tests/limits.rs does).
+/// Tests send far faster than a person: lift the per-session and
+/// per-address rate limits unless the test sets them (tests/limits.rs does).
 fn unlimited_sessions(extra: &str) -> String {
-    const LIFT: &str = "session_rate = 1000000\nsession_burst = 1000000\n";
-    if extra.contains("session_rate") {
-        extra.to_owned()
-    } else if extra.contains("[limits]\n") {
-        extra.replacen("[limits]\n", &format!("[limits]\n{LIFT}"), 1)
+    let mut lift = String::new();
+    for key in ["session_rate", "session_burst", "anonymous_rate", "anonymous_burst"] {
+        if !extra.contains(key) {
+            lift.push_str(&format!("{key} = 1000000\n"));
+        }
+    }
+    if extra.contains("[limits]\n") {
+        extra.replacen("[limits]\n", &format!("[limits]\n{lift}"), 1)
     } else {
-        format!("{extra}\n[limits]\n{LIFT}")
+        format!("{extra}\n[limits]\n{lift}")
     }
 }
 

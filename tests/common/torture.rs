@@ -686,10 +686,13 @@ pub async fn run(p: Params) -> Report {
     report.accounts = users.len();
     // Every relay learns every remote account's route before the load (the
     // route book is durable), so a send never depends on a peer being up.
+    // (A device with a session there asks, so the relay may ask its peers.)
     for (r, url) in urls.iter().enumerate() {
+        let local = users.iter().zip(&homes).find(|(_, h)| **h == r).map(|(u, _)| u.token(0));
         for (u, user) in users.iter().enumerate() {
             if homes[u] != r {
-                if let Err(e) = call(&http, url, "route.get", None, &json!({"account_id": user.id()})).await {
+                if let Err(e) = call(&http, url, "route.get", local.flatten(), &json!({"account_id": user.id()})).await
+                {
                     panic!("route.get before the load: {e}");
                 }
             }

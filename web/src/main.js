@@ -146,7 +146,6 @@ async function createAccount() {
     route,
     device_certificate: certificate(accountSeed, device),
     registration,
-    settings: { public_discovery: false },
   });
   me = {
     account_id: accountId,

@@ -68,6 +68,8 @@ public_key = "${p.pub}"
 [limits]
 session_rate = 1000000
 session_burst = 1000000
+anonymous_rate = 1000000
+anonymous_burst = 1000000
 
 # Seconds, not minutes: the test waits for a retry after relay-b returns.
 [delivery]

@@ -23,6 +23,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use subtle::ConstantTimeEq;
 use tokio::sync::oneshot;
 
 /// Every command an account takes. `device` is the session's device, taken
@@ -32,6 +33,8 @@ pub enum AccountCmd {
     Register {
         params: RegisterParams,
         digest: String,
+        /// The highest route of the account known here or at the peers.
+        known: Option<relay_schemas::Wire<relay_schemas::objects::Route>>,
     },
     Challenge {
         device_id: String,
@@ -41,6 +44,11 @@ pub enum AccountCmd {
     },
     CheckSession {
         device: String,
+    },
+    /// A `message.deliver` from another relay names this account's device
+    /// as the sender: it must be valid here (PROTOCOL §5 *Who may deliver*).
+    CheckSender {
+        device_id: String,
     },
     DeviceAdd {
         device: String,
@@ -391,8 +399,8 @@ impl AccountActor {
         let ctx = Ctx { now, policy: &policy };
         let session = |device: &str| decide::check_session(&self.state, device, ctx);
         match cmd {
-            AccountCmd::Register { params, digest } => {
-                let events = decide::register(&self.state, params, digest, ctx)?;
+            AccountCmd::Register { params, digest, known } => {
+                let events = decide::register(&self.state, params, digest, known.as_ref(), ctx)?;
                 self.persist(events, |_| {})?;
                 let route = self.state.route().ok_or_else(|| RelayError::internal("route missing"))?;
                 Reply::json(&RegisterResult { account_id: &self.state.account_id, route })
@@ -419,6 +427,10 @@ impl AccountActor {
             AccountCmd::OpenSession { params } => self.open_session(params, now, &policy),
             AccountCmd::CheckSession { device } => {
                 session(device)?;
+                Ok(Reply::empty())
+            }
+            AccountCmd::CheckSender { device_id } => {
+                decide::check_sender(&self.state, device_id, ctx)?;
                 Ok(Reply::empty())
             }
             AccountCmd::DeviceAdd { device, params } => {
@@ -545,8 +557,9 @@ impl AccountActor {
             .device_key(&p.device_id, now)
             .ok_or_else(|| RelayError::device_unknown("unknown or revoked device"))?;
         let list = self.challenges.get_mut(&p.device_id);
-        let Some(pos) = list.as_ref().and_then(|l| l.iter().position(|(c, exp)| *c == p.challenge && *exp > now))
-        else {
+        // Constant time: how much of a guess matched must not show in timing.
+        let matches = |c: &str| bool::from(c.as_bytes().ct_eq(p.challenge.as_bytes()));
+        let Some(pos) = list.as_ref().and_then(|l| l.iter().position(|(c, exp)| matches(c) && *exp > now)) else {
             return Err(RelayError::unauthorized("unknown or expired challenge"));
         };
         let signed = json!({
@@ -711,18 +724,27 @@ impl AccountActor {
         // A resident but quiet actor keeps no spare buffers.
         self.challenges.shrink_to_fit();
         self.outbox.shrink_to_fit();
-        if idle >= self.sup.policy().passivate_after_ms
-            && self.pending.load(Ordering::SeqCst) == 0
-            && self.challenges.is_empty()
-            && self.outbox.is_empty()
-        {
-            if self.since_snapshot > 0 {
-                self.snapshot();
-            }
-            self.passivated = true;
-            self.sup.forget_account(&self.state.account_id, &ctx.address());
-            ctx.stop();
+        if idle >= self.sup.policy().passivate_after_ms && self.challenges.is_empty() {
+            self.passivate(ctx);
         }
+    }
+
+    /// Leaves memory (snapshot first) unless replies or notifications are
+    /// still owed; the next command loads the account again.
+    fn passivate(&mut self, ctx: &mut Context<Self>) {
+        if self.pending.load(Ordering::SeqCst) != 0 || !self.outbox.is_empty() {
+            return;
+        }
+        if self.since_snapshot > 0 {
+            self.snapshot();
+        }
+        self.leave(ctx);
+    }
+
+    fn leave(&mut self, ctx: &mut Context<Self>) {
+        self.passivated = true;
+        self.sup.forget_account(&self.state.account_id, &ctx.address());
+        ctx.stop();
     }
 }
 
@@ -745,7 +767,30 @@ impl Handler<Ask> for AccountActor {
         }
         self.last_active_ms = self.sup.clock().now_ms();
         let reply = self.handle_cmd(&msg.0);
-        self.reply_durable(reply, msg.1, ctx.address())
+        let reply = self.reply_durable(reply, msg.1, ctx.address());
+        // No actor outlives a command for an account without events: a
+        // stranger's refused request leaves nothing resident.
+        // (Nothing was written, so no reply waits on durability.)
+        if self.head.seq == 0 {
+            self.leave(ctx);
+        }
+        reply
+    }
+}
+
+/// The supervisor is over its cap of resident actors: leave memory now,
+/// however recently used, unless replies or notifications are owed.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct Evict;
+
+impl Handler<Evict> for AccountActor {
+    type Result = ();
+
+    fn handle(&mut self, _: Evict, ctx: &mut Self::Context) {
+        if !self.passivated {
+            self.passivate(ctx);
+        }
     }
 }
 

@@ -99,23 +99,57 @@ fn idempotent(digest: &str, stored_digest: &str, retention_until: u64, now: u64)
 
 // ---- accounts and devices ---------------------------------------------------
 
-pub fn register(
-    state: &AccountState,
-    p: &RegisterParams,
-    digest: &str,
-    ctx: Ctx,
-) -> Result<Vec<AccountEvent>, RelayError> {
-    p.route.check(ctx.now, ctx.policy.clock_tolerance)?;
-    if p.route.account_id != state.account_id {
-        return Err(RelayError::invalid_params("route.account_id does not match"));
-    }
+/// The stateless checks of `account.register`: signatures, identity
+/// binding, this relay named in the route and in a fresh registration, and
+/// unsigned settings that agree with the signed ones. The transport runs
+/// them before any actor exists for the account, so a stranger's garbage
+/// costs no memory; [`register`] runs them again.
+pub fn check_register(p: &RegisterParams, ctx: Ctx) -> Result<(), RelayError> {
+    let tolerance = ctx.policy.clock_tolerance;
+    p.route.check(ctx.now, tolerance)?;
     if !p.route.lists_relay(&ctx.policy.relay_id) {
         return Err(RelayError::invalid_params(format!("route must list this relay ({})", ctx.policy.relay_id)));
     }
     let cert = &p.device_certificate;
-    cert.check(ctx.now, ctx.policy.clock_tolerance)?;
+    cert.check(ctx.now, tolerance)?;
     if cert.account_id != p.route.account_id || cert.account_key != p.route.account_key {
         return Err(RelayError::invalid_params("device_certificate names another account"));
+    }
+    p.registration.check(&p.route, &ctx.policy.relay_id, ctx.now, tolerance)?;
+    let unsigned = p.settings.as_ref().and_then(|s| s.public_discovery);
+    if unsigned.is_some_and(|d| d != p.registration.public_discovery) {
+        return Err(RelayError::invalid_params("settings.public_discovery disagrees with the signed registration"));
+    }
+    Ok(())
+}
+
+/// `account.register`. `known` is the highest route revision of the account
+/// this relay knows or learned from its peers: an older route would let a
+/// replayed registration bring back relays or devices the account has left.
+pub fn register(
+    state: &AccountState,
+    p: &RegisterParams,
+    digest: &str,
+    known: Option<&Wire<Route>>,
+    ctx: Ctx,
+) -> Result<Vec<AccountEvent>, RelayError> {
+    check_register(p, ctx)?;
+    if p.route.account_id != state.account_id {
+        return Err(RelayError::invalid_params("route.account_id does not match"));
+    }
+    let cert = &p.device_certificate;
+    if state.revocations.contains_key(&cert.device_id) {
+        return Err(RelayError::device_unknown(format!("device {} was revoked", cert.device_id)));
+    }
+    let highest = [known, state.route()].into_iter().flatten().max_by_key(|r| r.revision);
+    if let Some(highest) = highest {
+        if p.route.revision < highest.revision {
+            return Err(RelayError::new(ErrorCode::RouteStale, "a newer route revision of this account is known")
+                .with_data(serde_json::json!({ "route": highest })));
+        }
+        if p.route.revision == highest.revision && p.route != *highest {
+            return Err(RelayError::state_conflict("same route revision with different content"));
+        }
     }
     if state.is_registered() {
         return if state.register_digest == digest {
@@ -127,8 +161,9 @@ pub fn register(
     Ok(vec![AccountEvent::Registered {
         route: p.route.clone(),
         device_certificate: cert.clone(),
-        public_discovery: p.settings.as_ref().and_then(|s| s.public_discovery).unwrap_or(false),
+        public_discovery: p.registration.public_discovery,
         params_digest: digest.to_owned(),
+        registration: Some(Box::new(p.registration.clone())),
     }])
 }
 
@@ -310,6 +345,7 @@ pub fn send(
             .certificate(device_id)
             .ok_or_else(|| RelayError::device_unknown("sending device is not valid"))?
             .clone(),
+        sender_route: Some(registered(state)?.clone()),
         authorization: p.authorization.clone(),
     });
     let event = AccountEvent::MessageSent {
@@ -398,6 +434,49 @@ pub fn receive(
         record: record(state, env, &p.recipient_boxes, visible, retention_until),
     };
     Ok(ReceiveDecision::Accepted { event: Box::new(event), status: DeliveryStatus::target_accepted(accepted_at) })
+}
+
+/// PROTOCOL §5 *Who may deliver*: the destination trusts the source for
+/// the sending device's permissions, so the caller must be a source the
+/// sender chose. `sender_route` is the route the source accepted under,
+/// `caller` the authenticated `Relay-Id`, `known` the highest route of the
+/// sender this relay knows. Every failure is `forbidden`.
+pub fn may_deliver(
+    sender_route: Option<&Wire<Route>>,
+    known: Option<&Wire<Route>>,
+    caller: &str,
+    envelope: &MessageEnvelope,
+    ctx: Ctx,
+) -> Result<(), RelayError> {
+    let forbid = |why: &str| RelayError::forbidden(format!("who may deliver: {why}"));
+    let route = sender_route.ok_or_else(|| forbid("sender_route is missing"))?;
+    route.check(ctx.now, ctx.policy.clock_tolerance).map_err(|e| forbid(&format!("sender_route: {}", e.message)))?;
+    if route.account_id != envelope.from {
+        return Err(forbid("sender_route is not the route of envelope.from"));
+    }
+    if !route.lists_relay(caller) {
+        return Err(forbid(&format!("relay {caller} is not a home relay in the sender's route")));
+    }
+    match known {
+        Some(k) if k.revision > route.revision && k.issued_at <= envelope.created_at => {
+            Err(forbid("sender_route was superseded before the message was created"))
+        }
+        Some(k) if k.revision == route.revision && k != route => {
+            Err(forbid("sender_route differs from the known route of that revision"))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// When this relay itself serves the sender, a delivery from another relay
+/// must name a sending device valid here (not revoked, not expired).
+pub fn check_sender(state: &AccountState, device_id: &str, ctx: Ctx) -> Result<(), RelayError> {
+    if !state.device_valid(device_id, ctx.now) {
+        return Err(RelayError::forbidden(format!(
+            "who may deliver: device {device_id} is not valid at the sender's home relay"
+        )));
+    }
+    Ok(())
 }
 
 fn check_authorization(

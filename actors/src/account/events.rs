@@ -1,7 +1,7 @@
 //! Events of an account stream (`account/{account_id}`). Past tense, each
 //! with a stable type name and a version for upcasting.
 
-use relay_schemas::objects::{DeviceCertificate, DeviceRevocation, KeyBox, MessageEnvelope, Route};
+use relay_schemas::objects::{DeviceCertificate, DeviceRevocation, KeyBox, MessageEnvelope, Registration, Route};
 use relay_schemas::{DeliveryStatus, Wire};
 use serde::{Deserialize, Serialize};
 
@@ -25,6 +25,10 @@ pub enum AccountEvent {
         public_discovery: bool,
         /// blake3(JCS(params)), for idempotent re-registration.
         params_digest: String,
+        /// The account key's signed request (absent in events written
+        /// before registrations were required).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        registration: Option<Box<Wire<Registration>>>,
     },
     DeviceAdded {
         device_certificate: Wire<DeviceCertificate>,

@@ -178,7 +178,7 @@ impl AccountState {
 
     pub fn apply(&mut self, event: &AccountEvent) {
         match event {
-            AccountEvent::Registered { route, device_certificate, public_discovery, params_digest } => {
+            AccountEvent::Registered { route, device_certificate, public_discovery, params_digest, .. } => {
                 self.account_key = parse_public_key("account_key", &route.account_key).ok();
                 self.route = Some(route.clone());
                 self.register_digest = params_digest.clone();

@@ -125,8 +125,17 @@ fn cert(acct: &Account, dev: &Device) -> Value {
     acct.certificate(dev, ISSUED, None)
 }
 
+/// The account key's Registration asking this relay to serve `acct`.
+fn registration(acct: &Account, public_discovery: bool) -> Value {
+    acct.registration(RELAY, public_discovery, NOW)
+}
+
+/// `account.register` params; the registration's `public_discovery` is the
+/// one `settings` names (the earlier form, kept only where a test sets it).
 fn register_value(acct: &Account, dev: &Device, relays: &[&str], settings: Option<Value>) -> Value {
-    let mut v = json!({"route": route(acct, 1, relays), "device_certificate": cert(acct, dev)});
+    let public = settings.as_ref().and_then(|s| s["public_discovery"].as_bool()).unwrap_or(false);
+    let mut v = json!({"route": route(acct, 1, relays), "device_certificate": cert(acct, dev),
+                       "registration": registration(acct, public)});
     if let Some(s) = settings {
         v["settings"] = s;
     }
@@ -175,7 +184,7 @@ fn grant_alice_to_bob() -> Value {
 
 fn registered_with(acct: &Account, params: &Value) -> AccountEvent {
     let p: RegisterParams = parse(params);
-    let mut events = decide::register(&AccountState::new(&acct.id), &p, &digest(params), at(NOW))
+    let mut events = decide::register(&AccountState::new(&acct.id), &p, &digest(params), None, at(NOW))
         .expect("fixture registration is valid");
     assert_eq!(events.len(), 1);
     events.remove(0)
@@ -266,7 +275,13 @@ fn given_alice(extra: impl IntoIterator<Item = AccountEvent>) -> Given {
 // ---- commands -----------------------------------------------------------------
 
 fn when_register(s: &AccountState, v: &Value, c: Ctx) -> Result<Vec<AccountEvent>, RelayError> {
-    decide::register(s, &parse(v), &digest(v), c)
+    decide::register(s, &parse(v), &digest(v), None, c)
+}
+
+/// `account.register` when this relay (or a peer) knows `known` as the
+/// account's highest route.
+fn when_register_knowing(s: &AccountState, v: &Value, known: &Value, c: Ctx) -> Result<Vec<AccountEvent>, RelayError> {
+    decide::register(s, &parse(v), &digest(v), Some(&wire(known)), c)
 }
 
 /// `message.send`, with the ledger's entry for its message id as the
@@ -463,7 +478,7 @@ fn register_requires_the_route_account_id_to_derive_from_the_account_key() {
                "relays": [{"id": RELAY, "url": URL_A}], "issued_at": ISSUED}),
         &alice().key,
     );
-    let v = json!({"route": forged, "device_certificate": cert(&alice(), &phone())});
+    let v = json!({"route": forged, "device_certificate": cert(&alice(), &phone()), "registration": registration(&alice(), false)});
     let s = AccountState::new(&bob().id);
     then_error(when_register(&s, &v, at(NOW)), ErrorCode::InvalidSignature);
 }
@@ -472,7 +487,7 @@ fn register_requires_the_route_account_id_to_derive_from_the_account_key() {
 fn register_requires_the_certificate_account_id_to_derive_from_its_account_key() {
     let forged =
         signed(Tag::DeviceCertificate, tampered(cert(&alice(), &phone()), "account_id", json!(bob().id)), &alice().key);
-    let v = json!({"route": route(&alice(), 1, &[RELAY]), "device_certificate": forged});
+    let v = json!({"route": route(&alice(), 1, &[RELAY]), "device_certificate": forged, "registration": registration(&alice(), false)});
     then_error(when_register(&AccountState::new(&alice().id), &v, at(NOW)), ErrorCode::InvalidSignature);
 }
 
@@ -485,7 +500,7 @@ fn register_requires_the_route_to_be_for_the_account_being_registered() {
 #[test]
 fn register_requires_the_certificate_to_name_the_same_account_as_the_route() {
     // A valid certificate, but of Bob's account.
-    let v = json!({"route": route(&alice(), 1, &[RELAY]), "device_certificate": cert(&bob(), &bob_phone())});
+    let v = json!({"route": route(&alice(), 1, &[RELAY]), "device_certificate": cert(&bob(), &bob_phone()), "registration": registration(&alice(), false)});
     then_error(when_register(&AccountState::new(&alice().id), &v, at(NOW)), ErrorCode::InvalidParams);
 }
 
@@ -493,11 +508,11 @@ fn register_requires_the_certificate_to_name_the_same_account_as_the_route() {
 fn register_rejects_a_route_with_a_bad_signature() {
     let s = AccountState::new(&alice().id);
     let v = json!({"route": tampered(route(&alice(), 1, &[RELAY]), "revision", json!(2)),
-                   "device_certificate": cert(&alice(), &phone())});
+                   "device_certificate": cert(&alice(), &phone()), "registration": registration(&alice(), false)});
     then_error(when_register(&s, &v, at(NOW)), ErrorCode::InvalidSignature);
     // Signed by another account's key.
     let by_bob = signed(Tag::Route, route(&alice(), 1, &[RELAY]), &bob().key);
-    let v = json!({"route": by_bob, "device_certificate": cert(&alice(), &phone())});
+    let v = json!({"route": by_bob, "device_certificate": cert(&alice(), &phone()), "registration": registration(&alice(), false)});
     then_error(when_register(&s, &v, at(NOW)), ErrorCode::InvalidSignature);
 }
 
@@ -505,7 +520,7 @@ fn register_rejects_a_route_with_a_bad_signature() {
 fn register_rejects_a_route_signed_under_another_domain_tag() {
     let s = AccountState::new(&alice().id);
     let wrong_tag = signed(Tag::DeviceCertificate, route(&alice(), 1, &[RELAY]), &alice().key);
-    let v = json!({"route": wrong_tag, "device_certificate": cert(&alice(), &phone())});
+    let v = json!({"route": wrong_tag, "device_certificate": cert(&alice(), &phone()), "registration": registration(&alice(), false)});
     then_error(when_register(&s, &v, at(NOW)), ErrorCode::InvalidSignature);
 }
 
@@ -513,10 +528,11 @@ fn register_rejects_a_route_signed_under_another_domain_tag() {
 fn register_rejects_a_certificate_with_a_bad_signature() {
     let s = AccountState::new(&alice().id);
     let v = json!({"route": route(&alice(), 1, &[RELAY]),
-                   "device_certificate": tampered(cert(&alice(), &phone()), "device_id", json!("other"))});
+                   "device_certificate": tampered(cert(&alice(), &phone()), "device_id", json!("other")),
+                   "registration": registration(&alice(), false)});
     then_error(when_register(&s, &v, at(NOW)), ErrorCode::InvalidSignature);
     let by_bob = signed(Tag::DeviceCertificate, cert(&alice(), &phone()), &bob().key);
-    let v = json!({"route": route(&alice(), 1, &[RELAY]), "device_certificate": by_bob});
+    let v = json!({"route": route(&alice(), 1, &[RELAY]), "device_certificate": by_bob, "registration": registration(&alice(), false)});
     then_error(when_register(&s, &v, at(NOW)), ErrorCode::InvalidSignature);
 }
 
@@ -524,7 +540,7 @@ fn register_rejects_a_certificate_with_a_bad_signature() {
 fn identical_re_register_is_a_no_op() {
     let v = register_value(&alice(), &phone(), &[RELAY], Some(json!({"public_discovery": true})));
     let s = given(&alice(), &[registered_with(&alice(), &v)]);
-    then_no_events(when_register(&s, &v, at(NOW + 3600)));
+    then_no_events(when_register(&s, &v, at(NOW + 60)));
 }
 
 #[test]
@@ -541,10 +557,83 @@ fn re_register_with_different_content_is_state_conflict() {
 }
 
 #[test]
-fn register_takes_public_discovery_from_settings() {
+fn register_takes_public_discovery_from_the_signed_registration() {
     let v = register_value(&alice(), &phone(), &[RELAY], Some(json!({"public_discovery": true})));
     let s = given(&alice(), &[registered_with(&alice(), &v)]);
     assert!(s.public_discovery);
+    let v = register_value(&alice(), &phone(), &[RELAY], None);
+    let v = json!({"route": v["route"], "device_certificate": v["device_certificate"],
+                   "registration": registration(&alice(), true)});
+    assert!(given(&alice(), &[registered_with(&alice(), &v)]).public_discovery);
+}
+
+#[test]
+fn register_refuses_unsigned_settings_that_disagree_with_the_registration() {
+    let mut v = register_value(&alice(), &phone(), &[RELAY], None);
+    v["settings"] = json!({"public_discovery": true});
+    then_error(when_register(&AccountState::new(&alice().id), &v, at(NOW)), ErrorCode::InvalidParams);
+}
+
+#[test]
+fn register_requires_a_registration() {
+    let mut v = register_value(&alice(), &phone(), &[RELAY], None);
+    v.as_object_mut().unwrap().remove("registration");
+    assert!(serde_json::from_str::<RegisterParams>(&v.to_string()).is_err());
+}
+
+#[test]
+fn register_requires_the_registration_to_be_signed_by_the_account_key() {
+    let mut v = register_value(&alice(), &phone(), &[RELAY], None);
+    v["registration"] = signed(Tag::Registration, registration(&alice(), false), &bob().key);
+    then_error(when_register(&AccountState::new(&alice().id), &v, at(NOW)), ErrorCode::InvalidSignature);
+    // Public objects alone (a route and a certificate) are no registration,
+    // whatever their tag says.
+    v["registration"] = signed(Tag::Route, registration(&alice(), false), &alice().key);
+    then_error(when_register(&AccountState::new(&alice().id), &v, at(NOW)), ErrorCode::InvalidSignature);
+}
+
+#[test]
+fn register_requires_the_registration_to_name_this_relay_and_account() {
+    let mut v = register_value(&alice(), &phone(), &[RELAY], None);
+    v["registration"] = alice().registration("relay-b", false, NOW);
+    then_error(when_register(&AccountState::new(&alice().id), &v, at(NOW)), ErrorCode::InvalidParams);
+    v["registration"] =
+        signed(Tag::Registration, tampered(registration(&alice(), false), "account_id", json!(bob().id)), &alice().key);
+    then_error(when_register(&AccountState::new(&alice().id), &v, at(NOW)), ErrorCode::InvalidParams);
+}
+
+#[test]
+fn register_requires_a_registration_issued_within_the_clock_tolerance_both_ways() {
+    let tolerance = POLICY.clock_tolerance;
+    for issued in [NOW - tolerance - 1, NOW + tolerance + 1] {
+        let mut v = register_value(&alice(), &phone(), &[RELAY], None);
+        v["registration"] = alice().registration(RELAY, false, issued);
+        then_error(when_register(&AccountState::new(&alice().id), &v, at(NOW)), ErrorCode::InvalidParams);
+    }
+    for issued in [NOW - tolerance, NOW + tolerance] {
+        let mut v = register_value(&alice(), &phone(), &[RELAY], None);
+        v["registration"] = alice().registration(RELAY, false, issued);
+        assert_eq!(then_events(when_register(&AccountState::new(&alice().id), &v, at(NOW))).len(), 1);
+    }
+}
+
+#[test]
+fn register_refuses_a_route_older_than_the_highest_revision_known_here_or_at_peers() {
+    let v = register_value(&alice(), &phone(), &[RELAY], None);
+    let newer = route(&alice(), 2, &["relay-b"]);
+    let e = when_register_knowing(&AccountState::new(&alice().id), &v, &newer, at(NOW)).unwrap_err();
+    assert_eq!(e.code, ErrorCode::RouteStale);
+    assert_eq!(e.data.unwrap()["route"], newer);
+    // Known at the same revision and equal: fine.
+    let same = route(&alice(), 1, &[RELAY]);
+    assert_eq!(then_events(when_register_knowing(&AccountState::new(&alice().id), &v, &same, at(NOW))).len(), 1);
+}
+
+#[test]
+fn register_refuses_a_certificate_revoked_in_the_account_state() {
+    let v = register_value(&alice(), &phone(), &[RELAY], None);
+    let s = given(&alice(), &[registered_with(&alice(), &v), device_revoked(&alice(), "phone")]);
+    then_error(when_register(&s, &v, at(NOW)), ErrorCode::DeviceUnknown);
 }
 
 // =============================================================================
@@ -1493,6 +1582,91 @@ fn receive_refuses_inter_relay_delivery_of_a_self_delivery() {
     let v = deliver_value(env, &["laptop"], cert(&alice(), &phone()));
     let r = when_receive(&s, &v, at(NOW));
     assert!(r.is_err(), "self-delivery must not be accepted through message.deliver, got {r:?}");
+}
+
+// =============================================================================
+// who may deliver (PROTOCOL §5): message.deliver from another relay
+// =============================================================================
+
+fn bob_env(created_at: u64) -> Wire<relay_schemas::objects::MessageEnvelope> {
+    wire(&envelope(&bob_phone(), &bob(), &alice(), 1, created_at))
+}
+
+/// Bob's route at `revision` naming `relays`, issued at `issued_at`.
+fn bob_route(revision: u64, relays: &[&str], issued_at: u64) -> Wire<Route> {
+    let relays: Vec<(&str, &str)> = relays.iter().map(|r| (*r, URL_B)).collect();
+    wire(&bob().route(revision, &relays, issued_at))
+}
+
+#[test]
+fn who_may_deliver_requires_the_senders_route() {
+    let e = decide::may_deliver(None, None, "relay-b", &bob_env(NOW), at(NOW)).unwrap_err();
+    assert_eq!(e.code, ErrorCode::Forbidden);
+}
+
+#[test]
+fn who_may_deliver_requires_the_caller_to_be_listed_in_the_senders_route() {
+    let route = bob_route(1, &["relay-b"], ISSUED);
+    decide::may_deliver(Some(&route), None, "relay-b", &bob_env(NOW), at(NOW)).unwrap();
+    let e = decide::may_deliver(Some(&route), None, "relay-c", &bob_env(NOW), at(NOW)).unwrap_err();
+    assert_eq!(e.code, ErrorCode::Forbidden);
+}
+
+#[test]
+fn who_may_deliver_requires_a_valid_route_of_the_sender() {
+    // Alice's route listing the caller does not let it deliver as Bob.
+    let alices = wire(&alice().route(1, &[("relay-b", URL_B)], ISSUED));
+    let e = decide::may_deliver(Some(&alices), None, "relay-b", &bob_env(NOW), at(NOW)).unwrap_err();
+    assert_eq!(e.code, ErrorCode::Forbidden);
+    // A tampered route (relay swapped in after signing).
+    let forged: Wire<Route> = wire(&tampered(
+        bob().route(1, &[("relay-x", URL_B)], ISSUED),
+        "relays",
+        json!([{"id": "relay-b", "url": URL_B}]),
+    ));
+    let e = decide::may_deliver(Some(&forged), None, "relay-b", &bob_env(NOW), at(NOW)).unwrap_err();
+    assert_eq!(e.code, ErrorCode::Forbidden);
+}
+
+#[test]
+fn who_may_deliver_accepts_the_highest_known_revision() {
+    let route = bob_route(2, &["relay-b"], ISSUED);
+    let known = bob_route(1, &["relay-c"], ISSUED - 100);
+    decide::may_deliver(Some(&route), Some(&known), "relay-b", &bob_env(NOW), at(NOW)).unwrap();
+    decide::may_deliver(Some(&route), Some(&route), "relay-b", &bob_env(NOW), at(NOW)).unwrap();
+}
+
+#[test]
+fn who_may_deliver_refuses_a_route_superseded_before_the_message_was_created() {
+    let old = bob_route(1, &["relay-b"], ISSUED - 100);
+    let moved = bob_route(2, &["relay-c"], ISSUED);
+    let e = decide::may_deliver(Some(&old), Some(&moved), "relay-b", &bob_env(ISSUED + 10), at(NOW)).unwrap_err();
+    assert_eq!(e.code, ErrorCode::Forbidden);
+}
+
+#[test]
+fn who_may_deliver_accepts_a_route_superseded_after_the_message_was_created() {
+    // Accepted under revision 1 before the sender moved: its source still
+    // delivers it.
+    let old = bob_route(1, &["relay-b"], ISSUED - 100);
+    let moved = bob_route(2, &["relay-c"], NOW - 10);
+    decide::may_deliver(Some(&old), Some(&moved), "relay-b", &bob_env(NOW - 60), at(NOW)).unwrap();
+}
+
+#[test]
+fn who_may_deliver_refuses_a_route_that_differs_from_the_known_one_of_its_revision() {
+    let known = bob_route(1, &["relay-c"], ISSUED);
+    let other = bob_route(1, &["relay-b"], ISSUED);
+    let e = decide::may_deliver(Some(&other), Some(&known), "relay-b", &bob_env(NOW), at(NOW)).unwrap_err();
+    assert_eq!(e.code, ErrorCode::Forbidden);
+}
+
+#[test]
+fn who_may_deliver_requires_a_sending_device_valid_where_the_callee_serves_the_sender() {
+    decide::check_sender(&given_alice([]), "laptop", at(NOW)).unwrap();
+    let s = given_alice([device_revoked(&alice(), "laptop")]);
+    assert_eq!(decide::check_sender(&s, "laptop", at(NOW)).unwrap_err().code, ErrorCode::Forbidden);
+    assert_eq!(decide::check_sender(&s, "unknown-device", at(NOW)).unwrap_err().code, ErrorCode::Forbidden);
 }
 
 // =============================================================================

@@ -189,7 +189,12 @@ impl DeliveryActor {
         let attempt = self.state.attempts;
         tracing::debug!(from = %self.state.from, message_id = %self.state.message_id, attempt,
             target = ?self.state.target.as_ref().map(|t| &t.relays), "delivery attempt");
-        let params = self.state.params.clone().expect("checked in step_due");
+        let mut params = self.state.params.clone().expect("checked in step_due");
+        if params.sender_route.is_none() {
+            // Accepted before deliveries carried the sender's route: the
+            // sender's route now is the best evidence a destination can get.
+            params.sender_route = self.sup.routes().get(&self.state.from).ok().flatten();
+        }
         let relays = self.state.target.as_ref().map(|t| t.relays.clone()).unwrap_or_default();
         let (sup, digest, to) = (self.sup.clone(), self.state.digest.clone(), self.state.to.clone());
         let timeout = Duration::from_millis(sup.policy().attempt_timeout_ms);
@@ -218,8 +223,10 @@ impl DeliveryActor {
                 } else {
                     sup.transport().deliver(relay, &params)
                 };
-                let remote =
-                    (relay.id != sup.policy().relay_id).then(|| (sup.destination(&relay.id), relay.id.clone()));
+                // Slots and metric labels for configured peers only: any
+                // relay id can appear in a signed route.
+                let remote = (relay.id != sup.policy().relay_id && sup.transport().is_peer(&relay.id))
+                    .then(|| (sup.destination(&relay.id), relay.id.clone()));
                 let metrics = sup.metrics().clone();
                 async move {
                     // A bounded number of attempts per destination: a dead

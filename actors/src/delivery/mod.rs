@@ -7,7 +7,7 @@ pub mod timetable;
 pub mod transport;
 
 pub use self::core::{DeliveryEvent, DeliveryState};
-pub use self::transport::{AttemptOutcome, NoPeers, Transport};
+pub use self::transport::{AttemptOutcome, NoPeers, RouteLookup, Transport};
 
 /// The stream of the delivery of `(from, message_id)`.
 pub fn stream_id(from: &str, message_id: &str) -> String {

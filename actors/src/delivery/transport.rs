@@ -41,12 +41,39 @@ impl AttemptOutcome {
     }
 }
 
+/// What asking the configured peers for an account's route came to
+/// (PROTOCOL §4 *Route resolution at acceptance*).
+#[derive(Clone, Debug)]
+pub enum RouteLookup {
+    /// The highest valid revision any peer knows.
+    Found(Wire<Route>),
+    /// Every configured peer answered that it knows no route (`not_found`
+    /// or `route_not_found`): no relay we know of serves the account.
+    Absent,
+    /// Some peer could not be asked or gave no definitive answer
+    /// (connection refused, timeout, 5xx, `unauthorized`, `rate_limited`).
+    Unknown,
+}
+
+impl RouteLookup {
+    pub fn route(self) -> Option<Wire<Route>> {
+        match self {
+            RouteLookup::Found(r) => Some(r),
+            _ => None,
+        }
+    }
+}
+
 pub trait Transport: Send + Sync + 'static {
     /// `message.deliver` at `target` with the unchanged params.
     fn deliver(&self, target: &RelayRef, params: &DeliverParams) -> LocalFuture<AttemptOutcome>;
     /// `route.get` for `account_id` from the configured peers: the highest
-    /// valid revision any of them knows (signature already checked).
-    fn fetch_route(&self, account_id: &str) -> LocalFuture<Option<Wire<Route>>>;
+    /// valid revision any of them knows (signature already checked), or
+    /// whether their answers prove that none does.
+    fn fetch_route(&self, account_id: &str) -> LocalFuture<RouteLookup>;
+    /// Whether `relay_id` is a configured peer (only those get metric
+    /// labels and attempt slots: any relay id can appear in a signed route).
+    fn is_peer(&self, relay_id: &str) -> bool;
     /// `message.delivery.peer_status` at the sender's other home relay.
     fn peer_status(&self, relay: &RelayRef, from: &str, message_id: &str) -> LocalFuture<Option<DeliveryStatus>>;
 }
@@ -60,8 +87,12 @@ impl Transport for NoPeers {
         let e = RelayError::new(relay_schemas::ErrorCode::BadGateway, format!("no peer configured for {}", target.id));
         Box::pin(async move { AttemptOutcome::NotAttempted(e) })
     }
-    fn fetch_route(&self, _: &str) -> LocalFuture<Option<Wire<Route>>> {
-        Box::pin(async { None })
+    fn fetch_route(&self, _: &str) -> LocalFuture<RouteLookup> {
+        // No peer to ask: none can serve the account.
+        Box::pin(async { RouteLookup::Absent })
+    }
+    fn is_peer(&self, _: &str) -> bool {
+        false
     }
     fn peer_status(&self, _: &RelayRef, _: &str, _: &str) -> LocalFuture<Option<DeliveryStatus>> {
         Box::pin(async { None })

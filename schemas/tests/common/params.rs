@@ -157,11 +157,13 @@ pub fn valid_params(method: &str) -> Value {
     let (a, b) = (&w.alice, &w.bob);
     let env = || w.phone.envelope(&a.id, &b.id, "msg-0000000000000001", NOW, b"ciphertext bytes");
     match method {
-        "account.register" => json!({
-            "route": a.route(1, &[("relay-a", "http://127.0.0.1:1")], NOW),
-            "device_certificate": a.certificate(&w.phone, NOW, None),
-            "settings": {"public_discovery": false},
-        }),
+        "account.register" => a.register_params(
+            &a.route(1, &[("relay-a", "http://127.0.0.1:1")], NOW),
+            &a.certificate(&w.phone, NOW, None),
+            "relay-a",
+            false,
+            NOW,
+        ),
         "session.challenge" => json!({"account_id": a.id, "device_id": "phone"}),
         "session.open" => json!({"account_id": a.id, "device_id": "phone", "challenge": "AAAA",
                                  "signature": w.phone.session_proof(&a.id, "AAAA", "relay-a")}),
