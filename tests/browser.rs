@@ -47,9 +47,13 @@ fn can_run(test: &str) -> bool {
     }
 }
 
-/// Runs `node` with `args` in `web/`, failing past `limit`.
+/// Runs `node` with `args` in `web/`, failing past `limit`. Node runs in a
+/// process group of its own, so that on a timeout the relays it started go
+/// too; SIGTERM first lets puppeteer close Chromium (its own group).
 fn node(args: &[&std::ffi::OsStr], limit: Duration) {
-    let mut child = Command::new("node").args(args).current_dir(root().join("web")).spawn().expect("spawn node");
+    use std::os::unix::process::CommandExt;
+    let mut child =
+        Command::new("node").args(args).current_dir(root().join("web")).process_group(0).spawn().expect("spawn node");
     let deadline = Instant::now() + limit;
     loop {
         if let Some(status) = child.try_wait().expect("wait for node") {
@@ -57,7 +61,10 @@ fn node(args: &[&std::ffi::OsStr], limit: Duration) {
             return;
         }
         if Instant::now() > deadline {
-            let _ = child.kill();
+            let group = -(child.id() as i32);
+            unsafe { libc::kill(group, libc::SIGTERM) };
+            std::thread::sleep(Duration::from_secs(5));
+            unsafe { libc::kill(group, libc::SIGKILL) };
             let _ = child.wait();
             panic!("node {args:?} did not finish within {limit:?}");
         }
