@@ -1,7 +1,9 @@
 //! A small client: registers two accounts on a running relay, opens a
-//! device session for each, sends a message from Alice to Bob and prints
-//! Bob's timeline and Alice's delivery status. Given a second relay, Bob
-//! lives there and the message goes across (the relays must be peers).
+//! device session for each, sends an end-to-end encrypted message
+//! (`relay-e2e/v1`, PROTOCOL §8) from Alice to Bob, and prints Bob's
+//! timeline, the text Bob decrypts from it and Alice's delivery status.
+//! Given a second relay, Bob lives there and the message goes across (the
+//! relays must be peers).
 //!
 //! ```text
 //! cargo run --release -- serve --config config/default.toml            # in one terminal
@@ -10,6 +12,9 @@
 //! ```
 
 use relay_schemas::client::{key_box, Account, Device};
+use relay_schemas::e2e;
+use relay_schemas::encoding::b64_encode;
+use relay_schemas::sign::parse_public_key;
 use serde_json::{json, Value};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -77,27 +82,53 @@ async fn main() -> Result<(), String> {
 
     // Fresh keys each run, so the example can run again on the same relay.
     let alice = Account::from_seed(rand::random());
-    let phone = Device::from_seed("phone", rand::random());
+    let phone = Device::with_box_secret("phone", rand::random(), rand::random());
     let bob = Account::from_seed(rand::random());
-    let laptop = Device::from_seed("laptop", rand::random());
+    let laptop = Device::with_box_secret("laptop", rand::random(), rand::random());
     let alice_token = rpc.register(&relay_id, &alice, &phone, false).await?;
     let bob_token = bob_rpc.register(&bob_relay_id, &bob, &laptop, true).await?;
     println!("alice {}\nbob   {}", alice.id, bob.id);
 
-    // The ciphertext and boxes are opaque to the relay; a real client
-    // encrypts to the devices' box keys.
-    let message_id = relay_schemas::encoding::b64_encode(&rand::random::<[u8; 16]>());
-    let envelope = phone.envelope(&alice.id, &bob.id, &message_id, now(), b"hello, bob");
+    // One content key for the message, boxed to Bob's laptop and to Alice's
+    // own phone (so her other devices could read what she sent).
+    let message_id = b64_encode(&rand::random::<[u8; 16]>());
+    let random = e2e::Randomness {
+        content_key: rand::random(),
+        nonce: rand::random(),
+        boxes: &[(rand::random(), rand::random()), (rand::random(), rand::random())],
+    };
+    let sealed = e2e::encrypt(
+        &message_id,
+        &e2e::text("hello, bob"),
+        &[(&laptop.id, laptop.box_key), (&phone.id, phone.box_key)],
+        &random,
+    )
+    .map_err(|e| e.to_string())?;
+    let envelope = phone.envelope(&alice.id, &bob.id, &message_id, now(), &sealed.ciphertext);
     let params = json!({
         "envelope": envelope,
-        "recipient_boxes": [key_box(&laptop.id, b"key for bob's laptop")],
-        "sender_boxes": [key_box(&phone.id, b"key for alice's phone")],
+        "recipient_boxes": [key_box(&sealed.boxes[0].0, &sealed.boxes[0].1)],
+        "sender_boxes": [key_box(&sealed.boxes[1].0, &sealed.boxes[1].1)],
     });
     let status = rpc.call("message.send", Some(&alice_token), params).await?;
     println!("message.send -> {status}");
 
     let page = bob_rpc.call("message.timeline.sync", Some(&bob_token), json!({"after": 0})).await?;
     println!("bob's timeline -> {}", serde_json::to_string_pretty(&page).unwrap_or_default());
+    // Bob checks the envelope against Alice's device certificate, then opens
+    // his box: the relay only ever held ciphertext.
+    let devices = bob_rpc.call("account.devices.get", Some(&bob_token), json!({"account_id": alice.id})).await?;
+    let cert = devices["certificates"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["device_id"] == phone.id.as_str())
+        .ok_or("alice's phone has no certificate")?;
+    let key =
+        parse_public_key("device_key", cert["device_key"].as_str().unwrap_or_default()).map_err(|e| e.to_string())?;
+    let secret = laptop.box_secret.ok_or("no box secret")?;
+    let plaintext = e2e::open_record(&page["records"][0], &key, &laptop.id, &secret).map_err(|e| e.to_string())?;
+    println!("bob reads -> {:?}", e2e::read_text(&plaintext).map_err(|e| e.to_string())?);
     let status = rpc.call("message.delivery.status", Some(&alice_token), json!({"message_id": message_id})).await?;
     println!("message.delivery.status -> {status}");
     Ok(())

@@ -1,7 +1,9 @@
 //! A realtime device: opens a session for an account (registering it on
 //! first use), attaches a WebSocket to `GET /v1/ws`, and prints what
-//! arrives: each `message.timeline.changed` as the records it syncs, each
-//! `message.delivery.changed` as it is; it acks what it printed.
+//! arrives: each `message.timeline.changed` as the records it syncs
+//! (decrypted with `relay-e2e/v1`, PROTOCOL §8, after checking the
+//! envelope's signature), each `message.delivery.changed` as it is; it acks
+//! what it printed.
 //!
 //! ```text
 //! cargo run --release -- serve --config config/default.toml                 # terminal 1
@@ -11,18 +13,22 @@
 //! ```
 //!
 //! The seed (64 hex chars) is the account's Ed25519 key; the device
-//! "listen" gets its key from `blake3("listen device" || seed)`. With
-//! `send TO TEXT` it first sends TEXT to account TO (boxes for TO's devices,
-//! a sender box for itself) over the socket, then listens like the other.
+//! "listen" gets its key from `blake3("listen device" || seed)` and its
+//! X25519 box secret from `blake3("listen box" || seed)`. With
+//! `send TO TEXT` it first sends TEXT to account TO (encrypted, one key box
+//! for each of TO's devices, a sender box for itself) over the socket, then
+//! listens like the other.
 //! The cursor lives in memory (a real client stores it): after a restart the
 //! first notification prints the timeline again from the start.
 
 use awc::ws::{Frame, Message};
 use futures_util::{SinkExt, StreamExt};
 use relay_schemas::client::{key_box, Account, Device};
-use relay_schemas::encoding::{b64_decoded_len, b64_encode};
+use relay_schemas::e2e;
+use relay_schemas::encoding::{b64_decode_array, b64_encode};
+use relay_schemas::sign::parse_public_key;
 use serde_json::{json, Value};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 type Socket = actix_codec::Framed<awc::BoxedSocket, awc::ws::Codec>;
@@ -131,15 +137,52 @@ impl Ws {
     }
 }
 
+/// The devices of an account that may receive: `(device_id, certificate)`
+/// for every certificate without a revocation.
+async fn devices(ws: &mut Ws, account_id: &str) -> Result<Vec<(String, Value)>, String> {
+    let d = ws.call("account.devices.get", json!({"account_id": account_id})).await?;
+    let revoked: Vec<&Value> = d["revocations"].as_array().into_iter().flatten().map(|r| &r["device_id"]).collect();
+    Ok(d["certificates"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| !revoked.contains(&&c["device_id"]))
+        .map(|c| (c["device_id"].as_str().unwrap_or_default().to_owned(), c.clone()))
+        .collect())
+}
+
+/// What a record says, for printing: the text, or why it cannot be shown.
+async fn read(ws: &mut Ws, keys: &mut HashMap<String, Vec<(String, Value)>>, me: &Device, r: &Value) -> String {
+    let env = &r["envelope"];
+    let from = env["from"].as_str().unwrap_or_default();
+    if !keys.contains_key(from) {
+        match devices(ws, from).await {
+            Ok(d) => keys.insert(from.to_owned(), d),
+            Err(e) => return format!("[sender's devices unavailable: {e}]"),
+        };
+    }
+    let cert = keys[from].iter().find(|(id, _)| env["from_device_id"] == id.as_str()).map(|(_, c)| c);
+    let Some(key) = cert.and_then(|c| parse_public_key("device_key", c["device_key"].as_str()?).ok()) else {
+        return "[unverified: no certificate for the sending device]".into();
+    };
+    let secret = me.box_secret.unwrap_or_default();
+    match e2e::open_record(r, &key, &me.id, &secret).and_then(|p| e2e::read_text(&p)) {
+        Ok(Some(text)) => format!("{text:?}"),
+        Ok(None) => "[unsupported message type]".into(),
+        Err(e) => format!("[cannot read: {}]", e.message),
+    }
+}
+
 /// Syncs and prints every record after `cursor`, acks them; the new cursor.
-async fn catch_up(ws: &mut Ws, mut cursor: u64) -> Result<u64, String> {
+async fn catch_up(ws: &mut Ws, me: &Device, mut cursor: u64) -> Result<u64, String> {
+    let mut keys = HashMap::new();
     loop {
         let page = ws.call("message.timeline.sync", json!({"after": cursor, "limit": 100})).await?;
         for r in page["records"].as_array().into_iter().flatten() {
             let env = &r["envelope"];
-            let len = env["ciphertext"].as_str().and_then(b64_decoded_len).unwrap_or(0);
+            let text = read(ws, &mut keys, me, r).await;
             println!(
-                "record {:>5} {:<8} from {} message_id {} ciphertext {len} bytes{}",
+                "record {:>5} {:<8} from {} message_id {}{}: {text}",
                 r["sequence"].as_u64().unwrap_or(0),
                 r["direction"].as_str().unwrap_or("?"),
                 env["from"].as_str().unwrap_or("?"),
@@ -158,6 +201,29 @@ async fn catch_up(ws: &mut Ws, mut cursor: u64) -> Result<u64, String> {
     }
 }
 
+/// Encrypts `text` to every device of `to` and to this device, and sends it.
+async fn send(ws: &mut Ws, account: &Account, me: &Device, to: &str, text: &str) -> Result<(), String> {
+    let mut targets = Vec::new();
+    for (id, cert) in devices(ws, to).await? {
+        let box_key: [u8; 32] =
+            b64_decode_array("box_key", cert["box_key"].as_str().unwrap_or_default()).map_err(|e| e.message)?;
+        targets.push((id, box_key));
+    }
+    targets.push((me.id.clone(), me.box_key));
+    let message_id = b64_encode(&rand::random::<[u8; 16]>());
+    let ephemeral: Vec<([u8; 32], [u8; 24])> = targets.iter().map(|_| (rand::random(), rand::random())).collect();
+    let random = e2e::Randomness { content_key: rand::random(), nonce: rand::random(), boxes: &ephemeral };
+    let devices: Vec<(&str, [u8; 32])> = targets.iter().map(|(id, k)| (id.as_str(), *k)).collect();
+    let mut sealed = e2e::encrypt(&message_id, &e2e::text(text), &devices, &random).map_err(|e| e.message)?;
+    let (_, own) = sealed.boxes.pop().expect("this device's box is last");
+    let boxes: Vec<Value> = sealed.boxes.iter().map(|(id, b)| key_box(id, b)).collect();
+    let envelope = me.envelope(&account.id, to, &message_id, now(), &sealed.ciphertext);
+    let params = json!({"envelope": envelope, "recipient_boxes": boxes, "sender_boxes": [key_box(&me.id, &own)]});
+    let status = ws.call("message.send", params).await?;
+    println!("message.send {message_id} -> {status}");
+    Ok(())
+}
+
 #[actix_rt::main]
 async fn main() -> Result<(), String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -165,7 +231,8 @@ async fn main() -> Result<(), String> {
     let [base, relay_id, seed, rest @ ..] = args.as_slice() else { return Err(usage.into()) };
     let seed: [u8; 32] = hex::decode(seed).ok().and_then(|s| s.try_into().ok()).ok_or("SEED_HEX: 64 hex chars")?;
     let account = Account::from_seed(seed);
-    let device = Device::from_seed("listen", *blake3::hash(&[b"listen device".as_slice(), &seed].concat()).as_bytes());
+    let derive = |what: &[u8]| *blake3::hash(&[what, &seed].concat()).as_bytes();
+    let device = Device::with_box_secret("listen", derive(b"listen device"), derive(b"listen box"));
     let token = open_session(base, relay_id, &account, &device).await?;
     println!("account {} device {}", account.id, device.id);
 
@@ -180,23 +247,7 @@ async fn main() -> Result<(), String> {
         if cmd != "send" {
             return Err(usage.into());
         }
-        let devices = ws.call("account.devices.get", json!({"account_id": to})).await?;
-        let revoked: Vec<&Value> =
-            devices["revocations"].as_array().into_iter().flatten().map(|r| &r["device_id"]).collect();
-        // A real client encrypts a message key to each device's box_key.
-        let boxes: Vec<Value> = devices["certificates"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|c| !revoked.contains(&&c["device_id"]))
-            .map(|c| key_box(c["device_id"].as_str().unwrap_or_default(), b"message key, encrypted"))
-            .collect();
-        let message_id = b64_encode(&rand::random::<[u8; 16]>());
-        let envelope = device.envelope(&account.id, to, &message_id, now(), text.as_bytes());
-        let params = json!({"envelope": envelope, "recipient_boxes": boxes,
-                            "sender_boxes": [key_box(&device.id, b"message key, encrypted")]});
-        let status = ws.call("message.send", params).await?;
-        println!("message.send {message_id} -> {status}");
+        send(&mut ws, &account, &device, to, text).await?;
     } else if !rest.is_empty() {
         return Err(usage.into());
     }
@@ -207,7 +258,7 @@ async fn main() -> Result<(), String> {
             Event::Notification(n) => match n["method"].as_str() {
                 Some("message.timeline.changed") => {
                     if n["params"]["sequence"].as_u64().is_some_and(|s| s > cursor) {
-                        cursor = catch_up(&mut ws, cursor).await?;
+                        cursor = catch_up(&mut ws, &device, cursor).await?;
                     }
                 }
                 Some("message.delivery.changed") => println!("delivery {}", n["params"]),

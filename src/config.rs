@@ -317,6 +317,9 @@ pub struct Http {
     /// On SIGTERM/SIGINT, in-flight requests get this long to finish.
     #[serde(deserialize_with = "duration")]
     pub shutdown_timeout: Duration,
+    /// Browser origins besides the relay's own (`relay.public_url`) that may
+    /// call the client API (CORS); `"*"` allows any.
+    pub cors_origins: Vec<String>,
 }
 
 impl Default for Http {
@@ -329,6 +332,7 @@ impl Default for Http {
             request_timeout: Duration::from_secs(5),
             keep_alive: Duration::from_secs(30),
             shutdown_timeout: Duration::from_secs(10),
+            cors_origins: Vec::new(),
         }
     }
 }

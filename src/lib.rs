@@ -95,6 +95,11 @@ pub async fn serve(cfg: config::Config) -> Result<(), String> {
         None => None,
     };
     let websocket = web::Data::new(cfg.websocket.clone());
+    let cors = web::Data::new(http::webapp::Cors::new(&cfg.relay.public_url, &cfg.http.cors_origins));
+    let client = web::Data::new(http::webapp::ClientInfo {
+        relay_id: cfg.relay.id.clone(),
+        public_url: cfg.relay.public_url.clone(),
+    });
     let h = &cfg.http;
     let (access, with_metrics) = (cfg.log.access, metrics_listener.is_none());
     let body_timeout = http::BodyTimeout(h.body_timeout);
@@ -104,6 +109,10 @@ pub async fn serve(cfg: config::Config) -> Result<(), String> {
         // Runs once on each worker thread: account actors spread over them.
         for_app.supervisor().add_arbiter(actix::Arbiter::current());
         App::new()
+            .wrap(actix_web::middleware::from_fn(http::webapp::cors))
+            .app_data(cors.clone())
+            .app_data(client.clone())
+            .configure(http::webapp::configure)
             .wrap_fn(|req, srv| match http::over_connection_cap(req.request()) {
                 Some(refused) => Either::Left(std::future::ready(Ok(req.into_response(refused)))),
                 None => Either::Right(srv.call(req)),

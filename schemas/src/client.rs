@@ -24,12 +24,15 @@ pub struct Account {
     pub id: String,
 }
 
-/// A device of an account: its signing key and X25519 box key (opaque here).
+/// A device of an account: its signing key and X25519 box key.
 #[derive(Clone)]
 pub struct Device {
     pub id: String,
     pub key: SigningKey,
     pub box_key: [u8; 32],
+    /// The X25519 secret behind `box_key`, for devices that read messages
+    /// (`relay-e2e/v1`); `None` where the box key is only a placeholder.
+    pub box_secret: Option<[u8; 32]>,
 }
 
 impl Account {
@@ -115,10 +118,19 @@ impl Account {
 }
 
 impl Device {
+    /// A device whose box key is a placeholder (no X25519 work: load
+    /// tests make millions of these and never decrypt).
     pub fn from_seed(id: &str, seed: [u8; 32]) -> Self {
         let mut box_key = *blake3::hash(&seed).as_bytes();
         box_key[0] ^= 1;
-        Device { id: id.into(), key: SigningKey::from_bytes(&seed), box_key }
+        Device { id: id.into(), key: SigningKey::from_bytes(&seed), box_key, box_secret: None }
+    }
+
+    /// A device that can read `relay-e2e/v1` messages: `box_key` is the
+    /// X25519 public key of `box_secret`.
+    pub fn with_box_secret(id: &str, seed: [u8; 32], box_secret: [u8; 32]) -> Self {
+        let box_key = crate::e2e::box_public(&box_secret);
+        Device { id: id.into(), key: SigningKey::from_bytes(&seed), box_key, box_secret: Some(box_secret) }
     }
 
     pub fn public_key(&self) -> String {

@@ -11,12 +11,14 @@
 //!   remembered once verified, in `verified`);
 //! - [`objects`]: the core objects of PROTOCOL §2, kept byte-for-byte;
 //! - [`methods`]: params and results of every method;
-//! - [`client`]: building and signing objects as a client does.
+//! - [`client`]: building and signing objects as a client does;
+//! - [`e2e`]: the client encryption profile `relay-e2e/v1` (PROTOCOL §8).
 //!
 //! JSON Schema files for all of these are in `schemas/json/`, and an
 //! OpenAPI 3.1 document for `/v1/rpc/{method}` in `schemas/openapi.json`.
 
 pub mod client;
+pub mod e2e;
 pub mod encoding;
 pub mod error;
 pub mod ids;

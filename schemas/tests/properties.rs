@@ -1039,7 +1039,7 @@ proptest! {
     }
 }
 
-const TAGS: [Tag; 8] = [
+const TAGS: [Tag; 9] = [
     Tag::DeviceCertificate,
     Tag::DeviceRevocation,
     Tag::Route,
@@ -1047,6 +1047,7 @@ const TAGS: [Tag; 8] = [
     Tag::ContactGrant,
     Tag::ContactInvite,
     Tag::Session,
+    Tag::Registration,
     Tag::RelayRequest,
 ];
 

@@ -1,10 +1,11 @@
 //! The actix-web transport: `POST /v1/rpc/{method}` (clients),
 //! `POST /v1/relay/{method}` (peers), `GET /v1/ws` (client WebSocket) and
-//! `GET /healthz`.
+//! `GET /healthz`, and the web client at `/` ([`webapp`]).
 //! Protocol logic is in [`crate::rpc`]; this module only maps HTTP to it.
 
 pub mod conn;
 pub mod flow;
+pub mod webapp;
 pub mod ws;
 
 use crate::config::Websocket;

@@ -1,0 +1,386 @@
+// The web client in headless Chromium against two relays on loopback:
+// Alice on relay-a, Bob on relay-b, each in its own browser context.
+//
+//   node web/test/browser.mjs --relay target/debug/relay --dir <scratch dir> --out <screenshot dir>
+//        [--chat target/debug/examples/chat]
+//
+// Run by tests/browser.rs. It starts both relays itself (it kills and
+// restarts relay-b), checks the shared relay-e2e/v1 vectors inside the page,
+// registers both accounts, exchanges a contact link, sends both ways, follows
+// the ticks (one grey tick while relay-b is down, two once it is back),
+// reloads both pages, optionally talks to the Rust CLI chat, and finally
+// byte-searches both relays' data dirs for every plaintext sent.
+
+import { spawn, execFileSync } from 'node:child_process';
+import { mkdirSync, readFileSync, writeFileSync, readdirSync, statSync, rmSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { join } from 'node:path';
+import puppeteer from 'puppeteer-core';
+import { checkVectors } from './vectors.mjs';
+
+const arg = (name) => {
+  const i = process.argv.indexOf(`--${name}`);
+  return i > 0 ? process.argv[i + 1] : undefined;
+};
+const RELAY = arg('relay');
+const DIR = arg('dir');
+const OUT = arg('out');
+const CHAT = arg('chat');
+const CHROMIUM = process.env.CHROMIUM ?? '/usr/bin/chromium';
+const log = (...a) => console.log('[browser]', ...a);
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+async function freePort() {
+  return new Promise((resolve) => {
+    const s = createServer();
+    s.listen(0, '127.0.0.1', () => {
+      const { port } = s.address();
+      s.close(() => resolve(port));
+    });
+  });
+}
+
+const relays = {};
+
+function configure(id, port, peer) {
+  const data = join(DIR, id);
+  mkdirSync(data, { recursive: true });
+  const pub = execFileSync(RELAY, ['key', 'generate', '--out', join(data, 'relay.key')]).toString().trim();
+  relays[id] = { id, port, data, pub, url: `http://127.0.0.1:${port}`, config: join(DIR, `${id}.toml`), peer };
+}
+
+function writeConfig(r) {
+  const p = relays[r.peer];
+  writeFileSync(
+    r.config,
+    `[relay]
+id = "${r.id}"
+public_url = "${r.url}"
+listen = "127.0.0.1:${r.port}"
+data_dir = ${JSON.stringify(r.data)}
+key_file = ${JSON.stringify(join(r.data, 'relay.key'))}
+
+[[peers]]
+id = "${p.id}"
+url = "${p.url}"
+public_key = "${p.pub}"
+
+[limits]
+session_rate = 1000000
+session_burst = 1000000
+anonymous_rate = 1000000
+anonymous_burst = 1000000
+
+# Few connections, all from 127.0.0.1: fit any open-file limit, no per-IP cap.
+[http]
+max_connections = 512
+max_connections_per_ip = 100000
+
+# Seconds, not minutes: the test waits for a retry after relay-b returns.
+[delivery]
+retry_timetable = ["0s", "1s", "2s", "3s"]
+retry_then_every = "1s"
+attempt_timeout = "2s"
+`,
+  );
+}
+
+async function start(id) {
+  const r = relays[id];
+  const child = spawn(RELAY, ['serve', '--config', r.config], { env: { ...process.env, RUST_LOG: 'warn' }, stdio: ['ignore', 'pipe', 'inherit'] });
+  r.child = child;
+  await new Promise((resolve, reject) => {
+    const t = setTimeout(() => reject(new Error(`${id} did not start in 30 s`)), 30_000);
+    child.stdout.on('data', (b) => {
+      if (b.toString().includes('listening on')) {
+        clearTimeout(t);
+        resolve();
+      }
+    });
+    child.on('exit', (code) => reject(new Error(`${id} exited with ${code}`)));
+  });
+  log(`${id} up at ${r.url}`);
+}
+
+async function stop(id, signal = 'SIGTERM') {
+  const r = relays[id];
+  if (!r.child || r.child.exitCode !== null) return;
+  const exited = new Promise((resolve) => r.child.once('exit', resolve));
+  r.child.kill(signal);
+  await exited;
+  r.child = null;
+}
+
+/** Waits (bounded) until `fn` in the page returns something truthy. */
+const until = (page, fn, arg, timeout = 30_000) => page.waitForFunction(fn, { timeout, polling: 100 }, arg);
+
+const status = (page, text) =>
+  page.evaluate((t) => {
+    const m = [...document.querySelectorAll('.msg.sent')].find((x) => x.querySelector('.text').textContent === t);
+    return m?.querySelector('.ticks')?.dataset.status ?? null;
+  }, text);
+
+const waitStatus = (page, text, want, timeout) =>
+  until(
+    page,
+    ([t, w]) => {
+      const m = [...document.querySelectorAll('.msg.sent')].find((x) => x.querySelector('.text').textContent === t);
+      return m?.querySelector('.ticks')?.dataset.status === w;
+    },
+    [text, want],
+    timeout,
+  );
+
+const waitText = (page, text, timeout) =>
+  until(page, (t) => [...document.querySelectorAll('.msg .text')].some((x) => x.textContent === t), text, timeout);
+
+async function sendText(page, text) {
+  await page.type('#text', text);
+  await page.click('#send-form button');
+}
+
+/** Every status a message's ticks showed, in order (a MutationObserver in the page). */
+async function watchTicks(page) {
+  await page.evaluate(() => {
+    window.__ticks = {};
+    const seen = () => {
+      for (const m of document.querySelectorAll('.msg.sent')) {
+        const t = m.querySelector('.text').textContent;
+        const s = m.querySelector('.ticks').dataset.status;
+        const l = (window.__ticks[t] ??= []);
+        if (l[l.length - 1] !== s) l.push(s);
+      }
+    };
+    new MutationObserver(seen).observe(document.body, { subtree: true, childList: true, attributes: true });
+  });
+}
+
+function assert(cond, what) {
+  if (!cond) throw new Error(`assertion failed: ${what}`);
+  log(`ok: ${what}`);
+}
+
+function* files(dir) {
+  for (const name of readdirSync(dir)) {
+    const p = join(dir, name);
+    if (statSync(p).isDirectory()) yield* files(p);
+    else yield p;
+  }
+}
+
+async function main() {
+  rmSync(DIR, { recursive: true, force: true });
+  mkdirSync(DIR, { recursive: true });
+  mkdirSync(OUT, { recursive: true });
+  const [pa, pb] = [await freePort(), await freePort()];
+  configure('relay-a', pa, 'relay-b');
+  configure('relay-b', pb, 'relay-a');
+  writeConfig(relays['relay-a']);
+  writeConfig(relays['relay-b']);
+  await start('relay-a');
+  await start('relay-b');
+
+  const browser = await puppeteer.launch({
+    executablePath: CHROMIUM,
+    headless: true,
+    args: [
+      '--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+      '--disable-background-networking', '--disable-component-update', '--disable-sync',
+      `--user-data-dir=${join(DIR, 'chromium')}`,
+    ],
+  });
+  const sent = [];
+  try {
+    const open = async (relay) => {
+      const ctx = await browser.createBrowserContext();
+      const page = await ctx.newPage();
+      page.on('pageerror', (e) => log(`page error (${relay}): ${e.message}`));
+      await page.setViewport({ width: 1100, height: 720 });
+      await page.goto(`${relays[relay].url}/`);
+      await until(page, () => document.body.dataset.ready === 'true');
+      return page;
+    };
+    const alice = await open('relay-a');
+    const bob = await open('relay-b');
+
+    // The bundled client computes the shared vectors byte for byte.
+    const vectors = JSON.parse(readFileSync(new URL('../vectors/relay-e2e-v1.json', import.meta.url), 'utf8'));
+    const checks = await alice.evaluate(
+      new Function('file', `return (${checkVectors.toString()})(window.relayE2E, file)`),
+      vectors,
+    );
+    assert(checks > 0, `relay-e2e/v1 vectors pass in Chromium (${checks} device boxes)`);
+
+    for (const page of [alice, bob]) {
+      await page.click('#create');
+      await until(page, () => document.getElementById('conn').dataset.state === 'online');
+    }
+    const aliceId = await alice.$eval('#account-id', (e) => e.textContent);
+    const bobId = await bob.$eval('#account-id', (e) => e.textContent);
+    log(`alice ${aliceId} on relay-a, bob ${bobId} on relay-b`);
+
+    // Bob adds Alice from her contact link and writes first (the invite
+    // authorizes him); his message carries a grant that lets Alice answer.
+    const link = await alice.$eval('#contact-link', (e) => e.value);
+    await bob.type('#add-link', link);
+    await bob.click('#add-contact');
+    await until(bob, (id) => document.getElementById('peer').dataset.accountId === id, aliceId);
+    await watchTicks(alice);
+    await watchTicks(bob);
+
+    const t1 = `Hello Alice, this is Bob ${Date.now()}`;
+    sent.push(t1);
+    await sendText(bob, t1);
+    await waitText(alice, t1);
+    await waitStatus(bob, t1, 'target_accepted');
+    assert(true, 'Alice reads what Bob sent; Bob sees two ticks');
+
+    const t2 = `Hi Bob! Привет ✓ ${Date.now()}`;
+    sent.push(t2);
+    await sendText(alice, t2);
+    await waitText(bob, t2);
+    await waitStatus(alice, t2, 'target_accepted');
+    assert(true, 'Bob reads what Alice sent; Alice sees two ticks');
+    const seen = await alice.evaluate((t) => window.__ticks[t], t2);
+    log(`ticks of Alice's message: ${seen.join(' -> ')}`);
+    assert(seen.at(-1) === 'target_accepted' && !seen.includes('failed'), 'ticks only move forward to two');
+
+    // Relay-b goes away: Alice's next message is accepted by relay-a (one
+    // grey tick) and stays there until relay-b is back.
+    await stop('relay-b', 'SIGKILL');
+    const t3 = `Are you there, Bob? ${Date.now()}`;
+    sent.push(t3);
+    await sendText(alice, t3);
+    await waitStatus(alice, t3, 'delivering');
+    await sleep(3000);
+    assert((await status(alice, t3)) === 'delivering', 'one grey tick while relay-b is down');
+    await alice.screenshot({ path: join(OUT, 'alice-one-tick.png') });
+    await start('relay-b');
+    await waitStatus(alice, t3, 'target_accepted', 45_000);
+    const seen3 = await alice.evaluate((t) => window.__ticks[t], t3);
+    log(`ticks of the message sent while relay-b was down: ${seen3.join(' -> ')}`);
+    assert(seen3.includes('delivering') && seen3.at(-1) === 'target_accepted', 'grey tick, then two once relay-b returns');
+    await waitText(bob, t3, 45_000);
+    assert(true, 'Bob reads it after his relay returns (reconnect, sync from the cursor)');
+
+    // History survives a reload (IndexedDB, then sync from the acked cursor).
+    for (const page of [alice, bob]) {
+      await page.reload();
+      await until(page, () => document.body.dataset.ready === 'true');
+      for (const t of sent) await waitText(page, t, 20_000);
+    }
+    assert(true, 'both pages show the whole conversation again after a reload');
+    await until(alice, () => document.getElementById('conn').dataset.state === 'online');
+    await alice.screenshot({ path: join(OUT, 'alice.png') });
+    await bob.screenshot({ path: join(OUT, 'bob.png') });
+
+    await linkAndRevoke(open, alice, aliceId, bob, sent);
+    if (CHAT) await withChat(bob, bobId, sent);
+  } finally {
+    await browser.close();
+    await stop('relay-a');
+    await stop('relay-b');
+  }
+
+  // The relays only ever held ciphertext.
+  let found = 0;
+  let scanned = 0;
+  for (const r of Object.values(relays)) {
+    for (const f of files(r.data)) {
+      const bytes = readFileSync(f);
+      scanned += bytes.length;
+      for (const t of sent) {
+        if (bytes.includes(Buffer.from(t, 'utf8'))) {
+          log(`PLAINTEXT FOUND in ${f}: ${JSON.stringify(t)}`);
+          found++;
+        }
+      }
+    }
+  }
+  log(`byte search: ${sent.length} plaintexts, ${scanned} bytes of relay data, ${found} found`);
+  assert(found === 0, 'no plaintext in either relay data dir');
+}
+
+/**
+ * A second browser profile joins Alice's account with a device-link code
+ * (its request, answered by a certificate signed with the account key),
+ * reads what Bob sends next, and is then revoked from the device list.
+ */
+async function linkAndRevoke(open, alice, aliceId, bob, sent) {
+  const laptop = await open('relay-a');
+  await laptop.click('#link-start');
+  await until(laptop, () => document.getElementById('link-request').value.length > 0);
+  const request = await laptop.$eval('#link-request', (e) => e.value);
+  await alice.type('#link-code', request);
+  await alice.click('#link-approve');
+  await until(alice, () => document.getElementById('link-approval').value.length > 0);
+  const answer = await alice.$eval('#link-approval', (e) => e.value);
+  await laptop.type('#link-answer', answer);
+  await laptop.click('#link-finish');
+  await until(laptop, () => document.getElementById('conn').dataset.state === 'online');
+  assert((await laptop.$eval('#account-id', (e) => e.textContent)) === aliceId, 'the linked browser is on Alice\'s account');
+  const laptopId = await laptop.$eval('#device-id', (e) => e.textContent);
+  await until(alice, (id) => !!document.querySelector(`#devices li[data-device-id="${id}"]`), laptopId);
+
+  const t = `For both of Alice's browsers ${Date.now()}`;
+  sent.push(t);
+  await sendText(bob, t);
+  await waitText(alice, t);
+  await waitText(laptop, t);
+  assert(true, 'both of Alice\'s devices read what Bob sent after the link');
+
+  await alice.click(`#devices li[data-device-id="${laptopId}"] button`);
+  await until(alice, (id) => !document.querySelector(`#devices li[data-device-id="${id}"]`), laptopId);
+  await until(laptop, () => document.getElementById('conn').dataset.state === 'offline', undefined, 20_000);
+  assert(true, 'Alice revokes the linked browser; it is signed out');
+  await laptop.browserContext().close();
+}
+
+/** The Rust CLI chat on relay-a talks with Bob's browser on relay-b. */
+async function withChat(bob, bobId, sent) {
+  const seed = 'c3'.repeat(32);
+  const chat = spawn(CHAT, [relays['relay-a'].url, 'relay-a', seed], { stdio: ['pipe', 'pipe', 'inherit'] });
+  let out = '';
+  chat.stdout.on('data', (b) => {
+    out += b.toString();
+  });
+  const waitOut = async (re, what) => {
+    for (let i = 0; i < 300; i++) {
+      const m = re.exec(out);
+      if (m) return m;
+      await sleep(100);
+    }
+    throw new Error(`chat: no ${what} in:\n${out}`);
+  };
+  try {
+    const chatLink = (await waitOut(/contact link: (\S+)/, 'contact link'))[1];
+    const chatId = (await waitOut(/account ([0-9a-f]{32})/, 'account id'))[1];
+    await bob.$eval('#add-link', (e) => { e.value = ''; });
+    await bob.type('#add-link', chatLink);
+    await bob.click('#add-contact');
+    await until(bob, (id) => document.getElementById('peer').dataset.accountId === id, chatId);
+    const t4 = `Hello terminal ${Date.now()}`;
+    sent.push(t4);
+    await sendText(bob, t4);
+    await waitOut(new RegExp(`${bobId}: ${t4}`), 'decrypted browser message');
+    await waitStatus(bob, t4, 'target_accepted');
+    const t5 = `Hello browser, from the terminal ${Date.now()}`;
+    sent.push(t5);
+    chat.stdin.write(`/to ${bobId}\n${t5}\n`);
+    await waitText(bob, t5);
+    await waitOut(/delivered ✓✓/, 'double tick');
+    assert(true, 'the Rust CLI chat and the browser read each other');
+    await bob.screenshot({ path: join(OUT, 'bob-and-chat.png') });
+  } finally {
+    chat.kill('SIGTERM');
+  }
+}
+
+main().then(
+  () => process.exit(0),
+  async (e) => {
+    console.error('[browser] FAILED:', e);
+    for (const id of Object.keys(relays)) await stop(id, 'SIGKILL').catch(() => {});
+    process.exit(1);
+  },
+);
