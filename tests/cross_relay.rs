@@ -111,7 +111,12 @@ async fn destination_down_past_the_deadline_fails_with_message_expired() {
 async fn in_flight_delivery_follows_the_recipient_when_it_moves_home() {
     let dir = tempfile::tempdir().unwrap();
     let cluster = Cluster::plan(dir.path(), &["relay-a", "relay-b", "relay-c"]);
-    let a = cluster.start("relay-a", &format!("{FAST}[limits]\ndelivery_age_limit = \"30s\"\n"));
+    // The second attempt comes 5 s after the first: relay-b is back and Bob
+    // has moved by then, so it meets the move (not the old home, as a
+    // faster retry could), and then follows it.
+    let slow_second =
+        "[delivery]\nretry_timetable = [\"0s\", \"5s\"]\nretry_then_every = \"500ms\"\nattempt_timeout = \"1s\"\n";
+    let a = cluster.start("relay-a", &format!("{slow_second}[limits]\ndelivery_age_limit = \"30s\"\n"));
     let mut b = cluster.start("relay-b", "");
     let c = cluster.start("relay-c", "");
     let (ca, cb, cc) = (Client::new(&a.url), Client::new(&b.url), Client::new(&c.url));
@@ -139,7 +144,7 @@ async fn in_flight_delivery_follows_the_recipient_when_it_moves_home() {
     assert_eq!(stale.1["error"]["code"], "route_stale", "{stale:?}");
     assert_eq!(stale.1["error"]["data"]["route"]["revision"], 2);
 
-    let st = wait_status(&ca, &alice, &mid(1), 15, terminal).await;
+    let st = wait_status(&ca, &alice, &mid(1), 25, terminal).await;
     assert_eq!(st["status"], "target_accepted", "{st}");
     bob.relay_id = "relay-c".into();
     bob.tokens[0] = bob.open_session(&cc, 0).await;

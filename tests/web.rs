@@ -3,11 +3,8 @@
 
 mod common;
 
+use common::cluster::free_port;
 use common::relay::RelayProc;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
 
 async fn get(url: &str) -> (u16, String, String, String) {
     let mut r = awc::Client::default().get(url).send().await.unwrap();

@@ -13,9 +13,17 @@ pub struct Member {
     pub public_key: String,
 }
 
-/// A free loopback port (released for the relay to bind right after).
+/// A free loopback port (released for the relay to bind right after),
+/// below Linux's ephemeral range (32768–60999): a port picked by the OS for
+/// any other socket (`127.0.0.1:0` relays, clients) can never take it in
+/// the meantime.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    loop {
+        let port = 20_000 + rand::random::<u16>() % 12_000;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// Writes relay `id`'s key file (0600) from `seed`; returns its public key.
