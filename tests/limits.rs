@@ -289,11 +289,10 @@ async fn a_body_sent_one_byte_a_second_gets_a_timeout_error() {
 /// Starts `relay serve` with RLIMIT_NOFILE set to (soft, hard) in the child;
 /// Ok(the start line) or Err(stderr) when it exits.
 fn start_with_nofile(dir: &std::path::Path, extra: &str, soft: u64, hard: u64) -> Result<String, String> {
-    use std::io::BufRead;
     use std::os::unix::process::CommandExt;
     let cfg = common::relay::write_config(dir, "relay-a", extra);
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_relay"));
-    cmd.args(["serve", "--config"]).arg(&cfg).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    cmd.args(["serve", "--config"]).arg(&cfg);
     // SAFETY: only setrlimit between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
@@ -304,24 +303,7 @@ fn start_with_nofile(dir: &std::path::Path, extra: &str, soft: u64, hard: u64) -
             Ok(())
         });
     }
-    let mut child = cmd.spawn().unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(std::io::BufReader::new(stdout).lines().next());
-    });
-    match rx.recv_timeout(Duration::from_secs(30)) {
-        Ok(Some(Ok(line))) => {
-            let _ = child.kill();
-            let _ = child.wait();
-            Ok(line)
-        }
-        _ => {
-            let out = child.wait_with_output().unwrap();
-            assert!(!out.status.success());
-            Err(String::from_utf8_lossy(&out.stderr).into_owned())
-        }
-    }
+    common::relay::start_line_or_exit(cmd)
 }
 
 #[test]

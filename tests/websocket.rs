@@ -735,33 +735,13 @@ async fn pongs_keep_a_connection_open_and_a_silent_one_is_closed_as_idle() {
 
 #[test]
 fn a_zero_ping_interval_is_refused_at_start() {
-    use std::io::BufRead;
     let dir = tempfile::tempdir().unwrap();
     let cfg = common::relay::write_config(dir.path(), "relay-a", "[websocket]\nping_interval = \"0s\"\n");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_relay"))
-        .args(["serve", "--config"])
-        .arg(&cfg)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(std::io::BufReader::new(stdout).lines().next());
-    });
-    match rx.recv_timeout(Duration::from_secs(30)) {
-        Ok(Some(Ok(line))) => {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the relay started with websocket.ping_interval = 0s: {line}");
-        }
-        _ => {
-            let out = child.wait_with_output().unwrap();
-            assert!(!out.status.success());
-            let err = String::from_utf8_lossy(&out.stderr);
-            assert!(err.contains("ping_interval"), "{err}");
-        }
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_relay"));
+    cmd.args(["serve", "--config"]).arg(&cfg);
+    match common::relay::start_line_or_exit(cmd) {
+        Ok(line) => panic!("the relay started with websocket.ping_interval = 0s: {line}"),
+        Err(err) => assert!(err.contains("ping_interval"), "{err}"),
     }
 }
 

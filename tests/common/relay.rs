@@ -209,3 +209,27 @@ impl Drop for RelayProc {
         self.kill9();
     }
 }
+
+/// Runs `cmd` (a `relay serve` with piped stdout and stderr) until it
+/// prints its start line or exits: Ok(the start line; the relay is then
+/// stopped) or Err(its stderr, after a failed exit). Bounded by 30 s.
+pub fn start_line_or_exit(mut cmd: Command) -> Result<String, String> {
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn relay");
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(BufReader::new(stdout).lines().next());
+    });
+    match rx.recv_timeout(Duration::from_secs(30)) {
+        Ok(Some(Ok(line))) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            Ok(line)
+        }
+        _ => {
+            let out = child.wait_with_output().unwrap();
+            assert!(!out.status.success());
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+}
