@@ -317,6 +317,13 @@ impl Supervisor {
         self.ask_with(account_id, cmd, Answer::WhenDurable).await
     }
 
+    /// [`Supervisor::ask`] answered at once, before durability: for callers
+    /// in this process that answer onwards only after a later durable
+    /// write (see [`Answer::AtOnce`]).
+    pub(crate) async fn ask_at_once(&self, account_id: &str, cmd: AccountCmd) -> Result<Reply, RelayError> {
+        self.ask_with(account_id, cmd, Answer::AtOnce).await
+    }
+
     async fn ask_with(&self, account_id: &str, cmd: AccountCmd, answer: Answer) -> Result<Reply, RelayError> {
         let cmd = Arc::new(cmd);
         for _ in 0..3 {
@@ -355,6 +362,14 @@ impl Supervisor {
             }
             Err(e) => tracing::error!(%stream, error = %e, "cannot load delivery"),
         }
+    }
+
+    /// Starts the actor of a delivery just accepted, from the state its
+    /// acceptance wrote; `watch` gets the status after its first attempt.
+    pub(crate) fn resume_delivery(&self, start: delivery::actor::Start, watch: oneshot::Sender<DeliveryStatus>) {
+        let mut running = lock(&self.inner.deliveries);
+        let stream = start.stream.clone();
+        running.insert(stream, DeliveryActor::resume(self.clone(), start, Some(watch)).start());
     }
 
     pub(crate) fn delivery_stopped(&self, stream: &str) {
@@ -408,7 +423,7 @@ impl Supervisor {
         // Answered at once: the attempt's outcome reaches the sender's client
         // only after the sender's account has written it durably, a later
         // commit that covers this receipt.
-        match self.ask_with(to, AccountCmd::Receive { params, digest }, Answer::AtOnce).await? {
+        match self.ask_at_once(to, AccountCmd::Receive { params, digest }).await? {
             Reply::Status(s) => Ok(s),
             _ => Err(RelayError::internal("unexpected reply to receive")),
         }
