@@ -19,6 +19,7 @@
 
 pub mod account;
 pub mod clock;
+pub mod crash;
 pub mod delivery;
 pub mod metrics;
 pub mod notify;

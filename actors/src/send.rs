@@ -71,6 +71,7 @@ impl Supervisor {
             Ok(other) => AttemptOutcome::Unknown(RelayError::internal(format!("unexpected reply {other:?}"))),
             Err(e) => AttemptOutcome::Rejected(e),
         };
+        crate::crash::point(&self.store(), "send.after_receipt").await;
         delivery::count_attempt(self, &outcome);
         let accepted_at = acceptance.status.accepted_at;
         let cmd = match settles_at_once(&outcome, accepted_at) {

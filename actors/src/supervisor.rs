@@ -328,6 +328,7 @@ impl Supervisor {
         let cmd = Arc::new(cmd);
         for _ in 0..3 {
             let addr = self.account_addr(account_id)?;
+            self.metrics().actor_messages.inc();
             match addr.send(account::actor::Ask(cmd.clone(), answer)).await {
                 Ok(Err(e)) if e.message == PASSIVATED => continue,
                 Ok(reply) => return reply,
@@ -356,6 +357,7 @@ impl Supervisor {
                 return;
             }
         }
+        self.metrics().actor_messages.inc();
         match DeliveryActor::load(self.clone(), stream, watch, woken) {
             Ok(actor) => {
                 running.insert(stream.to_owned(), actor.start());
@@ -369,6 +371,7 @@ impl Supervisor {
     pub(crate) fn resume_delivery(&self, start: delivery::actor::Start, watch: oneshot::Sender<DeliveryStatus>) {
         let mut running = lock(&self.inner.deliveries);
         let stream = start.stream.clone();
+        self.metrics().actor_messages.inc();
         running.insert(stream, DeliveryActor::resume(self.clone(), start, Some(watch)).start());
     }
 

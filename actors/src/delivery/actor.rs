@@ -275,6 +275,9 @@ impl DeliveryActor {
             } {
                 return AttemptOutcome::NotAttempted(e);
             }
+            if remote {
+                crate::crash::point(&sup.store(), "deliver.before_send").await;
+            }
             // Every relay of the route at once; the first acceptance wins.
             let tries = relays.iter().map(|relay| {
                 let one: LocalFuture<AttemptOutcome> = if relay.id == sup.policy().relay_id {
@@ -322,7 +325,11 @@ impl DeliveryActor {
                     outcome
                 }
             });
-            combine(futures_util::future::join_all(tries).await)
+            let outcome = combine(futures_util::future::join_all(tries).await);
+            if remote {
+                crate::crash::point(&sup.store(), "deliver.before_outcome").await;
+            }
+            outcome
         };
         ctx.wait(attempt_fut.into_actor(self).map(move |outcome, act, ctx| act.step_outcome(attempt, outcome, ctx)));
     }
