@@ -3,7 +3,7 @@
 //! configured peer, `Relay-Timestamp` within the clock tolerance, and
 //! `Relay-Signature` the peer key's signature of the request digest.
 
-use crate::rpc::{params_digest, parse, Relay};
+use crate::rpc::{parse, parse_with_digest, Relay};
 use ed25519_dalek::VerifyingKey;
 use relay_actors::account::decide::{self, Ctx};
 use relay_actors::account::{AccountCmd, Reply};
@@ -115,8 +115,7 @@ impl Relay {
     async fn dispatch_relay(&self, method: &str, peer: &str, body: &[u8]) -> Result<String, RelayError> {
         match method {
             "message.deliver" => {
-                let params: DeliverParams = parse(body)?;
-                let digest = params_digest(body)?;
+                let (params, digest): (DeliverParams, _) = parse_with_digest(body)?;
                 self.may_deliver(peer, &params).await?;
                 let to = params.envelope.to.clone();
                 Self::json_of(self.on_local(&to, AccountCmd::Receive { params, digest }).await?)

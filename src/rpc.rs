@@ -19,7 +19,6 @@ use relay_schemas::ids::check_account_id;
 use relay_schemas::methods::*;
 use relay_schemas::{DeliveryStatus, ErrorCode, RelayError};
 use serde::de::DeserializeOwned;
-use serde_json::Value;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
@@ -61,15 +60,19 @@ pub(crate) fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, RelayError> {
     serde_json::from_str(text).map_err(|e| RelayError::invalid_params(format!("params: {e}")))
 }
 
-/// blake3 of the JCS of the complete params object: the idempotency
-/// comparison of the seed (unknown members, array order and optional
-/// members all count).
-pub(crate) fn params_digest(body: &[u8]) -> Result<String, RelayError> {
-    let v: Value = parse(body)?;
-    if !v.is_object() {
+/// The params and blake3 of the JCS of the complete params object (the
+/// idempotency comparison of the seed: unknown members, array order and
+/// optional members all count). The text is I-JSON-checked and read into
+/// the digest's value in one pass, then into the typed params.
+pub(crate) fn parse_with_digest<T: DeserializeOwned>(body: &[u8]) -> Result<(T, String), RelayError> {
+    if body.trim_ascii_start().first() != Some(&b'{') {
         return Err(RelayError::invalid_params("params must be a JSON object"));
     }
-    Ok(hex::encode(jcs_digest(&v)?))
+    let text = std::str::from_utf8(body).map_err(|_| RelayError::invalid_params("params: not UTF-8"))?;
+    let value = relay_schemas::ijson::value(text).map_err(|e| RelayError::invalid_params(format!("params: {e}")))?;
+    let digest = hex::encode(jcs_digest(&value)?);
+    let params = serde_json::from_str(text).map_err(|e| RelayError::invalid_params(format!("params: {e}")))?;
+    Ok((params, digest))
 }
 
 fn status_json(st: &DeliveryStatus) -> Result<String, RelayError> {
@@ -190,8 +193,7 @@ impl Relay {
     async fn dispatch(&self, method: &str, token: Option<&str>, body: &[u8]) -> Result<String, RelayError> {
         match method {
             "account.register" => {
-                let params: RegisterParams = parse(body)?;
-                let digest = params_digest(body)?;
+                let (params, digest): (RegisterParams, _) = parse_with_digest(body)?;
                 check_account_id("route.account_id", &params.route.account_id)?;
                 // Every stateless check before an actor exists for the account.
                 let policy = self.sup.policy();
@@ -296,8 +298,7 @@ impl Relay {
     /// immediate), so the client usually gets the terminal status at once.
     async fn send(&self, token: Option<&str>, body: &[u8]) -> Result<String, RelayError> {
         let s = self.session(token)?;
-        let params: SendParams = parse(body)?;
-        let digest = params_digest(body)?;
+        let (params, digest): (SendParams, _) = parse_with_digest(body)?;
         let sent = self.sup.message_send(&s.account_id, s.device_id, params, digest).await?;
         let status = match sent.first_attempt {
             Some(first_attempt) => {

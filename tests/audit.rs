@@ -549,7 +549,7 @@ fn a_log_written_with_event_version_0_verifies_and_replays() {
         event_type: t.into(),
         version: 0,
         at: 1_700_000_000,
-        data: v.to_string().into_bytes(),
+        data: serde_json::value::to_raw_value(&v).unwrap(),
     };
     let params = json!({
         "envelope": phone.envelope(from, to, &message_id, 1_700_000_000, b"ciphertext"),
@@ -632,8 +632,12 @@ fn generate_a_large_log() {
     let mut sequences = vec![0u64; n];
     let (mut total, mut round, mut explain, mut foreign_explain) = (0u64, 0u64, None, None);
     let started = std::time::Instant::now();
-    let new_event =
-        |at: u64, t: &str, version: u32, data: Vec<u8>| NewEvent { event_type: t.into(), version, at, data };
+    let new_event = |at: u64, t: &str, version: u32, data: Vec<u8>| NewEvent {
+        event_type: t.into(),
+        version,
+        at,
+        data: serde_json::value::RawValue::from_string(String::from_utf8(data).unwrap()).unwrap(),
+    };
     while total < target {
         let at = t0 + round;
         let first_half = total < target / 2;

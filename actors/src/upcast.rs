@@ -152,7 +152,7 @@ mod tests {
     }
 
     fn new_event(event_type: &str, version: u32, data: Value) -> NewEvent {
-        NewEvent { event_type: event_type.into(), version, at: 1000, data: data.to_string().into_bytes() }
+        NewEvent::new(event_type, version, 1000, &data).unwrap()
     }
 
     /// A delivery log as a v0 relay wrote it: every event at version 0, and
@@ -232,12 +232,7 @@ mod tests {
         let store = Store::temporary().unwrap();
         let event = DeliveryEvent::AttemptStarted { attempt: 3, targets: vec!["relay-b".into()], revision: 2 };
         let mut batch = store.batch();
-        let ne = NewEvent {
-            event_type: event.event_type().into(),
-            version: DeliveryEvent::VERSION,
-            at: 1,
-            data: serde_json::to_vec(&event).unwrap(),
-        };
+        let ne = NewEvent::new(event.event_type(), DeliveryEvent::VERSION, 1, &event).unwrap();
         batch.append("delivery/a/m", Head::default(), vec![ne]);
         store.commit_durable_blocking(batch).unwrap();
         let ev = store.read("delivery/a/m", 0).next().unwrap().unwrap();

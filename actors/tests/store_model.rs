@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 use relay_actors::store::{verify_chain, ModelEngine, NewEvent, Snapshot, Store};
+use serde_json::value::RawValue;
 
 const STREAMS: [&str; 3] = ["account/a", "account/b", "delivery/a/m1"];
 const KEYS: [&[u8]; 4] = [b"due/1", b"due/2", b"i/a/s/m1", b"t/a/1"];
@@ -129,7 +130,12 @@ fn run_commit(store: &Store, c: &Commit, serial: &mut u64) -> Written {
                 *serial += 1;
                 let data = format!(r#"{{"serial":{serial}}}"#);
                 written.events.push((stream.to_owned(), head.seq + 1 + i as u64, data.clone()));
-                NewEvent { event_type: "noted".into(), version: 1, at: *serial, data: data.into_bytes() }
+                NewEvent {
+                    event_type: "noted".into(),
+                    version: 1,
+                    at: *serial,
+                    data: RawValue::from_string(data).unwrap(),
+                }
             })
             .collect();
         heads.insert(s, batch.append(stream, head, events));

@@ -2,6 +2,7 @@
 
 use criterion::{criterion_group, Criterion, Throughput};
 use relay_actors::store::{Head, NewEvent, Store};
+use serde_json::value::RawValue;
 use std::sync::Arc;
 
 fn event(n: u64) -> NewEvent {
@@ -9,7 +10,7 @@ fn event(n: u64) -> NewEvent {
         event_type: "bench".into(),
         version: 1,
         at: n,
-        data: format!("{{\"n\":{n},\"pad\":\"{}\"}}", "x".repeat(200)).into_bytes(),
+        data: RawValue::from_string(format!("{{\"n\":{n},\"pad\":\"{}\"}}", "x".repeat(200))).unwrap(),
     }
 }
 

@@ -380,14 +380,15 @@ mod tests {
     use relay_actors::account::{AccountEvent, AccountState, Ledger};
     use relay_actors::store::{Head, NewEvent, Snapshot};
     use relay_schemas::DeliveryStatus;
+    use serde_json::value::RawValue;
 
     fn cursor(through: u64) -> NewEvent {
         let e = AccountEvent::CursorMoved { device_id: "phone".into(), through };
-        NewEvent { event_type: e.event_type().into(), version: 1, at: 1, data: serde_json::to_vec(&e).unwrap() }
+        NewEvent::new(e.event_type(), 1, 1, &e).unwrap()
     }
 
     fn raw(event_type: &str, data: &str) -> NewEvent {
-        NewEvent { event_type: event_type.into(), version: 1, at: 1, data: data.as_bytes().to_vec() }
+        NewEvent { event_type: event_type.into(), version: 1, at: 1, data: RawValue::from_string(data.into()).unwrap() }
     }
 
     fn run(store: &Store) -> Vec<String> {
@@ -473,7 +474,7 @@ mod tests {
     }
 
     fn new_event(e: &AccountEvent) -> NewEvent {
-        NewEvent { event_type: e.event_type().into(), version: 1, at: 1, data: serde_json::to_vec(e).unwrap() }
+        NewEvent::new(e.event_type(), 1, 1, e).unwrap()
     }
 
     /// Account `a` with two sends, the first delivered, written as the actor

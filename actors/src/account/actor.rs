@@ -325,12 +325,7 @@ impl AccountActor {
                 batch.kv_put(&w.key(account), &w.value().map_err(|e| internal(&e))?);
             }
             written.push(entry);
-            new_events.push(NewEvent {
-                event_type: e.event_type().into(),
-                version: AccountEvent::VERSION,
-                at: now,
-                data: serde_json::to_vec(e).map_err(|e| internal(&e))?,
-            });
+            new_events.push(NewEvent::new(e.event_type(), AccountEvent::VERSION, now, e).map_err(|e| internal(&e))?);
         }
         if self.head.seq == 0 && !events.is_empty() {
             // A stream begun by this code: its ledger is complete from the start.
@@ -741,14 +736,7 @@ impl AccountActor {
         }
         let encoded = events
             .iter()
-            .map(|e| {
-                Ok(NewEvent {
-                    event_type: e.event_type().into(),
-                    version: DeliveryEvent::VERSION,
-                    at: ctx.now,
-                    data: serde_json::to_vec(e).map_err(|e| internal(&e))?,
-                })
-            })
+            .map(|e| NewEvent::new(e.event_type(), DeliveryEvent::VERSION, ctx.now, e).map_err(|e| internal(&e)))
             .collect::<Result<Vec<_>, RelayError>>()?;
         let mut head = Head::default();
         self.persist(vec![event], |batch| {

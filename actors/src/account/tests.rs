@@ -1997,15 +1997,8 @@ mod upgrade {
     fn old_store(events: &[AccountEvent], snapshot_at: Option<usize>) -> Store {
         let store = Store::temporary().unwrap();
         let stream = stream_id(&alice().id);
-        let new: Vec<NewEvent> = events
-            .iter()
-            .map(|e| NewEvent {
-                event_type: e.event_type().into(),
-                version: AccountEvent::VERSION,
-                at: NOW,
-                data: serde_json::to_vec(e).unwrap(),
-            })
-            .collect();
+        let new: Vec<NewEvent> =
+            events.iter().map(|e| NewEvent::new(e.event_type(), AccountEvent::VERSION, NOW, e).unwrap()).collect();
         let mut b = store.batch();
         b.append(&stream, Head::default(), new);
         store.commit_durable_blocking(b).unwrap();

@@ -104,14 +104,7 @@ impl DeliveryActor {
         let at = self.sup.clock().now();
         events
             .iter()
-            .map(|e| {
-                Ok(NewEvent {
-                    event_type: e.event_type().into(),
-                    version: DeliveryEvent::VERSION,
-                    at,
-                    data: serde_json::to_vec(e).map_err(|e| internal(&e))?,
-                })
-            })
+            .map(|e| NewEvent::new(e.event_type(), DeliveryEvent::VERSION, at, e).map_err(|e| internal(&e)))
             .collect()
     }
 

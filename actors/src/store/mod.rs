@@ -109,14 +109,27 @@ impl fmt::Display for Head {
     }
 }
 
-/// What a caller appends. `data` is the event's JSON (must be valid JSON).
+/// What a caller appends. `data` is JSON by its type: serialized once by
+/// the caller ([`NewEvent::new`]), never parsed again by the store.
 #[derive(Clone, Debug)]
 pub struct NewEvent {
     pub event_type: String,
     pub version: u32,
     /// Unix seconds.
     pub at: u64,
-    pub data: Vec<u8>,
+    pub data: Box<RawValue>,
+}
+
+impl NewEvent {
+    /// Serializes `data` (one pass, no re-parse).
+    pub fn new<T: serde::Serialize + ?Sized>(
+        event_type: &str,
+        version: u32,
+        at: u64,
+        data: &T,
+    ) -> Result<NewEvent, serde_json::Error> {
+        Ok(NewEvent { event_type: event_type.into(), version, at, data: serde_json::value::to_raw_value(data)? })
+    }
 }
 
 /// A stored event as read back (its hash already checked against its bytes).
@@ -612,9 +625,7 @@ impl Batch {
                 .seq
                 .checked_add(1)
                 .ok_or_else(|| StoreError::Invalid(format!("stream {stream:?}: seq overflow")))?;
-            let data: &RawValue = serde_json::from_slice(&ev.data)
-                .map_err(|e| StoreError::Invalid(format!("stream {stream:?} seq {seq}: data is not JSON: {e}")))?;
-            let body = codec::encode_body(stream, seq, &ev.event_type, ev.version, ev.at, &cur.hash, data)?;
+            let body = codec::encode_body(stream, seq, &ev.event_type, ev.version, ev.at, &cur.hash, &ev.data)?;
             let hash = codec::chain_hash(&cur.hash, &body);
             let mut value = Vec::with_capacity(32 + body.len());
             value.extend_from_slice(&hash);
