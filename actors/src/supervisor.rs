@@ -200,7 +200,7 @@ impl Supervisor {
             }
         };
         if let Some(rx) = waiting {
-            return rx.await.unwrap_or(RouteLookup::Unknown);
+            return rx.await.unwrap_or_else(|_| RouteLookup::Unknown("the route lookup was abandoned".into()));
         }
         // This caller fetches for everyone; the guard hands the result to
         // the waiters, or drops them (`Unknown`) if this future is dropped.
@@ -426,7 +426,8 @@ struct LookupGuard<'a> {
 impl Drop for LookupGuard<'_> {
     fn drop(&mut self) {
         let waiters = lock(&self.sup.inner.lookups).remove(self.account_id).unwrap_or_default();
-        let result = self.result.take().unwrap_or(RouteLookup::Unknown);
+        let result =
+            self.result.take().unwrap_or_else(|| RouteLookup::Unknown("the route lookup was abandoned".into()));
         for w in waiters {
             let _ = w.send(result.clone());
         }

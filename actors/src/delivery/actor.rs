@@ -5,7 +5,7 @@
 
 use super::core::{combine, decide_due, decide_outcome, decide_peer_confirmed, DeliveryEvent, DeliveryState};
 use super::due_key;
-use super::transport::{AttemptOutcome, LocalFuture};
+use super::transport::{AttemptOutcome, LocalFuture, RouteLookup};
 use crate::account::{AccountCmd, Reply};
 use crate::metrics::{DestinationLabels, OutcomeLabels, StatusLabels};
 use crate::store::{Batch, Head, NewEvent, StoreError, Ticket};
@@ -177,24 +177,25 @@ impl DeliveryActor {
         let other_home = (self.state.attempts >= 2).then(|| self.sender_other_home()).flatten();
         let (from, message_id, to) = (self.state.from.clone(), self.state.message_id.clone(), self.state.to.clone());
         let fresh = self.state.wants_fresh_route();
+        // `None`: the other home relay reports it `target_accepted`.
         let prepare = async move {
             if let Some(relay) = other_home {
                 let st = sup.transport().peer_status(&relay, &from, &message_id).await;
                 if st.is_some_and(|st| st.status == relay_schemas::Status::TargetAccepted) {
-                    return (true, None);
+                    return None;
                 }
             }
-            (false, sup.resolve_route(&to, fresh).await)
+            Some(sup.lookup_route(&to, fresh).await)
         };
-        ctx.wait(prepare.into_actor(self).map(|(peer_confirmed, route), act, ctx| {
-            if peer_confirmed {
+        ctx.wait(prepare.into_actor(self).map(|lookup, act, ctx| {
+            let Some(lookup) = lookup else {
                 let events = decide_peer_confirmed(&act.state);
                 return match act.persist(events, |_| {}) {
                     Ok(()) => act.report(ctx),
                     Err(e) => act.retry_later(ctx, &e),
                 };
-            }
-            act.start_attempt(route, ctx)
+            };
+            act.start_attempt(lookup, ctx)
         }));
     }
 
@@ -206,9 +207,11 @@ impl DeliveryActor {
             .then(|| route.relays.iter().find(|r| &r.id != own).cloned())?
     }
 
-    fn start_attempt(&mut self, route: Option<Wire<Route>>, ctx: &mut Context<Self>) {
+    fn start_attempt(&mut self, lookup: RouteLookup, ctx: &mut Context<Self>) {
         let now = self.sup.clock().now_ms();
-        let events = decide_due(&self.state, now, route.as_ref());
+        // With no route, the attempt goes nowhere and fails saying why.
+        let no_route = lookup.no_route_error();
+        let events = decide_due(&self.state, now, lookup.route().as_ref());
         if let Err(e) = self.persist(events, |_| {}) {
             return self.retry_later(ctx, &e);
         }
@@ -237,6 +240,9 @@ impl DeliveryActor {
                 Some(d) => Some(d.await),
                 None => None,
             } {
+                return AttemptOutcome::NotAttempted(e);
+            }
+            if let (true, Some(e)) = (relays.is_empty(), no_route) {
                 return AttemptOutcome::NotAttempted(e);
             }
             // Every relay of the route at once; the first acceptance wins.
