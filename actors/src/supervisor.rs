@@ -357,6 +357,15 @@ impl Supervisor {
         }
     }
 
+    /// Delivery actor `addr` of `stream` is stopping: the next start of
+    /// `stream` gets a new actor (it reads what this one wrote).
+    pub(crate) fn delivery_stopping(&self, stream: &str, addr: &Addr<DeliveryActor>) {
+        let mut running = lock(&self.inner.deliveries);
+        if running.get(stream).is_some_and(|a| a == addr) {
+            running.remove(stream);
+        }
+    }
+
     pub(crate) fn delivery_stopped(&self, stream: &str) {
         let mut running = lock(&self.inner.deliveries);
         if running.get(stream).is_some_and(|a| !a.connected()) {

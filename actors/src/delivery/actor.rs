@@ -149,7 +149,17 @@ impl DeliveryActor {
     /// the index, which still holds this delivery.
     fn retry_later(&mut self, ctx: &mut Context<Self>, why: &RelayError) {
         tracing::warn!(stream = %self.stream, error = %why, "delivery step failed; retrying later");
-        self.sup.schedule_to(self.stream.clone(), self.sup.clock().now_ms() + 1000, self.destinations());
+        self.stop_until(self.sup.clock().now_ms() + 1000, ctx);
+    }
+
+    /// Stops; the scheduler starts the delivery again at `due_ms`. This
+    /// actor leaves the running set first: a timer already due may fire on
+    /// the scheduler's thread before this one has stopped (the first
+    /// attempt runs on the sender's account's thread), and must then start
+    /// a new actor, not find this stopping one and be dropped.
+    fn stop_until(&mut self, due_ms: u64, ctx: &mut Context<Self>) {
+        self.sup.delivery_stopping(&self.stream, &ctx.address());
+        self.sup.schedule_to(self.stream.clone(), due_ms, self.destinations());
         self.tell_watchers();
         ctx.stop();
     }
@@ -167,9 +177,7 @@ impl DeliveryActor {
         // time. (Woken because its destination came back: go now.)
         let now = self.sup.clock().now_ms();
         if let Some(due) = self.state.next_due_ms.filter(|due| *due > now && !self.woken) {
-            self.sup.schedule_to(self.stream.clone(), due, self.destinations());
-            self.tell_watchers();
-            return ctx.stop();
+            return self.stop_until(due, ctx);
         }
         // Before the route and the attempt: the sender's other home relay
         // may already have delivered it (attempts after the second).
@@ -335,12 +343,7 @@ impl DeliveryActor {
         if let Some(next) = next_due {
             self.indexed_due_ms = Some(next);
             let durable = self.durable();
-            let (sup, stream, destinations) = (self.sup.clone(), self.stream.clone(), self.destinations());
-            ctx.wait(durable.into_actor(self).map(move |_, act, ctx| {
-                sup.schedule_to(stream, next, destinations);
-                act.tell_watchers();
-                ctx.stop();
-            }));
+            ctx.wait(durable.into_actor(self).map(move |_, act, ctx| act.stop_until(next, ctx)));
         } else if self.state.finished.is_some() {
             self.report(ctx);
         } else {
