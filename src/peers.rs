@@ -215,23 +215,36 @@ impl PeerClient {
     /// without one, `Absent` only when every peer answered that it knows
     /// none (a `rate_limited` or unreachable peer proves nothing).
     pub async fn fetch_route(self, account_id: String) -> RouteLookup {
-        let Ok(body) = serde_json::to_vec(&json!({ "account_id": account_id })) else { return RouteLookup::Unknown };
-        let calls = self.inner.peers.keys().map(|id| self.call(id, "route.get", body.clone()));
+        let body = match serde_json::to_vec(&json!({ "account_id": account_id })) {
+            Ok(body) => body,
+            Err(e) => return RouteLookup::Unknown(format!("cannot encode route.get: {e}")),
+        };
+        let calls = self.inner.peers.keys().map(|id| {
+            let (me, body) = (&self, body.clone());
+            async move { (id, me.call(id, "route.get", body).await) }
+        });
         let answers = futures_util::future::join_all(calls).await;
         let now = self.inner.clock.now();
-        RouteLookup::from_answers(answers.into_iter().map(|answer| {
+        RouteLookup::from_answers(answers.into_iter().map(|(id, answer)| {
+            // Why a peer gave no definitive answer, said once per peer
+            // (the call's own message often starts with the peer id).
+            let why = |e: &RelayError| e.message.strip_prefix(&format!("{id}: ")).unwrap_or(&e.message).to_owned();
             match answer {
                 Ok(bytes) => std::str::from_utf8(&bytes)
                     .ok()
                     .and_then(|s| Wire::<Route>::parse(s).ok())
                     .filter(|r| r.account_id == account_id && r.check(now, self.inner.clock_tolerance).is_ok())
-                    .map_or(PeerRoute::NoAnswer, PeerRoute::Found),
+                    .map_or_else(|| PeerRoute::NoAnswer(format!("{id} answered an invalid route")), PeerRoute::Found),
                 Err(CallError::Answered { error, .. })
                     if matches!(error.code, ErrorCode::NotFound | ErrorCode::RouteNotFound) =>
                 {
                     PeerRoute::NotFound
                 }
-                Err(_) => PeerRoute::NoAnswer,
+                Err(CallError::Answered { code, error }) => {
+                    PeerRoute::NoAnswer(format!("{id} answered {code} ({})", why(&error)))
+                }
+                Err(CallError::NotSent(e)) => PeerRoute::NoAnswer(format!("{id} unreachable ({})", why(&e))),
+                Err(CallError::Unknown(e)) => PeerRoute::NoAnswer(format!("{id} gave no answer ({})", why(&e))),
             }
         }))
     }

@@ -200,7 +200,7 @@ impl Supervisor {
             }
         };
         if let Some(rx) = waiting {
-            return rx.await.unwrap_or(RouteLookup::Unknown);
+            return rx.await.unwrap_or_else(|_| RouteLookup::Unknown("the route lookup was abandoned".into()));
         }
         // This caller fetches for everyone; the guard hands the result to
         // the waiters, or drops them (`Unknown`) if this future is dropped.
@@ -375,6 +375,15 @@ impl Supervisor {
         running.insert(stream, DeliveryActor::resume(self.clone(), start, Some(watch)).start());
     }
 
+    /// Delivery actor `addr` of `stream` is stopping: the next start of
+    /// `stream` gets a new actor (it reads what this one wrote).
+    pub(crate) fn delivery_stopping(&self, stream: &str, addr: &Addr<DeliveryActor>) {
+        let mut running = lock(&self.inner.deliveries);
+        if running.get(stream).is_some_and(|a| a == addr) {
+            running.remove(stream);
+        }
+    }
+
     pub(crate) fn delivery_stopped(&self, stream: &str) {
         let mut running = lock(&self.inner.deliveries);
         if running.get(stream).is_some_and(|a| !a.connected()) {
@@ -444,7 +453,8 @@ struct LookupGuard<'a> {
 impl Drop for LookupGuard<'_> {
     fn drop(&mut self) {
         let waiters = lock(&self.sup.inner.lookups).remove(self.account_id).unwrap_or_default();
-        let result = self.result.take().unwrap_or(RouteLookup::Unknown);
+        let result =
+            self.result.take().unwrap_or_else(|| RouteLookup::Unknown("the route lookup was abandoned".into()));
         for w in waiters {
             let _ = w.send(result.clone());
         }

@@ -35,7 +35,9 @@ impl Transport for Fake {
     }
     fn fetch_route(&self, _: &str) -> LocalFuture<RouteLookup> {
         let r = self.0.route.lock().unwrap().clone();
-        Box::pin(async move { r.map_or(RouteLookup::Unknown, RouteLookup::Found) })
+        Box::pin(
+            async move { r.map_or_else(|| RouteLookup::Unknown("no route in this test".into()), RouteLookup::Found) },
+        )
     }
     fn is_peer(&self, relay_id: &str) -> bool {
         relay_id == "relay-b"

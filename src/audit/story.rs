@@ -447,7 +447,12 @@ pub fn render_text(s: &Story) -> String {
         }
         let _ = writeln!(o, "\nattempts ({})", d.attempts.len());
         for a in &d.attempts {
-            let targets = if a.targets.is_empty() { "no route known".to_string() } else { a.targets.join(" + ") };
+            // Without a route the attempt went nowhere; its error says why.
+            let targets = if a.targets.is_empty() {
+                "no route known".to_string()
+            } else {
+                format!("{} (route revision {})", a.targets.join(" + "), a.route_revision)
+            };
             let outcome = match &a.outcome {
                 AttemptOutcome::Failed { error, next_due_ms, .. } => {
                     format!("failed: {}: {}; next attempt due {}", error.code, error.message, fmt_ms(*next_due_ms))
@@ -457,11 +462,10 @@ pub fn render_text(s: &Story) -> String {
             };
             let _ = writeln!(
                 o,
-                "  #{} {}  -> {} (route revision {}): {}  [seq {}]",
+                "  #{} {}  -> {}: {}  [seq {}]",
                 a.attempt,
                 fmt_secs(a.started_at),
                 targets,
-                a.route_revision,
                 outcome,
                 a.event.seq
             );

@@ -5,7 +5,7 @@
 
 use super::core::{combine, decide_due, decide_outcome, decide_peer_confirmed, DeliveryEvent, DeliveryState};
 use super::due_key;
-use super::transport::{AttemptOutcome, LocalFuture};
+use super::transport::{AttemptOutcome, LocalFuture, RouteLookup};
 use crate::account::{AccountCmd, Reply, Settlement};
 use crate::metrics::DestinationLabels;
 use crate::store::{Batch, Head, NewEvent, StoreError, Ticket};
@@ -173,7 +173,17 @@ impl DeliveryActor {
     /// the index, which still holds this delivery.
     fn retry_later(&mut self, ctx: &mut Context<Self>, why: &RelayError) {
         tracing::warn!(stream = %self.stream, error = %why, "delivery step failed; retrying later");
-        self.sup.schedule_to(self.stream.clone(), self.sup.clock().now_ms() + 1000, self.destinations());
+        self.stop_until(self.sup.clock().now_ms() + 1000, ctx);
+    }
+
+    /// Stops; the scheduler starts the delivery again at `due_ms`. This
+    /// actor leaves the running set first: a timer already due may fire on
+    /// the scheduler's thread before this one has stopped (the first
+    /// attempt runs on the sender's account's thread), and must then start
+    /// a new actor, not find this stopping one and be dropped.
+    fn stop_until(&mut self, due_ms: u64, ctx: &mut Context<Self>) {
+        self.sup.delivery_stopping(&self.stream, &ctx.address());
+        self.sup.schedule_to(self.stream.clone(), due_ms, self.destinations());
         self.tell_watchers();
         ctx.stop();
     }
@@ -191,9 +201,7 @@ impl DeliveryActor {
         // time. (Woken because its destination came back: go now.)
         let now = self.sup.clock().now_ms();
         if let Some(due) = self.state.next_due_ms.filter(|due| *due > now && !self.woken) {
-            self.sup.schedule_to(self.stream.clone(), due, self.destinations());
-            self.tell_watchers();
-            return ctx.stop();
+            return self.stop_until(due, ctx);
         }
         // Before the route and the attempt: the sender's other home relay
         // may already have delivered it (attempts after the second).
@@ -201,21 +209,22 @@ impl DeliveryActor {
         let other_home = (self.state.attempts >= 2).then(|| self.sender_other_home()).flatten();
         let (from, message_id, to) = (self.state.from.clone(), self.state.message_id.clone(), self.state.to.clone());
         let fresh = self.state.wants_fresh_route();
+        // `None`: the other home relay reports it `target_accepted`.
         let prepare = async move {
             if let Some(relay) = other_home {
                 let st = sup.transport().peer_status(&relay, &from, &message_id).await;
                 if st.is_some_and(|st| st.status == relay_schemas::Status::TargetAccepted) {
-                    return (true, None);
+                    return None;
                 }
             }
-            (false, sup.resolve_route(&to, fresh).await)
+            Some(sup.lookup_route(&to, fresh).await)
         };
-        ctx.wait(prepare.into_actor(self).map(|(peer_confirmed, route), act, ctx| {
-            if peer_confirmed {
+        ctx.wait(prepare.into_actor(self).map(|lookup, act, ctx| {
+            let Some(lookup) = lookup else {
                 let events = decide_peer_confirmed(&act.state);
                 return act.finish(events, ctx);
-            }
-            act.start_attempt(route, ctx)
+            };
+            act.start_attempt(lookup, ctx)
         }));
     }
 
@@ -227,20 +236,23 @@ impl DeliveryActor {
             .then(|| route.relays.iter().find(|r| &r.id != own).cloned())?
     }
 
-    fn start_attempt(&mut self, route: Option<Wire<Route>>, ctx: &mut Context<Self>) {
+    fn start_attempt(&mut self, lookup: RouteLookup, ctx: &mut Context<Self>) {
         let now = self.sup.clock().now_ms();
-        let events = decide_due(&self.state, now, route.as_ref());
+        // With no route, the attempt goes nowhere and fails saying why.
+        let no_route = lookup.no_route_error();
+        let events = decide_due(&self.state, now, lookup.route().as_ref());
         if ends(&events) {
             return self.finish(events, ctx);
         }
         if let Err(e) = self.persist(events, |_| {}) {
             return self.retry_later(ctx, &e);
         }
-        self.send_attempt(ctx)
+        self.send_attempt(no_route, ctx)
     }
 
-    /// Sends the attempt in flight (written, maybe not yet durable).
-    fn send_attempt(&mut self, ctx: &mut Context<Self>) {
+    /// Sends the attempt in flight (written, maybe not yet durable);
+    /// `no_route`: why there is no target, if there is none.
+    fn send_attempt(&mut self, no_route: Option<RelayError>, ctx: &mut Context<Self>) {
         self.attempt_ready = false;
         let attempt = self.state.attempts;
         tracing::debug!(from = %self.state.from, message_id = %self.state.message_id, attempt,
@@ -266,6 +278,9 @@ impl DeliveryActor {
                 Some(d) => Some(d.await),
                 None => None,
             } {
+                return AttemptOutcome::NotAttempted(e);
+            }
+            if let (true, Some(e)) = (relays.is_empty(), no_route) {
                 return AttemptOutcome::NotAttempted(e);
             }
             if remote {
@@ -361,12 +376,7 @@ impl DeliveryActor {
         if let Some(next) = next_due {
             self.indexed_due_ms = Some(next);
             let durable = self.durable();
-            let (sup, stream, destinations) = (self.sup.clone(), self.stream.clone(), self.destinations());
-            ctx.wait(durable.into_actor(self).map(move |_, act, ctx| {
-                sup.schedule_to(stream, next, destinations);
-                act.tell_watchers();
-                ctx.stop();
-            }));
+            ctx.wait(durable.into_actor(self).map(move |_, act, ctx| act.stop_until(next, ctx)));
         } else {
             self.tell_watchers();
             ctx.stop();
@@ -472,7 +482,7 @@ impl Actor for DeliveryActor {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         if self.attempt_ready {
-            self.send_attempt(ctx)
+            self.send_attempt(None, ctx)
         } else {
             self.step_due(ctx)
         }

@@ -51,8 +51,9 @@ pub enum RouteLookup {
     /// or `route_not_found`): no relay we know of serves the account.
     Absent,
     /// Some peer could not be asked or gave no definitive answer
-    /// (connection refused, timeout, 5xx, `unauthorized`, `rate_limited`).
-    Unknown,
+    /// (connection refused, timeout, 5xx, `unauthorized`, `rate_limited`):
+    /// which, and why (e.g. `relay-b unreachable (cannot connect)`).
+    Unknown(String),
 }
 
 /// One configured peer's answer to `route.get`.
@@ -63,8 +64,8 @@ pub enum PeerRoute {
     /// `not_found` or `route_not_found`: this peer knows no route.
     NotFound,
     /// Anything else: refused connection, timeout, 5xx, `unauthorized`,
-    /// `rate_limited`, an unreadable answer.
-    NoAnswer,
+    /// `rate_limited`, an unreadable answer; with the peer and why.
+    NoAnswer(String),
 }
 
 impl RouteLookup {
@@ -73,18 +74,19 @@ impl RouteLookup {
     /// (with no peer at all, none serves the account).
     pub fn from_answers(answers: impl IntoIterator<Item = PeerRoute>) -> RouteLookup {
         let mut best: Option<Wire<Route>> = None;
-        let mut absent = true;
+        let mut silent = vec![];
         for answer in answers {
             match answer {
                 PeerRoute::Found(r) if best.as_ref().is_none_or(|b| r.revision > b.revision) => best = Some(r),
                 PeerRoute::Found(_) | PeerRoute::NotFound => {}
-                PeerRoute::NoAnswer => absent = false,
+                PeerRoute::NoAnswer(why) => silent.push(why),
             }
         }
+        silent.sort();
         match best {
             Some(route) => RouteLookup::Found(route),
-            None if absent => RouteLookup::Absent,
-            None => RouteLookup::Unknown,
+            None if silent.is_empty() => RouteLookup::Absent,
+            None => RouteLookup::Unknown(silent.join("; ")),
         }
     }
 
@@ -98,8 +100,23 @@ impl RouteLookup {
                 relay_schemas::ErrorCode::RouteNotFound,
                 format!("no relay knows a route for account {to}"),
             )),
-            RouteLookup::Found(_) | RouteLookup::Unknown => Ok(()),
+            RouteLookup::Found(_) | RouteLookup::Unknown(_) => Ok(()),
         }
+    }
+
+    /// The error of an attempt that found no route, saying why (kept in
+    /// the delivery's log: `relay audit message` shows it); `None` when a
+    /// route was found.
+    pub fn no_route_error(&self) -> Option<RelayError> {
+        let why = match self {
+            RouteLookup::Found(_) => return None,
+            RouteLookup::Absent => "no peer knows the account".to_owned(),
+            RouteLookup::Unknown(why) => format!("not every peer could be asked: {why}"),
+        };
+        Some(RelayError::new(
+            relay_schemas::ErrorCode::RouteNotFound,
+            format!("no route known for the recipient: {why}"),
+        ))
     }
 
     pub fn route(self) -> Option<Wire<Route>> {
@@ -173,17 +190,35 @@ mod tests {
 
     #[test]
     fn a_peer_that_could_not_be_asked_makes_the_send_accepted() {
-        for answers in [vec![PeerRoute::NoAnswer], vec![PeerRoute::NotFound, PeerRoute::NoAnswer]] {
+        for answers in [vec![down("relay-c")], vec![PeerRoute::NotFound, down("relay-c")]] {
             let l = RouteLookup::from_answers(answers);
-            assert!(matches!(l, RouteLookup::Unknown), "{l:?}");
+            assert!(matches!(l, RouteLookup::Unknown(_)), "{l:?}");
             l.check_send("b").unwrap();
         }
     }
 
+    fn down(peer: &str) -> PeerRoute {
+        PeerRoute::NoAnswer(format!("{peer} unreachable (cannot connect)"))
+    }
+
+    #[test]
+    fn an_attempt_without_a_route_says_which_peers_could_not_be_asked() {
+        let l = RouteLookup::from_answers([down("relay-c"), PeerRoute::NotFound, down("relay-b")]);
+        let e = l.no_route_error().unwrap();
+        assert_eq!(e.code, ErrorCode::RouteNotFound);
+        assert_eq!(
+            e.message,
+            "no route known for the recipient: not every peer could be asked: \
+             relay-b unreachable (cannot connect); relay-c unreachable (cannot connect)"
+        );
+        let e = RouteLookup::from_answers([PeerRoute::NotFound]).no_route_error().unwrap();
+        assert_eq!(e.message, "no route known for the recipient: no peer knows the account");
+        assert!(RouteLookup::from_answers([PeerRoute::Found(route(1))]).no_route_error().is_none());
+    }
+
     #[test]
     fn a_found_route_makes_the_send_accepted_and_the_highest_revision_wins() {
-        let l =
-            RouteLookup::from_answers([PeerRoute::Found(route(2)), PeerRoute::NoAnswer, PeerRoute::Found(route(3))]);
+        let l = RouteLookup::from_answers([PeerRoute::Found(route(2)), down("relay-c"), PeerRoute::Found(route(3))]);
         assert_eq!(revision(&l), Some(3));
         l.check_send("b").unwrap();
         let l = RouteLookup::from_answers([PeerRoute::Found(route(4)), PeerRoute::Found(route(1))]);
