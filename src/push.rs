@@ -137,6 +137,18 @@ fn encrypt(job: &PushJob, payload: &[u8]) -> Result<Vec<u8>, String> {
     web_push_native::encrypt(payload.to_vec(), &ua_public, &auth).map_err(|e| e.to_string())
 }
 
+/// The sender's HTTP client: TLS (rustls with the webpki roots: push
+/// services are https), `timeout` for connecting and for the whole
+/// request, at most `limit` connections, no redirects followed (a push
+/// service answers; it does not send the relay elsewhere).
+fn http_client(timeout: Duration, limit: usize) -> awc::Client {
+    awc::Client::builder()
+        .timeout(timeout)
+        .disable_redirects()
+        .connector(awc::Connector::new().timeout(timeout).limit(limit))
+        .finish()
+}
+
 /// The push settings the sender works with.
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -213,18 +225,8 @@ impl PushSender {
     }
 
     fn client(&mut self) -> awc::Client {
-        let t = self.settings.timeout;
-        let n = self.settings.concurrency;
-        self.client
-            .get_or_insert_with(|| {
-                awc::Client::builder()
-                    .timeout(t)
-                    // A push service answers; it does not send us elsewhere.
-                    .disable_redirects()
-                    .connector(awc::Connector::new().timeout(t).limit(n))
-                    .finish()
-            })
-            .clone()
+        let (t, n) = (self.settings.timeout, self.settings.concurrency);
+        self.client.get_or_insert_with(|| http_client(t, n)).clone()
     }
 
     /// Starts every due push there is room for, then arms the timer.
@@ -437,6 +439,30 @@ impl PushSink for PushHandle {
 mod tests {
     use super::*;
     use p256::ecdsa::signature::Verifier;
+
+    /// Push services are https: the client speaks TLS (its first bytes are
+    /// a TLS handshake record), and gives up on a silent server in time.
+    #[actix_rt::test]
+    async fn the_push_client_speaks_tls_and_times_out() {
+        use std::io::Read;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let first = std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            let mut byte = [0u8; 1];
+            conn.read_exact(&mut byte).unwrap();
+            std::thread::sleep(Duration::from_secs(1)); // never answers
+            byte[0]
+        });
+        let started = std::time::Instant::now();
+        let result = http_client(Duration::from_millis(500), 4)
+            .post(format!("https://127.0.0.1:{port}/push"))
+            .send_body("x")
+            .await;
+        assert!(result.is_err());
+        assert!(started.elapsed() < Duration::from_secs(1), "timed out after {:?}", started.elapsed());
+        assert_eq!(first.join().unwrap(), 0x16, "a TLS handshake record");
+    }
 
     #[test]
     fn the_vapid_key_is_generated_private_and_loads_back() {
