@@ -26,12 +26,13 @@
 //! on all cores before anything is measured.
 
 use futures_util::stream::{self, StreamExt};
-use relay_actors::account::{AccountCmd, Reply};
+use relay_actors::account::AccountCmd;
 use relay_actors::delivery::NoPeers;
 use relay_actors::store::Store;
 use relay_actors::{Policy, Supervisor, SystemClock};
 use relay_schemas::client::{key_box, Account, Device};
 use relay_schemas::methods::{RegisterParams, SendParams};
+use relay_schemas::Status;
 use serde_json::json;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -258,11 +259,11 @@ fn main() {
                 .map(|(k, (id, params))| {
                     let sup = sup.clone();
                     async move {
-                        let cmd = AccountCmd::Send { device: "phone".into(), params, digest: format!("{k:064x}") };
-                        match sup.ask(&id, cmd).await {
-                            Ok(Reply::Sent { first_attempt, .. }) => {
-                                first_attempt.await.is_ok_and(|s| s.status == relay_schemas::Status::TargetAccepted)
-                            }
+                        match sup.message_send(&id, "phone".into(), params, format!("{k:064x}")).await {
+                            Ok(sent) => match sent.first_attempt {
+                                Some(first) => first.await.is_ok_and(|s| s.status == Status::TargetAccepted),
+                                None => sent.status.status == Status::TargetAccepted,
+                            },
                             other => panic!("{id}: {other:?}"),
                         }
                     }

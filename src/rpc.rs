@@ -138,7 +138,10 @@ impl Relay {
     pub(crate) fn json_of(reply: Reply) -> Result<String, RelayError> {
         match reply {
             Reply::Json(s) => Ok(s),
-            Reply::Status(st) | Reply::Sent { status: st, .. } => status_json(&st),
+            Reply::Status(st) | Reply::Accepted { status: st, .. } | Reply::Settled { status: st, .. } => {
+                status_json(&st)
+            }
+            Reply::Accept(_) => Err(RelayError::internal("a send decided and not written")),
         }
     }
 
@@ -331,25 +334,17 @@ impl Relay {
         let s = self.session(token)?;
         let params: SendParams = parse(body)?;
         let digest = params_digest(body)?;
-        let to = params.envelope.to.clone();
-        check_account_id("envelope.to", &to)?;
-        // Refused only when the peers' answers prove that no relay serves
-        // the recipient; when some peer could not be asked, the message is
-        // accepted and its route resolved at every attempt (PROTOCOL §4).
-        if to != s.account_id {
-            self.sup.lookup_route(&to, false).await.check_send(&to)?;
-        }
-        let reply = self.sup.ask(&s.account_id, AccountCmd::Send { device: s.device_id, params, digest }).await?;
-        match reply {
-            Reply::Sent { status, first_attempt } => {
+        let sent = self.sup.message_send(&s.account_id, s.device_id, params, digest).await?;
+        let status = match sent.first_attempt {
+            Some(first_attempt) => {
                 let wait = Duration::from_millis(self.sup.policy().attempt_timeout_ms + 1000);
-                let status = match tokio::time::timeout(wait, first_attempt).await {
+                match tokio::time::timeout(wait, first_attempt).await {
                     Ok(Ok(after_attempt)) => after_attempt,
-                    _ => status,
-                };
-                status_json(&status)
+                    _ => sent.status,
+                }
             }
-            other => Self::json_of(other),
-        }
+            None => sent.status,
+        };
+        status_json(&status)
     }
 }

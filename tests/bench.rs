@@ -34,6 +34,8 @@ fn check(r: &Value, relays: u64) {
         "commits_per_send",
         "barriers_per_send",
         "log_bytes_per_send",
+        "log_writes_per_send",
+        "actor_hops_per_send",
         "disk_bytes_per_send",
     ] {
         let v = r[k].as_f64().unwrap_or_else(|| panic!("{k} is not a number: {r:#}"));
@@ -55,6 +57,12 @@ fn bench_one_relay_runs_a_tiny_load_without_errors() {
     let r = bench(&[]);
     check(&r, 1);
     assert_eq!(r["cross_relay_sent"], 0);
+    // A local send is two commits (the receipt; the acceptance with its
+    // final status) and three actor messages (decide, receive, settle; no
+    // delivery actor); a snapshot now and then adds a commit.
+    let (commits, hops) = (r["commits_per_send"].as_f64().unwrap(), r["actor_hops_per_send"].as_f64().unwrap());
+    assert!((2.0..2.1).contains(&commits), "commits per local send: {r:#}");
+    assert!((3.0..3.1).contains(&hops), "actor hops per local send: {r:#}");
 }
 
 #[test]

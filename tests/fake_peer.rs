@@ -512,18 +512,23 @@ async fn unknown_result_is_confirmed_with_the_original_target_despite_a_higher_r
         let (m1, sent1) = src.send(&bob, n1).await;
         assert_eq!(sent1["status"], "delivering", "{kind}: {sent1}");
         assert_eq!(b.deliveries(&m1).len(), 1, "{kind}");
-        // A new message's first attempt fetches the route (revision 2,
-        // relay-c) and is delivered there: the source now knows it.
+        // A new message's first attempt (at relay-b, the route the source
+        // knows) is refused with revision 2 (relay-c): the source now knows it.
+        let moved = route(&bob, 2, &c);
+        b.script(&mid(n2), [Reply::error_with("route_stale", json!({"route": moved}))]);
         let (m2, sent2) = src.send(&bob, n2).await;
-        assert_eq!(sent2["status"], "target_accepted", "{kind}: {sent2}");
-        let dc2 = c.deliveries(&m2);
-        assert_eq!(dc2.len(), 1, "{kind}: message 2 went to relay-c");
+        assert_eq!(sent2["status"], "delivering", "{kind}: {sent2}");
+        let db2 = b.deliveries(&m2);
+        assert_eq!(db2.len(), 1, "{kind}: message 2's first attempt at relay-b");
 
         let (fin, _) = src.wait_terminal(&m1).await;
         assert_eq!(fin["status"], "target_accepted", "{kind}: {fin}");
         let db = b.deliveries(&m1);
         assert_eq!(db.len(), 2, "{kind}: the unknown result is confirmed at relay-b");
-        assert!(dc2[0].at < db[1].at, "{kind}: revision 2 was known before the confirmation attempt");
+        assert!(db2[0].at < db[1].at, "{kind}: revision 2 was known before the confirmation attempt");
+        let (fin2, _) = src.wait_terminal(&m2).await;
+        assert_eq!(fin2["status"], "target_accepted", "{kind}: {fin2}");
+        assert_eq!(c.deliveries(&m2).len(), 1, "{kind}: message 2 followed revision 2 to relay-c");
         assert_same_bodies(kind, &db);
         assert!(c.deliveries(&m1).is_empty(), "{kind}: message 1 must not be switched to relay-c");
     }

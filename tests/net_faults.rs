@@ -185,14 +185,19 @@ async fn unknown_result_is_confirmed_with_relay_b(fault: Fault) {
     assert_eq!(committed.upstream_status, Some(200), "{kind}: {committed:#?}");
     assert_eq!(committed.fault, fault);
 
-    // Revision 2 names relay-c; a new message's first attempt fetches it.
+    // bob moves to relay-c (revision 2) and tells relay-b. A new message's
+    // first attempt uses the route relay-a knows (revision 1): relay-b
+    // refuses it with the newer route, which relay-a learns; m2's next
+    // attempt goes to relay-c.
     let route2 = net.bob.account.route(2, &[("relay-c", net.cluster.url("relay-c"))], now());
     let cert = net.bob.account.certificate(&net.bob.devices[0], now(), None);
     cc.ok("account.register", None, &net.bob.account.register_params(&route2, &cert, "relay-c", true, now())).await;
+    net.cb.ok("route.update", net.bob.token(0), &json!({"route": route2})).await;
     net.ca.ok("message.send", net.alice.token(0), &net.alice.send_params(&net.bob, &m2, true)).await;
     let st2 = wait_terminal(&net.ca, &net.alice, &m2, 20).await;
     assert_eq!(st2["status"], "target_accepted", "{kind}: {st2}");
-    assert!(net.proxy.deliveries(&m2).is_empty(), "{kind}: m2 went to relay-c, not relay-b");
+    let d2 = net.proxy.deliveries(&m2);
+    assert!(d2.iter().all(|e| e.upstream_status != Some(200)), "{kind}: relay-b never took m2: {d2:#?}");
     let known = net.ca.ok("route.get", net.alice.token(0), &json!({"account_id": net.bob.id()})).await;
     assert_eq!(known["revision"], 2, "{kind}: relay-a knows revision 2: {known}");
 

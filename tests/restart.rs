@@ -261,8 +261,12 @@ async fn sigkill_after_deliveries_leaves_no_in_flight_work_and_nothing_redeliver
     relay.kill9();
     let cross: Vec<&Msg> = msgs.iter().filter(|m| m.from != m.to).collect();
     let view = inspect(&relay.data_dir);
-    eprintln!("after SIGKILL: {} of {} in-flight index entries left", view.due.len(), cross.len());
-    assert_eq!(view.deliveries.len(), cross.len(), "one delivery stream per cross-account message");
+    assert!(!cross.is_empty());
+    // Every recipient is an account of this relay: each delivery ended at
+    // acceptance, so nothing was left in flight (no delivery stream, no
+    // index entry) for a restart to re-arm.
+    assert!(view.deliveries.is_empty(), "local deliveries need no stream: {:?}", view.deliveries.keys());
+    assert!(view.due.is_empty(), "nothing in flight: {:?}", view.due);
 
     relay.restart();
     let c = Client::new(&relay.url);
@@ -276,13 +280,7 @@ async fn sigkill_after_deliveries_leaves_no_in_flight_work_and_nothing_redeliver
 
     let view = inspect(&relay.data_dir);
     assert!(view.due.is_empty(), "in-flight index not empty after restart: {:?}", view.due);
-    assert_eq!(view.deliveries.len(), cross.len());
-    for (stream, types) in &view.deliveries {
-        let attempts = types.iter().filter(|t| *t == "attempt_started").count();
-        assert_eq!(attempts, 1, "{stream} was attempted again: {types:?}");
-        assert_eq!(types.iter().filter(|t| *t == "finished").count(), 1, "{stream}: {types:?}");
-        assert_eq!(types.last().map(String::as_str), Some("finished"), "{stream}: {types:?}");
-    }
+    assert!(view.deliveries.is_empty(), "a restart started a delivery: {:?}", view.deliveries.keys());
 
     relay.restart();
     let c = Client::new(&relay.url);

@@ -7,6 +7,8 @@
 //! - [`account`]: the AccountActor and its pure `decide`/`apply` core;
 //! - [`delivery`]: the DeliveryActor, its core (the seed's error table and
 //!   deadlines) and the retry timetable;
+//! - [`send`]: the process manager of `message.send` (accept → receipt →
+//!   settle, and which commits that takes);
 //! - [`supervisor`]: creates and passivates account actors, owns the
 //!   timetable's timers and restores them on start;
 //! - [`sessions`]: device session tokens;
@@ -19,12 +21,14 @@
 
 pub mod account;
 pub mod clock;
+pub mod crash;
 pub mod delivery;
 pub mod metrics;
 pub mod notify;
 pub mod policy;
 pub mod push;
 pub mod routes;
+pub mod send;
 pub mod sessions;
 pub mod store;
 pub mod supervisor;

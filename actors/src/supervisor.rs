@@ -329,10 +329,18 @@ impl Supervisor {
         self.ask_with(account_id, cmd, Answer::WhenDurable).await
     }
 
+    /// [`Supervisor::ask`] answered at once, before durability: for callers
+    /// in this process that answer onwards only after a later durable
+    /// write (see [`Answer::AtOnce`]).
+    pub(crate) async fn ask_at_once(&self, account_id: &str, cmd: AccountCmd) -> Result<Reply, RelayError> {
+        self.ask_with(account_id, cmd, Answer::AtOnce).await
+    }
+
     async fn ask_with(&self, account_id: &str, cmd: AccountCmd, answer: Answer) -> Result<Reply, RelayError> {
         let cmd = Arc::new(cmd);
         for _ in 0..3 {
             let addr = self.account_addr(account_id)?;
+            self.metrics().actor_messages.inc();
             match addr.send(account::actor::Ask(cmd.clone(), answer)).await {
                 Ok(Err(e)) if e.message == PASSIVATED => continue,
                 Ok(reply) => return reply,
@@ -361,12 +369,22 @@ impl Supervisor {
                 return;
             }
         }
+        self.metrics().actor_messages.inc();
         match DeliveryActor::load(self.clone(), stream, watch, woken) {
             Ok(actor) => {
                 running.insert(stream.to_owned(), actor.start());
             }
             Err(e) => tracing::error!(%stream, error = %e, "cannot load delivery"),
         }
+    }
+
+    /// Starts the actor of a delivery just accepted, from the state its
+    /// acceptance wrote; `watch` gets the status after its first attempt.
+    pub(crate) fn resume_delivery(&self, start: delivery::actor::Start, watch: oneshot::Sender<DeliveryStatus>) {
+        let mut running = lock(&self.inner.deliveries);
+        let stream = start.stream.clone();
+        self.metrics().actor_messages.inc();
+        running.insert(stream, DeliveryActor::resume(self.clone(), start, Some(watch)).start());
     }
 
     pub(crate) fn delivery_stopped(&self, stream: &str) {
@@ -420,7 +438,7 @@ impl Supervisor {
         // Answered at once: the attempt's outcome reaches the sender's client
         // only after the sender's account has written it durably, a later
         // commit that covers this receipt.
-        match self.ask_with(to, AccountCmd::Receive { params, digest }, Answer::AtOnce).await? {
+        match self.ask_at_once(to, AccountCmd::Receive { params, digest }).await? {
             Reply::Status(s) => Ok(s),
             _ => Err(RelayError::internal("unexpected reply to receive")),
         }

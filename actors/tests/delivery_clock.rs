@@ -83,14 +83,10 @@ impl World {
         let env = self.phone.envelope(&self.alice.id, &self.bob.id, &mid, T0, b"x");
         let p = json!({"envelope": env, "recipient_boxes": [key_box("laptop", b"k")]});
         let params: SendParams = serde_json::from_str(&p.to_string()).unwrap();
-        let cmd = AccountCmd::Send { device: "phone".into(), params, digest: format!("d{n}") };
-        match self.sup.ask(&self.alice.id, cmd).await.unwrap() {
-            Reply::Sent { first_attempt, .. } => {
-                let st = tokio::time::timeout(Duration::from_secs(10), first_attempt).await.unwrap().unwrap();
-                (mid, st)
-            }
-            other => panic!("{other:?}"),
-        }
+        let sent = self.sup.message_send(&self.alice.id, "phone".into(), params, format!("d{n}")).await.unwrap();
+        let first_attempt = sent.first_attempt.expect("a delivery to another relay");
+        let st = tokio::time::timeout(Duration::from_secs(10), first_attempt).await.unwrap().unwrap();
+        (mid, st)
     }
 
     async fn status(&self, mid: &str) -> DeliveryStatus {

@@ -23,6 +23,10 @@ pub struct Scrape {
     pub barriers: f64,
     /// Bytes the store wrote to its own log.
     pub log_bytes: f64,
+    /// Groups the store's writer wrote: one `write` and one barrier each.
+    pub groups: f64,
+    /// Messages handed to actors.
+    pub actor_messages: f64,
 }
 
 pub fn scrape(addr: &str) -> Option<Scrape> {
@@ -37,6 +41,8 @@ pub fn scrape(addr: &str) -> Option<Scrape> {
         flush_count: sample(&m, "relay_store_flush_batch_commits_count")?,
         barriers: sample(&m, "relay_store_barriers_total")?,
         log_bytes: sample(&m, "relay_store_bytes_written_total")?,
+        groups: sample(&m, "relay_store_groups_total")?,
+        actor_messages: sample(&m, "relay_actor_messages_total")?,
     })
 }
 
@@ -108,6 +114,8 @@ pub fn build(i: Inputs) -> Value {
     let flushes = delta(|s| s.flush_count);
     let barriers = delta(|s| s.barriers);
     let log_bytes = delta(|s| s.log_bytes);
+    let groups = delta(|s| s.groups);
+    let hops = delta(|s| s.actor_messages);
     let disk_bytes = if i.disk_before.is_empty() {
         None
     } else {
@@ -175,6 +183,9 @@ pub fn build(i: Inputs) -> Value {
     r["commits_per_send"] = json!(per_send(commits));
     r["barriers_per_send"] = json!(per_send(barriers));
     r["log_bytes_per_send"] = json!(per_send(log_bytes));
+    // One `write` of the log and one barrier per group: the synced writes.
+    r["log_writes_per_send"] = json!(per_send(groups));
+    r["actor_hops_per_send"] = json!(per_send(hops));
     r["disk_bytes"] = json!(disk_bytes);
     r["disk_bytes_per_send"] = json!(per_send(disk_bytes.map(|v| v as f64)));
     r
@@ -238,6 +249,10 @@ pub fn table(r: &Value) -> String {
         ("store commits/s (events_per_sec)".into(), num("commits_per_sec")),
         ("mean flush batch (commits)".into(), num("mean_flush_batch")),
         ("per send: commits / barriers".into(), format!("{} / {}", num("commits_per_send"), num("barriers_per_send"))),
+        (
+            "per send: log writes / actor hops".into(),
+            format!("{} / {}", num("log_writes_per_send"), num("actor_hops_per_send")),
+        ),
         (
             "per send: bytes to log / to disk".into(),
             format!("{} B / {} B", num("log_bytes_per_send"), num("disk_bytes_per_send")),

@@ -34,6 +34,18 @@ impl Client {
         (status, v)
     }
 
+    /// A call whose request may fail (the relay dies under it): `Err` then.
+    pub async fn try_call(&self, method: &str, token: Option<&str>, params: &Value) -> Result<(u16, Value), String> {
+        let mut req = self.http.post(format!("{}/v1/rpc/{method}", self.base)).content_type("application/json");
+        if let Some(t) = token {
+            req = req.insert_header(("Authorization", format!("Bearer {t}")));
+        }
+        let mut resp = req.send_json(params).await.map_err(|e| e.to_string())?;
+        let bytes = resp.body().limit(64 << 20).await.map_err(|e| e.to_string())?;
+        let v = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
+        Ok((resp.status().as_u16(), v))
+    }
+
     pub async fn call(&self, method: &str, token: Option<&str>, params: &Value) -> (u16, Value) {
         self.raw(method, token, serde_json::to_vec(params).unwrap()).await
     }

@@ -71,6 +71,12 @@ impl Cluster {
 
     /// Like [`Cluster::start`], with `RUST_LOG=rust_log`.
     pub fn start_logged(&self, id: &str, extra: &str, rust_log: &str) -> RelayProc {
+        self.start_env(id, extra, rust_log, &[])
+    }
+
+    /// Like [`Cluster::start_logged`], with more environment variables for
+    /// this run (not for a restart).
+    pub fn start_env(&self, id: &str, extra: &str, rust_log: &str, env: &[(&str, &str)]) -> RelayProc {
         let me = self.members.iter().find(|m| m.id == id).unwrap();
         let mut peers = String::new();
         for m in self.members.iter().filter(|m| m.id != id) {
@@ -80,6 +86,7 @@ impl Cluster {
             ));
         }
         let listen = me.url.trim_start_matches("http://");
-        RelayProc::start_at_logged(&self.dir, id, listen, &format!("{peers}\n{extra}"), rust_log)
+        let config = super::relay::write_config_at(&self.dir, id, listen, &format!("{peers}\n{extra}"));
+        RelayProc::start_config_env(id, config, self.dir.join(id), rust_log, env)
     }
 }

@@ -104,10 +104,23 @@ impl RelayProc {
 
     /// Starts `relay serve --config config` (whose data dir is `data_dir`).
     pub fn start_config(id: &str, config: PathBuf, data_dir: PathBuf, rust_log: &str) -> RelayProc {
+        Self::start_config_env(id, config, data_dir, rust_log, &[])
+    }
+
+    /// Like [`RelayProc::start_config`], with more environment variables
+    /// (this run only: [`RelayProc::restart`] starts without them).
+    pub fn start_config_env(
+        id: &str,
+        config: PathBuf,
+        data_dir: PathBuf,
+        rust_log: &str,
+        env: &[(&str, &str)],
+    ) -> RelayProc {
         let mut child = Command::new(env!("CARGO_BIN_EXE_relay"))
             .args(["serve", "--config"])
             .arg(&config)
             .env("RUST_LOG", rust_log)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -179,6 +192,19 @@ impl RelayProc {
         if let Some(mut c) = self.child.take() {
             c.kill().unwrap();
             c.wait().unwrap();
+        }
+    }
+
+    /// Waits (bounded) for the process to end by itself; its exit status.
+    pub fn wait_exit(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        let mut c = self.child.take().expect("running");
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = c.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "{} did not exit within {timeout:?}", self.id);
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 

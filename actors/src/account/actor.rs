@@ -2,7 +2,7 @@
 //! read the command's ledger entry, decide, append (with the ledger and
 //! timeline projections), apply, reply once durable.
 
-use super::decide::{self, Ctx, ReceiveDecision, SendDecision};
+use super::decide::{self, Ctx, ReceiveDecision, SendDecision, SettleDecision};
 use super::events::AccountEvent;
 use super::ledger::{self, ReceiptEntry, SendEntry};
 use super::state::AccountState;
@@ -14,9 +14,10 @@ use crate::supervisor::{internal, Supervisor};
 use actix::prelude::*;
 use relay_schemas::encoding::b64_encode;
 use relay_schemas::methods::*;
+use relay_schemas::objects::Route;
 use relay_schemas::objects::{Direction, TimelineRecord};
 use relay_schemas::sign::{verify_bytes, Tag};
-use relay_schemas::{DeliveryStatus, RelayError};
+use relay_schemas::{DeliveryStatus, RelayError, Wire};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use std::collections::{HashMap, VecDeque};
@@ -24,7 +25,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use subtle::ConstantTimeEq;
-use tokio::sync::oneshot;
 
 /// Every command an account takes. `device` is the session's device, taken
 /// from the authenticated session, never from params.
@@ -72,18 +72,39 @@ pub enum AccountCmd {
         device: String,
         params: ContactRevokeParams,
     },
+    /// `message.send`. With `route` naming this relay alone, only decides
+    /// (writes nothing) and answers [`Reply::Accept`]: the process manager
+    /// ([`crate::send`]) delivers first and settles after. Otherwise writes
+    /// the acceptance with its delivery (and the first attempt when `route`
+    /// is known) and answers [`Reply::Accepted`].
     Send {
         device: String,
         params: SendParams,
         digest: String,
+        route: Option<Wire<Route>>,
+    },
+    /// Writes a decided acceptance with the final status of its delivery,
+    /// which ended at once here.
+    Settle {
+        acceptance: Box<Acceptance>,
+        status: DeliveryStatus,
+    },
+    /// Writes a decided acceptance with its delivery (the local attempt
+    /// did not end it at once).
+    Accept {
+        acceptance: Box<Acceptance>,
+        route: Option<Wire<Route>>,
     },
     Receive {
         params: DeliverParams,
         digest: String,
     },
+    /// A delivery's outcome for the sender; with a settlement, the
+    /// delivery's own last events and index removal in the same commit.
     RecordDelivery {
         message_id: String,
         status: DeliveryStatus,
+        settlement: Option<Settlement>,
     },
     DeliveryStatus {
         device: String,
@@ -123,17 +144,50 @@ pub enum AccountCmd {
     },
 }
 
+/// A `message.send` decided and not yet written: what settling or
+/// accepting it writes.
+#[derive(Clone, Debug)]
+pub struct Acceptance {
+    /// The `MessageSent` event.
+    pub event: AccountEvent,
+    /// `delivering` at `accepted_at`.
+    pub status: DeliveryStatus,
+    pub deliver: Box<DeliverParams>,
+    /// blake3(JCS(deliver params)): the receipt's idempotency key.
+    pub deliver_digest: String,
+    pub deadline: u64,
+}
+
+/// A delivery's last events and its due-index removal, written in the
+/// sender's account commit that records its final status.
+#[derive(Clone, Debug)]
+pub struct Settlement {
+    pub stream: String,
+    /// The delivery stream's head the events follow.
+    pub head: Head,
+    pub events: Vec<NewEvent>,
+    pub remove_due: Option<Vec<u8>>,
+}
+
 /// What a command answers.
 #[derive(Debug)]
 pub enum Reply {
     /// A serialized result object.
     Json(String),
     Status(DeliveryStatus),
-    /// A cross-account send was accepted; `first_attempt` resolves with the
-    /// status after the first delivery attempt.
-    Sent {
+    /// A send decided, nothing written: deliver, then `Settle` or `Accept`.
+    Accept(Box<Acceptance>),
+    /// A cross-account send was accepted: its delivery is to start (an
+    /// effect for the caller; nothing has started it).
+    Accepted {
         status: DeliveryStatus,
-        first_attempt: oneshot::Receiver<DeliveryStatus>,
+        start: Box<delivery::actor::Start>,
+    },
+    /// A delivery outcome recorded; `head`: the delivery stream's head
+    /// after its settlement, when one was written.
+    Settled {
+        status: DeliveryStatus,
+        head: Option<Head>,
     },
 }
 
@@ -516,9 +570,33 @@ impl AccountActor {
                 self.persist(events, |_| {})?;
                 Ok(Reply::empty())
             }
-            AccountCmd::Send { device, params, digest } => {
+            AccountCmd::Send { device, params, digest, route } => {
                 session(device)?;
-                self.send(device, params, digest, ctx)
+                self.send(device, params, digest, route.as_ref(), ctx)
+            }
+            AccountCmd::Settle { acceptance, status } => {
+                let prior = self.send_entry(&acceptance.deliver.envelope.message_id)?;
+                match decide::settle(&self.state, prior.as_ref(), &acceptance.event, status, ctx)? {
+                    SettleDecision::Duplicate(status) => Ok(Reply::Status(status)),
+                    SettleDecision::Settled { events, status } => {
+                        self.persist(events, |_| {})?;
+                        Ok(Reply::Status(status))
+                    }
+                }
+            }
+            AccountCmd::Accept { acceptance, route } => {
+                let prior = self.send_entry(&acceptance.deliver.envelope.message_id)?;
+                match prior {
+                    // A retry racing this one was accepted first.
+                    Some(entry) => {
+                        match decide::settle(&self.state, Some(&entry), &acceptance.event, &acceptance.status, ctx)? {
+                            SettleDecision::Duplicate(status) | SettleDecision::Settled { status, .. } => {
+                                Ok(Reply::Status(status))
+                            }
+                        }
+                    }
+                    None => self.accept((**acceptance).clone(), route.as_ref(), ctx),
+                }
             }
             AccountCmd::Receive { params, digest } => {
                 let prior = self.receipt_entry(&params.envelope.from, &params.envelope.message_id)?;
@@ -530,15 +608,23 @@ impl AccountActor {
                     }
                 }
             }
-            AccountCmd::RecordDelivery { message_id, status } => {
+            AccountCmd::RecordDelivery { message_id, status, settlement } => {
                 let entry = self.send_entry(message_id)?;
                 let events = decide::record_delivery(entry.as_ref(), message_id, status);
                 let current = match events.first() {
                     Some(AccountEvent::DeliveryUpdated { status, .. }) => Some(status.clone()),
                     _ => entry.map(|e| e.status),
                 };
-                self.persist(events, |_| {})?;
-                Ok(Reply::Status(current.unwrap_or_else(|| status.clone())))
+                let mut head = None;
+                self.persist(events, |batch| {
+                    if let Some(s) = settlement {
+                        head = Some(batch.append(&s.stream, s.head, s.events.clone()));
+                        if let Some(key) = &s.remove_due {
+                            batch.kv_remove(key);
+                        }
+                    }
+                })?;
+                Ok(Reply::Settled { status: current.unwrap_or_else(|| status.clone()), head })
             }
             AccountCmd::DeliveryStatus { device, message_id } => {
                 session(device)?;
@@ -643,7 +729,14 @@ impl AccountActor {
         Reply::json(&SessionOpenResult { token: issued.token, expires_at: session.expires_at })
     }
 
-    fn send(&mut self, device: &str, p: &SendParams, digest: &str, ctx: Ctx) -> Result<Reply, RelayError> {
+    fn send(
+        &mut self,
+        device: &str,
+        p: &SendParams,
+        digest: &str,
+        route: Option<&Wire<Route>>,
+        ctx: Ctx,
+    ) -> Result<Reply, RelayError> {
         let prior = self.send_entry(&p.envelope.message_id)?;
         match decide::send(&self.state, prior.as_ref(), device, p, digest, ctx)? {
             SendDecision::Duplicate(status) => Ok(Reply::Status(status)),
@@ -652,44 +745,67 @@ impl AccountActor {
                 Ok(Reply::Status(status))
             }
             SendDecision::Sent { event, status, deliver, deadline } => {
-                // Atomic acceptance: the sent record, the idempotency result,
-                // the delivery stream and its due-index entry in one batch.
-                let env = &deliver.envelope;
-                let (from, message_id, to) = (env.from.clone(), env.message_id.clone(), env.to.clone());
-                let digest = decide::deliver_digest(&deliver)?;
-                let first_due_ms = ctx.now * 1000;
-                let accepted = DeliveryEvent::Accepted {
-                    from: from.clone(),
-                    message_id: message_id.clone(),
-                    to,
-                    accepted_at: status.accepted_at,
-                    deadline,
-                    digest,
-                    params: deliver,
-                    first_due_ms,
-                };
-                let stream = delivery::stream_id(&from, &message_id);
-                let data = serde_json::to_vec(&accepted).map_err(|e| internal(&e))?;
-                self.persist(vec![event], |batch| {
-                    let ev = NewEvent {
-                        event_type: accepted.event_type().into(),
-                        version: DeliveryEvent::VERSION,
-                        at: ctx.now,
-                        data,
-                    };
-                    batch.append(&stream, Head::default(), vec![ev]);
-                    batch.kv_put(&delivery::due_key(first_due_ms, &stream), b"");
-                })?;
-                self.sup.metrics().deliveries_in_flight.inc();
-                // The delivery starts now, not once the acceptance is durable:
-                // a remote attempt waits for its own later commit (which
-                // covers this one) before it leaves, and a local one is
-                // answered to the client only after a later durable write.
-                let (tx, rx) = oneshot::channel();
-                self.sup.start_delivery(&stream, Some(tx));
-                Ok(Reply::Sent { status, first_attempt: rx })
+                let deliver_digest = decide::deliver_digest(&deliver)?;
+                let acceptance = Acceptance { event, status, deliver, deliver_digest, deadline };
+                if delivery::core::delivered_here_first(route, &ctx.policy.relay_id) {
+                    return Ok(Reply::Accept(Box::new(acceptance)));
+                }
+                self.accept(acceptance, route, ctx)
             }
         }
+    }
+
+    /// Atomic acceptance: the sent record, the idempotency result, the
+    /// delivery stream (with its first attempt when the route is known) and
+    /// its due-index entry in one commit. The delivery is the caller's to
+    /// start: an attempt leaving the process waits for this commit to be
+    /// durable.
+    fn accept(&mut self, a: Acceptance, route: Option<&Wire<Route>>, ctx: Ctx) -> Result<Reply, RelayError> {
+        let Acceptance { event, status, deliver, deliver_digest, deadline } = a;
+        let event = decide::restamp(&self.state, event);
+        let env = &deliver.envelope;
+        let stream = delivery::stream_id(&env.from, &env.message_id);
+        let first_due_ms = ctx.now * 1000;
+        let accepted = DeliveryEvent::Accepted {
+            from: env.from.clone(),
+            message_id: env.message_id.clone(),
+            to: env.to.clone(),
+            accepted_at: status.accepted_at,
+            deadline,
+            digest: deliver_digest,
+            params: deliver,
+            first_due_ms,
+        };
+        let mut state = delivery::DeliveryState::default();
+        state.apply(&accepted);
+        let mut events = vec![accepted];
+        if let Some(route) = route {
+            let first = delivery::core::decide_due(&state, first_due_ms, Some(route));
+            if !first.iter().any(|e| matches!(e, DeliveryEvent::Finished { .. })) {
+                first.iter().for_each(|e| state.apply(e));
+                events.extend(first);
+            }
+        }
+        let encoded = events
+            .iter()
+            .map(|e| {
+                Ok(NewEvent {
+                    event_type: e.event_type().into(),
+                    version: DeliveryEvent::VERSION,
+                    at: ctx.now,
+                    data: serde_json::to_vec(e).map_err(|e| internal(&e))?,
+                })
+            })
+            .collect::<Result<Vec<_>, RelayError>>()?;
+        let mut head = Head::default();
+        self.persist(vec![event], |batch| {
+            head = batch.append(&stream, Head::default(), encoded);
+            batch.kv_put(&delivery::due_key(first_due_ms, &stream), b"");
+        })?;
+        self.sup.metrics().deliveries_in_flight.inc();
+        let ticket = self.last_ticket.ok_or_else(|| RelayError::internal("acceptance without a commit"))?;
+        let start = delivery::actor::Start { stream, head, state, indexed_due_ms: first_due_ms, ticket };
+        Ok(Reply::Accepted { status, start: Box::new(start) })
     }
 
     fn sync(&self, device: &str, p: &SyncParams) -> Result<Reply, RelayError> {
@@ -860,7 +976,10 @@ impl Handler<Ask> for AccountActor {
         }
         self.last_active_ms = self.sup.clock().now_ms();
         let reply = self.handle_cmd(&msg.0);
-        let reply = self.reply_durable(reply, msg.1, ctx.address());
+        // A decision that wrote nothing tells no one outside anything a
+        // crash could undo: its caller writes before anyone hears of it.
+        let answer = if matches!(reply, Ok(Reply::Accept(_))) { Answer::AtOnce } else { msg.1 };
+        let reply = self.reply_durable(reply, answer, ctx.address());
         // No actor outlives a command for an account without events: a
         // stranger's refused request leaves nothing resident.
         // (Nothing was written, so no reply waits on durability.)

@@ -506,6 +506,51 @@ fn check_authorization(
     Ok(())
 }
 
+/// What settling a `message.send` at once decided.
+#[derive(Debug)]
+pub enum SettleDecision {
+    /// A retry of the same send settled first: its status, nothing appended.
+    Duplicate(DeliveryStatus),
+    Settled {
+        events: Vec<AccountEvent>,
+        status: DeliveryStatus,
+    },
+}
+
+/// A `message.send` whose delivery ended before its acceptance was written
+/// (the recipient is an account of this relay and took or refused it at
+/// once): the acceptance `sent` (a `MessageSent` from [`send`]) and its
+/// final status are one commit. `prior` is the ledger's entry now: a retry
+/// racing this one may have settled first.
+pub fn settle(
+    state: &AccountState,
+    prior: Option<&SendEntry>,
+    sent: &AccountEvent,
+    status: &DeliveryStatus,
+    ctx: Ctx,
+) -> Result<SettleDecision, RelayError> {
+    let AccountEvent::MessageSent { message_id, digest, accepted_at, .. } = sent else {
+        return Err(RelayError::internal("only a message_sent settles"));
+    };
+    if let Some(entry) = prior {
+        idempotent(digest, &entry.digest, entry.retention_until, ctx.now)?;
+        return Ok(SettleDecision::Duplicate(entry.status.clone()));
+    }
+    let status = DeliveryStatus { accepted_at: *accepted_at, ..status.clone() };
+    let updated = AccountEvent::DeliveryUpdated { message_id: message_id.clone(), status: status.clone() };
+    Ok(SettleDecision::Settled { events: vec![restamp(state, sent.clone()), updated], status })
+}
+
+/// A `message_sent` decided earlier and written now: other records may
+/// have been written in between, so its record takes the sequence that is
+/// next now (timeline sequences are dense and never reused).
+pub fn restamp(state: &AccountState, mut sent: AccountEvent) -> AccountEvent {
+    if let AccountEvent::MessageSent { record: Some(r), .. } = &mut sent {
+        r.sequence = state.last_sequence + 1;
+    }
+    sent
+}
+
 /// A delivery outcome reported to the sender's account; `entry` is the
 /// ledger's entry for `message_id`. The status keeps the source's
 /// `accepted_at`; terminal states never change, so repeated or late

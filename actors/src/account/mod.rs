@@ -9,7 +9,7 @@ pub mod state;
 pub mod timeline;
 mod upgrade;
 
-pub use actor::{AccountActor, AccountCmd, Reply};
+pub use actor::{Acceptance, AccountActor, AccountCmd, Reply, Settlement};
 pub use events::{AccountEvent, PushSubscription, Record};
 pub use ledger::{Ledger, ReceiptEntry, SendEntry};
 pub use state::AccountState;

@@ -6,8 +6,8 @@
 use super::core::{combine, decide_due, decide_outcome, decide_peer_confirmed, DeliveryEvent, DeliveryState};
 use super::due_key;
 use super::transport::{AttemptOutcome, LocalFuture};
-use crate::account::{AccountCmd, Reply};
-use crate::metrics::{DestinationLabels, OutcomeLabels, StatusLabels};
+use crate::account::{AccountCmd, Reply, Settlement};
+use crate::metrics::DestinationLabels;
 use crate::store::{Batch, Head, NewEvent, StoreError, Ticket};
 use crate::supervisor::{internal, Supervisor};
 use actix::prelude::*;
@@ -20,6 +20,19 @@ use tokio::sync::oneshot;
 #[rtype(result = "()")]
 pub struct Watch(pub oneshot::Sender<DeliveryStatus>);
 
+/// A delivery whose acceptance was just written, handed over in memory (no
+/// re-read of what was just written).
+#[derive(Debug)]
+pub struct Start {
+    pub stream: String,
+    /// The delivery stream's head after the acceptance.
+    pub head: Head,
+    pub state: DeliveryState,
+    pub indexed_due_ms: u64,
+    /// The acceptance's commit: an attempt leaves only once it is durable.
+    pub ticket: Ticket,
+}
+
 pub struct DeliveryActor {
     sup: Supervisor,
     stream: String,
@@ -31,9 +44,29 @@ pub struct DeliveryActor {
     watchers: Vec<oneshot::Sender<DeliveryStatus>>,
     /// Started because its destination came back, not because it is due.
     woken: bool,
+    /// The attempt in flight was written with the acceptance and has not
+    /// gone out yet.
+    attempt_ready: bool,
 }
 
 impl DeliveryActor {
+    /// The actor of a delivery just accepted: when the acceptance carried
+    /// the first attempt (its route was known), that attempt goes out as
+    /// soon as the acceptance is durable.
+    pub fn resume(sup: Supervisor, start: Start, watch: Option<oneshot::Sender<DeliveryStatus>>) -> Self {
+        DeliveryActor {
+            sup,
+            attempt_ready: start.state.in_flight.is_some(),
+            stream: start.stream,
+            head: start.head,
+            state: start.state,
+            indexed_due_ms: Some(start.indexed_due_ms),
+            last_ticket: Some(start.ticket),
+            watchers: watch.into_iter().collect(),
+            woken: false,
+        }
+    }
+
     pub fn load(
         sup: Supervisor,
         stream: &str,
@@ -63,40 +96,44 @@ impl DeliveryActor {
             last_ticket: None,
             watchers: watch.into_iter().collect(),
             woken,
+            attempt_ready: false,
         })
+    }
+
+    fn encode(&self, events: &[DeliveryEvent]) -> Result<Vec<NewEvent>, RelayError> {
+        let at = self.sup.clock().now();
+        events
+            .iter()
+            .map(|e| {
+                Ok(NewEvent {
+                    event_type: e.event_type().into(),
+                    version: DeliveryEvent::VERSION,
+                    at,
+                    data: serde_json::to_vec(e).map_err(|e| internal(&e))?,
+                })
+            })
+            .collect()
     }
 
     fn persist(&mut self, events: Vec<DeliveryEvent>, extra: impl FnOnce(&mut Batch)) -> Result<(), RelayError> {
         let store = self.sup.store();
         let mut batch = store.batch();
-        let at = self.sup.clock().now();
-        let new: Result<Vec<_>, _> = events
-            .iter()
-            .map(|e| {
-                Ok::<_, serde_json::Error>(NewEvent {
-                    event_type: e.event_type().into(),
-                    version: DeliveryEvent::VERSION,
-                    at,
-                    data: serde_json::to_vec(e)?,
-                })
-            })
-            .collect();
-        let head = batch.append(&self.stream, self.head, new.map_err(|e| internal(&e))?);
+        let head = batch.append(&self.stream, self.head, self.encode(&events)?);
         extra(&mut batch);
         self.last_ticket = Some(store.commit(batch).map_err(|e| internal(&e))?);
         self.head = head;
-        for e in &events {
+        self.applied(&events);
+        Ok(())
+    }
+
+    /// Folds events that are written into the state.
+    fn applied(&mut self, events: &[DeliveryEvent]) {
+        for e in events {
             self.state.apply(e);
             if let DeliveryEvent::Finished { status } = e {
                 self.log_finished(status);
-                let labels = StatusLabels {
-                    status: status.status.as_str().to_owned(),
-                    error: status.error.as_ref().map(|e| e.code.as_str().to_owned()).unwrap_or_default(),
-                };
-                self.sup.metrics().deliveries_finished.get_or_create(&labels).inc();
             }
         }
-        Ok(())
     }
 
     /// The relays of the current target, comma-separated (`-` before one is known).
@@ -118,14 +155,8 @@ impl DeliveryActor {
     fn log_finished(&self, status: &DeliveryStatus) {
         let s = &self.state;
         let elapsed_s = self.sup.clock().now().saturating_sub(s.accepted_at);
-        let target = self.target_ids();
-        match &status.error {
-            None => tracing::info!(from = %s.from, message_id = %s.message_id, to = %s.to, target = %target,
-                attempts = s.attempts, elapsed_s, status = %status.status.as_str(), "delivery finished"),
-            Some(e) => tracing::warn!(from = %s.from, message_id = %s.message_id, to = %s.to, target = %target,
-                attempts = s.attempts, elapsed_s, status = %status.status.as_str(), error = %e.code.as_str(),
-                reason = e.message.as_str(), "delivery failed"),
-        }
+        let ids = super::Ids { from: &s.from, message_id: &s.message_id, to: &s.to };
+        super::finished(&self.sup, ids, &self.target_ids(), s.attempts, elapsed_s, status);
     }
 
     fn durable(&self) -> impl std::future::Future<Output = Result<(), RelayError>> + 'static {
@@ -189,10 +220,7 @@ impl DeliveryActor {
         ctx.wait(prepare.into_actor(self).map(|(peer_confirmed, route), act, ctx| {
             if peer_confirmed {
                 let events = decide_peer_confirmed(&act.state);
-                return match act.persist(events, |_| {}) {
-                    Ok(()) => act.report(ctx),
-                    Err(e) => act.retry_later(ctx, &e),
-                };
+                return act.finish(events, ctx);
             }
             act.start_attempt(route, ctx)
         }));
@@ -209,16 +237,24 @@ impl DeliveryActor {
     fn start_attempt(&mut self, route: Option<Wire<Route>>, ctx: &mut Context<Self>) {
         let now = self.sup.clock().now_ms();
         let events = decide_due(&self.state, now, route.as_ref());
+        if ends(&events) {
+            return self.finish(events, ctx);
+        }
         if let Err(e) = self.persist(events, |_| {}) {
             return self.retry_later(ctx, &e);
         }
-        if self.state.finished.is_some() {
-            return self.report(ctx);
-        }
+        self.send_attempt(ctx)
+    }
+
+    /// Sends the attempt in flight (written, maybe not yet durable).
+    fn send_attempt(&mut self, ctx: &mut Context<Self>) {
+        self.attempt_ready = false;
         let attempt = self.state.attempts;
         tracing::debug!(from = %self.state.from, message_id = %self.state.message_id, attempt,
             target = %self.target_ids(), "delivery attempt");
-        let mut params = self.state.params.clone().expect("checked in step_due");
+        let Some(mut params) = self.state.params.clone() else {
+            return self.retry_later(ctx, &RelayError::internal("delivery without acceptance"));
+        };
         if params.sender_route.is_none() {
             // Accepted before deliveries carried the sender's route: the
             // sender's route now is the best evidence a destination can get.
@@ -238,6 +274,9 @@ impl DeliveryActor {
                 None => None,
             } {
                 return AttemptOutcome::NotAttempted(e);
+            }
+            if remote {
+                crate::crash::point(&sup.store(), "deliver.before_send").await;
             }
             // Every relay of the route at once; the first acceptance wins.
             let tries = relays.iter().map(|relay| {
@@ -286,7 +325,11 @@ impl DeliveryActor {
                     outcome
                 }
             });
-            combine(futures_util::future::join_all(tries).await)
+            let outcome = combine(futures_util::future::join_all(tries).await);
+            if remote {
+                crate::crash::point(&sup.store(), "deliver.before_outcome").await;
+            }
+            outcome
         };
         ctx.wait(attempt_fut.into_actor(self).map(move |outcome, act, ctx| act.step_outcome(attempt, outcome, ctx)));
     }
@@ -301,19 +344,15 @@ impl DeliveryActor {
         {
             self.sup.peer_seen(relay);
         }
-        let kind = match &outcome {
-            AttemptOutcome::Answered(_) => "answered",
-            AttemptOutcome::Rejected(_) => "rejected",
-            AttemptOutcome::Unrecognized(_) => "unrecognized",
-            AttemptOutcome::Unknown(_) => "unknown",
-            AttemptOutcome::NotAttempted(_) => "not_attempted",
-        };
-        self.sup.metrics().attempts.get_or_create(&OutcomeLabels { outcome: kind.into() }).inc();
+        super::count_attempt(&self.sup, &outcome);
         let events = decide_outcome(&self.state, attempt, outcome, now, &self.sup.policy());
         let next_due = events.iter().find_map(|e| match e {
             DeliveryEvent::AttemptFailed { next_due_ms, .. } => Some(*next_due_ms),
             _ => None,
         });
+        if ends(&events) {
+            return self.finish(events, ctx);
+        }
         let (old, stream) = (self.indexed_due_ms, self.stream.clone());
         let result = self.persist(events, |batch| {
             if let Some(next) = next_due {
@@ -335,12 +374,51 @@ impl DeliveryActor {
                 act.tell_watchers();
                 ctx.stop();
             }));
-        } else if self.state.finished.is_some() {
-            self.report(ctx);
         } else {
             self.tell_watchers();
             ctx.stop();
         }
+    }
+
+    /// The delivery ends with `events`: they, the sender's status (and its
+    /// ledger entry) and the due-index removal are one commit, made by the
+    /// sender's account, the only writer of its stream. Not recorded (store
+    /// trouble, the account busy): the index still holds the delivery and
+    /// it tries again later; an attempt made again is answered by the
+    /// target's idempotent receipt.
+    fn finish(&mut self, events: Vec<DeliveryEvent>, ctx: &mut Context<Self>) {
+        let Some(status) = events.iter().find_map(|e| match e {
+            DeliveryEvent::Finished { status } => Some(status.clone()),
+            _ => None,
+        }) else {
+            return self.retry_later(ctx, &RelayError::internal("finish without a final status"));
+        };
+        let encoded = match self.encode(&events) {
+            Ok(e) => e,
+            Err(e) => return self.retry_later(ctx, &e),
+        };
+        let settlement = Settlement {
+            stream: self.stream.clone(),
+            head: self.head,
+            events: encoded,
+            remove_due: self.indexed_due_ms.map(|due| due_key(due, &self.stream)),
+        };
+        let (sup, from, message_id) = (self.sup.clone(), self.state.from.clone(), self.state.message_id.clone());
+        let cmd = AccountCmd::RecordDelivery { message_id, status, settlement: Some(settlement) };
+        let fut = async move { sup.ask(&from, cmd).await };
+        ctx.wait(fut.into_actor(self).map(move |res, act, ctx| match res {
+            Ok(Reply::Settled { head: Some(head), .. }) => {
+                act.head = head;
+                act.applied(&events);
+                if act.indexed_due_ms.take().is_some() {
+                    act.sup.metrics().deliveries_in_flight.dec();
+                }
+                act.tell_watchers();
+                ctx.stop();
+            }
+            Ok(other) => act.retry_later(ctx, &RelayError::internal(format!("unexpected reply {other:?}"))),
+            Err(e) => act.retry_later(ctx, &e),
+        }));
     }
 
     /// A route error may carry the newer route (`data.route`); a valid one
@@ -356,16 +434,17 @@ impl DeliveryActor {
         }
     }
 
-    /// Terminal: tell the sender's account (idempotent), then drop the index
-    /// entry. A crash in between re-reports on restart.
+    /// Found ended but still indexed (written by a version that reported in
+    /// a separate commit): tell the sender's account (idempotent), then drop
+    /// the index entry. A crash in between re-reports on restart.
     fn report(&mut self, ctx: &mut Context<Self>) {
         let status = self.state.status();
         let (sup, from, message_id) = (self.sup.clone(), self.state.from.clone(), self.state.message_id.clone());
         // No wait for `Finished` here: the account answers only once its own
         // later write is durable, which covers this one.
         let fut = async move {
-            match sup.ask(&from, AccountCmd::RecordDelivery { message_id, status }).await? {
-                Reply::Status(_) => Ok(()),
+            match sup.ask(&from, AccountCmd::RecordDelivery { message_id, status, settlement: None }).await? {
+                Reply::Settled { .. } => Ok(()),
                 _ => Err(RelayError::internal("unexpected reply")),
             }
         };
@@ -390,11 +469,20 @@ impl DeliveryActor {
     }
 }
 
+/// Whether these events end the delivery.
+fn ends(events: &[DeliveryEvent]) -> bool {
+    events.iter().any(|e| matches!(e, DeliveryEvent::Finished { .. }))
+}
+
 impl Actor for DeliveryActor {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
-        self.step_due(ctx);
+        if self.attempt_ready {
+            self.send_attempt(ctx)
+        } else {
+            self.step_due(ctx)
+        }
     }
 
     fn stopped(&mut self, _ctx: &mut Self::Context) {

@@ -184,6 +184,31 @@ pub fn decide_due(s: &DeliveryState, now_ms: u64, route: Option<&Wire<Route>>) -
     events
 }
 
+/// Whether a `message.send` is delivered before its acceptance is written:
+/// the recipient's route names this relay alone, so the attempt is a call
+/// into this process that ends at once (see [`settles_at_once`]). A route
+/// naming another relay too is delivered to both by a delivery stream.
+pub fn delivered_here_first(route: Option<&Wire<Route>>, own_relay_id: &str) -> bool {
+    route.is_some_and(|r| r.relays.len() == 1 && r.lists_relay(own_relay_id))
+}
+
+/// The final status a local attempt made before acceptance settles at once,
+/// if any: the recipient took it, or refused it for good. Anything else (a
+/// busy account, a retryable or route error) is left to a delivery stream
+/// and the timetable, as any attempt's outcome.
+pub fn settles_at_once(outcome: &AttemptOutcome, accepted_at: u64) -> Option<DeliveryStatus> {
+    match outcome {
+        AttemptOutcome::Answered(st) if st.status == Status::TargetAccepted => {
+            Some(DeliveryStatus::target_accepted(accepted_at))
+        }
+        AttemptOutcome::Rejected(e) if e.code.delivery_handling() == DeliveryHandling::End => {
+            Some(DeliveryStatus::failed(accepted_at, e.clone()))
+        }
+        AttemptOutcome::Unrecognized(e) => Some(DeliveryStatus::failed(accepted_at, e.clone())),
+        _ => None,
+    }
+}
+
 /// One outcome for an attempt at every relay of the route (1 or 2, tried in
 /// parallel): the first acceptance wins; otherwise the outcome that most
 /// constrains what happens next. An unknown result outranks a final

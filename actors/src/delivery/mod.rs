@@ -9,6 +9,50 @@ pub mod transport;
 pub use self::core::{DeliveryEvent, DeliveryState};
 pub use self::transport::{AttemptOutcome, NoPeers, PeerRoute, RouteLookup, Transport};
 
+use crate::metrics::{OutcomeLabels, StatusLabels};
+use crate::supervisor::Supervisor;
+use relay_schemas::DeliveryStatus;
+
+/// Counts an attempt's outcome (`relay_delivery_attempts_total`).
+pub fn count_attempt(sup: &Supervisor, outcome: &AttemptOutcome) {
+    let kind = match outcome {
+        AttemptOutcome::Answered(_) => "answered",
+        AttemptOutcome::Rejected(_) => "rejected",
+        AttemptOutcome::Unrecognized(_) => "unrecognized",
+        AttemptOutcome::Unknown(_) => "unknown",
+        AttemptOutcome::NotAttempted(_) => "not_attempted",
+    };
+    sup.metrics().attempts.get_or_create(&OutcomeLabels { outcome: kind.into() }).inc();
+}
+
+/// Which message a delivery carries.
+#[derive(Clone, Copy)]
+pub struct Ids<'a> {
+    pub from: &'a str,
+    pub message_id: &'a str,
+    pub to: &'a str,
+}
+
+/// A delivery ended: one log line (INFO when accepted, WARN when failed)
+/// and the finished metric. `target`: the relays tried, comma-separated.
+pub fn finished(sup: &Supervisor, m: Ids, target: &str, attempts: u32, elapsed_s: u64, status: &DeliveryStatus) {
+    let Ids { from, message_id, to } = m;
+    match &status.error {
+        None => tracing::info!(from = %from, message_id = %message_id, to = %to, target = %target, attempts, elapsed_s,
+            status = %status.status.as_str(), "delivery finished"),
+        Some(e) => {
+            tracing::warn!(from = %from, message_id = %message_id, to = %to, target = %target, attempts, elapsed_s,
+            status = %status.status.as_str(), error = %e.code.as_str(), reason = e.message.as_str(),
+            "delivery failed")
+        }
+    }
+    let labels = StatusLabels {
+        status: status.status.as_str().to_owned(),
+        error: status.error.as_ref().map(|e| e.code.as_str().to_owned()).unwrap_or_default(),
+    };
+    sup.metrics().deliveries_finished.get_or_create(&labels).inc();
+}
+
 /// The stream of the delivery of `(from, message_id)`.
 pub fn stream_id(from: &str, message_id: &str) -> String {
     format!("delivery/{from}/{message_id}")

@@ -443,6 +443,12 @@ impl Store {
         }
     }
 
+    /// The last commit so far: [`Store::durable`] of it waits for everything
+    /// committed before this call.
+    pub fn committed(&self) -> Ticket {
+        Ticket(self.inner.shared.lock().last_ticket)
+    }
+
     /// Commit and wait until durable, blocking the thread (CLI, tests; not
     /// on an async executor thread).
     pub fn commit_durable_blocking(&self, batch: Batch) -> Result<(), StoreError> {

@@ -1,0 +1,38 @@
+//! Crash points for kill tests at the write path's commit boundaries.
+//!
+//! `RELAY_CRASH_AT=<name>` in the environment of `relay serve` makes the
+//! process abort when it first reaches the point `<name>`, once everything
+//! committed before the point is durable: the state a SIGKILL or power cut
+//! leaves exactly there. Unset (always, in production) a point costs one
+//! load of a value read once. The points:
+//!
+//! - `send.after_receipt`: a local send's receipt is durable, its
+//!   acceptance not written (the client gets no answer);
+//! - `deliver.before_send`: a remote send's acceptance and first attempt
+//!   are durable, the request has not left;
+//! - `deliver.before_outcome`: the target answered the attempt, its outcome
+//!   is not written.
+
+use crate::store::Store;
+use std::sync::OnceLock;
+
+fn armed() -> Option<&'static str> {
+    static AT: OnceLock<Option<String>> = OnceLock::new();
+    AT.get_or_init(|| std::env::var("RELAY_CRASH_AT").ok().filter(|s| !s.is_empty())).as_deref()
+}
+
+/// Whether the point `name` is armed (then [`point`] does not return).
+pub fn is_armed(name: &str) -> bool {
+    armed() == Some(name)
+}
+
+/// The crash point `name`: aborts the process if armed, after what was
+/// committed so far is durable.
+pub async fn point(store: &Store, name: &str) {
+    if !is_armed(name) {
+        return;
+    }
+    let _ = store.durable(store.committed()).await;
+    eprintln!("crash point {name}: aborting");
+    std::process::abort();
+}

@@ -1,0 +1,103 @@
+//! The process manager of `message.send`: accept → receipt → settle, in
+//! this one place. The actors only decide and write; the order of their
+//! commits, and what happens between them, is here.
+//!
+//! **Recipient served by this relay alone** (two commits): the sender's
+//! account decides and writes nothing; the recipient's account takes the
+//! receipt (commit 1); the sender's account writes the acceptance and its
+//! final status together (commit 2), and the client is answered once
+//! commit 2 is durable, which covers commit 1 (one writer, groups durable
+//! in commit order). No delivery stream, due entry or delivery actor. A
+//! crash between the two leaves a receipt without an acceptance: the
+//! client, never answered, retries with the same params; the recipient
+//! answers the duplicate with its original result and the sender settles
+//! then. If the local attempt does not end at once (the recipient's actor
+//! busy, a retryable or route error), the acceptance is written with a
+//! delivery stream and the timetable takes over, as for any other relay.
+//!
+//! **Recipient elsewhere** (two commits when the first attempt ends it):
+//! the acceptance carries the delivery stream, its due entry and, when the
+//! route is known, the first attempt; the delivery actor starts from it in
+//! memory, sends once it is durable, and writes the outcome, the sender's
+//! status and ledger entry and the due-index removal as one commit.
+
+use crate::account::{AccountCmd, Reply};
+use crate::delivery::core::settles_at_once;
+use crate::delivery::{self, AttemptOutcome};
+use crate::supervisor::Supervisor;
+use relay_schemas::methods::SendParams;
+use relay_schemas::{DeliveryStatus, RelayError};
+use tokio::sync::oneshot;
+
+/// A `message.send` answered by the sender's account.
+#[derive(Debug)]
+pub struct Sent {
+    /// The status as written.
+    pub status: DeliveryStatus,
+    /// For a delivery left running: its status after its first attempt.
+    pub first_attempt: Option<oneshot::Receiver<DeliveryStatus>>,
+}
+
+impl Supervisor {
+    /// `message.send` by `device` of `account` (from the session). Refused
+    /// only when the peers' answers prove that no relay serves the
+    /// recipient; when some peer could not be asked, the message is
+    /// accepted and its route resolved at every attempt (PROTOCOL §4).
+    pub async fn message_send(
+        &self,
+        account: &str,
+        device: String,
+        params: SendParams,
+        digest: String,
+    ) -> Result<Sent, RelayError> {
+        let to = params.envelope.to.clone();
+        relay_schemas::ids::check_account_id("envelope.to", &to)?;
+        let route = if to == account {
+            None
+        } else {
+            let lookup = self.lookup_route(&to, false).await;
+            lookup.check_send(&to)?;
+            lookup.route()
+        };
+        let cmd = AccountCmd::Send { device, params, digest, route: route.clone() };
+        let acceptance = match self.ask(account, cmd).await? {
+            Reply::Accept(acceptance) => acceptance,
+            other => return self.sent(other),
+        };
+        let receipt =
+            AccountCmd::Receive { params: (*acceptance.deliver).clone(), digest: acceptance.deliver_digest.clone() };
+        let outcome = match self.ask_at_once(&to, receipt).await {
+            Ok(Reply::Status(status)) => AttemptOutcome::Answered(status),
+            Ok(other) => AttemptOutcome::Unknown(RelayError::internal(format!("unexpected reply {other:?}"))),
+            Err(e) => AttemptOutcome::Rejected(e),
+        };
+        crate::crash::point(&self.store(), "send.after_receipt").await;
+        delivery::count_attempt(self, &outcome);
+        let accepted_at = acceptance.status.accepted_at;
+        let cmd = match settles_at_once(&outcome, accepted_at) {
+            Some(status) => {
+                let env = &acceptance.deliver.envelope;
+                let ids = delivery::Ids { from: &env.from, message_id: &env.message_id, to: &env.to };
+                let elapsed_s = self.clock().now().saturating_sub(accepted_at);
+                delivery::finished(self, ids, &self.policy().relay_id, 1, elapsed_s, &status);
+                AccountCmd::Settle { acceptance, status }
+            }
+            None => AccountCmd::Accept { acceptance, route },
+        };
+        let reply = self.ask(account, cmd).await?;
+        self.sent(reply)
+    }
+
+    /// Carries out what the sender's account answered: a delivery to start.
+    fn sent(&self, reply: Reply) -> Result<Sent, RelayError> {
+        match reply {
+            Reply::Status(status) => Ok(Sent { status, first_attempt: None }),
+            Reply::Accepted { status, start } => {
+                let (tx, rx) = oneshot::channel();
+                self.resume_delivery(*start, tx);
+                Ok(Sent { status, first_attempt: Some(rx) })
+            }
+            other => Err(RelayError::internal(format!("unexpected reply to message.send: {other:?}"))),
+        }
+    }
+}
