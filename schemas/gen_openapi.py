@@ -14,7 +14,7 @@ Rules:
 - `$ref`s are rewritten to `#/components/schemas/...`;
 - one `POST /v1/rpc/{method}` path per client method that is callable over
   HTTP (PROTOCOL §4; `session.attach` is WebSocket only and so has schemas but
-  no path), plus `GET /healthz`.
+  no path), plus `GET /healthz`; the Web Push methods of §9 count as client methods.
 """
 import json
 import os
@@ -41,6 +41,10 @@ CLIENT_METHODS = [
     ("message.delivery.status", True),
     ("message.timeline.sync", True),
     ("message.timeline.ack", True),
+    # PROTOCOL §9 (Web Push)
+    ("push.vapid_key", False),
+    ("push.subscribe", True),
+    ("push.unsubscribe", True),
 ]
 
 # PROTOCOL §2 RelayError table: HTTP status -> codes

@@ -43,6 +43,80 @@ pub struct Config {
     pub log: LogSection,
     #[serde(default)]
     pub metrics: MetricsSection,
+    #[serde(default)]
+    pub push: PushSection,
+}
+
+/// Web Push (PROTOCOL §9): waking devices that have no open WebSocket.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PushSection {
+    /// Off: the push methods answer as usual (subscriptions are kept), but
+    /// nothing is sent.
+    pub enabled: bool,
+    /// The relay's VAPID P-256 key (RFC 8292), generated on first start
+    /// (0600). Default: `vapid.key` in `relay.data_dir`.
+    pub vapid_key_file: Option<PathBuf>,
+    /// The VAPID `sub` claim: a `mailto:` or `https:` contact for the push
+    /// services. Default: `relay.public_url`.
+    pub subject: Option<String>,
+    /// At most one push per device this often; records in between are
+    /// coalesced into the next push (which names the latest).
+    #[serde(deserialize_with = "duration")]
+    pub min_interval: Duration,
+    /// The `TTL` header: how long a push service keeps an undelivered push.
+    #[serde(deserialize_with = "duration")]
+    pub ttl: Duration,
+    /// Connect and whole-request timeout of one push.
+    #[serde(deserialize_with = "duration")]
+    pub timeout: Duration,
+    /// Devices whose push may wait at once; past that new ones are dropped
+    /// (counted as `outcome="dropped"`).
+    pub queue: usize,
+    /// Pushes in flight at once.
+    pub concurrency: usize,
+    /// Attempts of one push on 429/5xx/no answer before it is given up.
+    pub max_attempts: u32,
+    /// The wait before a retry without `Retry-After`, doubled per attempt.
+    #[serde(deserialize_with = "duration")]
+    pub backoff: Duration,
+    /// The longest wait a `Retry-After` (or the backoff) may impose.
+    #[serde(deserialize_with = "duration")]
+    pub max_retry_after: Duration,
+    /// Accept `http://` endpoints in `push.subscribe` (tests, a push service
+    /// on a private network). Off: only `https://`.
+    pub allow_http_endpoints: bool,
+}
+
+impl Default for PushSection {
+    fn default() -> Self {
+        PushSection {
+            enabled: true,
+            vapid_key_file: None,
+            subject: None,
+            min_interval: Duration::from_secs(10),
+            ttl: Duration::from_secs(24 * 3600),
+            timeout: Duration::from_secs(10),
+            queue: 10_000,
+            concurrency: 16,
+            max_attempts: 5,
+            backoff: Duration::from_secs(2),
+            max_retry_after: Duration::from_secs(3600),
+            allow_http_endpoints: false,
+        }
+    }
+}
+
+impl Config {
+    /// `push.vapid_key_file`, or `vapid.key` in the data dir.
+    pub fn vapid_key_file(&self) -> PathBuf {
+        self.push.vapid_key_file.clone().unwrap_or_else(|| self.relay.data_dir.join("vapid.key"))
+    }
+
+    /// `push.subject`, or the relay's public URL.
+    pub fn vapid_subject(&self) -> String {
+        self.push.subject.clone().unwrap_or_else(|| self.relay.public_url.clone())
+    }
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -473,6 +547,15 @@ impl Config {
         }
         if self.sessions.max_per_device == 0 || self.sessions.sweep_interval.is_zero() {
             return Err((None, "sessions.max_per_device and sessions.sweep_interval must be positive".into()));
+        }
+        let p = &self.push;
+        if p.queue == 0 || p.concurrency == 0 || p.max_attempts == 0 || p.timeout.is_zero() || p.ttl.is_zero() {
+            return Err((None, "push.queue, concurrency, max_attempts, timeout and ttl must be positive".into()));
+        }
+        if let Some(sub) = &p.subject {
+            if !(sub.starts_with("mailto:") || sub.starts_with("https://")) {
+                return Err(bad("push.subject", "push.subject must be a mailto: or https: URL (RFC 8292)"));
+            }
         }
         if self.store.cache_bytes == 0 {
             return Err(bad("store.cache_bytes", "store.cache_bytes must be positive"));

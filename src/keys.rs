@@ -13,6 +13,13 @@ pub fn public_key(key: &SigningKey) -> String {
 /// Writes a new key to `path` (mode 0600, refusing to overwrite).
 pub fn generate(path: &Path) -> Result<SigningKey, String> {
     let key = SigningKey::from_bytes(&rand::random::<[u8; 32]>());
+    write_private(path, &b64_encode(&key.to_bytes()))?;
+    Ok(key)
+}
+
+/// Writes `line` to a new file at `path` that only its owner may read
+/// (0600), refusing to overwrite; synced before it returns.
+pub fn write_private(path: &Path, line: &str) -> Result<(), String> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     }
@@ -21,13 +28,20 @@ pub fn generate(path: &Path) -> Result<SigningKey, String> {
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
     let mut f = opts.open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    writeln!(f, "{}", b64_encode(&key.to_bytes())).map_err(|e| format!("{}: {e}", path.display()))?;
-    f.sync_all().map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(key)
+    writeln!(f, "{line}").map_err(|e| format!("{}: {e}", path.display()))?;
+    f.sync_all().map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// Reads the key at `path`, refusing one that others can read.
 pub fn load(path: &Path) -> Result<SigningKey, String> {
+    let text = read_private(path)?;
+    let seed: [u8; 32] =
+        b64_decode_array("key", text.trim()).map_err(|_| format!("{}: not a relay key", path.display()))?;
+    Ok(SigningKey::from_bytes(&seed))
+}
+
+/// The text of a key file, refused when others can read it.
+pub fn read_private(path: &Path) -> Result<String, String> {
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
@@ -40,10 +54,7 @@ pub fn load(path: &Path) -> Result<SigningKey, String> {
             ));
         }
     }
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let seed: [u8; 32] =
-        b64_decode_array("key", text.trim()).map_err(|_| format!("{}: not a relay key", path.display()))?;
-    Ok(SigningKey::from_bytes(&seed))
+    std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// The key at `path`, generated on first start.

@@ -11,6 +11,7 @@
 //! - [`relay_rpc`]: the relay methods peers call, and their authentication;
 //! - [`limits`]: per-session and per-peer rate limits;
 //! - [`peers`]: the signed relay-to-relay client (the delivery transport);
+//! - [`push`]: Web Push: the VAPID key and the supervised push sender;
 //! - [`http`]: the actix-web transport (`/v1/rpc`, `/v1/relay`, `/v1/ws`, `/healthz`);
 //! - [`fds`]: the open-file limit checked against the connection limits;
 //! - [`bench`]: `relay bench`, the load generator;
@@ -26,6 +27,7 @@ pub mod keys;
 pub mod limits;
 pub mod observe;
 pub mod peers;
+pub mod push;
 pub mod relay_rpc;
 pub mod rpc;
 
@@ -62,6 +64,7 @@ pub async fn serve(cfg: config::Config) -> Result<(), String> {
     )?;
     prepare_data_dir(&cfg.relay.data_dir)?;
     let key = keys::load_or_generate(&cfg.relay.key_file)?;
+    let vapid = Arc::new(push::Vapid::load_or_generate(&cfg.vapid_key_file(), cfg.vapid_subject())?);
     let store = cfg.open_store()?;
     let policy = cfg.policy();
     let clock: relay_actors::SharedClock = Arc::new(SystemClock);
@@ -84,9 +87,15 @@ pub async fn serve(cfg: config::Config) -> Result<(), String> {
     let sup = Supervisor::new(store.clone(), policy, clock, Arc::new(peers.clone()));
     observer.register(sup.metrics());
     let restored = sup.start().map_err(|e| format!("restoring deliveries: {e}"))?;
+    if cfg.push.enabled {
+        sup.set_push_sink(push::PushHandle::start(&sup, vapid.clone(), push::Settings::from_config(&cfg)));
+    }
     let limits = limits::RateLimits::new(cfg.rates());
     actix_web::rt::spawn(sweep_sessions(sup.clone(), cfg.sessions.sweep_interval));
-    let relay = web::Data::new(rpc::Relay::new(sup, cfg.limits.max_body_bytes, peers, peer_keys, limits));
+    let push_info =
+        rpc::PushInfo { vapid_public_key: vapid.public_key().to_owned(), allow_http: cfg.push.allow_http_endpoints };
+    let relay =
+        web::Data::new(rpc::Relay::new(sup, cfg.limits.max_body_bytes, peers, peer_keys, limits).with_push(push_info));
 
     let listener = TcpListener::bind(&cfg.relay.listen).map_err(|e| format!("listen {}: {e}", cfg.relay.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;

@@ -24,7 +24,16 @@ use std::time::{Duration, Instant};
 
 /// The client methods a stranger may call without a session: rate limited
 /// per client address.
-const SESSIONLESS: &[&str] = &["account.register", "session.challenge", "session.open", "route.get"];
+const SESSIONLESS: &[&str] = &["account.register", "session.challenge", "session.open", "route.get", "push.vapid_key"];
+
+/// What the push methods need to know (PROTOCOL §9).
+#[derive(Clone, Debug, Default)]
+pub struct PushInfo {
+    /// The relay's VAPID public key, base64url (`push.vapid_key`).
+    pub vapid_public_key: String,
+    /// `push.allow_http_endpoints`.
+    pub allow_http: bool,
+}
 
 pub struct Relay {
     sup: Supervisor,
@@ -32,6 +41,7 @@ pub struct Relay {
     peers: PeerClient,
     peer_keys: PeerKeys,
     limits: RateLimits,
+    push: PushInfo,
     requests: Family<RequestLabels, Counter>,
     latency: Family<MethodLabels, Histogram>,
 }
@@ -96,7 +106,13 @@ impl Relay {
             r.register("requests", "Requests by method and result code", requests.clone());
             r.register("request_seconds", "Request latency by method", latency.clone());
         }
-        Relay { sup, max_body_bytes, peers, peer_keys, limits, requests, latency }
+        Relay { sup, max_body_bytes, peers, peer_keys, limits, push: PushInfo::default(), requests, latency }
+    }
+
+    /// The push methods' settings.
+    pub fn with_push(mut self, push: PushInfo) -> Self {
+        self.push = push;
+        self
     }
 
     /// Counts a call and its latency under its method (and result code).
@@ -269,6 +285,26 @@ impl Relay {
             "message.timeline.ack" => {
                 let params = parse(body)?;
                 self.own(token, |device| AccountCmd::Ack { device, params }).await
+            }
+            "push.vapid_key" => {
+                let _: Value = parse(body)?;
+                if self.push.vapid_public_key.is_empty() {
+                    return Err(RelayError::unavailable("this relay has no VAPID key"));
+                }
+                serde_json::to_string(&VapidKeyResult { public_key: self.push.vapid_public_key.clone() })
+                    .map_err(|e| RelayError::internal(e.to_string()))
+            }
+            "push.subscribe" => {
+                let s = self.session(token)?;
+                let params: PushSubscribeParams = parse(body)?;
+                crate::push::check_subscription(&params, self.push.allow_http)?;
+                Self::json_of(
+                    self.sup.ask(&s.account_id, AccountCmd::PushSubscribe { device: s.device_id, params }).await?,
+                )
+            }
+            "push.unsubscribe" => {
+                let _: Value = parse(body)?;
+                self.own(token, |device| AccountCmd::PushUnsubscribe { device }).await
             }
             _ => Err(RelayError::not_found(format!("unknown method {method:?}"))),
         }

@@ -107,3 +107,33 @@ fn two_browsers_and_a_terminal_chat_across_two_relays() {
     );
     eprintln!("screenshots in {}", shots.display());
 }
+
+/// Web Push in the web client (`web/test/push.mjs`): the service worker
+/// registers, the client subscribes with the relay's VAPID key and hands
+/// the relay the subscription; with the page closed a message becomes a
+/// push the stand-in push service decrypts; the service worker shows "New
+/// message"; reopening decrypts the message; sign-out unsubscribes.
+/// `PushManager.subscribe` is stubbed (headless Chromium reaches no push
+/// service): see the header of push.mjs for what runs for real.
+#[test]
+fn the_service_worker_registers_and_hands_the_relay_a_subscription() {
+    if !can_run("the_service_worker_registers_and_hands_the_relay_a_subscription") {
+        return;
+    }
+    let relay = PathBuf::from(env!("CARGO_BIN_EXE_relay"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let shots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("browser-push");
+    node(
+        &[
+            "test/push.mjs".as_ref(),
+            "--relay".as_ref(),
+            relay.as_os_str(),
+            "--dir".as_ref(),
+            dir.path().as_os_str(),
+            "--out".as_ref(),
+            shots.as_os_str(),
+        ],
+        Duration::from_secs(180),
+    );
+    eprintln!("screenshots in {}", shots.display());
+}

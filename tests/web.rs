@@ -43,6 +43,11 @@ async fn relay_serves_its_web_client() {
     let (status, ctype, _, body) = get(&format!("{}/app.js", relay.url)).await;
     assert_eq!((status, ctype.as_str()), (200, "text/javascript; charset=utf-8"));
     assert_eq!(body, include_str!("../web/dist/app.js"));
+    // The service worker, at the root so that its scope is the whole client.
+    let (status, ctype, _, body) = get(&format!("{}/sw.js", relay.url)).await;
+    assert_eq!((status, ctype.as_str()), (200, "text/javascript; charset=utf-8"));
+    assert_eq!(body, include_str!("../web/dist/sw.js"));
+    assert!(body.contains("New message"));
     let (status, _, _, body) = get(&format!("{}/client.json", relay.url)).await;
     assert_eq!(status, 200);
     let info: serde_json::Value = serde_json::from_str(&body).unwrap();

@@ -13,6 +13,8 @@
 //!   timetable's timers and restores them on start;
 //! - [`sessions`]: device session tokens;
 //! - [`notify`]: realtime notifications to connected devices;
+//! - [`push`]: the Web Push sender's pure core (its queue, coalescing and
+//!   retry rules); the HTTP shell is in the binary;
 //! - [`metrics`]: Prometheus metrics of the core;
 //! - [`routes`]: the route book (best known signed route per account);
 //! - [`clock`] and [`policy`]: injected time and configured limits.
@@ -24,6 +26,7 @@ pub mod delivery;
 pub mod metrics;
 pub mod notify;
 pub mod policy;
+pub mod push;
 pub mod routes;
 pub mod send;
 pub mod sessions;

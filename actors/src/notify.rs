@@ -91,6 +91,11 @@ impl Notifier {
         }
     }
 
+    /// Whether `device_id` of `account_id` has an open, attached connection.
+    pub fn is_connected(&self, account_id: &str, device_id: &str) -> bool {
+        lock(&self.conns).get(account_id).is_some_and(|list| list.iter().any(|c| c.device_id == device_id))
+    }
+
     /// Connected devices of all accounts.
     pub fn connections(&self) -> usize {
         lock(&self.conns).values().map(Vec::len).sum()

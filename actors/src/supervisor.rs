@@ -54,6 +54,8 @@ struct Inner {
     arbiters: std::sync::RwLock<Vec<ArbiterHandle>>,
     deliveries: Mutex<HashMap<String, Addr<DeliveryActor>>>,
     scheduler: OnceLock<Addr<Scheduler>>,
+    /// The Web Push sender, when push is on.
+    push: OnceLock<Arc<dyn crate::push::PushSink>>,
     /// Route lookups at the peers in progress, with who waits for each:
     /// one fetch per account however many ask (single flight).
     lookups: Mutex<HashMap<String, Vec<oneshot::Sender<RouteLookup>>>>,
@@ -92,6 +94,7 @@ impl Supervisor {
                 arbiters: Default::default(),
                 deliveries: Mutex::default(),
                 scheduler: OnceLock::new(),
+                push: OnceLock::new(),
                 lookups: Mutex::default(),
                 misses: DashMap::new(),
             }),
@@ -146,6 +149,15 @@ impl Supervisor {
     }
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.inner.metrics
+    }
+
+    /// Sets the Web Push sender accounts hand their wake-ups to (once).
+    pub fn set_push_sink(&self, sink: Arc<dyn crate::push::PushSink>) {
+        let _ = self.inner.push.set(sink);
+    }
+
+    pub fn push_sink(&self) -> Option<&Arc<dyn crate::push::PushSink>> {
+        self.inner.push.get()
     }
 
     /// The attempt slots of destination `relay_id`

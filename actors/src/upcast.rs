@@ -19,6 +19,10 @@
 //! History:
 //! - delivery v0 → v1: `attempt_failed` gained `may_switch` and
 //!   `refresh_route` ([`attempt_failed_v0`]).
+//! - account v1 → v2: the types `push_subscribed` and `push_unsubscribed`
+//!   were added (Web Push, PROTOCOL §9). No existing type changed, so no
+//!   upcaster: v0/v1 events pass as they are, and a relay that reads only
+//!   v1 refuses a v2 log by its version rather than by an unknown type.
 
 use crate::account::AccountEvent;
 use crate::delivery::DeliveryEvent;
@@ -43,7 +47,8 @@ pub struct Upcaster {
 /// The oldest event version this relay can read.
 pub const OLDEST_VERSION: u32 = 0;
 
-/// Upcasters of account events (none yet: every type is as in v0).
+/// Upcasters of account events (none yet: every type is as in v0; v2 only
+/// added types).
 pub const ACCOUNT_UPCASTERS: &[Upcaster] = &[];
 
 /// Upcasters of delivery events.
@@ -278,5 +283,27 @@ mod tests {
             ..stored("cursor_moved", 0, json!({"cursor_moved": {"device_id": "phone", "through": 4}}))
         };
         assert!(matches!(account_event(&ev).unwrap(), AccountEvent::CursorMoved { through: 4, .. }));
+    }
+
+    #[test]
+    fn account_events_of_version_1_replay_under_version_2_and_push_events_decode() {
+        let v1 = StoredEvent {
+            stream: "account/a".into(),
+            ..stored("cursor_moved", 1, json!({"cursor_moved": {"device_id": "phone", "through": 4}}))
+        };
+        assert!(matches!(account_event(&v1).unwrap(), AccountEvent::CursorMoved { through: 4, .. }));
+        let sub = json!({"push_subscribed": {"device_id": "phone",
+            "subscription": {"endpoint": "https://push.example/x", "p256dh": "BA", "auth": "AA"}}});
+        let ev = StoredEvent { stream: "account/a".into(), ..stored("push_subscribed", AccountEvent::VERSION, sub) };
+        assert!(matches!(account_event(&ev).unwrap(), AccountEvent::PushSubscribed { .. }));
+        let gone = json!({"push_unsubscribed": {"device_id": "phone", "endpoint": "https://push.example/x", "reason": "gone"}});
+        let ev = StoredEvent { stream: "account/a".into(), ..stored("push_unsubscribed", AccountEvent::VERSION, gone) };
+        assert!(matches!(account_event(&ev).unwrap(), AccountEvent::PushUnsubscribed { .. }));
+        // A v1 relay's reader would refuse these by version; this one refuses v3.
+        let future = StoredEvent {
+            stream: "account/a".into(),
+            ..stored("push_subscribed", AccountEvent::VERSION + 1, json!({}))
+        };
+        assert!(account_event(&future).unwrap_err().to_string().contains("version 3"));
     }
 }

@@ -5,7 +5,7 @@
 use crate::objects::{present, *};
 use serde::{Deserialize, Serialize};
 
-/// The client methods of PROTOCOL §4.
+/// The client methods of PROTOCOL §4, and the Web Push methods of §9.
 pub const CLIENT_METHODS: &[&str] = &[
     "account.register",
     "session.challenge",
@@ -22,6 +22,9 @@ pub const CLIENT_METHODS: &[&str] = &[
     "message.delivery.status",
     "message.timeline.sync",
     "message.timeline.ack",
+    "push.vapid_key",
+    "push.subscribe",
+    "push.unsubscribe",
 ];
 
 /// The relay methods of PROTOCOL §5 that this relay serves.
@@ -167,4 +170,86 @@ pub struct SyncResult<'a> {
 #[derive(Clone, Debug, Deserialize)]
 pub struct AckParams {
     pub through: u64,
+}
+
+// ---- Web Push (PROTOCOL §9) ---------------------------------------------------
+
+/// Longest accepted push endpoint URL.
+pub const PUSH_ENDPOINT_MAX: usize = 2048;
+
+/// `push.vapid_key` result: the relay's VAPID public key (RFC 8292), the
+/// 65-byte uncompressed P-256 point in base64url.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct VapidKeyResult {
+    pub public_key: String,
+}
+
+/// The keys of a Web Push subscription (RFC 8291): the user agent's ECDH
+/// public key and its authentication secret, base64url.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PushKeys {
+    pub p256dh: String,
+    pub auth: String,
+}
+
+/// `push.subscribe` params: a browser's `PushSubscription.toJSON()`
+/// (`expirationTime` and other members are ignored).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PushSubscribeParams {
+    pub endpoint: String,
+    pub keys: PushKeys,
+}
+
+impl PushSubscribeParams {
+    /// The shape checks: an absolute `https://` endpoint (`http://` too with
+    /// `allow_http`) with a host, no whitespace or control characters, at
+    /// most [`PUSH_ENDPOINT_MAX`] long; `p256dh` 65 bytes starting 0x04 (an
+    /// uncompressed point; whether it is on the curve is checked where the
+    /// curve is known), `auth` 16 bytes.
+    pub fn check(&self, allow_http: bool) -> Result<(), crate::RelayError> {
+        use crate::RelayError;
+        let e = &self.endpoint;
+        if e.len() > PUSH_ENDPOINT_MAX {
+            return Err(RelayError::invalid_params(format!("endpoint is longer than {PUSH_ENDPOINT_MAX}")));
+        }
+        if e.chars().any(|c| c.is_control() || c.is_whitespace()) {
+            return Err(RelayError::invalid_params("endpoint has whitespace or control characters"));
+        }
+        let rest = match (e.strip_prefix("https://"), e.strip_prefix("http://")) {
+            (Some(rest), _) => rest,
+            (None, Some(rest)) if allow_http => rest,
+            _ => return Err(RelayError::invalid_params("endpoint must be an https:// URL")),
+        };
+        let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+        if authority.is_empty() || authority.contains('@') {
+            return Err(RelayError::invalid_params("endpoint has no host (or has user info)"));
+        }
+        let p256dh = crate::encoding::b64_decode("keys.p256dh", &self.keys.p256dh)?;
+        if p256dh.len() != 65 || p256dh[0] != 4 {
+            return Err(RelayError::invalid_params("keys.p256dh must be a 65-byte uncompressed P-256 point"));
+        }
+        let auth = crate::encoding::b64_decode("keys.auth", &self.keys.auth)?;
+        if auth.len() != 16 {
+            return Err(RelayError::invalid_params("keys.auth must be 16 bytes"));
+        }
+        Ok(())
+    }
+}
+
+/// The payload of a Web Push message, before RFC 8291 encryption: which
+/// account's timeline changed and its new last sequence. Never content or
+/// sender (PROTOCOL §9).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PushPayload {
+    /// Always `"timeline.changed"`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub account_id: String,
+    pub sequence: u64,
+}
+
+impl PushPayload {
+    pub fn timeline_changed(account_id: &str, sequence: u64) -> Self {
+        PushPayload { kind: "timeline.changed".into(), account_id: account_id.into(), sequence }
+    }
 }

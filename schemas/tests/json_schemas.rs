@@ -33,6 +33,10 @@ const CLIENT_METHODS: &[&str] = &[
     "message.delivery.status",
     "message.timeline.sync",
     "message.timeline.ack",
+    // PROTOCOL §9 (Web Push)
+    "push.vapid_key",
+    "push.subscribe",
+    "push.unsubscribe",
 ];
 /// §4 methods that are WebSocket only (no HTTP path).
 const WEBSOCKET_ONLY: &[&str] = &["session.attach"];
@@ -48,6 +52,8 @@ const SESSION_METHODS: &[&str] = &[
     "message.delivery.status",
     "message.timeline.sync",
     "message.timeline.ack",
+    "push.subscribe",
+    "push.unsubscribe",
 ];
 /// PROTOCOL §5 relay methods.
 const RELAY_METHODS: &[&str] =

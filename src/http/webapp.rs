@@ -15,6 +15,8 @@ use relay_schemas::RelayError;
 
 const INDEX: &str = include_str!("../../web/src/index.html");
 const APP: &str = include_str!("../../web/dist/app.js");
+/// The service worker (Web Push: shows "New message"; PROTOCOL §9).
+const SERVICE_WORKER: &str = include_str!("../../web/dist/sw.js");
 
 /// What the page needs to know about the relay that served it.
 #[derive(Clone, Debug)]
@@ -39,6 +41,14 @@ async fn app() -> HttpResponse {
     HttpResponse::Ok().content_type("text/javascript; charset=utf-8").body(APP)
 }
 
+async fn service_worker() -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/javascript; charset=utf-8")
+        // Browsers look for a new worker on every navigation when told so.
+        .insert_header((header::CACHE_CONTROL, "no-cache"))
+        .body(SERVICE_WORKER)
+}
+
 async fn client_json(info: web::Data<ClientInfo>) -> HttpResponse {
     HttpResponse::Ok().json(serde_json::json!({"relay_id": info.relay_id, "public_url": info.public_url}))
 }
@@ -47,6 +57,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route("/", web::get().to(index))
         .route("/index.html", web::get().to(index))
         .route("/app.js", web::get().to(app))
+        .route("/sw.js", web::get().to(service_worker))
         .route("/client.json", web::get().to(client_json));
 }
 

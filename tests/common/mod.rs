@@ -3,6 +3,7 @@ pub mod client;
 pub mod cluster;
 pub mod fake_peer;
 pub mod proxy;
+pub mod push_service;
 pub mod relay;
 pub mod schema;
 pub mod torture;

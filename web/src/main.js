@@ -19,6 +19,7 @@ let me; // identity: seeds and ids
 let contacts = {}; // account_id -> {account_id, account_key, invite?, grant_from_them?, my_grant, devices?}
 let selected = null;
 let ws = null;
+let signingOut = false;
 const early = new Map(); // delivery notifications that overtook their send answer
 // Messages show in the order this browser learned of them (the timeline's
 // order for synced records); clocks of two machines do not order them.
@@ -382,7 +383,7 @@ async function connect() {
     const socket = new Socket(url, onNotify, () => {
       if (ws === socket) ws = null;
       setConn('offline');
-      setTimeout(connect, 1000);
+      if (!signingOut) setTimeout(connect, 1000);
     });
     await socket.ready;
     await socket.call('session.attach', { token });
@@ -391,6 +392,9 @@ async function connect() {
     showError(null);
     await sync();
     renderDevices().catch(showError);
+    // Subscribed before (permission granted): hand the relay the current
+    // subscription again (it may be new, or the relay may have dropped it).
+    if (pushSupported() && Notification.permission === 'granted') enablePush().catch(pushFailed);
   } catch (e) {
     setConn('offline');
     if (e.code === 'device_unknown' || e.code === 'unauthorized') showError(`this device cannot sign in: ${e.message}`);
@@ -401,6 +405,86 @@ async function connect() {
 function onNotify(n) {
   if (n.method === 'message.timeline.changed') sync();
   else if (n.method === 'message.delivery.changed') setStatus(n.params.message_id, n.params.status, n.params.error).catch(showError);
+}
+
+// ---- Web Push (PROTOCOL §9) ----------------------------------------------------
+
+const pushSupported = () => 'serviceWorker' in navigator && 'PushManager' in window && 'Notification' in window;
+
+function setPush(state, detail) {
+  $('push-state').textContent = detail ? `${state}: ${detail}` : state;
+  $('push-state').dataset.state = state;
+}
+
+function pushFailed(e) {
+  setPush('failed', e.message ?? String(e));
+}
+
+/** The service worker (`/sw.js`, served by the relay), registered once. */
+let worker = null;
+function registerWorker() {
+  if (!pushSupported()) return null;
+  worker ??= navigator.serviceWorker.register('/sw.js', { scope: '/' }).then(() => navigator.serviceWorker.ready);
+  return worker;
+}
+
+const sameKey = (a, b) => {
+  if (!a || a.byteLength !== b.byteLength) return false;
+  const x = new Uint8Array(a);
+  return x.every((v, i) => v === b[i]);
+};
+
+/**
+ * Subscribes this browser with the relay's VAPID key (an old subscription
+ * under another key is replaced) and binds it to this device at the relay.
+ * The relay then wakes this browser when a record for this device arrives
+ * and no page of it is connected.
+ */
+async function enablePush() {
+  if (!pushSupported()) throw new Error('this browser has no Web Push');
+  setPush('subscribing');
+  const permission = await Notification.requestPermission();
+  if (permission !== 'granted') throw new Error(`notifications are ${permission}`);
+  const reg = await registerWorker();
+  const { public_key } = await call('push.vapid_key', {});
+  const key = unb64(public_key);
+  let sub = await reg.pushManager.getSubscription();
+  if (sub && !sameKey(sub.options?.applicationServerKey, key)) {
+    await sub.unsubscribe();
+    sub = null;
+  }
+  sub ??= await reg.pushManager.subscribe({ userVisibleOnly: true, applicationServerKey: key });
+  const { endpoint, keys: k } = sub.toJSON();
+  await call('push.subscribe', { endpoint, keys: { p256dh: k.p256dh, auth: k.auth } });
+  setPush('on');
+}
+
+/** Stops pushes to this browser: at the relay, then at the push service. */
+async function disablePush() {
+  if (ws) await call('push.unsubscribe', {});
+  const reg = pushSupported() ? await navigator.serviceWorker.getRegistration('/') : null;
+  const sub = await reg?.pushManager.getSubscription();
+  await sub?.unsubscribe();
+  setPush('off');
+}
+
+/**
+ * Sign-out: this browser stops getting pushes and forgets the account's
+ * keys, contacts and messages (other devices of the account keep theirs).
+ */
+async function signOut() {
+  if (!confirm('Sign out? This browser forgets the account keys and messages; another device of the account can link it again.')) return;
+  try {
+    await disablePush();
+  } catch (e) {
+    // Signing out goes on: the relay drops the subscription when the
+    // device is revoked, or when the push service reports it gone.
+    console.warn('push unsubscribe', e);
+  }
+  signingOut = true;
+  ws?.ws.close();
+  await db.wipe();
+  location.replace('/');
 }
 
 // ---- devices -----------------------------------------------------------------
@@ -569,6 +653,7 @@ async function start() {
   selected = Object.keys(contacts)[0] ?? null;
   $('contact-link').value = await contactLink();
   await render();
+  registerWorker()?.catch(pushFailed);
   connect();
   // A link opened in a browser that has an account adds the contact.
   if (location.hash.startsWith('#contact=') && !location.hash.includes(me.account_id)) {
@@ -593,6 +678,12 @@ async function boot() {
   $('add-contact').onclick = act(async () => {
     await addContact($('add-link').value);
     $('add-link').value = '';
+  });
+  $('push-enable').onclick = act(() => enablePush().catch(pushFailed));
+  $('sign-out').onclick = act(signOut);
+  // A click on a notification of an open page: sync now.
+  navigator.serviceWorker?.addEventListener('message', (ev) => {
+    if (ev.data?.type === 'push.open' && ws) sync();
   });
   $('send-form').onsubmit = act(async () => {
     const text = $('text').value;

@@ -33,3 +33,12 @@ export const put = async (key, value) => req((await store('kv', 'readwrite')).pu
 export const messages = async () => req((await store('messages', 'readonly')).getAll());
 export const message = async (id) => req((await store('messages', 'readonly')).get(id));
 export const putMessage = async (m) => req((await store('messages', 'readwrite')).put(m));
+
+/** Forgets everything this browser kept (sign-out). */
+export async function wipe() {
+  if (db) {
+    db.close();
+    db = undefined;
+  }
+  await req(indexedDB.deleteDatabase(DB));
+}

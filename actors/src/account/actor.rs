@@ -129,6 +129,19 @@ pub enum AccountCmd {
         device: String,
         params: AckParams,
     },
+    /// `push.subscribe` (shape checked by the transport).
+    PushSubscribe {
+        device: String,
+        params: PushSubscribeParams,
+    },
+    PushUnsubscribe {
+        device: String,
+    },
+    /// The push service answered 404/410 for this endpoint of the device.
+    PushGone {
+        device_id: String,
+        endpoint: String,
+    },
 }
 
 /// A `message.send` decided and not yet written: what settling or
@@ -229,8 +242,17 @@ pub struct AccountActor {
 /// A notification owed to connected devices for a write.
 #[derive(Debug)]
 enum Notice {
-    Timeline { sequence: u64, visible: Vec<String> },
-    Delivery { message_id: String, status: DeliveryStatus },
+    /// `sender_device`: the device whose own send wrote the record (it is
+    /// not woken by a push for it).
+    Timeline {
+        sequence: u64,
+        visible: Vec<String>,
+        sender_device: Option<String>,
+    },
+    Delivery {
+        message_id: String,
+        status: DeliveryStatus,
+    },
 }
 
 impl AccountActor {
@@ -358,7 +380,17 @@ impl AccountActor {
     /// entry it wrote): a new record (its visible devices), and a sent
     /// message's status (all the account's devices).
     fn notices(e: &AccountEvent, written: Option<&ledger::Entry>) -> impl Iterator<Item = Notice> {
-        let timeline = e.record().map(|r| Notice::Timeline { sequence: r.sequence, visible: r.visible.clone() });
+        let sender_device = match e {
+            AccountEvent::MessageSent { .. } | AccountEvent::SelfDelivered { .. } => {
+                e.record().map(|r| r.envelope.from_device_id.clone())
+            }
+            _ => None,
+        };
+        let timeline = e.record().map(|r| Notice::Timeline {
+            sequence: r.sequence,
+            visible: r.visible.clone(),
+            sender_device: sender_device.clone(),
+        });
         let delivery = match (e, written) {
             (
                 AccountEvent::MessageSent { .. } | AccountEvent::DeliveryUpdated { .. },
@@ -624,6 +656,21 @@ impl AccountActor {
                 self.persist(events, |_| {})?;
                 Ok(Reply::empty())
             }
+            AccountCmd::PushSubscribe { device, params } => {
+                session(device)?;
+                let events = decide::push_subscribe(&self.state, device, params)?;
+                self.persist(events, |_| {})?;
+                Ok(Reply::empty())
+            }
+            AccountCmd::PushUnsubscribe { device } => {
+                session(device)?;
+                self.persist(decide::push_unsubscribe(&self.state, device), |_| {})?;
+                Ok(Reply::empty())
+            }
+            AccountCmd::PushGone { device_id, endpoint } => {
+                self.persist(decide::push_gone(&self.state, device_id, endpoint), |_| {})?;
+                Ok(Reply::empty())
+            }
         }
     }
 
@@ -877,6 +924,27 @@ impl AccountActor {
     }
 }
 
+impl AccountActor {
+    /// Hands the push sender a wake-up for each device that may read record
+    /// `sequence` and has no open WebSocket (PROTOCOL §9). Never waits: the
+    /// sender's queue is bounded and coalesces.
+    fn offer_pushes(&self, sequence: u64, visible: &[String], sender_device: Option<&str>) {
+        let Some(sink) = self.sup.push_sink() else { return };
+        let (notifier, account) = (self.sup.notifier(), &self.state.account_id);
+        let now = self.sup.clock().now();
+        let connected = |device: &str| notifier.is_connected(account, device);
+        for (device, subscription) in decide::push_targets(&self.state, visible, sender_device, connected, now) {
+            sink.offer(crate::push::PushJob {
+                account_id: account.clone(),
+                device_id: device.to_owned(),
+                sequence,
+                subscription: subscription.clone(),
+                attempt: 0,
+            });
+        }
+    }
+}
+
 impl Actor for AccountActor {
     type Context = Context<Self>;
 
@@ -939,7 +1007,10 @@ impl Handler<Publish> for AccountActor {
         while self.outbox.front().is_some_and(|(t, _)| *t <= msg.0) {
             let Some((_, notice)) = self.outbox.pop_front() else { break };
             match notice {
-                Notice::Timeline { sequence, visible } => notifier.timeline_changed(account, sequence, &visible),
+                Notice::Timeline { sequence, visible, sender_device } => {
+                    notifier.timeline_changed(account, sequence, &visible);
+                    self.offer_pushes(sequence, &visible, sender_device.as_deref());
+                }
                 Notice::Delivery { message_id, status } => notifier.delivery_changed(account, &message_id, &status),
             }
         }

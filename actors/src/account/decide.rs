@@ -4,12 +4,12 @@
 //! the command, in which case nothing is appended. A command keyed by a
 //! message gets that message's ledger entry, read by the shell.
 
-use super::events::{AccountEvent, Record};
+use super::events::{AccountEvent, PushSubscription, Record};
 use super::ledger::{ReceiptEntry, SendEntry};
 use super::state::{contact_key, AccountState};
 use crate::policy::Policy;
 use relay_schemas::encoding::jcs;
-use relay_schemas::methods::{ContactRevokeParams, DeliverParams, RegisterParams, SendParams};
+use relay_schemas::methods::{ContactRevokeParams, DeliverParams, PushSubscribeParams, RegisterParams, SendParams};
 use relay_schemas::objects::{
     check_boxes, Authorization, DeviceCertificate, DeviceRevocation, KeyBox, MessageEnvelope, Route,
 };
@@ -562,4 +562,71 @@ pub fn record_delivery(entry: Option<&SendEntry>, message_id: &str, status: &Del
         return vec![];
     }
     vec![AccountEvent::DeliveryUpdated { message_id: message_id.into(), status }]
+}
+
+// ---- Web Push (PROTOCOL §9) ------------------------------------------------
+
+/// `push.subscribe`: binds the subscription to the session's device (its
+/// shape already checked by the transport); the same subscription again
+/// is a no-op, another one replaces it.
+pub fn push_subscribe(
+    state: &AccountState,
+    device_id: &str,
+    p: &PushSubscribeParams,
+) -> Result<Vec<AccountEvent>, RelayError> {
+    registered(state)?;
+    let subscription =
+        PushSubscription { endpoint: p.endpoint.clone(), p256dh: p.keys.p256dh.clone(), auth: p.keys.auth.clone() };
+    if state.push.get(device_id) == Some(&subscription) {
+        return Ok(vec![]);
+    }
+    Ok(vec![AccountEvent::PushSubscribed { device_id: device_id.into(), subscription }])
+}
+
+/// `push.unsubscribe`: removes the session's device's subscription (none:
+/// nothing to do).
+pub fn push_unsubscribe(state: &AccountState, device_id: &str) -> Vec<AccountEvent> {
+    match state.push.get(device_id) {
+        Some(s) => vec![AccountEvent::PushUnsubscribed {
+            device_id: device_id.into(),
+            endpoint: s.endpoint.clone(),
+            reason: "unsubscribed".into(),
+        }],
+        None => vec![],
+    }
+}
+
+/// The push service answered 404/410 for `endpoint`: the subscription is
+/// dropped, unless the device has subscribed anew since (another endpoint).
+pub fn push_gone(state: &AccountState, device_id: &str, endpoint: &str) -> Vec<AccountEvent> {
+    match state.push.get(device_id) {
+        Some(s) if s.endpoint == endpoint => vec![AccountEvent::PushUnsubscribed {
+            device_id: device_id.into(),
+            endpoint: endpoint.into(),
+            reason: "gone".into(),
+        }],
+        _ => vec![],
+    }
+}
+
+/// Who gets a Web Push for a new record (PROTOCOL §9): the devices of the
+/// record's visible set (fixed at acceptance: the devices that may read
+/// it) that have a subscription, are still valid at `now`, and have no
+/// open WebSocket (`connected`); never `sender_device`, the device whose
+/// own send wrote the record (it knows).
+pub fn push_targets<'a>(
+    state: &'a AccountState,
+    visible: &[String],
+    sender_device: Option<&str>,
+    connected: impl Fn(&str) -> bool,
+    now: u64,
+) -> Vec<(&'a str, &'a PushSubscription)> {
+    state
+        .push
+        .iter()
+        .filter(|(device, _)| visible.iter().any(|v| v == device))
+        .filter(|(device, _)| Some(*device) != sender_device)
+        .filter(|(device, _)| state.device_valid(device, now))
+        .filter(|(device, _)| !connected(device))
+        .collect()
 }

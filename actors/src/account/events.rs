@@ -84,10 +84,37 @@ pub enum AccountEvent {
         device_id: String,
         through: u64,
     },
+    /// `push.subscribe` (PROTOCOL §9): the device's Web Push subscription,
+    /// replacing any earlier one.
+    PushSubscribed {
+        device_id: String,
+        subscription: PushSubscription,
+    },
+    /// The device's subscription was removed: `reason` is `unsubscribed`
+    /// (`push.unsubscribe`) or `gone` (the push service answered 404/410
+    /// for `endpoint`). A revoked device's subscription leaves with
+    /// `device_revoked`, without an event of its own.
+    PushUnsubscribed {
+        device_id: String,
+        endpoint: String,
+        reason: String,
+    },
+}
+
+/// A device's Web Push subscription (RFC 8030 endpoint, RFC 8291 keys),
+/// as the browser gave it, base64url keys.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PushSubscription {
+    pub endpoint: String,
+    pub p256dh: String,
+    pub auth: String,
 }
 
 impl AccountEvent {
-    pub const VERSION: u32 = 1;
+    /// v2: `push_subscribed` and `push_unsubscribed` were added (no type
+    /// changed, so v1 events decode as they are; a v1 relay refuses a v2 log
+    /// by its version instead of failing on an unknown type).
+    pub const VERSION: u32 = 2;
 
     pub fn event_type(&self) -> &'static str {
         match self {
@@ -102,6 +129,8 @@ impl AccountEvent {
             AccountEvent::MessageReceived { .. } => "message_received",
             AccountEvent::DeliveryUpdated { .. } => "delivery_updated",
             AccountEvent::CursorMoved { .. } => "cursor_moved",
+            AccountEvent::PushSubscribed { .. } => "push_subscribed",
+            AccountEvent::PushUnsubscribed { .. } => "push_unsubscribed",
         }
     }
 

@@ -10,7 +10,7 @@ pub mod timeline;
 mod upgrade;
 
 pub use actor::{Acceptance, AccountActor, AccountCmd, Reply, Settlement};
-pub use events::{AccountEvent, Record};
+pub use events::{AccountEvent, PushSubscription, Record};
 pub use ledger::{Ledger, ReceiptEntry, SendEntry};
 pub use state::AccountState;
 

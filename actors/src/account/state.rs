@@ -1,7 +1,7 @@
 //! The state of one account: the fold of its event stream. `apply` cannot
 //! fail; every rule lives in `decide`.
 
-use super::events::AccountEvent;
+use super::events::{AccountEvent, PushSubscription};
 use ed25519_dalek::VerifyingKey;
 use relay_schemas::objects::{DeviceCertificate, DeviceRevocation, Route};
 use relay_schemas::sign::parse_public_key;
@@ -70,6 +70,10 @@ impl<V> SmallMap<V> {
         self.0.iter().map(|(_, v)| v)
     }
 
+    pub fn remove(&mut self, key: &str) -> Option<V> {
+        self.find(key).ok().map(|i| self.0.remove(i).1)
+    }
+
     fn values_mut(&mut self) -> impl Iterator<Item = &mut V> {
         self.0.iter_mut().map(|(_, v)| v)
     }
@@ -117,6 +121,11 @@ pub struct AccountState {
     pub last_sequence: u64,
     /// Per-device ack cursor (`message.timeline.ack`).
     pub cursors: SmallMap<u64>,
+    /// Per-device Web Push subscription (PROTOCOL §9). Absent from
+    /// snapshots while empty, so snapshots of accounts that never
+    /// subscribed are as before.
+    #[serde(default, skip_serializing_if = "SmallMap::is_empty")]
+    pub push: SmallMap<PushSubscription>,
     #[serde(skip)]
     account_key: Option<VerifyingKey>,
 }
@@ -188,6 +197,8 @@ impl AccountState {
             AccountEvent::DeviceAdded { device_certificate } => self.add_device(device_certificate),
             AccountEvent::DeviceRevoked { revocation } => {
                 self.revocations.insert(revocation.device_id.clone(), revocation.clone());
+                // A revoked device is never woken again.
+                self.push.remove(&revocation.device_id);
             }
             AccountEvent::SettingsUpdated { public_discovery } => self.public_discovery = *public_discovery,
             AccountEvent::RouteUpdated { route } => self.route = Some(route.clone()),
@@ -206,6 +217,12 @@ impl AccountState {
             AccountEvent::DeliveryUpdated { .. } => {}
             AccountEvent::CursorMoved { device_id, through } => {
                 self.cursors.insert(device_id.clone(), *through);
+            }
+            AccountEvent::PushSubscribed { device_id, subscription } => {
+                self.push.insert(device_id.clone(), subscription.clone());
+            }
+            AccountEvent::PushUnsubscribed { device_id, .. } => {
+                self.push.remove(device_id);
             }
         }
     }
