@@ -287,7 +287,7 @@ impl Relay {
                 self.own(token, |device| AccountCmd::Ack { device, params }).await
             }
             "push.vapid_key" => {
-                let _: Value = parse(body)?;
+                let _: serde_json::Value = parse(body)?;
                 if self.push.vapid_public_key.is_empty() {
                     return Err(RelayError::unavailable("this relay has no VAPID key"));
                 }
@@ -303,7 +303,7 @@ impl Relay {
                 )
             }
             "push.unsubscribe" => {
-                let _: Value = parse(body)?;
+                let _: serde_json::Value = parse(body)?;
                 self.own(token, |device| AccountCmd::PushUnsubscribe { device }).await
             }
             _ => Err(RelayError::not_found(format!("unknown method {method:?}"))),
