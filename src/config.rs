@@ -86,6 +86,11 @@ pub struct PushSection {
     /// Accept `http://` endpoints in `push.subscribe` (tests, a push service
     /// on a private network). Off: only `https://`.
     pub allow_http_endpoints: bool,
+    /// Accept endpoints whose host is `localhost` or a loopback, private,
+    /// link-local or unique-local address (tests, a push service on a
+    /// private network). Off: a subscriber cannot make the relay probe the
+    /// operator's own network.
+    pub allow_private_endpoints: bool,
 }
 
 impl Default for PushSection {
@@ -103,6 +108,7 @@ impl Default for PushSection {
             backoff: Duration::from_secs(2),
             max_retry_after: Duration::from_secs(3600),
             allow_http_endpoints: false,
+            allow_private_endpoints: false,
         }
     }
 }

@@ -92,8 +92,11 @@ pub async fn serve(cfg: config::Config) -> Result<(), String> {
     }
     let limits = limits::RateLimits::new(cfg.rates());
     actix_web::rt::spawn(sweep_sessions(sup.clone(), cfg.sessions.sweep_interval));
-    let push_info =
-        rpc::PushInfo { vapid_public_key: vapid.public_key().to_owned(), allow_http: cfg.push.allow_http_endpoints };
+    let push_info = rpc::PushInfo {
+        vapid_public_key: vapid.public_key().to_owned(),
+        allow_http: cfg.push.allow_http_endpoints,
+        allow_private: cfg.push.allow_private_endpoints,
+    };
     let relay =
         web::Data::new(rpc::Relay::new(sup, cfg.limits.max_body_bytes, peers, peer_keys, limits).with_push(push_info));
 

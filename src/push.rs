@@ -114,8 +114,8 @@ fn origin(endpoint: &str) -> Result<String, String> {
 
 /// The checks of `push.subscribe` params beyond their shape: the endpoint
 /// parses as a URL and `p256dh` is a point on P-256.
-pub fn check_subscription(p: &PushSubscribeParams, allow_http: bool) -> Result<(), RelayError> {
-    p.check(allow_http)?;
+pub fn check_subscription(p: &PushSubscribeParams, allow_http: bool, allow_private: bool) -> Result<(), RelayError> {
+    p.check(allow_http, allow_private)?;
     origin(&p.endpoint).map_err(RelayError::invalid_params)?;
     let point = b64_decode("keys.p256dh", &p.keys.p256dh)?;
     p256::PublicKey::from_sec1_bytes(&point)
@@ -279,13 +279,17 @@ impl PushSender {
             .insert_header(("Content-Encoding", "aes128gcm"))
             .insert_header(("Content-Type", "application/octet-stream"))
             .insert_header(("Authorization", auth));
+        // awc's timeout ends with the response head: the body read has its
+        // own, or a service stalling its body would hold this device's slot
+        // (and one of `push.concurrency`) forever.
+        let limit = self.settings.timeout;
         let answer = async move {
             match request.send_body(body).await {
                 Ok(mut resp) => {
                     let retry_after =
                         resp.headers().get("Retry-After").and_then(|v| v.to_str().ok()).map(str::to_owned);
                     // Read (a little of) the body so the connection can be reused.
-                    let _ = resp.body().limit(4096).await;
+                    let _ = tokio::time::timeout(limit, resp.body().limit(4096)).await;
                     (Some(resp.status().as_u16()), retry_after, None)
                 }
                 Err(e) => (None, None, Some(e.to_string())),

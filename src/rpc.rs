@@ -33,6 +33,8 @@ pub struct PushInfo {
     pub vapid_public_key: String,
     /// `push.allow_http_endpoints`.
     pub allow_http: bool,
+    /// `push.allow_private_endpoints`.
+    pub allow_private: bool,
 }
 
 pub struct Relay {
@@ -297,7 +299,7 @@ impl Relay {
             "push.subscribe" => {
                 let s = self.session(token)?;
                 let params: PushSubscribeParams = parse(body)?;
-                crate::push::check_subscription(&params, self.push.allow_http)?;
+                crate::push::check_subscription(&params, self.push.allow_http, self.push.allow_private)?;
                 Self::json_of(
                     self.sup.ask(&s.account_id, AccountCmd::PushSubscribe { device: s.device_id, params }).await?,
                 )

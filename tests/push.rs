@@ -20,7 +20,7 @@ const WAIT: Duration = Duration::from_secs(20);
 
 /// Push settings for tests: http endpoints on loopback, a short interval.
 fn push_config(min_interval: &str) -> String {
-    format!("[push]\nallow_http_endpoints = true\nmin_interval = \"{min_interval}\"\nbackoff = \"200ms\"\n")
+    format!("[push]\nallow_http_endpoints = true\nallow_private_endpoints = true\nmin_interval = \"{min_interval}\"\nbackoff = \"200ms\"\n")
 }
 
 async fn subscribe(c: &Client, user: &User, device: usize, sub: &Subscriber) {
@@ -332,6 +332,12 @@ async fn push_subscribe_checks_its_params_and_needs_a_session() {
     let mut http = good.clone();
     http["endpoint"] = json!("http://push.example.net/x");
     assert_eq!(c.err("push.subscribe", bob.token(0), &http).await, "invalid_params", "http refused by default");
+    // No probing of the operator's own network through push endpoints.
+    for inward in ["https://127.0.0.1:8443/x", "https://[::1]/x", "https://localhost/x", "https://10.1.2.3/x"] {
+        let mut p = good.clone();
+        p["endpoint"] = json!(inward);
+        assert_eq!(c.err("push.subscribe", bob.token(0), &p).await, "invalid_params", "{inward} refused by default");
+    }
     let mut off_curve = good.clone();
     let mut point = vec![4u8];
     point.extend([1u8; 64]);
@@ -349,4 +355,25 @@ async fn push_subscribe_checks_its_params_and_needs_a_session() {
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(relay.data_dir.join("vapid.key")).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600);
+}
+
+/// A push service that sends its answer's head and then stalls the body
+/// does not hold the device's slot: the next record's push still goes out.
+#[actix_rt::test]
+async fn a_push_service_stalling_its_answer_does_not_block_the_next_push() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = PushService::start();
+    let extra = format!("{}timeout = \"500ms\"\n", push_config("200ms"));
+    let relay = RelayProc::start(dir.path(), "relay-a", &extra);
+    let c = Client::new(&relay.url);
+    let (alice, bob) = alice_and_bob(&c).await;
+    let phone = Subscriber::new(service.endpoint("bob-phone"));
+    subscribe(&c, &bob, 0, &phone).await;
+    service.script("bob-phone", vec![Answer::status(201).stalling()]);
+
+    send(&c, &alice, &bob, 1, &["phone"]).await;
+    service.wait_for("bob-phone", 1, WAIT).await;
+    send(&c, &alice, &bob, 2, &["phone"]).await;
+    let pushes = service.wait_for("bob-phone", 2, WAIT).await;
+    assert_eq!(phone.decrypt(&pushes[1]), payload(&bob, 2));
 }

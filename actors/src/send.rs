@@ -50,6 +50,24 @@ impl Supervisor {
         params: SendParams,
         digest: String,
     ) -> Result<Sent, RelayError> {
+        // Detached from the caller: a caller that goes away (a closed
+        // socket, a timeout) must neither stop the send between its commits
+        // nor leave an accepted delivery unstarted.
+        let (sup, account) = (self.clone(), account.to_owned());
+        let (tx, rx) = oneshot::channel();
+        actix::spawn(async move {
+            let _ = tx.send(sup.run_send(&account, device, params, digest).await);
+        });
+        rx.await.unwrap_or_else(|_| Err(RelayError::unavailable("message.send interrupted")))
+    }
+
+    async fn run_send(
+        &self,
+        account: &str,
+        device: String,
+        params: SendParams,
+        digest: String,
+    ) -> Result<Sent, RelayError> {
         let to = params.envelope.to.clone();
         relay_schemas::ids::check_account_id("envelope.to", &to)?;
         let route = if to == account {
@@ -74,28 +92,36 @@ impl Supervisor {
         crate::crash::point(&self.store(), "send.after_receipt").await;
         delivery::count_attempt(self, &outcome);
         let accepted_at = acceptance.status.accepted_at;
+        let env = acceptance.deliver.envelope.clone();
         let cmd = match settles_at_once(&outcome, accepted_at) {
-            Some(status) => {
-                let env = &acceptance.deliver.envelope;
-                let ids = delivery::Ids { from: &env.from, message_id: &env.message_id, to: &env.to };
-                let elapsed_s = self.clock().now().saturating_sub(accepted_at);
-                delivery::finished(self, ids, &self.policy().relay_id, 1, elapsed_s, &status);
-                AccountCmd::Settle { acceptance, status }
-            }
-            None => AccountCmd::Accept { acceptance, route },
+            Some(status) => AccountCmd::Settle { acceptance, status },
+            // The attempt is recorded with the acceptance; the timetable
+            // makes the next one.
+            None => AccountCmd::Accept { acceptance, route, first: Some(outcome) },
         };
         let reply = self.ask(account, cmd).await?;
+        if let Reply::Settled { status, .. } = &reply {
+            // Written by this request (a racing retry answers `Status`).
+            let ids = delivery::Ids { from: &env.from, message_id: &env.message_id, to: &env.to };
+            let elapsed_s = self.clock().now().saturating_sub(accepted_at);
+            delivery::finished(self, ids, &self.policy().relay_id, 1, elapsed_s, status);
+        }
         self.sent(reply)
     }
 
-    /// Carries out what the sender's account answered: a delivery to start.
+    /// Carries out what the sender's account answered: a delivery to start
+    /// now (its first attempt is in flight) or at its next due time.
     fn sent(&self, reply: Reply) -> Result<Sent, RelayError> {
         match reply {
-            Reply::Status(status) => Ok(Sent { status, first_attempt: None }),
-            Reply::Accepted { status, start } => {
+            Reply::Status(status) | Reply::Settled { status, .. } => Ok(Sent { status, first_attempt: None }),
+            Reply::Accepted { status, start } if start.state.in_flight.is_some() => {
                 let (tx, rx) = oneshot::channel();
                 self.resume_delivery(*start, tx);
                 Ok(Sent { status, first_attempt: Some(rx) })
+            }
+            Reply::Accepted { status, start } => {
+                self.schedule(start.stream, start.indexed_due_ms);
+                Ok(Sent { status, first_attempt: None })
             }
             other => Err(RelayError::internal(format!("unexpected reply to message.send: {other:?}"))),
         }

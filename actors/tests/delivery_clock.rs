@@ -11,6 +11,7 @@ use relay_schemas::methods::{DeliverParams, RegisterParams, SendParams};
 use relay_schemas::objects::{RelayRef, Route};
 use relay_schemas::{DeliveryStatus, ErrorCode, RelayError, Status, Wire};
 use serde_json::json;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -164,4 +165,28 @@ async fn other_home_relay_reporting_target_accepted_ends_the_delivery_without_co
     let st = w.fire(&mid).await; // the third attempt asks the other home relay first
     assert_eq!(st.status, Status::TargetAccepted);
     assert_eq!(*w.script.delivered.lock().unwrap(), 2, "the recipient was not contacted");
+}
+
+/// The process manager runs detached from its caller: a client that goes
+/// away right after `message.send` left (a closed socket) neither leaves
+/// the accepted delivery unstarted nor stops it between its commits.
+#[actix_rt::test]
+async fn a_send_whose_caller_goes_away_still_makes_its_first_attempt() {
+    let w = world(None).await;
+    let mid = "msg-0000000000000042".to_string();
+    let env = w.phone.envelope(&w.alice.id, &w.bob.id, &mid, T0, b"x");
+    let p = json!({"envelope": env, "recipient_boxes": [key_box("laptop", b"k")]});
+    let params: SendParams = serde_json::from_str(&p.to_string()).unwrap();
+    {
+        let mut send = std::pin::pin!(w.sup.message_send(&w.alice.id, "phone".into(), params, "d42".into()));
+        let once = std::future::poll_fn(|cx| std::task::Poll::Ready(send.as_mut().poll(cx))).await;
+        assert!(once.is_pending(), "the send has started, not finished");
+    } // dropped: the caller went away
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while w.attempts(&mid).is_empty() {
+        assert!(std::time::Instant::now() < deadline, "no attempt was made");
+        actix_rt::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(*w.script.delivered.lock().unwrap(), 1, "the first attempt went out once");
+    assert_eq!(w.status(&mid).await.status, Status::Delivering, "accepted, waiting for its next slot");
 }

@@ -206,7 +206,13 @@ impl PushSubscribeParams {
     /// most [`PUSH_ENDPOINT_MAX`] long; `p256dh` 65 bytes starting 0x04 (an
     /// uncompressed point; whether it is on the curve is checked where the
     /// curve is known), `auth` 16 bytes.
-    pub fn check(&self, allow_http: bool) -> Result<(), crate::RelayError> {
+    ///
+    /// Unless `allow_private`, a host that names this machine or a private
+    /// network directly (`localhost`, loopback, RFC 1918, link-local,
+    /// unique-local or unspecified addresses) is refused: a subscriber must
+    /// not make the relay probe its operator's network. (A name resolving
+    /// to such an address is not looked up here: filter egress for that.)
+    pub fn check(&self, allow_http: bool, allow_private: bool) -> Result<(), crate::RelayError> {
         use crate::RelayError;
         let e = &self.endpoint;
         if e.len() > PUSH_ENDPOINT_MAX {
@@ -224,6 +230,9 @@ impl PushSubscribeParams {
         if authority.is_empty() || authority.contains('@') {
             return Err(RelayError::invalid_params("endpoint has no host (or has user info)"));
         }
+        if !allow_private && is_private_host(authority) {
+            return Err(RelayError::invalid_params("endpoint names a local or private-network host"));
+        }
         let p256dh = crate::encoding::b64_decode("keys.p256dh", &self.keys.p256dh)?;
         if p256dh.len() != 65 || p256dh[0] != 4 {
             return Err(RelayError::invalid_params("keys.p256dh must be a 65-byte uncompressed P-256 point"));
@@ -233,6 +242,37 @@ impl PushSubscribeParams {
             return Err(RelayError::invalid_params("keys.auth must be 16 bytes"));
         }
         Ok(())
+    }
+}
+
+/// Whether a URL authority (`host[:port]`, `[v6][:port]`) names this machine
+/// or a private network directly.
+fn is_private_host(authority: &str) -> bool {
+    use std::net::{IpAddr, Ipv4Addr};
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+    };
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    if host == "localhost" || host.ends_with(".localhost") {
+        return true;
+    }
+    let v4 = |ip: Ipv4Addr| {
+        ip.is_loopback() || ip.is_private() || ip.is_link_local() || ip.is_unspecified() || ip.is_broadcast()
+            // 100.64.0.0/10, shared address space (carrier-grade NAT)
+            || (ip.octets()[0] == 100 && (ip.octets()[1] & 0xc0) == 64)
+    };
+    match host.parse::<IpAddr>() {
+        Ok(IpAddr::V4(ip)) => v4(ip),
+        Ok(IpAddr::V6(ip)) => {
+            let seg = ip.segments()[0];
+            ip.is_loopback()
+                || ip.is_unspecified()
+                || (seg & 0xfe00) == 0xfc00 // unique local fc00::/7
+                || (seg & 0xffc0) == 0xfe80 // link-local fe80::/10
+                || ip.to_ipv4_mapped().is_some_and(v4)
+        }
+        Err(_) => false,
     }
 }
 
@@ -251,5 +291,39 @@ pub struct PushPayload {
 impl PushPayload {
     pub fn timeline_changed(account_id: &str, sequence: u64) -> Self {
         PushPayload { kind: "timeline.changed".into(), account_id: account_id.into(), sequence }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_private_host;
+
+    #[test]
+    fn push_endpoints_naming_local_or_private_hosts_are_recognised() {
+        for h in [
+            "localhost",
+            "a.localhost:8080",
+            "127.0.0.1",
+            "127.1.2.3:443",
+            "10.0.0.1",
+            "172.16.5.4",
+            "192.168.1.1:8443",
+            "169.254.169.254",
+            "100.64.0.1",
+            "0.0.0.0",
+            "[::1]",
+            "[::1]:443",
+            "[fe80::1]",
+            "[fd00::1]",
+            "[::ffff:10.0.0.1]",
+            "LOCALHOST.",
+        ] {
+            assert!(is_private_host(h), "{h}");
+        }
+        for h in
+            ["fcm.googleapis.com", "updates.push.services.mozilla.com:443", "8.8.8.8", "[2001:db8::1]", "100.128.0.1"]
+        {
+            assert!(!is_private_host(h), "{h}");
+        }
     }
 }

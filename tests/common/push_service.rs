@@ -41,11 +41,18 @@ impl Push {
 pub struct Answer {
     pub status: u16,
     pub headers: Vec<(String, String)>,
+    /// Announce a body, then send none and hold the connection (bounded).
+    pub stall_body: bool,
 }
 
 impl Answer {
     pub fn status(status: u16) -> Self {
-        Answer { status, headers: vec![] }
+        Answer { status, headers: vec![], stall_body: false }
+    }
+    /// This answer's head, then a body that never comes.
+    pub fn stalling(mut self) -> Self {
+        self.stall_body = true;
+        self
     }
     pub fn with_header(mut self, name: &str, value: &str) -> Self {
         self.headers.push((name.into(), value.into()));
@@ -177,12 +184,16 @@ fn serve(mut conn: TcpStream, state: &Mutex<State>) {
         let scripted = s.scripts.get_mut(&resource).and_then(VecDeque::pop_front);
         scripted.or_else(|| s.defaults.get(&resource).cloned()).unwrap_or(Answer::status(201))
     };
-    let mut out = format!("HTTP/1.1 {} Push\r\nContent-Length: 0\r\nConnection: close\r\n", answer.status);
+    let length = if answer.stall_body { 100 } else { 0 };
+    let mut out = format!("HTTP/1.1 {} Push\r\nContent-Length: {length}\r\nConnection: close\r\n", answer.status);
     for (n, v) in &answer.headers {
         out.push_str(&format!("{n}: {v}\r\n"));
     }
     out.push_str("\r\n");
     let _ = conn.write_all(out.as_bytes());
+    if answer.stall_body {
+        std::thread::sleep(Duration::from_secs(30)); // past every wait of the tests
+    }
 }
 
 /// A browser's push subscription: the private half the relay never sees.

@@ -461,11 +461,16 @@ async function enablePush() {
 
 /** Stops pushes to this browser: at the relay, then at the push service. */
 async function disablePush() {
-  if (ws) await call('push.unsubscribe', {});
-  const reg = pushSupported() ? await navigator.serviceWorker.getRegistration('/') : null;
-  const sub = await reg?.pushManager.getSubscription();
-  await sub?.unsubscribe();
-  setPush('off');
+  try {
+    if (ws) await call('push.unsubscribe', {});
+  } finally {
+    // Whatever the relay answered: the browser's subscription must not
+    // outlive the account here (the next account would inherit it).
+    const reg = pushSupported() ? await navigator.serviceWorker.getRegistration('/') : null;
+    const sub = await reg?.pushManager.getSubscription();
+    await sub?.unsubscribe();
+    setPush('off');
+  }
 }
 
 /**

@@ -179,6 +179,7 @@ max_connections_per_ip = 100000
 # The stand-in is plain http on loopback.
 [push]
 allow_http_endpoints = true
+allow_private_endpoints = true
 min_interval = "1s"
 `,
   );

@@ -7,7 +7,7 @@ use super::events::AccountEvent;
 use super::ledger::{self, ReceiptEntry, SendEntry};
 use super::state::AccountState;
 use super::{stream_id, timeline};
-use crate::delivery::{self, DeliveryEvent};
+use crate::delivery::{self, AttemptOutcome, DeliveryEvent};
 use crate::sessions::Session;
 use crate::store::{Batch, Head, NewEvent, Snapshot, StoreError, Ticket};
 use crate::supervisor::{internal, Supervisor};
@@ -89,11 +89,12 @@ pub enum AccountCmd {
         acceptance: Box<Acceptance>,
         status: DeliveryStatus,
     },
-    /// Writes a decided acceptance with its delivery (the local attempt
-    /// did not end it at once).
+    /// Writes a decided acceptance with its delivery and `first`, the
+    /// outcome of the local attempt made before (it did not end it at once).
     Accept {
         acceptance: Box<Acceptance>,
         route: Option<Wire<Route>>,
+        first: Option<AttemptOutcome>,
     },
     Receive {
         params: DeliverParams,
@@ -237,6 +238,11 @@ pub struct AccountActor {
     /// Notifications of what was written, in write order with the commit
     /// that wrote it; published, in that order, once that commit is durable.
     outbox: VecDeque<(Ticket, Notice)>,
+}
+
+/// Whether a delivery event ends the delivery.
+fn ends(e: &DeliveryEvent) -> bool {
+    matches!(e, DeliveryEvent::Finished { .. })
 }
 
 /// A notification owed to connected devices for a write.
@@ -575,11 +581,11 @@ impl AccountActor {
                     SettleDecision::Duplicate(status) => Ok(Reply::Status(status)),
                     SettleDecision::Settled { events, status } => {
                         self.persist(events, |_| {})?;
-                        Ok(Reply::Status(status))
+                        Ok(Reply::Settled { status, head: None })
                     }
                 }
             }
-            AccountCmd::Accept { acceptance, route } => {
+            AccountCmd::Accept { acceptance, route, first } => {
                 let prior = self.send_entry(&acceptance.deliver.envelope.message_id)?;
                 match prior {
                     // A retry racing this one was accepted first.
@@ -590,7 +596,7 @@ impl AccountActor {
                             }
                         }
                     }
-                    None => self.accept((**acceptance).clone(), route.as_ref(), ctx),
+                    None => self.accept((**acceptance).clone(), route.as_ref(), first.clone(), ctx),
                 }
             }
             AccountCmd::Receive { params, digest } => {
@@ -745,22 +751,30 @@ impl AccountActor {
                 if delivery::core::delivered_here_first(route, &ctx.policy.relay_id) {
                     return Ok(Reply::Accept(Box::new(acceptance)));
                 }
-                self.accept(acceptance, route, ctx)
+                self.accept(acceptance, route, None, ctx)
             }
         }
     }
 
     /// Atomic acceptance: the sent record, the idempotency result, the
-    /// delivery stream (with its first attempt when the route is known) and
-    /// its due-index entry in one commit. The delivery is the caller's to
-    /// start: an attempt leaving the process waits for this commit to be
-    /// durable.
-    fn accept(&mut self, a: Acceptance, route: Option<&Wire<Route>>, ctx: Ctx) -> Result<Reply, RelayError> {
+    /// delivery stream and its due-index entry in one commit. With the route
+    /// known, the first attempt rides in it: in flight (`first` is `None`:
+    /// the caller starts it, and a request leaving the process waits for
+    /// this commit to be durable), or already made here with outcome
+    /// `first` (then the next is due by the timetable, or the delivery
+    /// ended and its status is written too).
+    fn accept(
+        &mut self,
+        a: Acceptance,
+        route: Option<&Wire<Route>>,
+        first: Option<AttemptOutcome>,
+        ctx: Ctx,
+    ) -> Result<Reply, RelayError> {
         let Acceptance { event, status, deliver, deliver_digest, deadline } = a;
         let event = decide::restamp(&self.state, event);
         let env = &deliver.envelope;
-        let stream = delivery::stream_id(&env.from, &env.message_id);
-        let first_due_ms = ctx.now * 1000;
+        let (message_id, stream) = (env.message_id.clone(), delivery::stream_id(&env.from, &env.message_id));
+        let now_ms = ctx.now * 1000;
         let accepted = DeliveryEvent::Accepted {
             from: env.from.clone(),
             message_id: env.message_id.clone(),
@@ -769,30 +783,45 @@ impl AccountActor {
             deadline,
             digest: deliver_digest,
             params: deliver,
-            first_due_ms,
+            first_due_ms: now_ms,
         };
         let mut state = delivery::DeliveryState::default();
         state.apply(&accepted);
         let mut events = vec![accepted];
         if let Some(route) = route {
-            let first = delivery::core::decide_due(&state, first_due_ms, Some(route));
-            if !first.iter().any(|e| matches!(e, DeliveryEvent::Finished { .. })) {
-                first.iter().for_each(|e| state.apply(e));
-                events.extend(first);
+            let attempt = delivery::core::decide_due(&state, now_ms, Some(route));
+            if !attempt.iter().any(ends) {
+                attempt.iter().for_each(|e| state.apply(e));
+                events.extend(attempt);
+                if let Some(outcome) = first {
+                    let after = delivery::core::decide_outcome(&state, state.attempts, outcome, now_ms, ctx.policy);
+                    after.iter().for_each(|e| state.apply(e));
+                    events.extend(after);
+                }
             }
         }
         let encoded = events
             .iter()
             .map(|e| NewEvent::new(e.event_type(), DeliveryEvent::VERSION, ctx.now, e).map_err(|e| internal(&e)))
             .collect::<Result<Vec<_>, RelayError>>()?;
+        let mut account_events = vec![event];
+        if let Some(done) = &state.finished {
+            account_events.push(AccountEvent::DeliveryUpdated { message_id, status: done.clone() });
+        }
+        let due = state.finished.is_none().then(|| state.next_due_ms.unwrap_or(now_ms));
         let mut head = Head::default();
-        self.persist(vec![event], |batch| {
+        self.persist(account_events, |batch| {
             head = batch.append(&stream, Head::default(), encoded);
-            batch.kv_put(&delivery::due_key(first_due_ms, &stream), b"");
+            if let Some(due) = due {
+                batch.kv_put(&delivery::due_key(due, &stream), b"");
+            }
         })?;
+        let Some(due) = due else {
+            return Ok(Reply::Settled { status: state.status(), head: Some(head) });
+        };
         self.sup.metrics().deliveries_in_flight.inc();
         let ticket = self.last_ticket.ok_or_else(|| RelayError::internal("acceptance without a commit"))?;
-        let start = delivery::actor::Start { stream, head, state, indexed_due_ms: first_due_ms, ticket };
+        let start = delivery::actor::Start { stream, head, state, indexed_due_ms: due, ticket };
         Ok(Reply::Accepted { status, start: Box::new(start) })
     }
 

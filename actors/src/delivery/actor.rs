@@ -179,7 +179,7 @@ impl DeliveryActor {
     /// Stops; the scheduler starts the delivery again at `due_ms`. This
     /// actor leaves the running set first: a timer already due may fire on
     /// the scheduler's thread before this one has stopped (the first
-    /// attempt runs on the sender's account's thread), and must then start
+    /// attempt's actor runs on the thread that accepted the send), and must then start
     /// a new actor, not find this stopping one and be dropped.
     fn stop_until(&mut self, due_ms: u64, ctx: &mut Context<Self>) {
         self.sup.delivery_stopping(&self.stream, &ctx.address());
