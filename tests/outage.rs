@@ -11,6 +11,7 @@ mod common;
 
 use common::client::{message_ids, mid, now, Client, User};
 use common::cluster::Cluster;
+use common::relay::RelayProc;
 use common::schema::assert_valid;
 use serde_json::{json, Value};
 use std::process::Command;
@@ -89,16 +90,33 @@ fn audit(args: &[&str]) -> (i32, String) {
     (out.status.code().unwrap_or(-1), format!("{}{}", text(&out.stdout), text(&out.stderr)))
 }
 
-#[actix_rt::test]
-async fn a_first_message_to_an_account_whose_relay_is_down_is_accepted_and_delivered_once_when_it_returns() {
+/// relay-a (age limit `age_limit`, the fast timetable) and relay-b, alice
+/// at relay-a and bob at relay-b; relay-a has never learned bob's route.
+struct Outage {
+    _dir: tempfile::TempDir,
+    cluster: Cluster,
+    a: RelayProc,
+    b: RelayProc,
+    ca: Client,
+    alice: User,
+    bob: User,
+}
+
+async fn outage(age_limit: &str) -> Outage {
     let dir = tempfile::tempdir().unwrap();
     let cluster = Cluster::plan(dir.path(), &["relay-a", "relay-b"]);
-    let a = cluster.start("relay-a", &fast("30s"));
-    let mut b = cluster.start("relay-b", "");
+    let a = cluster.start("relay-a", &fast(age_limit));
+    let b = cluster.start("relay-b", "");
     let ca = Client::new(&a.url);
     let alice = User::register(&ca, "relay-a", 1, false).await;
     let bob = User::register(&Client::new(&b.url), "relay-b", 2, true).await;
     assert_route_unknown(&ca, &bob).await;
+    Outage { _dir: dir, cluster, a, b, ca, alice, bob }
+}
+
+#[actix_rt::test]
+async fn a_first_message_to_an_account_whose_relay_is_down_is_accepted_and_delivered_once_when_it_returns() {
+    let Outage { _dir, cluster: _cluster, a: _a, mut b, ca, alice, bob } = outage("30s").await;
     b.kill9();
 
     // Accepted, not refused: relay-b could not be asked.
@@ -123,14 +141,7 @@ async fn a_first_message_to_an_account_whose_relay_is_down_is_accepted_and_deliv
 
 #[actix_rt::test]
 async fn a_first_message_to_an_account_whose_relay_stays_down_fails_with_message_expired() {
-    let dir = tempfile::tempdir().unwrap();
-    let cluster = Cluster::plan(dir.path(), &["relay-a", "relay-b"]);
-    let a = cluster.start("relay-a", &fast("4s"));
-    let mut b = cluster.start("relay-b", "");
-    let ca = Client::new(&a.url);
-    let alice = User::register(&ca, "relay-a", 1, false).await;
-    let bob = User::register(&Client::new(&b.url), "relay-b", 2, true).await;
-    assert_route_unknown(&ca, &bob).await;
+    let Outage { _dir, cluster: _cluster, a: _a, mut b, ca, alice, bob } = outage("4s").await;
     b.kill9();
 
     let sent = ca.ok("message.send", alice.token(0), &alice.send_params(&bob, &mid(1), true)).await;
@@ -153,14 +164,7 @@ async fn a_first_message_to_an_account_whose_relay_stays_down_fails_with_message
 
 #[actix_rt::test]
 async fn a_source_relay_killed_while_a_message_waits_for_an_unknown_route_delivers_it_once_after_restart() {
-    let dir = tempfile::tempdir().unwrap();
-    let cluster = Cluster::plan(dir.path(), &["relay-a", "relay-b"]);
-    let mut a = cluster.start("relay-a", &fast("30s"));
-    let mut b = cluster.start("relay-b", "");
-    let ca = Client::new(&a.url);
-    let alice = User::register(&ca, "relay-a", 1, false).await;
-    let bob = User::register(&Client::new(&b.url), "relay-b", 2, true).await;
-    assert_route_unknown(&ca, &bob).await;
+    let Outage { _dir, cluster: _cluster, mut a, mut b, ca, alice, bob } = outage("30s").await;
     b.kill9();
     let params = alice.send_params(&bob, &mid(1), true);
     let sent = ca.ok("message.send", alice.token(0), &params).await;
@@ -187,14 +191,7 @@ async fn a_source_relay_killed_while_a_message_waits_for_an_unknown_route_delive
 
 #[actix_rt::test]
 async fn the_deadline_is_fixed_at_acceptance_and_a_longer_age_limit_after_restart_does_not_move_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let cluster = Cluster::plan(dir.path(), &["relay-a", "relay-b"]);
-    let mut a = cluster.start("relay-a", &fast("8s"));
-    let b = cluster.start("relay-b", "");
-    let ca = Client::new(&a.url);
-    let alice = User::register(&ca, "relay-a", 1, false).await;
-    let bob = User::register(&Client::new(&b.url), "relay-b", 2, true).await;
-    assert_route_unknown(&ca, &bob).await;
+    let Outage { _dir, cluster: _cluster, mut a, b, ca, alice, bob } = outage("8s").await;
     drop(b); // killed, for good
 
     let created_at = now();
@@ -235,14 +232,7 @@ async fn the_deadline_is_fixed_at_acceptance_and_a_longer_age_limit_after_restar
 
 #[actix_rt::test]
 async fn relay_audit_message_says_no_route_was_known_and_which_peer_could_not_be_asked() {
-    let dir = tempfile::tempdir().unwrap();
-    let cluster = Cluster::plan(dir.path(), &["relay-a", "relay-b"]);
-    let mut a = cluster.start("relay-a", &fast("30s"));
-    let mut b = cluster.start("relay-b", "");
-    let ca = Client::new(&a.url);
-    let alice = User::register(&ca, "relay-a", 1, false).await;
-    let bob = User::register(&Client::new(&b.url), "relay-b", 2, true).await;
-    assert_route_unknown(&ca, &bob).await;
+    let Outage { _dir, cluster: _cluster, mut a, mut b, ca, alice, bob } = outage("30s").await;
     b.kill9();
     let sent = ca.ok("message.send", alice.token(0), &alice.send_params(&bob, &mid(1), true)).await;
     assert_eq!(sent["status"], "delivering", "{sent}");
