@@ -647,13 +647,23 @@ impl Batch {
         self.writes.push(Write::Put(codec::snapshot_key(stream), codec::encode_snapshot(&snap)));
     }
 
-    /// Projections and indexes, written atomically with the events.
+    /// Projections and indexes, written atomically with the events. A key
+    /// written twice in one batch (a ledger entry updated by two of its
+    /// events) is written once, with the last value: the batch is atomic,
+    /// so nobody can see the first.
     pub fn kv_put(&mut self, key: &[u8], value: &[u8]) {
-        self.writes.push(Write::Put(codec::kv_key(key), value.to_vec()));
+        self.kv_write(Write::Put(codec::kv_key(key), value.to_vec()));
     }
 
     pub fn kv_remove(&mut self, key: &[u8]) {
-        self.writes.push(Write::Remove(codec::kv_key(key)));
+        self.kv_write(Write::Remove(codec::kv_key(key)));
+    }
+
+    fn kv_write(&mut self, w: Write) {
+        match self.writes.iter_mut().rev().find(|old| old.key() == w.key()) {
+            Some(old) => *old = w,
+            None => self.writes.push(w),
+        }
     }
 
     /// True when the batch writes nothing.
