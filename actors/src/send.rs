@@ -22,7 +22,7 @@
 //! status and ledger entry and the due-index removal as one commit.
 
 use crate::account::{AccountCmd, Reply};
-use crate::delivery::core::settles_at_once;
+use crate::delivery::core::final_status;
 use crate::delivery::{self, AttemptOutcome};
 use crate::supervisor::Supervisor;
 use relay_schemas::methods::SendParams;
@@ -93,7 +93,7 @@ impl Supervisor {
         delivery::count_attempt(self, &outcome);
         let accepted_at = acceptance.status.accepted_at;
         let env = acceptance.deliver.envelope.clone();
-        let cmd = match settles_at_once(&outcome, accepted_at) {
+        let cmd = match final_status(&outcome, accepted_at) {
             Some(status) => AccountCmd::Settle { acceptance, status },
             // The attempt is recorded with the acceptance; the timetable
             // makes the next one.

@@ -240,11 +240,6 @@ pub struct AccountActor {
     outbox: VecDeque<(Ticket, Notice)>,
 }
 
-/// Whether a delivery event ends the delivery.
-fn ends(e: &DeliveryEvent) -> bool {
-    matches!(e, DeliveryEvent::Finished { .. })
-}
-
 /// A notification owed to connected devices for a write.
 #[derive(Debug)]
 enum Notice {
@@ -790,7 +785,7 @@ impl AccountActor {
         let mut events = vec![accepted];
         if let Some(route) = route {
             let attempt = delivery::core::decide_due(&state, now_ms, Some(route));
-            if !attempt.iter().any(ends) {
+            if !attempt.iter().any(DeliveryEvent::ends) {
                 attempt.iter().for_each(|e| state.apply(e));
                 events.extend(attempt);
                 if let Some(outcome) = first {
@@ -802,7 +797,7 @@ impl AccountActor {
         }
         let encoded = events
             .iter()
-            .map(|e| NewEvent::new(e.event_type(), DeliveryEvent::VERSION, ctx.now, e).map_err(|e| internal(&e)))
+            .map(|e| e.encode(ctx.now).map_err(|e| internal(&e)))
             .collect::<Result<Vec<_>, RelayError>>()?;
         let mut account_events = vec![event];
         if let Some(done) = &state.finished {

@@ -102,10 +102,7 @@ impl DeliveryActor {
 
     fn encode(&self, events: &[DeliveryEvent]) -> Result<Vec<NewEvent>, RelayError> {
         let at = self.sup.clock().now();
-        events
-            .iter()
-            .map(|e| NewEvent::new(e.event_type(), DeliveryEvent::VERSION, at, e).map_err(|e| internal(&e)))
-            .collect()
+        events.iter().map(|e| e.encode(at).map_err(|e| internal(&e))).collect()
     }
 
     fn persist(&mut self, events: Vec<DeliveryEvent>, extra: impl FnOnce(&mut Batch)) -> Result<(), RelayError> {
@@ -241,7 +238,7 @@ impl DeliveryActor {
         // With no route, the attempt goes nowhere and fails saying why.
         let no_route = lookup.no_route_error();
         let events = decide_due(&self.state, now, lookup.route().as_ref());
-        if ends(&events) {
+        if events.iter().any(DeliveryEvent::ends) {
             return self.finish(events, ctx);
         }
         if let Err(e) = self.persist(events, |_| {}) {
@@ -358,7 +355,7 @@ impl DeliveryActor {
             DeliveryEvent::AttemptFailed { next_due_ms, .. } => Some(*next_due_ms),
             _ => None,
         });
-        if ends(&events) {
+        if events.iter().any(DeliveryEvent::ends) {
             return self.finish(events, ctx);
         }
         let (old, stream) = (self.indexed_due_ms, self.stream.clone());
@@ -470,11 +467,6 @@ impl DeliveryActor {
         self.tell_watchers();
         ctx.stop();
     }
-}
-
-/// Whether these events end the delivery.
-fn ends(events: &[DeliveryEvent]) -> bool {
-    events.iter().any(|e| matches!(e, DeliveryEvent::Finished { .. }))
 }
 
 impl Actor for DeliveryActor {

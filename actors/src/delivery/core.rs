@@ -55,6 +55,16 @@ pub enum DeliveryEvent {
 impl DeliveryEvent {
     pub const VERSION: u32 = 1;
 
+    /// Whether this event ends the delivery.
+    pub fn ends(&self) -> bool {
+        matches!(self, DeliveryEvent::Finished { .. })
+    }
+
+    /// The event as the store takes it (serialized once).
+    pub fn encode(&self, at: u64) -> Result<crate::store::NewEvent, serde_json::Error> {
+        crate::store::NewEvent::new(self.event_type(), Self::VERSION, at, self)
+    }
+
     pub fn event_type(&self) -> &'static str {
         match self {
             DeliveryEvent::Accepted { .. } => "accepted",
@@ -186,17 +196,18 @@ pub fn decide_due(s: &DeliveryState, now_ms: u64, route: Option<&Wire<Route>>) -
 
 /// Whether a `message.send` is delivered before its acceptance is written:
 /// the recipient's route names this relay alone, so the attempt is a call
-/// into this process that ends at once (see [`settles_at_once`]). A route
+/// into this process that ends at once (see [`final_status`]). A route
 /// naming another relay too is delivered to both by a delivery stream.
 pub fn delivered_here_first(route: Option<&Wire<Route>>, own_relay_id: &str) -> bool {
     route.is_some_and(|r| r.relays.len() == 1 && r.lists_relay(own_relay_id))
 }
 
-/// The final status a local attempt made before acceptance settles at once,
-/// if any: the recipient took it, or refused it for good. Anything else (a
-/// busy account, a retryable or route error) is left to a delivery stream
-/// and the timetable, as any attempt's outcome.
-pub fn settles_at_once(outcome: &AttemptOutcome, accepted_at: u64) -> Option<DeliveryStatus> {
+/// The final status an attempt's outcome settles at once, if any: the
+/// target took it, or refused it for good (the seed's error table). Anything
+/// else (a busy account, a retryable or route error, an unknown result) is
+/// left to the timetable. [`decide_outcome`] starts with it, and the process
+/// manager asks it of a local attempt made before acceptance.
+pub fn final_status(outcome: &AttemptOutcome, accepted_at: u64) -> Option<DeliveryStatus> {
     match outcome {
         AttemptOutcome::Answered(st) if st.status == Status::TargetAccepted => {
             Some(DeliveryStatus::target_accepted(accepted_at))
@@ -244,22 +255,18 @@ pub fn decide_outcome(
     if s.finished.is_some() || s.in_flight != Some(attempt) {
         return vec![];
     }
-    let end =
-        |error: RelayError| vec![DeliveryEvent::Finished { status: DeliveryStatus::failed(s.accepted_at, error) }];
+    if let Some(status) = final_status(&outcome, s.accepted_at) {
+        return vec![DeliveryEvent::Finished { status }];
+    }
     let (error, may_switch, refresh_route) = match outcome {
-        AttemptOutcome::Answered(st) if st.status == Status::TargetAccepted => {
-            return vec![DeliveryEvent::Finished { status: DeliveryStatus::target_accepted(s.accepted_at) }];
-        }
         AttemptOutcome::Answered(st) => {
             (RelayError::new(ErrorCode::BadGateway, format!("target answered status {:?}", st.status)), false, false)
         }
-        AttemptOutcome::Unrecognized(e) => return end(e),
-        AttemptOutcome::Rejected(e) => match e.code.delivery_handling() {
-            DeliveryHandling::End => return end(e),
-            DeliveryHandling::Retry => (e, false, false),
-            DeliveryHandling::RefreshRouteAndRetry => (e, true, true),
-        },
-        AttemptOutcome::Unknown(e) => (e, false, false),
+        AttemptOutcome::Rejected(e) if e.code.delivery_handling() == DeliveryHandling::RefreshRouteAndRetry => {
+            (e, true, true)
+        }
+        // (Final rejections and unrecognized answers ended above.)
+        AttemptOutcome::Rejected(e) | AttemptOutcome::Unrecognized(e) | AttemptOutcome::Unknown(e) => (e, false, false),
         // Never seen by the target: re-read the route, and follow a higher
         // revision if there is one.
         AttemptOutcome::NotAttempted(e) => (e, true, true),
