@@ -64,12 +64,21 @@ struct MethodLabels {
 /// I-JSON anywhere in the body (no member twice, safe integers): a repeated
 /// unknown member would otherwise be merged before the idempotency digest.
 pub(crate) fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, RelayError> {
+    let text = object_text(body)?;
+    relay_schemas::ijson::check(text).map_err(invalid)?;
+    serde_json::from_str(text).map_err(invalid)
+}
+
+/// The body as text, if it can be a JSON object.
+fn object_text(body: &[u8]) -> Result<&str, RelayError> {
     if body.trim_ascii_start().first() != Some(&b'{') {
         return Err(RelayError::invalid_params("params must be a JSON object"));
     }
-    let text = std::str::from_utf8(body).map_err(|_| RelayError::invalid_params("params: not UTF-8"))?;
-    relay_schemas::ijson::check(text).map_err(|e| RelayError::invalid_params(format!("params: {e}")))?;
-    serde_json::from_str(text).map_err(|e| RelayError::invalid_params(format!("params: {e}")))
+    std::str::from_utf8(body).map_err(|_| RelayError::invalid_params("params: not UTF-8"))
+}
+
+fn invalid(e: serde_json::Error) -> RelayError {
+    RelayError::invalid_params(format!("params: {e}"))
 }
 
 /// The params and blake3 of the JCS of the complete params object (the
@@ -77,13 +86,10 @@ pub(crate) fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, RelayError> {
 /// optional members all count). The text is I-JSON-checked and read into
 /// the digest's value in one pass, then into the typed params.
 pub(crate) fn parse_with_digest<T: DeserializeOwned>(body: &[u8]) -> Result<(T, String), RelayError> {
-    if body.trim_ascii_start().first() != Some(&b'{') {
-        return Err(RelayError::invalid_params("params must be a JSON object"));
-    }
-    let text = std::str::from_utf8(body).map_err(|_| RelayError::invalid_params("params: not UTF-8"))?;
-    let value = relay_schemas::ijson::value(text).map_err(|e| RelayError::invalid_params(format!("params: {e}")))?;
+    let text = object_text(body)?;
+    let value = relay_schemas::ijson::value(text).map_err(invalid)?;
     let digest = hex::encode(jcs_digest(&value)?);
-    let params = serde_json::from_str(text).map_err(|e| RelayError::invalid_params(format!("params: {e}")))?;
+    let params = serde_json::from_str(text).map_err(invalid)?;
     Ok((params, digest))
 }
 
