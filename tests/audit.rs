@@ -11,27 +11,14 @@ mod common;
 
 use common::client::{mid, now, Client, User};
 use common::cluster::Cluster;
-use common::relay::RelayProc;
+use common::relay::{audit, RelayProc};
 use common::schema::assert_valid;
 use relay_actors::store::{Head, NewEvent, Store};
 use relay_schemas::client::{key_box, Account, Device};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
-
-/// Runs `relay audit ARGS…`; returns (exit code, stdout, stderr).
-fn audit(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_relay"))
-        .arg("audit")
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("run relay audit");
-    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-    (out.status.code().unwrap_or(-1), text(&out.stdout), text(&out.stderr))
-}
 
 fn audit_dir(dir: &Path, args: &[&str]) -> (i32, String, String) {
     let mut all = vec!["--data-dir", dir.to_str().unwrap()];

@@ -11,10 +11,9 @@ mod common;
 
 use common::client::{message_ids, mid, now, Client, User};
 use common::cluster::Cluster;
-use common::relay::RelayProc;
+use common::relay::{audit, RelayProc};
 use common::schema::assert_valid;
 use serde_json::{json, Value};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// A fast timetable (attempts every 300 ms) so a returning relay is met
@@ -75,19 +74,6 @@ async fn wait_unreached_attempt(c: &Client) {
         assert!(Instant::now() < deadline, "no unreached attempt within 20 s");
         actix_rt::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-/// Runs `relay audit ARGS…` on a stopped relay; returns (exit code,
-/// stdout then stderr: empty when it succeeds).
-fn audit(args: &[&str]) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_relay"))
-        .arg("audit")
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("run relay audit");
-    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-    (out.status.code().unwrap_or(-1), format!("{}{}", text(&out.stdout), text(&out.stderr)))
 }
 
 /// relay-a (age limit `age_limit`, the fast timetable) and relay-b, alice
@@ -218,8 +204,8 @@ async fn the_deadline_is_fixed_at_acceptance_and_a_longer_age_limit_after_restar
 
     // The log keeps the deadline fixed at acceptance: created_at + 8 s.
     assert!(a.terminate().success());
-    let (code, out) = audit(&["message", "--config", a.config.to_str().unwrap(), alice.id(), &mid(1), "--json"]);
-    assert_eq!(code, 0, "{out}");
+    let (code, out, err) = audit(&["message", "--config", a.config.to_str().unwrap(), alice.id(), &mid(1), "--json"]);
+    assert_eq!(code, 0, "{out}{err}");
     let story: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(story["acceptance"]["deadline"], created_at + 8, "{story}");
     assert_eq!(story["delivery"]["deadline"], created_at + 8, "{story}");
@@ -245,8 +231,8 @@ async fn relay_audit_message_says_no_route_was_known_and_which_peer_could_not_be
     assert!(a.terminate().success());
 
     let config = a.config.to_str().unwrap();
-    let (code, out) = audit(&["message", "--config", config, alice.id(), &mid(1), "--json"]);
-    assert_eq!(code, 0, "{out}");
+    let (code, out, err) = audit(&["message", "--config", config, alice.id(), &mid(1), "--json"]);
+    assert_eq!(code, 0, "{out}{err}");
     let story: Value = serde_json::from_str(&out).unwrap();
     let attempts = story["delivery"]["attempts"].as_array().unwrap();
     let (first, last) = (&attempts[0], attempts.last().unwrap());
@@ -263,8 +249,8 @@ async fn relay_audit_message_says_no_route_was_known_and_which_peer_could_not_be
     assert_eq!(last["outcome"]["status"], st, "{last}");
     assert_eq!(story["final_status"], st);
 
-    let (code, text) = audit(&["message", "--config", config, alice.id(), &mid(1)]);
-    assert_eq!(code, 0, "{text}");
+    let (code, text, err) = audit(&["message", "--config", config, alice.id(), &mid(1)]);
+    assert_eq!(code, 0, "{text}{err}");
     eprintln!("{text}");
     for needle in [
         "#1 ",

@@ -9,7 +9,7 @@ mod common;
 
 use common::client::{mid, now, Client, User};
 use common::push_service::{check_vapid, Answer, PushService, Subscriber};
-use common::relay::RelayProc;
+use common::relay::{audit, RelayProc};
 use common::schema::assert_valid;
 use common::ws::WsClient;
 use serde_json::{json, Value};
@@ -196,15 +196,10 @@ async fn a_410_answer_removes_the_subscription_as_an_account_event() {
     // It was an account event: the audit of the stopped relay shows it.
     relay.terminate();
     let stream = format!("account/{}", bob.id());
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_relay"))
-        .args(["audit", "--config"])
-        .arg(&relay.config)
-        .args(["export", "--stream", &stream])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let lines: Vec<Value> =
-        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let config = relay.config.to_str().unwrap();
+    let (code, out, err) = audit(&["--config", config, "export", "--stream", &stream]);
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     for l in &lines {
         assert_valid("audit/export-line.schema.json", l);
     }
@@ -216,13 +211,8 @@ async fn a_410_answer_removes_the_subscription_as_an_account_event() {
         gone[0]["data"]["push_unsubscribed"],
         json!({"device_id": "phone", "endpoint": phone.endpoint, "reason": "gone"})
     );
-    let verify = std::process::Command::new(env!("CARGO_BIN_EXE_relay"))
-        .args(["audit", "--config"])
-        .arg(&relay.config)
-        .arg("verify")
-        .output()
-        .unwrap();
-    assert!(verify.status.success(), "{}", String::from_utf8_lossy(&verify.stdout));
+    let (code, out, _) = audit(&["--config", config, "verify"]);
+    assert_eq!(code, 0, "{out}");
 }
 
 #[actix_rt::test]
