@@ -51,6 +51,30 @@ struct Log {
     buf: Vec<u8>,
 }
 
+/// How long an open waits for sled's file lock before reporting it held.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Opens sled, retrying while its file lock is held. Dropping a `Db` does
+/// not release the lock at once: sled's background pool may still hold the
+/// page cache for a moment (sled's own tests block on the lock for this
+/// reason), so a reopen in the same process right after a close can find it
+/// taken. Another running relay still holds it after the wait, and the
+/// caller reports that.
+fn open_waiting_for_lock(config: &sled::Config) -> Result<sled::Db, StoreError> {
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    loop {
+        match config.open() {
+            Err(sled::Error::Io(e)) if e.to_string().contains("could not acquire lock") => {
+                if std::time::Instant::now() >= deadline {
+                    return Err(sled::Error::Io(e).into());
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            other => return Ok(other?),
+        }
+    }
+}
+
 impl SledEngine {
     /// Opens sled in `dir` (created if missing) and replays the log.
     pub fn open(dir: &Path, cache_bytes: Option<u64>) -> Result<SledEngine, StoreError> {
@@ -74,7 +98,7 @@ impl SledEngine {
         if let Some(bytes) = cache_bytes {
             config = config.cache_capacity(bytes);
         }
-        let db = config.open()?;
+        let db = open_waiting_for_lock(&config)?;
         let path = dir.join(WAL_FILE);
         let mut file = OpenOptions::new().read(true).append(true).create(true).open(&path).map_err(io("open log"))?;
         let mut bytes = Vec::new();
