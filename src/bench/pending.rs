@@ -121,11 +121,13 @@ pub fn run(args: &BenchArgs, n: usize, run_id: u64) -> Result<(String, u64), Str
     let attempts0 = sum(&metrics(&targets[0].addr)?, "relay_delivery_attempts_total");
     let before = vec![report::scrape(&targets[0].addr)];
     let disk_before = vec![report::disk_write_bytes(pid)];
+    let cpu_before = vec![cpu_seconds(pid)];
     let bar = progress(sends.len() as u64, "sends to a dead relay");
     let mut outcome = load::run(&targets, &sends, args.concurrency, None, None, &|k| bar.set_position(k));
     bar.finish_and_clear();
     let after = vec![report::scrape(&targets[0].addr)];
     let disk_after = vec![report::disk_write_bytes(pid)];
+    let cpu_after = vec![cpu_seconds(pid)];
 
     let accepted = outcome.delivering + outcome.target_accepted;
     let settled = settle(&targets[0].addr, attempts0, accepted)?;
@@ -165,6 +167,8 @@ pub fn run(args: &BenchArgs, n: usize, run_id: u64) -> Result<(String, u64), Str
         rss_peak,
         disk_before,
         disk_after,
+        cpu_before,
+        cpu_after,
     });
     let round = |v: f64, per_unit: f64| (v * per_unit).round() / per_unit;
     r["pending"] = json!(pending);

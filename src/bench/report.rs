@@ -95,6 +95,9 @@ pub struct Inputs<'a> {
     /// Their `disk_write_bytes` before and after the window, same order.
     pub disk_before: Vec<Option<u64>>,
     pub disk_after: Vec<Option<u64>>,
+    /// Their CPU seconds (user + system) before and after, same order.
+    pub cpu_before: Vec<Option<f64>>,
+    pub cpu_after: Vec<Option<f64>>,
 }
 
 pub fn build(i: Inputs) -> Value {
@@ -124,6 +127,11 @@ pub fn build(i: Inputs) -> Value {
             .zip(&i.disk_after)
             .map(|(b, a)| Some(a.as_ref()?.saturating_sub((*b)?)))
             .sum::<Option<u64>>()
+    };
+    let cpu_s = if i.cpu_before.is_empty() {
+        None
+    } else {
+        i.cpu_before.iter().zip(&i.cpu_after).map(|(b, a)| Some(a.as_ref()? - (*b)?)).sum::<Option<f64>>()
     };
     // Cost of one send: the relays' totals over the window / sends answered.
     let per_send = |v: Option<f64>| v.filter(|_| o.sent > 0).map(|v| round(v / o.sent as f64));
@@ -188,6 +196,10 @@ pub fn build(i: Inputs) -> Value {
     r["actor_hops_per_send"] = json!(per_send(hops));
     r["disk_bytes"] = json!(disk_bytes);
     r["disk_bytes_per_send"] = json!(per_send(disk_bytes.map(|v| v as f64)));
+    // The relays' CPU (all threads, user + system; 10 ms ticks) per send:
+    // steadier than sends/s on a shared machine.
+    r["relay_cpu_s"] = json!(cpu_s.map(round));
+    r["relay_cpu_us_per_send"] = json!(per_send(cpu_s.map(|s| s * 1e6)).map(f64::round));
     r
 }
 
@@ -253,6 +265,7 @@ pub fn table(r: &Value) -> String {
             "per send: log writes / actor hops".into(),
             format!("{} / {}", num("log_writes_per_send"), num("actor_hops_per_send")),
         ),
+        ("per send: relay CPU".into(), format!("{} µs", num("relay_cpu_us_per_send"))),
         (
             "per send: bytes to log / to disk".into(),
             format!("{} B / {} B", num("log_bytes_per_send"), num("disk_bytes_per_send")),

@@ -4,9 +4,9 @@
 //! a group given to [`Engine::apply`] survives a crash whole or not at all;
 //! groups survive in the order they were applied (a crash keeps a prefix);
 //! and after [`Engine::barrier`] returns, every group applied before it
-//! survives a power cut and is visible to reads. Reads may or may not see a
-//! group between its apply and the next barrier: the store never asks (its
-//! overlay answers for writes not yet behind a barrier).
+//! survives a power cut; after [`Engine::install`] reads see it. Reads may
+//! or may not see a group before that: the store never asks (its overlay
+//! answers for writes not yet installed).
 //!
 //! Engines: [`SledEngine`](super::SledEngine), the embedded default, and
 //! [`ModelEngine`](super::ModelEngine), an in-memory model whose power cut
@@ -44,9 +44,16 @@ pub trait Engine: Any + Send + Sync {
     /// not yet durable. Only the store's writer thread calls this.
     fn apply(&self, group: Vec<Write>) -> Result<(), StoreError>;
 
-    /// One real durability barrier covering every group applied so far;
-    /// afterwards reads see them. Only the store's writer thread calls this.
+    /// One real durability barrier covering every group applied so far.
+    /// Only the store's writer thread calls this.
     fn barrier(&self) -> Result<(), StoreError>;
+
+    /// After a barrier: makes the groups it covered visible to reads. Split
+    /// from the barrier so the store can report them durable first (its
+    /// overlay answers reads until this returns). Only the writer calls it.
+    fn install(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 
     /// Called once by the writer when the store closes, after the last
     /// barrier: leave the data in its quickest state to open.

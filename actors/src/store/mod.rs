@@ -18,9 +18,9 @@
 //! 3. The writer thread (`writer.rs`) takes everything queued as one group
 //!    and hands it to the engine: for sled, one record appended to the
 //!    write-ahead log (`wal.rs`, `sled_engine.rs`).
-//! 4. One barrier per group: `fdatasync` of the log. Then the group goes
-//!    into sled (plain inserts, no batch, no flush), leaves the overlay, and
-//!    the writer publishes the group's last ticket.
+//! 4. One barrier per group: `fdatasync` of the log. The writer publishes
+//!    the group's last ticket, then the group goes into sled (plain
+//!    inserts, no batch, no flush) and leaves the overlay.
 //! 5. [`Store::durable`] resolves once the published ticket covers its own;
 //!    only then may the actor reply or call out (persist before effect). A
 //!    failed write or barrier is published too and is sticky: no waiter is
@@ -549,10 +549,16 @@ impl Store {
     }
 
     /// The raw sled handle, for tests that corrupt records on purpose and
-    /// the audit; `None` for other engines. Writes through it bypass the
-    /// log: only for a store nobody else is writing to.
+    /// the audit; panics for other engines. Writes through it bypass the
+    /// log: only for a store nobody else is writing to. Returns once every
+    /// durable commit is installed in sled (the writer installs a group
+    /// just after reporting it durable).
     #[doc(hidden)]
     pub fn raw_db(&self) -> &sled::Db {
+        let sh = &self.inner.shared;
+        while sh.applied.load(SeqCst) < sh.durable.borrow().upto && sh.failed().is_none() {
+            std::thread::yield_now();
+        }
         let engine: &dyn std::any::Any = &*self.inner.shared.engine;
         engine.downcast_ref::<SledEngine>().expect("raw_db needs a sled store").db()
     }

@@ -4,8 +4,8 @@
 //! heads kept in memory, takes the next ticket, lays its writes over the
 //! engine in the overlay and appends them to the queue. The writer thread
 //! takes the whole queue as one group, applies it to the engine, calls one
-//! barrier, drops the group from the overlay and publishes the durable
-//! ticket. While it waits on the barrier the next group queues up, so under
+//! barrier, publishes the durable ticket, then installs the group in the
+//! engine's indexes and drops it from the overlay. While it waits on the barrier the next group queues up, so under
 //! load every barrier carries what arrived during the previous one.
 //!
 //! Wake-ups: a commit notifies the writer only when the writer said it was
@@ -175,10 +175,16 @@ impl Shared {
                 fail(&tx, &e.to_string());
                 return;
             }
+            // Durable now: waiters need not wait for the engine's indexes.
+            tx.send_modify(|d| d.upto = upto);
+            if let Err(e) = self.engine.install() {
+                tracing::error!(error = %e, "event store write failed");
+                fail(&tx, &e.to_string());
+                return;
+            }
             self.overlay.remove_applied(upto);
             self.applied.store(upto, SeqCst);
             self.groups.fetch_add(1, SeqCst);
-            tx.send_modify(|d| d.upto = upto);
             if let Some(observe) = self.observer.get() {
                 observe(&GroupReport {
                     commits,
