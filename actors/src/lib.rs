@@ -1,6 +1,9 @@
 //! # relay-actors
 //!
-//! The event-sourced core of the relay. No HTTP here.
+//! The event-sourced shells of the relay: actors, store, supervisor. No
+//! HTTP here, and no rules: those are pure functions in `relay-core`
+//! (`actors/core`), re-exported at the paths below (`account::decide`,
+//! `delivery::core`, `push`, `clock`, `policy`).
 //!
 //! - [`store`]: the sled event store: append-only, hash-chained streams,
 //!   group commit, snapshots and a kv space for projections and indexes;
@@ -20,13 +23,10 @@
 //! - [`clock`] and [`policy`]: injected time and configured limits.
 
 pub mod account;
-pub mod clock;
 pub mod crash;
 pub mod delivery;
 pub mod metrics;
 pub mod notify;
-pub mod policy;
-pub mod push;
 pub mod routes;
 pub mod send;
 pub mod sessions;
@@ -34,6 +34,8 @@ pub mod store;
 pub mod supervisor;
 pub mod upcast;
 
+// Pure modules of the core crate, at the paths the actors have always used.
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
 pub use policy::Policy;
+pub use relay_core::{clock, policy, push};
 pub use supervisor::Supervisor;

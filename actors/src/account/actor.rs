@@ -797,7 +797,7 @@ impl AccountActor {
         }
         let encoded = events
             .iter()
-            .map(|e| e.encode(ctx.now).map_err(|e| internal(&e)))
+            .map(|e| crate::delivery::encode(e, ctx.now).map_err(|e| internal(&e)))
             .collect::<Result<Vec<_>, RelayError>>()?;
         let mut account_events = vec![event];
         if let Some(done) = &state.finished {

@@ -2,12 +2,10 @@
 //! `account/{account_id}`.
 
 pub mod actor;
-pub mod decide;
-pub mod events;
-pub mod ledger;
-pub mod state;
-pub mod timeline;
 mod upgrade;
+
+// The rules live in the core crate; their paths stay `account::decide` etc.
+pub use relay_core::account::{decide, events, ledger, state, timeline};
 
 pub use actor::{Acceptance, AccountActor, AccountCmd, Reply, Settlement};
 pub use events::{AccountEvent, PushSubscription, Record};

@@ -102,7 +102,7 @@ impl DeliveryActor {
 
     fn encode(&self, events: &[DeliveryEvent]) -> Result<Vec<NewEvent>, RelayError> {
         let at = self.sup.clock().now();
-        events.iter().map(|e| e.encode(at).map_err(|e| internal(&e))).collect()
+        events.iter().map(|e| super::encode(e, at).map_err(|e| internal(&e))).collect()
     }
 
     fn persist(&mut self, events: Vec<DeliveryEvent>, extra: impl FnOnce(&mut Batch)) -> Result<(), RelayError> {

@@ -2,12 +2,16 @@
 //! cross-account message, until a terminal state.
 
 pub mod actor;
-pub mod core;
-pub mod timetable;
 pub mod transport;
 
-pub use self::core::{DeliveryEvent, DeliveryState};
-pub use self::transport::{AttemptOutcome, NoPeers, PeerRoute, RouteLookup, Transport};
+// The rules live in the core crate; their paths stay `delivery::core` etc.
+pub use self::transport::{NoPeers, PeerRoute, RouteLookup, Transport};
+pub use relay_core::delivery::{core, timetable, AttemptOutcome, DeliveryEvent, DeliveryState};
+
+/// A delivery event as the store writes it.
+pub fn encode(event: &DeliveryEvent, at: u64) -> Result<crate::store::NewEvent, serde_json::Error> {
+    crate::store::NewEvent::new(event.event_type(), DeliveryEvent::VERSION, at, event)
+}
 
 use crate::metrics::{OutcomeLabels, StatusLabels};
 use crate::supervisor::Supervisor;

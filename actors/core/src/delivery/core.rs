@@ -2,8 +2,8 @@
 //! seed's error table, deadlines, the timetable, result confirmation and
 //! target switching, as decide/apply.
 
+use super::outcome::AttemptOutcome;
 use super::timetable::next_attempt_ms;
-use super::transport::AttemptOutcome;
 use crate::policy::Policy;
 use relay_schemas::methods::DeliverParams;
 use relay_schemas::objects::{RelayRef, Route};
@@ -58,11 +58,6 @@ impl DeliveryEvent {
     /// Whether this event ends the delivery.
     pub fn ends(&self) -> bool {
         matches!(self, DeliveryEvent::Finished { .. })
-    }
-
-    /// The event as the store takes it (serialized once).
-    pub fn encode(&self, at: u64) -> Result<crate::store::NewEvent, serde_json::Error> {
-        crate::store::NewEvent::new(self.event_type(), Self::VERSION, at, self)
     }
 
     pub fn event_type(&self) -> &'static str {

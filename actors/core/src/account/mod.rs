@@ -1,0 +1,13 @@
+//! An account's rules: its events, the state they fold into, the ledger
+//! of idempotent results and the timeline index, and `decide` for every
+//! command.
+
+pub mod decide;
+pub mod events;
+pub mod ledger;
+pub mod state;
+pub mod timeline;
+
+pub use events::{AccountEvent, PushSubscription, Record};
+pub use ledger::{Ledger, ReceiptEntry, SendEntry};
+pub use state::AccountState;

@@ -1,0 +1,9 @@
+//! A delivery's rules: its events and state, the seed's error table and
+//! fixed deadline (`core`), and the retry timetable.
+
+pub mod core;
+pub mod outcome;
+pub mod timetable;
+
+pub use self::core::{DeliveryEvent, DeliveryState};
+pub use outcome::AttemptOutcome;

@@ -1,0 +1,24 @@
+//! # relay-core
+//!
+//! Every rule of the relay as a pure function of state, command and
+//! context: time comes in as a number or a [`Clock`], randomness as
+//! bytes. No actix, sled, tokio, dashmap or prometheus here, and Cargo
+//! enforces it: this crate does not depend on them. The actors in
+//! `relay-actors` load state, call these, persist what they return and run
+//! the effects.
+//!
+//! - [`account`]: an account's events, state (`apply`), ledger and
+//!   timeline index, and `decide` for every account command;
+//! - [`delivery`]: a delivery's events and state, the seed's error table
+//!   and deadlines, and the retry timetable;
+//! - [`push`]: the Web Push queue's coalescing and retry rules;
+//! - [`clock`] and [`policy`]: injected time and configured limits.
+
+pub mod account;
+pub mod clock;
+pub mod delivery;
+pub mod policy;
+pub mod push;
+
+pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
+pub use policy::Policy;
