@@ -176,6 +176,7 @@ impl Shared {
                 return;
             }
             // Durable now: waiters need not wait for the engine's indexes.
+            self.groups.fetch_add(1, SeqCst);
             tx.send_modify(|d| d.upto = upto);
             if let Err(e) = self.engine.install() {
                 tracing::error!(error = %e, "event store write failed");
@@ -184,7 +185,6 @@ impl Shared {
             }
             self.overlay.remove_applied(upto);
             self.applied.store(upto, SeqCst);
-            self.groups.fetch_add(1, SeqCst);
             if let Some(observe) = self.observer.get() {
                 observe(&GroupReport {
                     commits,
