@@ -5,6 +5,7 @@
 use super::decide::{self, Ctx, ReceiveDecision, SendDecision, SettleDecision};
 use super::events::AccountEvent;
 use super::ledger::{self, ReceiptEntry, SendEntry};
+use super::session::{Challenges, Grant};
 use super::state::AccountState;
 use super::{stream_id, timeline};
 use crate::delivery::{self, AttemptOutcome, DeliveryEvent};
@@ -12,19 +13,16 @@ use crate::sessions::Session;
 use crate::store::{Batch, Head, NewEvent, Snapshot, StoreError, Ticket};
 use crate::supervisor::{internal, Supervisor};
 use actix::prelude::*;
-use relay_schemas::encoding::b64_encode;
 use relay_schemas::methods::*;
 use relay_schemas::objects::Route;
 use relay_schemas::objects::{Direction, TimelineRecord};
-use relay_schemas::sign::{verify_bytes, Tag};
 use relay_schemas::{DeliveryStatus, RelayError, Wire};
 use serde::de::DeserializeOwned;
 use serde_json::json;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use subtle::ConstantTimeEq;
 
 /// Every command an account takes. `device` is the session's device, taken
 /// from the authenticated session, never from params.
@@ -228,8 +226,8 @@ pub struct AccountActor {
     state: AccountState,
     since_snapshot: u64,
     last_ticket: Option<Ticket>,
-    /// Outstanding session challenges per device: (challenge, expires_at).
-    challenges: HashMap<String, Vec<(String, u64)>>,
+    /// Outstanding session challenges (memory only).
+    challenges: Challenges,
     last_active_ms: u64,
     /// Replies still waiting for durability; the actor is not passivated
     /// while any is pending.
@@ -300,7 +298,7 @@ impl AccountActor {
             state,
             since_snapshot,
             last_ticket,
-            challenges: HashMap::new(),
+            challenges: Challenges::default(),
             pending: Arc::new(AtomicUsize::new(0)),
             passivated: false,
             outbox: VecDeque::new(),
@@ -488,25 +486,12 @@ impl AccountActor {
                 Reply::json(&RegisterResult { account_id: &self.state.account_id, route })
             }
             AccountCmd::Challenge { device_id } => {
-                relay_schemas::ids::check_id("device_id", device_id)?;
-                if !self.state.is_registered() {
-                    return Err(RelayError::not_found("unknown account"));
-                }
-                if !self.state.device_valid(device_id, now) {
-                    return Err(RelayError::device_unknown("unknown or revoked device"));
-                }
-                let challenge = b64_encode(&rand::random::<[u8; 32]>());
-                let expires_at = now + policy.challenge_ttl;
-                let list = self.challenges.entry(device_id.clone()).or_default();
-                list.retain(|(_, exp)| *exp > now);
-                // Bounded: a device asking again and again keeps only its latest few.
-                if list.len() >= 8 {
-                    list.remove(0);
-                }
-                list.push((challenge.clone(), expires_at));
-                Reply::json(&ChallengeResult { challenge, expires_at })
+                Reply::json(&self.challenges.issue(&self.state, device_id, rand::random(), ctx)?)
             }
-            AccountCmd::OpenSession { params } => self.open_session(params, now, &policy),
+            AccountCmd::OpenSession { params } => {
+                let grant = self.challenges.answer(&self.state, params, ctx)?;
+                self.open_session(grant, &policy)
+            }
             AccountCmd::CheckSession { device } => {
                 session(device)?;
                 Ok(Reply::empty())
@@ -625,13 +610,7 @@ impl AccountActor {
             AccountCmd::DeliveryStatus { device, message_id } => {
                 session(device)?;
                 relay_schemas::ids::check_message_id("message_id", message_id)?;
-                match self.send_entry(message_id)? {
-                    Some(e) if e.retention_until >= now => Ok(Reply::Status(e.status.clone())),
-                    Some(_) => {
-                        Err(RelayError::new(relay_schemas::ErrorCode::MessageExpired, "result retention has ended"))
-                    }
-                    None => Err(RelayError::not_found("unknown message")),
-                }
+                Ok(Reply::Status(decide::delivery_status(self.send_entry(message_id)?.as_ref(), now)?))
             }
             AccountCmd::PeerStatus { peer, message_id } => {
                 let route = self.state.route().ok_or_else(|| RelayError::not_found("unknown account"))?;
@@ -675,45 +654,10 @@ impl AccountActor {
         }
     }
 
-    fn open_session(
-        &mut self,
-        p: &SessionOpenParams,
-        now: u64,
-        policy: &crate::policy::Policy,
-    ) -> Result<Reply, RelayError> {
-        relay_schemas::ids::check_id("device_id", &p.device_id)?;
-        if p.account_id != self.state.account_id || !self.state.is_registered() {
-            return Err(RelayError::not_found("unknown account"));
-        }
-        let key = *self
-            .state
-            .device_key(&p.device_id, now)
-            .ok_or_else(|| RelayError::device_unknown("unknown or revoked device"))?;
-        let list = self.challenges.get_mut(&p.device_id);
-        // Constant time: how much of a guess matched must not show in timing.
-        let matches = |c: &str| bool::from(c.as_bytes().ct_eq(p.challenge.as_bytes()));
-        let Some(pos) = list.as_ref().and_then(|l| l.iter().position(|(c, exp)| matches(c) && *exp > now)) else {
-            return Err(RelayError::unauthorized("unknown or expired challenge"));
-        };
-        let signed = json!({
-            "account_id": p.account_id,
-            "device_id": p.device_id,
-            "challenge": p.challenge,
-            "relay_id": policy.relay_id,
-        });
-        let mut bytes = Tag::Session.as_str().as_bytes().to_vec();
-        bytes.push(b'\n');
-        bytes.extend_from_slice(&relay_schemas::encoding::jcs(&signed)?);
-        verify_bytes(&key, &bytes, &p.signature)?;
-        // A challenge answers once.
-        if let Some(l) = self.challenges.get_mut(&p.device_id) {
-            l.remove(pos);
-        }
-        let session = Session {
-            account_id: p.account_id.clone(),
-            device_id: p.device_id.clone(),
-            expires_at: now + policy.session_ttl,
-        };
+    /// Issues the token of a session `session.open` granted.
+    fn open_session(&mut self, grant: Grant, policy: &crate::policy::Policy) -> Result<Reply, RelayError> {
+        let session =
+            Session { account_id: grant.account_id, device_id: grant.device_id, expires_at: grant.expires_at };
         let store = self.sup.store();
         let mut batch = store.batch();
         let sessions = self.sup.sessions();
@@ -917,12 +861,8 @@ impl AccountActor {
         let now_ms = self.sup.clock().now_ms();
         let idle = now_ms.saturating_sub(self.last_active_ms);
         // Outstanding challenges live only here: keep the actor until they expire.
-        self.challenges.retain(|_, list| {
-            list.retain(|(_, exp)| *exp > now_ms / 1000);
-            !list.is_empty()
-        });
+        self.challenges.expire(now_ms / 1000);
         // A resident but quiet actor keeps no spare buffers.
-        self.challenges.shrink_to_fit();
         self.outbox.shrink_to_fit();
         if idle >= self.sup.policy().passivate_after_ms && self.challenges.is_empty() {
             self.passivate(ctx);

@@ -87,14 +87,27 @@ fn record(
 /// the same content, `state_conflict` for different content,
 /// `message_expired` once the promised retention has passed.
 fn idempotent(digest: &str, stored_digest: &str, retention_until: u64, now: u64) -> Result<(), RelayError> {
-    // Kept at least until `retention_until`, that second included.
-    if retention_until < now {
-        return Err(RelayError::new(ErrorCode::MessageExpired, "result retention has ended"));
-    }
+    retained(retention_until, now)?;
     if stored_digest != digest {
         return Err(RelayError::state_conflict("message_id already used with different content"));
     }
     Ok(())
+}
+
+/// A result is kept at least until `retention_until`, that second included.
+fn retained(retention_until: u64, now: u64) -> Result<(), RelayError> {
+    if retention_until < now {
+        return Err(RelayError::new(ErrorCode::MessageExpired, "result retention has ended"));
+    }
+    Ok(())
+}
+
+/// `message.delivery.status`: the ledger's result while it is retained
+/// (the same retention an idempotent retry is answered within).
+pub fn delivery_status(entry: Option<&SendEntry>, now: u64) -> Result<DeliveryStatus, RelayError> {
+    let entry = entry.ok_or_else(|| RelayError::not_found("unknown message"))?;
+    retained(entry.retention_until, now)?;
+    Ok(entry.status.clone())
 }
 
 // ---- accounts and devices ---------------------------------------------------
@@ -629,4 +642,21 @@ pub fn push_targets<'a>(
         .filter(|(device, _)| state.device_valid(device, now))
         .filter(|(device, _)| !connected(device))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(retention_until: u64) -> SendEntry {
+        let status = DeliveryStatus::target_accepted(10);
+        SendEntry { digest: "d".into(), to: "b".into(), deadline: 50, retention_until, status, sequence: None }
+    }
+
+    #[test]
+    fn delivery_status_answers_until_retention_ends_that_second_included() {
+        assert_eq!(delivery_status(Some(&entry(100)), 100).unwrap(), DeliveryStatus::target_accepted(10));
+        assert_eq!(delivery_status(Some(&entry(100)), 101).unwrap_err().code, ErrorCode::MessageExpired);
+        assert_eq!(delivery_status(None, 0).unwrap_err().code, ErrorCode::NotFound);
+    }
 }

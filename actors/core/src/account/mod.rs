@@ -5,6 +5,7 @@
 pub mod decide;
 pub mod events;
 pub mod ledger;
+pub mod session;
 pub mod state;
 pub mod timeline;
 
