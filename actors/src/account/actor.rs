@@ -8,7 +8,7 @@ use super::ledger::{self, ReceiptEntry, SendEntry};
 use super::session::{Challenges, Grant};
 use super::state::AccountState;
 use super::{stream_id, timeline};
-use crate::delivery::{self, AttemptOutcome, DeliveryEvent};
+use crate::delivery::{self, AttemptOutcome};
 use crate::sessions::Session;
 use crate::store::{Batch, Head, NewEvent, Snapshot, StoreError, Ticket};
 use crate::supervisor::{internal, Supervisor};
@@ -714,31 +714,9 @@ impl AccountActor {
         let env = &deliver.envelope;
         let (message_id, stream) = (env.message_id.clone(), delivery::stream_id(&env.from, &env.message_id));
         let now_ms = ctx.now * 1000;
-        let accepted = DeliveryEvent::Accepted {
-            from: env.from.clone(),
-            message_id: env.message_id.clone(),
-            to: env.to.clone(),
-            accepted_at: status.accepted_at,
-            deadline,
-            digest: deliver_digest,
-            params: deliver,
-            first_due_ms: now_ms,
-        };
-        let mut state = delivery::DeliveryState::default();
-        state.apply(&accepted);
-        let mut events = vec![accepted];
-        if let Some(route) = route {
-            let attempt = delivery::core::decide_due(&state, now_ms, Some(route));
-            if !attempt.iter().any(DeliveryEvent::ends) {
-                attempt.iter().for_each(|e| state.apply(e));
-                events.extend(attempt);
-                if let Some(outcome) = first {
-                    let after = delivery::core::decide_outcome(&state, state.attempts, outcome, now_ms, ctx.policy);
-                    after.iter().for_each(|e| state.apply(e));
-                    events.extend(after);
-                }
-            }
-        }
+        let times = (status.accepted_at, deadline);
+        let delivery::core::Begun { events, state, due_ms: due } =
+            delivery::core::decide_acceptance(deliver, deliver_digest, times, route, first, now_ms, ctx.policy);
         let encoded = events
             .iter()
             .map(|e| crate::delivery::encode(e, ctx.now).map_err(|e| internal(&e)))
@@ -747,7 +725,6 @@ impl AccountActor {
         if let Some(done) = &state.finished {
             account_events.push(AccountEvent::DeliveryUpdated { message_id, status: done.clone() });
         }
-        let due = state.finished.is_none().then(|| state.next_due_ms.unwrap_or(now_ms));
         let mut head = Head::default();
         self.persist(account_events, |batch| {
             head = batch.append(&stream, Head::default(), encoded);

@@ -3,7 +3,9 @@
 //! due. Persist before effect: the attempt is durable before the request
 //! goes out, the outcome before the next timer is armed.
 
-use super::core::{combine, decide_due, decide_outcome, decide_peer_confirmed, DeliveryEvent, DeliveryState};
+use super::core::{
+    combine, decide_due, decide_outcome, decide_peer_confirmed, other_home_to_ask, DeliveryEvent, DeliveryState,
+};
 use super::due_key;
 use super::transport::{AttemptOutcome, LocalFuture, RouteLookup};
 use crate::account::{AccountCmd, Reply, Settlement};
@@ -11,7 +13,7 @@ use crate::metrics::DestinationLabels;
 use crate::store::{Batch, Head, NewEvent, StoreError, Ticket};
 use crate::supervisor::{internal, Supervisor};
 use actix::prelude::*;
-use relay_schemas::objects::{RelayRef, Route};
+use relay_schemas::objects::Route;
 use relay_schemas::{DeliveryStatus, RelayError, Wire};
 use std::time::Duration;
 use tokio::sync::oneshot;
@@ -203,7 +205,9 @@ impl DeliveryActor {
         // Before the route and the attempt: the sender's other home relay
         // may already have delivered it (attempts after the second).
         let sup = self.sup.clone();
-        let other_home = (self.state.attempts >= 2).then(|| self.sender_other_home()).flatten();
+        let sender_route = self.sup.routes().get(&self.state.from).ok().flatten();
+        let own = &self.sup.policy().relay_id;
+        let other_home = other_home_to_ask(&self.state, sender_route.as_deref(), own);
         let (from, message_id, to) = (self.state.from.clone(), self.state.message_id.clone(), self.state.to.clone());
         let fresh = self.state.wants_fresh_route();
         // `None`: the other home relay reports it `target_accepted`.
@@ -223,14 +227,6 @@ impl DeliveryActor {
             };
             act.start_attempt(lookup, ctx)
         }));
-    }
-
-    /// The sender's other home relay, if its route names two.
-    fn sender_other_home(&self) -> Option<RelayRef> {
-        let route = self.sup.routes().get(&self.state.from).ok()??;
-        let own = &self.sup.policy().relay_id;
-        (route.relays.len() == 2 && route.lists_relay(own))
-            .then(|| route.relays.iter().find(|r| &r.id != own).cloned())?
     }
 
     fn start_attempt(&mut self, lookup: RouteLookup, ctx: &mut Context<Self>) {

@@ -189,6 +189,67 @@ pub fn decide_due(s: &DeliveryState, now_ms: u64, route: Option<&Wire<Route>>) -
     events
 }
 
+/// What an acceptance writes of its delivery.
+#[derive(Debug)]
+pub struct Begun {
+    /// `Accepted`, then (with the route known) the first attempt, and its
+    /// outcome when it was already made in this process.
+    pub events: Vec<DeliveryEvent>,
+    /// The state those events fold into.
+    pub state: DeliveryState,
+    /// The due-index entry to write: the next attempt, or none when the
+    /// delivery already ended.
+    pub due_ms: Option<u64>,
+}
+
+/// A message accepted at `now_ms` (its status says `accepted_at`; its
+/// deadline is fixed here): the delivery begins. The route known at
+/// acceptance is the first attempt's target, and that attempt rides in the
+/// acceptance's commit; `first` is its outcome when the process manager
+/// made it before writing (a local recipient whose attempt did not end at
+/// once). Without a route the first attempt is due now and resolves one.
+pub fn decide_acceptance(
+    params: Box<DeliverParams>,
+    digest: String,
+    (accepted_at, deadline): (u64, u64),
+    route: Option<&Wire<Route>>,
+    first: Option<AttemptOutcome>,
+    now_ms: u64,
+    policy: &Policy,
+) -> Begun {
+    let env = &params.envelope;
+    let accepted = DeliveryEvent::Accepted {
+        from: env.from.clone(),
+        message_id: env.message_id.clone(),
+        to: env.to.clone(),
+        accepted_at,
+        deadline,
+        digest,
+        params,
+        first_due_ms: now_ms,
+    };
+    let mut state = DeliveryState::default();
+    state.apply(&accepted);
+    let mut events = vec![accepted];
+    let mut take = |state: &mut DeliveryState, new: Vec<DeliveryEvent>| {
+        new.iter().for_each(|e| state.apply(e));
+        events.extend(new);
+    };
+    if let Some(route) = route {
+        let attempt = decide_due(&state, now_ms, Some(route));
+        // Past its deadline already: due now, where it ends by the timetable.
+        if !attempt.iter().any(DeliveryEvent::ends) {
+            take(&mut state, attempt);
+            if let Some(outcome) = first {
+                let after = decide_outcome(&state, state.attempts, outcome, now_ms, policy);
+                take(&mut state, after);
+            }
+        }
+    }
+    let due_ms = state.finished.is_none().then(|| state.next_due_ms.unwrap_or(now_ms));
+    Begun { events, state, due_ms }
+}
+
 /// Whether a `message.send` is delivered before its acceptance is written:
 /// the recipient's route names this relay alone, so the attempt is a call
 /// into this process that ends at once (see [`final_status`]). A route
@@ -280,6 +341,17 @@ pub fn decide_outcome(
     }
 }
 
+/// Before an attempt after the second, the sender's other home relay is
+/// asked whether it has delivered the message already (SHiNE: a user's two
+/// servers exchange delivery results read-only); a `target_accepted` there
+/// ends this delivery ([`decide_peer_confirmed`]). Which relay to ask: the
+/// other one of a sender route naming this relay and one more.
+pub fn other_home_to_ask(s: &DeliveryState, sender_route: Option<&Route>, own_relay_id: &str) -> Option<RelayRef> {
+    let names_us = |r: &&Route| r.relays.iter().any(|x| x.id == own_relay_id);
+    let route = sender_route.filter(|r| s.attempts >= 2 && r.relays.len() == 2 && names_us(r))?;
+    route.relays.iter().find(|r| r.id != own_relay_id).cloned()
+}
+
 /// The sender's other home relay reports the message `target_accepted`
 /// (SHiNE schedule): this relay's delivery ends the same way.
 pub fn decide_peer_confirmed(s: &DeliveryState) -> Vec<DeliveryEvent> {
@@ -352,6 +424,69 @@ mod tests {
 
     fn targets(s: &DeliveryState) -> Vec<String> {
         s.target.as_ref().unwrap().relays.iter().map(|r| r.id.clone()).collect()
+    }
+
+    /// An acceptance at t=1000 s with a 90-minute deadline.
+    fn begin(route: Option<&Wire<Route>>, first: Option<AttemptOutcome>) -> Begun {
+        let p = Policy::with_relay_id("r");
+        decide_acceptance(Box::new(params()), "d".into(), (1000, 1000 + 5400), route, first, 1_000_000, &p)
+    }
+
+    #[test]
+    fn an_acceptance_with_a_known_route_carries_its_first_attempt_in_flight() {
+        let b = begin(Some(&route(1, &["relay-b"])), None);
+        assert!(
+            matches!(
+                &b.events[..],
+                [
+                    DeliveryEvent::Accepted { first_due_ms: 1_000_000, .. },
+                    DeliveryEvent::RouteRefreshed { revision: 1, .. },
+                    DeliveryEvent::AttemptStarted { attempt: 1, .. },
+                ]
+            ),
+            "{:?}",
+            b.events
+        );
+        assert_eq!((b.state.in_flight, b.due_ms), (Some(1), Some(1_000_000)));
+        assert_eq!(b.state.deadline_ms(), 6_400_000, "the deadline is fixed at acceptance");
+    }
+
+    #[test]
+    fn an_acceptance_without_a_route_is_due_at_once_with_nothing_in_flight() {
+        let b = begin(None, None);
+        assert!(matches!(&b.events[..], [DeliveryEvent::Accepted { .. }]), "{:?}", b.events);
+        assert_eq!((b.state.in_flight, b.due_ms), (None, Some(1_000_000)));
+    }
+
+    #[test]
+    fn a_first_attempt_that_failed_for_now_is_due_at_the_timetables_next_slot() {
+        let b = begin(Some(&route(1, &["r"])), Some(rejected(ErrorCode::TemporarilyUnavailable)));
+        assert!(matches!(b.events.last(), Some(DeliveryEvent::AttemptFailed { attempt: 1, .. })), "{:?}", b.events);
+        assert_eq!(b.due_ms, Some(1_030_000), "30 s after acceptance");
+        assert_eq!(b.state.status().status, Status::Delivering);
+    }
+
+    #[test]
+    fn a_first_attempt_that_ended_leaves_nothing_due() {
+        let b = begin(Some(&route(1, &["r"])), Some(rejected(ErrorCode::Forbidden)));
+        assert!(matches!(b.events.last(), Some(DeliveryEvent::Finished { .. })), "{:?}", b.events);
+        assert_eq!(b.due_ms, None);
+        assert_eq!(b.state.status().status, Status::Failed);
+    }
+
+    #[test]
+    fn the_senders_other_home_is_asked_before_attempts_after_the_second() {
+        let two = route(1, &["r", "relay-b"]);
+        let mut s = accepted();
+        let ask = |s: &DeliveryState, r: &Wire<Route>| other_home_to_ask(s, Some(r), "r").map(|r| r.id);
+        assert_eq!(ask(&s, &two), None, "not before the first attempt");
+        start(&mut s, 1_000_000);
+        assert_eq!(ask(&s, &two), None, "not before the second");
+        start(&mut s, 1_030_000);
+        assert_eq!(ask(&s, &two), Some("relay-b".to_string()));
+        assert_eq!(ask(&s, &route(1, &["r"])), None, "a sender with one home has no other");
+        assert_eq!(ask(&s, &route(1, &["x", "relay-b"])), None, "a route not naming this relay");
+        assert_eq!(other_home_to_ask(&s, None, "r"), None);
     }
 
     #[test]
