@@ -7,7 +7,7 @@ use super::events::AccountEvent;
 use super::ledger::{self, ReceiptEntry, SendEntry};
 use super::session::{Challenges, Grant};
 use super::state::AccountState;
-use super::{stream_id, timeline};
+use super::{stream_id, sync, timeline};
 use crate::delivery::{self, AttemptOutcome};
 use crate::sessions::Session;
 use crate::store::{Batch, Head, NewEvent, Snapshot, StoreError, Ticket};
@@ -15,7 +15,6 @@ use crate::supervisor::{internal, Supervisor};
 use actix::prelude::*;
 use relay_schemas::methods::*;
 use relay_schemas::objects::Route;
-use relay_schemas::objects::{Direction, TimelineRecord};
 use relay_schemas::{DeliveryStatus, RelayError, Wire};
 use serde::de::DeserializeOwned;
 use serde_json::json;
@@ -741,82 +740,29 @@ impl AccountActor {
         Ok(Reply::Accepted { status, start: Box::new(start) })
     }
 
+    /// `message.timeline.sync`: the rules choose the page (`sync`); this
+    /// reads the index, the events and the ledger for them.
     fn sync(&self, device: &str, p: &SyncParams) -> Result<Reply, RelayError> {
-        let limit = p.limit.unwrap_or(SYNC_DEFAULT_LIMIT);
-        if !(1..=SYNC_MAX_LIMIT).contains(&limit) {
-            return Err(RelayError::invalid_params(format!("limit must be 1..={SYNC_MAX_LIMIT}")));
-        }
         let store = self.sup.store();
         let account = &self.state.account_id;
-        // Scanning skips records this device may not read; bound the scan so
-        // one call costs at most a few pages of index.
-        let max_scan = limit as usize * 10;
-        let mut scanned = 0;
-        let mut next = p.after;
-        let mut found = Vec::new();
-        // Pages are also capped in bytes, so one answer cannot pin more than
-        // about `max_page_bytes` in the relay's write buffers.
-        let mut page_bytes = 0;
-        let mut full = false;
         let from = timeline::key(account, p.after.saturating_add(1));
-        let mut iter = store.kv_scan_from(&timeline::prefix(account), &from).peekable();
-        while found.len() < limit as usize && scanned < max_scan {
-            let Some(item) = iter.peek() else { break };
-            let (key, value) = item.as_ref().map_err(|e| internal(e))?;
-            let seq = timeline::sequence_of(key).ok_or_else(|| RelayError::internal("bad timeline key"))?;
-            let entry: timeline::IndexEntry = serde_json::from_slice(value).map_err(|e| internal(&e))?;
-            if entry.visible.iter().any(|d| d == device) {
-                let ev = store
-                    .read(&self.stream, entry.event - 1)
-                    .next()
-                    .ok_or_else(|| RelayError::internal("timeline event missing"))?
-                    .map_err(|e| internal(&e))?;
-                let event: AccountEvent = serde_json::from_str(ev.data.get()).map_err(|e| internal(&e))?;
-                let size = Self::record_bytes(&event, device);
-                if !timeline::fits_page(page_bytes, found.len(), size, self.sup.policy().max_page_bytes) {
-                    full = true;
-                    break;
-                }
-                page_bytes += size;
-                found.push((seq, event));
-            }
-            iter.next();
-            scanned += 1;
-            next = seq;
-        }
-        let has_more = full || iter.peek().is_some();
-        let mut records = Vec::with_capacity(found.len());
-        for (seq, event) in &found {
-            let (direction, accepted_at, delivery) = match event {
-                AccountEvent::MessageSent { message_id, accepted_at, .. } => {
-                    let status = self.send_entry(message_id)?.map(|e| e.status);
-                    (Direction::Sent, *accepted_at, status)
-                }
-                AccountEvent::SelfDelivered { accepted_at, .. } | AccountEvent::MessageReceived { accepted_at, .. } => {
-                    (Direction::Received, *accepted_at, None)
-                }
-                _ => continue,
-            };
-            let Some(record) = event.record() else { continue };
-            let Some(b) = record.boxes.iter().find(|b| b.device_id == device) else { continue };
-            records.push(TimelineRecord {
-                sequence: *seq,
-                direction,
-                accepted_at,
-                expires_at: record.expires_at,
-                envelope: record.envelope.raw(),
-                key_box: b.raw(),
-                delivery,
-            });
-        }
-        Reply::json(&SyncResult { records, next, has_more })
-    }
-
-    /// The size a record of `event` takes in `device`'s sync page.
-    fn record_bytes(event: &AccountEvent, device: &str) -> usize {
-        let Some(record) = event.record() else { return 0 };
-        let own_box = record.boxes.iter().find(|b| b.device_id == device).map_or(0, |b| b.raw().get().len());
-        record.envelope.raw().get().len() + own_box + timeline::RECORD_OVERHEAD
+        let index = store.kv_scan_from(&timeline::prefix(account), &from).map(|item| {
+            let (key, value) = item.map_err(|e| internal(&e))?;
+            let seq = timeline::sequence_of(&key).ok_or_else(|| RelayError::internal("bad timeline key"))?;
+            Ok((seq, serde_json::from_slice(&value).map_err(|e| internal(&e))?))
+        });
+        let load = |event: u64| {
+            let ev = store
+                .read(&self.stream, event - 1)
+                .next()
+                .ok_or_else(|| RelayError::internal("timeline event missing"))?
+                .map_err(|e| internal(&e))?;
+            serde_json::from_str(ev.data.get()).map_err(|e| internal(&e))
+        };
+        let page = sync::page(device, p, self.sup.policy().max_page_bytes, index, load)?;
+        let records =
+            sync::records(device, &page.found, |message_id| Ok(self.send_entry(message_id)?.map(|e| e.status)))?;
+        Reply::json(&SyncResult { records, next: page.next, has_more: page.has_more })
     }
 
     fn backlog(&self, device: &str) -> Result<Option<u64>, RelayError> {

@@ -5,7 +5,7 @@ pub mod actor;
 mod upgrade;
 
 // The rules live in the core crate; their paths stay `account::decide` etc.
-pub use relay_core::account::{decide, events, ledger, session, state, timeline};
+pub use relay_core::account::{decide, events, ledger, session, state, sync, timeline};
 
 pub use actor::{Acceptance, AccountActor, AccountCmd, Reply, Settlement};
 pub use events::{AccountEvent, PushSubscription, Record};

@@ -7,6 +7,7 @@ pub mod events;
 pub mod ledger;
 pub mod session;
 pub mod state;
+pub mod sync;
 pub mod timeline;
 
 pub use events::{AccountEvent, PushSubscription, Record};
