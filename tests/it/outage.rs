@@ -7,7 +7,7 @@
 //! known. A send is refused with `route_not_found` only when every peer is
 //! up and says not found.
 
-mod common;
+use crate::common;
 
 use common::client::{message_ids, mid, now, Client, User};
 use common::cluster::Cluster;

@@ -1,4 +1,4 @@
-mod common;
+use crate::common;
 
 use common::client::{mid, Client, User};
 use common::relay::RelayProc;

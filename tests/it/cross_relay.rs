@@ -1,6 +1,6 @@
 //! Cross-relay delivery between real relays on loopback.
 
-mod common;
+use crate::common;
 
 use common::client::{mid, Client, User};
 use common::cluster::Cluster;

@@ -5,7 +5,7 @@
 //! under the same key is `state_conflict`, and a rejection before acceptance
 //! leaves no acceptance result behind.
 
-mod common;
+use crate::common;
 
 use common::client::{mid, now, Client, User};
 use common::relay::RelayProc;

@@ -2,7 +2,7 @@
 //! (slow-loris), connection cap, WebSocket frame size, and the per-destination
 //! bound on in-flight attempts (a dead relay does not delay a healthy one).
 
-mod common;
+use crate::common;
 
 use common::client::{mid, now, Client, User};
 use common::cluster::Cluster;

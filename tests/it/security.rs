@@ -3,7 +3,7 @@
 //! on two peered relays and a standalone one, each against real relays on
 //! loopback.
 
-mod common;
+use crate::common;
 
 use common::client::{mid, now, Client, User};
 use common::cluster::Cluster;

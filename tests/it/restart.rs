@@ -7,7 +7,7 @@
 //! Store inspection opens the relay's sled store from the test, so it is
 //! only done while the relay process is stopped.
 
-mod common;
+use crate::common;
 
 use common::client::{mid, now, Client, User};
 use common::relay::RelayProc;

@@ -2,7 +2,7 @@
 //! hundreds of deliveries wait for a down destination resumes them all,
 //! with the deadlines and attempt counts fixed before the crash.
 
-mod common;
+use crate::common;
 
 use common::client::{mid, Client, User};
 use common::cluster::Cluster;

@@ -1,6 +1,6 @@
 //! Operations endpoints: health, readiness and Prometheus metrics.
 
-mod common;
+use crate::common;
 
 use common::client::{mid, Client, User};
 use common::relay::RelayProc;

@@ -212,7 +212,7 @@ pub fn mid(n: u64) -> String {
     format!("msg-{n:016}")
 }
 
-// ---- helpers added for tests/methods.rs and tests/bad_input.rs ----------
+// ---- helpers added for tests/it/methods.rs and tests/it/bad_input.rs ----------
 
 impl Client {
     /// A call that must fail; returns the whole `{"error":…}` body after the

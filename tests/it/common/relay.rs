@@ -46,7 +46,7 @@ pub fn write_config_at(dir: &Path, id: &str, listen: &str, extra: &str) -> PathB
 }
 
 /// Tests send far faster than a person: lift the per-session and
-/// per-address rate limits unless the test sets them (tests/limits.rs does).
+/// per-address rate limits unless the test sets them (tests/it/limits.rs does).
 fn unlimited_sessions(extra: &str) -> String {
     let mut lift = String::new();
     for key in ["session_rate", "session_burst", "anonymous_rate", "anonymous_burst"] {

@@ -1,7 +1,7 @@
 //! The embedded web client at `/` and CORS for the client API
 //! (`http.cors_origins`; the relay's own origin is always allowed).
 
-mod common;
+use crate::common;
 
 use common::cluster::free_port;
 use common::relay::RelayProc;
@@ -42,11 +42,11 @@ async fn relay_serves_its_web_client() {
     assert!(csp.contains("default-src 'self'"), "{csp}");
     let (status, ctype, _, body) = get(&format!("{}/app.js", relay.url)).await;
     assert_eq!((status, ctype.as_str()), (200, "text/javascript; charset=utf-8"));
-    assert_eq!(body, include_str!("../web/dist/app.js"));
+    assert_eq!(body, include_str!("../../web/dist/app.js"));
     // The service worker, at the root so that its scope is the whole client.
     let (status, ctype, _, body) = get(&format!("{}/sw.js", relay.url)).await;
     assert_eq!((status, ctype.as_str()), (200, "text/javascript; charset=utf-8"));
-    assert_eq!(body, include_str!("../web/dist/sw.js"));
+    assert_eq!(body, include_str!("../../web/dist/sw.js"));
     assert!(body.contains("New message"));
     let (status, _, _, body) = get(&format!("{}/client.json", relay.url)).await;
     assert_eq!(status, 200);

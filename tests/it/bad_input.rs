@@ -9,7 +9,7 @@
 //! message_id is accepted (so the rejection stored no idempotency result),
 //! and `/healthz` still answers.
 
-mod common;
+use crate::common;
 
 use common::client::{mid, now, resign, Client, User};
 use common::relay::RelayProc;

@@ -1,6 +1,6 @@
 //! The `relay` binary's command line: key generation and config errors.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

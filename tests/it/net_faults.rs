@@ -1,5 +1,5 @@
 //! Network faults between two real relays: relay-a's `[[peers]]` url for
-//! relay-b points at a fault-injecting proxy (`tests/common/proxy.rs`) that
+//! relay-b points at a fault-injecting proxy (`tests/it/common/proxy.rs`) that
 //! forwards to the real relay-b. Whatever the fault, the message ends
 //! `target_accepted` and relay-b holds exactly one record of it. For the
 //! faults that leave receipt unknown (reset after the request was sent,
@@ -11,7 +11,7 @@
 //! target … It MUST NOT deliver an unknown-result message to another relay
 //! merely because the original target is temporarily unreachable").
 
-mod common;
+use crate::common;
 
 use common::client::{mid, now, Client, User};
 use common::cluster::Cluster;

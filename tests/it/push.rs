@@ -5,7 +5,7 @@
 //! "No push" checks are made non-vacuous by a later push: the stand-in gets
 //! the later record's push, so an earlier one would have been seen before it.
 
-mod common;
+use crate::common;
 
 use common::client::{mid, now, Client, User};
 use common::push_service::{check_vapid, Answer, PushService, Subscriber};

@@ -1,6 +1,6 @@
 //! Realtime devices over real WebSocket connections.
 
-mod common;
+use crate::common;
 
 use common::client::{mid, now, Client, User};
 use common::cluster::Cluster;

@@ -7,7 +7,7 @@
 //! The relays are stopped before their store is opened from the test or by
 //! `relay audit` (sled holds an exclusive lock while a relay runs).
 
-mod common;
+use crate::common;
 
 use common::client::{mid, now, Client, User};
 use common::cluster::Cluster;
@@ -588,7 +588,7 @@ fn a_log_written_with_event_version_0_verifies_and_replays() {
 /// message to explain. Not a timing assertion: the figures come from
 /// timing `relay audit` on the result (see README, Audit).
 #[test]
-#[ignore = "writes ~3 GB in ~4 min; run with AUDIT_BIG_DIR=/path cargo test --test audit generate_a_large_log -- --ignored"]
+#[ignore = "writes ~3 GB in ~4 min; run with AUDIT_BIG_DIR=/path cargo test --test it audit::generate_a_large_log -- --ignored"]
 fn generate_a_large_log() {
     use relay_actors::account::{AccountEvent, AccountState, Record};
     use relay_actors::delivery::DeliveryEvent;

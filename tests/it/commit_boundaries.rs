@@ -4,7 +4,7 @@
 //! is durable, restarts, and the message ends delivered exactly once, with
 //! the client's unchanged retry answered as for the first request.
 
-mod common;
+use crate::common;
 
 use common::client::{mid, Client, User};
 use common::cluster::Cluster;

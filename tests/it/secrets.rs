@@ -1,7 +1,7 @@
 //! Nothing secret and no message content reaches the logs, even at the most
 //! verbose level.
 
-mod common;
+use crate::common;
 
 use common::client::{mid, Client, User};
 use std::io::Read;

@@ -34,7 +34,7 @@
 //! make the store fail or the relay report overload from a test):
 //! rate_limited, internal_error, bad_gateway, temporarily_unavailable.
 
-mod common;
+use crate::common;
 
 use common::client::{message_ids, mid, now, resign, Client, User};
 use common::relay::RelayProc;

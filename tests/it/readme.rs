@@ -5,7 +5,7 @@
 //! ports differ (free loopback ports instead of 7801 and 7802, in the steps
 //! and the configs alike), so the test can run beside anything else.
 
-mod common;
+use crate::common;
 
 use common::cluster::free_port;
 use std::io::Read;
@@ -23,7 +23,7 @@ fn readme_block(heading: &str) -> String {
 }
 
 /// The `hello` example, built now with the profile of the relay under test:
-/// a filtered test run (`--test readme`) does not build examples, and a
+/// a filtered test run (`--test it readme::`) does not build examples, and a
 /// stale one would test old code. Quick when it is up to date.
 fn hello_example() -> PathBuf {
     let bin = Path::new(env!("CARGO_BIN_EXE_relay"));

@@ -18,7 +18,7 @@
 //! test's own account, with up to two members changed at any depth), body
 //! size limit 32.
 
-mod common;
+use crate::common;
 
 use common::client::{http_status, Client, User};
 use common::relay::RelayProc;

@@ -1,16 +1,16 @@
-//! Crash torture (harness: `tests/common/torture.rs`): a seeded mixed load
+//! Crash torture (harness: `tests/it/common/torture.rs`): a seeded mixed load
 //! through real relays while they are stopped at random moments and
 //! restarted; nothing accepted may be lost or delivered twice.
 //!
 //! - `crash_torture_short_seeded` (CI): 150 messages, 6 SIGKILLs, 2 relays;
 //! - `crash_torture_long` (ignored): 5,000 messages, 60 SIGKILLs, 3 relays:
-//!   `cargo test --release --test torture -- --ignored --nocapture`;
+//!   `cargo test --release --test it torture:: -- --ignored --nocapture`;
 //! - `graceful_sigterm_of_the_source_under_load_loses_and_duplicates_nothing`.
 //!
 //! `TORTURE_SEED`, `TORTURE_MESSAGES` and `TORTURE_KILLS` override the
 //! seeded torture tests' parameters (a failing run prints them).
 
-mod common;
+use crate::common;
 
 use common::torture::{run, Params, Stop};
 
@@ -43,7 +43,7 @@ async fn crash_torture_short_seeded() {
 
 /// The long version (see README, "Torture").
 #[actix_rt::test]
-#[ignore = "long: cargo test --release --test torture -- --ignored --nocapture"]
+#[ignore = "long: cargo test --release --test it torture:: -- --ignored --nocapture"]
 async fn crash_torture_long() {
     let p = Params::long().with_env();
     let kills = p.kills;

@@ -9,7 +9,7 @@
 //! attempts, when, with which bytes and headers, and which route lookups
 //! happened between them.
 
-mod common;
+use crate::common;
 
 use common::client::{mid, now, Client, User};
 use common::cluster::{write_key, Cluster};
