@@ -192,26 +192,10 @@ async fn an_idle_keep_alive_connection_is_closed() {
     assert!(started.elapsed() < Duration::from_secs(4), "idle connection kept {:?}", started.elapsed());
 }
 
-/// Reads one HTTP response (head and a `Content-Length` body) from `s`.
+/// Reads one HTTP response from `s`: its status line and JSON body.
 fn response(s: &mut TcpStream) -> (String, serde_json::Value) {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&buf[..end]).into_owned();
-            let len: usize = head
-                .lines()
-                .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap()))
-                .unwrap_or(0);
-            if buf.len() >= end + 4 + len {
-                let body = serde_json::from_slice(&buf[end + 4..end + 4 + len]).unwrap_or(serde_json::Value::Null);
-                return (head, body);
-            }
-        }
-        let n = s.read(&mut chunk).expect("response");
-        assert!(n > 0, "connection closed before a whole response: {:?}", String::from_utf8_lossy(&buf));
-        buf.extend_from_slice(&chunk[..n]);
-    }
+    let m = common::http::read_message(s).expect("a whole response");
+    (m.head.line, serde_json::from_slice(&m.body).unwrap_or(serde_json::Value::Null))
 }
 
 #[actix_rt::test]

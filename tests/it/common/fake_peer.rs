@@ -217,79 +217,6 @@ impl Drop for FakePeer {
     }
 }
 
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
-}
-
-/// One HTTP/1.1 request: (path, headers, body).
-type RawRequest = (String, Vec<(String, String)>, Vec<u8>);
-
-/// Reads one HTTP/1.1 request.
-fn read_request(s: &mut TcpStream) -> Option<RawRequest> {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 8192];
-    let head_end = loop {
-        if let Some(i) = find(&buf, b"\r\n\r\n") {
-            break i;
-        }
-        let n = s.read(&mut chunk).ok()?;
-        if n == 0 {
-            return None;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    };
-    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
-    let mut rest = buf[head_end + 4..].to_vec();
-    let mut lines = head.split("\r\n");
-    let path = lines.next()?.split(' ').nth(1)?.to_string();
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
-        .collect();
-    let get = |name: &str| headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone());
-    let body = if get("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
-        let mut body = Vec::new();
-        loop {
-            let line_end = loop {
-                if let Some(i) = find(&rest, b"\r\n") {
-                    break i;
-                }
-                let n = s.read(&mut chunk).ok()?;
-                if n == 0 {
-                    return None;
-                }
-                rest.extend_from_slice(&chunk[..n]);
-            };
-            let size_text = String::from_utf8_lossy(&rest[..line_end]).into_owned();
-            let size = usize::from_str_radix(size_text.split(';').next()?.trim(), 16).ok()?;
-            while rest.len() < line_end + 2 + size + 2 {
-                let n = s.read(&mut chunk).ok()?;
-                if n == 0 {
-                    return None;
-                }
-                rest.extend_from_slice(&chunk[..n]);
-            }
-            body.extend_from_slice(&rest[line_end + 2..line_end + 2 + size]);
-            rest.drain(..line_end + 2 + size + 2);
-            if size == 0 {
-                break body;
-            }
-        }
-    } else {
-        let len: usize = get("content-length").and_then(|v| v.parse().ok()).unwrap_or(0);
-        while rest.len() < len {
-            let n = s.read(&mut chunk).ok()?;
-            if n == 0 {
-                return None;
-            }
-            rest.extend_from_slice(&chunk[..n]);
-        }
-        rest.truncate(len);
-        rest
-    };
-    Some((path, headers, body))
-}
-
 fn error_body(code: &str, data: Option<&Value>) -> Vec<u8> {
     let mut e = json!({"code": code, "message": format!("fake peer answers {code}")});
     if let Some(d) = data {
@@ -347,8 +274,10 @@ fn decide(state: &Mutex<State>, path: &str, headers: Vec<(String, String)>, body
 
 fn serve(mut s: TcpStream, state: &Mutex<State>) {
     let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
-    let Some((path, headers, body)) = read_request(&mut s) else { return };
-    match decide(state, &path, headers, body) {
+    let Some(request) = super::http::read_message(&mut s) else { return };
+    let path = request.head.target().to_string();
+    let headers = request.head.headers.into_iter().map(|(n, v)| (n.to_ascii_lowercase(), v)).collect();
+    match decide(state, &path, headers, request.body) {
         Action::Respond(status, body) => {
             let head = format!(
                 "HTTP/1.1 {status} Fake\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",

@@ -13,6 +13,7 @@
 //! body bytes, the fault applied, the upstream's HTTP status if it
 //! answered) before and after forwarding.
 
+use super::http::{self, Message};
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -209,107 +210,33 @@ pub fn reset(s: TcpStream) {
     drop(s);
 }
 
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
+/// The relay method of a request (`message.deliver`, …).
+fn relay_method(req: &Message) -> String {
+    let path = req.head.target();
+    path.strip_prefix("/v1/relay/").unwrap_or(path).to_string()
 }
 
-/// One HTTP/1.1 request read whole: (request line, header lines, body).
-struct RawRequest {
-    line: String,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
+/// `envelope.message_id` of a delivery.
+fn message_id(req: &Message) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(&req.body).ok()?;
+    v["envelope"]["message_id"].as_str().map(str::to_string)
 }
 
-impl RawRequest {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
-    }
-
-    fn method(&self) -> String {
-        let path = self.line.split(' ').nth(1).unwrap_or("");
-        path.strip_prefix("/v1/relay/").unwrap_or(path).to_string()
-    }
-
-    fn message_id(&self) -> Option<String> {
-        let v: serde_json::Value = serde_json::from_slice(&self.body).ok()?;
-        v["envelope"]["message_id"].as_str().map(str::to_string)
-    }
-
-    /// The request as sent upstream: `Connection: close`, the body with
-    /// its length (chunked bodies are de-chunked).
-    fn upstream_bytes(&self) -> Vec<u8> {
-        let mut out = format!("{}\r\n", self.line);
-        for (n, v) in &self.headers {
-            let lower = n.to_ascii_lowercase();
-            if lower == "connection"
-                || lower == "keep-alive"
-                || lower == "transfer-encoding"
-                || lower == "content-length"
-            {
-                continue;
-            }
-            out.push_str(&format!("{n}: {v}\r\n"));
+/// The request as sent upstream: `Connection: close`, the body with its
+/// length (chunked bodies are de-chunked).
+fn upstream_bytes(req: &Message) -> Vec<u8> {
+    let mut out = format!("{}\r\n", req.head.line);
+    for (n, v) in &req.head.headers {
+        let lower = n.to_ascii_lowercase();
+        if lower == "connection" || lower == "keep-alive" || lower == "transfer-encoding" || lower == "content-length" {
+            continue;
         }
-        out.push_str(&format!("Content-Length: {}\r\nConnection: close\r\n\r\n", self.body.len()));
-        let mut bytes = out.into_bytes();
-        bytes.extend_from_slice(&self.body);
-        bytes
+        out.push_str(&format!("{n}: {v}\r\n"));
     }
-}
-
-fn read_more(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<()> {
-    let mut chunk = [0u8; 8192];
-    let n = s.read(&mut chunk).ok()?;
-    if n == 0 {
-        return None;
-    }
-    buf.extend_from_slice(&chunk[..n]);
-    Some(())
-}
-
-fn read_request(s: &mut TcpStream) -> Option<RawRequest> {
-    let mut buf = Vec::new();
-    let head_end = loop {
-        if let Some(i) = find(&buf, b"\r\n\r\n") {
-            break i;
-        }
-        read_more(s, &mut buf)?;
-    };
-    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
-    let mut rest = buf[head_end + 4..].to_vec();
-    let mut lines = head.split("\r\n");
-    let line = lines.next()?.to_string();
-    let headers: Vec<(String, String)> =
-        lines.filter_map(|l| l.split_once(':')).map(|(n, v)| (n.trim().to_string(), v.trim().to_string())).collect();
-    let mut req = RawRequest { line, headers, body: vec![] };
-    if req.header("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
-        loop {
-            let line_end = loop {
-                if let Some(i) = find(&rest, b"\r\n") {
-                    break i;
-                }
-                read_more(s, &mut rest)?;
-            };
-            let size_text = String::from_utf8_lossy(&rest[..line_end]).into_owned();
-            let size = usize::from_str_radix(size_text.split(';').next()?.trim(), 16).ok()?;
-            while rest.len() < line_end + 2 + size + 2 {
-                read_more(s, &mut rest)?;
-            }
-            req.body.extend_from_slice(&rest[line_end + 2..line_end + 2 + size]);
-            rest.drain(..line_end + 2 + size + 2);
-            if size == 0 {
-                break;
-            }
-        }
-    } else {
-        let len: usize = req.header("content-length").and_then(|v| v.parse().ok()).unwrap_or(0);
-        while rest.len() < len {
-            read_more(s, &mut rest)?;
-        }
-        rest.truncate(len);
-        req.body = rest;
-    }
-    Some(req)
+    out.push_str(&format!("Content-Length: {}\r\nConnection: close\r\n\r\n", req.body.len()));
+    let mut bytes = out.into_bytes();
+    bytes.extend_from_slice(&req.body);
+    bytes
 }
 
 /// The upstream answer read to EOF (it was asked to close): the whole
@@ -317,44 +244,22 @@ fn read_request(s: &mut TcpStream) -> Option<RawRequest> {
 fn read_response(s: &mut TcpStream) -> Option<(Vec<u8>, u16, Vec<u8>)> {
     let mut buf = Vec::new();
     let _ = s.read_to_end(&mut buf);
-    let head_end = find(&buf, b"\r\n\r\n")?;
-    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
-    let mut lines = head.split("\r\n");
-    let status_line = lines.next()?.to_string();
-    let status: u16 = status_line.split(' ').nth(1)?.parse().ok()?;
-    let mut out = format!("{status_line}\r\n");
-    let mut chunked = false;
-    for l in lines {
-        let name = l.split(':').next().unwrap_or("").trim().to_ascii_lowercase();
-        if name == "transfer-encoding" && l.to_ascii_lowercase().contains("chunked") {
-            chunked = true;
-        }
-        if name == "connection" || name == "keep-alive" {
+    let (head, start) = http::parse_head(&buf)?;
+    let status = head.status()?;
+    let mut out = format!("{}\r\n", head.line);
+    for (n, v) in &head.headers {
+        if n.eq_ignore_ascii_case("connection") || n.eq_ignore_ascii_case("keep-alive") {
             continue;
         }
-        out.push_str(l);
-        out.push_str("\r\n");
+        out.push_str(&format!("{n}: {v}\r\n"));
     }
     out.push_str("Connection: close\r\n\r\n");
-    let raw_body = buf[head_end + 4..].to_vec();
-    let body = if chunked { dechunk(&raw_body).unwrap_or_else(|| raw_body.clone()) } else { raw_body.clone() };
+    let raw_body = &buf[start..];
+    let body = if head.chunked() { http::dechunk(raw_body).map(|(b, _)| b) } else { None };
+    let body = body.unwrap_or_else(|| raw_body.to_vec());
     let mut bytes = out.into_bytes();
-    bytes.extend_from_slice(&raw_body);
+    bytes.extend_from_slice(raw_body);
     Some((bytes, status, body))
-}
-
-fn dechunk(mut rest: &[u8]) -> Option<Vec<u8>> {
-    let mut body = Vec::new();
-    loop {
-        let line_end = find(rest, b"\r\n")?;
-        let size_text = String::from_utf8_lossy(&rest[..line_end]).into_owned();
-        let size = usize::from_str_radix(size_text.split(';').next()?.trim(), 16).ok()?;
-        body.extend_from_slice(rest.get(line_end + 2..line_end + 2 + size)?);
-        rest = rest.get(line_end + 2 + size + 2..)?;
-        if size == 0 {
-            return Some(body);
-        }
-    }
 }
 
 /// Takes the fault for a request (using up one use of the rule).
@@ -383,11 +288,11 @@ fn update(state: &Mutex<State>, seq: usize, f: impl FnOnce(&mut Entry)) {
 }
 
 /// Sends the request upstream; the connection to read the answer from.
-fn forward(upstream: SocketAddr, req: &RawRequest) -> Option<TcpStream> {
+fn forward(upstream: SocketAddr, req: &Message) -> Option<TcpStream> {
     let mut up = TcpStream::connect_timeout(&upstream, Duration::from_secs(5)).ok()?;
     let _ = up.set_read_timeout(Some(IO_LIMIT));
     let _ = up.set_write_timeout(Some(IO_LIMIT));
-    up.write_all(&req.upstream_bytes()).ok()?;
+    up.write_all(&upstream_bytes(req)).ok()?;
     up.flush().ok()?;
     Some(up)
 }
@@ -396,8 +301,8 @@ fn serve(mut client: TcpStream, upstream: SocketAddr, state: &Mutex<State>) {
     let _ = client.set_read_timeout(Some(IO_LIMIT));
     let _ = client.set_write_timeout(Some(IO_LIMIT));
     let _ = client.set_nodelay(true);
-    let Some(req) = read_request(&mut client) else { return };
-    let (method, message_id) = (req.method(), req.message_id());
+    let Some(req) = http::read_message(&mut client) else { return };
+    let (method, message_id) = (relay_method(&req), message_id(&req));
     let fault = decide(state, &method, message_id.as_deref());
     let seq = {
         let mut st = lock(state);

@@ -12,7 +12,7 @@
 use relay_schemas::encoding::{b64_decode, b64_encode};
 use serde_json::{json, Value};
 use std::collections::{HashMap, VecDeque};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -148,36 +148,12 @@ impl Drop for PushService {
 fn serve(mut conn: TcpStream, state: &Mutex<State>) {
     conn.set_nonblocking(false).unwrap();
     conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 8192];
-    let head_end = loop {
-        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i + 4;
-        }
-        match conn.read(&mut chunk) {
-            Ok(0) | Err(_) => return,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-    };
+    let Some(request) = super::http::read_message(&mut conn) else { return };
     let at = Instant::now();
-    let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
-    let mut lines = head.split("\r\n");
-    let request_line = lines.next().unwrap_or_default().to_string();
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
-        .collect();
-    let length: usize =
-        headers.iter().find(|(n, _)| n == "content-length").and_then(|(_, v)| v.parse().ok()).unwrap_or(0);
-    while buf.len() < head_end + length {
-        match conn.read(&mut chunk) {
-            Ok(0) | Err(_) => return,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-    }
-    let body = buf[head_end..head_end + length].to_vec();
-    let path = request_line.split(' ').nth(1).unwrap_or_default();
-    let resource = path.strip_prefix("/push/").unwrap_or(path).to_string();
+    let path = request.head.target().to_string();
+    let headers = request.head.headers.into_iter().map(|(n, v)| (n.to_ascii_lowercase(), v)).collect();
+    let body = request.body;
+    let resource = path.strip_prefix("/push/").unwrap_or(&path).to_string();
     let answer = {
         let mut s = lock(state);
         s.pushes.push(Push { at, resource: resource.clone(), headers, body });
