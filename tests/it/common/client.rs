@@ -2,7 +2,7 @@
 
 use relay_schemas::client::{key_box, Account, Device};
 use serde_json::{json, Value};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub fn now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()
@@ -16,34 +16,40 @@ pub struct Client {
 
 impl Client {
     pub fn new(base: &str) -> Self {
-        let http = awc::Client::builder().timeout(std::time::Duration::from_secs(30)).finish();
+        Client::with_timeout(base, Duration::from_secs(30))
+    }
+
+    /// A client whose requests give up after `timeout`.
+    pub fn with_timeout(base: &str, timeout: Duration) -> Self {
+        let http = awc::Client::builder().timeout(timeout).finish();
         Client { http, base: base.to_string() }
+    }
+
+    /// POSTs raw bytes to `/v1/rpc/{method}`: the HTTP status and JSON
+    /// answer, or why there is no answer (the request may or may not have
+    /// arrived: the relay died under it, the answer was lost or unreadable).
+    pub async fn try_raw(&self, method: &str, token: Option<&str>, body: &[u8]) -> Result<(u16, Value), String> {
+        let mut req = self.http.post(format!("{}/v1/rpc/{method}", self.base)).content_type("application/json");
+        if let Some(t) = token {
+            req = req.insert_header(("Authorization", format!("Bearer {t}")));
+        }
+        let mut resp = req.send_body(body.to_vec()).await.map_err(|e| format!("send: {e}"))?;
+        let status = resp.status().as_u16();
+        let bytes = resp.body().limit(64 << 20).await.map_err(|e| format!("body: {e}"))?;
+        let v = serde_json::from_slice(&bytes).map_err(|e| {
+            format!("HTTP {status} with an unreadable body ({e}): {:?}", String::from_utf8_lossy(&bytes))
+        })?;
+        Ok((status, v))
     }
 
     /// POSTs raw bytes; returns (HTTP status, JSON body).
     pub async fn raw(&self, method: &str, token: Option<&str>, body: Vec<u8>) -> (u16, Value) {
-        let mut req = self.http.post(format!("{}/v1/rpc/{method}", self.base)).content_type("application/json");
-        if let Some(t) = token {
-            req = req.insert_header(("Authorization", format!("Bearer {t}")));
-        }
-        let mut resp = req.send_body(body).await.expect("request");
-        let status = resp.status().as_u16();
-        let bytes = resp.body().limit(64 << 20).await.expect("body");
-        let v = serde_json::from_slice(&bytes)
-            .unwrap_or_else(|_| panic!("non-JSON body {:?}", String::from_utf8_lossy(&bytes)));
-        (status, v)
+        self.try_raw(method, token, &body).await.unwrap_or_else(|e| panic!("{method}: {e}"))
     }
 
     /// A call whose request may fail (the relay dies under it): `Err` then.
     pub async fn try_call(&self, method: &str, token: Option<&str>, params: &Value) -> Result<(u16, Value), String> {
-        let mut req = self.http.post(format!("{}/v1/rpc/{method}", self.base)).content_type("application/json");
-        if let Some(t) = token {
-            req = req.insert_header(("Authorization", format!("Bearer {t}")));
-        }
-        let mut resp = req.send_json(params).await.map_err(|e| e.to_string())?;
-        let bytes = resp.body().limit(64 << 20).await.map_err(|e| e.to_string())?;
-        let v = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
-        Ok((resp.status().as_u16(), v))
+        self.try_raw(method, token, &serde_json::to_vec(params).unwrap()).await
     }
 
     pub async fn call(&self, method: &str, token: Option<&str>, params: &Value) -> (u16, Value) {
@@ -193,18 +199,39 @@ impl User {
 
     /// All records device `device` can sync, following pagination.
     pub async fn sync_all(&self, c: &Client, device: usize) -> Vec<Value> {
-        let mut after = 0;
-        let mut out = vec![];
-        loop {
-            let page = c.ok("message.timeline.sync", self.token(device), &json!({"after": after, "limit": 500})).await;
+        let token = self.token(device);
+        let pages = sync_pages(|after| async move {
+            let page = c.ok("message.timeline.sync", token, &json!({"after": after, "limit": 500})).await;
             super::schema::assert_valid("methods/message.timeline.sync.result.schema.json", &page);
-            out.extend(page["records"].as_array().unwrap().iter().cloned());
-            after = page["next"].as_u64().unwrap();
-            if !page["has_more"].as_bool().unwrap() {
-                return out;
-            }
-        }
+            Ok(page)
+        });
+        pages.await.unwrap_or_else(|e| panic!("{e}"))
     }
+}
+
+/// Every timeline record from the start, following pagination: `fetch`
+/// gets the `message.timeline.sync` page after a cursor. Err: a page failed
+/// or is malformed, or the cursor does not advance.
+pub async fn sync_pages<F, Fut>(mut fetch: F) -> Result<Vec<Value>, String>
+where
+    F: FnMut(u64) -> Fut,
+    Fut: std::future::Future<Output = Result<Value, String>>,
+{
+    let mut out = vec![];
+    let mut after = 0u64;
+    for _ in 0..100_000 {
+        let page = fetch(after).await?;
+        out.extend(page["records"].as_array().ok_or("records missing")?.iter().cloned());
+        let next = page["next"].as_u64().ok_or("next missing")?;
+        if !page["has_more"].as_bool().ok_or("has_more missing")? {
+            return Ok(out);
+        }
+        if next <= after {
+            return Err(format!("timeline sync does not advance: after {after}, next {next}"));
+        }
+        after = next;
+    }
+    Err("timeline sync did not end".into())
 }
 
 /// A message id unique within a test.
@@ -212,7 +239,7 @@ pub fn mid(n: u64) -> String {
     format!("msg-{n:016}")
 }
 
-// ---- helpers added for tests/it/methods.rs and tests/it/bad_input.rs ----------
+// ---- helpers for the methods and bad_input tests ----------------------------
 
 impl Client {
     /// A call that must fail; returns the whole `{"error":…}` body after the

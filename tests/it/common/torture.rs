@@ -33,7 +33,7 @@
 //!   `relay audit verify` (or, where that subcommand does not exist, the
 //!   store's `verify_chain` over every stream: see [`verify_data_dir`]).
 
-use super::client::{now, User};
+use super::client::{now, sync_pages, Client, User};
 use super::cluster::Cluster;
 use super::relay::RelayProc;
 use rand::rngs::StdRng;
@@ -400,29 +400,9 @@ impl fmt::Display for Report {
 
 // ---- HTTP without panics -----------------------------------------------------
 
-fn http_client() -> awc::Client {
-    awc::Client::builder().timeout(Duration::from_secs(15)).finish()
-}
-
-/// POSTs `body` to `/v1/rpc/{method}`: the HTTP status and JSON answer, or
-/// why there is no answer (the request may or may not have arrived).
-async fn post(
-    http: &awc::Client,
-    base: &str,
-    method: &str,
-    token: Option<&str>,
-    body: &[u8],
-) -> Result<(u16, Value), String> {
-    let mut req = http.post(format!("{base}/v1/rpc/{method}")).content_type("application/json");
-    if let Some(t) = token {
-        req = req.insert_header(("Authorization", format!("Bearer {t}")));
-    }
-    let mut resp = req.send_body(body.to_vec()).await.map_err(|e| format!("send: {e}"))?;
-    let status = resp.status().as_u16();
-    let bytes = resp.body().limit(64 << 20).await.map_err(|e| format!("body: {e}"))?;
-    let v = serde_json::from_slice(&bytes)
-        .map_err(|e| format!("HTTP {status} with an unreadable body ({e}): {:?}", String::from_utf8_lossy(&bytes)))?;
-    Ok((status, v))
+/// One client per relay (requests give up after 15 s).
+fn clients(urls: &[String]) -> Vec<Client> {
+    urls.iter().map(|u| Client::with_timeout(u, Duration::from_secs(15))).collect()
 }
 
 /// `data.retry_after` of a `rate_limited` answer (at least 1 s).
@@ -434,17 +414,11 @@ fn retry_after(v: &Value) -> Option<Duration> {
 /// A call that should succeed now (relays up): transport failures and
 /// `rate_limited` (after `retry_after`) are retried (bounded), another
 /// error answer is returned as `Err`.
-async fn call(
-    http: &awc::Client,
-    base: &str,
-    method: &str,
-    token: Option<&str>,
-    params: &Value,
-) -> Result<Value, String> {
-    let body = serde_json::to_vec(params).unwrap();
+async fn call(c: &Client, method: &str, token: Option<&str>, params: &Value) -> Result<Value, String> {
+    let (base, body) = (&c.base, serde_json::to_vec(params).unwrap());
     let mut last = String::new();
     for _ in 0..100 {
-        match post(http, base, method, token, &body).await {
+        match c.try_raw(method, token, &body).await {
             Ok((200, v)) => return Ok(v),
             Ok((status, v)) => match retry_after(&v) {
                 Some(wait) => {
@@ -462,23 +436,11 @@ async fn call(
 }
 
 /// Every record `token`'s device can sync, following pagination.
-async fn timeline(http: &awc::Client, base: &str, token: &str) -> Result<Vec<Value>, String> {
-    let mut out = vec![];
-    let mut after = 0u64;
-    for _ in 0..100_000 {
-        let page =
-            call(http, base, "message.timeline.sync", Some(token), &json!({"after": after, "limit": 500})).await?;
-        out.extend(page["records"].as_array().ok_or("records missing")?.iter().cloned());
-        let next = page["next"].as_u64().ok_or("next missing")?;
-        if !page["has_more"].as_bool().ok_or("has_more missing")? {
-            return Ok(out);
-        }
-        if next <= after {
-            return Err(format!("timeline sync does not advance: after {after}, next {next}"));
-        }
-        after = next;
-    }
-    Err("timeline sync did not end".into())
+async fn timeline(c: &Client, token: &str) -> Result<Vec<Value>, String> {
+    sync_pages(|after| async move {
+        call(c, "message.timeline.sync", Some(token), &json!({"after": after, "limit": 500})).await
+    })
+    .await
 }
 
 // ---- the load --------------------------------------------------------------
@@ -530,13 +492,13 @@ struct Tried {
     lost_kinds: Vec<String>,
 }
 
-async fn send_until_answered(http: &awc::Client, base: &str, token: &str, body: &[u8]) -> Tried {
+async fn send_until_answered(c: &Client, token: &str, body: &[u8]) -> Tried {
     let start = Instant::now();
     let mut t =
         Tried { answer: Answer::Unanswered(String::new()), tries: 0, lost: 0, retryable: vec![], lost_kinds: vec![] };
     loop {
         t.tries += 1;
-        let last = match post(http, base, "message.send", Some(token), body).await {
+        let last = match c.try_raw("message.send", Some(token), body).await {
             Ok((200, v)) => {
                 t.answer = Answer::Accepted(v);
                 return t;
@@ -670,14 +632,14 @@ pub async fn run(p: Params) -> Report {
     let cluster = Cluster::plan(dir.path(), ids);
     let procs: Vec<RelayProc> = ids.iter().map(|id| cluster.start(id, FAST_TIMETABLE)).collect();
     let urls: Vec<String> = ids.iter().map(|id| cluster.url(id).to_string()).collect();
-    let http = http_client();
+    let rpc = clients(&urls);
 
     // Accounts: `accounts_per_relay` on every relay, public discovery on
     // (no authorization material needed), one device each.
     let mut users = vec![];
     let mut homes = vec![];
     for (r, id) in ids.iter().enumerate() {
-        let c = super::client::Client::new(&urls[r]);
+        let c = Client::new(&urls[r]);
         for k in 0..p.accounts_per_relay {
             users.push(User::register(&c, id, (1 + r * p.accounts_per_relay + k) as u8, true).await);
             homes.push(r);
@@ -687,12 +649,11 @@ pub async fn run(p: Params) -> Report {
     // Every relay learns every remote account's route before the load (the
     // route book is durable), so a send never depends on a peer being up.
     // (A device with a session there asks, so the relay may ask its peers.)
-    for (r, url) in urls.iter().enumerate() {
+    for (r, c) in rpc.iter().enumerate() {
         let local = users.iter().zip(&homes).find(|(_, h)| **h == r).map(|(u, _)| u.token(0));
         for (u, user) in users.iter().enumerate() {
             if homes[u] != r {
-                if let Err(e) = call(&http, url, "route.get", local.flatten(), &json!({"account_id": user.id()})).await
-                {
+                if let Err(e) = call(c, "route.get", local.flatten(), &json!({"account_id": user.id()})).await {
                     panic!("route.get before the load: {e}");
                 }
             }
@@ -731,7 +692,7 @@ pub async fn run(p: Params) -> Report {
                 progress.clone(),
             );
             actix_rt::spawn(async move {
-                let http = http_client();
+                let rpc = clients(&urls);
                 loop {
                     let i = {
                         let mut n = next.borrow_mut();
@@ -746,7 +707,7 @@ pub async fn run(p: Params) -> Report {
                         sender.params_to(0, recipient.id(), &m.id, now(), &["phone"], m.sender_boxes.then_some(sb));
                     let body = serde_json::to_vec(&params).unwrap();
                     let token = sender.tokens[0].clone();
-                    let t = send_until_answered(&http, &urls[homes[m.from]], &token, &body).await;
+                    let t = send_until_answered(&rpc[homes[m.from]], &token, &body).await;
                     let (answer, tries, lost, retryable, lost_kinds) =
                         (t.answer, t.tries, t.lost, t.retryable, t.lost_kinds);
                     results.borrow_mut()[i] =
@@ -809,9 +770,9 @@ pub async fn run(p: Params) -> Report {
     }
 
     // Every accepted delivery ends (bounded), with its accepted_at.
-    let final_status = settle(&http, &urls, &homes, &users, &sent, &p, &mut report).await;
-    check_timelines(&http, &urls, &homes, &users, &sent, &final_status, &mut report).await;
-    resend_sample(&http, &urls, &homes, &users, &sent, &final_status, &p, &mut rng, &mut report).await;
+    let final_status = settle(&rpc, &homes, &users, &sent, &p, &mut report).await;
+    check_timelines(&rpc, &homes, &users, &sent, &final_status, &mut report).await;
+    resend_sample(&rpc, &homes, &users, &sent, &final_status, &p, &mut rng, &mut report).await;
 
     // Stop every relay gracefully, then audit its data dir.
     let mut procs = Arc::try_unwrap(relays)
@@ -853,8 +814,7 @@ pub async fn run(p: Params) -> Report {
 /// Polls `message.delivery.status` until every accepted message is
 /// terminal (bounded); checks `accepted_at`; returns the final statuses.
 async fn settle(
-    http: &awc::Client,
-    urls: &[String],
+    rpc: &[Client],
     homes: &[usize],
     users: &[User],
     sent: &[Sent],
@@ -871,8 +831,7 @@ async fn settle(
             let s = &sent[i];
             let u = &users[s.plan.from];
             let st = match call(
-                http,
-                &urls[homes[s.plan.from]],
+                &rpc[homes[s.plan.from]],
                 "message.delivery.status",
                 Some(&u.tokens[0]),
                 &json!({"message_id": s.plan.id}),
@@ -932,16 +891,10 @@ async fn settle(
 /// Record identity in a timeline: (direction, from, message_id).
 type RecordKey = (String, String, String);
 
-async fn all_timelines(
-    http: &awc::Client,
-    urls: &[String],
-    homes: &[usize],
-    users: &[User],
-    report: &mut Report,
-) -> Vec<Vec<Value>> {
+async fn all_timelines(rpc: &[Client], homes: &[usize], users: &[User], report: &mut Report) -> Vec<Vec<Value>> {
     let mut out = vec![];
     for (u, user) in users.iter().enumerate() {
-        match timeline(http, &urls[homes[u]], &user.tokens[0]).await {
+        match timeline(&rpc[homes[u]], &user.tokens[0]).await {
             Ok(records) => out.push(records),
             Err(e) => {
                 report.violations.push(format!("account {u}: timeline sync failed: {e}"));
@@ -961,8 +914,7 @@ fn key_of(r: &Value) -> RecordKey {
 }
 
 async fn check_timelines(
-    http: &awc::Client,
-    urls: &[String],
+    rpc: &[Client],
     homes: &[usize],
     users: &[User],
     sent: &[Sent],
@@ -1002,7 +954,7 @@ async fn check_timelines(
             }
         }
     }
-    let timelines = all_timelines(http, urls, homes, users, report).await;
+    let timelines = all_timelines(rpc, homes, users, report).await;
     for (u, records) in timelines.iter().enumerate() {
         report.records += records.len();
         let seqs: Vec<u64> = records.iter().map(|r| r["sequence"].as_u64().unwrap_or(0)).collect();
@@ -1042,8 +994,7 @@ async fn check_timelines(
 /// answers its final status, and no timeline changes.
 #[allow(clippy::too_many_arguments)]
 async fn resend_sample(
-    http: &awc::Client,
-    urls: &[String],
+    rpc: &[Client],
     homes: &[usize],
     users: &[User],
     sent: &[Sent],
@@ -1058,17 +1009,17 @@ async fn resend_sample(
         sample.push(candidates.swap_remove(rng.random_range(0..candidates.len())));
     }
     let mut scratch = Report::default();
-    let before = all_timelines(http, urls, homes, users, &mut scratch).await;
+    let before = all_timelines(rpc, homes, users, &mut scratch).await;
     for i in &sample {
         let s = &sent[*i];
-        let t = send_until_answered(http, &urls[homes[s.plan.from]], &users[s.plan.from].tokens[0], &s.body).await;
+        let t = send_until_answered(&rpc[homes[s.plan.from]], &users[s.plan.from].tokens[0], &s.body).await;
         match t.answer {
             Answer::Accepted(v) if v == finals[i] => {}
             other => report.violations.push(format!("{}: duplicate answered {other:?}, not {}", s.plan.id, finals[i])),
         }
         report.resent += 1;
     }
-    let after = all_timelines(http, urls, homes, users, &mut scratch).await;
+    let after = all_timelines(rpc, homes, users, &mut scratch).await;
     report.violations.extend(scratch.violations);
     for (u, (b, a)) in before.iter().zip(&after).enumerate() {
         if b != a {
