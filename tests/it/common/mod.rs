@@ -9,3 +9,4 @@ pub mod relay;
 pub mod schema;
 pub mod torture;
 pub mod ws;
+pub mod ws_frame;

@@ -1,6 +1,7 @@
 //! A WebSocket test client: requests with ids, notifications buffered in
 //! arrival order, close reasons observable.
 
+use super::ws_frame::{client_frame, parse_frame};
 use awc::ws::{CloseReason, Frame, Message};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
@@ -205,7 +206,7 @@ impl RawWs {
     /// the kernel cannot absorb much for a reader that does not read.
     /// A refused upgrade is its HTTP status.
     pub fn connect(base: &str, token: Option<&str>, rcvbuf: Option<usize>) -> Result<RawWs, u16> {
-        use std::io::{Read, Write};
+        use std::io::Write;
         let addr: std::net::SocketAddr = base.trim_start_matches("http://").parse().expect("relay address");
         let mut stream = match rcvbuf {
             None => std::net::TcpStream::connect(addr).expect("connect"),
@@ -220,17 +221,13 @@ impl RawWs {
         stream.write_all(head.as_bytes()).unwrap();
         stream.set_read_timeout(Some(WAIT)).unwrap();
         let mut buf = Vec::new();
-        let end = loop {
-            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                break i + 4;
+        let (head, end) = loop {
+            if let Some(parsed) = super::http::parse_head(&buf) {
+                break parsed;
             }
-            let mut chunk = [0u8; 4096];
-            let n = stream.read(&mut chunk).expect("upgrade response");
-            assert!(n > 0, "connection closed during the upgrade");
-            buf.extend_from_slice(&chunk[..n]);
+            super::http::read_more(&mut stream, &mut buf).expect("the upgrade response");
         };
-        let head = String::from_utf8_lossy(&buf[..end]).into_owned();
-        let status: u16 = head.split(' ').nth(1).and_then(|s| s.parse().ok()).expect("status line");
+        let status = head.status().expect("status line");
         if status != 101 {
             return Err(status);
         }
@@ -325,51 +322,6 @@ impl RawWs {
             }
         }
     }
-}
-
-/// A client frame: FIN, `opcode`, masked payload.
-pub fn client_frame(opcode: u8, payload: &[u8]) -> Vec<u8> {
-    let mask = [0x37u8, 0xfa, 0x21, 0x3d];
-    let mut f = vec![0x80 | opcode];
-    match payload.len() {
-        n if n < 126 => f.push(0x80 | n as u8),
-        n if n < 65536 => {
-            f.push(0x80 | 126);
-            f.extend_from_slice(&(n as u16).to_be_bytes());
-        }
-        n => {
-            f.push(0x80 | 127);
-            f.extend_from_slice(&(n as u64).to_be_bytes());
-        }
-    }
-    f.extend_from_slice(&mask);
-    f.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
-    f
-}
-
-/// Parses one frame at the start of `buf`: (fin, opcode, payload, bytes used).
-pub fn parse_frame(buf: &[u8]) -> Option<(bool, u8, Vec<u8>, usize)> {
-    if buf.len() < 2 {
-        return None;
-    }
-    let (fin, op, masked) = (buf[0] & 0x80 != 0, buf[0] & 0x0f, buf[1] & 0x80 != 0);
-    let (len, mut at) = match buf[1] & 0x7f {
-        126 => (u16::from_be_bytes(buf.get(2..4)?.try_into().ok()?) as usize, 4),
-        127 => (u64::from_be_bytes(buf.get(2..10)?.try_into().ok()?) as usize, 10),
-        n => (n as usize, 2),
-    };
-    let mask = if masked {
-        let m: [u8; 4] = buf.get(at..at + 4)?.try_into().ok()?;
-        at += 4;
-        Some(m)
-    } else {
-        None
-    };
-    let mut payload = buf.get(at..at + len)?.to_vec();
-    if let Some(m) = mask {
-        payload.iter_mut().enumerate().for_each(|(i, b)| *b ^= m[i % 4]);
-    }
-    Some((fin, op, payload, at + len))
 }
 
 /// A TCP connection whose receive buffer is fixed at `rcvbuf` bytes before
