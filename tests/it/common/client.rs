@@ -275,11 +275,6 @@ impl Client {
 }
 
 impl User {
-    /// The index of device `name`.
-    pub fn device(&self, name: &str) -> usize {
-        self.devices.iter().position(|d| d.id == name).unwrap_or_else(|| panic!("no device {name}"))
-    }
-
     /// `message.send` params from device `from_device` of this account to
     /// account `to`, created at `created_at`, with one recipient box per
     /// name in `recipient_devices` and, if given, one sender box per name in

@@ -24,8 +24,6 @@ pub enum Reply {
     /// 200 `{"status":"target_accepted","accepted_at":…}`; the message is
     /// committed here, and a duplicate gets the first `accepted_at`.
     Accept,
-    /// Any HTTP status with any JSON body.
-    Json(u16, Value),
     /// HTTP status and `{"error":{"code","message","data"?}}`.
     Error(u16, String, Option<Value>),
     /// Answers nothing for this long, then closes the connection.
@@ -263,7 +261,6 @@ fn decide(state: &Mutex<State>, path: &str, headers: Vec<(String, String)>, body
                     st.committed.entry(message_id).or_insert(now_s);
                     Action::Drop
                 }
-                Reply::Json(status, v) => Action::Respond(status, serde_json::to_vec(&v).unwrap()),
                 Reply::Error(status, code, data) => Action::Respond(status, error_body(&code, data.as_ref())),
                 Reply::Hang(d) => Action::Hang(d),
             }

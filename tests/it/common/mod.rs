@@ -1,4 +1,3 @@
-#![allow(dead_code)]
 pub mod client;
 pub mod cluster;
 pub mod fake_peer;

@@ -2,15 +2,13 @@
 //! `schemas/json` (draft 2020-12), for the root package's integration tests.
 //!
 //! ```ignore
-//! mod common;
-//! use common::schema::assert_valid;
+//! use crate::common::schema::assert_valid;
 //! assert_valid("methods/message.send.result.schema.json", &result);
 //! assert_valid("DeliveryStatus.schema.json", &status);
 //! ```
 //!
 //! Every schema file is registered under its `$id` in an in-memory registry so
 //! relative `$ref`s resolve offline, and compiled once.
-#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -113,17 +111,6 @@ pub fn assert_valid(schema: &str, instance: &Value) {
     }
 }
 
-/// Panics unless `instance` is invalid against `schema`.
-#[track_caller]
-pub fn assert_invalid(schema: &str, instance: &Value) {
-    if validation_errors(schema, instance).is_empty() {
-        panic!(
-            "instance unexpectedly matches {schema}: {}",
-            serde_json::to_string_pretty(instance).unwrap_or_else(|_| instance.to_string())
-        );
-    }
-}
-
 /// `assert_valid` against `methods/{method}.result.schema.json`.
 #[track_caller]
 pub fn assert_valid_result(method: &str, result: &Value) {
@@ -134,10 +121,4 @@ pub fn assert_valid_result(method: &str, result: &Value) {
 #[track_caller]
 pub fn assert_valid_params(method: &str, params: &Value) {
     assert_valid(&format!("methods/{method}.params.schema.json"), params);
-}
-
-/// `assert_valid` of an HTTP/WebSocket failure body `{"error": RelayError}`.
-#[track_caller]
-pub fn assert_error_response(body: &Value) {
-    assert_valid("ErrorResponse.schema.json", body);
 }

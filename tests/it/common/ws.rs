@@ -197,7 +197,8 @@ pub enum RawFrame {
     Ping,
     Pong,
     Close(u16, String),
-    Binary(Vec<u8>),
+    /// A binary message (its bytes are not kept).
+    Binary,
 }
 
 impl RawWs {
@@ -268,7 +269,7 @@ impl RawWs {
                 if fin && matches!(op, 0x0..=0x2) {
                     return Some(match message_op {
                         0x1 => RawFrame::Text(serde_json::from_slice(&message).expect("JSON text frame")),
-                        _ => RawFrame::Binary(std::mem::take(&mut message)),
+                        _ => RawFrame::Binary,
                     });
                 }
             }
