@@ -155,38 +155,10 @@ impl Http {
 
 // ---- WebSocket frames -------------------------------------------------------
 
-fn client_frame(opcode: u8, payload: &[u8]) -> Vec<u8> {
-    let mask = [0x1bu8, 0x2c, 0x3d, 0x4e];
-    let mut f = vec![0x80 | opcode];
-    match payload.len() {
-        n if n < 126 => f.push(0x80 | n as u8),
-        n if n < 65536 => {
-            f.push(0x80 | 126);
-            f.extend_from_slice(&(n as u16).to_be_bytes());
-        }
-        n => {
-            f.push(0x80 | 127);
-            f.extend_from_slice(&(n as u64).to_be_bytes());
-        }
-    }
-    f.extend_from_slice(&mask);
-    f.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
-    f
-}
-
-/// One unmasked frame from the relay at the start of `buf`:
-/// (opcode, payload, bytes used). Messages here are never fragmented.
-fn server_frame(buf: &[u8]) -> Option<(u8, &[u8], usize)> {
-    if buf.len() < 2 {
-        return None;
-    }
-    let (len, at) = match buf[1] & 0x7f {
-        126 => (u16::from_be_bytes(buf.get(2..4)?.try_into().ok()?) as usize, 4),
-        127 => (u64::from_be_bytes(buf.get(2..10)?.try_into().ok()?) as usize, 10),
-        n => (n as usize, 2),
-    };
-    Some((buf[0] & 0x0f, buf.get(at..at + len)?, at + len))
-}
+// The tests' hand-written frames (their `RawWs` client uses the same).
+#[path = "../tests/it/common/ws_frame.rs"]
+mod ws_frame;
+use ws_frame::{client_frame, parse_frame};
 
 struct Conn {
     stream: TcpStream,
@@ -222,8 +194,8 @@ fn open_ws(addr: &str, token: &str) -> Conn {
     assert!(buf.starts_with(b"HTTP/1.1 101"), "{}", String::from_utf8_lossy(&buf[..end]));
     buf.drain(..end);
     loop {
-        if let Some((op, payload, used)) = server_frame(&buf) {
-            let answered = op == 0x1 && serde_json::from_slice::<Value>(payload).is_ok_and(|v| v["id"] == 0);
+        if let Some((_, op, payload, used)) = parse_frame(&buf) {
+            let answered = op == 0x1 && serde_json::from_slice::<Value>(&payload).is_ok_and(|v| v["id"] == 0);
             buf.drain(..used);
             if answered {
                 break;
@@ -287,16 +259,16 @@ fn pump(c: &mut Conn) -> Result<Vec<u64>, String> {
     }
     let mut seqs = vec![];
     let mut pongs = vec![];
-    while let Some((op, payload, used)) = server_frame(&c.buf) {
+    while let Some((_, op, payload, used)) = parse_frame(&c.buf) {
         match op {
             0x1 => {
-                let v: Value = serde_json::from_slice(payload).map_err(|e| format!("frame: {e}"))?;
+                let v: Value = serde_json::from_slice(&payload).map_err(|e| format!("frame: {e}"))?;
                 if v["method"] == "message.timeline.changed" {
                     seqs.push(v["params"]["sequence"].as_u64().unwrap_or(0));
                 }
             }
-            0x8 => return Err(format!("closed by the relay: {:?}", String::from_utf8_lossy(payload))),
-            0x9 => pongs.push(client_frame(0xA, payload)),
+            0x8 => return Err(format!("closed by the relay: {:?}", String::from_utf8_lossy(&payload))),
+            0x9 => pongs.push(client_frame(0xA, &payload)),
             _ => {}
         }
         c.buf.drain(..used);

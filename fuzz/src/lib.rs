@@ -2,7 +2,7 @@
 //! generator): each takes raw fuzzer bytes and panics only when a property
 //! of the relay's input handling is broken. The same properties are
 //! checked by the proptest suites in `schemas/tests/properties.rs` and
-//! `tests/properties.rs`.
+//! `tests/it/properties.rs`.
 
 use ed25519_dalek::{SigningKey, VerifyingKey};
 use relay::relay_rpc::{PeerKeys, RelayHeaders};

@@ -4,7 +4,7 @@
 //! object checks, and every rejection is a `RelayError` with a code the
 //! protocol gives for it. The request-parsing properties replicate
 //! `relay::rpc::parse` / `params_digest` (crate-private) with the same public
-//! types; the root crate's `tests/properties.rs` sends the same kinds of
+//! types; the root crate's `tests/it/properties.rs` sends the same kinds of
 //! bodies to a real relay.
 //!
 //! Cases per property (default; `PROPTEST_CASES=N` overrides every one):

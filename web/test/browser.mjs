@@ -4,7 +4,7 @@
 //   node web/test/browser.mjs --relay target/debug/relay --dir <scratch dir> --out <screenshot dir>
 //        [--chat target/debug/examples/chat]
 //
-// Run by tests/browser.rs. It starts both relays itself (it kills and
+// Run by tests/it/browser.rs. It starts both relays itself (it kills and
 // restarts relay-b), checks the shared relay-e2e/v1 vectors inside the page,
 // registers both accounts, exchanges a contact link, sends both ways, follows
 // the ticks (one grey tick while relay-b is down, two once it is back),

@@ -4,7 +4,7 @@
 //
 //   node web/test/push.mjs --relay target/debug/relay --dir <scratch dir> --out <screenshot dir>
 //
-// Run by tests/browser.rs. What runs for real: the client registers its
+// Run by tests/it/browser.rs. What runs for real: the client registers its
 // service worker (/sw.js, served by the relay), asks for notification
 // permission (granted by the test), fetches push.vapid_key, calls
 // pushManager.subscribe with that key and hands the subscription to the

@@ -1,0 +1,33 @@
+//! The relay's integration tests, one test binary (`cargo test --test it`):
+//! each module is one area, run against real relay processes on 127.0.0.1
+//! (`CARGO_BIN_EXE_relay`); `common` holds the shared harness. Filter by
+//! module: `cargo test --test it torture::`, `cargo nextest run -E
+//! 'binary(it) & test(/^websocket::/)'`.
+
+mod common;
+
+mod audit;
+mod bad_input;
+mod bench;
+mod browser;
+mod cli;
+mod commit_boundaries;
+mod cross_relay;
+mod delivery_crash;
+mod fake_peer;
+mod idempotency;
+mod limits;
+mod methods;
+mod net_faults;
+mod operations;
+mod outage;
+mod properties;
+mod push;
+mod readme;
+mod restart;
+mod secrets;
+mod security;
+mod smoke;
+mod torture;
+mod web;
+mod websocket;

@@ -1,0 +1,126 @@
+//! The README's "Two relays" steps, run as written: the `sh` block of that
+//! section goes to bash in a temp dir holding copies of `config/`, with
+//! `target/release/relay` linked to the relay under test and `cargo` a
+//! shell function that runs the already built `hello` example. Only the
+//! ports differ (free loopback ports instead of 7801 and 7802, in the steps
+//! and the configs alike), so the test can run beside anything else.
+
+use crate::common;
+
+use common::cluster::free_port;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The first ```sh block after the heading `heading` in README.md.
+fn readme_block(heading: &str) -> String {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let section = &readme[readme.find(heading).unwrap_or_else(|| panic!("README has no {heading:?}"))..];
+    let start = section.find("```sh\n").expect("an sh block") + "```sh\n".len();
+    let len = section[start..].find("```").expect("the block's end");
+    section[start..start + len].to_owned()
+}
+
+/// The `hello` example, built now with the profile of the relay under test:
+/// a filtered test run (`--test it readme::`) does not build examples, and a
+/// stale one would test old code. Quick when it is up to date.
+fn hello_example() -> PathBuf {
+    let bin = Path::new(env!("CARGO_BIN_EXE_relay"));
+    let profile = match bin.parent().and_then(|d| d.file_name()).and_then(|n| n.to_str()) {
+        Some("debug") | None => "dev",
+        Some(other) => other,
+    };
+    let built = Command::new(env!("CARGO"))
+        .args(["build", "--quiet", "--example", "hello", "--profile", profile, "--manifest-path"])
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
+        .status()
+        .unwrap();
+    assert!(built.success(), "cargo build --example hello: {built}");
+    bin.parent().unwrap().join("examples/hello")
+}
+
+#[test]
+fn two_relays_steps_in_the_readme_run_as_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (free_port().to_string(), free_port().to_string());
+    let ports = |s: &str| s.replace("7801", &a).replace("7802", &b);
+    std::fs::create_dir_all(dir.path().join("config")).unwrap();
+    for name in ["default.toml", "relay-b.toml"] {
+        let shipped = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("config").join(name)).unwrap();
+        std::fs::write(dir.path().join("config").join(name), ports(&shipped)).unwrap();
+    }
+    std::fs::create_dir_all(dir.path().join("target/release")).unwrap();
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_relay"), dir.path().join("target/release/relay")).unwrap();
+
+    let steps = readme_block("## Two relays\n");
+    assert!(steps.contains("key show") && steps.contains("--example hello"), "{steps}");
+    let script = format!(
+        r#"set -e
+cargo() {{
+  case "$*" in
+    "build --release") ;;
+    "run --release --example hello -- "*) shift 5; "$HELLO" "$@" ;;
+    *) echo "unexpected: cargo $*" >&2; return 1 ;;
+  esac
+}}
+# Relays the steps left running if they stop early.
+trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
+{}
+"#,
+        ports(&steps)
+    );
+    let mut child = Command::new("bash")
+        .arg("-c")
+        .arg(script)
+        .current_dir(dir.path())
+        .env("HELLO", hello_example())
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (mut out, mut err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let out = std::thread::spawn(move || {
+        let mut s = String::new();
+        out.read_to_string(&mut s).unwrap();
+        s
+    });
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        err.read_to_string(&mut s).unwrap();
+        s
+    });
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("the README steps did not finish within 120 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let (out, err) = (out.join().unwrap(), err.join().unwrap());
+    let log_a = std::fs::read_to_string(dir.path().join("data/relay-a.log")).unwrap_or_default();
+    let log_b = std::fs::read_to_string(dir.path().join("data/relay-b.log")).unwrap_or_default();
+    let all = format!("stdout:\n{out}\nstderr:\n{err}\nrelay-a:\n{log_a}\nrelay-b:\n{log_b}");
+    assert!(status.success(), "{status}\n{all}");
+
+    // hello sent across and Bob's timeline at relay-b has the message.
+    assert!(
+        out.contains(r#"message.send -> {"accepted_at":"#) && out.contains(r#""status":"target_accepted""#),
+        "{all}"
+    );
+    assert!(out.contains(r#""direction": "received""#), "{all}");
+    assert!(out.matches("ok\n").count() >= 2, "config check prints ok: {all}");
+    // relay-a's log (a file: no colour) tells the delivery's end.
+    let line = log_a.lines().find(|l| l.contains("delivery finished")).unwrap_or_else(|| panic!("{all}"));
+    assert!(
+        line.contains("target=relay-b") && line.contains("target_accepted") && line.contains("attempts=1"),
+        "{line}"
+    );
+    assert!(!log_a.contains('\x1b') && !log_b.contains('\x1b'), "no ANSI codes in a log file: {all}");
+    assert!(log_b.contains("relay stopped"), "relay-b stopped on SIGTERM: {all}");
+}
