@@ -76,7 +76,9 @@ impl Relay {
             format!(
                 "[relay]\nid = \"relay-a\"\npublic_url = \"http://127.0.0.1:0\"\nlisten = \"127.0.0.1:0\"\n\
                  data_dir = {:?}\nkey_file = {:?}\n\n[limits]\nanonymous_rate = 1000000\nanonymous_burst = 1000000\n\
-                 [http]\nmax_connections_per_ip = 1000000\n",
+                 [http]\nmax_connections_per_ip = 1000000\n\n\
+                 # Every connection is a session of the same device.\n\
+                 [sessions]\nmax_per_device = 1000000\n",
                 data.display().to_string(),
                 data.join("relay.key").display().to_string()
             ),
