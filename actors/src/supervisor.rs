@@ -24,12 +24,6 @@ pub(crate) fn internal(e: &dyn std::fmt::Display) -> RelayError {
     RelayError::internal(format!("{e}"))
 }
 
-const PASSIVATED: &str = "account actor passivated";
-
-pub(crate) fn passivated() -> RelayError {
-    RelayError::unavailable(PASSIVATED)
-}
-
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -342,9 +336,9 @@ impl Supervisor {
             let addr = self.account_addr(account_id)?;
             self.metrics().actor_messages.inc();
             match addr.send(account::actor::Ask(cmd.clone(), answer)).await {
-                Ok(Err(e)) if e.message == PASSIVATED => continue,
-                Ok(reply) => return reply,
-                Err(MailboxError::Closed) => continue,
+                Ok(Ok(reply)) => return reply,
+                // Raced with passivation: a fresh actor takes it.
+                Ok(Err(account::actor::Passivated)) | Err(MailboxError::Closed) => continue,
                 Err(MailboxError::Timeout) => return Err(RelayError::unavailable("account busy")),
             }
         }

@@ -214,8 +214,13 @@ pub enum Answer {
     AtOnce,
 }
 
+/// The actor had passivated: the command was not handled, and the
+/// supervisor asks a fresh actor.
+#[derive(Debug)]
+pub struct Passivated;
+
 impl Message for Ask {
-    type Result = Result<Reply, RelayError>;
+    type Result = Result<Result<Reply, RelayError>, Passivated>;
 }
 
 pub struct AccountActor {
@@ -842,12 +847,11 @@ impl Actor for AccountActor {
 }
 
 impl Handler<Ask> for AccountActor {
-    type Result = ResponseFuture<Result<Reply, RelayError>>;
+    type Result = ResponseFuture<Result<Result<Reply, RelayError>, Passivated>>;
 
     fn handle(&mut self, msg: Ask, ctx: &mut Self::Context) -> Self::Result {
         if self.passivated {
-            // Raced with passivation: the supervisor retries on a fresh actor.
-            return Box::pin(async { Err(crate::supervisor::passivated()) });
+            return Box::pin(async { Err(Passivated) });
         }
         self.last_active_ms = self.sup.clock().now_ms();
         let reply = self.handle_cmd(&msg.0);
@@ -861,7 +865,7 @@ impl Handler<Ask> for AccountActor {
         if self.head.seq == 0 {
             self.leave(ctx);
         }
-        reply
+        Box::pin(async move { Ok(reply.await) })
     }
 }
 
