@@ -640,9 +640,33 @@ mod tests {
 
     #[test]
     fn retries_retain_the_original_params_unchanged() {
-        let s = accepted();
-        let p = s.params.as_ref().unwrap();
-        assert_eq!(p.envelope.raw().get(), params().envelope.raw().get());
+        // The envelope as the sender signed it: member order and spacing
+        // that a re-serialization would change.
+        let original = r#"{ "to":"b", "from":"a","message_id":"m", "from_device_id":"d","created_at":1,"ciphertext":"AA","signature":"s"}"#;
+        let v = serde_json::to_value(params()).unwrap();
+        let (boxes, cert) = (&v["recipient_boxes"], &v["sender_device_certificate"]);
+        let text = format!(r#"{{"envelope":{original},"recipient_boxes":{boxes},"sender_device_certificate":{cert}}}"#);
+        let p: DeliverParams = serde_json::from_str(&text).unwrap();
+        assert_eq!(p.envelope.raw().get(), original);
+        // Stored and read back as events, through attempts, a failure and a
+        // newer route: what the next attempt sends is still those bytes.
+        let policy = Policy::with_relay_id("r");
+        let begun =
+            decide_acceptance(Box::new(p), "d".into(), (1000, 6400), Some(&route(1, &["x"])), None, 1_000_000, &policy);
+        let mut events = begun.events;
+        let mut s = begun.state;
+        let failed = decide_outcome(&s, 1, rejected(ErrorCode::RouteStale), 1_000_100, &policy);
+        apply_all(&mut s, &failed);
+        events.extend(failed);
+        events.extend(decide_due(&s, 1_030_000, Some(&route(2, &["y"]))));
+        let stored: Vec<String> = events.iter().map(|e| serde_json::to_string(e).unwrap()).collect();
+        let mut replayed = DeliveryState::default();
+        for e in &stored {
+            replayed.apply(&serde_json::from_str(e).unwrap());
+        }
+        assert_eq!(replayed.attempts, 2);
+        assert_eq!(targets(&replayed), vec!["y"]);
+        assert_eq!(replayed.params.as_ref().unwrap().envelope.raw().get(), original);
     }
 
     #[test]
