@@ -118,7 +118,7 @@ impl Relay {
                 let (params, digest): (DeliverParams, _) = parse_with_digest(body)?;
                 self.may_deliver(peer, &params).await?;
                 let to = params.envelope.to.clone();
-                Self::json_of(self.on_local(&to, AccountCmd::Receive { params, digest }).await?)
+                Self::json_of(self.on_local(&to, AccountCmd::MessageDeliver { params, digest }).await?)
             }
             "route.get" => {
                 let p: AccountIdParams = parse(body)?;
@@ -132,12 +132,12 @@ impl Relay {
             }
             "account.devices.get" => {
                 let p: AccountIdParams = parse(body)?;
-                Self::json_of(self.on_local(&p.account_id, AccountCmd::DevicesGet).await?)
+                Self::json_of(self.on_local(&p.account_id, AccountCmd::AccountDevicesGet).await?)
             }
             "message.delivery.peer_status" => {
                 let p: PeerStatusParams = parse(body)?;
                 check_message_id("message_id", &p.message_id)?;
-                let cmd = AccountCmd::PeerStatus { peer: peer.to_owned(), message_id: p.message_id };
+                let cmd = AccountCmd::MessageDeliveryPeerStatus { peer: peer.to_owned(), message_id: p.message_id };
                 Self::json_of(self.on_local(&p.from, cmd).await?)
             }
             _ => Err(RelayError::not_found(format!("unknown relay method {method:?}"))),

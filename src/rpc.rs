@@ -225,16 +225,20 @@ impl Relay {
                 let account_id = params.route.account_id.clone();
                 // The highest revision known here or at the peers.
                 let known = self.sup.resolve_route(&account_id, true).await;
-                Self::json_of(self.sup.ask(&account_id, AccountCmd::Register { params, digest, known }).await?)
+                Self::json_of(self.sup.ask(&account_id, AccountCmd::AccountRegister { params, digest, known }).await?)
             }
             "session.challenge" => {
                 let p: ChallengeParams = parse(body)?;
-                self.local(&p.account_id.clone(), ErrorCode::NotFound, AccountCmd::Challenge { device_id: p.device_id })
-                    .await
+                self.local(
+                    &p.account_id.clone(),
+                    ErrorCode::NotFound,
+                    AccountCmd::SessionChallenge { device_id: p.device_id },
+                )
+                .await
             }
             "session.open" => {
                 let params: SessionOpenParams = parse(body)?;
-                self.local(&params.account_id.clone(), ErrorCode::NotFound, AccountCmd::OpenSession { params }).await
+                self.local(&params.account_id.clone(), ErrorCode::NotFound, AccountCmd::SessionOpen { params }).await
             }
             "session.attach" => Err(RelayError::invalid_params("session.attach is a WebSocket method")),
             "device.add" => {
@@ -252,13 +256,13 @@ impl Relay {
                 self.sup.ask(&s.account_id, AccountCmd::CheckSession { device: s.device_id }).await?;
                 check_account_id("account_id", &p.account_id)?;
                 if self.sup.account_exists(&p.account_id)? {
-                    return self.local(&p.account_id, ErrorCode::NotFound, AccountCmd::DevicesGet).await;
+                    return self.local(&p.account_id, ErrorCode::NotFound, AccountCmd::AccountDevicesGet).await;
                 }
                 self.remote_devices(&p.account_id, body).await
             }
             "account.settings.update" => {
                 let params = parse(body)?;
-                self.own(token, |device| AccountCmd::SettingsUpdate { device, params }).await
+                self.own(token, |device| AccountCmd::AccountSettingsUpdate { device, params }).await
             }
             "route.get" => {
                 let p: AccountIdParams = parse(body)?;
@@ -284,15 +288,15 @@ impl Relay {
             "message.send" => self.send(token, body).await,
             "message.delivery.status" => {
                 let p: MessageIdParams = parse(body)?;
-                self.own(token, |device| AccountCmd::DeliveryStatus { device, message_id: p.message_id }).await
+                self.own(token, |device| AccountCmd::MessageDeliveryStatus { device, message_id: p.message_id }).await
             }
             "message.timeline.sync" => {
                 let params = parse(body)?;
-                self.own(token, |device| AccountCmd::Sync { device, params }).await
+                self.own(token, |device| AccountCmd::MessageTimelineSync { device, params }).await
             }
             "message.timeline.ack" => {
                 let params = parse(body)?;
-                self.own(token, |device| AccountCmd::Ack { device, params }).await
+                self.own(token, |device| AccountCmd::MessageTimelineAck { device, params }).await
             }
             "push.vapid_key" => {
                 let _: serde_json::Value = parse(body)?;
