@@ -8,10 +8,9 @@ use ed25519_dalek::VerifyingKey;
 use relay_actors::account::decide::{self, Ctx};
 use relay_actors::account::{AccountCmd, Reply};
 use relay_schemas::ids::{check_account_id, check_message_id};
-use relay_schemas::methods::{AccountIdParams, DeliverParams};
+use relay_schemas::methods::{AccountIdParams, DeliverParams, PeerStatusParams};
 use relay_schemas::sign::{relay_request_bytes, verify_bytes};
 use relay_schemas::{ErrorCode, RelayError};
-use serde::Deserialize;
 use std::collections::HashMap;
 
 /// The request headers of a relay call.
@@ -52,12 +51,6 @@ impl PeerKeys {
             .map_err(|_| deny("bad signature"))?;
         Ok(id.to_owned())
     }
-}
-
-#[derive(Deserialize)]
-struct PeerStatusParams {
-    from: String,
-    message_id: String,
 }
 
 impl Relay {

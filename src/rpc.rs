@@ -17,7 +17,7 @@ use relay_actors::Supervisor;
 use relay_schemas::encoding::jcs_digest;
 use relay_schemas::ids::check_account_id;
 use relay_schemas::methods::*;
-use relay_schemas::{DeliveryStatus, ErrorCode, RelayError};
+use relay_schemas::{DeliveryStatus, ErrorCode, Method, RelayError};
 use serde::de::DeserializeOwned;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
@@ -329,7 +329,7 @@ impl Relay {
         let route = route.ok_or_else(|| RelayError::not_found(format!("account {account_id} is not known")))?;
         let mut last = RelayError::new(ErrorCode::BadGateway, "no home relay answered");
         for relay in route.relays.iter() {
-            match self.peers.call(&relay.id, "account.devices.get", body.to_vec()).await {
+            match self.peers.call(&relay.id, Method::RelayAccountDevicesGet, body.to_vec()).await {
                 Ok(bytes) => {
                     return String::from_utf8(bytes.to_vec())
                         .map_err(|_| RelayError::new(ErrorCode::BadGateway, "non-UTF-8 answer"))

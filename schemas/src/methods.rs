@@ -227,7 +227,7 @@ pub struct DeviceRevokeParams {
     pub revocation: Wire<DeviceRevocation>,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct AccountIdParams {
     pub account_id: String,
 }
@@ -286,6 +286,23 @@ pub struct MessageIdParams {
     pub message_id: String,
 }
 
+/// `message.delivery.peer_status` params (a relay method): the sender's
+/// account and the message.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PeerStatusParams {
+    pub from: String,
+    pub message_id: String,
+}
+
+/// `message.delivery.peer_status` result: whether the asked relay knows the
+/// message, and its status if so.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PeerStatusResult {
+    pub known: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<DeliveryStatus>,
+}
+
 pub const SYNC_DEFAULT_LIMIT: u32 = 100;
 pub const SYNC_MAX_LIMIT: u32 = 500;
 
@@ -306,6 +323,36 @@ pub struct SyncResult<'a> {
 #[derive(Clone, Debug, Deserialize)]
 pub struct AckParams {
     pub through: u64,
+}
+
+// ---- Notifications (PROTOCOL §3, §4) ------------------------------------------
+
+/// The notifications a relay pushes to connected devices, as
+/// `{"method", "params"}` frames.
+pub mod notifications {
+    use crate::{RelayError, Status};
+    use serde::{Deserialize, Serialize};
+
+    /// The account's timeline has records up to `sequence`.
+    pub const TIMELINE_CHANGED: &str = "message.timeline.changed";
+    /// A message this account sent has a new delivery status.
+    pub const DELIVERY_CHANGED: &str = "message.delivery.changed";
+
+    /// [`TIMELINE_CHANGED`] params.
+    #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+    pub struct TimelineChanged {
+        pub account_id: String,
+        pub sequence: u64,
+    }
+
+    /// [`DELIVERY_CHANGED`] params: `error` iff `failed`.
+    #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+    pub struct DeliveryChanged {
+        pub message_id: String,
+        pub status: Status,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub error: Option<RelayError>,
+    }
 }
 
 // ---- Web Push (PROTOCOL §9) ---------------------------------------------------

@@ -16,7 +16,7 @@ use relay_schemas::encoding::b64_encode;
 use relay_schemas::methods::*;
 use relay_schemas::objects::Route;
 use relay_schemas::objects::{Direction, TimelineRecord};
-use relay_schemas::sign::{verify_bytes, Tag};
+use relay_schemas::sign::{verify_bytes, SessionProof};
 use relay_schemas::{DeliveryStatus, RelayError, Wire};
 use serde::de::DeserializeOwned;
 use serde_json::json;
@@ -640,10 +640,10 @@ impl AccountActor {
                 if !route.lists_relay(peer) {
                     return Err(RelayError::forbidden("only the account's other home relay may ask"));
                 }
-                match self.send_entry(message_id)? {
-                    Some(e) => Reply::json(&json!({ "known": true, "status": e.status })),
-                    None => Reply::json(&json!({ "known": false })),
-                }
+                let status = self.send_entry(message_id)?.map(|e| e.status.clone());
+                let result = PeerStatusResult { known: status.is_some(), status };
+                // Through a JSON value, as this answer has always been sent: members sorted.
+                Reply::json(&serde_json::to_value(result).map_err(|e| internal(&e))?)
             }
             AccountCmd::MessageTimelineSync { device, params } => {
                 session(device)?;
@@ -697,16 +697,13 @@ impl AccountActor {
         let Some(pos) = list.as_ref().and_then(|l| l.iter().position(|(c, exp)| matches(c) && *exp > now)) else {
             return Err(RelayError::unauthorized("unknown or expired challenge"));
         };
-        let signed = json!({
-            "account_id": p.account_id,
-            "device_id": p.device_id,
-            "challenge": p.challenge,
-            "relay_id": policy.relay_id,
-        });
-        let mut bytes = Tag::Session.as_str().as_bytes().to_vec();
-        bytes.push(b'\n');
-        bytes.extend_from_slice(&relay_schemas::encoding::jcs(&signed)?);
-        verify_bytes(&key, &bytes, &p.signature)?;
+        let proof = SessionProof {
+            account_id: &p.account_id,
+            device_id: &p.device_id,
+            challenge: &p.challenge,
+            relay_id: &policy.relay_id,
+        };
+        verify_bytes(&key, &proof.signed_bytes()?, &p.signature)?;
         // A challenge answers once.
         if let Some(l) = self.challenges.get_mut(&p.device_id) {
             l.remove(pos);
