@@ -158,7 +158,7 @@ fn main() {
         let started = Instant::now();
         let cmds = registers
             .into_iter()
-            .map(|(id, params)| (id, AccountCmd::Register { params, digest: "bench".into(), known: None }));
+            .map(|(id, params)| (id, AccountCmd::AccountRegister { params, digest: "bench".into(), known: None }));
         ask_all(&sup, cmds).await;
         let took = started.elapsed();
         let peak = sup.resident_accounts();

@@ -7,8 +7,11 @@
 //! # Layout
 //! - [`config`]: TOML configuration with `RELAY__SECTION__KEY` overrides;
 //! - [`keys`]: the relay's own key file;
-//! - [`rpc`]: the client methods, independent of transport;
-//! - [`relay_rpc`]: the relay methods peers call, and their authentication;
+//! - [`method`]: one file per protocol method, named after it
+//!   (`message.send` is `method/message_send.rs`): its handler and caller;
+//! - [`rpc`]: client calls, independent of transport: params, sessions,
+//!   rate limits, dispatch to [`method`];
+//! - [`relay_rpc`]: relay calls: peer authentication, dispatch to [`method`];
 //! - [`limits`]: per-session and per-peer rate limits;
 //! - [`peers`]: the signed relay-to-relay client (the delivery transport);
 //! - [`push`]: Web Push: the VAPID key and the supervised push sender;
@@ -25,6 +28,7 @@ pub mod fds;
 pub mod http;
 pub mod keys;
 pub mod limits;
+pub mod method;
 pub mod observe;
 pub mod peers;
 pub mod push;

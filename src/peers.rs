@@ -10,12 +10,12 @@ use awc::error::{ConnectError, SendRequestError};
 use ed25519_dalek::SigningKey;
 use relay_actors::delivery::transport::{AttemptOutcome, LocalFuture, PeerRoute, RouteLookup, Transport};
 use relay_actors::SharedClock;
-use relay_schemas::methods::DeliverParams;
+use relay_schemas::error::RemoteErrorBody;
+use relay_schemas::methods::{AccountIdParams, DeliverParams, PeerStatusParams, PeerStatusResult};
 use relay_schemas::objects::{RelayRef, Route};
 use relay_schemas::sign::sign_relay_request;
+use relay_schemas::Method;
 use relay_schemas::{DeliveryStatus, ErrorCode, RelayError, Wire};
-use serde::Deserialize;
-use serde_json::json;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,20 +49,6 @@ struct Inner {
 #[derive(Clone)]
 pub struct PeerClient {
     inner: Arc<Inner>,
-}
-
-#[derive(Deserialize)]
-struct ErrorBody {
-    error: WireError,
-}
-
-#[derive(Deserialize)]
-struct WireError {
-    code: String,
-    #[serde(default)]
-    message: String,
-    #[serde(default)]
-    data: Option<serde_json::Value>,
 }
 
 impl PeerClient {
@@ -104,7 +90,8 @@ impl PeerClient {
     /// A signed call of relay method `method` at peer `peer_id`; the result
     /// body on HTTP 200. Counted in `relay_peer_requests_total`; a refusal of
     /// our authentication, no answer or a 5xx answer is logged (WARN).
-    pub async fn call(&self, peer_id: &str, method: &str, body: Vec<u8>) -> Result<actix_web::web::Bytes, CallError> {
+    pub async fn call(&self, peer_id: &str, method: Method, body: Vec<u8>) -> Result<actix_web::web::Bytes, CallError> {
+        let method = method.as_str();
         let result = self.send_call(peer_id, method, body).await;
         if self.inner.peers.contains_key(peer_id) {
             self.observe(peer_id, method, &result);
@@ -182,8 +169,8 @@ impl PeerClient {
         if resp.status() == StatusCode::OK {
             return Ok(bytes);
         }
-        match serde_json::from_slice::<ErrorBody>(&bytes) {
-            Ok(ErrorBody { error: e }) => {
+        match serde_json::from_slice::<RemoteErrorBody>(&bytes) {
+            Ok(RemoteErrorBody { error: e }) => {
                 let error = RelayError::from_remote(&e.code, &e.message, e.data);
                 Err(CallError::Answered { code: e.code, error })
             }
@@ -195,7 +182,7 @@ impl PeerClient {
     }
 
     async fn deliver_to(self, target: RelayRef, body: Vec<u8>) -> AttemptOutcome {
-        match self.call(&target.id, "message.deliver", body).await {
+        match self.call(&target.id, Method::MessageDeliver, body).await {
             Ok(bytes) => match serde_json::from_slice::<DeliveryStatus>(&bytes) {
                 Ok(status) => AttemptOutcome::Answered(status),
                 Err(e) => {
@@ -215,13 +202,13 @@ impl PeerClient {
     /// without one, `Absent` only when every peer answered that it knows
     /// none (a `rate_limited` or unreachable peer proves nothing).
     pub async fn fetch_route(self, account_id: String) -> RouteLookup {
-        let body = match serde_json::to_vec(&json!({ "account_id": account_id })) {
+        let body = match serde_json::to_vec(&AccountIdParams { account_id: account_id.clone() }) {
             Ok(body) => body,
             Err(e) => return RouteLookup::Unknown(format!("cannot encode route.get: {e}")),
         };
         let calls = self.inner.peers.keys().map(|id| {
             let (me, body) = (&self, body.clone());
-            async move { (id, me.call(id, "route.get", body).await) }
+            async move { (id, me.call(id, Method::RelayRouteGet, body).await) }
         });
         let answers = futures_util::future::join_all(calls).await;
         let now = self.inner.clock.now();
@@ -272,16 +259,12 @@ impl Transport for PeerClient {
     }
 
     fn peer_status(&self, relay: &RelayRef, from: &str, message_id: &str) -> LocalFuture<Option<DeliveryStatus>> {
-        let body = serde_json::to_vec(&json!({"from": from, "message_id": message_id})).unwrap_or_default();
+        let params = PeerStatusParams { from: from.to_owned(), message_id: message_id.to_owned() };
+        let body = serde_json::to_vec(&params).unwrap_or_default();
         let (me, id) = (self.clone(), relay.id.clone());
         Box::pin(async move {
-            #[derive(Deserialize)]
-            struct PeerStatus {
-                known: bool,
-                status: Option<DeliveryStatus>,
-            }
-            let bytes = me.call(&id, "message.delivery.peer_status", body).await.ok()?;
-            let answer: PeerStatus = serde_json::from_slice(&bytes).ok()?;
+            let bytes = me.call(&id, Method::MessageDeliveryPeerStatus, body).await.ok()?;
+            let answer: PeerStatusResult = serde_json::from_slice(&bytes).ok()?;
             answer.known.then_some(answer.status).flatten()
         })
     }

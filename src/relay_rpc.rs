@@ -2,16 +2,14 @@
 //! peers. Every request is authenticated first: the `Relay-Id` must be a
 //! configured peer, `Relay-Timestamp` within the clock tolerance, and
 //! `Relay-Signature` the peer key's signature of the request digest.
+//! Each method's handler is its own file in [`crate::method`].
 
-use crate::rpc::{parse, parse_with_digest, Relay};
+use crate::rpc::Relay;
 use ed25519_dalek::VerifyingKey;
-use relay_actors::account::decide::{self, Ctx};
 use relay_actors::account::{AccountCmd, Reply};
-use relay_schemas::ids::{check_account_id, check_message_id};
-use relay_schemas::methods::{AccountIdParams, DeliverParams};
+use relay_schemas::ids::check_account_id;
 use relay_schemas::sign::{relay_request_bytes, verify_bytes};
-use relay_schemas::{ErrorCode, RelayError};
-use serde::Deserialize;
+use relay_schemas::{ErrorCode, Method, RelayError};
 use std::collections::HashMap;
 
 /// The request headers of a relay call.
@@ -54,12 +52,6 @@ impl PeerKeys {
     }
 }
 
-#[derive(Deserialize)]
-struct PeerStatusParams {
-    from: String,
-    message_id: String,
-}
-
 impl Relay {
     /// Where an account this relay does not serve lives now: `route_stale`
     /// with the newer route when one is known, else `target_not_local`.
@@ -71,30 +63,9 @@ impl Relay {
         }
     }
 
-    /// PROTOCOL §5 *Who may deliver*: `peer` must be a home relay of the
-    /// sender under the route the message was accepted with, and when this
-    /// relay serves the sender too, the sending device must be valid here.
-    async fn may_deliver(&self, peer: &str, p: &DeliverParams) -> Result<(), RelayError> {
-        let sup = self.supervisor();
-        let env = &p.envelope;
-        check_account_id("envelope.from", &env.from)?;
-        let known = sup.routes().get(&env.from).map_err(|e| RelayError::internal(e.to_string()))?;
-        let policy = sup.policy();
-        let ctx = Ctx { now: sup.clock().now(), policy: &policy };
-        decide::may_deliver(p.sender_route.as_ref(), known.as_ref(), peer, env, ctx)?;
-        let serves_sender = known.as_ref().is_some_and(|r| r.lists_relay(&policy.relay_id));
-        if serves_sender && sup.account_exists(&env.from)? {
-            let device_id = env.from_device_id.clone();
-            sup.ask(&env.from, AccountCmd::CheckSender { device_id }).await?;
-        }
-        if let Some(route) = &p.sender_route {
-            // Checked valid above: the route book keeps it if it is newer.
-            let _ = sup.routes().offer(route);
-        }
-        Ok(())
-    }
-
-    async fn on_local(&self, account_id: &str, cmd: AccountCmd) -> Result<Reply, RelayError> {
+    /// A command to a local account named by a peer; an account not served
+    /// here gets where it lives now.
+    pub(crate) async fn on_local(&self, account_id: &str, cmd: AccountCmd) -> Result<Reply, RelayError> {
         check_account_id("account_id", account_id)?;
         if !self.supervisor().account_exists(account_id)? {
             return Err(self.not_served_here(account_id));
@@ -105,42 +76,13 @@ impl Relay {
     pub async fn call_relay(&self, method: &str, peer: &str, body: &[u8]) -> Result<String, RelayError> {
         let started = std::time::Instant::now();
         let result = match self.limits().peer(peer, method) {
-            Ok(()) => self.dispatch_relay(method, peer, body).await,
+            Ok(()) => match Method::from_relay_wire(method) {
+                Some(m) => crate::method::relay(self, m, peer, body).await,
+                None => Err(RelayError::not_found(format!("unknown relay method {method:?}"))),
+            },
             Err(e) => Err(e),
         };
         self.observe(&format!("relay/{method}"), started, &result);
         result
-    }
-
-    async fn dispatch_relay(&self, method: &str, peer: &str, body: &[u8]) -> Result<String, RelayError> {
-        match method {
-            "message.deliver" => {
-                let (params, digest): (DeliverParams, _) = parse_with_digest(body)?;
-                self.may_deliver(peer, &params).await?;
-                let to = params.envelope.to.clone();
-                Self::json_of(self.on_local(&to, AccountCmd::Receive { params, digest }).await?)
-            }
-            "route.get" => {
-                let p: AccountIdParams = parse(body)?;
-                check_account_id("account_id", &p.account_id)?;
-                // Only what this relay knows: no recursion through peers.
-                let route =
-                    self.supervisor().routes().get(&p.account_id).map_err(|e| RelayError::internal(e.to_string()))?;
-                let route = route
-                    .ok_or_else(|| RelayError::new(ErrorCode::RouteNotFound, "no route known for this account"))?;
-                Ok(route.raw().get().to_owned())
-            }
-            "account.devices.get" => {
-                let p: AccountIdParams = parse(body)?;
-                Self::json_of(self.on_local(&p.account_id, AccountCmd::DevicesGet).await?)
-            }
-            "message.delivery.peer_status" => {
-                let p: PeerStatusParams = parse(body)?;
-                check_message_id("message_id", &p.message_id)?;
-                let cmd = AccountCmd::PeerStatus { peer: peer.to_owned(), message_id: p.message_id };
-                Self::json_of(self.on_local(&p.from, cmd).await?)
-            }
-            _ => Err(RelayError::not_found(format!("unknown relay method {method:?}"))),
-        }
     }
 }

@@ -7,8 +7,9 @@
 //! `message.timeline.sync` from its cursor when it reconnects — the timeline,
 //! not the queue, is the source of truth, so nothing is lost.
 
+use relay_schemas::methods::notifications::{self, DeliveryChanged, TimelineChanged};
 use relay_schemas::DeliveryStatus;
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -25,19 +26,21 @@ pub enum Push {
 
 impl Push {
     pub fn timeline_changed(account_id: &str, sequence: u64) -> Self {
-        Push::Notify {
-            method: "message.timeline.changed",
-            params: json!({ "account_id": account_id, "sequence": sequence }),
-        }
+        let params = TimelineChanged { account_id: account_id.to_owned(), sequence };
+        Push::Notify { method: notifications::TIMELINE_CHANGED, params: params_value(&params) }
     }
 
     pub fn delivery_changed(message_id: &str, status: &DeliveryStatus) -> Self {
-        let mut params = json!({ "message_id": message_id, "status": status.status });
-        if let Some(e) = &status.error {
-            params["error"] = serde_json::to_value(e).unwrap_or(Value::Null);
-        }
-        Push::Notify { method: "message.delivery.changed", params }
+        let params =
+            DeliveryChanged { message_id: message_id.to_owned(), status: status.status, error: status.error.clone() };
+        Push::Notify { method: notifications::DELIVERY_CHANGED, params: params_value(&params) }
     }
+}
+
+/// Notification params as a JSON value (members sorted, as the frame
+/// writer has always sent them). They are plain data: this cannot fail.
+fn params_value<T: serde::Serialize>(params: &T) -> Value {
+    serde_json::to_value(params).unwrap_or(Value::Null)
 }
 
 /// A registered connection's handle, returned by [`Notifier::attach`].
@@ -178,6 +181,27 @@ mod tests {
         n.delivery_changed("acct", "m", &st);
         assert_eq!(phone.rx.try_recv().unwrap(), Push::delivery_changed("m", &st));
         assert_eq!(laptop.rx.try_recv().unwrap(), Push::delivery_changed("m", &st));
+    }
+
+    #[test]
+    fn notification_frames_keep_their_wire_bytes() {
+        let text = |p: Push| match p {
+            Push::Notify { method, params } => format!("{method} {params}"),
+            Push::Close { .. } => unreachable!(),
+        };
+        assert_eq!(
+            text(Push::timeline_changed("acct", 7)),
+            r#"message.timeline.changed {"account_id":"acct","sequence":7}"#
+        );
+        assert_eq!(
+            text(Push::delivery_changed("m", &DeliveryStatus::target_accepted(5))),
+            r#"message.delivery.changed {"message_id":"m","status":"target_accepted"}"#
+        );
+        let failed = DeliveryStatus::failed(5, relay_schemas::RelayError::not_found("gone"));
+        assert_eq!(
+            text(Push::delivery_changed("m", &failed)),
+            r#"message.delivery.changed {"error":{"code":"not_found","message":"gone"},"message_id":"m","status":"failed"}"#
+        );
     }
 
     #[test]

@@ -77,13 +77,15 @@ impl Supervisor {
             lookup.check_send(&to)?;
             lookup.route()
         };
-        let cmd = AccountCmd::Send { device, params, digest, route: route.clone() };
+        let cmd = AccountCmd::MessageSend { device, params, digest, route: route.clone() };
         let acceptance = match self.ask(account, cmd).await? {
             Reply::Accept(acceptance) => acceptance,
             other => return self.sent(other),
         };
-        let receipt =
-            AccountCmd::Receive { params: (*acceptance.deliver).clone(), digest: acceptance.deliver_digest.clone() };
+        let receipt = AccountCmd::MessageDeliver {
+            params: (*acceptance.deliver).clone(),
+            digest: acceptance.deliver_digest.clone(),
+        };
         let outcome = match self.ask_at_once(&to, receipt).await {
             Ok(Reply::Status(status)) => AttemptOutcome::Answered(status),
             Ok(other) => AttemptOutcome::Unknown(RelayError::internal(format!("unexpected reply {other:?}"))),

@@ -441,7 +441,7 @@ impl Supervisor {
         // Answered at once: the attempt's outcome reaches the sender's client
         // only after the sender's account has written it durably, a later
         // commit that covers this receipt.
-        match self.ask_at_once(to, AccountCmd::Receive { params, digest }).await? {
+        match self.ask_at_once(to, AccountCmd::MessageDeliver { params, digest }).await? {
             Reply::Status(s) => Ok(s),
             _ => Err(RelayError::internal("unexpected reply to receive")),
         }

@@ -75,7 +75,7 @@ async fn world(alice_second: Option<&str>) -> World {
     let reg =
         alice.register_params(&alice.route(1, &relays, T0), &alice.certificate(&phone, T0, None), "relay-a", false, T0);
     let params: RegisterParams = serde_json::from_str(&reg.to_string()).unwrap();
-    sup.ask(&alice.id, AccountCmd::Register { params, digest: "r".into(), known: None }).await.unwrap();
+    sup.ask(&alice.id, AccountCmd::AccountRegister { params, digest: "r".into(), known: None }).await.unwrap();
     *script.route.lock().unwrap() = Some(Wire::from_value(&bob.route(1, &[("relay-b", "http://b")], T0)).unwrap());
     World { sup, clock, script, alice, phone, bob }
 }
@@ -93,7 +93,7 @@ impl World {
     }
 
     async fn status(&self, mid: &str) -> DeliveryStatus {
-        let cmd = AccountCmd::DeliveryStatus { device: "phone".into(), message_id: mid.into() };
+        let cmd = AccountCmd::MessageDeliveryStatus { device: "phone".into(), message_id: mid.into() };
         match self.sup.ask(&self.alice.id, cmd).await.unwrap() {
             Reply::Status(s) => s,
             other => panic!("{other:?}"),

@@ -26,7 +26,7 @@ fn register(n: u8) -> (String, AccountCmd) {
     let route = account.route(1, &[("relay-a", "http://a")], T0);
     let v = account.register_params(&route, &account.certificate(&phone, T0, None), "relay-a", false, T0);
     let params: RegisterParams = serde_json::from_str(&v.to_string()).unwrap();
-    (account.id.clone(), AccountCmd::Register { params, digest: format!("r{n}"), known: None })
+    (account.id.clone(), AccountCmd::AccountRegister { params, digest: format!("r{n}"), known: None })
 }
 
 /// Lets the actors (on this test's arbiter) run until `done` holds;
@@ -43,17 +43,17 @@ async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
 async fn a_refused_command_for_an_account_without_events_leaves_no_actor() {
     let sup = supervisor(Policy::with_relay_id("relay-a"));
     let (id, cmd) = register(1);
-    let AccountCmd::Register { params, digest, .. } = cmd else { unreachable!() };
+    let AccountCmd::AccountRegister { params, digest, .. } = cmd else { unreachable!() };
     // A newer route is known: the registration is refused in the actor.
     let account = Account::from_seed([1; 32]);
     let newer = Wire::from_value(&account.route(2, &[("relay-b", "http://b")], T0)).unwrap();
-    let e = sup.ask(&id, AccountCmd::Register { params, digest, known: Some(newer) }).await.unwrap_err();
+    let e = sup.ask(&id, AccountCmd::AccountRegister { params, digest, known: Some(newer) }).await.unwrap_err();
     assert_eq!(e.code, relay_schemas::ErrorCode::RouteStale);
     assert_eq!(sup.resident_accounts(), 0);
     // So are commands for accounts that do not exist at all.
     for n in 10..40u8 {
         let id = Account::from_seed([n; 32]).id;
-        sup.ask(&id, AccountCmd::DevicesGet).await.unwrap_err();
+        sup.ask(&id, AccountCmd::AccountDevicesGet).await.unwrap_err();
     }
     assert_eq!(sup.resident_accounts(), 0);
     // A registered account stays resident.
@@ -76,7 +76,7 @@ async fn resident_account_actors_are_capped_and_evicted_ones_load_again() {
     eventually("resident actors back under the cap", || sup.resident_accounts() <= 8).await;
     // Evicted accounts lost nothing: each answers from its events.
     for id in &ids {
-        match sup.ask(id, AccountCmd::DevicesGet).await.unwrap() {
+        match sup.ask(id, AccountCmd::AccountDevicesGet).await.unwrap() {
             Reply::Json(j) => assert!(j.contains("\"phone\""), "{j}"),
             other => panic!("{other:?}"),
         }

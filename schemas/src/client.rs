@@ -2,9 +2,9 @@
 //! example client, the load benchmark and the tests. Pure: the caller
 //! supplies keys and times.
 
-use crate::encoding::{b64_encode, jcs};
+use crate::encoding::b64_encode;
 use crate::ids::account_id_of;
-use crate::sign::{sign_object, Tag};
+use crate::sign::{sign_object, SessionProof, Tag};
 use ed25519_dalek::{Signer, SigningKey};
 use serde_json::{json, Map, Value};
 
@@ -149,12 +149,8 @@ impl Device {
 
     /// The `session.open` signature over `{account_id, device_id, challenge, relay_id}`.
     pub fn session_proof(&self, account_id: &str, challenge: &str, relay_id: &str) -> String {
-        let body =
-            json!({"account_id": account_id, "device_id": self.id, "challenge": challenge, "relay_id": relay_id});
-        let mut bytes = Tag::Session.as_str().as_bytes().to_vec();
-        bytes.push(b'\n');
-        bytes.extend_from_slice(&jcs(&body).expect("canonical"));
-        b64_encode(&self.key.sign(&bytes).to_bytes())
+        let proof = SessionProof { account_id, device_id: &self.id, challenge, relay_id };
+        b64_encode(&self.key.sign(&proof.signed_bytes().expect("canonical")).to_bytes())
     }
 }
 

@@ -210,6 +210,22 @@ impl RelayError {
     }
 }
 
+/// A peer's `{"error":…}` answer as read: the code stays text, as it may
+/// be one this version does not define ([`RelayError::from_remote`]).
+#[derive(Clone, Debug, Deserialize)]
+pub struct RemoteErrorBody {
+    pub error: RemoteError,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+pub struct RemoteError {
+    pub code: String,
+    #[serde(default)]
+    pub message: String,
+    #[serde(default)]
+    pub data: Option<Value>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,7 +10,8 @@
 //! - [`sign`]: domain-tagged Ed25519 signatures, verified strictly (and
 //!   remembered once verified, in `verified`);
 //! - [`objects`]: the core objects of PROTOCOL §2, kept byte-for-byte;
-//! - [`methods`]: params and results of every method;
+//! - [`methods`]: every method ([`Method`]: wire name, who may call it),
+//!   its params and results, and the notifications;
 //! - [`client`]: building and signing objects as a client does;
 //! - [`e2e`]: the client encryption profile `relay-e2e/v1` (PROTOCOL §8).
 //!
@@ -29,4 +30,5 @@ pub mod sign;
 mod verified;
 
 pub use error::{DeliveryHandling, ErrorCode, RelayError};
+pub use methods::{Caller, Method};
 pub use objects::{DeliveryStatus, Status, Wire};

@@ -1,11 +1,146 @@
-//! Params and results of the client methods (PROTOCOL §4) and relay
-//! methods (§5). Params keep unknown members out of the typed view; the
-//! transport keeps the whole params object for idempotency.
+//! The methods: [`Method`], one variant per client method (PROTOCOL §4)
+//! and relay method (§5) with its wire name and caller, then the params
+//! and results of each. Params keep unknown members out of the typed view;
+//! the transport keeps the whole params object for idempotency.
 
 use crate::objects::{present, *};
 use serde::{Deserialize, Serialize};
 
-/// The client methods of PROTOCOL §4, and the Web Push methods of §9.
+/// Who may call a method: anyone (rate limited per client address), a
+/// device with a session at this relay, or a configured peer relay.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Caller {
+    None,
+    Session,
+    Relay,
+}
+
+/// Every method this relay serves, one variant per wire method and side:
+/// `route.get` and `account.devices.get` are served to clients
+/// (`/v1/rpc`) and to peers (`/v1/relay`), with different callers and
+/// rules, so each has a `Relay…` variant too. The variant is the wire name
+/// in camel case; the relay's handler is `src/method/<wire_name>.rs`
+/// (dots as underscores).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Method {
+    AccountRegister,
+    SessionChallenge,
+    SessionOpen,
+    SessionAttach,
+    DeviceAdd,
+    DeviceRevoke,
+    AccountDevicesGet,
+    AccountSettingsUpdate,
+    RouteGet,
+    RouteUpdate,
+    ContactRevoke,
+    MessageSend,
+    MessageDeliveryStatus,
+    MessageTimelineSync,
+    MessageTimelineAck,
+    PushVapidKey,
+    PushSubscribe,
+    PushUnsubscribe,
+    MessageDeliver,
+    RelayRouteGet,
+    RelayAccountDevicesGet,
+    MessageDeliveryPeerStatus,
+}
+
+impl Method {
+    /// Every variant, client methods first, in PROTOCOL order.
+    pub const ALL: [Method; 22] = {
+        use Method::*;
+        [
+            AccountRegister,
+            SessionChallenge,
+            SessionOpen,
+            SessionAttach,
+            DeviceAdd,
+            DeviceRevoke,
+            AccountDevicesGet,
+            AccountSettingsUpdate,
+            RouteGet,
+            RouteUpdate,
+            ContactRevoke,
+            MessageSend,
+            MessageDeliveryStatus,
+            MessageTimelineSync,
+            MessageTimelineAck,
+            PushVapidKey,
+            PushSubscribe,
+            PushUnsubscribe,
+            MessageDeliver,
+            RelayRouteGet,
+            RelayAccountDevicesGet,
+            MessageDeliveryPeerStatus,
+        ]
+    };
+
+    /// The wire name (both sides of a shared name answer the same).
+    pub const fn as_str(self) -> &'static str {
+        use Method::*;
+        match self {
+            AccountRegister => "account.register",
+            SessionChallenge => "session.challenge",
+            SessionOpen => "session.open",
+            SessionAttach => "session.attach",
+            DeviceAdd => "device.add",
+            DeviceRevoke => "device.revoke",
+            AccountDevicesGet | RelayAccountDevicesGet => "account.devices.get",
+            AccountSettingsUpdate => "account.settings.update",
+            RouteGet | RelayRouteGet => "route.get",
+            RouteUpdate => "route.update",
+            ContactRevoke => "contact.revoke",
+            MessageSend => "message.send",
+            MessageDeliveryStatus => "message.delivery.status",
+            MessageTimelineSync => "message.timeline.sync",
+            MessageTimelineAck => "message.timeline.ack",
+            PushVapidKey => "push.vapid_key",
+            PushSubscribe => "push.subscribe",
+            PushUnsubscribe => "push.unsubscribe",
+            MessageDeliver => "message.deliver",
+            MessageDeliveryPeerStatus => "message.delivery.peer_status",
+        }
+    }
+
+    /// Who may call it. `Caller::None` methods are rate limited per client
+    /// address; `route.get` also takes an optional session (then it asks
+    /// the peers too). `session.attach` attaches a session on a WebSocket.
+    pub const fn caller(self) -> Caller {
+        use Method::*;
+        match self {
+            AccountRegister | SessionChallenge | SessionOpen | RouteGet | PushVapidKey => Caller::None,
+            SessionAttach
+            | DeviceAdd
+            | DeviceRevoke
+            | AccountDevicesGet
+            | AccountSettingsUpdate
+            | RouteUpdate
+            | ContactRevoke
+            | MessageSend
+            | MessageDeliveryStatus
+            | MessageTimelineSync
+            | MessageTimelineAck
+            | PushSubscribe
+            | PushUnsubscribe => Caller::Session,
+            MessageDeliver | RelayRouteGet | RelayAccountDevicesGet | MessageDeliveryPeerStatus => Caller::Relay,
+        }
+    }
+
+    /// A client method (`POST /v1/rpc/{method}`, WebSocket frames) by wire name.
+    pub fn from_client_wire(name: &str) -> Option<Method> {
+        Self::ALL.into_iter().find(|m| m.caller() != Caller::Relay && m.as_str() == name)
+    }
+
+    /// A relay method (`POST /v1/relay/{method}`) by wire name.
+    pub fn from_relay_wire(name: &str) -> Option<Method> {
+        Self::ALL.into_iter().find(|m| m.caller() == Caller::Relay && m.as_str() == name)
+    }
+}
+
+/// The client methods of PROTOCOL §4, and the Web Push methods of §9
+/// (checked against [`Method`] by a test).
 pub const CLIENT_METHODS: &[&str] = &[
     "account.register",
     "session.challenge",
@@ -27,7 +162,8 @@ pub const CLIENT_METHODS: &[&str] = &[
     "push.unsubscribe",
 ];
 
-/// The relay methods of PROTOCOL §5 that this relay serves.
+/// The relay methods of PROTOCOL §5 that this relay serves (checked
+/// against [`Method`] by a test).
 pub const RELAY_METHODS: &[&str] =
     &["message.deliver", "route.get", "account.devices.get", "message.delivery.peer_status"];
 
@@ -91,7 +227,7 @@ pub struct DeviceRevokeParams {
     pub revocation: Wire<DeviceRevocation>,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct AccountIdParams {
     pub account_id: String,
 }
@@ -150,6 +286,23 @@ pub struct MessageIdParams {
     pub message_id: String,
 }
 
+/// `message.delivery.peer_status` params (a relay method): the sender's
+/// account and the message.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PeerStatusParams {
+    pub from: String,
+    pub message_id: String,
+}
+
+/// `message.delivery.peer_status` result: whether the asked relay knows the
+/// message, and its status if so.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PeerStatusResult {
+    pub known: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<DeliveryStatus>,
+}
+
 pub const SYNC_DEFAULT_LIMIT: u32 = 100;
 pub const SYNC_MAX_LIMIT: u32 = 500;
 
@@ -170,6 +323,36 @@ pub struct SyncResult<'a> {
 #[derive(Clone, Debug, Deserialize)]
 pub struct AckParams {
     pub through: u64,
+}
+
+// ---- Notifications (PROTOCOL §3, §4) ------------------------------------------
+
+/// The notifications a relay pushes to connected devices, as
+/// `{"method", "params"}` frames.
+pub mod notifications {
+    use crate::{RelayError, Status};
+    use serde::{Deserialize, Serialize};
+
+    /// The account's timeline has records up to `sequence`.
+    pub const TIMELINE_CHANGED: &str = "message.timeline.changed";
+    /// A message this account sent has a new delivery status.
+    pub const DELIVERY_CHANGED: &str = "message.delivery.changed";
+
+    /// [`TIMELINE_CHANGED`] params.
+    #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+    pub struct TimelineChanged {
+        pub account_id: String,
+        pub sequence: u64,
+    }
+
+    /// [`DELIVERY_CHANGED`] params: `error` iff `failed`.
+    #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+    pub struct DeliveryChanged {
+        pub message_id: String,
+        pub status: Status,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub error: Option<RelayError>,
+    }
 }
 
 // ---- Web Push (PROTOCOL §9) ---------------------------------------------------
@@ -296,7 +479,32 @@ impl PushPayload {
 
 #[cfg(test)]
 mod tests {
-    use super::is_private_host;
+    use super::{is_private_host, Caller, Method, CLIENT_METHODS, RELAY_METHODS};
+
+    #[test]
+    fn the_method_lists_are_the_method_enum() {
+        let names = |relay: bool| -> Vec<&str> {
+            Method::ALL.into_iter().filter(|m| (m.caller() == Caller::Relay) == relay).map(Method::as_str).collect()
+        };
+        assert_eq!(names(false), CLIENT_METHODS);
+        assert_eq!(names(true), RELAY_METHODS);
+        for m in Method::ALL {
+            let found = match m.caller() {
+                Caller::Relay => Method::from_relay_wire(m.as_str()),
+                _ => Method::from_client_wire(m.as_str()),
+            };
+            assert_eq!(found, Some(m), "{m:?}");
+            // The variant is the wire name in camel case (a relay-side twin adds `Relay`).
+            let camel: String = m.as_str().split(['.', '_']).map(|w| w[..1].to_uppercase() + &w[1..]).collect();
+            let variant = format!("{m:?}");
+            assert_eq!(
+                variant.strip_prefix("Relay").filter(|_| m.caller() == Caller::Relay).unwrap_or(&variant),
+                camel
+            );
+        }
+        assert_eq!(Method::from_client_wire("message.deliver"), None);
+        assert_eq!(Method::from_relay_wire("message.send"), None);
+    }
 
     #[test]
     fn push_endpoints_naming_local_or_private_hosts_are_recognised() {

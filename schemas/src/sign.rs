@@ -155,6 +155,25 @@ pub fn relay_request_bytes(method: &str, target: &str, timestamp: u64, body: &[u
         .into_bytes()
 }
 
+/// What a device signs to open a session (PROTOCOL §4 `session.open`).
+#[derive(serde::Serialize)]
+pub struct SessionProof<'a> {
+    pub account_id: &'a str,
+    pub device_id: &'a str,
+    pub challenge: &'a str,
+    pub relay_id: &'a str,
+}
+
+impl SessionProof<'_> {
+    /// The signed bytes: `relay/v1/session\n` + JCS of the object.
+    pub fn signed_bytes(&self) -> Result<Vec<u8>, RelayError> {
+        let mut bytes = Tag::Session.as_str().as_bytes().to_vec();
+        bytes.push(b'\n');
+        bytes.extend_from_slice(&jcs(self)?);
+        Ok(bytes)
+    }
+}
+
 /// The `Relay-Signature` header value for a request.
 pub fn sign_relay_request(key: &SigningKey, method: &str, target: &str, timestamp: u64, body: &[u8]) -> String {
     b64_encode(&key.sign(&relay_request_bytes(method, target, timestamp, body)).to_bytes())

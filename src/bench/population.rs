@@ -7,7 +7,7 @@
 //! `relay serve` does (from relay-a's config file), builds a [`Supervisor`]
 //! with relay-a's policy (a short `passivate_after`, so the seeded actors
 //! leave memory) and a transport without peers, and asks every account's
-//! actor `AccountCmd::Register` with the params a client would POST to
+//! actor `AccountCmd::AccountRegister` with the params a client would POST to
 //! `account.register`: the real decide/persist path, so the data is what a
 //! live registration writes. Keys, signatures and params are built by
 //! worker threads and streamed into the registrations, many in flight.
@@ -162,7 +162,7 @@ fn register_all(
                     Some(Ok(reg)) => {
                         let sup = sup.clone();
                         in_flight.push(async move {
-                            let cmd = AccountCmd::Register { params: reg.params, digest: reg.digest, known: None };
+                            let cmd = AccountCmd::AccountRegister { params: reg.params, digest: reg.digest, known: None };
                             sup.ask(&reg.account_id, cmd)
                                 .await
                                 .map_err(|e| format!("account.register {}: {}", reg.account_id, e.message))

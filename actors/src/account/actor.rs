@@ -24,19 +24,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Every command an account takes. `device` is the session's device, taken
-/// from the authenticated session, never from params.
+/// from the authenticated session, never from params. A command that
+/// serves a protocol method is named after it (`message.deliver` is
+/// `MessageDeliver`); the others are the relay's own.
 #[derive(Debug)]
 pub enum AccountCmd {
-    Register {
+    AccountRegister {
         params: RegisterParams,
         digest: String,
         /// The highest route of the account known here or at the peers.
         known: Option<relay_schemas::Wire<relay_schemas::objects::Route>>,
     },
-    Challenge {
+    SessionChallenge {
         device_id: String,
     },
-    OpenSession {
+    SessionOpen {
         params: SessionOpenParams,
     },
     CheckSession {
@@ -55,8 +57,8 @@ pub enum AccountCmd {
         device: String,
         params: DeviceRevokeParams,
     },
-    DevicesGet,
-    SettingsUpdate {
+    AccountDevicesGet,
+    AccountSettingsUpdate {
         device: String,
         params: SettingsUpdateParams,
     },
@@ -74,7 +76,7 @@ pub enum AccountCmd {
     /// ([`crate::send`]) delivers first and settles after. Otherwise writes
     /// the acceptance with its delivery (and the first attempt when `route`
     /// is known) and answers [`Reply::Accepted`].
-    Send {
+    MessageSend {
         device: String,
         params: SendParams,
         digest: String,
@@ -93,7 +95,7 @@ pub enum AccountCmd {
         route: Option<Wire<Route>>,
         first: Option<AttemptOutcome>,
     },
-    Receive {
+    MessageDeliver {
         params: DeliverParams,
         digest: String,
     },
@@ -104,17 +106,17 @@ pub enum AccountCmd {
         status: DeliveryStatus,
         settlement: Option<Settlement>,
     },
-    DeliveryStatus {
+    MessageDeliveryStatus {
         device: String,
         message_id: String,
     },
     /// `message.delivery.peer_status` from `peer`, one of this account's home
     /// relays: read-only.
-    PeerStatus {
+    MessageDeliveryPeerStatus {
         peer: String,
         message_id: String,
     },
-    Sync {
+    MessageTimelineSync {
         device: String,
         params: SyncParams,
     },
@@ -123,7 +125,7 @@ pub enum AccountCmd {
     Backlog {
         device: String,
     },
-    Ack {
+    MessageTimelineAck {
         device: String,
         params: AckParams,
     },
@@ -483,16 +485,16 @@ impl AccountActor {
         let ctx = Ctx { now, policy: &policy };
         let session = |device: &str| decide::check_session(&self.state, device, ctx);
         match cmd {
-            AccountCmd::Register { params, digest, known } => {
+            AccountCmd::AccountRegister { params, digest, known } => {
                 let events = decide::register(&self.state, params, digest, known.as_ref(), ctx)?;
                 self.persist(events, |_| {})?;
                 let route = self.state.route().ok_or_else(|| RelayError::internal("route missing"))?;
                 Reply::json(&RegisterResult { account_id: &self.state.account_id, route })
             }
-            AccountCmd::Challenge { device_id } => {
+            AccountCmd::SessionChallenge { device_id } => {
                 Reply::json(&self.challenges.issue(&self.state, device_id, rand::random(), ctx)?)
             }
-            AccountCmd::OpenSession { params } => {
+            AccountCmd::SessionOpen { params } => {
                 let grant = self.challenges.answer(&self.state, params, ctx)?;
                 self.open_session(grant, &policy)
             }
@@ -522,7 +524,7 @@ impl AccountActor {
                 self.sup.notifier().disconnect(&self.state.account_id, &params.revocation.device_id, "device revoked");
                 Ok(Reply::empty())
             }
-            AccountCmd::DevicesGet => {
+            AccountCmd::AccountDevicesGet => {
                 if !self.state.is_registered() {
                     return Err(RelayError::not_found("unknown account"));
                 }
@@ -531,7 +533,7 @@ impl AccountActor {
                     revocations: self.state.revocations.values().collect(),
                 })
             }
-            AccountCmd::SettingsUpdate { device, params } => {
+            AccountCmd::AccountSettingsUpdate { device, params } => {
                 session(device)?;
                 let events = decide::update_settings(&self.state, params.public_discovery)?;
                 self.persist(events, |_| {})?;
@@ -555,7 +557,7 @@ impl AccountActor {
                 self.persist(events, |_| {})?;
                 Ok(Reply::empty())
             }
-            AccountCmd::Send { device, params, digest, route } => {
+            AccountCmd::MessageSend { device, params, digest, route } => {
                 session(device)?;
                 self.send(device, params, digest, route.as_ref(), ctx)
             }
@@ -583,7 +585,7 @@ impl AccountActor {
                     None => self.accept((**acceptance).clone(), route.as_ref(), first.clone(), ctx),
                 }
             }
-            AccountCmd::Receive { params, digest } => {
+            AccountCmd::MessageDeliver { params, digest } => {
                 let prior = self.receipt_entry(&params.envelope.from, &params.envelope.message_id)?;
                 match decide::receive(&self.state, prior.as_ref(), params, digest, ctx)? {
                     ReceiveDecision::Duplicate(status) => Ok(Reply::Status(status)),
@@ -611,22 +613,22 @@ impl AccountActor {
                 })?;
                 Ok(Reply::Settled { status: current.unwrap_or_else(|| status.clone()), head })
             }
-            AccountCmd::DeliveryStatus { device, message_id } => {
+            AccountCmd::MessageDeliveryStatus { device, message_id } => {
                 session(device)?;
                 relay_schemas::ids::check_message_id("message_id", message_id)?;
                 Ok(Reply::Status(decide::delivery_status(self.send_entry(message_id)?.as_ref(), now)?))
             }
-            AccountCmd::PeerStatus { peer, message_id } => {
+            AccountCmd::MessageDeliveryPeerStatus { peer, message_id } => {
                 let route = self.state.route().ok_or_else(|| RelayError::not_found("unknown account"))?;
                 if !route.lists_relay(peer) {
                     return Err(RelayError::forbidden("only the account's other home relay may ask"));
                 }
-                match self.send_entry(message_id)? {
-                    Some(e) => Reply::json(&json!({ "known": true, "status": e.status })),
-                    None => Reply::json(&json!({ "known": false })),
-                }
+                let status = self.send_entry(message_id)?.map(|e| e.status.clone());
+                let result = PeerStatusResult { known: status.is_some(), status };
+                // Through a JSON value, as this answer has always been sent: members sorted.
+                Reply::json(&serde_json::to_value(result).map_err(|e| internal(&e))?)
             }
-            AccountCmd::Sync { device, params } => {
+            AccountCmd::MessageTimelineSync { device, params } => {
                 session(device)?;
                 self.sync(device, params)
             }
@@ -634,7 +636,7 @@ impl AccountActor {
                 session(device)?;
                 Reply::json(&json!({ "latest": self.backlog(device)? }))
             }
-            AccountCmd::Ack { device, params } => {
+            AccountCmd::MessageTimelineAck { device, params } => {
                 session(device)?;
                 let events = decide::ack(&self.state, device, params.through)?;
                 self.persist(events, |_| {})?;

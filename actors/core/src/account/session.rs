@@ -5,9 +5,9 @@
 
 use super::decide::Ctx;
 use super::state::AccountState;
-use relay_schemas::encoding::{b64_encode, jcs};
+use relay_schemas::encoding::b64_encode;
 use relay_schemas::methods::{ChallengeResult, SessionOpenParams};
-use relay_schemas::sign::{verify_bytes, Tag};
+use relay_schemas::sign::{verify_bytes, SessionProof};
 use relay_schemas::RelayError;
 use std::collections::HashMap;
 use subtle::ConstantTimeEq;
@@ -75,16 +75,13 @@ impl Challenges {
         else {
             return Err(RelayError::unauthorized("unknown or expired challenge"));
         };
-        let signed = serde_json::json!({
-            "account_id": p.account_id,
-            "device_id": p.device_id,
-            "challenge": p.challenge,
-            "relay_id": ctx.policy.relay_id,
-        });
-        let mut bytes = Tag::Session.as_str().as_bytes().to_vec();
-        bytes.push(b'\n');
-        bytes.extend_from_slice(&jcs(&signed)?);
-        verify_bytes(key, &bytes, &p.signature)?;
+        let proof = SessionProof {
+            account_id: &p.account_id,
+            device_id: &p.device_id,
+            challenge: &p.challenge,
+            relay_id: &ctx.policy.relay_id,
+        };
+        verify_bytes(key, &proof.signed_bytes()?, &p.signature)?;
         list.remove(pos);
         Ok(Grant {
             account_id: p.account_id.clone(),

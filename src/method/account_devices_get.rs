@@ -1,0 +1,50 @@
+//! `account.devices.get`, both sides. A client (PROTOCOL §4) with a session
+//! may read any account's devices: a local account answers here, another
+//! is asked of its home relay. A peer (PROTOCOL §5) reads only accounts
+//! served here, so a question never travels further.
+
+use crate::peers::CallError;
+use crate::rpc::{parse, Relay};
+use relay_actors::account::AccountCmd;
+use relay_schemas::ids::check_account_id;
+use relay_schemas::methods::AccountIdParams;
+use relay_schemas::{ErrorCode, Method, RelayError};
+
+caller!(AccountDevicesGet, Session);
+caller!(RelayAccountDevicesGet, Relay);
+
+pub(crate) async fn handle(relay: &Relay, token: Option<&str>, body: &[u8]) -> Result<String, RelayError> {
+    let s = relay.session(token)?;
+    let p: AccountIdParams = parse(body)?;
+    // The caller's own session must still be valid.
+    relay.supervisor().ask(&s.account_id, AccountCmd::CheckSession { device: s.device_id }).await?;
+    check_account_id("account_id", &p.account_id)?;
+    if relay.supervisor().account_exists(&p.account_id)? {
+        return relay.local(&p.account_id, ErrorCode::NotFound, AccountCmd::AccountDevicesGet).await;
+    }
+    remote_devices(relay, &p.account_id, body).await
+}
+
+/// For an account served elsewhere: asked of its home relay (the first of
+/// its route that answers).
+async fn remote_devices(relay: &Relay, account_id: &str, body: &[u8]) -> Result<String, RelayError> {
+    let route = relay.supervisor().resolve_route(account_id, false).await;
+    let route = route.ok_or_else(|| RelayError::not_found(format!("account {account_id} is not known")))?;
+    let mut last = RelayError::new(ErrorCode::BadGateway, "no home relay answered");
+    for home in route.relays.iter() {
+        match relay.peers().call(&home.id, Method::RelayAccountDevicesGet, body.to_vec()).await {
+            Ok(bytes) => {
+                return String::from_utf8(bytes.to_vec())
+                    .map_err(|_| RelayError::new(ErrorCode::BadGateway, "non-UTF-8 answer"))
+            }
+            Err(CallError::Answered { error, .. }) => return Err(error),
+            Err(CallError::NotSent(e) | CallError::Unknown(e)) => last = e,
+        }
+    }
+    Err(RelayError::new(ErrorCode::BadGateway, last.message))
+}
+
+pub(crate) async fn handle_relay(relay: &Relay, _peer: &str, body: &[u8]) -> Result<String, RelayError> {
+    let p: AccountIdParams = parse(body)?;
+    Relay::json_of(relay.on_local(&p.account_id, AccountCmd::AccountDevicesGet).await?)
+}
