@@ -9,7 +9,7 @@ use ed25519_dalek::VerifyingKey;
 use relay_actors::account::{AccountCmd, Reply};
 use relay_schemas::ids::check_account_id;
 use relay_schemas::sign::{relay_request_bytes, verify_bytes};
-use relay_schemas::{ErrorCode, Method, RelayError};
+use relay_schemas::{Method, RelayError};
 use std::collections::HashMap;
 
 /// The request headers of a relay call.
@@ -56,11 +56,9 @@ impl Relay {
     /// Where an account this relay does not serve lives now: `route_stale`
     /// with the newer route when one is known, else `target_not_local`.
     fn not_served_here(&self, account_id: &str) -> RelayError {
-        match self.supervisor().routes().get(account_id).ok().flatten() {
-            Some(route) => RelayError::new(ErrorCode::RouteStale, "the account is served by other relays")
-                .with_data(serde_json::json!({ "route": route })),
-            None => RelayError::new(ErrorCode::TargetNotLocal, "this relay does not serve the account"),
-        }
+        relay_actors::account::decide::not_served_here(
+            self.supervisor().routes().get(account_id).ok().flatten().as_ref(),
+        )
     }
 
     /// A command to a local account named by a peer; an account not served

@@ -619,10 +619,7 @@ impl AccountActor {
                 Ok(Reply::Status(decide::delivery_status(self.send_entry(message_id)?.as_ref(), now)?))
             }
             AccountCmd::MessageDeliveryPeerStatus { peer, message_id } => {
-                let route = self.state.route().ok_or_else(|| RelayError::not_found("unknown account"))?;
-                if !route.lists_relay(peer) {
-                    return Err(RelayError::forbidden("only the account's other home relay may ask"));
-                }
+                decide::may_ask_peer_status(&self.state, peer)?;
                 let status = self.send_entry(message_id)?.map(|e| e.status.clone());
                 let result = PeerStatusResult { known: status.is_some(), status };
                 // Through a JSON value, as this answer has always been sent: members sorted.

@@ -2090,6 +2090,17 @@ fn a_small_map_reads_and_writes_as_the_btree_map_it_replaces() {
     assert_eq!((m["phone"], m.get("tablet"), m.len()), (3, None, 2));
 }
 
+// ---- message.delivery.peer_status ------------------------------------------------
+
+#[test]
+fn peer_status_is_answered_only_to_a_relay_the_accounts_route_names() {
+    let two_homes = registered_with(&alice(), &register_value(&alice(), &phone(), &[RELAY, "relay-b"], None));
+    let s = given(&alice(), &[two_homes]);
+    assert!(decide::may_ask_peer_status(&s, "relay-b").is_ok());
+    then_error(decide::may_ask_peer_status(&s, "relay-c"), ErrorCode::Forbidden);
+    then_error(decide::may_ask_peer_status(&AccountState::new(&alice().id), "relay-b"), ErrorCode::NotFound);
+}
+
 // ---- Web Push (PROTOCOL §9) -------------------------------------------------------
 
 fn push_params(n: u8) -> relay_schemas::methods::PushSubscribeParams {

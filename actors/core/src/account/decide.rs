@@ -35,8 +35,17 @@ fn served_here(state: &AccountState, ctx: Ctx) -> Result<(), RelayError> {
     if route.lists_relay(&ctx.policy.relay_id) {
         return Ok(());
     }
-    Err(RelayError::new(ErrorCode::RouteStale, "the account's current route names other relays")
-        .with_data(serde_json::json!({ "route": route })))
+    Err(not_served_here(Some(route)))
+}
+
+/// Where an account this relay does not serve lives now: `route_stale`
+/// with the newest route known here, else `target_not_local`.
+pub fn not_served_here(known: Option<&Wire<Route>>) -> RelayError {
+    match known {
+        Some(route) => RelayError::new(ErrorCode::RouteStale, "the account's current route names other relays")
+            .with_data(serde_json::json!({ "route": route })),
+        None => RelayError::new(ErrorCode::TargetNotLocal, "this relay does not serve the account"),
+    }
 }
 
 /// The session's device must still be valid (a revoked device's sessions
@@ -98,6 +107,17 @@ fn idempotent(digest: &str, stored_digest: &str, retention_until: u64, now: u64)
 fn retained(retention_until: u64, now: u64) -> Result<(), RelayError> {
     if retention_until < now {
         return Err(RelayError::new(ErrorCode::MessageExpired, "result retention has ended"));
+    }
+    Ok(())
+}
+
+/// `message.delivery.peer_status` is answered only to a relay the
+/// account's current route names: its other home (SHiNE's read-only
+/// exchange of delivery results between a user's two servers).
+pub fn may_ask_peer_status(state: &AccountState, peer: &str) -> Result<(), RelayError> {
+    let route = state.route().ok_or_else(|| RelayError::not_found("unknown account"))?;
+    if !route.lists_relay(peer) {
+        return Err(RelayError::forbidden("only the account's other home relay may ask"));
     }
     Ok(())
 }
@@ -651,6 +671,16 @@ mod tests {
     fn entry(retention_until: u64) -> SendEntry {
         let status = DeliveryStatus::target_accepted(10);
         SendEntry { digest: "d".into(), to: "b".into(), deadline: 50, retention_until, status, sequence: None }
+    }
+
+    #[test]
+    fn an_account_not_served_here_is_pointed_at_its_newer_route_or_is_not_local() {
+        let route = relay_schemas::client::Account::from_seed([5; 32]).route(3, &[("relay-c", "http://c")], 1);
+        let route: Wire<Route> = Wire::from_value(&route).unwrap();
+        let e = not_served_here(Some(&route));
+        assert_eq!(e.code, ErrorCode::RouteStale);
+        assert_eq!(e.data.unwrap()["route"]["revision"], 3);
+        assert_eq!(not_served_here(None).code, ErrorCode::TargetNotLocal);
     }
 
     #[test]
