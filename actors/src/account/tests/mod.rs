@@ -1,0 +1,457 @@
+//! Rules of the account core, given(events) / when(command) / then(events or error).
+//!
+//! Every test is named after the rule it checks (the seed "Message Delivery"
+//! chapter and PROTOCOL.md §1, §2, §4). Past events are data: `Registered`
+//! is produced by `decide::register` on an empty state (so the fixture itself
+//! passes the rules); message events are produced by `decide::send` /
+//! `decide::receive` on the state they are decided against.
+//!
+//! This file holds the fixture and the given/when/then helpers; the rules
+//! are in one file per protocol method (`account_register.rs`,
+//! `message_send.rs`, `message_deliver.rs`, …) plus `snapshots.rs` and
+//! `upgrade.rs`.
+
+use super::decide::{self, Ctx, ReceiveDecision, SendDecision};
+use super::events::{AccountEvent, Record};
+use super::ledger::{Ledger, SendEntry};
+use super::state::AccountState;
+use crate::policy::Policy;
+use ed25519_dalek::SigningKey;
+use relay_schemas::client::{key_box, Account, Device};
+use relay_schemas::encoding::jcs_digest;
+use relay_schemas::methods::{ContactRevokeParams, DeliverParams, RegisterParams, SendParams};
+use relay_schemas::objects::{DeviceCertificate, DeviceRevocation, Route};
+use relay_schemas::sign::{sign_object, Tag};
+use relay_schemas::{DeliveryStatus, ErrorCode, RelayError, Status, Wire};
+use serde::de::DeserializeOwned;
+use serde_json::{json, Value};
+use std::fmt::Debug;
+use std::ops::Deref;
+use std::sync::LazyLock;
+
+// ---- fixture ------------------------------------------------------------------
+
+const NOW: u64 = 1_764_400_000;
+/// When the fixture's routes and certificates were issued.
+const ISSUED: u64 = NOW - 86_400;
+const RELAY: &str = "relay-a";
+const URL_A: &str = "https://a.example";
+const URL_B: &str = "https://b.example";
+
+static POLICY: LazyLock<Policy> = LazyLock::new(|| Policy::with_relay_id(RELAY));
+
+/// Decisions at `now` under this relay's default policy.
+fn at(now: u64) -> Ctx<'static> {
+    Ctx { now, policy: &POLICY }
+}
+
+/// Decisions at `now` under another policy of this relay.
+fn under(policy: &Policy, now: u64) -> Ctx<'_> {
+    Ctx { now, policy }
+}
+
+fn age_limit() -> u64 {
+    POLICY.delivery_age_limit
+}
+
+fn retention() -> u64 {
+    POLICY.message_retention
+}
+
+fn alice() -> Account {
+    Account::from_seed([1; 32])
+}
+fn bob() -> Account {
+    Account::from_seed([2; 32])
+}
+fn carol() -> Account {
+    Account::from_seed([3; 32])
+}
+
+// Alice's devices.
+fn phone() -> Device {
+    Device::from_seed("phone", [11; 32])
+}
+fn laptop() -> Device {
+    Device::from_seed("laptop", [12; 32])
+}
+fn tablet() -> Device {
+    Device::from_seed("tablet", [13; 32])
+}
+// Other accounts' devices.
+fn bob_phone() -> Device {
+    Device::from_seed("bob-phone", [21; 32])
+}
+fn bob_laptop() -> Device {
+    Device::from_seed("bob-laptop", [22; 32])
+}
+fn carol_phone() -> Device {
+    Device::from_seed("carol-phone", [31; 32])
+}
+
+/// A message id (16–64 chars).
+fn mid(n: u32) -> String {
+    format!("message-{n:012}")
+}
+
+fn parse<T: DeserializeOwned>(v: &Value) -> T {
+    // `Wire<T>` deserializes through RawValue: go through the text.
+    serde_json::from_str(&v.to_string()).expect("fixture params parse")
+}
+
+fn wire<T: DeserializeOwned>(v: &Value) -> Wire<T> {
+    Wire::from_value(v).expect("fixture object parses")
+}
+
+/// blake3(JCS(params)), hex: what the transport hands the core.
+fn digest(v: &Value) -> String {
+    hex::encode(jcs_digest(v).expect("canonical"))
+}
+
+/// Signs `v` under `tag` with `key` (for hand-made or re-signed objects).
+fn signed(tag: Tag, v: Value, key: &SigningKey) -> Value {
+    let mut m = v.as_object().expect("object").clone();
+    sign_object(tag, &mut m, key);
+    Value::Object(m)
+}
+
+/// `v` with `field` set to `value`, signature left as it was.
+fn tampered(mut v: Value, field: &str, value: Value) -> Value {
+    v[field] = value;
+    v
+}
+
+fn route(acct: &Account, revision: u64, relays: &[&str]) -> Value {
+    let relays: Vec<(&str, &str)> = relays.iter().map(|r| (*r, if *r == RELAY { URL_A } else { URL_B })).collect();
+    acct.route(revision, &relays, ISSUED)
+}
+
+fn cert(acct: &Account, dev: &Device) -> Value {
+    acct.certificate(dev, ISSUED, None)
+}
+
+/// The account key's Registration asking this relay to serve `acct`.
+fn registration(acct: &Account, public_discovery: bool) -> Value {
+    acct.registration(RELAY, public_discovery, NOW)
+}
+
+/// `account.register` params; the registration's `public_discovery` is the
+/// one `settings` names (the earlier form, kept only where a test sets it).
+fn register_value(acct: &Account, dev: &Device, relays: &[&str], settings: Option<Value>) -> Value {
+    let public = settings.as_ref().and_then(|s| s["public_discovery"].as_bool()).unwrap_or(false);
+    let mut v = json!({"route": route(acct, 1, relays), "device_certificate": cert(acct, dev),
+                       "registration": registration(acct, public)});
+    if let Some(s) = settings {
+        v["settings"] = s;
+    }
+    v
+}
+
+fn boxes(ids: &[&str]) -> Value {
+    Value::Array(ids.iter().map(|d| key_box(d, format!("box-for-{d}").as_bytes())).collect())
+}
+
+fn envelope(dev: &Device, from: &Account, to: &Account, n: u32, created_at: u64) -> Value {
+    dev.envelope(&from.id, &to.id, &mid(n), created_at, b"opaque ciphertext")
+}
+
+fn send_value(env: Value, recipients: &[&str], senders: Option<&[&str]>) -> Value {
+    let mut v = json!({"envelope": env, "recipient_boxes": boxes(recipients)});
+    if let Some(s) = senders {
+        v["sender_boxes"] = boxes(s);
+    }
+    v
+}
+
+fn deliver_value(env: Value, recipients: &[&str], sender_cert: Value) -> Value {
+    json!({"envelope": env, "recipient_boxes": boxes(recipients), "sender_device_certificate": sender_cert})
+}
+
+fn with_auth(mut v: Value, auth: Value) -> Value {
+    v["authorization"] = auth;
+    v
+}
+
+fn grant_auth(g: Value) -> Value {
+    json!({ "contact_grant": g })
+}
+
+fn invite_auth(i: Value) -> Value {
+    json!({ "contact_invite": i })
+}
+
+/// Alice's grant letting Bob deliver to her.
+fn grant_alice_to_bob() -> Value {
+    alice().grant("grant-bob", &bob().id, ISSUED, Some(NOW + 86_400))
+}
+
+// ---- events -------------------------------------------------------------------
+
+fn registered_with(acct: &Account, params: &Value) -> AccountEvent {
+    let p: RegisterParams = parse(params);
+    let mut events = decide::register(&AccountState::new(&acct.id), &p, &digest(params), None, at(NOW))
+        .expect("fixture registration is valid");
+    assert_eq!(events.len(), 1);
+    events.remove(0)
+}
+
+fn registered(acct: &Account, dev: &Device) -> AccountEvent {
+    registered_with(acct, &register_value(acct, dev, &[RELAY], None))
+}
+
+fn device_added(acct: &Account, dev: &Device) -> AccountEvent {
+    AccountEvent::DeviceAdded { device_certificate: wire(&cert(acct, dev)) }
+}
+
+fn device_added_cert(c: &Value) -> AccountEvent {
+    AccountEvent::DeviceAdded { device_certificate: wire(c) }
+}
+
+fn device_revoked(acct: &Account, device_id: &str) -> AccountEvent {
+    AccountEvent::DeviceRevoked { revocation: wire(&acct.revocation(device_id, NOW - 10)) }
+}
+
+fn route_updated(v: &Value) -> AccountEvent {
+    AccountEvent::RouteUpdated { route: wire(v) }
+}
+
+fn public_discovery(on: bool) -> AccountEvent {
+    AccountEvent::SettingsUpdated { public_discovery: on }
+}
+
+fn contact_revoked(kind: &str, id: &str) -> AccountEvent {
+    AccountEvent::ContactRevoked { kind: kind.into(), id: id.into() }
+}
+
+/// Alice on this relay with her phone (registration) and laptop.
+fn alice_history() -> Vec<AccountEvent> {
+    vec![registered(&alice(), &phone()), device_added(&alice(), &laptop())]
+}
+
+fn history(extra: impl IntoIterator<Item = AccountEvent>) -> Vec<AccountEvent> {
+    let mut h = alice_history();
+    h.extend(extra);
+    h
+}
+
+/// An account as its actor has it: the state its events fold to, and its
+/// ledger (which the actor keeps in the store, not in the state).
+#[derive(Clone, Debug)]
+struct Given {
+    state: AccountState,
+    ledger: Ledger,
+}
+
+impl Deref for Given {
+    type Target = AccountState;
+    fn deref(&self) -> &AccountState {
+        &self.state
+    }
+}
+
+impl Given {
+    fn new(account_id: &str) -> Self {
+        Given { state: AccountState::new(account_id), ledger: Ledger::default() }
+    }
+
+    fn apply(&mut self, e: &AccountEvent) {
+        self.state.apply(e);
+        self.ledger.apply(&self.state.account_id, e);
+    }
+
+    fn sent(&self, message_id: &str) -> &SendEntry {
+        self.ledger.send(message_id).unwrap_or_else(|| panic!("no ledger entry for {message_id}"))
+    }
+}
+
+/// The account an account's past events fold to.
+fn given(acct: &Account, events: &[AccountEvent]) -> Given {
+    let mut s = Given::new(&acct.id);
+    for e in events {
+        s.apply(e);
+    }
+    s
+}
+
+fn given_alice(extra: impl IntoIterator<Item = AccountEvent>) -> Given {
+    given(&alice(), &history(extra))
+}
+
+// ---- commands -----------------------------------------------------------------
+
+fn when_register(s: &AccountState, v: &Value, c: Ctx) -> Result<Vec<AccountEvent>, RelayError> {
+    decide::register(s, &parse(v), &digest(v), None, c)
+}
+
+/// `account.register` when this relay (or a peer) knows `known` as the
+/// account's highest route.
+fn when_register_knowing(s: &AccountState, v: &Value, known: &Value, c: Ctx) -> Result<Vec<AccountEvent>, RelayError> {
+    decide::register(s, &parse(v), &digest(v), Some(&wire(known)), c)
+}
+
+/// `message.send`, with the ledger's entry for its message id as the
+/// actor reads it.
+fn when_send(s: &Given, device: &str, v: &Value, c: Ctx) -> Result<SendDecision, RelayError> {
+    let p: SendParams = parse(v);
+    decide::send(s, s.ledger.send(&p.envelope.message_id), device, &p, &digest(v), c)
+}
+
+fn when_receive(s: &Given, v: &Value, c: Ctx) -> Result<ReceiveDecision, RelayError> {
+    let p: DeliverParams = parse(v);
+    decide::receive(s, s.ledger.receipt(&p.envelope.from, &p.envelope.message_id), &p, &digest(v), c)
+}
+
+fn record_delivery(s: &Given, message_id: &str, status: &DeliveryStatus) -> Vec<AccountEvent> {
+    decide::record_delivery(s.ledger.send(message_id), message_id, status)
+}
+
+// ---- outcomes -----------------------------------------------------------------
+
+#[track_caller]
+fn then_error<T: Debug>(r: Result<T, RelayError>, code: ErrorCode) -> RelayError {
+    match r {
+        Ok(v) => panic!("expected {code}, got Ok({v:?})"),
+        Err(e) => {
+            assert_eq!(e.code, code, "unexpected error: {e}");
+            e
+        }
+    }
+}
+
+/// Rejected, whatever the code (where the protocol does not pin one).
+#[track_caller]
+fn then_rejected<T: Debug>(r: Result<T, RelayError>) -> RelayError {
+    match r {
+        Ok(v) => panic!("expected a rejection, got Ok({v:?})"),
+        Err(e) => e,
+    }
+}
+
+/// A route error (`target_not_local`, or `route_stale` when the relay knows
+/// the account's newer route) carrying the current route in `data.route`, so
+/// the caller refreshes the route and retries.
+#[track_caller]
+fn then_route_error<T: Debug>(r: Result<T, RelayError>, current_route: &Value) {
+    let e = then_rejected(r);
+    assert!(matches!(e.code, ErrorCode::TargetNotLocal | ErrorCode::RouteStale), "expected a route error, got {e}");
+    assert_eq!(e.data.as_ref().expect("data.route")["route"], *current_route);
+}
+
+#[track_caller]
+fn then_events(r: Result<Vec<AccountEvent>, RelayError>) -> Vec<AccountEvent> {
+    r.unwrap_or_else(|e| panic!("expected events, got {e}"))
+}
+
+#[track_caller]
+fn then_no_events(r: Result<Vec<AccountEvent>, RelayError>) {
+    let events = then_events(r);
+    assert!(events.is_empty(), "expected no events, got {events:?}");
+}
+
+struct Sent {
+    event: AccountEvent,
+    status: DeliveryStatus,
+    deliver: DeliverParams,
+    deadline: u64,
+}
+
+#[track_caller]
+fn then_sent(r: Result<SendDecision, RelayError>) -> Sent {
+    match r {
+        Ok(SendDecision::Sent { event, status, deliver, deadline }) => {
+            Sent { event, status, deliver: *deliver, deadline }
+        }
+        other => panic!("expected Sent, got {other:?}"),
+    }
+}
+
+#[track_caller]
+fn then_self_delivered(r: Result<SendDecision, RelayError>) -> (AccountEvent, DeliveryStatus) {
+    match r {
+        Ok(SendDecision::SelfDelivered { event, status }) => (event, status),
+        other => panic!("expected SelfDelivered, got {other:?}"),
+    }
+}
+
+#[track_caller]
+fn then_send_duplicate(r: Result<SendDecision, RelayError>) -> DeliveryStatus {
+    match r {
+        Ok(SendDecision::Duplicate(status)) => status,
+        other => panic!("expected Duplicate, got {other:?}"),
+    }
+}
+
+#[track_caller]
+fn then_accepted(r: Result<ReceiveDecision, RelayError>) -> (AccountEvent, DeliveryStatus) {
+    match r {
+        Ok(ReceiveDecision::Accepted { event, status }) => (*event, status),
+        other => panic!("expected Accepted, got {other:?}"),
+    }
+}
+
+#[track_caller]
+fn then_receive_duplicate(r: Result<ReceiveDecision, RelayError>) -> DeliveryStatus {
+    match r {
+        Ok(ReceiveDecision::Duplicate(status)) => status,
+        other => panic!("expected Duplicate, got {other:?}"),
+    }
+}
+
+#[track_caller]
+fn record_of(event: &AccountEvent) -> &Record {
+    event.record().unwrap_or_else(|| panic!("expected a record in {event:?}"))
+}
+
+fn box_ids(r: &Record) -> Vec<String> {
+    r.boxes.iter().map(|b| b.device_id.clone()).collect()
+}
+
+fn strings(ids: &[&str]) -> Vec<String> {
+    ids.iter().map(|s| s.to_string()).collect()
+}
+
+// ---- common messages ----------------------------------------------------------
+
+/// Alice's phone → Bob, with sender boxes for Alice's phone and laptop.
+fn alice_to_bob(n: u32) -> Value {
+    send_value(envelope(&phone(), &alice(), &bob(), n, NOW), &["bob-phone"], Some(&["phone", "laptop"]))
+}
+
+/// Alice's phone → Alice (self-delivery).
+fn alice_to_self(n: u32, recipients: &[&str]) -> Value {
+    send_value(envelope(&phone(), &alice(), &alice(), n, NOW), recipients, None)
+}
+
+/// Bob's phone → Alice, as `message.deliver` params, with Alice's grant.
+fn bob_to_alice(n: u32) -> Value {
+    with_auth(bob_to_alice_without_auth(n), grant_auth(grant_alice_to_bob()))
+}
+
+fn bob_to_alice_without_auth(n: u32) -> Value {
+    deliver_value(envelope(&bob_phone(), &bob(), &alice(), n, NOW), &["phone", "laptop"], cert(&bob(), &bob_phone()))
+}
+
+/// The event of an accepted `message.send` on `s` at `NOW`.
+fn send_event(s: &Given, v: &Value) -> AccountEvent {
+    match when_send(s, "phone", v, at(NOW)).expect("fixture send is accepted") {
+        SendDecision::Sent { event, .. } | SendDecision::SelfDelivered { event, .. } => event,
+        d => panic!("fixture send was {d:?}"),
+    }
+}
+
+/// The event of an accepted receipt on `s` at `NOW`.
+fn receive_event(s: &Given, v: &Value) -> AccountEvent {
+    then_accepted(when_receive(s, v, at(NOW))).0
+}
+
+mod account_register;
+mod delivery_results;
+mod device;
+mod message_deliver;
+mod message_delivery_peer_status;
+mod message_send;
+mod message_timeline;
+mod push;
+mod route_settings_contact;
+mod snapshots;
+mod upgrade;

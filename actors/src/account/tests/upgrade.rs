@@ -1,0 +1,94 @@
+//! The ledger of data written before it left the state: accounts written
+//! by the previous version are upgraded on load.
+
+use super::snapshots::{busy_alice, busy_alice_events, decisions};
+use super::*;
+use crate::account::actor::AccountActor;
+use crate::account::{ledger, stream_id};
+use crate::delivery::NoPeers;
+use crate::store::{Head, NewEvent, Snapshot, Store};
+use crate::{ManualClock, Supervisor};
+use std::sync::Arc;
+
+/// A store holding Alice's busy history as the previous version wrote
+/// it: events only (no ledger entries, no ledger version), and, with
+/// `snapshot_at`, a snapshot there that still holds `sends`/`receipts`.
+fn old_store(events: &[AccountEvent], snapshot_at: Option<usize>) -> Store {
+    let store = Store::temporary().unwrap();
+    let stream = stream_id(&alice().id);
+    let new: Vec<NewEvent> =
+        events.iter().map(|e| NewEvent::new(e.event_type(), AccountEvent::VERSION, NOW, e).unwrap()).collect();
+    let mut b = store.batch();
+    b.append(&stream, Head::default(), new);
+    store.commit_durable_blocking(b).unwrap();
+    if let Some(k) = snapshot_at {
+        let then = given(&alice(), &events[..k]);
+        let mut old = serde_json::to_value(&then.state).unwrap();
+        old["sends"] = serde_json::to_value(&then.ledger.sends).unwrap();
+        old["receipts"] = serde_json::to_value(&then.ledger.receipts).unwrap();
+        let at = store.read(&stream, k as u64 - 1).next().unwrap().unwrap().head();
+        let mut b = store.batch();
+        b.put_snapshot(&stream, Snapshot { seq: at.seq, hash: at.hash, state: serde_json::to_vec(&old).unwrap() });
+        store.commit_durable_blocking(b).unwrap();
+    }
+    store
+}
+
+fn supervisor(store: &Store) -> Supervisor {
+    Supervisor::new(store.clone(), POLICY.clone(), ManualClock::at_ms(NOW * 1000), Arc::new(NoPeers))
+}
+
+/// The ledger entries the kv space holds for Alice.
+fn stored_ledger(store: &Store) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let prefix = format!("i/{}/", alice().id);
+    store.kv_scan_prefix(prefix.as_bytes()).map(Result::unwrap).collect()
+}
+
+fn expected_ledger(events: &[AccountEvent]) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let id = alice().id;
+    let mut kv: Vec<(Vec<u8>, Vec<u8>)> = given(&alice(), events)
+        .ledger
+        .entries()
+        .map(|e| (e.key(&id), e.value().unwrap()))
+        .chain([(ledger::version_key(&id), ledger::VERSION.to_vec())])
+        .collect();
+    kv.sort();
+    kv
+}
+
+#[test]
+fn an_old_log_without_a_snapshot_gets_its_ledger_from_all_its_events_at_load() {
+    let events = busy_alice_events();
+    let store = old_store(&events, None);
+    assert!(stored_ledger(&store).is_empty());
+    let actor = AccountActor::load(supervisor(&store), &alice().id).unwrap();
+    assert_eq!(stored_ledger(&store), expected_ledger(&events));
+    assert_eq!(actor.state().last_sequence, busy_alice().last_sequence);
+}
+
+#[test]
+fn an_old_snapshot_with_idempotency_results_still_loads_and_fills_the_ledger() {
+    let events = busy_alice_events();
+    // After the first send, before the delivery result and the receipt.
+    let k = events.iter().position(|e| matches!(e, AccountEvent::MessageSent { .. })).unwrap() + 1;
+    assert!(k < events.len() - 2);
+    let store = old_store(&events, Some(k));
+    let actor = AccountActor::load(supervisor(&store), &alice().id).unwrap();
+    assert_eq!(stored_ledger(&store), expected_ledger(&events));
+    // The state decides as the state folded from every event does.
+    let loaded = Given { state: actor.state().clone(), ledger: busy_alice().ledger };
+    assert_eq!(decisions(&loaded), decisions(&busy_alice()));
+}
+
+#[test]
+fn an_upgraded_ledger_is_not_rewritten_at_the_next_load() {
+    let events = busy_alice_events();
+    let store = old_store(&events, None);
+    AccountActor::load(supervisor(&store), &alice().id).unwrap();
+    // Were it rebuilt from the events, this entry would come back.
+    let mut b = store.batch();
+    b.kv_remove(&ledger::send_key(&alice().id, &mid(1)));
+    store.commit_durable_blocking(b).unwrap();
+    AccountActor::load(supervisor(&store), &alice().id).unwrap();
+    assert_eq!(stored_ledger(&store).len(), expected_ledger(&events).len() - 1);
+}
