@@ -1,6 +1,6 @@
 //! Waiting for the relays under test: poll a condition, bounded in time.
 //! The one way tests wait for something they can observe (a status, a
-//! metric, a log line, a file, a process's exit), so no test sleeps for a
+//! metric, a log line, a file, a process's exit), so no test waits for a
 //! guessed time.
 
 use std::future::Future;
