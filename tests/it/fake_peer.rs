@@ -109,7 +109,10 @@ impl Source {
         let marker = recipient(200);
         peer.set_route(&marker.id, route(&marker, 1, peer));
         let m = mid(n);
-        peer.script(&m, [Reply::error("temporarily_unavailable"), Reply::error("temporarily_unavailable"), Reply::Accept]);
+        peer.script(
+            &m,
+            [Reply::error("temporarily_unavailable"), Reply::error("temporarily_unavailable"), Reply::Accept],
+        );
         let (m, _) = self.send(&marker, n).await;
         let (fin, _) = self.wait_terminal(&m).await;
         assert_eq!(fin["status"], "target_accepted", "the later message {m}: {fin}");
