@@ -111,7 +111,7 @@ async fn populate() -> Fixture {
     // Let every account actor passivate (snapshot at its head), then stop.
     eventually("every account actor passivated", Duration::from_secs(10), || async {
         match c.metric("relay_account_actors_resident").await {
-            Some(n) if n == 0.0 => Ok(()),
+            Some(0.0) => Ok(()),
             n => Err(format!("relay_account_actors_resident {n:?}")),
         }
     })

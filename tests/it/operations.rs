@@ -263,7 +263,7 @@ async fn metrics_show_websockets_the_process_and_the_build() {
     ws2.close().await;
     eventually("relay_websocket_connections returns to 0", WAIT, || async {
         match sample(&c.get("/metrics").await.1, "relay_websocket_connections") {
-            Some(n) if n == 0.0 => Ok(()),
+            Some(0.0) => Ok(()),
             n => Err(format!("{n:?}")),
         }
     })

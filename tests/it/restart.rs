@@ -424,7 +424,7 @@ const PASSIVATE: &str = "[actors]\npassivate_after = \"200ms\"\nsnapshot_every =
 async fn idle(c: &Client) {
     eventually("every account actor passivated", Duration::from_secs(10), || async {
         match c.metric("relay_account_actors_resident").await {
-            Some(n) if n == 0.0 => Ok(()),
+            Some(0.0) => Ok(()),
             n => Err(format!("relay_account_actors_resident {n:?}")),
         }
     })
