@@ -182,10 +182,13 @@ async fn a_send_whose_caller_goes_away_still_makes_its_first_attempt() {
         let once = std::future::poll_fn(|cx| std::task::Poll::Ready(send.as_mut().poll(cx))).await;
         assert!(once.is_pending(), "the send has started, not finished");
     } // dropped: the caller went away
+
+    // The detached process manager runs on this test's arbiter (its commits
+    // on the store's writer thread): let it run until the attempt is made.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while w.attempts(&mid).is_empty() {
         assert!(std::time::Instant::now() < deadline, "no attempt was made");
-        actix_rt::time::sleep(Duration::from_millis(10)).await;
+        tokio::task::yield_now().await;
     }
     assert_eq!(*w.script.delivered.lock().unwrap(), 1, "the first attempt went out once");
     assert_eq!(w.status(&mid).await.status, Status::Delivering, "accepted, waiting for its next slot");

@@ -1,6 +1,7 @@
 //! What stays in memory: no account actor outlives a command for an account
-//! without events, and the resident actors never exceed
-//! `Policy::max_resident_accounts` for long, whatever is asked.
+//! without events, the resident actors never exceed
+//! `Policy::max_resident_accounts` for long, whatever is asked, and an idle
+//! actor passivates when the injected clock says it is idle.
 
 use relay_actors::account::{AccountCmd, Reply};
 use relay_actors::delivery::NoPeers;
@@ -82,4 +83,48 @@ async fn resident_account_actors_are_capped_and_evicted_ones_load_again() {
         }
     }
     eventually("resident actors back under the cap", || sup.resident_accounts() <= 8).await;
+}
+
+/// Passivation is decided by the injected clock and fired by the runtime's
+/// timers, so with tokio's time paused it needs no wall-clock wait. Alice
+/// was idle `passivate_after` by the clock and leaves memory; Bob, active
+/// later, stays through the same checks (not vacuous: the checks that took
+/// Alice out ran for him too), and leaves once the clock moves on.
+#[actix_rt::test]
+async fn an_idle_account_actor_passivates_when_the_injected_clock_says_so() {
+    tokio::time::pause();
+    let mut policy = Policy::with_relay_id("relay-a");
+    policy.passivate_after_ms = 1_000; // checked every 500 ms of runtime time
+    let clock = ManualClock::at_ms(T0 * 1000);
+    let store = relay_actors::store::Store::temporary().unwrap();
+    let sup = Supervisor::new(store, policy, clock.clone(), Arc::new(NoPeers));
+    sup.start().unwrap();
+    let (alice, cmd) = register(1);
+    sup.ask(&alice, cmd).await.unwrap();
+    clock.advance_ms(600);
+    let (bob, cmd) = register(2);
+    sup.ask(&bob, cmd).await.unwrap();
+    assert_eq!(sup.resident_accounts(), 2);
+
+    // Runtime time alone passes: the checks run, the clock says no one is idle.
+    tokio::time::advance(Duration::from_secs(5)).await;
+    assert_eq!(sup.resident_accounts(), 2, "idle by the runtime's timers, not by the clock");
+
+    // Alice idle 1 s by the clock, Bob 0.4 s: the next check takes Alice only.
+    clock.advance_ms(400);
+    tokio::time::advance(Duration::from_secs(1)).await;
+    eventually("alice passivated", || sup.resident_accounts() == 1).await;
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert_eq!(sup.resident_accounts(), 1, "bob, active 0.4 s ago by the clock, stays");
+
+    clock.advance_ms(600);
+    tokio::time::advance(Duration::from_secs(1)).await;
+    eventually("bob passivated", || sup.resident_accounts() == 0).await;
+    // Both answer from what they wrote before leaving.
+    for id in [&alice, &bob] {
+        match sup.ask(id, AccountCmd::DevicesGet).await.unwrap() {
+            Reply::Json(j) => assert!(j.contains("\"phone\""), "{j}"),
+            other => panic!("{other:?}"),
+        }
+    }
 }

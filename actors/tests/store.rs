@@ -501,7 +501,7 @@ fn wal_child_commits_then_waits() {
         store.commit_durable_blocking(batch).unwrap();
     }
     println!("\nwal child: committed");
-    // Bounded so an orphaned child still ends.
+    // Waits for the parent test to kill this process (the crash under test); bounded so an orphaned child still ends.
     std::thread::sleep(Duration::from_secs(60));
 }
 

@@ -13,6 +13,7 @@ use common::client::{mid, now, Client, User};
 use common::cluster::Cluster;
 use common::relay::{audit, RelayProc};
 use common::schema::assert_valid;
+use common::wait::eventually;
 use relay_actors::store::{Head, NewEvent, Store};
 use relay_schemas::client::{key_box, Account, Device};
 use serde_json::{json, Value};
@@ -108,7 +109,13 @@ async fn populate() -> Fixture {
         statuses.push((from.clone(), message_id.clone(), st));
     }
     // Let every account actor passivate (snapshot at its head), then stop.
-    actix_rt::time::sleep(Duration::from_millis(1000)).await;
+    eventually("every account actor passivated", Duration::from_secs(10), || async {
+        match c.metric("relay_account_actors_resident").await {
+            Some(0.0) => Ok(()),
+            n => Err(format!("relay_account_actors_resident {n:?}")),
+        }
+    })
+    .await;
     assert!(relay.terminate().success());
     Fixture {
         data_dir: relay.data_dir.clone(),
@@ -425,19 +432,35 @@ async fn audit_message_tells_two_failed_attempts_then_target_accepted() {
 
     let sent = ca.ok("message.send", alice.token(0), &alice.send_params(&bob, &mid(1), true)).await;
     assert_eq!(sent["status"], "delivering", "{sent}");
-    actix_rt::time::sleep(Duration::from_millis(1800)).await; // the second attempt has failed
+    // The second attempt has failed (the third is 5 s later).
+    eventually("two failed attempts", Duration::from_secs(10), || async {
+        match ca.metric(r#"relay_delivery_attempts_total{outcome="not_attempted"}"#).await.unwrap_or(0.0) {
+            n if n >= 2.0 => Ok(()),
+            n => Err(format!("{n} failed attempts")),
+        }
+    })
+    .await;
     b.restart();
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    let st = loop {
+    let st = eventually("a terminal status", Duration::from_secs(15), || async {
         let st = ca.ok("message.delivery.status", alice.token(0), &json!({"message_id": mid(1)})).await;
         if st["status"] != "delivering" {
-            break st;
+            Ok(st)
+        } else {
+            Err(st.to_string())
         }
-        assert!(std::time::Instant::now() < deadline, "still {st}");
-        actix_rt::time::sleep(Duration::from_millis(50)).await;
-    };
+    })
+    .await;
     assert_eq!(st["status"], "target_accepted", "{st}");
-    actix_rt::time::sleep(Duration::from_millis(300)).await; // the account records the status
+    // The account records the status: alice's sent record shows it.
+    eventually("the sent record's status", Duration::from_secs(10), || async {
+        let sent = alice.sync_all(&ca, 0).await;
+        if sent[0]["delivery"]["status"] == "target_accepted" {
+            Ok(())
+        } else {
+            Err(sent[0]["delivery"].to_string())
+        }
+    })
+    .await;
     assert!(a.terminate().success());
     assert!(b.terminate().success());
 

@@ -63,11 +63,13 @@ fn node(args: &[&std::ffi::OsStr], limit: Duration) {
         if Instant::now() > deadline {
             let group = -(child.id() as i32);
             unsafe { libc::kill(group, libc::SIGTERM) };
+            // Waits for node (an external process) to end after SIGTERM before SIGKILL: its own shutdown.
             std::thread::sleep(Duration::from_secs(5));
             unsafe { libc::kill(group, libc::SIGKILL) };
             let _ = child.wait();
             panic!("node {args:?} did not finish within {limit:?}");
         }
+        // Waits for node (an external process) to exit: the poll interval of try_wait.
         std::thread::sleep(Duration::from_millis(100));
     }
 }

@@ -9,6 +9,7 @@ use crate::common;
 use common::client::{mid, Client, User};
 use common::cluster::Cluster;
 use common::relay::RelayProc;
+use common::wait::eventually;
 use serde_json::{json, Value};
 use std::time::Duration;
 
@@ -22,15 +23,15 @@ async fn records_of(c: &Client, user: &User, message_id: &str) -> usize {
 
 /// Polls `message.delivery.status` until it is terminal (bounded).
 async fn terminal(c: &Client, user: &User, message_id: &str) -> Value {
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
+    eventually(&format!("{message_id} terminal"), Duration::from_secs(20), || async {
         let st = c.ok("message.delivery.status", user.token(0), &json!({ "message_id": message_id })).await;
         if st["status"] != "delivering" {
-            return st;
+            Ok(st)
+        } else {
+            Err(st.to_string())
         }
-        assert!(std::time::Instant::now() < deadline, "{message_id} still {st}");
-        actix_rt::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 /// Local send, crash after the receipt (commit 1) and before the

@@ -16,11 +16,12 @@ use common::cluster::{write_key, Cluster};
 use common::fake_peer::{FakePeer, Reply, Request};
 use common::relay::RelayProc;
 use common::schema::assert_valid;
+use common::wait::eventually;
 use ed25519_dalek::{SigningKey, VerifyingKey};
 use relay_schemas::client::Account;
 use relay_schemas::sign::{parse_public_key, relay_request_bytes, sign_relay_request, verify_bytes};
 use serde_json::{json, Value};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tempfile::TempDir;
 
 /// Attempts at +0, +200, +400, +600 ms from acceptance, then every 200 ms.
@@ -83,17 +84,46 @@ impl Source {
     /// Polls `message.delivery.status` every 50 ms (at most 10 s) until it is
     /// terminal: (terminal status, the non-terminal statuses seen before).
     async fn wait_terminal(&self, message_id: &str) -> (Value, Vec<Value>) {
-        let start = Instant::now();
-        let mut seen = vec![];
-        loop {
+        let seen = std::cell::RefCell::new(vec![]);
+        let st = eventually(&format!("{message_id} terminal"), Duration::from_secs(10), || async {
             let st = self.status(message_id).await;
             if st["status"] != "delivering" {
-                return (st, seen);
+                return Ok(st);
             }
-            assert!(start.elapsed() < Duration::from_secs(10), "{message_id} still delivering after 10 s: {st}");
-            seen.push(st);
-            actix_rt::time::sleep(Duration::from_millis(50)).await;
-        }
+            seen.borrow_mut().push(st.clone());
+            Err(st.to_string())
+        })
+        .await;
+        (st, seen.into_inner())
+    }
+
+    /// Makes "no attempt after the delivery ended" checks that follow it
+    /// non-vacuous. A later message `mid(n)` to a fresh recipient at
+    /// `peer` is refused twice with a retryable error, so the source's
+    /// timer fires twice more (slots 200 ms apart, one timer for the
+    /// earliest due entry) before it is accepted: an attempt still due for
+    /// an earlier delivery would have reached its peer by then. And then
+    /// no delivery is armed at all (`relay_deliveries_in_flight` is 0), so
+    /// none can come later either.
+    async fn later_retries_ran(&self, peer: &FakePeer, n: u64) {
+        let marker = recipient(200);
+        peer.set_route(&marker.id, route(&marker, 1, peer));
+        let m = mid(n);
+        peer.script(
+            &m,
+            [Reply::error("temporarily_unavailable"), Reply::error("temporarily_unavailable"), Reply::Accept],
+        );
+        let (m, _) = self.send(&marker, n).await;
+        let (fin, _) = self.wait_terminal(&m).await;
+        assert_eq!(fin["status"], "target_accepted", "the later message {m}: {fin}");
+        assert_eq!(peer.deliveries(&m).len(), 3, "the later message {m}: two refused attempts and the accepted one");
+        eventually("no delivery armed", Duration::from_secs(10), || async {
+            match self.client.metric("relay_deliveries_in_flight").await {
+                Some(0.0) => Ok(()),
+                n => Err(format!("relay_deliveries_in_flight {n:?}")),
+            }
+        })
+        .await;
     }
 
     /// The sent record of `message_id` in alice's timeline.
@@ -114,10 +144,6 @@ fn recipient(seed: u8) -> Account {
 /// `to`'s signed route of `revision` naming `relay`.
 fn route(to: &Account, revision: u64, relay: &FakePeer) -> Value {
     to.route(revision, &[(relay.id.as_str(), relay.url.as_str())], now())
-}
-
-fn sleep(ms: u64) -> actix_rt::time::Sleep {
-    actix_rt::time::sleep(Duration::from_millis(ms))
 }
 
 /// Every request's body is byte-identical to the first.
@@ -177,7 +203,7 @@ async fn retryable_errors_are_retried_retaining_delivering_until_target_accepted
         }
     });
     let done = futures_util::future::join_all(cases).await;
-    sleep(400).await;
+    src.later_retries_ran(&b, 100).await;
     for (code, m) in done {
         let d = b.deliveries(&m);
         assert_eq!(d.len(), 3, "{code}: two failed attempts and the accepted one, nothing after");
@@ -243,7 +269,7 @@ async fn device_unknown_and_clock_skew_end_delivery_with_that_error_keeping_the_
         assert_eq!((fin["status"].as_str(), error_code(&fin)), (Some("failed"), *code), "{fin} (send said {sent})");
         sent_envelopes.push((code, m, params["envelope"].clone()));
     }
-    sleep(1000).await;
+    src.later_retries_ran(&b, 100).await;
     for (code, m, envelope) in sent_envelopes {
         assert_eq!(b.deliveries(&m).len(), 1, "{code}: no attempt after the delivery ended");
         let st = src.status(&m).await;
@@ -288,7 +314,7 @@ async fn other_defined_errors_end_delivery_with_that_error() {
         }
     });
     let done = futures_util::future::join_all(cases).await;
-    sleep(1000).await;
+    src.later_retries_ran(&b, 100).await;
     for (code, m) in done {
         assert_eq!(b.deliveries(&m).len(), 1, "{code}: no attempt after the delivery ended");
         let st = src.status(&m).await;
@@ -318,7 +344,7 @@ async fn unrecognized_remote_error_code_ends_delivery_with_bad_gateway() {
         assert_eq!((fin["status"].as_str(), error_code(&fin)), (Some("failed"), "bad_gateway"), "{reply:?}: {fin}");
         ended.push(m);
     }
-    sleep(1000).await;
+    src.later_retries_ran(&b, 100).await;
     for m in ended {
         assert_eq!(b.deliveries(&m).len(), 1, "{m}: no attempt after the delivery ended");
     }
@@ -367,7 +393,7 @@ async fn deadline_reached_before_completion_ends_delivery_with_message_expired()
     let ended_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
     assert_eq!((fin["status"].as_str(), error_code(&fin)), (Some("failed"), "message_expired"), "{fin}");
     assert!(ended_ms <= deadline_ms + 1500, "ended {} ms after the deadline", ended_ms.saturating_sub(deadline_ms));
-    sleep(1000).await;
+    src.later_retries_ran(&b, 100).await;
     let d = b.deliveries(&m);
     assert!(d.len() >= 3, "retried before the deadline: {} attempts", d.len());
     // Slots are 200 ms apart and the deadline is at most 3 s after acceptance.
@@ -398,7 +424,7 @@ async fn rate_limited_wait_beyond_the_deadline_does_not_extend_delivery() {
     let ended_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
     assert_eq!((fin["status"].as_str(), error_code(&fin)), (Some("failed"), "message_expired"), "{fin} (sent {sent})");
     assert!(ended_ms <= deadline_ms + 1500, "ended {} ms after the deadline", ended_ms.saturating_sub(deadline_ms));
-    sleep(deadline_ms.saturating_sub(ended_ms) + 500).await;
+    src.later_retries_ran(&b, 100).await;
     assert_eq!(b.deliveries(&m).len(), 1, "no attempt before the wait is over, none after the deadline");
 }
 
@@ -420,7 +446,7 @@ async fn timeout_leaves_receipt_unknown_and_is_confirmed_with_the_unchanged_requ
     assert_eq!(sent["status"], "delivering", "a timed-out attempt proves nothing: {sent}");
     let (fin, _) = src.wait_terminal(&m).await;
     assert_eq!(fin["status"], "target_accepted", "{fin}");
-    sleep(300).await;
+    src.later_retries_ran(&b, 100).await;
     let d = b.deliveries(&m);
     assert_eq!(d.len(), 2, "the hung attempt and one confirmation");
     assert_same_bodies("timeout", &d);
@@ -453,7 +479,7 @@ async fn lost_response_after_commit_is_confirmed_and_the_duplicate_answer_comple
     let (fin, _) = src.wait_terminal(&m).await;
     assert_eq!(fin["status"], "target_accepted", "{fin}");
     assert_eq!(fin["accepted_at"], sent["accepted_at"]);
-    sleep(300).await;
+    src.later_retries_ran(&b, 100).await;
     let d = b.deliveries(&m);
     assert_eq!(d.len(), 2, "the committed-but-unanswered attempt and one confirmation");
     assert_same_bodies("dropped", &d);
@@ -479,7 +505,7 @@ async fn route_error_switches_to_the_relay_of_a_higher_revision_route() {
     assert_eq!(sent["status"], "delivering", "{sent}");
     let (fin, _) = src.wait_terminal(&m).await;
     assert_eq!(fin["status"], "target_accepted", "{fin}");
-    sleep(300).await;
+    src.later_retries_ran(&b, 100).await;
     let (db, dc) = (b.deliveries(&m), c.deliveries(&m));
     assert_eq!(db.len(), 1, "relay-b rejected with route_stale; no more attempts there");
     assert_eq!(dc.len(), 1, "the retry goes to relay-c of route revision 2");

@@ -8,6 +8,7 @@ use common::client::{mid, now, Client, User};
 use common::cluster::Cluster;
 use common::fake_peer::{FakePeer, Reply};
 use common::relay::RelayProc;
+use common::wait::eventually;
 use common::ws::WsClient;
 use relay_schemas::client::{key_box, Account};
 use serde_json::json;
@@ -162,11 +163,11 @@ async fn a_dead_destination_with_many_pending_deliveries_does_not_delay_a_health
         })
         .collect();
     // Once the dead relay's slots are all taken, a message to the healthy relay:
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while dead.requests().len() < 16 {
-        assert!(Instant::now() < deadline, "the dead relay never saw 16 attempts");
-        actix_rt::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually("16 attempts at the dead relay", Duration::from_secs(20), || {
+        let n = dead.requests().len();
+        std::future::ready(if n >= 16 { Ok(()) } else { Err(format!("{n} attempts")) })
+    })
+    .await;
     let started = Instant::now();
     let st = ca.ok("message.send", alice.token(0), &alice.send_params(&bob, &mid(10_000), false)).await;
     let delay = started.elapsed();
@@ -222,16 +223,15 @@ async fn connections_from_one_ip_over_the_cap_are_refused() {
 
     // Once one of the three closes, a new connection is served.
     drop(open.pop());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    eventually("a new connection is served", Duration::from_secs(10), || {
         let mut s = TcpStream::connect(&addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        match healthz(&mut s).as_deref() {
-            Some("HTTP/1.1 200 OK") => break,
-            other => assert!(Instant::now() < deadline, "still refused: {other:?}"),
-        }
-        actix_rt::time::sleep(Duration::from_millis(50)).await;
-    }
+        std::future::ready(match healthz(&mut s).as_deref() {
+            Some("HTTP/1.1 200 OK") => Ok(()),
+            other => Err(format!("refused: {other:?}")),
+        })
+    })
+    .await;
 }
 
 #[actix_rt::test]
@@ -255,6 +255,7 @@ async fn a_body_sent_one_byte_a_second_gets_a_timeout_error() {
                 if writer.write_all(&[*b]).is_err() {
                     return;
                 }
+                // Waits for a second between bytes: a client this slow is what the relay's body_timeout is for.
                 std::thread::sleep(Duration::from_secs(1));
             }
         });
@@ -319,11 +320,13 @@ async fn expired_sessions_are_swept_from_memory_and_the_store() {
     let alice = User::register(&c, "relay-a", 1, false).await;
     alice.open_session(&c, 0).await;
     // Both sessions expire after a second; the sweep then takes them.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while counter(&c, "relay_sessions_swept_total").await < 2 {
-        assert!(Instant::now() < deadline, "the sessions were not swept");
-        actix_rt::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually("both sessions swept", Duration::from_secs(15), || async {
+        match counter(&c, "relay_sessions_swept_total").await {
+            n if n >= 2 => Ok(()),
+            n => Err(format!("relay_sessions_swept_total {n}")),
+        }
+    })
+    .await;
     assert_eq!(c.err("message.timeline.sync", alice.token(0), &json!({"after": 0})).await, "unauthorized");
     assert!(relay.terminate().success());
     let store = relay_actors::store::Store::open(&relay.data_dir.join("store")).unwrap();

@@ -18,6 +18,7 @@ use common::cluster::Cluster;
 use common::proxy::{Entry, Fault, Proxy};
 use common::relay::RelayProc;
 use common::torture::FAST_TIMETABLE;
+use common::wait::eventually;
 use relay_actors::store::Store;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
@@ -62,15 +63,15 @@ async fn setup(with_c: bool) -> Net {
 
 /// Polls `message.delivery.status` until it is terminal (bounded).
 async fn wait_terminal(c: &Client, user: &User, message_id: &str, secs: u64) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
+    eventually(&format!("{message_id} terminal"), Duration::from_secs(secs), || async {
         let st = c.ok("message.delivery.status", user.token(0), &json!({ "message_id": message_id })).await;
         if st["status"] != "delivering" {
-            return st;
+            Ok(st)
+        } else {
+            Err(st.to_string())
         }
-        assert!(Instant::now() < deadline, "{message_id} still {st} after {secs} s");
-        actix_rt::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 /// How many records of `message_id` the timeline of `token`'s device holds.

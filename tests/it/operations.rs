@@ -52,7 +52,8 @@ async fn health_and_readiness_answer_while_the_store_works() {
 
 use common::cluster::{free_port, Cluster};
 use common::fake_peer::{FakePeer, RouteReply};
-use std::time::{Duration, Instant};
+use common::wait::eventually;
+use std::time::Duration;
 
 /// Bound on every wait for a log line or a metric.
 const WAIT: Duration = Duration::from_secs(15);
@@ -62,16 +63,16 @@ const NOBODY: &str = "0123456789abcdef0123456789abcdef";
 
 /// Polls `/metrics` (at `c`) until the sample `line` reaches `at_least`.
 async fn wait_metric(c: &Client, line: &str, at_least: f64) -> String {
-    let deadline = Instant::now() + WAIT;
-    loop {
+    eventually(&format!("{line} reaches {at_least}"), WAIT, || async {
         let (status, m) = c.get("/metrics").await;
         assert_eq!(status, 200);
         if sample(&m, line).is_some_and(|v| v >= at_least) {
-            return m;
+            Ok(m)
+        } else {
+            Err(m)
         }
-        assert!(Instant::now() < deadline, "{line} did not reach {at_least} in {WAIT:?}:\n{m}");
-        actix_rt::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 /// A relay-to-relay request as a stranger or a misbehaving peer makes it.
@@ -260,11 +261,13 @@ async fn metrics_show_websockets_the_process_and_the_build() {
     assert_eq!(sample(&m, "relay_websocket_connections"), Some(2.0), "{m}");
     ws.close().await;
     ws2.close().await;
-    let deadline = Instant::now() + WAIT;
-    while sample(&c.get("/metrics").await.1, "relay_websocket_connections") != Some(0.0) {
-        assert!(Instant::now() < deadline, "relay_websocket_connections did not return to 0");
-        actix_rt::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually("relay_websocket_connections returns to 0", WAIT, || async {
+        match sample(&c.get("/metrics").await.1, "relay_websocket_connections") {
+            Some(0.0) => Ok(()),
+            n => Err(format!("{n:?}")),
+        }
+    })
+    .await;
 
     let (_, m) = c.get("/metrics").await;
     assert_eq!(sample(&m, &format!(r#"relay_build_info{{version="{}"}}"#, env!("CARGO_PKG_VERSION"))), Some(1.0));

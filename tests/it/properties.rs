@@ -438,6 +438,7 @@ async fn send(http: &awc::Client, base: &str, token: &str, r: &Request) -> (u16,
         if status == 429 {
             let v: Value = serde_json::from_slice(&bytes).expect("429 body is JSON");
             let wait = v["error"]["data"]["retry_after"].as_u64().unwrap_or(1).min(3);
+            // Waits for the relay's rate limiter (its own clock): the answer's retry_after.
             actix_rt::time::sleep(Duration::from_millis(wait * 1000 + 50)).await;
             continue;
         }

@@ -11,6 +11,7 @@ use common::client::{mid, now, Client, User};
 use common::push_service::{check_vapid, Answer, PushService, Subscriber};
 use common::relay::{audit, RelayProc};
 use common::schema::assert_valid;
+use common::wait::eventually;
 use common::ws::WsClient;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
@@ -52,15 +53,13 @@ async fn metric(c: &Client, name: &str) -> f64 {
 
 /// Polls `/metrics` until `name` reaches `want` (bounded by WAIT).
 async fn wait_metric(c: &Client, name: &str, want: f64) {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let got = metric(c, name).await;
-        if got >= want {
-            return;
+    eventually(&format!("{name} reaches {want}"), WAIT, || async {
+        match metric(c, name).await {
+            got if got >= want => Ok(()),
+            got => Err(format!("{name} = {got}")),
         }
-        assert!(Instant::now() < deadline, "{name} = {got}, wanted {want}");
-        actix_rt::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await
 }
 
 fn payload(bob: &User, sequence: u64) -> Value {
@@ -91,7 +90,8 @@ async fn a_message_to_an_offline_device_is_one_push_that_decrypts_to_the_documen
     assert!(!String::from_utf8_lossy(&push.body).contains("ciphertext"));
 
     // One push per record: the next record's push is the second one.
-    actix_rt::time::sleep(Duration::from_millis(1100)).await; // past push.min_interval
+    // Waits for push.min_interval (1 s) to pass: the relay process's per-device push timer, not observable.
+    actix_rt::time::sleep(Duration::from_millis(1100)).await;
     send(&c, &alice, &bob, 2, &["phone"]).await;
     let pushes = service.wait_for("bob-phone", 2, WAIT).await;
     let got: Vec<Value> = pushes.iter().map(|p| phone.decrypt(p)).collect();
@@ -127,11 +127,13 @@ async fn no_push_while_the_device_has_a_websocket_open() {
 }
 
 async fn wait_for_no_connections(c: &Client) {
-    let deadline = Instant::now() + WAIT;
-    while metric(c, "relay_websocket_connections").await > 0.0 {
-        assert!(Instant::now() < deadline, "the socket did not close");
-        actix_rt::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually("the socket closes", WAIT, || async {
+        match metric(c, "relay_websocket_connections").await {
+            n if n > 0.0 => Err(format!("{n} connections")),
+            _ => Ok(()),
+        }
+    })
+    .await
 }
 
 #[actix_rt::test]
@@ -181,7 +183,8 @@ async fn a_410_answer_removes_the_subscription_as_an_account_event() {
     let mut n = 2;
     let deadline = Instant::now() + WAIT;
     loop {
-        actix_rt::time::sleep(Duration::from_millis(1100)).await; // push.min_interval
+        // Waits for push.min_interval (1 s) to pass: the relay process's per-device push timer, not observable.
+        actix_rt::time::sleep(Duration::from_millis(1100)).await;
         send(&c, &alice, &bob, n, &["phone", "laptop"]).await;
         let pushes = service.wait_for("bob-laptop", (n - 1) as usize, WAIT).await;
         assert_eq!(laptop.decrypt(pushes.last().unwrap()), payload(&bob, n));
@@ -254,15 +257,15 @@ async fn a_flood_of_messages_is_coalesced_by_min_interval() {
     }
     let flood_took = started.elapsed();
     // Wait for the push that names the last record.
-    let deadline = Instant::now() + WAIT;
-    let pushes = loop {
+    let pushes = eventually(&format!("a push naming record {FLOOD}"), WAIT, || {
         let pushes = service.pushes("bob-phone");
-        if pushes.last().is_some_and(|p| phone.decrypt(p)["sequence"] == FLOOD) {
-            break pushes;
-        }
-        assert!(Instant::now() < deadline, "no push named record {FLOOD}");
-        actix_rt::time::sleep(Duration::from_millis(20)).await;
-    };
+        std::future::ready(if pushes.last().is_some_and(|p| phone.decrypt(p)["sequence"] == FLOOD) {
+            Ok(pushes)
+        } else {
+            Err(format!("{} pushes", pushes.len()))
+        })
+    })
+    .await;
     let sequences: Vec<u64> = pushes.iter().map(|p| phone.decrypt(p)["sequence"].as_u64().unwrap()).collect();
     assert_eq!(sequences[0], 1, "the first record wakes the device at once");
     assert!(sequences.windows(2).all(|w| w[0] < w[1]), "{sequences:?}");
@@ -299,7 +302,8 @@ async fn subscriptions_survive_a_restart_leave_with_a_revoked_device_and_unsubsc
     let revocation = bob.account.revocation("laptop", now());
     c.ok("device.revoke", bob.token(0), &json!({"revocation": revocation})).await;
     c.ok("push.unsubscribe", bob.token(0), &json!({})).await;
-    actix_rt::time::sleep(Duration::from_millis(1100)).await; // push.min_interval
+    // Waits for push.min_interval (1 s) to pass: the relay process's per-device push timer, not observable.
+    actix_rt::time::sleep(Duration::from_millis(1100)).await;
     send(&c, &alice, &bob, 2, &["phone", "laptop"]).await;
     let phone2 = Subscriber::new(service.endpoint("bob-phone-2"));
     subscribe(&c, &bob, 0, &phone2).await;

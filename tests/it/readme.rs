@@ -100,6 +100,7 @@ trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
             child.kill().unwrap();
             panic!("the README steps did not finish within 120 s");
         }
+        // Waits for the README's shell steps (an external process) to exit: the poll interval of try_wait.
         std::thread::sleep(Duration::from_millis(50));
     };
     let (out, err) = (out.join().unwrap(), err.join().unwrap());

@@ -12,6 +12,7 @@ use crate::common;
 use common::client::{mid, now, Client, User};
 use common::relay::RelayProc;
 use common::schema::assert_valid;
+use common::wait::eventually;
 use relay_actors::store::Store;
 use relay_schemas::client::key_box;
 use serde_json::{json, Value};
@@ -123,16 +124,22 @@ async fn check_timelines(c: &Client, users: &[User; 2], msgs: &[Msg]) -> [Vec<Va
 
 /// `message.delivery.status` once the status is terminal (bounded poll).
 async fn terminal_status(c: &Client, user: &User, message_id: &str) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    eventually(&format!("{message_id} terminal"), Duration::from_secs(20), || async {
         let st = c.ok("message.delivery.status", user.token(0), &json!({ "message_id": message_id })).await;
         assert_valid("DeliveryStatus.schema.json", &st);
         if st["status"] != "delivering" {
-            return st;
+            Ok(st)
+        } else {
+            Err(st.to_string())
         }
-        assert!(Instant::now() < deadline, "{message_id} still delivering after 20 s");
-        actix_rt::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
+}
+
+/// `relay_deliveries_in_flight` is 0: no delivery is armed (set at start
+/// from the due-time index, so a wrongly re-armed delivery shows at once).
+async fn assert_nothing_in_flight(c: &Client) {
+    assert_eq!(c.metric("relay_deliveries_in_flight").await, Some(0.0), "a delivery is armed");
 }
 
 /// Every message's status: equal to its reply if that was terminal,
@@ -272,8 +279,8 @@ async fn sigkill_after_deliveries_leaves_no_in_flight_work_and_nothing_redeliver
     let c = Client::new(&relay.url);
     let timelines = check_timelines(&c, &users, &msgs).await;
     let statuses = check_statuses(&c, &users, &msgs).await;
-    // A bounded window in which a wrongly re-armed delivery would show.
-    actix_rt::time::sleep(Duration::from_secs(1)).await;
+    // No delivery was re-armed (the gauge starts from the due-time index).
+    assert_nothing_in_flight(&c).await;
     assert_eq!(check_timelines(&c, &users, &msgs).await, timelines);
     let status = relay.terminate();
     assert!(status.success(), "SIGTERM exit: {status:?}");
@@ -284,7 +291,7 @@ async fn sigkill_after_deliveries_leaves_no_in_flight_work_and_nothing_redeliver
 
     relay.restart();
     let c = Client::new(&relay.url);
-    actix_rt::time::sleep(Duration::from_secs(1)).await;
+    assert_nothing_in_flight(&c).await;
     assert_eq!(check_timelines(&c, &users, &msgs).await, timelines);
     for (m, st) in msgs.iter().zip(&statuses) {
         let now_st = c.ok("message.delivery.status", users[m.from].token(0), &json!({"message_id": m.id()})).await;
@@ -341,11 +348,10 @@ async fn stop_during_sends_then_retry(graceful: bool) {
             })
         })
         .collect();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while done.get() < 50 {
-        assert!(Instant::now() < deadline, "fewer than 50 replies in 60 s");
-        actix_rt::time::sleep(Duration::from_millis(2)).await;
-    }
+    eventually("50 replies", Duration::from_secs(60), || async {
+        (done.get() >= 50).then_some(()).ok_or_else(|| format!("{} replies", done.get()))
+    })
+    .await;
     if graceful {
         let status = relay.terminate();
         assert_eq!(status.code(), Some(0), "SIGTERM during sends: {status:?}");
@@ -413,9 +419,16 @@ async fn stop_during_sends_then_retry(graceful: bool) {
 
 const PASSIVATE: &str = "[actors]\npassivate_after = \"200ms\"\nsnapshot_every = 5\n";
 
-/// Lets idle account actors passivate (200 ms idle, checked every 100 ms).
-async fn idle() {
-    actix_rt::time::sleep(Duration::from_secs(1)).await;
+/// Waits until every account actor has passivated (200 ms idle, checked
+/// every 100 ms): `relay_account_actors_resident` is 0.
+async fn idle(c: &Client) {
+    eventually("every account actor passivated", Duration::from_secs(10), || async {
+        match c.metric("relay_account_actors_resident").await {
+            Some(0.0) => Ok(()),
+            n => Err(format!("relay_account_actors_resident {n:?}")),
+        }
+    })
+    .await
 }
 
 /// DESIGN: account actors are passivated when idle and rehydrated from
@@ -431,16 +444,16 @@ async fn passivated_accounts_rehydrate_from_snapshot_and_tail() {
     let timelines = check_timelines(&c, &users, &msgs).await;
     let statuses = check_statuses(&c, &users, &msgs).await;
 
-    idle().await;
+    idle(&c).await;
     assert_eq!(check_timelines(&c, &users, &msgs).await, timelines, "sync after passivation");
-    idle().await;
+    idle(&c).await;
     check_resend(&c, &users, &msgs, &statuses).await;
-    idle().await;
+    idle(&c).await;
     for m in &msgs {
         let st = c.ok("message.delivery.status", users[m.from].token(0), &json!({"message_id": m.id()})).await;
         assert_eq!(st["accepted_at"], m.reply.as_ref().unwrap()["accepted_at"]);
     }
-    idle().await;
+    idle(&c).await;
     // New sends continue the sequences (no reuse).
     let mut more = plan(&users, 24, 12);
     send_all(&c, &users, &mut more, 1).await;
@@ -450,7 +463,7 @@ async fn passivated_accounts_rehydrate_from_snapshot_and_tail() {
         assert_eq!(after[u][..timelines[u].len()], timelines[u][..], "old records changed");
     }
     // A new session after passivation; old tokens still work (used above).
-    idle().await;
+    idle(&c).await;
     let token = users[0].open_session(&c, 0).await;
     c.ok("message.timeline.sync", Some(&token), &json!({"after": 0})).await;
 
@@ -470,7 +483,7 @@ async fn passivated_accounts_rehydrate_from_snapshot_and_tail() {
     let timelines = check_timelines(&c, &users, &msgs).await;
     let statuses = check_statuses(&c, &users, &msgs).await;
     check_resend(&c, &users, &msgs, &statuses).await;
-    idle().await;
+    idle(&c).await;
     let mut more = plan(&users, 43, 6);
     send_all(&c, &users, &mut more, 2).await;
     msgs.extend(more);
@@ -480,7 +493,7 @@ async fn passivated_accounts_rehydrate_from_snapshot_and_tail() {
     }
 
     // Idle again, then stop: a passivated actor leaves its snapshot at its head.
-    idle().await;
+    idle(&c).await;
     assert!(relay.terminate().success());
     let view = inspect(&relay.data_dir);
     for u in &users {
@@ -500,7 +513,7 @@ async fn idle_account_is_passivated_with_a_snapshot_at_its_head() {
     let mut msgs = plan(&users, 1, 7);
     send_all(&c, &users, &mut msgs, 1).await;
     let timelines = check_timelines(&c, &users, &msgs).await;
-    idle().await;
+    idle(&c).await;
     assert!(relay.terminate().success());
     let view = inspect(&relay.data_dir);
     for u in &users {
@@ -612,7 +625,7 @@ async fn passivation_racing_with_requests_loses_nothing() {
     let users = register_pair(&c).await;
     let mut msgs = plan(&users, 1, 60);
     for i in 0..msgs.len() {
-        // Spacing around the idle limit: 0..=35 ms.
+        // Waits for the relay process's passivation timer: requests spaced around its idle limit, 0..=35 ms.
         actix_rt::time::sleep(Duration::from_millis((i as u64 * 7) % 36)).await;
         let m = msgs[i].clone();
         let dup = (i > 0).then(|| msgs[i - 1].clone());
@@ -634,7 +647,7 @@ async fn passivation_racing_with_requests_loses_nothing() {
     }
     let timelines = check_timelines(&c, &users, &msgs).await;
     let statuses = check_statuses(&c, &users, &msgs).await;
-    actix_rt::time::sleep(Duration::from_millis(100)).await;
+    idle(&c).await;
     check_resend(&c, &users, &msgs, &statuses).await;
     assert_eq!(check_timelines(&c, &users, &msgs).await, timelines);
     for (u, user) in users.iter().enumerate() {

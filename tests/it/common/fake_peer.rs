@@ -288,6 +288,7 @@ fn serve(mut s: TcpStream, state: &Mutex<State>) {
             while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
         }
         Action::Hang(d) => {
+            // Waits for the scripted hang: a destination that answers nothing for `d`, as this stand-in plays it.
             std::thread::sleep(d);
             let _ = s.shutdown(Shutdown::Both);
         }

@@ -7,5 +7,6 @@ pub mod push_service;
 pub mod relay;
 pub mod schema;
 pub mod torture;
+pub mod wait;
 pub mod ws;
 pub mod ws_frame;

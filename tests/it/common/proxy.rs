@@ -14,6 +14,7 @@
 //! answered) before and after forwarding.
 
 use super::http::{self, Message};
+use super::wait::eventually_blocking;
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -173,15 +174,14 @@ impl Proxy {
 
     /// Waits (bounded) until `done` holds for the log.
     pub fn wait_for(&self, what: &str, limit: Duration, done: impl Fn(&[Entry]) -> bool) -> Vec<Entry> {
-        let deadline = Instant::now() + limit;
-        loop {
+        eventually_blocking(&format!("proxy: {what}"), limit, || {
             let log = self.log();
             if done(&log) {
-                return log;
+                Ok(log)
+            } else {
+                Err(format!("log: {log:#?}"))
             }
-            assert!(Instant::now() < deadline, "proxy: {what} not seen within {limit:?}; log: {log:#?}");
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        })
     }
 }
 
@@ -325,6 +325,7 @@ fn serve(mut client: TcpStream, upstream: SocketAddr, state: &Mutex<State>) {
         return;
     }
     if let Fault::Delay(d) = fault {
+        // Waits for the fault's added latency: a slow network, as this stand-in plays it.
         std::thread::sleep(d);
     }
     let Some(mut up) = forward(upstream, &req) else {
@@ -361,11 +362,13 @@ fn serve(mut client: TcpStream, upstream: SocketAddr, state: &Mutex<State>) {
                 {
                     break;
                 }
+                // Waits for the fault's gap between bytes: a trickling response, as this stand-in plays it.
                 std::thread::sleep(gap);
             }
             let _ = client.shutdown(Shutdown::Both);
         }
         Fault::Delay(d) => {
+            // Waits for the fault's added latency: a slow network, as this stand-in plays it.
             std::thread::sleep(d);
             relay_answer(client, &bytes);
         }

@@ -9,6 +9,7 @@
 //! with `web-push-native`, as a user agent would). [`check_vapid`] checks
 //! the `Authorization: vapid t=…, k=…` header (RFC 8292).
 
+use super::wait::eventually;
 use relay_schemas::encoding::{b64_decode, b64_encode};
 use serde_json::{json, Value};
 use std::collections::{HashMap, VecDeque};
@@ -93,6 +94,7 @@ impl PushService {
                         let st = st.clone();
                         std::thread::spawn(move || serve(conn, &st));
                     }
+                    // Waits for the next connection: a non-blocking accept loop, so the stand-in can stop.
                     Err(_) => std::thread::sleep(Duration::from_millis(5)),
                 }
             }
@@ -127,15 +129,11 @@ impl PushService {
 
     /// Waits (at most `wait`) until `name` got `n` pushes; returns them.
     pub async fn wait_for(&self, name: &str, n: usize, wait: Duration) -> Vec<Push> {
-        let deadline = Instant::now() + wait;
-        loop {
+        eventually(&format!("{name}: {n} pushes"), wait, || {
             let got = self.pushes(name);
-            if got.len() >= n {
-                return got;
-            }
-            assert!(Instant::now() < deadline, "{name}: {} of {n} pushes within {wait:?}", got.len());
-            actix_rt::time::sleep(Duration::from_millis(20)).await;
-        }
+            std::future::ready(if got.len() >= n { Ok(got) } else { Err(format!("{} pushes", got.len())) })
+        })
+        .await
     }
 }
 
@@ -168,7 +166,8 @@ fn serve(mut conn: TcpStream, state: &Mutex<State>) {
     out.push_str("\r\n");
     let _ = conn.write_all(out.as_bytes());
     if answer.stall_body {
-        std::thread::sleep(Duration::from_secs(30)); // past every wait of the tests
+        // Waits for the stalled body's time: a push service that never finishes its answer (past every wait of the tests).
+        std::thread::sleep(Duration::from_secs(30));
     }
 }
 

@@ -5,7 +5,9 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use super::wait::eventually_blocking;
 
 /// A `relay serve` child process with its own data dir.
 pub struct RelayProc {
@@ -161,20 +163,14 @@ impl RelayProc {
     /// The first stderr line containing every one of `needles`, waiting up to
     /// `timeout` for it; panics (showing the lines) if none comes.
     pub fn wait_for_log(&self, needles: &[&str], timeout: Duration) -> String {
-        let deadline = Instant::now() + timeout;
-        loop {
+        let what = format!("{}: a log line with {needles:?}", self.id);
+        eventually_blocking(&what, timeout, || {
             let lines = self.log_lines();
-            if let Some(l) = lines.iter().find(|l| needles.iter().all(|n| l.contains(n))) {
-                return l.clone();
+            match lines.iter().find(|l| needles.iter().all(|n| l.contains(n))) {
+                Some(l) => Ok(l.clone()),
+                None => Err(format!("the lines:\n{}", lines.join("\n"))),
             }
-            assert!(
-                Instant::now() < deadline,
-                "{}: no log line with {needles:?} in {timeout:?}:\n{}",
-                self.id,
-                lines.join("\n")
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        })
     }
 
     /// Stderr lines containing every one of `needles`.
@@ -198,28 +194,14 @@ impl RelayProc {
     /// Waits (bounded) for the process to end by itself; its exit status.
     pub fn wait_exit(&mut self, timeout: Duration) -> std::process::ExitStatus {
         let mut c = self.child.take().expect("running");
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = c.try_wait().unwrap() {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "{} did not exit within {timeout:?}", self.id);
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        exit_of(&mut c, &format!("{} exits", self.id), timeout)
     }
 
     /// SIGTERM and wait (bounded) for a clean exit; returns the exit status.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
         let mut c = self.child.take().expect("running");
         unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(status) = c.try_wait().unwrap() {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "relay did not stop within 30 s of SIGTERM");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        exit_of(&mut c, &format!("{} stops after SIGTERM", self.id), Duration::from_secs(30))
     }
 
     /// Starts the same relay again on its data dir (a new port).
@@ -228,6 +210,11 @@ impl RelayProc {
         let again = Self::start_config(&self.id, self.config.clone(), self.data_dir.clone(), &self.rust_log);
         *self = again;
     }
+}
+
+/// The exit status of `c`, waiting (bounded) for it.
+fn exit_of(c: &mut Child, what: &str, limit: Duration) -> std::process::ExitStatus {
+    eventually_blocking(what, limit, || c.try_wait().unwrap().ok_or_else(|| "still running".to_string()))
 }
 
 impl Drop for RelayProc {

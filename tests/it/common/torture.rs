@@ -423,6 +423,7 @@ async fn call(c: &Client, method: &str, token: Option<&str>, params: &Value) -> 
             Ok((status, v)) => match retry_after(&v) {
                 Some(wait) => {
                     last = v.to_string();
+                    // Waits for the relay's rate limiter (its own clock): the answer's retry_after.
                     actix_rt::time::sleep(wait).await;
                     continue;
                 }
@@ -430,6 +431,7 @@ async fn call(c: &Client, method: &str, token: Option<&str>, params: &Value) -> 
             },
             Err(e) => last = e,
         }
+        // Waits for a relay process the killer may have stopped to come back: a client's pause before its retry.
         actix_rt::time::sleep(Duration::from_millis(100)).await;
     }
     Err(format!("{method} at {base}: no answer: {last}"))
@@ -511,6 +513,7 @@ async fn send_until_answered(c: &Client, token: &str, body: &[u8]) -> Tried {
                 }
                 t.retryable.push(code.clone());
                 if let Some(wait) = retry_after(&v) {
+                    // Waits for the relay's rate limiter (its own clock): the answer's retry_after.
                     actix_rt::time::sleep(wait).await;
                 }
                 code
@@ -525,6 +528,7 @@ async fn send_until_answered(c: &Client, token: &str, body: &[u8]) -> Tried {
             t.answer = Answer::Unanswered(last);
             return t;
         }
+        // Waits for a relay process the killer may have stopped to come back: the client's growing backoff.
         actix_rt::time::sleep(Duration::from_millis(20 * u64::from(t.tries.min(15)))).await;
     }
 }
@@ -578,8 +582,10 @@ fn killer(
             && !load_done.load(Ordering::SeqCst)
             && Instant::now() < wait_limit
         {
+            // Waits for the relay processes' answers to the load (progress counts them): kills are tied to progress.
             std::thread::sleep(Duration::from_millis(5));
         }
+        // Waits for a random moment within the load: the seeded kill plan's pause before this stop.
         std::thread::sleep(Duration::from_millis(rng.random_range(0..150)));
         let mut chosen = vec![victims[rng.random_range(0..victims.len())]];
         if victims.len() > 1 && rng.random_bool(0.25) {
@@ -600,6 +606,7 @@ fn killer(
                 }
             }
         }
+        // Waits for the seeded downtime: the stopped relay processes stay down this long.
         std::thread::sleep(down);
         for &v in &chosen {
             relays[v].restart();
@@ -862,6 +869,7 @@ async fn settle(
                 }
                 break;
             }
+            // Waits for the relay processes' deliveries to settle: polls the pending statuses again (the deadline above records violations).
             actix_rt::time::sleep(Duration::from_millis(200)).await;
         }
     }
