@@ -122,7 +122,7 @@ async fn an_idle_account_actor_passivates_when_the_injected_clock_says_so() {
     eventually("bob passivated", || sup.resident_accounts() == 0).await;
     // Both answer from what they wrote before leaving.
     for id in [&alice, &bob] {
-        match sup.ask(id, AccountCmd::DevicesGet).await.unwrap() {
+        match sup.ask(id, AccountCmd::AccountDevicesGet).await.unwrap() {
             Reply::Json(j) => assert!(j.contains("\"phone\""), "{j}"),
             other => panic!("{other:?}"),
         }
