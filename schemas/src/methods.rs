@@ -15,119 +15,74 @@ pub enum Caller {
     Relay,
 }
 
-/// Every method this relay serves, one variant per wire method and side:
-/// `route.get` and `account.devices.get` are served to clients
-/// (`/v1/rpc`) and to peers (`/v1/relay`), with different callers and
-/// rules, so each has a `Relay…` variant too. The variant is the wire name
-/// in camel case; the relay's handler is `src/method/<wire_name>.rs`
-/// (dots as underscores).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Method {
-    AccountRegister,
-    SessionChallenge,
-    SessionOpen,
-    SessionAttach,
-    DeviceAdd,
-    DeviceRevoke,
-    AccountDevicesGet,
-    AccountSettingsUpdate,
-    RouteGet,
-    RouteUpdate,
-    ContactRevoke,
-    MessageSend,
-    MessageDeliveryStatus,
-    MessageTimelineSync,
-    MessageTimelineAck,
-    PushVapidKey,
-    PushSubscribe,
-    PushUnsubscribe,
-    MessageDeliver,
-    RelayRouteGet,
-    RelayAccountDevicesGet,
-    MessageDeliveryPeerStatus,
+/// The enum and its `ALL`, `as_str` and `caller` from one table, so a
+/// method's wire name and caller are written once.
+macro_rules! methods {
+    ($(#[$meta:meta])* pub enum Method { $($variant:ident = $wire:literal, $caller:ident;)* }) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum Method {
+            $($variant,)*
+        }
+
+        impl Method {
+            /// Every variant, client methods first, in PROTOCOL order.
+            pub const ALL: [Method; [$(Method::$variant),*].len()] = [$(Method::$variant),*];
+
+            /// The wire name (both sides of a shared name answer the same).
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $(Method::$variant => $wire,)*
+                }
+            }
+
+            /// Who may call it.
+            pub const fn caller(self) -> Caller {
+                match self {
+                    $(Method::$variant => Caller::$caller,)*
+                }
+            }
+        }
+    };
+}
+
+methods! {
+    /// Every method this relay serves, one variant per wire method and side:
+    /// `route.get` and `account.devices.get` are served to clients
+    /// (`/v1/rpc`) and to peers (`/v1/relay`), with different callers and
+    /// rules, so each has a `Relay…` variant too. The variant is the wire name
+    /// in camel case; the relay's handler is `src/method/<wire_name>.rs`
+    /// (dots as underscores). `Caller::None` methods are rate limited per
+    /// client address; `route.get` also takes an optional session (then it
+    /// asks the peers too); `session.attach` attaches a session on a
+    /// WebSocket.
+    pub enum Method {
+        AccountRegister = "account.register", None;
+        SessionChallenge = "session.challenge", None;
+        SessionOpen = "session.open", None;
+        SessionAttach = "session.attach", Session;
+        DeviceAdd = "device.add", Session;
+        DeviceRevoke = "device.revoke", Session;
+        AccountDevicesGet = "account.devices.get", Session;
+        AccountSettingsUpdate = "account.settings.update", Session;
+        RouteGet = "route.get", None;
+        RouteUpdate = "route.update", Session;
+        ContactRevoke = "contact.revoke", Session;
+        MessageSend = "message.send", Session;
+        MessageDeliveryStatus = "message.delivery.status", Session;
+        MessageTimelineSync = "message.timeline.sync", Session;
+        MessageTimelineAck = "message.timeline.ack", Session;
+        PushVapidKey = "push.vapid_key", None;
+        PushSubscribe = "push.subscribe", Session;
+        PushUnsubscribe = "push.unsubscribe", Session;
+        MessageDeliver = "message.deliver", Relay;
+        RelayRouteGet = "route.get", Relay;
+        RelayAccountDevicesGet = "account.devices.get", Relay;
+        MessageDeliveryPeerStatus = "message.delivery.peer_status", Relay;
+    }
 }
 
 impl Method {
-    /// Every variant, client methods first, in PROTOCOL order.
-    pub const ALL: [Method; 22] = {
-        use Method::*;
-        [
-            AccountRegister,
-            SessionChallenge,
-            SessionOpen,
-            SessionAttach,
-            DeviceAdd,
-            DeviceRevoke,
-            AccountDevicesGet,
-            AccountSettingsUpdate,
-            RouteGet,
-            RouteUpdate,
-            ContactRevoke,
-            MessageSend,
-            MessageDeliveryStatus,
-            MessageTimelineSync,
-            MessageTimelineAck,
-            PushVapidKey,
-            PushSubscribe,
-            PushUnsubscribe,
-            MessageDeliver,
-            RelayRouteGet,
-            RelayAccountDevicesGet,
-            MessageDeliveryPeerStatus,
-        ]
-    };
-
-    /// The wire name (both sides of a shared name answer the same).
-    pub const fn as_str(self) -> &'static str {
-        use Method::*;
-        match self {
-            AccountRegister => "account.register",
-            SessionChallenge => "session.challenge",
-            SessionOpen => "session.open",
-            SessionAttach => "session.attach",
-            DeviceAdd => "device.add",
-            DeviceRevoke => "device.revoke",
-            AccountDevicesGet | RelayAccountDevicesGet => "account.devices.get",
-            AccountSettingsUpdate => "account.settings.update",
-            RouteGet | RelayRouteGet => "route.get",
-            RouteUpdate => "route.update",
-            ContactRevoke => "contact.revoke",
-            MessageSend => "message.send",
-            MessageDeliveryStatus => "message.delivery.status",
-            MessageTimelineSync => "message.timeline.sync",
-            MessageTimelineAck => "message.timeline.ack",
-            PushVapidKey => "push.vapid_key",
-            PushSubscribe => "push.subscribe",
-            PushUnsubscribe => "push.unsubscribe",
-            MessageDeliver => "message.deliver",
-            MessageDeliveryPeerStatus => "message.delivery.peer_status",
-        }
-    }
-
-    /// Who may call it. `Caller::None` methods are rate limited per client
-    /// address; `route.get` also takes an optional session (then it asks
-    /// the peers too). `session.attach` attaches a session on a WebSocket.
-    pub const fn caller(self) -> Caller {
-        use Method::*;
-        match self {
-            AccountRegister | SessionChallenge | SessionOpen | RouteGet | PushVapidKey => Caller::None,
-            SessionAttach
-            | DeviceAdd
-            | DeviceRevoke
-            | AccountDevicesGet
-            | AccountSettingsUpdate
-            | RouteUpdate
-            | ContactRevoke
-            | MessageSend
-            | MessageDeliveryStatus
-            | MessageTimelineSync
-            | MessageTimelineAck
-            | PushSubscribe
-            | PushUnsubscribe => Caller::Session,
-            MessageDeliver | RelayRouteGet | RelayAccountDevicesGet | MessageDeliveryPeerStatus => Caller::Relay,
-        }
-    }
-
     /// A client method (`POST /v1/rpc/{method}`, WebSocket frames) by wire name.
     pub fn from_client_wire(name: &str) -> Option<Method> {
         Self::ALL.into_iter().find(|m| m.caller() != Caller::Relay && m.as_str() == name)
