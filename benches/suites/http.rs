@@ -138,7 +138,9 @@ fn http(c: &mut Criterion) {
     let carol = relay_schemas::client::Account::from_seed([5; 32]);
     let carol_phone = relay_schemas::client::Device::from_seed("laptop", [6; 32]);
     register(&mut Conn::open(&b.addr), "relay-b", &carol, &carol_phone, true);
-    conn.ok("route.get", None, &json!({"account_id": carol.id}));
+    // With a session: only then does relay-a ask its peers (a stranger gets
+    // only what relay-a knows).
+    conn.ok("route.get", Some(&alice), &json!({"account_id": carol.id}));
     let to_carol = Fixture { bob: carol, laptop: carol_phone, ..Fixture::new() };
 
     let mut n = 0u64;

@@ -137,17 +137,8 @@ impl FakePeer {
         let addr = listener.local_addr().unwrap();
         let state = Arc::new(Mutex::new(State::default()));
         let stop = Arc::new(AtomicBool::new(false));
-        let (st, sp) = (state.clone(), stop.clone());
-        std::thread::spawn(move || {
-            for conn in listener.incoming() {
-                if sp.load(Ordering::SeqCst) {
-                    return;
-                }
-                let Ok(conn) = conn else { continue };
-                let st = st.clone();
-                std::thread::spawn(move || serve(conn, &st));
-            }
-        });
+        let st = state.clone();
+        super::http::serve_each(listener, stop.clone(), move |conn| serve(conn, &st));
         FakePeer { id: id.to_string(), url: format!("http://{addr}"), public_key, state, stop, addr }
     }
 

@@ -4,6 +4,9 @@
 //! by `Content-Length` or chunked (de-chunked).
 
 use std::io::Read;
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// Where `needle` first occurs in `hay`.
 pub fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
@@ -124,4 +127,21 @@ pub fn read_message(s: &mut impl Read) -> Option<Message> {
         rest
     };
     Some(Message { head, body })
+}
+
+/// Serves every connection `listener` accepts on a thread of its own, until
+/// `stop` is set (seen at the next accept: the owner connects once after
+/// setting it).
+pub fn serve_each(listener: TcpListener, stop: Arc<AtomicBool>, serve: impl Fn(TcpStream) + Send + Sync + 'static) {
+    let serve = Arc::new(serve);
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            if stop.load(Ordering::SeqCst) {
+                return;
+            }
+            let Ok(conn) = conn else { continue };
+            let serve = serve.clone();
+            std::thread::spawn(move || serve(conn));
+        }
+    });
 }

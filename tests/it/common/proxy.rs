@@ -119,17 +119,8 @@ impl Proxy {
         let addr = listener.local_addr().unwrap();
         let state = Arc::new(Mutex::new(State::default()));
         let stop = Arc::new(AtomicBool::new(false));
-        let (st, sp) = (state.clone(), stop.clone());
-        std::thread::spawn(move || {
-            for conn in listener.incoming() {
-                if sp.load(Ordering::SeqCst) {
-                    return;
-                }
-                let Ok(conn) = conn else { continue };
-                let st = st.clone();
-                std::thread::spawn(move || serve(conn, upstream, &st));
-            }
-        });
+        let st = state.clone();
+        http::serve_each(listener, stop.clone(), move |conn| serve(conn, upstream, &st));
         Proxy { url: format!("http://{addr}"), addr, state, stop }
     }
 
