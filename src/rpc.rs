@@ -158,6 +158,7 @@ impl Relay {
                 status_json(&st)
             }
             Reply::Accept(_) => Err(RelayError::internal("a send decided and not written")),
+            Reply::Backlog(_) => Err(RelayError::internal("a backlog is not a method's result")),
         }
     }
 

@@ -119,7 +119,7 @@ async fn register(relay: &Relay, session: &sessions::Session) -> (Attached, Opti
     let attached = sup.notifier().attach(&session.account_id, &session.device_id);
     let backlog = sup.ask(&session.account_id, AccountCmd::Backlog { device: session.device_id.clone() }).await;
     let latest = match backlog {
-        Ok(Reply::Json(j)) => serde_json::from_str::<Value>(&j).ok().and_then(|v| v["latest"].as_u64()),
+        Ok(Reply::Backlog(latest)) => latest,
         _ => None,
     };
     (attached, latest)

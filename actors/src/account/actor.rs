@@ -17,7 +17,6 @@ use relay_schemas::methods::*;
 use relay_schemas::objects::Route;
 use relay_schemas::{DeliveryStatus, RelayError, Wire};
 use serde::de::DeserializeOwned;
-use serde_json::json;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -189,6 +188,9 @@ pub enum Reply {
         status: DeliveryStatus,
         head: Option<Head>,
     },
+    /// A device's backlog: the latest record beyond its ack cursor it may
+    /// read, if any (never on the wire; the WebSocket attach uses it).
+    Backlog(Option<u64>),
 }
 
 impl Reply {
@@ -631,7 +633,7 @@ impl AccountActor {
             }
             AccountCmd::Backlog { device } => {
                 session(device)?;
-                Reply::json(&json!({ "latest": self.backlog(device)? }))
+                Ok(Reply::Backlog(self.backlog(device)?))
             }
             AccountCmd::MessageTimelineAck { device, params } => {
                 session(device)?;
