@@ -170,9 +170,9 @@ impl Config {
 }
 
 /// sled holds an exclusive file lock on its store while a relay runs;
-/// opening it again fails with this (the OS error is `WouldBlock`).
+/// opening it again fails with this.
 pub fn store_in_use(e: &relay_actors::store::StoreError) -> bool {
-    matches!(e, relay_actors::store::StoreError::Sled(inner) if inner.to_string().contains("could not acquire lock"))
+    matches!(e, relay_actors::store::StoreError::InUse(_))
 }
 
 impl Default for StoreSection {

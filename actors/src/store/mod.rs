@@ -75,6 +75,9 @@ pub const ZERO_HASH: Hash = [0; 32];
 pub enum StoreError {
     #[error("sled: {0}")]
     Sled(#[from] sled::Error),
+    /// Another process holds the store's directory (sled's file lock).
+    #[error("in use by another process: {0}")]
+    InUse(String),
     #[error("corrupt record in stream {stream:?} at seq {seq}: {what}")]
     Corrupt { stream: String, seq: u64, what: String },
     #[error("hash mismatch in stream {stream:?} at seq {seq}")]

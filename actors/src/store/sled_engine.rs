@@ -58,15 +58,15 @@ const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 /// not release the lock at once: sled's background pool may still hold the
 /// page cache for a moment (sled's own tests block on the lock for this
 /// reason), so a reopen in the same process right after a close can find it
-/// taken. Another running relay still holds it after the wait, and the
-/// caller reports that.
+/// taken. Another running relay still holds it after the wait:
+/// [`StoreError::InUse`]. (sled says so only in its error's text.)
 fn open_waiting_for_lock(config: &sled::Config) -> Result<sled::Db, StoreError> {
     let deadline = std::time::Instant::now() + LOCK_WAIT;
     loop {
         match config.open() {
             Err(sled::Error::Io(e)) if e.to_string().contains("could not acquire lock") => {
                 if std::time::Instant::now() >= deadline {
-                    return Err(sled::Error::Io(e).into());
+                    return Err(StoreError::InUse(e.to_string()));
                 }
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
