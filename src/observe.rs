@@ -228,11 +228,11 @@ pub struct ProcStats {
 impl ProcStats {
     #[cfg(target_os = "linux")]
     pub fn read() -> ProcStats {
-        use crate::bench::{pending, report};
+        use crate::bench::report;
         let pid = std::process::id();
         let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
         ProcStats {
-            cpu_seconds: pending::cpu_seconds(pid),
+            cpu_seconds: report::cpu_seconds(pid),
             resident_bytes: report::status_bytes(pid, "VmRSS:"),
             virtual_bytes: report::status_bytes(pid, "VmSize:"),
             open_fds: std::fs::read_dir("/proc/self/fd").ok().map(|d| d.count() as u64),

@@ -338,13 +338,13 @@ fn bench(args: BenchArgs) -> Result<(String, u64), String> {
 
     let before: Vec<_> = targets.iter().map(|t| report::scrape(&t.addr)).collect();
     let disk_before = own.iter().map(|p| report::disk_write_bytes(p.child.id())).collect();
-    let cpu_before = own.iter().map(|p| pending::cpu_seconds(p.child.id())).collect();
+    let cpu_before = own.iter().map(|p| report::cpu_seconds(p.child.id())).collect();
     let bar = progress(sends.len() as u64, "sends");
     let mut outcome = load::run(&targets, &sends, args.concurrency, args.duration, args.rate, &|n| bar.set_position(n));
     bar.finish_and_clear();
     let after: Vec<_> = targets.iter().map(|t| report::scrape(&t.addr)).collect();
     let disk_after = own.iter().map(|p| report::disk_write_bytes(p.child.id())).collect();
-    let cpu_after = own.iter().map(|p| pending::cpu_seconds(p.child.id())).collect();
+    let cpu_after = own.iter().map(|p| report::cpu_seconds(p.child.id())).collect();
     let rss = own.iter().map(|p| report::rss_bytes(p.child.id())).collect();
     let rss_peak = own.iter().map(|p| report::rss_peak_bytes(p.child.id())).collect();
     let mut notify = match listener {

@@ -22,34 +22,6 @@ const SETTLE_LIMIT: Duration = Duration::from_secs(120);
 /// Settled: no store commit on relay-a for this long.
 const QUIET: Duration = Duration::from_secs(1);
 
-/// Clock ticks per second of `/proc/<pid>/stat` times (`AT_CLKTCK` in the
-/// auxiliary vector; Linux's USER_HZ is 100 everywhere in practice).
-fn clock_ticks_per_sec() -> f64 {
-    const AT_CLKTCK: usize = 17;
-    const W: usize = std::mem::size_of::<usize>();
-    let word = |b: &[u8]| b.try_into().ok().map(usize::from_ne_bytes);
-    if let Ok(auxv) = std::fs::read("/proc/self/auxv") {
-        for pair in auxv.chunks_exact(2 * W) {
-            match (word(&pair[..W]), word(&pair[W..])) {
-                (Some(AT_CLKTCK), Some(v)) if v > 0 => return v as f64,
-                (Some(0), _) | (None, _) => break,
-                _ => {}
-            }
-        }
-    }
-    100.0
-}
-
-/// CPU seconds (user + system, all threads) process `pid` has used.
-pub fn cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name `(…)`, which may hold spaces: state is
-    // field 3, utime 14, stime 15.
-    let fields: Vec<&str> = stat.rsplit(')').next()?.split_whitespace().collect();
-    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    Some(ticks as f64 / clock_ticks_per_sec())
-}
-
 /// Sum of every sample of metric `name` (all label sets).
 fn sum(metrics: &str, name: &str) -> f64 {
     metrics
@@ -121,20 +93,20 @@ pub fn run(args: &BenchArgs, n: usize, run_id: u64) -> Result<(String, u64), Str
     let attempts0 = sum(&metrics(&targets[0].addr)?, "relay_delivery_attempts_total");
     let before = vec![report::scrape(&targets[0].addr)];
     let disk_before = vec![report::disk_write_bytes(pid)];
-    let cpu_before = vec![cpu_seconds(pid)];
+    let cpu_before = vec![report::cpu_seconds(pid)];
     let bar = progress(sends.len() as u64, "sends to a dead relay");
     let mut outcome = load::run(&targets, &sends, args.concurrency, None, None, &|k| bar.set_position(k));
     bar.finish_and_clear();
     let after = vec![report::scrape(&targets[0].addr)];
     let disk_after = vec![report::disk_write_bytes(pid)];
-    let cpu_after = vec![cpu_seconds(pid)];
+    let cpu_after = vec![report::cpu_seconds(pid)];
 
     let accepted = outcome.delivering + outcome.target_accepted;
     let settled = settle(&targets[0].addr, attempts0, accepted)?;
-    let cpu0 = cpu_seconds(pid).ok_or("cannot read relay-a's CPU time from /proc")?;
+    let cpu0 = report::cpu_seconds(pid).ok_or("cannot read relay-a's CPU time from /proc")?;
     let t0 = Instant::now();
     std::thread::sleep(args.idle_window);
-    let cpu1 = cpu_seconds(pid).ok_or("cannot read relay-a's CPU time from /proc")?;
+    let cpu1 = report::cpu_seconds(pid).ok_or("cannot read relay-a's CPU time from /proc")?;
     let window = t0.elapsed().as_secs_f64();
     let m = metrics(&targets[0].addr)?;
     let pending = report::sample(&m, "relay_deliveries_in_flight").map(|v| v as u64);
@@ -188,33 +160,6 @@ pub fn run(args: &BenchArgs, n: usize, run_id: u64) -> Result<(String, u64), Str
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn clock_ticks_come_from_the_auxiliary_vector() {
-        let hz = clock_ticks_per_sec();
-        assert!((10.0..=10_000.0).contains(&hz), "{hz}");
-    }
-
-    #[test]
-    fn cpu_seconds_of_a_busy_process_grow() {
-        // Spins until the count shows CPU used, not for a wall time: on a
-        // loaded machine a spinning thread may get little of it.
-        let pid = std::process::id();
-        let before = cpu_seconds(pid).unwrap();
-        let t = Instant::now();
-        let (mut x, mut used) = (0u64, 0.0);
-        while used < 0.05 && t.elapsed() < Duration::from_secs(60) {
-            for _ in 0..1_000_000 {
-                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
-            }
-            used = cpu_seconds(pid).unwrap() - before;
-        }
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
-        let wall = t.elapsed().as_secs_f64();
-        assert!(used >= 0.05, "{used} s of CPU counted in {wall} s of spinning");
-        // A tick (10 ms) of slack for where the count was when we started.
-        assert!(used <= wall * cores + 0.011, "{used} s of CPU in {wall} s of wall time on {cores} cores");
-    }
 
     #[test]
     fn sums_every_label_set_of_a_metric() {
