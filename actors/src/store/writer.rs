@@ -5,8 +5,9 @@
 //! engine in the overlay and appends them to the queue. The writer thread
 //! takes the whole queue as one group, applies it to the engine, calls one
 //! barrier, publishes the durable ticket, then installs the group in the
-//! engine's indexes and drops it from the overlay. While it waits on the barrier the next group queues up, so under
-//! load every barrier carries what arrived during the previous one.
+//! engine's indexes and drops it from the overlay. While it waits on the
+//! barrier the next group queues up, so under load every barrier carries
+//! what arrived during the previous one.
 //!
 //! Wake-ups: a commit notifies the writer only when the writer said it was
 //! idle; under load the writer finds work after every group and is never
@@ -170,18 +171,18 @@ impl Shared {
             let started = Instant::now();
             last_start = Some(started);
             let (bytes, barriers) = (self.engine.bytes_written(), self.engine.barriers());
-            if let Err(e) = self.engine.apply(group).and_then(|()| self.engine.barrier()) {
+            let stop = |e: super::StoreError| {
                 tracing::error!(error = %e, "event store write failed");
                 fail(&tx, &e.to_string());
-                return;
+            };
+            if let Err(e) = self.engine.apply(group).and_then(|()| self.engine.barrier()) {
+                return stop(e);
             }
             // Durable now: waiters need not wait for the engine's indexes.
             self.groups.fetch_add(1, SeqCst);
             tx.send_modify(|d| d.upto = upto);
             if let Err(e) = self.engine.install() {
-                tracing::error!(error = %e, "event store write failed");
-                fail(&tx, &e.to_string());
-                return;
+                return stop(e);
             }
             self.overlay.remove_applied(upto);
             self.applied.store(upto, SeqCst);
