@@ -69,12 +69,9 @@ impl Challenges {
             .ok_or_else(|| RelayError::device_unknown("unknown or revoked device"))?;
         // Constant time: how much of a guess matched must not show in timing.
         let matches = |c: &str| bool::from(c.as_bytes().ct_eq(p.challenge.as_bytes()));
-        let list = self.by_device.get_mut(&p.device_id);
-        let Some((list, pos)) =
-            list.and_then(|l| l.iter().position(|(c, exp)| matches(c) && *exp > ctx.now).map(|pos| (l, pos)))
-        else {
-            return Err(RelayError::unauthorized("unknown or expired challenge"));
-        };
+        let unknown = || RelayError::unauthorized("unknown or expired challenge");
+        let list = self.by_device.get_mut(&p.device_id).ok_or_else(unknown)?;
+        let pos = list.iter().position(|(c, exp)| matches(c) && *exp > ctx.now).ok_or_else(unknown)?;
         let proof = SessionProof {
             account_id: &p.account_id,
             device_id: &p.device_id,
