@@ -3,7 +3,7 @@
 //! timeline projections), apply, reply once durable.
 
 use super::decide::{self, Ctx, ReceiveDecision, SendDecision, SettleDecision};
-use super::events::AccountEvent;
+use super::events::{AccountEvent, PushSubscription};
 use super::ledger::{self, ReceiptEntry, SendEntry};
 use super::session::{Challenges, Grant};
 use super::state::AccountState;
@@ -250,11 +250,13 @@ pub struct AccountActor {
 #[derive(Debug)]
 enum Notice {
     /// `sender_device`: the device whose own send wrote the record (it is
-    /// not woken by a push for it).
+    /// not woken by a push for it). `subscribed`: the push targets as the
+    /// record was written (filled in by `persist`).
     Timeline {
         sequence: u64,
         visible: Vec<String>,
         sender_device: Option<String>,
+        subscribed: Vec<(String, PushSubscription)>,
     },
     Delivery {
         message_id: String,
@@ -367,7 +369,10 @@ impl AccountActor {
         self.last_ticket = Some(ticket);
         for (e, w) in events.iter().zip(&written) {
             self.state.apply(e);
-            for n in Self::notices(e, w.as_ref()) {
+            for mut n in Self::notices(e, w.as_ref()) {
+                if let Notice::Timeline { visible, sender_device, subscribed, .. } = &mut n {
+                    *subscribed = self.push_targets(visible, sender_device.as_deref(), |_| false);
+                }
                 self.outbox.push_back((ticket, n));
             }
         }
@@ -397,6 +402,7 @@ impl AccountActor {
             sequence: r.sequence,
             visible: r.visible.clone(),
             sender_device: sender_device.clone(),
+            subscribed: Vec::new(),
         });
         let delivery = match (e, written) {
             (
@@ -818,20 +824,49 @@ impl AccountActor {
 }
 
 impl AccountActor {
+    /// `decide::push_targets` on the current state; none without a push
+    /// sender.
+    fn push_targets(
+        &self,
+        visible: &[String],
+        sender_device: Option<&str>,
+        connected: impl Fn(&str) -> bool,
+    ) -> Vec<(String, PushSubscription)> {
+        if self.sup.push_sink().is_none() {
+            return Vec::new();
+        }
+        let now = self.sup.clock().now();
+        decide::push_targets(&self.state, visible, sender_device, connected, now)
+            .into_iter()
+            .map(|(device, subscription)| (device.to_owned(), subscription.clone()))
+            .collect()
+    }
+
     /// Hands the push sender a wake-up for each device that may read record
-    /// `sequence` and has no open WebSocket (PROTOCOL §9). Never waits: the
-    /// sender's queue is bounded and coalesces.
-    fn offer_pushes(&self, sequence: u64, visible: &[String], sender_device: Option<&str>) {
+    /// `sequence` and has no open WebSocket (PROTOCOL §9). Only a
+    /// subscription the device had when the record was written and still
+    /// has (`subscribed`): one made later does not get older records, and
+    /// one dropped since gets nothing. Never waits: the sender's queue is
+    /// bounded and coalesces.
+    fn offer_pushes(
+        &self,
+        sequence: u64,
+        visible: &[String],
+        sender_device: Option<&str>,
+        subscribed: &[(String, PushSubscription)],
+    ) {
         let Some(sink) = self.sup.push_sink() else { return };
         let (notifier, account) = (self.sup.notifier(), &self.state.account_id);
-        let now = self.sup.clock().now();
         let connected = |device: &str| notifier.is_connected(account, device);
-        for (device, subscription) in decide::push_targets(&self.state, visible, sender_device, connected, now) {
+        for (device_id, subscription) in self.push_targets(visible, sender_device, connected) {
+            if !subscribed.iter().any(|(d, s)| *d == device_id && *s == subscription) {
+                continue;
+            }
             sink.offer(crate::push::PushJob {
                 account_id: account.clone(),
-                device_id: device.to_owned(),
+                device_id,
                 sequence,
-                subscription: subscription.clone(),
+                subscription,
                 attempt: 0,
             });
         }
@@ -899,9 +934,9 @@ impl Handler<Publish> for AccountActor {
         while self.outbox.front().is_some_and(|(t, _)| *t <= msg.0) {
             let Some((_, notice)) = self.outbox.pop_front() else { break };
             match notice {
-                Notice::Timeline { sequence, visible, sender_device } => {
+                Notice::Timeline { sequence, visible, sender_device, subscribed } => {
                     notifier.timeline_changed(account, sequence, &visible);
-                    self.offer_pushes(sequence, &visible, sender_device.as_deref());
+                    self.offer_pushes(sequence, &visible, sender_device.as_deref(), &subscribed);
                 }
                 Notice::Delivery { message_id, status } => notifier.delivery_changed(account, &message_id, &status),
             }

@@ -63,3 +63,54 @@ fn push_goes_only_to_subscribed_visible_devices_without_a_websocket() {
     let visible = vec!["laptop".to_string()];
     assert!(decide::push_targets(&s, &visible, None, |_| false, NOW).is_empty(), "revoked devices get nothing");
 }
+
+/// A push sink that records what it is offered: (device, sequence, endpoint).
+#[derive(Default)]
+struct Offers(std::sync::Mutex<Vec<(String, u64, String)>>);
+
+impl crate::push::PushSink for Offers {
+    fn offer(&self, job: crate::push::PushJob) {
+        self.0.lock().unwrap().push((job.device_id, job.sequence, job.subscription.endpoint));
+    }
+}
+
+/// The record's pushes go to the subscriptions its devices had when it was
+/// written: a `push.subscribe` handled between the record's write and its
+/// notification (sent once the write is durable) gets no push for it.
+#[actix_rt::test]
+async fn a_subscription_made_after_a_record_was_written_gets_no_push_for_it() {
+    use crate::account::{stream_id, AccountCmd};
+    use crate::delivery::NoPeers;
+    use crate::store::{Head, NewEvent, Store};
+    use crate::{ManualClock, Supervisor};
+    use std::sync::Arc;
+
+    let store = Store::temporary().unwrap();
+    let events: Vec<NewEvent> =
+        alice_history().iter().map(|e| NewEvent::new(e.event_type(), AccountEvent::VERSION, NOW, e).unwrap()).collect();
+    let mut batch = store.batch();
+    batch.append(&stream_id(&alice().id), Head::default(), events);
+    store.commit_durable_blocking(batch).unwrap();
+    let sup = Supervisor::new(store, POLICY.clone(), ManualClock::at_ms(NOW * 1000), Arc::new(NoPeers));
+    let offers = Arc::new(Offers::default());
+    sup.set_push_sink(offers.clone());
+    let id = alice().id;
+    // Phone → Alice herself, readable by the laptop (the sending phone gets no push).
+    let self_send = |n: u32| {
+        let v = alice_to_self(n, &["phone", "laptop"]);
+        AccountCmd::MessageSend { device: "phone".into(), params: parse(&v), digest: digest(&v), route: None }
+    };
+    let subscribe = AccountCmd::PushSubscribe { device: "laptop".into(), params: push_params(1) };
+
+    // Both asked before either is answered: the actor handles the subscription
+    // while record 1's reply and notification wait for durability.
+    let (sent, subscribed) = futures_util::future::join(sup.ask(&id, self_send(1)), sup.ask(&id, subscribe)).await;
+    sent.unwrap();
+    subscribed.unwrap();
+    // A later record, written with the subscription in place, is pushed.
+    sup.ask(&id, self_send(2)).await.unwrap();
+    // Its notification is published before this command is handled.
+    sup.ask(&id, AccountCmd::AccountDevicesGet).await.unwrap();
+    let endpoint = "https://push.example/sub/1".to_string();
+    assert_eq!(*offers.0.lock().unwrap(), [("laptop".to_string(), 2, endpoint)]);
+}
