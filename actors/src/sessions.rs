@@ -12,7 +12,6 @@
 //! same batch. Sessions stored before the index existed are only swept.
 
 use crate::store::{Batch, Store, StoreError};
-use relay_schemas::encoding::b64_encode;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -77,7 +76,7 @@ impl Sessions {
         self.cache.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A fresh token, its session written into `batch` with its device index
+    /// `token` (fresh, from the account's decision), its session written into `batch` with its device index
     /// entry, and the device's oldest sessions removed in the same batch so
     /// that it holds at most `max_per_device`. The caller commits the batch
     /// and calls [`Sessions::remember`] once it is durable. Only the
@@ -87,6 +86,7 @@ impl Sessions {
         &self,
         batch: &mut Batch,
         session: &Session,
+        token: String,
         now_ms: u64,
         max_per_device: usize,
     ) -> Result<Issued, StoreError> {
@@ -106,7 +106,6 @@ impl Sessions {
             batch.kv_remove(&key(hash));
             batch.kv_remove(&device_key(session, hash));
         }
-        let token = b64_encode(&rand::random::<[u8; 32]>());
         let hash = token_hash(&token);
         batch.kv_put(&key(&hash), &serde_json::to_vec(session).expect("session serializes"));
         batch.kv_put(&device_key(session, &hash), &now_ms.to_be_bytes());
@@ -201,6 +200,7 @@ pub struct Issued {
 mod tests {
     use super::*;
     use crate::clock::{Clock, ManualClock};
+    use relay_schemas::encoding::b64_encode;
 
     fn session(device: &str, expires_at: u64) -> Session {
         Session { account_id: "a".repeat(32), device_id: device.into(), expires_at }
@@ -208,7 +208,8 @@ mod tests {
 
     fn issue(s: &Sessions, session: &Session, now_ms: u64, max: usize) -> Issued {
         let mut batch = s.store.batch();
-        let issued = s.issue(&mut batch, session, now_ms, max).unwrap();
+        let token = b64_encode(&rand::random::<[u8; 32]>());
+        let issued = s.issue(&mut batch, session, token, now_ms, max).unwrap();
         s.store.commit(batch).unwrap();
         s.remember_issued(&issued, session.clone());
         issued

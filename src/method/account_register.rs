@@ -17,7 +17,7 @@ pub(crate) async fn handle(relay: &Relay, _token: Option<&str>, body: &[u8]) -> 
     // Every stateless check before an actor exists for the account.
     let sup = relay.supervisor();
     let policy = sup.policy();
-    decide::check_register(&params, Ctx { now: sup.clock().now(), policy: &policy })?;
+    decide::check_register(&params, Ctx::new(sup.clock().now(), &policy))?;
     let account_id = params.route.account_id.clone();
     // The highest revision known here or at the peers.
     let known = sup.resolve_route(&account_id, true).await;

@@ -29,7 +29,7 @@ async fn may_deliver(relay: &Relay, peer: &str, p: &DeliverParams) -> Result<(),
     check_account_id("envelope.from", &env.from)?;
     let known = sup.routes().get(&env.from).map_err(|e| RelayError::internal(e.to_string()))?;
     let policy = sup.policy();
-    let ctx = Ctx { now: sup.clock().now(), policy: &policy };
+    let ctx = Ctx::new(sup.clock().now(), &policy);
     decide::may_deliver(p.sender_route.as_ref(), known.as_ref(), peer, env, ctx)?;
     let serves_sender = known.as_ref().is_some_and(|r| r.lists_relay(&policy.relay_id));
     if serves_sender && sup.account_exists(&env.from)? {

@@ -1,161 +1,31 @@
 //! The thin actix shell around the account core: load (snapshot + tail),
-//! read the command's ledger entry, decide, append (with the ledger and
-//! timeline projections), apply, reply once durable.
+//! decide ([`command::decide`], reading the ledger and timeline through
+//! [`StoreReads`]), append (with the ledger and timeline projections),
+//! apply, run the effects, reply once durable.
 
-use super::decide::{self, Ctx, ReceiveDecision, SendDecision, SettleDecision};
+use super::command::{self, Acceptance, Decision, Effect, Reply as Decided};
+use super::decide::{self, Ctx};
 use super::events::{AccountEvent, PushSubscription};
-use super::ledger::{self, ReceiptEntry, SendEntry};
+use super::ledger::{self, SendEntry};
+use super::reads::StoreReads;
 use super::session::{Challenges, Grant};
 use super::state::AccountState;
-use super::{stream_id, sync, timeline};
-use crate::delivery::{self, AttemptOutcome};
+use super::{stream_id, timeline, Reads};
+use crate::delivery::{self, core::Begun};
+use crate::policy::Policy;
 use crate::sessions::Session;
 use crate::store::{Batch, Head, NewEvent, Snapshot, StoreError, Ticket};
 use crate::supervisor::{internal, Supervisor};
 use actix::prelude::*;
-use relay_schemas::methods::*;
-use relay_schemas::objects::Route;
-use relay_schemas::{DeliveryStatus, RelayError, Wire};
-use serde::de::DeserializeOwned;
+use relay_schemas::{DeliveryStatus, RelayError};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Every command an account takes. `device` is the session's device, taken
-/// from the authenticated session, never from params. A command that
-/// serves a protocol method is named after it (`message.deliver` is
-/// `MessageDeliver`); the others are the relay's own.
-#[derive(Debug)]
-pub enum AccountCmd {
-    AccountRegister {
-        params: RegisterParams,
-        digest: String,
-        /// The highest route of the account known here or at the peers.
-        known: Option<relay_schemas::Wire<relay_schemas::objects::Route>>,
-    },
-    SessionChallenge {
-        device_id: String,
-    },
-    SessionOpen {
-        params: SessionOpenParams,
-    },
-    CheckSession {
-        device: String,
-    },
-    /// A `message.deliver` from another relay names this account's device
-    /// as the sender: it must be valid here (PROTOCOL §5 *Who may deliver*).
-    CheckSender {
-        device_id: String,
-    },
-    DeviceAdd {
-        device: String,
-        params: DeviceAddParams,
-    },
-    DeviceRevoke {
-        device: String,
-        params: DeviceRevokeParams,
-    },
-    AccountDevicesGet,
-    AccountSettingsUpdate {
-        device: String,
-        params: SettingsUpdateParams,
-    },
-    RouteGet,
-    RouteUpdate {
-        device: String,
-        params: RouteUpdateParams,
-    },
-    ContactRevoke {
-        device: String,
-        params: ContactRevokeParams,
-    },
-    /// `message.send`. With `route` naming this relay alone, only decides
-    /// (writes nothing) and answers [`Reply::Accept`]: the process manager
-    /// ([`crate::send`]) delivers first and settles after. Otherwise writes
-    /// the acceptance with its delivery (and the first attempt when `route`
-    /// is known) and answers [`Reply::Accepted`].
-    MessageSend {
-        device: String,
-        params: SendParams,
-        digest: String,
-        route: Option<Wire<Route>>,
-    },
-    /// Writes a decided acceptance with the final status of its delivery,
-    /// which ended at once here.
-    Settle {
-        acceptance: Box<Acceptance>,
-        status: DeliveryStatus,
-    },
-    /// Writes a decided acceptance with its delivery and `first`, the
-    /// outcome of the local attempt made before (it did not end it at once).
-    Accept {
-        acceptance: Box<Acceptance>,
-        route: Option<Wire<Route>>,
-        first: Option<AttemptOutcome>,
-    },
-    MessageDeliver {
-        params: DeliverParams,
-        digest: String,
-    },
-    /// A delivery's outcome for the sender; with a settlement, the
-    /// delivery's own last events and index removal in the same commit.
-    RecordDelivery {
-        message_id: String,
-        status: DeliveryStatus,
-        settlement: Option<Settlement>,
-    },
-    MessageDeliveryStatus {
-        device: String,
-        message_id: String,
-    },
-    /// `message.delivery.peer_status` from `peer`, one of this account's home
-    /// relays: read-only.
-    MessageDeliveryPeerStatus {
-        peer: String,
-        message_id: String,
-    },
-    MessageTimelineSync {
-        device: String,
-        params: SyncParams,
-    },
-    /// The last sequence the device may read beyond its ack cursor, if any:
-    /// what a (re)connecting device has to catch up on.
-    Backlog {
-        device: String,
-    },
-    MessageTimelineAck {
-        device: String,
-        params: AckParams,
-    },
-    /// `push.subscribe` (shape checked by the transport).
-    PushSubscribe {
-        device: String,
-        params: PushSubscribeParams,
-    },
-    PushUnsubscribe {
-        device: String,
-    },
-    /// The push service answered 404/410 for this endpoint of the device.
-    PushGone {
-        device_id: String,
-        endpoint: String,
-    },
-}
-
-/// A `message.send` decided and not yet written: what settling or
-/// accepting it writes.
-#[derive(Clone, Debug)]
-pub struct Acceptance {
-    /// The `MessageSent` event.
-    pub event: AccountEvent,
-    /// `delivering` at `accepted_at`.
-    pub status: DeliveryStatus,
-    pub deliver: Box<DeliverParams>,
-    /// blake3(JCS(deliver params)): the receipt's idempotency key.
-    pub deliver_digest: String,
-    pub deadline: u64,
-}
+/// Every command an account takes ([`relay_core::account::AccountCmd`]),
+/// a settling delivery's own writes riding along.
+pub type AccountCmd = relay_core::account::AccountCmd<Settlement>;
 
 /// A delivery's last events and its due-index removal, written in the
 /// sender's account commit that records its final status.
@@ -193,12 +63,15 @@ pub enum Reply {
     Backlog(Option<u64>),
 }
 
-impl Reply {
-    fn empty() -> Self {
-        Reply::Json("{}".into())
-    }
-    fn json<T: serde::Serialize>(v: &T) -> Result<Self, RelayError> {
-        serde_json::to_string(v).map(Reply::Json).map_err(|e| internal(&e))
+impl From<Decided> for Reply {
+    fn from(reply: Decided) -> Self {
+        match reply {
+            Decided::Json(json) => Reply::Json(json),
+            Decided::Status(status) => Reply::Status(status),
+            Decided::Accept(acceptance) => Reply::Accept(acceptance),
+            Decided::Backlog(seq) => Reply::Backlog(seq),
+            Decided::Settled(status) => Reply::Settled { status, head: None },
+        }
     }
 }
 
@@ -319,10 +192,6 @@ impl AccountActor {
         &self.state
     }
 
-    fn ctx(&self) -> (u64, Arc<crate::policy::Policy>) {
-        (self.sup.clock().now(), self.sup.policy())
-    }
-
     /// Appends `events` (plus whatever `extra` adds to the same atomic batch),
     /// applies them, and remembers the ticket to wait for before replying.
     /// On error nothing is written and nothing changes in memory.
@@ -414,19 +283,10 @@ impl AccountActor {
         timeline.into_iter().chain(delivery)
     }
 
-    fn ledger_get<T: DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>, RelayError> {
-        let Some(bytes) = self.sup.store().kv_get(key).map_err(|e| internal(&e))? else { return Ok(None) };
-        serde_json::from_slice(&bytes).map(Some).map_err(|e| internal(&e))
-    }
-
     /// The ledger's result of this account's `message.send` of `message_id`.
     fn send_entry(&self, message_id: &str) -> Result<Option<SendEntry>, RelayError> {
-        self.ledger_get(&ledger::send_key(&self.state.account_id, message_id))
-    }
-
-    /// The ledger's result of the message `(from, message_id)` received here.
-    fn receipt_entry(&self, from: &str, message_id: &str) -> Result<Option<ReceiptEntry>, RelayError> {
-        self.ledger_get(&ledger::receipt_key(&self.state.account_id, from, message_id))
+        let store = self.sup.store();
+        StoreReads { store: &store, account_id: &self.state.account_id, stream: &self.stream }.send_entry(message_id)
     }
 
     /// Writes a snapshot of the current state. A failed snapshot only costs
@@ -488,308 +348,100 @@ impl AccountActor {
         })
     }
 
+    /// Loads nothing (the state is resident), decides, persists, runs the
+    /// effects.
     fn handle_cmd(&mut self, cmd: &AccountCmd) -> Result<Reply, RelayError> {
-        let (now, policy) = self.ctx();
-        let ctx = Ctx { now, policy: &policy };
-        let session = |device: &str| decide::check_session(&self.state, device, ctx);
-        match cmd {
-            AccountCmd::AccountRegister { params, digest, known } => {
-                let events = decide::register(&self.state, params, digest, known.as_ref(), ctx)?;
-                self.persist(events, |_| {})?;
-                let route = self.state.route().ok_or_else(|| RelayError::internal("route missing"))?;
-                Reply::json(&RegisterResult { account_id: &self.state.account_id, route })
-            }
-            AccountCmd::SessionChallenge { device_id } => {
-                Reply::json(&self.challenges.issue(&self.state, device_id, rand::random(), ctx)?)
-            }
-            AccountCmd::SessionOpen { params } => {
-                let grant = self.challenges.answer(&self.state, params, ctx)?;
-                self.open_session(grant, &policy)
-            }
-            AccountCmd::CheckSession { device } => {
-                session(device)?;
-                Ok(Reply::empty())
-            }
-            AccountCmd::CheckSender { device_id } => {
-                decide::check_sender(&self.state, device_id, ctx)?;
-                Ok(Reply::empty())
-            }
-            AccountCmd::DeviceAdd { device, params } => {
-                session(device)?;
-                let events = decide::add_device(&self.state, &params.device_certificate, ctx)?;
-                self.persist(events, |_| {})?;
-                Ok(Reply::empty())
-            }
-            AccountCmd::DeviceRevoke { device, params } => {
-                session(device)?;
-                let events = decide::revoke_device(&self.state, &params.revocation, ctx)?;
-                self.persist(events, |_| {})?;
-                let revoked = &params.revocation.device_id;
-                if let Err(e) = self.sup.sessions().forget_device(&self.state.account_id, revoked) {
-                    // Only the stored tokens stay; the account refuses them.
-                    tracing::warn!(account = %self.state.account_id, error = %e, "dropping a revoked device's sessions");
-                }
-                self.sup.notifier().disconnect(&self.state.account_id, &params.revocation.device_id, "device revoked");
-                Ok(Reply::empty())
-            }
-            AccountCmd::AccountDevicesGet => {
-                if !self.state.is_registered() {
-                    return Err(RelayError::not_found("unknown account"));
-                }
-                Reply::json(&DevicesResult {
-                    certificates: self.state.certificates().collect(),
-                    revocations: self.state.revocations.values().collect(),
-                })
-            }
-            AccountCmd::AccountSettingsUpdate { device, params } => {
-                session(device)?;
-                let events = decide::update_settings(&self.state, params.public_discovery)?;
-                self.persist(events, |_| {})?;
-                Ok(Reply::empty())
-            }
-            AccountCmd::RouteGet => {
-                let route = self.state.route().ok_or_else(|| {
-                    RelayError::new(relay_schemas::ErrorCode::RouteNotFound, "no route known for this account")
-                })?;
-                Reply::json(route)
-            }
-            AccountCmd::RouteUpdate { device, params } => {
-                session(device)?;
-                let events = decide::update_route(&self.state, &params.route, ctx)?;
-                self.persist(events, |_| {})?;
-                Reply::json(self.state.route().ok_or_else(|| RelayError::internal("route missing"))?)
-            }
-            AccountCmd::ContactRevoke { device, params } => {
-                session(device)?;
-                let events = decide::revoke_contact(&self.state, params)?;
-                self.persist(events, |_| {})?;
-                Ok(Reply::empty())
-            }
-            AccountCmd::MessageSend { device, params, digest, route } => {
-                session(device)?;
-                self.send(device, params, digest, route.as_ref(), ctx)
-            }
-            AccountCmd::Settle { acceptance, status } => {
-                let prior = self.send_entry(&acceptance.deliver.envelope.message_id)?;
-                match decide::settle(&self.state, prior.as_ref(), &acceptance.event, status, ctx)? {
-                    SettleDecision::Duplicate(status) => Ok(Reply::Status(status)),
-                    SettleDecision::Settled { events, status } => {
-                        self.persist(events, |_| {})?;
-                        Ok(Reply::Settled { status, head: None })
-                    }
-                }
-            }
-            AccountCmd::Accept { acceptance, route, first } => {
-                let prior = self.send_entry(&acceptance.deliver.envelope.message_id)?;
-                match prior {
-                    // A retry racing this one was accepted first.
-                    Some(entry) => {
-                        match decide::settle(&self.state, Some(&entry), &acceptance.event, &acceptance.status, ctx)? {
-                            SettleDecision::Duplicate(status) | SettleDecision::Settled { status, .. } => {
-                                Ok(Reply::Status(status))
-                            }
-                        }
-                    }
-                    None => self.accept((**acceptance).clone(), route.as_ref(), first.clone(), ctx),
-                }
-            }
-            AccountCmd::MessageDeliver { params, digest } => {
-                let prior = self.receipt_entry(&params.envelope.from, &params.envelope.message_id)?;
-                match decide::receive(&self.state, prior.as_ref(), params, digest, ctx)? {
-                    ReceiveDecision::Duplicate(status) => Ok(Reply::Status(status)),
-                    ReceiveDecision::Accepted { event, status } => {
-                        self.persist(vec![*event], |_| {})?;
-                        Ok(Reply::Status(status))
-                    }
-                }
-            }
-            AccountCmd::RecordDelivery { message_id, status, settlement } => {
-                let entry = self.send_entry(message_id)?;
-                let events = decide::record_delivery(entry.as_ref(), message_id, status);
-                let current = match events.first() {
-                    Some(AccountEvent::DeliveryUpdated { status, .. }) => Some(status.clone()),
-                    _ => entry.map(|e| e.status),
-                };
-                let mut head = None;
-                self.persist(events, |batch| {
-                    if let Some(s) = settlement {
-                        head = Some(batch.append(&s.stream, s.head, s.events.clone()));
-                        if let Some(key) = &s.remove_due {
-                            batch.kv_remove(key);
-                        }
-                    }
-                })?;
-                Ok(Reply::Settled { status: current.unwrap_or_else(|| status.clone()), head })
-            }
-            AccountCmd::MessageDeliveryStatus { device, message_id } => {
-                session(device)?;
-                relay_schemas::ids::check_message_id("message_id", message_id)?;
-                Ok(Reply::Status(decide::delivery_status(self.send_entry(message_id)?.as_ref(), now)?))
-            }
-            AccountCmd::MessageDeliveryPeerStatus { peer, message_id } => {
-                decide::may_ask_peer_status(&self.state, peer)?;
-                let status = self.send_entry(message_id)?.map(|e| e.status.clone());
-                let result = PeerStatusResult { known: status.is_some(), status };
-                // Through a JSON value, as this answer has always been sent: members sorted.
-                Reply::json(&serde_json::to_value(result).map_err(|e| internal(&e))?)
-            }
-            AccountCmd::MessageTimelineSync { device, params } => {
-                session(device)?;
-                self.sync(device, params)
-            }
-            AccountCmd::Backlog { device } => {
-                session(device)?;
-                Ok(Reply::Backlog(self.backlog(device)?))
-            }
-            AccountCmd::MessageTimelineAck { device, params } => {
-                session(device)?;
-                let events = decide::ack(&self.state, device, params.through)?;
-                self.persist(events, |_| {})?;
-                Ok(Reply::empty())
-            }
-            AccountCmd::PushSubscribe { device, params } => {
-                session(device)?;
-                let events = decide::push_subscribe(&self.state, device, params)?;
-                self.persist(events, |_| {})?;
-                Ok(Reply::empty())
-            }
-            AccountCmd::PushUnsubscribe { device } => {
-                session(device)?;
-                self.persist(decide::push_unsubscribe(&self.state, device), |_| {})?;
-                Ok(Reply::empty())
-            }
-            AccountCmd::PushGone { device_id, endpoint } => {
-                self.persist(decide::push_gone(&self.state, device_id, endpoint), |_| {})?;
-                Ok(Reply::empty())
+        let policy = self.sup.policy();
+        let ctx = Ctx { now: self.sup.clock().now(), policy: &policy, random: rand::random() };
+        let store = self.sup.store();
+        let reads = StoreReads { store: &store, account_id: &self.state.account_id, stream: &self.stream };
+        let Decision { events, reply, effects } = command::decide(&self.state, &mut self.challenges, cmd, &reads, ctx)?;
+        let settlement = match cmd {
+            AccountCmd::RecordDelivery { settlement, .. } => settlement.as_ref(),
+            _ => None,
+        };
+        let mut begun = None;
+        let mut rest = Vec::new();
+        for effect in effects {
+            match effect {
+                Effect::BeginDelivery(b) => begun = Some(*b),
+                other => rest.push(other),
             }
         }
+        let stream = begun.as_ref().map(|b| delivery::stream_id(&b.state.from, &b.state.message_id));
+        let encoded = match &begun {
+            Some(b) => b.events.iter().map(|e| delivery::encode(e, ctx.now).map_err(|e| internal(&e))).collect(),
+            None => Ok(Vec::new()),
+        }?;
+        let (mut settled_head, mut begun_head) = (None, Head::default());
+        if !events.is_empty() || settlement.is_some() || begun.is_some() {
+            self.persist(events, |batch| {
+                if let Some(s) = settlement {
+                    settled_head = Some(batch.append(&s.stream, s.head, s.events.clone()));
+                    if let Some(key) = &s.remove_due {
+                        batch.kv_remove(key);
+                    }
+                }
+                if let (Some(b), Some(stream)) = (&begun, &stream) {
+                    begun_head = batch.append(stream, Head::default(), encoded);
+                    if let Some(due) = b.due_ms {
+                        batch.kv_put(&delivery::due_key(due, stream), b"");
+                    }
+                }
+            })?;
+        }
+        for effect in rest {
+            match effect {
+                Effect::StoreSession { token, grant } => self.store_session(token, grant, &policy)?,
+                Effect::EndDevice { device_id } => self.end_device(&device_id),
+                Effect::BeginDelivery(_) => {}
+            }
+        }
+        if let (Some(begun), Some(stream)) = (begun, stream) {
+            return self.begin_delivery(begun, stream, begun_head);
+        }
+        Ok(match reply {
+            Decided::Settled(status) => Reply::Settled { status, head: settled_head },
+            reply => reply.into(),
+        })
     }
 
-    /// Issues the token of a session `session.open` granted.
-    fn open_session(&mut self, grant: Grant, policy: &crate::policy::Policy) -> Result<Reply, RelayError> {
+    /// A delivery begun in the commit just made: ended already (settled at
+    /// acceptance), or to be started by the caller from `begun.state`.
+    fn begin_delivery(&mut self, begun: Begun, stream: String, head: Head) -> Result<Reply, RelayError> {
+        let Begun { state, due_ms, .. } = begun;
+        let Some(due) = due_ms else {
+            return Ok(Reply::Settled { status: state.status(), head: Some(head) });
+        };
+        self.sup.metrics().deliveries_in_flight.inc();
+        let ticket = self.last_ticket.ok_or_else(|| RelayError::internal("acceptance without a commit"))?;
+        let status = DeliveryStatus::delivering(state.accepted_at);
+        let start = delivery::actor::Start { stream, head, state, indexed_due_ms: due, ticket };
+        Ok(Reply::Accepted { status, start: Box::new(start) })
+    }
+
+    /// A revoked device: its stored sessions end, its sockets close.
+    fn end_device(&self, device_id: &str) {
+        if let Err(e) = self.sup.sessions().forget_device(&self.state.account_id, device_id) {
+            // Only the stored tokens stay; the account refuses them.
+            tracing::warn!(account = %self.state.account_id, error = %e, "dropping a revoked device's sessions");
+        }
+        self.sup.notifier().disconnect(&self.state.account_id, device_id, "device revoked");
+    }
+
+    /// Stores the session `session.open` granted, under the token decided.
+    fn store_session(&mut self, token: String, grant: Grant, policy: &Policy) -> Result<(), RelayError> {
         let session =
             Session { account_id: grant.account_id, device_id: grant.device_id, expires_at: grant.expires_at };
         let store = self.sup.store();
         let mut batch = store.batch();
         let sessions = self.sup.sessions();
         let issued = sessions
-            .issue(&mut batch, &session, self.sup.clock().now_ms(), policy.max_sessions_per_device)
+            .issue(&mut batch, &session, token, self.sup.clock().now_ms(), policy.max_sessions_per_device)
             .map_err(|e| internal(&e))?;
         self.last_ticket = Some(store.commit(batch).map_err(|e| internal(&e))?);
-        sessions.remember_issued(&issued, session.clone());
-        Reply::json(&SessionOpenResult { token: issued.token, expires_at: session.expires_at })
-    }
-
-    fn send(
-        &mut self,
-        device: &str,
-        p: &SendParams,
-        digest: &str,
-        route: Option<&Wire<Route>>,
-        ctx: Ctx,
-    ) -> Result<Reply, RelayError> {
-        let prior = self.send_entry(&p.envelope.message_id)?;
-        match decide::send(&self.state, prior.as_ref(), device, p, digest, ctx)? {
-            SendDecision::Duplicate(status) => Ok(Reply::Status(status)),
-            SendDecision::SelfDelivered { event, status } => {
-                self.persist(vec![event], |_| {})?;
-                Ok(Reply::Status(status))
-            }
-            SendDecision::Sent { event, status, deliver, deadline } => {
-                let deliver_digest = decide::deliver_digest(&deliver)?;
-                let acceptance = Acceptance { event, status, deliver, deliver_digest, deadline };
-                if delivery::core::delivered_here_first(route, &ctx.policy.relay_id) {
-                    return Ok(Reply::Accept(Box::new(acceptance)));
-                }
-                self.accept(acceptance, route, None, ctx)
-            }
-        }
-    }
-
-    /// Atomic acceptance: the sent record, the idempotency result, the
-    /// delivery stream and its due-index entry in one commit. With the route
-    /// known, the first attempt rides in it: in flight (`first` is `None`:
-    /// the caller starts it, and a request leaving the process waits for
-    /// this commit to be durable), or already made here with outcome
-    /// `first` (then the next is due by the timetable, or the delivery
-    /// ended and its status is written too).
-    fn accept(
-        &mut self,
-        a: Acceptance,
-        route: Option<&Wire<Route>>,
-        first: Option<AttemptOutcome>,
-        ctx: Ctx,
-    ) -> Result<Reply, RelayError> {
-        let Acceptance { event, status, deliver, deliver_digest, deadline } = a;
-        let event = decide::restamp(&self.state, event);
-        let env = &deliver.envelope;
-        let (message_id, stream) = (env.message_id.clone(), delivery::stream_id(&env.from, &env.message_id));
-        let now_ms = ctx.now * 1000;
-        let times = (status.accepted_at, deadline);
-        let delivery::core::Begun { events, state, due_ms: due } =
-            delivery::core::decide_acceptance(deliver, deliver_digest, times, route, first, now_ms, ctx.policy);
-        let encoded = events
-            .iter()
-            .map(|e| crate::delivery::encode(e, ctx.now).map_err(|e| internal(&e)))
-            .collect::<Result<Vec<_>, RelayError>>()?;
-        let mut account_events = vec![event];
-        if let Some(done) = &state.finished {
-            account_events.push(AccountEvent::DeliveryUpdated { message_id, status: done.clone() });
-        }
-        let mut head = Head::default();
-        self.persist(account_events, |batch| {
-            head = batch.append(&stream, Head::default(), encoded);
-            if let Some(due) = due {
-                batch.kv_put(&delivery::due_key(due, &stream), b"");
-            }
-        })?;
-        let Some(due) = due else {
-            return Ok(Reply::Settled { status: state.status(), head: Some(head) });
-        };
-        self.sup.metrics().deliveries_in_flight.inc();
-        let ticket = self.last_ticket.ok_or_else(|| RelayError::internal("acceptance without a commit"))?;
-        let start = delivery::actor::Start { stream, head, state, indexed_due_ms: due, ticket };
-        Ok(Reply::Accepted { status, start: Box::new(start) })
-    }
-
-    /// `message.timeline.sync`: the rules choose the page (`sync`); this
-    /// reads the index, the events and the ledger for them.
-    fn sync(&self, device: &str, p: &SyncParams) -> Result<Reply, RelayError> {
-        let store = self.sup.store();
-        let account = &self.state.account_id;
-        let from = timeline::key(account, p.after.saturating_add(1));
-        let index = store.kv_scan_from(&timeline::prefix(account), &from).map(|item| {
-            let (key, value) = item.map_err(|e| internal(&e))?;
-            let seq = timeline::sequence_of(&key).ok_or_else(|| RelayError::internal("bad timeline key"))?;
-            Ok((seq, serde_json::from_slice(&value).map_err(|e| internal(&e))?))
-        });
-        let load = |event: u64| {
-            let ev = store
-                .read(&self.stream, event - 1)
-                .next()
-                .ok_or_else(|| RelayError::internal("timeline event missing"))?
-                .map_err(|e| internal(&e))?;
-            serde_json::from_str(ev.data.get()).map_err(|e| internal(&e))
-        };
-        let page = sync::page(device, p, self.sup.policy().max_page_bytes, index, load)?;
-        let records =
-            sync::records(device, &page.found, |message_id| Ok(self.send_entry(message_id)?.map(|e| e.status)))?;
-        Reply::json(&SyncResult { records, next: page.next, has_more: page.has_more })
-    }
-
-    fn backlog(&self, device: &str) -> Result<Option<u64>, RelayError> {
-        let cursor = self.state.cursors.get(device).copied().unwrap_or(0);
-        let account = &self.state.account_id;
-        let from = timeline::key(account, cursor.saturating_add(1));
-        let mut latest = None;
-        for item in self.sup.store().kv_scan_from(&timeline::prefix(account), &from) {
-            let (key, value) = item.map_err(|e| internal(&e))?;
-            let entry: timeline::IndexEntry = serde_json::from_slice(&value).map_err(|e| internal(&e))?;
-            if entry.visible.iter().any(|d| d == device) {
-                latest = timeline::sequence_of(&key);
-            }
-        }
-        Ok(latest)
+        sessions.remember_issued(&issued, session);
+        Ok(())
     }
 
     fn maybe_passivate(&mut self, ctx: &mut Context<Self>) {

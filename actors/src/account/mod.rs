@@ -2,12 +2,14 @@
 //! `account/{account_id}`.
 
 pub mod actor;
+mod reads;
 mod upgrade;
 
 // The rules live in the core crate; their paths stay `account::decide` etc.
-pub use relay_core::account::{decide, events, ledger, session, state, sync, timeline};
+pub use relay_core::account::{command, decide, events, ledger, session, state, sync, timeline};
+pub use relay_core::account::{Acceptance, Reads};
 
-pub use actor::{Acceptance, AccountActor, AccountCmd, Reply, Settlement};
+pub use actor::{AccountActor, AccountCmd, Reply, Settlement};
 pub use events::{AccountEvent, PushSubscription, Record};
 pub use ledger::{Ledger, ReceiptEntry, SendEntry};
 pub use state::AccountState;

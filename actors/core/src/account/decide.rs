@@ -1,4 +1,5 @@
-//! The rules of an account: `decide(state, command, now) -> events`.
+//! The rules of an account, one function per command: `(state, command,
+//! ctx) -> events`; [`super::command::decide`] dispatches to them.
 //! Pure: no I/O, no clock, no actix. Each function returns the events to
 //! append (empty for an idempotent no-op) or the `RelayError` that rejects
 //! the command, in which case nothing is appended. A command keyed by a
@@ -16,11 +17,21 @@ use relay_schemas::objects::{
 use relay_schemas::sign::Tag;
 use relay_schemas::{DeliveryStatus, ErrorCode, RelayError, Wire};
 
-/// The time and policy a decision is made under.
+/// The time, policy and randomness a decision is made under.
 #[derive(Clone, Copy)]
 pub struct Ctx<'a> {
     pub now: u64,
     pub policy: &'a Policy,
+    /// Fresh random bytes, for the commands that draw any (a session
+    /// challenge, a session token).
+    pub random: [u8; 32],
+}
+
+impl<'a> Ctx<'a> {
+    /// For decisions that draw no randomness.
+    pub fn new(now: u64, policy: &'a Policy) -> Self {
+        Ctx { now, policy, random: [0; 32] }
+    }
 }
 
 fn registered(state: &AccountState) -> Result<&Wire<Route>, RelayError> {

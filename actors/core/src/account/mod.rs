@@ -2,6 +2,7 @@
 //! of idempotent results and the timeline index, and `decide` for every
 //! command.
 
+pub mod command;
 pub mod decide;
 pub mod events;
 pub mod ledger;
@@ -10,6 +11,7 @@ pub mod state;
 pub mod sync;
 pub mod timeline;
 
+pub use command::{Acceptance, AccountCmd, Decision, Effect, Reads, Reply};
 pub use events::{AccountEvent, PushSubscription, Record};
 pub use ledger::{Ledger, ReceiptEntry, SendEntry};
 pub use state::AccountState;

@@ -134,7 +134,7 @@ mod tests {
         let p = serde_json::from_str(&params.to_string()).unwrap();
         let policy = policy();
         let mut state = AccountState::new(&a.id);
-        for e in decide::register(&state, &p, "digest", None, Ctx { now: NOW, policy: &policy }).unwrap() {
+        for e in decide::register(&state, &p, "digest", None, Ctx::new(NOW, &policy)).unwrap() {
             state.apply(&e);
         }
         state
@@ -153,7 +153,7 @@ mod tests {
     #[test]
     fn a_challenge_is_refused_for_an_unregistered_account_or_an_unknown_device() {
         let policy = policy();
-        let ctx = Ctx { now: NOW, policy: &policy };
+        let ctx = Ctx::new(NOW, &policy);
         let mut c = Challenges::default();
         let unregistered = AccountState::new(alice().id);
         assert_eq!(code(c.issue(&unregistered, "phone", [1; 32], ctx)), ErrorCode::NotFound);
@@ -164,7 +164,7 @@ mod tests {
     #[test]
     fn a_signed_challenge_opens_a_session_once_until_the_session_ttl() {
         let (policy, state) = (policy(), registered());
-        let ctx = Ctx { now: NOW, policy: &policy };
+        let ctx = Ctx::new(NOW, &policy);
         let mut c = Challenges::default();
         let issued = c.issue(&state, "phone", [7; 32], ctx).unwrap();
         assert_eq!(issued.expires_at, NOW + policy.challenge_ttl);
@@ -180,7 +180,7 @@ mod tests {
     #[test]
     fn a_challenge_signed_by_another_key_or_for_another_relay_opens_nothing_and_stays() {
         let (policy, state) = (policy(), registered());
-        let ctx = Ctx { now: NOW, policy: &policy };
+        let ctx = Ctx::new(NOW, &policy);
         let mut c = Challenges::default();
         let issued = c.issue(&state, "phone", [7; 32], ctx).unwrap();
         let stranger = Device::from_seed("phone", [99; 32]);
@@ -199,8 +199,8 @@ mod tests {
     fn an_expired_challenge_opens_nothing_and_is_forgotten() {
         let (policy, state) = (policy(), registered());
         let mut c = Challenges::default();
-        let issued = c.issue(&state, "phone", [7; 32], Ctx { now: NOW, policy: &policy }).unwrap();
-        let later = Ctx { now: issued.expires_at, policy: &policy };
+        let issued = c.issue(&state, "phone", [7; 32], Ctx::new(NOW, &policy)).unwrap();
+        let later = Ctx::new(issued.expires_at, &policy);
         let p = open_params(&issued.challenge, &phone(), RELAY);
         assert_eq!(code(c.answer(&state, &p, later)), ErrorCode::Unauthorized);
         assert!(!c.is_empty());
@@ -211,7 +211,7 @@ mod tests {
     #[test]
     fn a_device_keeps_only_its_latest_challenges() {
         let (policy, state) = (policy(), registered());
-        let ctx = Ctx { now: NOW, policy: &policy };
+        let ctx = Ctx::new(NOW, &policy);
         let mut c = Challenges::default();
         let issued: Vec<_> = (0..=PER_DEVICE as u8).map(|i| c.issue(&state, "phone", [i; 32], ctx).unwrap()).collect();
         let oldest = open_params(&issued[0].challenge, &phone(), RELAY);

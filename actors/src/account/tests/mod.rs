@@ -13,8 +13,10 @@
 
 use super::decide::{self, Ctx, ReceiveDecision, SendDecision};
 use super::events::{AccountEvent, Record};
-use super::ledger::{Ledger, SendEntry};
+use super::ledger::{Ledger, ReceiptEntry, SendEntry};
 use super::state::AccountState;
+use super::timeline::IndexEntry;
+use super::Reads;
 use crate::policy::Policy;
 use ed25519_dalek::SigningKey;
 use relay_schemas::client::{key_box, Account, Device};
@@ -42,12 +44,12 @@ static POLICY: LazyLock<Policy> = LazyLock::new(|| Policy::with_relay_id(RELAY))
 
 /// Decisions at `now` under this relay's default policy.
 fn at(now: u64) -> Ctx<'static> {
-    Ctx { now, policy: &POLICY }
+    Ctx::new(now, &POLICY)
 }
 
 /// Decisions at `now` under another policy of this relay.
 fn under(policy: &Policy, now: u64) -> Ctx<'_> {
-    Ctx { now, policy }
+    Ctx::new(now, policy)
 }
 
 fn age_limit() -> u64 {
@@ -240,6 +242,8 @@ fn history(extra: impl IntoIterator<Item = AccountEvent>) -> Vec<AccountEvent> {
 struct Given {
     state: AccountState,
     ledger: Ledger,
+    /// The account's stream: event `i` has sequence `i + 1`.
+    events: Vec<AccountEvent>,
 }
 
 impl Deref for Given {
@@ -251,16 +255,41 @@ impl Deref for Given {
 
 impl Given {
     fn new(account_id: &str) -> Self {
-        Given { state: AccountState::new(account_id), ledger: Ledger::default() }
+        Given { state: AccountState::new(account_id), ledger: Ledger::default(), events: Vec::new() }
     }
 
     fn apply(&mut self, e: &AccountEvent) {
         self.state.apply(e);
         self.ledger.apply(&self.state.account_id, e);
+        self.events.push(e.clone());
     }
 
     fn sent(&self, message_id: &str) -> &SendEntry {
         self.ledger.send(message_id).unwrap_or_else(|| panic!("no ledger entry for {message_id}"))
+    }
+}
+
+/// The store's view, from memory: the ledger, and the timeline index the
+/// records of the events make.
+impl Reads for Given {
+    fn send_entry(&self, message_id: &str) -> Result<Option<SendEntry>, RelayError> {
+        Ok(self.ledger.send(message_id).cloned())
+    }
+
+    fn receipt_entry(&self, from: &str, message_id: &str) -> Result<Option<ReceiptEntry>, RelayError> {
+        Ok(self.ledger.receipt(from, message_id).cloned())
+    }
+
+    fn timeline_after(&self, after: u64) -> impl Iterator<Item = Result<(u64, IndexEntry), RelayError>> {
+        let index = self.events.iter().zip(1..).filter_map(|(e, event)| {
+            e.record().map(|r| (r.sequence, IndexEntry { event, visible: r.visible.clone() }))
+        });
+        index.filter(move |(seq, _)| *seq > after).map(Ok)
+    }
+
+    fn event(&self, seq: u64) -> Result<AccountEvent, RelayError> {
+        let i = usize::try_from(seq).ok().and_then(|s| s.checked_sub(1));
+        i.and_then(|i| self.events.get(i)).cloned().ok_or_else(|| RelayError::internal("no such event"))
     }
 }
 
@@ -445,6 +474,7 @@ fn receive_event(s: &Given, v: &Value) -> AccountEvent {
 }
 
 mod account_register;
+mod command;
 mod delivery_results;
 mod device;
 mod message_deliver;

@@ -1,0 +1,54 @@
+//! The store's side of [`Reads`]: what an account's decision reads besides
+//! its state, served from the ledger and timeline projections and the
+//! account's own stream (the actor's own writes included, durable or not).
+
+use super::ledger::{self, ReceiptEntry, SendEntry};
+use super::timeline::{self, IndexEntry};
+use super::{AccountEvent, Reads};
+use crate::store::Store;
+use crate::supervisor::internal;
+use relay_schemas::RelayError;
+use serde::de::DeserializeOwned;
+
+pub struct StoreReads<'a> {
+    pub store: &'a Store,
+    pub account_id: &'a str,
+    /// The account's stream.
+    pub stream: &'a str,
+}
+
+impl StoreReads<'_> {
+    fn json<T: DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>, RelayError> {
+        let Some(bytes) = self.store.kv_get(key).map_err(|e| internal(&e))? else { return Ok(None) };
+        serde_json::from_slice(&bytes).map(Some).map_err(|e| internal(&e))
+    }
+}
+
+impl Reads for StoreReads<'_> {
+    fn send_entry(&self, message_id: &str) -> Result<Option<SendEntry>, RelayError> {
+        self.json(&ledger::send_key(self.account_id, message_id))
+    }
+
+    fn receipt_entry(&self, from: &str, message_id: &str) -> Result<Option<ReceiptEntry>, RelayError> {
+        self.json(&ledger::receipt_key(self.account_id, from, message_id))
+    }
+
+    fn timeline_after(&self, after: u64) -> impl Iterator<Item = Result<(u64, IndexEntry), RelayError>> {
+        let from = timeline::key(self.account_id, after.saturating_add(1));
+        self.store.kv_scan_from(&timeline::prefix(self.account_id), &from).map(|item| {
+            let (key, value) = item.map_err(|e| internal(&e))?;
+            let seq = timeline::sequence_of(&key).ok_or_else(|| RelayError::internal("bad timeline key"))?;
+            Ok((seq, serde_json::from_slice(&value).map_err(|e| internal(&e))?))
+        })
+    }
+
+    fn event(&self, seq: u64) -> Result<AccountEvent, RelayError> {
+        let ev = self
+            .store
+            .read(self.stream, seq.saturating_sub(1))
+            .next()
+            .ok_or_else(|| RelayError::internal("timeline event missing"))?
+            .map_err(|e| internal(&e))?;
+        serde_json::from_str(ev.data.get()).map_err(|e| internal(&e))
+    }
+}
