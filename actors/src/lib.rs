@@ -9,7 +9,8 @@
 //!   group commit, snapshots and a kv space for projections and indexes;
 //! - [`account`]: the AccountActor and its pure `decide`/`apply` core;
 //! - [`delivery`]: the DeliveryActor, its core (the seed's error table and
-//!   deadlines) and the retry timetable;
+//!   deadlines), the retry timetable, and the narrow ports it reaches
+//!   accounts and timers through;
 //! - [`send`]: the process manager of `message.send` (accept → receipt →
 //!   settle, and which commits that takes);
 //! - [`supervisor`]: creates and passivates account actors, owns the
@@ -39,3 +40,9 @@ pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
 pub use policy::Policy;
 pub use relay_core::{clock, policy, push};
 pub use supervisor::Supervisor;
+
+/// Any error as `internal`: for failures a caller cannot act on (the
+/// store, encoding), told with their text.
+pub(crate) fn internal(e: &dyn std::fmt::Display) -> relay_schemas::RelayError {
+    relay_schemas::RelayError::internal(format!("{e}"))
+}

@@ -92,7 +92,7 @@ impl Supervisor {
             Err(e) => AttemptOutcome::Rejected(e),
         };
         crate::crash::point(&self.store(), "send.after_receipt").await;
-        delivery::count_attempt(self, &outcome);
+        delivery::count_attempt(self.metrics(), &outcome);
         let accepted_at = acceptance.status.accepted_at;
         let env = acceptance.deliver.envelope.clone();
         let cmd = match final_status(&outcome, accepted_at) {
@@ -106,7 +106,7 @@ impl Supervisor {
             // Written by this request (a racing retry answers `Status`).
             let ids = delivery::Ids { from: &env.from, message_id: &env.message_id, to: &env.to };
             let elapsed_s = self.clock().now().saturating_sub(accepted_at);
-            delivery::finished(self, ids, &self.policy().relay_id, 1, elapsed_s, status);
+            delivery::finished(self.metrics(), ids, &self.policy().relay_id, 1, elapsed_s, status);
         }
         self.sent(reply)
     }

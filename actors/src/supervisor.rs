@@ -4,7 +4,8 @@
 
 use crate::account::{self, actor::Answer, AccountActor, AccountCmd, Reply};
 use crate::clock::SharedClock;
-use crate::delivery::{self, actor::DeliveryActor, RouteLookup, Transport};
+use crate::delivery::transport::LocalFuture;
+use crate::delivery::{self, actor::DeliveryActor, Ports, Recorded, ReportOutcome, RouteLookup, Transport};
 use crate::metrics::Metrics;
 use crate::notify::Notifier;
 use crate::policy::Policy;
@@ -20,9 +21,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 use tokio::sync::oneshot;
 
-pub(crate) fn internal(e: &dyn std::fmt::Display) -> RelayError {
-    RelayError::internal(format!("{e}"))
-}
+pub(crate) use crate::internal;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -154,14 +153,6 @@ impl Supervisor {
         self.inner.push.get()
     }
 
-    /// The attempt slots of destination `relay_id`
-    /// (`limits.max_in_flight_per_destination`).
-    pub fn destination(&self, relay_id: &str) -> Arc<tokio::sync::Semaphore> {
-        lock(&self.inner.destinations)
-            .entry(relay_id.to_owned())
-            .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(self.inner.policy.max_in_flight_per_destination)))
-            .clone()
-    }
     pub fn routes(&self) -> &RouteBook {
         &self.inner.routes
     }
@@ -364,7 +355,7 @@ impl Supervisor {
             }
         }
         self.metrics().actor_messages.inc();
-        match DeliveryActor::load(self.clone(), stream, watch, woken) {
+        match DeliveryActor::load(self.delivery_env(), Arc::new(self.clone()), stream, watch, woken) {
             Ok(actor) => {
                 running.insert(stream.to_owned(), actor.start());
             }
@@ -378,37 +369,25 @@ impl Supervisor {
         let mut running = lock(&self.inner.deliveries);
         let stream = start.stream.clone();
         self.metrics().actor_messages.inc();
-        running.insert(stream, DeliveryActor::resume(self.clone(), start, Some(watch)).start());
+        let actor = DeliveryActor::resume(self.delivery_env(), Arc::new(self.clone()), start, Some(watch));
+        running.insert(stream, actor.start());
     }
 
-    /// Delivery actor `addr` of `stream` is stopping: the next start of
-    /// `stream` gets a new actor (it reads what this one wrote).
-    pub(crate) fn delivery_stopping(&self, stream: &str, addr: &Addr<DeliveryActor>) {
-        let mut running = lock(&self.inner.deliveries);
-        if running.get(stream).is_some_and(|a| a == addr) {
-            running.remove(stream);
-        }
-    }
-
-    pub(crate) fn delivery_stopped(&self, stream: &str) {
-        let mut running = lock(&self.inner.deliveries);
-        if running.get(stream).is_some_and(|a| !a.connected()) {
-            running.remove(stream);
+    /// The shared handles a delivery actor reads.
+    fn delivery_env(&self) -> delivery::Env {
+        delivery::Env {
+            store: self.store(),
+            clock: self.clock().clone(),
+            policy: self.policy(),
+            routes: self.routes().clone(),
+            transport: self.transport().clone(),
+            metrics: self.metrics().clone(),
         }
     }
 
     /// Arms the timer of `stream`'s next attempt.
     pub fn schedule(&self, stream: String, due_ms: u64) {
         self.schedule_to(stream, due_ms, Vec::new())
-    }
-
-    /// Arms the timer of `stream`'s next attempt at `destinations` (relay
-    /// ids; empty when no route is known): a destination heard from again
-    /// makes it due at once ([`Supervisor::peer_seen`]).
-    pub fn schedule_to(&self, stream: String, due_ms: u64, destinations: Vec<String>) {
-        if let Some(s) = self.inner.scheduler.get() {
-            s.do_send(Schedule { stream, due_ms, destinations });
-        }
     }
 
     /// Peer `relay_id` is up: it made an authenticated request here, or
@@ -430,21 +409,72 @@ impl Supervisor {
             let _ = s.send(Armed).await;
         }
     }
+}
 
-    /// The status of a local account's delivery attempt: the local transport.
-    pub async fn deliver_local(
+/// Deliveries reach accounts, route lookups and timers through here.
+impl Ports for Supervisor {
+    fn deliver_local(
         &self,
         to: &str,
         params: relay_schemas::methods::DeliverParams,
         digest: String,
-    ) -> Result<DeliveryStatus, RelayError> {
-        // Answered at once: the attempt's outcome reaches the sender's client
-        // only after the sender's account has written it durably, a later
-        // commit that covers this receipt.
-        match self.ask_at_once(to, AccountCmd::MessageDeliver { params, digest }).await? {
-            Reply::Status(s) => Ok(s),
-            _ => Err(RelayError::internal("unexpected reply to receive")),
+    ) -> LocalFuture<Result<DeliveryStatus, RelayError>> {
+        let (sup, to) = (self.clone(), to.to_owned());
+        Box::pin(async move {
+            match sup.ask_at_once(&to, AccountCmd::MessageDeliver { params, digest }).await? {
+                Reply::Status(s) => Ok(s),
+                _ => Err(RelayError::internal("unexpected reply to receive")),
+            }
+        })
+    }
+
+    fn report(&self, from: &str, outcome: ReportOutcome) -> LocalFuture<Result<Recorded, RelayError>> {
+        let (sup, from) = (self.clone(), from.to_owned());
+        let ReportOutcome { message_id, status, settlement } = outcome;
+        Box::pin(async move {
+            match sup.ask(&from, AccountCmd::RecordDelivery { message_id, status, settlement }).await? {
+                Reply::Settled { status, head } => Ok(Recorded { status, head }),
+                other => Err(RelayError::internal(format!("unexpected reply {other:?}"))),
+            }
+        })
+    }
+
+    fn lookup_route(&self, account_id: &str, fresh: bool) -> LocalFuture<RouteLookup> {
+        let (sup, account_id) = (self.clone(), account_id.to_owned());
+        // The inherent lookup, which sends also use.
+        Box::pin(async move { Supervisor::lookup_route(&sup, &account_id, fresh).await })
+    }
+
+    fn schedule_to(&self, stream: String, due_ms: u64, destinations: Vec<String>) {
+        if let Some(s) = self.inner.scheduler.get() {
+            s.do_send(Schedule { stream, due_ms, destinations });
         }
+    }
+
+    fn stopping(&self, stream: &str, addr: &Addr<DeliveryActor>) {
+        let mut running = lock(&self.inner.deliveries);
+        if running.get(stream).is_some_and(|a| a == addr) {
+            running.remove(stream);
+        }
+    }
+
+    fn stopped(&self, stream: &str) {
+        let mut running = lock(&self.inner.deliveries);
+        if running.get(stream).is_some_and(|a| !a.connected()) {
+            running.remove(stream);
+        }
+    }
+
+    fn destination(&self, relay_id: &str) -> Arc<tokio::sync::Semaphore> {
+        lock(&self.inner.destinations)
+            .entry(relay_id.to_owned())
+            .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(self.inner.policy.max_in_flight_per_destination)))
+            .clone()
+    }
+
+    fn peer_seen(&self, relay_id: &str) {
+        // The inherent one, which the transport also calls.
+        Supervisor::peer_seen(self, relay_id)
     }
 }
 

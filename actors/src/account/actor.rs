@@ -27,16 +27,7 @@ use std::time::Duration;
 /// a settling delivery's own writes riding along.
 pub type AccountCmd = relay_core::account::AccountCmd<Settlement>;
 
-/// A delivery's last events and its due-index removal, written in the
-/// sender's account commit that records its final status.
-#[derive(Clone, Debug)]
-pub struct Settlement {
-    pub stream: String,
-    /// The delivery stream's head the events follow.
-    pub head: Head,
-    pub events: Vec<NewEvent>,
-    pub remove_due: Option<Vec<u8>>,
-}
+pub use crate::delivery::Settlement;
 
 /// What a command answers.
 #[derive(Debug)]

@@ -1,20 +1,20 @@
 //! The delivery actor: lives for one step (an attempt and its outcome), then
-//! stops; the supervisor's timer starts it again when the next attempt is
+//! stops; the scheduler's timer starts it again when the next attempt is
 //! due. Persist before effect: the attempt is durable before the request
 //! goes out, the outcome before the next timer is armed.
 
 use super::core::{
     combine, decide_due, decide_outcome, decide_peer_confirmed, other_home_to_ask, DeliveryEvent, DeliveryState,
 };
-use super::due_key;
 use super::transport::{AttemptOutcome, LocalFuture, RouteLookup};
-use crate::account::{AccountCmd, Reply, Settlement};
+use super::{due_key, Env, Ports, Recorded, ReportOutcome, Settlement};
+use crate::internal;
 use crate::metrics::DestinationLabels;
 use crate::store::{Batch, Head, NewEvent, StoreError, Ticket};
-use crate::supervisor::{internal, Supervisor};
 use actix::prelude::*;
 use relay_schemas::objects::Route;
 use relay_schemas::{DeliveryStatus, RelayError, Wire};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::oneshot;
 
@@ -36,7 +36,8 @@ pub struct Start {
 }
 
 pub struct DeliveryActor {
-    sup: Supervisor,
+    env: Env,
+    ports: Arc<dyn Ports>,
     stream: String,
     head: Head,
     state: DeliveryState,
@@ -55,9 +56,15 @@ impl DeliveryActor {
     /// The actor of a delivery just accepted: when the acceptance carried
     /// the first attempt (its route was known), that attempt goes out as
     /// soon as the acceptance is durable.
-    pub fn resume(sup: Supervisor, start: Start, watch: Option<oneshot::Sender<DeliveryStatus>>) -> Self {
+    pub fn resume(
+        env: Env,
+        ports: Arc<dyn Ports>,
+        start: Start,
+        watch: Option<oneshot::Sender<DeliveryStatus>>,
+    ) -> Self {
         DeliveryActor {
-            sup,
+            env,
+            ports,
             attempt_ready: start.state.in_flight.is_some(),
             stream: start.stream,
             head: start.head,
@@ -70,7 +77,8 @@ impl DeliveryActor {
     }
 
     pub fn load(
-        sup: Supervisor,
+        env: Env,
+        ports: Arc<dyn Ports>,
         stream: &str,
         watch: Option<oneshot::Sender<DeliveryStatus>>,
         woken: bool,
@@ -78,7 +86,7 @@ impl DeliveryActor {
         let mut state = DeliveryState::default();
         let mut head = Head::default();
         let mut indexed_due_ms = None;
-        for ev in sup.store().read(stream, 0) {
+        for ev in env.store.read(stream, 0) {
             let ev = ev?;
             let event: DeliveryEvent = crate::upcast::delivery_event(&ev)?;
             match &event {
@@ -90,7 +98,8 @@ impl DeliveryActor {
             head = ev.head();
         }
         Ok(DeliveryActor {
-            sup,
+            env,
+            ports,
             stream: stream.to_owned(),
             head,
             state,
@@ -103,16 +112,15 @@ impl DeliveryActor {
     }
 
     fn encode(&self, events: &[DeliveryEvent]) -> Result<Vec<NewEvent>, RelayError> {
-        let at = self.sup.clock().now();
+        let at = self.env.clock.now();
         events.iter().map(|e| super::encode(e, at).map_err(|e| internal(&e))).collect()
     }
 
     fn persist(&mut self, events: Vec<DeliveryEvent>, extra: impl FnOnce(&mut Batch)) -> Result<(), RelayError> {
-        let store = self.sup.store();
-        let mut batch = store.batch();
+        let mut batch = self.env.store.batch();
         let head = batch.append(&self.stream, self.head, self.encode(&events)?);
         extra(&mut batch);
-        self.last_ticket = Some(store.commit(batch).map_err(|e| internal(&e))?);
+        self.last_ticket = Some(self.env.store.commit(batch).map_err(|e| internal(&e))?);
         self.head = head;
         self.applied(&events);
         Ok(())
@@ -128,14 +136,14 @@ impl DeliveryActor {
         }
     }
 
-    /// The relays of the current target, comma-separated (`-` before one is known).
     /// The other relays this delivery targets now (empty: no route known).
     fn destinations(&self) -> Vec<String> {
-        let own = &self.sup.policy().relay_id;
+        let own = &self.env.policy.relay_id;
         let relays = self.state.target.iter().flat_map(|t| t.relays.iter());
         relays.filter(|r| &r.id != own).map(|r| r.id.clone()).collect()
     }
 
+    /// The relays of the current target, comma-separated (`-` before one is known).
     fn target_ids(&self) -> String {
         match &self.state.target {
             Some(t) => t.relays.iter().map(|r| r.id.as_str()).collect::<Vec<_>>().join(","),
@@ -146,13 +154,13 @@ impl DeliveryActor {
     /// One line per delivery at its end: INFO when accepted, WARN when failed.
     fn log_finished(&self, status: &DeliveryStatus) {
         let s = &self.state;
-        let elapsed_s = self.sup.clock().now().saturating_sub(s.accepted_at);
+        let elapsed_s = self.env.clock.now().saturating_sub(s.accepted_at);
         let ids = super::Ids { from: &s.from, message_id: &s.message_id, to: &s.to };
-        super::finished(&self.sup, ids, &self.target_ids(), s.attempts, elapsed_s, status);
+        super::finished(&self.env.metrics, ids, &self.target_ids(), s.attempts, elapsed_s, status);
     }
 
     fn durable(&self) -> impl std::future::Future<Output = Result<(), RelayError>> + 'static {
-        let wait = self.last_ticket.map(|t| self.sup.store().durable(t));
+        let wait = self.last_ticket.map(|t| self.env.store.durable(t));
         async move {
             match wait {
                 Some(w) => w.await.map_err(|e| RelayError::unavailable(e.to_string())),
@@ -172,7 +180,7 @@ impl DeliveryActor {
     /// the index, which still holds this delivery.
     fn retry_later(&mut self, ctx: &mut Context<Self>, why: &RelayError) {
         tracing::warn!(stream = %self.stream, error = %why, "delivery step failed; retrying later");
-        self.stop_until(self.sup.clock().now_ms() + 1000, ctx);
+        self.stop_until(self.env.clock.now_ms() + 1000, ctx);
     }
 
     /// Stops; the scheduler starts the delivery again at `due_ms`. This
@@ -181,8 +189,8 @@ impl DeliveryActor {
     /// attempt's actor runs on the thread that accepted the send), and must then start
     /// a new actor, not find this stopping one and be dropped.
     fn stop_until(&mut self, due_ms: u64, ctx: &mut Context<Self>) {
-        self.sup.delivery_stopping(&self.stream, &ctx.address());
-        self.sup.schedule_to(self.stream.clone(), due_ms, self.destinations());
+        self.ports.stopping(&self.stream, &ctx.address());
+        self.ports.schedule_to(self.stream.clone(), due_ms, self.destinations());
         self.tell_watchers();
         ctx.stop();
     }
@@ -198,27 +206,27 @@ impl DeliveryActor {
         }
         // Woken before its time by a stale timer: wait for the real due
         // time. (Woken because its destination came back: go now.)
-        let now = self.sup.clock().now_ms();
+        let now = self.env.clock.now_ms();
         if let Some(due) = self.state.next_due_ms.filter(|due| *due > now && !self.woken) {
             return self.stop_until(due, ctx);
         }
         // Before the route and the attempt: the sender's other home relay
         // may already have delivered it (attempts after the second).
-        let sup = self.sup.clone();
-        let sender_route = self.sup.routes().get(&self.state.from).ok().flatten();
-        let own = &self.sup.policy().relay_id;
+        let (transport, ports) = (self.env.transport.clone(), self.ports.clone());
+        let sender_route = self.env.routes.get(&self.state.from).ok().flatten();
+        let own = &self.env.policy.relay_id;
         let other_home = other_home_to_ask(&self.state, sender_route.as_deref(), own);
         let (from, message_id, to) = (self.state.from.clone(), self.state.message_id.clone(), self.state.to.clone());
         let fresh = self.state.wants_fresh_route();
         // `None`: the other home relay reports it `target_accepted`.
         let prepare = async move {
             if let Some(relay) = other_home {
-                let st = sup.transport().peer_status(&relay, &from, &message_id).await;
+                let st = transport.peer_status(&relay, &from, &message_id).await;
                 if st.is_some_and(|st| st.status == relay_schemas::Status::TargetAccepted) {
                     return None;
                 }
             }
-            Some(sup.lookup_route(&to, fresh).await)
+            Some(ports.lookup_route(&to, fresh).await)
         };
         ctx.wait(prepare.into_actor(self).map(|lookup, act, ctx| {
             let Some(lookup) = lookup else {
@@ -230,7 +238,7 @@ impl DeliveryActor {
     }
 
     fn start_attempt(&mut self, lookup: RouteLookup, ctx: &mut Context<Self>) {
-        let now = self.sup.clock().now_ms();
+        let now = self.env.clock.now_ms();
         // With no route, the attempt goes nowhere and fails saying why.
         let no_route = lookup.no_route_error();
         let events = decide_due(&self.state, now, lookup.route().as_ref());
@@ -256,15 +264,17 @@ impl DeliveryActor {
         if params.sender_route.is_none() {
             // Accepted before deliveries carried the sender's route: the
             // sender's route now is the best evidence a destination can get.
-            params.sender_route = self.sup.routes().get(&self.state.from).ok().flatten();
+            params.sender_route = self.env.routes.get(&self.state.from).ok().flatten();
         }
         let relays = self.state.target.as_ref().map(|t| t.relays.clone()).unwrap_or_default();
-        let (sup, digest, to) = (self.sup.clone(), self.state.digest.clone(), self.state.to.clone());
-        let timeout = Duration::from_millis(sup.policy().attempt_timeout_ms);
+        let (env, ports, digest, to) =
+            (self.env.clone(), self.ports.clone(), self.state.digest.clone(), self.state.to.clone());
+        let own = env.policy.relay_id.clone();
+        let timeout = Duration::from_millis(env.policy.attempt_timeout_ms);
         // A request leaving the process waits until the attempt is on disk.
         // A local attempt need not: its effect (the recipient's record) is
         // answered only once durable, and flushes cover every earlier commit.
-        let remote = relays.iter().any(|r| r.id != sup.policy().relay_id);
+        let remote = relays.iter().any(|r| r.id != own);
         let durable = remote.then(|| self.durable());
         let attempt_fut = async move {
             if let Some(Err(e)) = match durable {
@@ -277,26 +287,26 @@ impl DeliveryActor {
                 return AttemptOutcome::NotAttempted(e);
             }
             if remote {
-                crate::crash::point(&sup.store(), "deliver.before_send").await;
+                crate::crash::point(&env.store, "deliver.before_send").await;
             }
             // Every relay of the route at once; the first acceptance wins.
             let tries = relays.iter().map(|relay| {
-                let one: LocalFuture<AttemptOutcome> = if relay.id == sup.policy().relay_id {
-                    let (sup, params, digest, to) = (sup.clone(), params.clone(), digest.clone(), to.clone());
+                let one: LocalFuture<AttemptOutcome> = if relay.id == own {
+                    let local = ports.deliver_local(&to, params.clone(), digest.clone());
                     Box::pin(async move {
-                        match sup.deliver_local(&to, params, digest).await {
+                        match local.await {
                             Ok(st) => AttemptOutcome::Answered(st),
                             Err(e) => AttemptOutcome::Rejected(e),
                         }
                     })
                 } else {
-                    sup.transport().deliver(relay, &params)
+                    env.transport.deliver(relay, &params)
                 };
                 // Slots and metric labels for configured peers only: any
                 // relay id can appear in a signed route.
-                let remote = (relay.id != sup.policy().relay_id && sup.transport().is_peer(&relay.id))
-                    .then(|| (sup.destination(&relay.id), relay.id.clone()));
-                let metrics = sup.metrics().clone();
+                let remote = (relay.id != own && env.transport.is_peer(&relay.id))
+                    .then(|| (ports.destination(&relay.id), relay.id.clone()));
+                let metrics = env.metrics.clone();
                 async move {
                     // A bounded number of attempts per destination: a dead
                     // relay ties up its own slots, never the others'.
@@ -328,7 +338,7 @@ impl DeliveryActor {
             });
             let outcome = combine(futures_util::future::join_all(tries).await);
             if remote {
-                crate::crash::point(&sup.store(), "deliver.before_outcome").await;
+                crate::crash::point(&env.store, "deliver.before_outcome").await;
             }
             outcome
         };
@@ -336,17 +346,17 @@ impl DeliveryActor {
     }
 
     fn step_outcome(&mut self, attempt: u32, outcome: AttemptOutcome, ctx: &mut Context<Self>) {
-        let now = self.sup.clock().now_ms();
+        let now = self.env.clock.now_ms();
         self.learn_route(&outcome);
         // A destination that answered is up: its other waiting deliveries
         // need not wait for their slots.
         if let ([relay], AttemptOutcome::Answered(_) | AttemptOutcome::Rejected(_)) =
             (self.destinations().as_slice(), &outcome)
         {
-            self.sup.peer_seen(relay);
+            self.ports.peer_seen(relay);
         }
-        super::count_attempt(&self.sup, &outcome);
-        let events = decide_outcome(&self.state, attempt, outcome, now, &self.sup.policy());
+        super::count_attempt(&self.env.metrics, &outcome);
+        let events = decide_outcome(&self.state, attempt, outcome, now, &self.env.policy);
         let next_due = events.iter().find_map(|e| match e {
             DeliveryEvent::AttemptFailed { next_due_ms, .. } => Some(*next_due_ms),
             _ => None,
@@ -399,15 +409,14 @@ impl DeliveryActor {
             events: encoded,
             remove_due: self.indexed_due_ms.map(|due| due_key(due, &self.stream)),
         };
-        let (sup, from, message_id) = (self.sup.clone(), self.state.from.clone(), self.state.message_id.clone());
-        let cmd = AccountCmd::RecordDelivery { message_id, status, settlement: Some(settlement) };
-        let fut = async move { sup.ask(&from, cmd).await };
+        let outcome = ReportOutcome { message_id: self.state.message_id.clone(), status, settlement: Some(settlement) };
+        let fut = self.ports.report(&self.state.from, outcome);
         ctx.wait(fut.into_actor(self).map(move |res, act, ctx| match res {
-            Ok(Reply::Settled { head: Some(head), .. }) => {
+            Ok(Recorded { head: Some(head), .. }) => {
                 act.head = head;
                 act.applied(&events);
                 if act.indexed_due_ms.take().is_some() {
-                    act.sup.metrics().deliveries_in_flight.dec();
+                    act.env.metrics.deliveries_in_flight.dec();
                 }
                 act.tell_watchers();
                 ctx.stop();
@@ -422,9 +431,9 @@ impl DeliveryActor {
     fn learn_route(&self, outcome: &AttemptOutcome) {
         let Some(route) = outcome.error().and_then(|e| e.data.as_ref()).and_then(|d| d.get("route")) else { return };
         let Ok(route) = Wire::<Route>::from_value(route) else { return };
-        let policy = self.sup.policy();
-        if route.account_id == self.state.to && route.check(self.sup.clock().now(), policy.clock_tolerance).is_ok() {
-            if let Err(e) = self.sup.routes().offer(&route) {
+        let tolerance = self.env.policy.clock_tolerance;
+        if route.account_id == self.state.to && route.check(self.env.clock.now(), tolerance).is_ok() {
+            if let Err(e) = self.env.routes.offer(&route) {
                 tracing::warn!(stream = %self.stream, error = %e, "cannot keep route from data.route");
             }
         }
@@ -434,29 +443,23 @@ impl DeliveryActor {
     /// a separate commit): tell the sender's account (idempotent), then drop
     /// the index entry. A crash in between re-reports on restart.
     fn report(&mut self, ctx: &mut Context<Self>) {
-        let status = self.state.status();
-        let (sup, from, message_id) = (self.sup.clone(), self.state.from.clone(), self.state.message_id.clone());
+        let outcome =
+            ReportOutcome { message_id: self.state.message_id.clone(), status: self.state.status(), settlement: None };
         // No wait for `Finished` here: the account answers only once its own
         // later write is durable, which covers this one.
-        let fut = async move {
-            match sup.ask(&from, AccountCmd::RecordDelivery { message_id, status, settlement: None }).await? {
-                Reply::Settled { .. } => Ok(()),
-                _ => Err(RelayError::internal("unexpected reply")),
-            }
-        };
+        let fut = self.ports.report(&self.state.from, outcome);
         ctx.wait(fut.into_actor(self).map(|res, act, ctx| match res {
-            Ok(()) => act.remove_index(ctx),
+            Ok(_) => act.remove_index(ctx),
             Err(e) => act.retry_later(ctx, &e),
         }));
     }
 
     fn remove_index(&mut self, ctx: &mut Context<Self>) {
         if let Some(due) = self.indexed_due_ms.take() {
-            self.sup.metrics().deliveries_in_flight.dec();
-            let store = self.sup.store();
-            let mut batch = store.batch();
+            self.env.metrics.deliveries_in_flight.dec();
+            let mut batch = self.env.store.batch();
             batch.kv_remove(&due_key(due, &self.stream));
-            if let Err(e) = store.commit(batch) {
+            if let Err(e) = self.env.store.commit(batch) {
                 tracing::warn!(stream = %self.stream, error = %e, "cannot drop due index entry");
             }
         }
@@ -478,7 +481,7 @@ impl Actor for DeliveryActor {
 
     fn stopped(&mut self, _ctx: &mut Self::Context) {
         self.tell_watchers();
-        self.sup.delivery_stopped(&self.stream);
+        self.ports.stopped(&self.stream);
     }
 }
 

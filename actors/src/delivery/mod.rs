@@ -1,5 +1,7 @@
 //! Deliveries: one event stream and one short-lived actor per accepted
-//! cross-account message, until a terminal state.
+//! cross-account message, until a terminal state. The actor reaches the rest
+//! of the relay only through [`Env`] and [`Ports`], so this module depends
+//! on neither the accounts nor whoever starts it.
 
 pub mod actor;
 pub mod transport;
@@ -8,17 +10,101 @@ pub mod transport;
 pub use self::transport::{NoPeers, PeerRoute, RouteLookup, Transport};
 pub use relay_core::delivery::{core, timetable, AttemptOutcome, DeliveryEvent, DeliveryState};
 
-/// A delivery event as the store writes it.
-pub fn encode(event: &DeliveryEvent, at: u64) -> Result<crate::store::NewEvent, serde_json::Error> {
-    crate::store::NewEvent::new(event.event_type(), DeliveryEvent::VERSION, at, event)
+use self::actor::DeliveryActor;
+use self::transport::LocalFuture;
+use crate::clock::SharedClock;
+use crate::metrics::{Metrics, OutcomeLabels, StatusLabels};
+use crate::policy::Policy;
+use crate::routes::RouteBook;
+use crate::store::{Head, NewEvent, Store};
+use relay_schemas::methods::DeliverParams;
+use relay_schemas::{DeliveryStatus, RelayError};
+use std::sync::Arc;
+use tokio::sync::Semaphore;
+
+/// The shared handles a delivery reads directly (cheap to clone).
+#[derive(Clone)]
+pub struct Env {
+    pub store: Store,
+    pub clock: SharedClock,
+    pub policy: Arc<Policy>,
+    pub routes: RouteBook,
+    pub transport: Arc<dyn Transport>,
+    pub metrics: Arc<Metrics>,
 }
 
-use crate::metrics::{OutcomeLabels, StatusLabels};
-use crate::supervisor::Supervisor;
-use relay_schemas::DeliveryStatus;
+/// What a delivery asks of the rest of the relay: the accounts (local
+/// recipients, the sender's record), route lookups, timers and the
+/// per-destination slots. A narrow port, so deliveries never call back into
+/// the service that starts them.
+pub trait Ports: Send + Sync + 'static {
+    /// `message.deliver` to local account `to`, answered at once: the
+    /// outcome reaches the sender's client only after the sender's account
+    /// has written it durably, a later commit that covers this receipt.
+    fn deliver_local(
+        &self,
+        to: &str,
+        params: DeliverParams,
+        digest: String,
+    ) -> LocalFuture<Result<DeliveryStatus, RelayError>>;
+    /// Records an outcome in the sender `from`'s account (idempotent),
+    /// answered once durable.
+    fn report(&self, from: &str, outcome: ReportOutcome) -> LocalFuture<Result<Recorded, RelayError>>;
+    /// The best route known for `account_id`; with `fresh`, the peers are
+    /// asked first, bypassing the cache.
+    fn lookup_route(&self, account_id: &str, fresh: bool) -> LocalFuture<RouteLookup>;
+    /// Arms the timer of `stream`'s next attempt at `destinations` (relay
+    /// ids; empty when no route is known): a destination heard from again
+    /// makes it due at once.
+    fn schedule_to(&self, stream: String, due_ms: u64, destinations: Vec<String>);
+    /// Actor `addr` of `stream` is stopping: the next start of `stream`
+    /// gets a new actor (it reads what this one wrote).
+    fn stopping(&self, stream: &str, addr: &actix::Addr<DeliveryActor>);
+    /// The actor of `stream` has stopped.
+    fn stopped(&self, stream: &str);
+    /// The attempt slots of destination `relay_id`
+    /// (`limits.max_in_flight_per_destination`).
+    fn destination(&self, relay_id: &str) -> Arc<Semaphore>;
+    /// Peer `relay_id` answered: its waiting deliveries may start now.
+    fn peer_seen(&self, relay_id: &str);
+}
+
+/// An outcome for the sender's account: the delivery's status of
+/// `message_id`; with a settlement, the delivery's own last events and
+/// index removal go in the same commit.
+#[derive(Debug)]
+pub struct ReportOutcome {
+    pub message_id: String,
+    pub status: DeliveryStatus,
+    pub settlement: Option<Settlement>,
+}
+
+/// What the sender's account recorded: its status of the message and,
+/// when a settlement was written, the delivery stream's head after it.
+#[derive(Debug)]
+pub struct Recorded {
+    pub status: DeliveryStatus,
+    pub head: Option<Head>,
+}
+
+/// A delivery's last events and its due-index removal, written in the
+/// sender's account commit that records its final status.
+#[derive(Clone, Debug)]
+pub struct Settlement {
+    pub stream: String,
+    /// The delivery stream's head the events follow.
+    pub head: Head,
+    pub events: Vec<NewEvent>,
+    pub remove_due: Option<Vec<u8>>,
+}
+
+/// A delivery event as the store writes it.
+pub fn encode(event: &DeliveryEvent, at: u64) -> Result<NewEvent, serde_json::Error> {
+    NewEvent::new(event.event_type(), DeliveryEvent::VERSION, at, event)
+}
 
 /// Counts an attempt's outcome (`relay_delivery_attempts_total`).
-pub fn count_attempt(sup: &Supervisor, outcome: &AttemptOutcome) {
+pub fn count_attempt(metrics: &Metrics, outcome: &AttemptOutcome) {
     let kind = match outcome {
         AttemptOutcome::Answered(_) => "answered",
         AttemptOutcome::Rejected(_) => "rejected",
@@ -26,7 +112,7 @@ pub fn count_attempt(sup: &Supervisor, outcome: &AttemptOutcome) {
         AttemptOutcome::Unknown(_) => "unknown",
         AttemptOutcome::NotAttempted(_) => "not_attempted",
     };
-    sup.metrics().attempts.get_or_create(&OutcomeLabels { outcome: kind.into() }).inc();
+    metrics.attempts.get_or_create(&OutcomeLabels { outcome: kind.into() }).inc();
 }
 
 /// Which message a delivery carries.
@@ -39,7 +125,7 @@ pub struct Ids<'a> {
 
 /// A delivery ended: one log line (INFO when accepted, WARN when failed)
 /// and the finished metric. `target`: the relays tried, comma-separated.
-pub fn finished(sup: &Supervisor, m: Ids, target: &str, attempts: u32, elapsed_s: u64, status: &DeliveryStatus) {
+pub fn finished(metrics: &Metrics, m: Ids, target: &str, attempts: u32, elapsed_s: u64, status: &DeliveryStatus) {
     let Ids { from, message_id, to } = m;
     match &status.error {
         None => tracing::info!(from = %from, message_id = %message_id, to = %to, target = %target, attempts, elapsed_s,
@@ -54,7 +140,7 @@ pub fn finished(sup: &Supervisor, m: Ids, target: &str, attempts: u32, elapsed_s
         status: status.status.as_str().to_owned(),
         error: status.error.as_ref().map(|e| e.code.as_str().to_owned()).unwrap_or_default(),
     };
-    sup.metrics().deliveries_finished.get_or_create(&labels).inc();
+    metrics.deliveries_finished.get_or_create(&labels).inc();
 }
 
 /// The stream of the delivery of `(from, message_id)`.
