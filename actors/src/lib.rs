@@ -2,19 +2,22 @@
 //!
 //! The event-sourced shells of the relay: actors, store, supervisor. No
 //! HTTP here, and no rules: those are pure functions in `relay-core`
-//! (`actors/core`), re-exported at the paths below (`account::decide`,
-//! `delivery::core`, `push`, `clock`, `policy`).
+//! (`actors/core`), re-exported at the paths below (`account::command`,
+//! `account::decide`, `delivery::core`, `push`, `clock`, `policy`).
 //!
 //! - [`store`]: the sled event store: append-only, hash-chained streams,
 //!   group commit, snapshots and a kv space for projections and indexes;
-//! - [`account`]: the AccountActor and its pure `decide`/`apply` core;
+//! - [`account`]: the AccountActor: it decides every command with
+//!   `account::command::decide`, persists, runs the effects, and reaches
+//!   the rest of the relay only through `account::Env` and `account::Ports`;
 //! - [`delivery`]: the DeliveryActor, its core (the seed's error table and
 //!   deadlines), the retry timetable, and the narrow ports it reaches
 //!   accounts and timers through;
 //! - [`send`]: the process manager of `message.send` (accept → receipt →
 //!   settle, and which commits that takes);
 //! - [`supervisor`]: creates and passivates account actors, owns the
-//!   timetable's timers and restores them on start;
+//!   timetable's timers and restores them on start, and implements the
+//!   actors' ports (the actors never call it by name);
 //! - [`sessions`]: device session tokens;
 //! - [`notify`]: realtime notifications to connected devices;
 //! - [`push`]: the Web Push sender's pure core (its queue, coalescing and

@@ -5,7 +5,7 @@
 use crate::account::{self, actor::Answer, AccountActor, AccountCmd, Reply};
 use crate::clock::SharedClock;
 use crate::delivery::transport::LocalFuture;
-use crate::delivery::{self, actor::DeliveryActor, Ports, Recorded, ReportOutcome, RouteLookup, Transport};
+use crate::delivery::{self, actor::DeliveryActor, Recorded, ReportOutcome, RouteLookup, Transport};
 use crate::metrics::Metrics;
 use crate::notify::Notifier;
 use crate::policy::Policy;
@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 use tokio::sync::oneshot;
 
-pub(crate) use crate::internal;
+use crate::internal;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -48,7 +48,7 @@ struct Inner {
     deliveries: Mutex<HashMap<String, Addr<DeliveryActor>>>,
     scheduler: OnceLock<Addr<Scheduler>>,
     /// The Web Push sender, when push is on.
-    push: OnceLock<Arc<dyn crate::push::PushSink>>,
+    push: Arc<OnceLock<Arc<dyn crate::push::PushSink>>>,
     /// Route lookups at the peers in progress, with who waits for each:
     /// one fetch per account however many ask (single flight).
     lookups: Mutex<HashMap<String, Vec<oneshot::Sender<RouteLookup>>>>,
@@ -87,7 +87,7 @@ impl Supervisor {
                 arbiters: Default::default(),
                 deliveries: Mutex::default(),
                 scheduler: OnceLock::new(),
-                push: OnceLock::new(),
+                push: Arc::default(),
                 lookups: Mutex::default(),
                 misses: DashMap::new(),
             }),
@@ -292,20 +292,27 @@ impl Supervisor {
         }
     }
 
+    /// The handles an account actor works with.
+    pub(crate) fn account_env(&self) -> account::Env {
+        account::Env {
+            store: self.store(),
+            clock: self.clock().clone(),
+            policy: self.policy(),
+            routes: self.routes().clone(),
+            sessions: self.sessions().clone(),
+            notifier: self.notifier().clone(),
+            push: self.inner.push.clone(),
+            metrics: self.metrics().clone(),
+        }
+    }
+
     fn start_account(&self, account_id: &str) -> Result<Addr<AccountActor>, RelayError> {
-        let actor = AccountActor::load(self.clone(), account_id).map_err(|e| internal(&e))?;
+        let actor =
+            AccountActor::load(self.account_env(), Arc::new(self.clone()), account_id).map_err(|e| internal(&e))?;
         Ok(match self.arbiter_for(account_id) {
             Some(arbiter) => AccountActor::start_in_arbiter(&arbiter, move |_| actor),
             None => actor.start(),
         })
-    }
-
-    /// Called by a passivating actor: forget it, unless already replaced.
-    pub(crate) fn forget_account(&self, account_id: &str, addr: &Addr<AccountActor>) {
-        if self.inner.accounts.remove_if(account_id, |_, a| a == addr).is_some() {
-            self.metrics().actors_passivated.inc();
-            self.metrics().actors_resident.set(self.inner.accounts.len() as i64);
-        }
     }
 
     /// Sends a command to an account's actor, creating it on demand. A
@@ -387,7 +394,7 @@ impl Supervisor {
 
     /// Arms the timer of `stream`'s next attempt.
     pub fn schedule(&self, stream: String, due_ms: u64) {
-        self.schedule_to(stream, due_ms, Vec::new())
+        delivery::Ports::schedule_to(self, stream, due_ms, Vec::new())
     }
 
     /// Peer `relay_id` is up: it made an authenticated request here, or
@@ -412,7 +419,16 @@ impl Supervisor {
 }
 
 /// Deliveries reach accounts, route lookups and timers through here.
-impl Ports for Supervisor {
+impl account::Ports for Supervisor {
+    fn passivated(&self, account_id: &str, addr: &Addr<AccountActor>) {
+        if self.inner.accounts.remove_if(account_id, |_, a| a == addr).is_some() {
+            self.metrics().actors_passivated.inc();
+            self.metrics().actors_resident.set(self.inner.accounts.len() as i64);
+        }
+    }
+}
+
+impl delivery::Ports for Supervisor {
     fn deliver_local(
         &self,
         to: &str,

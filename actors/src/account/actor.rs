@@ -11,11 +11,12 @@ use super::reads::StoreReads;
 use super::session::{Challenges, Grant};
 use super::state::AccountState;
 use super::{stream_id, timeline, Reads};
+use super::{Env, Ports};
 use crate::delivery::{self, core::Begun};
+use crate::internal;
 use crate::policy::Policy;
 use crate::sessions::Session;
 use crate::store::{Batch, Head, NewEvent, Snapshot, StoreError, Ticket};
-use crate::supervisor::{internal, Supervisor};
 use actix::prelude::*;
 use relay_schemas::{DeliveryStatus, RelayError};
 use std::collections::VecDeque;
@@ -83,7 +84,7 @@ pub enum Answer {
 }
 
 /// The actor had passivated: the command was not handled, and the
-/// supervisor asks a fresh actor.
+/// caller asks a fresh actor.
 #[derive(Debug)]
 pub struct Passivated;
 
@@ -92,7 +93,8 @@ impl Message for Ask {
 }
 
 pub struct AccountActor {
-    sup: Supervisor,
+    env: Env,
+    ports: Arc<dyn Ports>,
     stream: String,
     head: Head,
     state: AccountState,
@@ -130,9 +132,9 @@ enum Notice {
 
 impl AccountActor {
     /// Rebuilds the account from its snapshot and the events after it.
-    pub fn load(sup: Supervisor, account_id: &str) -> Result<Self, StoreError> {
+    pub fn load(env: Env, ports: Arc<dyn Ports>, account_id: &str) -> Result<Self, StoreError> {
         let stream = stream_id(account_id);
-        let store = sup.store();
+        let store = env.store.clone();
         let snapshot = store.load_snapshot(&stream)?;
         let (mut state, mut head) = match &snapshot {
             Some(snap) => {
@@ -162,11 +164,12 @@ impl AccountActor {
         // The route book may have missed the account's latest route if the
         // relay stopped between the two writes.
         if let Some(route) = state.route() {
-            sup.routes().offer(route)?;
+            env.routes.offer(route)?;
         }
         Ok(AccountActor {
-            last_active_ms: sup.clock().now_ms(),
-            sup,
+            last_active_ms: env.clock.now_ms(),
+            env,
+            ports,
             stream,
             head,
             state,
@@ -187,9 +190,9 @@ impl AccountActor {
     /// applies them, and remembers the ticket to wait for before replying.
     /// On error nothing is written and nothing changes in memory.
     fn persist(&mut self, events: Vec<AccountEvent>, extra: impl FnOnce(&mut Batch)) -> Result<(), RelayError> {
-        let store = self.sup.store();
+        let store = self.env.store.clone();
         let mut batch = store.batch();
-        let now = self.sup.clock().now();
+        let now = self.env.clock.now();
         let first = self.head.seq + 1;
         let account = &self.state.account_id;
         let mut new_events = Vec::with_capacity(events.len());
@@ -239,10 +242,10 @@ impl AccountActor {
         self.since_snapshot += events.len() as u64;
         for e in &events {
             if let AccountEvent::Registered { route, .. } | AccountEvent::RouteUpdated { route } = e {
-                self.sup.routes().offer(route).map_err(|e| internal(&e))?;
+                self.env.routes.offer(route).map_err(|e| internal(&e))?;
             }
         }
-        if self.since_snapshot >= self.sup.policy().snapshot_every {
+        if self.since_snapshot >= self.env.policy.snapshot_every {
             self.snapshot();
         }
         Ok(())
@@ -276,14 +279,14 @@ impl AccountActor {
 
     /// The ledger's result of this account's `message.send` of `message_id`.
     fn send_entry(&self, message_id: &str) -> Result<Option<SendEntry>, RelayError> {
-        let store = self.sup.store();
+        let store = self.env.store.clone();
         StoreReads { store: &store, account_id: &self.state.account_id, stream: &self.stream }.send_entry(message_id)
     }
 
     /// Writes a snapshot of the current state. A failed snapshot only costs
     /// a longer replay next time.
     fn snapshot(&mut self) {
-        let store = self.sup.store();
+        let store = self.env.store.clone();
         let Ok(state) = serde_json::to_vec(&self.state) else { return };
         let mut batch = store.batch();
         batch.put_snapshot(&self.stream, Snapshot { seq: self.head.seq, hash: self.head.hash, state });
@@ -313,7 +316,7 @@ impl AccountActor {
         if answer == Answer::AtOnce && !publish {
             return Box::pin(async move { reply });
         }
-        let wait = ticket.map(|t| self.sup.store().durable(t));
+        let wait = ticket.map(|t| self.env.store.clone().durable(t));
         let pending = self.pending.clone();
         pending.fetch_add(1, Ordering::SeqCst);
         let durable = async move {
@@ -342,9 +345,9 @@ impl AccountActor {
     /// Loads nothing (the state is resident), decides, persists, runs the
     /// effects.
     fn handle_cmd(&mut self, cmd: &AccountCmd) -> Result<Reply, RelayError> {
-        let policy = self.sup.policy();
-        let ctx = Ctx { now: self.sup.clock().now(), policy: &policy, random: rand::random() };
-        let store = self.sup.store();
+        let policy = self.env.policy.clone();
+        let ctx = Ctx { now: self.env.clock.now(), policy: &policy, random: rand::random() };
+        let store = self.env.store.clone();
         let reads = StoreReads { store: &store, account_id: &self.state.account_id, stream: &self.stream };
         let Decision { events, reply, effects } = command::decide(&self.state, &mut self.challenges, cmd, &reads, ctx)?;
         let settlement = match cmd {
@@ -404,7 +407,7 @@ impl AccountActor {
         let Some(due) = due_ms else {
             return Ok(Reply::Settled { status: state.status(), head: Some(head) });
         };
-        self.sup.metrics().deliveries_in_flight.inc();
+        self.env.metrics.deliveries_in_flight.inc();
         let ticket = self.last_ticket.ok_or_else(|| RelayError::internal("acceptance without a commit"))?;
         let status = DeliveryStatus::delivering(state.accepted_at);
         let start = delivery::actor::Start { stream, head, state, indexed_due_ms: due, ticket };
@@ -413,22 +416,22 @@ impl AccountActor {
 
     /// A revoked device: its stored sessions end, its sockets close.
     fn end_device(&self, device_id: &str) {
-        if let Err(e) = self.sup.sessions().forget_device(&self.state.account_id, device_id) {
+        if let Err(e) = self.env.sessions.forget_device(&self.state.account_id, device_id) {
             // Only the stored tokens stay; the account refuses them.
             tracing::warn!(account = %self.state.account_id, error = %e, "dropping a revoked device's sessions");
         }
-        self.sup.notifier().disconnect(&self.state.account_id, device_id, "device revoked");
+        self.env.notifier.disconnect(&self.state.account_id, device_id, "device revoked");
     }
 
     /// Stores the session `session.open` granted, under the token decided.
     fn store_session(&mut self, token: String, grant: Grant, policy: &Policy) -> Result<(), RelayError> {
         let session =
             Session { account_id: grant.account_id, device_id: grant.device_id, expires_at: grant.expires_at };
-        let store = self.sup.store();
+        let store = self.env.store.clone();
         let mut batch = store.batch();
-        let sessions = self.sup.sessions();
+        let sessions = &self.env.sessions;
         let issued = sessions
-            .issue(&mut batch, &session, token, self.sup.clock().now_ms(), policy.max_sessions_per_device)
+            .issue(&mut batch, &session, token, self.env.clock.now_ms(), policy.max_sessions_per_device)
             .map_err(|e| internal(&e))?;
         self.last_ticket = Some(store.commit(batch).map_err(|e| internal(&e))?);
         sessions.remember_issued(&issued, session);
@@ -436,13 +439,13 @@ impl AccountActor {
     }
 
     fn maybe_passivate(&mut self, ctx: &mut Context<Self>) {
-        let now_ms = self.sup.clock().now_ms();
+        let now_ms = self.env.clock.now_ms();
         let idle = now_ms.saturating_sub(self.last_active_ms);
         // Outstanding challenges live only here: keep the actor until they expire.
         self.challenges.expire(now_ms / 1000);
         // A resident but quiet actor keeps no spare buffers.
         self.outbox.shrink_to_fit();
-        if idle >= self.sup.policy().passivate_after_ms && self.challenges.is_empty() {
+        if idle >= self.env.policy.passivate_after_ms && self.challenges.is_empty() {
             self.passivate(ctx);
         }
     }
@@ -461,7 +464,7 @@ impl AccountActor {
 
     fn leave(&mut self, ctx: &mut Context<Self>) {
         self.passivated = true;
-        self.sup.forget_account(&self.state.account_id, &ctx.address());
+        self.ports.passivated(&self.state.account_id, &ctx.address());
         ctx.stop();
     }
 }
@@ -475,10 +478,10 @@ impl AccountActor {
         sender_device: Option<&str>,
         connected: impl Fn(&str) -> bool,
     ) -> Vec<(String, PushSubscription)> {
-        if self.sup.push_sink().is_none() {
+        if self.env.push.get().is_none() {
             return Vec::new();
         }
-        let now = self.sup.clock().now();
+        let now = self.env.clock.now();
         decide::push_targets(&self.state, visible, sender_device, connected, now)
             .into_iter()
             .map(|(device, subscription)| (device.to_owned(), subscription.clone()))
@@ -498,8 +501,8 @@ impl AccountActor {
         sender_device: Option<&str>,
         subscribed: &[(String, PushSubscription)],
     ) {
-        let Some(sink) = self.sup.push_sink() else { return };
-        let (notifier, account) = (self.sup.notifier(), &self.state.account_id);
+        let Some(sink) = self.env.push.get() else { return };
+        let (notifier, account) = (&self.env.notifier, &self.state.account_id);
         let connected = |device: &str| notifier.is_connected(account, device);
         for (device_id, subscription) in self.push_targets(visible, sender_device, connected) {
             if !subscribed.iter().any(|(d, s)| *d == device_id && *s == subscription) {
@@ -520,7 +523,7 @@ impl Actor for AccountActor {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
-        let every = Duration::from_millis((self.sup.policy().passivate_after_ms / 2).max(10));
+        let every = Duration::from_millis((self.env.policy.passivate_after_ms / 2).max(10));
         ctx.run_interval(every, |act, ctx| act.maybe_passivate(ctx));
     }
 }
@@ -532,7 +535,7 @@ impl Handler<Ask> for AccountActor {
         if self.passivated {
             return Box::pin(async { Err(Passivated) });
         }
-        self.last_active_ms = self.sup.clock().now_ms();
+        self.last_active_ms = self.env.clock.now_ms();
         let reply = self.handle_cmd(&msg.0);
         // A decision that wrote nothing tells no one outside anything a
         // crash could undo: its caller writes before anyone hears of it.
@@ -548,7 +551,7 @@ impl Handler<Ask> for AccountActor {
     }
 }
 
-/// The supervisor is over its cap of resident actors: leave memory now,
+/// Whoever keeps the resident actors is over its cap: leave memory now,
 /// however recently used, unless replies or notifications are owed.
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -573,7 +576,7 @@ impl Handler<Publish> for AccountActor {
     type Result = ();
 
     fn handle(&mut self, msg: Publish, _ctx: &mut Self::Context) {
-        let (notifier, account) = (self.sup.notifier(), &self.state.account_id);
+        let (notifier, account) = (&self.env.notifier, &self.state.account_id);
         while self.outbox.front().is_some_and(|(t, _)| *t <= msg.0) {
             let Some((_, notice)) = self.outbox.pop_front() else { break };
             match notice {

@@ -1,5 +1,8 @@
 //! The account: one actor per account, state folded from
-//! `account/{account_id}`.
+//! `account/{account_id}`. The actor reaches the rest of the relay only
+//! through [`Env`] and [`Ports`]: it never calls back into whoever starts
+//! it, and what it does besides writing comes back as the effects of its
+//! decisions.
 
 pub mod actor;
 mod reads;
@@ -13,6 +16,40 @@ pub use actor::{AccountActor, AccountCmd, Reply, Settlement};
 pub use events::{AccountEvent, PushSubscription, Record};
 pub use ledger::{Ledger, ReceiptEntry, SendEntry};
 pub use state::AccountState;
+
+use crate::clock::SharedClock;
+use crate::metrics::Metrics;
+use crate::notify::Notifier;
+use crate::policy::Policy;
+use crate::push::PushSink;
+use crate::routes::RouteBook;
+use crate::sessions::Sessions;
+use crate::store::Store;
+use std::sync::{Arc, OnceLock};
+
+/// The shared handles an account reads and writes directly (cheap to clone).
+#[derive(Clone)]
+pub struct Env {
+    pub store: Store,
+    pub clock: SharedClock,
+    pub policy: Arc<Policy>,
+    /// Where an account's newest route goes when it writes one.
+    pub routes: RouteBook,
+    /// Session tokens: `session.open` stores one, a revoked device's end.
+    pub sessions: Sessions,
+    /// Connected devices, told of new records and statuses once durable.
+    pub notifier: Notifier,
+    /// The Web Push sender, once push is on.
+    pub push: Arc<OnceLock<Arc<dyn PushSink>>>,
+    pub metrics: Arc<Metrics>,
+}
+
+/// What an account tells whoever keeps the resident actors.
+pub trait Ports: Send + Sync + 'static {
+    /// Actor `addr` of `account_id` left memory: forget it, unless it was
+    /// already replaced.
+    fn passivated(&self, account_id: &str, addr: &actix::Addr<AccountActor>);
+}
 
 pub fn stream_id(account_id: &str) -> String {
     format!("account/{account_id}")

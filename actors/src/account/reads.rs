@@ -5,8 +5,8 @@
 use super::ledger::{self, ReceiptEntry, SendEntry};
 use super::timeline::{self, IndexEntry};
 use super::{AccountEvent, Reads};
+use crate::internal;
 use crate::store::Store;
-use crate::supervisor::internal;
 use relay_schemas::RelayError;
 use serde::de::DeserializeOwned;
 

@@ -34,8 +34,10 @@ fn old_store(events: &[AccountEvent], snapshot_at: Option<usize>) -> Store {
     store
 }
 
-fn supervisor(store: &Store) -> Supervisor {
-    Supervisor::new(store.clone(), POLICY.clone(), ManualClock::at_ms(NOW * 1000), Arc::new(NoPeers))
+/// Alice's actor loaded from `store`, as a relay starts it.
+fn load(store: &Store) -> Result<AccountActor, crate::store::StoreError> {
+    let sup = Supervisor::new(store.clone(), POLICY.clone(), ManualClock::at_ms(NOW * 1000), Arc::new(NoPeers));
+    AccountActor::load(sup.account_env(), Arc::new(sup), &alice().id)
 }
 
 /// The ledger entries the kv space holds for Alice.
@@ -61,7 +63,7 @@ fn an_old_log_without_a_snapshot_gets_its_ledger_from_all_its_events_at_load() {
     let events = busy_alice_events();
     let store = old_store(&events, None);
     assert!(stored_ledger(&store).is_empty());
-    let actor = AccountActor::load(supervisor(&store), &alice().id).unwrap();
+    let actor = load(&store).unwrap();
     assert_eq!(stored_ledger(&store), expected_ledger(&events));
     assert_eq!(actor.state().last_sequence, busy_alice().last_sequence);
 }
@@ -73,7 +75,7 @@ fn an_old_snapshot_with_idempotency_results_still_loads_and_fills_the_ledger() {
     let k = events.iter().position(|e| matches!(e, AccountEvent::MessageSent { .. })).unwrap() + 1;
     assert!(k < events.len() - 2);
     let store = old_store(&events, Some(k));
-    let actor = AccountActor::load(supervisor(&store), &alice().id).unwrap();
+    let actor = load(&store).unwrap();
     assert_eq!(stored_ledger(&store), expected_ledger(&events));
     // The state decides as the state folded from every event does.
     let loaded = Given { state: actor.state().clone(), ledger: busy_alice().ledger, events: busy_alice().events };
@@ -84,11 +86,11 @@ fn an_old_snapshot_with_idempotency_results_still_loads_and_fills_the_ledger() {
 fn an_upgraded_ledger_is_not_rewritten_at_the_next_load() {
     let events = busy_alice_events();
     let store = old_store(&events, None);
-    AccountActor::load(supervisor(&store), &alice().id).unwrap();
+    load(&store).unwrap();
     // Were it rebuilt from the events, this entry would come back.
     let mut b = store.batch();
     b.kv_remove(&ledger::send_key(&alice().id, &mid(1)));
     store.commit_durable_blocking(b).unwrap();
-    AccountActor::load(supervisor(&store), &alice().id).unwrap();
+    load(&store).unwrap();
     assert_eq!(stored_ledger(&store).len(), expected_ledger(&events).len() - 1);
 }
