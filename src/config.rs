@@ -595,7 +595,7 @@ impl Config {
     pub fn policy(&self) -> Policy {
         let ms = |d: Duration| d.as_millis() as u64;
         Policy {
-            relay_id: self.relay.id.clone(),
+            relay_id: self.relay.id.clone().into(),
             clock_tolerance: self.limits.clock_tolerance.as_secs(),
             delivery_age_limit: self.limits.delivery_age_limit.as_secs(),
             message_retention: self.limits.message_retention.as_secs(),

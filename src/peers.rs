@@ -141,7 +141,7 @@ impl PeerClient {
                 format!("relay {peer_id} is not a configured peer"),
             )));
         };
-        let ts = self.inner.clock.now();
+        let ts = self.inner.clock.now().0;
         let sig = sign_relay_request(&self.inner.key, method, peer_id, ts, &body);
         let url = format!("{}/v1/relay/{method}", peer.url.trim_end_matches('/'));
         let sent = self

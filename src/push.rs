@@ -221,7 +221,7 @@ impl PushSender {
     }
 
     fn now_ms(&self) -> u64 {
-        self.sup.clock().now_ms()
+        self.sup.clock().now_ms().0
     }
 
     fn client(&mut self) -> awc::Client {
@@ -261,7 +261,7 @@ impl PushSender {
         let payload = PushPayload::timeline_changed(&job.account_id, job.sequence);
         let body = serde_json::to_vec(&payload).map_err(|e| e.to_string()).and_then(|p| encrypt(&job, &p));
         let now = self.sup.clock().now();
-        let auth = self.vapid.authorization(&job.subscription.endpoint, now);
+        let auth = self.vapid.authorization(&job.subscription.endpoint, now.0);
         let (body, auth) = match (body, auth) {
             (Ok(b), Ok(a)) => (b, a),
             (Err(e), _) | (_, Err(e)) => {
@@ -304,7 +304,7 @@ impl PushSender {
     fn answered(&mut self, job: PushJob, status: Option<u16>, retry_after: Option<String>, error: Option<String>) {
         let (now_ms, now) = (self.now_ms(), self.sup.clock().now());
         let attempt = job.attempt + 1;
-        let retry_after = retry_after.and_then(|v| parse_retry_after(&v, now));
+        let retry_after = retry_after.and_then(|v| parse_retry_after(&v, now.0));
         let s = &self.settings;
         let verdict = judge(
             status,

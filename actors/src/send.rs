@@ -26,7 +26,7 @@ use crate::delivery::core::final_status;
 use crate::delivery::{self, AttemptOutcome};
 use crate::supervisor::Supervisor;
 use relay_schemas::methods::SendParams;
-use relay_schemas::{DeliveryStatus, RelayError};
+use relay_schemas::{DeliveryStatus, RelayError, UnixSecs};
 use tokio::sync::oneshot;
 
 /// A `message.send` answered by the sender's account.
@@ -93,7 +93,7 @@ impl Supervisor {
         };
         crate::crash::point(&self.store(), "send.after_receipt").await;
         delivery::count_attempt(self.metrics(), &outcome);
-        let accepted_at = acceptance.status.accepted_at;
+        let accepted_at = UnixSecs(acceptance.status.accepted_at);
         let env = acceptance.deliver.envelope.clone();
         let cmd = match final_status(&outcome, accepted_at) {
             Some(status) => AccountCmd::Settle { acceptance, status },
@@ -105,7 +105,7 @@ impl Supervisor {
         if let Reply::Settled { status, .. } = &reply {
             // Written by this request (a racing retry answers `Status`).
             let ids = delivery::Ids { from: &env.from, message_id: &env.message_id, to: &env.to };
-            let elapsed_s = self.clock().now().saturating_sub(accepted_at);
+            let elapsed_s = self.clock().now().since(accepted_at);
             delivery::finished(self.metrics(), ids, &self.policy().relay_id, 1, elapsed_s, status);
         }
         self.sent(reply)

@@ -12,6 +12,7 @@
 //! same batch. Sessions stored before the index existed are only swept.
 
 use crate::store::{Batch, Store, StoreError};
+use relay_schemas::{UnixMillis, UnixSecs};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -45,7 +46,7 @@ fn token_hash(token: &str) -> [u8; 32] {
 
 /// Whether a session has expired at `now` (Unix seconds): from its
 /// `expires_at` on, its token is refused and the sweep drops it.
-pub fn expired(session: &Session, now: u64) -> bool {
+pub fn expired(session: &Session, now: UnixSecs) -> bool {
     session.expires_at <= now
 }
 
@@ -87,7 +88,7 @@ impl Sessions {
         batch: &mut Batch,
         session: &Session,
         token: String,
-        now_ms: u64,
+        now_ms: UnixMillis,
         max_per_device: usize,
     ) -> Result<Issued, StoreError> {
         let mut existing = vec![];
@@ -108,7 +109,7 @@ impl Sessions {
         }
         let hash = token_hash(&token);
         batch.kv_put(&key(&hash), &serde_json::to_vec(session).expect("session serializes"));
-        batch.kv_put(&device_key(session, &hash), &now_ms.to_be_bytes());
+        batch.kv_put(&device_key(session, &hash), &now_ms.0.to_be_bytes());
         Ok(Issued { token, hash, dropped })
     }
 
@@ -123,7 +124,7 @@ impl Sessions {
     }
 
     /// The live session of `token`, if any.
-    pub fn lookup(&self, token: &str, now: u64) -> Option<Session> {
+    pub fn lookup(&self, token: &str, now: UnixSecs) -> Option<Session> {
         let hash = token_hash(token);
         // A miss reads the store under the lock, so a session dropped
         // meanwhile (store, then cache) cannot come back into the cache.
@@ -162,7 +163,7 @@ impl Sessions {
 
     /// Removes every session expired at `now` from the store and the cache;
     /// returns how many were removed from the store.
-    pub fn sweep(&self, now: u64) -> Result<usize, StoreError> {
+    pub fn sweep(&self, now: UnixSecs) -> Result<usize, StoreError> {
         let mut batch = self.store.batch();
         let mut removed = 0;
         for kv in self.store.kv_scan_prefix(PREFIX) {
@@ -206,7 +207,7 @@ mod tests {
         Session { account_id: "a".repeat(32), device_id: device.into(), expires_at }
     }
 
-    fn issue(s: &Sessions, session: &Session, now_ms: u64, max: usize) -> Issued {
+    fn issue(s: &Sessions, session: &Session, now_ms: UnixMillis, max: usize) -> Issued {
         let mut batch = s.store.batch();
         let token = b64_encode(&rand::random::<[u8; 32]>());
         let issued = s.issue(&mut batch, session, token, now_ms, max).unwrap();
@@ -221,9 +222,9 @@ mod tests {
 
     #[test]
     fn a_session_expires_at_its_expires_at() {
-        assert!(!expired(&session("phone", 100), 99));
-        assert!(expired(&session("phone", 100), 100));
-        assert!(expired(&session("phone", 100), 101));
+        assert!(!expired(&session("phone", 100), UnixSecs(99)));
+        assert!(expired(&session("phone", 100), UnixSecs(100)));
+        assert!(expired(&session("phone", 100), UnixSecs(101)));
     }
 
     #[test]
@@ -239,8 +240,8 @@ mod tests {
     fn the_sweep_drops_expired_sessions_from_cache_and_store_by_the_injected_clock() {
         let s = Sessions::new(Store::temporary().unwrap());
         let clock = ManualClock::at_ms(1_000_000);
-        let short = issue(&s, &session("phone", clock.now() + 60), clock.now_ms(), 16);
-        let long = issue(&s, &session("laptop", clock.now() + 3600), clock.now_ms(), 16);
+        let short = issue(&s, &session("phone", clock.now().plus(60).0), clock.now_ms(), 16);
+        let long = issue(&s, &session("laptop", clock.now().plus(3600).0), clock.now_ms(), 16);
         assert_eq!(s.sweep(clock.now()).unwrap(), 0);
         assert_eq!((s.cached(), stored(&s, PREFIX), stored(&s, DEVICE_PREFIX.as_bytes())), (2, 2, 2));
 
@@ -255,24 +256,25 @@ mod tests {
     #[test]
     fn opening_one_more_than_the_cap_drops_the_devices_oldest_session() {
         let s = Sessions::new(Store::temporary().unwrap());
-        let tokens: Vec<Issued> = (0..3).map(|i| issue(&s, &session("phone", 10_000), 1000 + i, 2)).collect();
-        let other = issue(&s, &session("laptop", 10_000), 500, 2);
+        let tokens: Vec<Issued> =
+            (0..3).map(|i| issue(&s, &session("phone", 10_000), UnixMillis(1000 + i), 2)).collect();
+        let other = issue(&s, &session("laptop", 10_000), UnixMillis(500), 2);
         assert_eq!(tokens[2].dropped, vec![tokens[0].hash]);
-        assert_eq!(s.lookup(&tokens[0].token, 0), None, "the oldest is gone");
-        assert!(s.lookup(&tokens[1].token, 0).is_some());
-        assert!(s.lookup(&tokens[2].token, 0).is_some());
-        assert!(s.lookup(&other.token, 0).is_some(), "another device's sessions are not counted");
+        assert_eq!(s.lookup(&tokens[0].token, UnixSecs(0)), None, "the oldest is gone");
+        assert!(s.lookup(&tokens[1].token, UnixSecs(0)).is_some());
+        assert!(s.lookup(&tokens[2].token, UnixSecs(0)).is_some());
+        assert!(s.lookup(&other.token, UnixSecs(0)).is_some(), "another device's sessions are not counted");
         assert_eq!((stored(&s, PREFIX), stored(&s, DEVICE_PREFIX.as_bytes())), (3, 3));
     }
 
     #[test]
     fn a_revoked_devices_sessions_leave_cache_and_store() {
         let s = Sessions::new(Store::temporary().unwrap());
-        let phone = issue(&s, &session("phone", 10_000), 1, 16);
-        let laptop = issue(&s, &session("laptop", 10_000), 1, 16);
+        let phone = issue(&s, &session("phone", 10_000), UnixMillis(1), 16);
+        let laptop = issue(&s, &session("laptop", 10_000), UnixMillis(1), 16);
         s.forget_device(&"a".repeat(32), "phone").unwrap();
-        assert_eq!(s.lookup(&phone.token, 0), None);
-        assert!(s.lookup(&laptop.token, 0).is_some());
+        assert_eq!(s.lookup(&phone.token, UnixSecs(0)), None);
+        assert!(s.lookup(&laptop.token, UnixSecs(0)).is_some());
         assert_eq!((stored(&s, PREFIX), stored(&s, DEVICE_PREFIX.as_bytes())), (1, 1));
     }
 }

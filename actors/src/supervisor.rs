@@ -15,7 +15,7 @@ use crate::store::Store;
 use actix::prelude::*;
 use dashmap::DashMap;
 use relay_schemas::objects::Route;
-use relay_schemas::{DeliveryStatus, RelayError, Wire};
+use relay_schemas::{DeliveryStatus, RelayError, UnixMillis, Wire};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
@@ -54,7 +54,7 @@ struct Inner {
     lookups: Mutex<HashMap<String, Vec<oneshot::Sender<RouteLookup>>>>,
     /// Recent lookups that found no route (account → (until ms, result)),
     /// so a flood of unknown ids costs the peers one question per id.
-    misses: DashMap<String, (u64, RouteLookup)>,
+    misses: DashMap<String, (UnixMillis, RouteLookup)>,
 }
 
 /// How long a lookup that found no route is remembered: long enough that
@@ -215,7 +215,7 @@ impl Supervisor {
                     if self.inner.misses.len() >= MISS_ENTRIES {
                         self.inner.misses.clear();
                     }
-                    let until = self.clock().now_ms() + MISS_TTL_MS;
+                    let until = self.clock().now_ms().plus(MISS_TTL_MS);
                     self.inner.misses.insert(account_id.to_owned(), (until, miss.clone()));
                     miss
                 }
@@ -393,7 +393,7 @@ impl Supervisor {
     }
 
     /// Arms the timer of `stream`'s next attempt.
-    pub fn schedule(&self, stream: String, due_ms: u64) {
+    pub fn schedule(&self, stream: String, due_ms: UnixMillis) {
         delivery::Ports::schedule_to(self, stream, due_ms, Vec::new())
     }
 
@@ -448,7 +448,10 @@ impl delivery::Ports for Supervisor {
         let (sup, from) = (self.clone(), from.to_owned());
         let ReportOutcome { message_id, status, settlement } = outcome;
         Box::pin(async move {
-            match sup.ask(&from, AccountCmd::RecordDelivery { message_id, status, settlement }).await? {
+            match sup
+                .ask(&from, AccountCmd::RecordDelivery { message_id: message_id.into(), status, settlement })
+                .await?
+            {
                 Reply::Settled { status, head } => Ok(Recorded { status, head }),
                 other => Err(RelayError::internal(format!("unexpected reply {other:?}"))),
             }
@@ -461,7 +464,7 @@ impl delivery::Ports for Supervisor {
         Box::pin(async move { Supervisor::lookup_route(&sup, &account_id, fresh).await })
     }
 
-    fn schedule_to(&self, stream: String, due_ms: u64, destinations: Vec<String>) {
+    fn schedule_to(&self, stream: String, due_ms: UnixMillis, destinations: Vec<String>) {
         if let Some(s) = self.inner.scheduler.get() {
             s.do_send(Schedule { stream, due_ms, destinations });
         }
@@ -517,7 +520,7 @@ impl Drop for LookupGuard<'_> {
 #[rtype(result = "()")]
 struct Schedule {
     stream: String,
-    due_ms: u64,
+    due_ms: UnixMillis,
     destinations: Vec<String>,
 }
 
@@ -542,17 +545,17 @@ const NO_DESTINATION: &str = "";
 struct DueQueue {
     /// (due ms, delivery stream); a stream scheduled twice (a stale timer
     /// and its real due time) is woken twice and `step_due` sorts it out.
-    due: BTreeSet<(u64, String)>,
+    due: BTreeSet<(UnixMillis, String)>,
     /// Each waiting stream's due times and destinations.
-    waiting: HashMap<String, (Vec<u64>, Vec<String>)>,
+    waiting: HashMap<String, (Vec<UnixMillis>, Vec<String>)>,
     /// Destination relay → streams waiting for it.
     by_destination: HashMap<String, BTreeSet<String>>,
     /// When each destination last woke its streams (ms).
-    woken_at: HashMap<String, u64>,
+    woken_at: HashMap<String, UnixMillis>,
 }
 
 impl DueQueue {
-    fn insert(&mut self, due_ms: u64, stream: String, destinations: Vec<String>) {
+    fn insert(&mut self, due_ms: UnixMillis, stream: String, destinations: Vec<String>) {
         let mut destinations = destinations;
         if destinations.is_empty() {
             destinations.push(NO_DESTINATION.to_owned());
@@ -571,13 +574,13 @@ impl DueQueue {
     }
 
     /// The earliest due time, if any.
-    fn next(&self) -> Option<u64> {
+    fn next(&self) -> Option<UnixMillis> {
         self.due.first().map(|(due, _)| *due)
     }
 
     /// Removes and returns the streams due at `now_ms`, earliest first.
-    fn pop_due(&mut self, now_ms: u64) -> Vec<String> {
-        let later = self.due.split_off(&(now_ms.saturating_add(1), String::new()));
+    fn pop_due(&mut self, now_ms: UnixMillis) -> Vec<String> {
+        let later = self.due.split_off(&(now_ms.plus(1), String::new()));
         let due = std::mem::replace(&mut self.due, later);
         due.into_iter()
             .map(|(at, stream)| {
@@ -597,8 +600,8 @@ impl DueQueue {
     /// streams waiting for it or for no known destination, unless it woke
     /// some less than `min_interval_ms` ago (no request loop with a peer
     /// that keeps calling while its deliveries keep failing).
-    fn wake(&mut self, relay: &str, now_ms: u64, min_interval_ms: u64) -> Vec<String> {
-        if self.woken_at.get(relay).is_some_and(|at| now_ms < at.saturating_add(min_interval_ms)) {
+    fn wake(&mut self, relay: &str, now_ms: UnixMillis, min_interval_ms: u64) -> Vec<String> {
+        if self.woken_at.get(relay).is_some_and(|at| now_ms < at.plus(min_interval_ms)) {
             return Vec::new();
         }
         let mut streams: Vec<String> = [relay, NO_DESTINATION]
@@ -652,7 +655,7 @@ pub struct Scheduler {
     sup: Supervisor,
     queue: DueQueue,
     /// The armed timer and the due time it is armed for.
-    armed: Option<(u64, SpawnHandle)>,
+    armed: Option<(UnixMillis, SpawnHandle)>,
     /// Deliveries to start, and whether each was woken (not due).
     ready: std::collections::VecDeque<(String, bool)>,
     /// Whether a turn of starts is planned.
@@ -674,7 +677,7 @@ impl Scheduler {
             }
             None => {}
         }
-        let delay = next.saturating_sub(self.sup.clock().now_ms());
+        let delay = next.since(self.sup.clock().now_ms());
         let handle = ctx.run_later(Duration::from_millis(delay), |act, ctx| {
             act.armed = None;
             act.fire(ctx);
@@ -743,29 +746,30 @@ impl Handler<Armed> for Scheduler {
 #[cfg(test)]
 mod tests {
     use super::DueQueue;
+    use relay_schemas::UnixMillis as Ms;
 
     #[test]
     fn due_queue_pops_what_is_due_earliest_first_and_keeps_the_rest() {
         let mut q = DueQueue::default();
-        q.insert(3_000, "c".into(), vec![]);
-        q.insert(1_000, "a".into(), vec![]);
-        q.insert(2_000, "b".into(), vec![]);
-        q.insert(1_000, "a".into(), vec![]); // the same timer twice is one entry
-        assert_eq!(q.next(), Some(1_000));
-        assert_eq!(q.pop_due(999), Vec::<String>::new());
-        assert_eq!(q.pop_due(2_000), vec!["a".to_string(), "b".to_string()]);
-        assert_eq!(q.next(), Some(3_000));
-        assert_eq!(q.pop_due(u64::MAX - 1), vec!["c".to_string()]);
+        q.insert(Ms(3_000), "c".into(), vec![]);
+        q.insert(Ms(1_000), "a".into(), vec![]);
+        q.insert(Ms(2_000), "b".into(), vec![]);
+        q.insert(Ms(1_000), "a".into(), vec![]); // the same timer twice is one entry
+        assert_eq!(q.next(), Some(Ms(1_000)));
+        assert_eq!(q.pop_due(Ms(999)), Vec::<String>::new());
+        assert_eq!(q.pop_due(Ms(2_000)), vec!["a".to_string(), "b".to_string()]);
+        assert_eq!(q.next(), Some(Ms(3_000)));
+        assert_eq!(q.pop_due(Ms(u64::MAX - 1)), vec!["c".to_string()]);
         assert_eq!(q.next(), None);
     }
 
     #[test]
     fn a_stream_due_twice_is_woken_twice() {
         let mut q = DueQueue::default();
-        q.insert(1_000, "a".into(), vec![]);
-        q.insert(5_000, "a".into(), vec![]);
-        assert_eq!(q.pop_due(1_000), vec!["a".to_string()]);
-        assert_eq!(q.next(), Some(5_000));
+        q.insert(Ms(1_000), "a".into(), vec![]);
+        q.insert(Ms(5_000), "a".into(), vec![]);
+        assert_eq!(q.pop_due(Ms(1_000)), vec!["a".to_string()]);
+        assert_eq!(q.next(), Some(Ms(5_000)));
     }
 
     fn to(relay: &str) -> Vec<String> {
@@ -775,12 +779,12 @@ mod tests {
     #[test]
     fn a_destination_that_comes_back_wakes_only_its_own_and_unrouted_deliveries() {
         let mut q = DueQueue::default();
-        q.insert(60_000, "to-b".into(), to("relay-b"));
-        q.insert(60_000, "to-c".into(), to("relay-c"));
-        q.insert(90_000, "no-route".into(), vec![]);
-        assert_eq!(q.wake("relay-b", 1_000, 10_000), vec!["no-route".to_string(), "to-b".to_string()]);
+        q.insert(Ms(60_000), "to-b".into(), to("relay-b"));
+        q.insert(Ms(60_000), "to-c".into(), to("relay-c"));
+        q.insert(Ms(90_000), "no-route".into(), vec![]);
+        assert_eq!(q.wake("relay-b", Ms(1_000), 10_000), vec!["no-route".to_string(), "to-b".to_string()]);
         // Woken ones left the queue: their old timers do not fire again.
-        assert_eq!(q.pop_due(u64::MAX - 1), vec!["to-c".to_string()]);
+        assert_eq!(q.pop_due(Ms(u64::MAX - 1)), vec!["to-c".to_string()]);
         assert_eq!(q.next(), None);
     }
 
@@ -788,22 +792,22 @@ mod tests {
     fn a_destination_wakes_its_deliveries_at_most_once_per_interval() {
         let mut q = DueQueue::default();
         // A call while nothing waits does not use up the interval.
-        assert!(q.wake("relay-b", 500, 10_000).is_empty());
-        q.insert(60_000, "one".into(), to("relay-b"));
-        assert_eq!(q.wake("relay-b", 1_000, 10_000).len(), 1);
-        q.insert(60_000, "two".into(), to("relay-b"));
-        assert!(q.wake("relay-b", 10_999, 10_000).is_empty(), "within the interval");
-        assert_eq!(q.next(), Some(60_000), "still waiting for its slot");
-        assert_eq!(q.wake("relay-b", 11_000, 10_000), vec!["two".to_string()]);
+        assert!(q.wake("relay-b", Ms(500), 10_000).is_empty());
+        q.insert(Ms(60_000), "one".into(), to("relay-b"));
+        assert_eq!(q.wake("relay-b", Ms(1_000), 10_000).len(), 1);
+        q.insert(Ms(60_000), "two".into(), to("relay-b"));
+        assert!(q.wake("relay-b", Ms(10_999), 10_000).is_empty(), "within the interval");
+        assert_eq!(q.next(), Some(Ms(60_000)), "still waiting for its slot");
+        assert_eq!(q.wake("relay-b", Ms(11_000), 10_000), vec!["two".to_string()]);
     }
 
     #[test]
     fn a_rescheduled_delivery_waits_for_its_latest_destination_only() {
         let mut q = DueQueue::default();
-        q.insert(60_000, "m".into(), to("relay-b"));
-        q.insert(120_000, "m".into(), to("relay-c"));
-        assert!(q.wake("relay-b", 1_000, 0).is_empty());
-        assert_eq!(q.wake("relay-c", 1_000, 0), vec!["m".to_string()]);
+        q.insert(Ms(60_000), "m".into(), to("relay-b"));
+        q.insert(Ms(120_000), "m".into(), to("relay-c"));
+        assert!(q.wake("relay-b", Ms(1_000), 0).is_empty());
+        assert_eq!(q.wake("relay-c", Ms(1_000), 0), vec!["m".to_string()]);
         assert_eq!(q.next(), None);
     }
 }

@@ -157,7 +157,7 @@ mod tests {
     }
 
     fn new_event(event_type: &str, version: u32, data: Value) -> NewEvent {
-        NewEvent::new(event_type, version, 1000, &data).unwrap()
+        NewEvent::new(event_type, version, relay_schemas::UnixSecs(1000), &data).unwrap()
     }
 
     /// A delivery log as a v0 relay wrote it: every event at version 0, and
@@ -226,7 +226,7 @@ mod tests {
             state.apply(&delivery_event(&ev).unwrap());
         }
         assert_eq!(state.attempts, 2);
-        assert_eq!(state.next_due_ms, Some(1_300_000));
+        assert_eq!(state.next_due_ms, Some(relay_schemas::UnixMillis(1_300_000)));
         assert!(state.may_switch && state.refresh_route, "the last failure was a route error");
         assert_eq!(state.status().status, Status::Delivering);
         assert_eq!(state.target.as_ref().map(|t| t.revision), Some(1));
@@ -237,7 +237,7 @@ mod tests {
         let store = Store::temporary().unwrap();
         let event = DeliveryEvent::AttemptStarted { attempt: 3, targets: vec!["relay-b".into()], revision: 2 };
         let mut batch = store.batch();
-        let ne = NewEvent::new(event.event_type(), DeliveryEvent::VERSION, 1, &event).unwrap();
+        let ne = NewEvent::new(event.event_type(), DeliveryEvent::VERSION, relay_schemas::UnixSecs(1), &event).unwrap();
         batch.append("delivery/a/m", Head::default(), vec![ne]);
         store.commit_durable_blocking(batch).unwrap();
         let ev = store.read("delivery/a/m", 0).next().unwrap().unwrap();

@@ -9,7 +9,7 @@ use relay_actors::{ManualClock, Policy, Supervisor};
 use relay_schemas::client::{key_box, Account, Device};
 use relay_schemas::methods::{DeliverParams, RegisterParams, SendParams};
 use relay_schemas::objects::{RelayRef, Route};
-use relay_schemas::{DeliveryStatus, ErrorCode, RelayError, Status, Wire};
+use relay_schemas::{DeliveryStatus, ErrorCode, RelayError, Status, UnixSecs, Wire};
 use serde_json::json;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -129,7 +129,7 @@ async fn failed_attempts_are_rescheduled_on_the_timetable_from_acceptance() {
         .attempts(&mid)
         .iter()
         .map(|e| match e {
-            DeliveryEvent::AttemptFailed { next_due_ms, .. } => *next_due_ms - T0 * 1000,
+            DeliveryEvent::AttemptFailed { next_due_ms, .. } => next_due_ms.since(UnixSecs(T0).millis()),
             _ => unreachable!(),
         })
         .collect();

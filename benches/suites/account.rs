@@ -10,7 +10,7 @@ use relay_schemas::methods::{RegisterParams, SendParams};
 fn account(c: &mut Criterion) {
     let f = Fixture::new();
     let policy = Policy::with_relay_id("relay-a");
-    let ctx = Ctx::new(NOW, &policy);
+    let ctx = Ctx::new(relay_schemas::UnixSecs(NOW), &policy);
     let route = f.alice.route(1, &[("relay-a", "http://127.0.0.1:7801")], NOW);
     let reg = f.alice.register_params(&route, &f.alice.certificate(&f.phone, NOW, None), "relay-a", false, NOW);
     let reg: RegisterParams = serde_json::from_str(&reg.to_string()).unwrap();

@@ -14,7 +14,7 @@ use std::hint::black_box;
 
 fn validate(body: &str) {
     let p: DeliverParams = serde_json::from_str(body).unwrap();
-    let key = p.sender_device_certificate.check(NOW, 300).unwrap();
+    let key = p.sender_device_certificate.check(relay_schemas::UnixSecs(NOW), 300).unwrap();
     p.envelope.check_constraints(65536).unwrap();
     p.envelope.verify(Tag::Envelope, &key).unwrap();
 }

@@ -9,7 +9,7 @@ use relay_actors::delivery::timetable::{next_attempt_ms, slot_offset_ms};
 use relay_actors::delivery::{self, AttemptOutcome, NoPeers};
 use relay_actors::store::Store;
 use relay_actors::{Clock, Policy, Supervisor, SystemClock};
-use relay_schemas::{ErrorCode, RelayError};
+use relay_schemas::{ErrorCode, RelayError, UnixMillis, UnixSecs};
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,16 +18,17 @@ const N: usize = 100_000;
 const HOUR_MS: u64 = 3_600_000;
 
 /// Deliveries with an attempt in flight, and the outcome each one gets.
-type InFlight = (Vec<(DeliveryState, u32, u64)>, Vec<AttemptOutcome>);
+type InFlight = (Vec<(DeliveryState, u32, UnixMillis)>, Vec<AttemptOutcome>);
 
 /// Delivery `i`: accepted at `NOW + i % 3600` s with the default deadline,
 /// its attempt `1 + i % 4` (slots 0, 30 s, 5 min, 25 min) in flight and
 /// failing 250 ms after its slot; returns (state, attempt, failed at ms).
-fn in_flight(policy: &Policy, i: usize) -> (DeliveryState, u32, u64) {
-    let accepted_at = NOW + (i % 3600) as u64;
+fn in_flight(policy: &Policy, i: usize) -> (DeliveryState, u32, UnixMillis) {
+    let accepted_at = UnixSecs(NOW + (i % 3600) as u64);
     let attempt = 1 + (i % 4) as u32;
-    let failed_at_ms = accepted_at * 1000 + slot_offset_ms(policy, attempt as usize - 1) + 250;
-    let mut s = DeliveryState { accepted_at, deadline: accepted_at + policy.delivery_age_limit, ..Default::default() };
+    let failed_at_ms = accepted_at.millis().plus(slot_offset_ms(policy, attempt as usize - 1) + 250);
+    let deadline = accepted_at.plus(policy.delivery_age_limit);
+    let mut s = DeliveryState { accepted_at, deadline, ..Default::default() };
     s.apply(&DeliveryEvent::AttemptStarted { attempt, targets: vec!["relay-b".into()], revision: 1 });
     (s, attempt, failed_at_ms)
 }
@@ -43,13 +44,17 @@ fn failure(i: usize) -> AttemptOutcome {
 }
 
 /// Sum of the next due times `decide_outcome` picks (one per delivery).
-fn decide_all(states: &[(DeliveryState, u32, u64)], outcomes: Vec<AttemptOutcome>, policy: &Policy) -> (usize, u64) {
+fn decide_all(
+    states: &[(DeliveryState, u32, UnixMillis)],
+    outcomes: Vec<AttemptOutcome>,
+    policy: &Policy,
+) -> (usize, u64) {
     let (mut failed, mut sum) = (0, 0u64);
     for ((s, attempt, now_ms), outcome) in states.iter().zip(outcomes) {
         for e in decide_outcome(s, *attempt, outcome, *now_ms, policy) {
             if let DeliveryEvent::AttemptFailed { next_due_ms, .. } = e {
                 failed += 1;
-                sum = sum.wrapping_add(next_due_ms);
+                sum = sum.wrapping_add(next_due_ms.0);
             }
         }
     }
@@ -75,7 +80,7 @@ fn schedule_all(store: &Store, streams: &[String]) -> Duration {
     sys.block_on(async {
         sup.start().unwrap();
         sup.timers_armed().await;
-        let due = SystemClock.now_ms() + HOUR_MS;
+        let due = SystemClock.now_ms().plus(HOUR_MS);
         let t = Instant::now();
         for stream in streams {
             sup.schedule(stream, due);
@@ -89,10 +94,10 @@ fn schedule_all(store: &Store, streams: &[String]) -> Duration {
 fn due_index(streams: &[String]) -> (tempfile::TempDir, Store) {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path()).unwrap();
-    let due = SystemClock.now_ms() + HOUR_MS;
+    let due = SystemClock.now_ms().plus(HOUR_MS);
     let mut batch = store.batch();
     for (i, stream) in streams.iter().enumerate() {
-        batch.kv_put(&delivery::due_key(due + (i % 60_000) as u64, stream), b"");
+        batch.kv_put(&delivery::due_key(due.plus((i % 60_000) as u64), stream), b"");
     }
     store.commit_durable_blocking(batch).unwrap();
     (dir, store)
@@ -135,8 +140,9 @@ fn timetable(c: &mut Criterion) {
         let (states, _) = core.get_or_insert_with(deliveries);
         b.iter(|| {
             states.iter().fold(0u64, |sum, (s, _, now_ms)| {
-                let next = next_attempt_ms(&policy, s.accepted_at * 1000, *now_ms, 0, s.deadline * 1000);
-                sum.wrapping_add(black_box(next).unwrap_or(0))
+                let next =
+                    next_attempt_ms(&policy, s.accepted_at.millis(), *now_ms, UnixMillis(0), s.deadline.millis());
+                sum.wrapping_add(black_box(next).map_or(0, |n| n.0))
             })
         })
     });
@@ -170,7 +176,7 @@ fn timetable(c: &mut Criterion) {
             let sup = supervisor(store);
             sys.block_on(async {
                 sup.start().unwrap();
-                let due = SystemClock.now_ms() + HOUR_MS;
+                let due = SystemClock.now_ms().plus(HOUR_MS);
                 names.iter().for_each(|s| sup.schedule(s.clone(), due));
                 sup.timers_armed().await;
             });
@@ -179,7 +185,7 @@ fn timetable(c: &mut Criterion) {
         let stream = names[0].clone();
         b.iter_custom(|iters| {
             sys.block_on(async {
-                let due = SystemClock.now_ms() + HOUR_MS;
+                let due = SystemClock.now_ms().plus(HOUR_MS);
                 let t = Instant::now();
                 for _ in 0..iters {
                     sup.schedule(stream.clone(), due);

@@ -27,8 +27,10 @@ pub mod ijson;
 pub mod methods;
 pub mod objects;
 pub mod sign;
+pub mod units;
 mod verified;
 
 pub use error::{DeliveryHandling, ErrorCode, RelayError};
 pub use methods::{Caller, Method};
 pub use objects::{DeliveryStatus, Status, Wire};
+pub use units::{AccountId, MessageId, RelayId, UnixMillis, UnixSecs};

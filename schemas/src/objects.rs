@@ -8,7 +8,7 @@
 use crate::encoding::{b64_decode, b64_decoded_len};
 use crate::ids::{account_id_of, check_account_id, check_id, check_message_id, check_relay_id};
 use crate::sign::{parse_public_key, verify_object, Tag};
-use crate::{ErrorCode, RelayError};
+use crate::{ErrorCode, RelayError, UnixSecs};
 use ed25519_dalek::VerifyingKey;
 use serde::de::{DeserializeOwned, Error as _};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -114,11 +114,11 @@ fn check_validity_window(
     what: &str,
     issued_at: u64,
     expires_at: Option<u64>,
-    now: u64,
+    now: UnixSecs,
     tolerance: u64,
     code: ErrorCode,
 ) -> Result<(), RelayError> {
-    if issued_at > now.saturating_add(tolerance) {
+    if issued_at > now.plus(tolerance) {
         return Err(RelayError::new(code, format!("{what}: issued_at is in the future")));
     }
     if let Some(exp) = expires_at {
@@ -155,7 +155,7 @@ pub struct DeviceCertificate {
 impl Wire<DeviceCertificate> {
     /// Signature and identity binding; returns the device key. Whether the
     /// account lists this certificate is the account's business.
-    pub fn check(&self, now: u64, tolerance: u64) -> Result<VerifyingKey, RelayError> {
+    pub fn check(&self, now: UnixSecs, tolerance: u64) -> Result<VerifyingKey, RelayError> {
         let account_key = bound_account_key(&self.account_id, &self.account_key)?;
         check_id("device_id", &self.device_id)?;
         let device_key = parse_public_key("device_key", &self.device_key)?;
@@ -174,7 +174,7 @@ impl Wire<DeviceCertificate> {
         Ok(device_key)
     }
 
-    pub fn is_expired(&self, now: u64) -> bool {
+    pub fn is_expired(&self, now: UnixSecs) -> bool {
         self.expires_at.is_some_and(|e| e <= now)
     }
 }
@@ -213,7 +213,7 @@ pub struct Route {
 
 impl Wire<Route> {
     /// Signature, identity binding and shape; returns the account key.
-    pub fn check(&self, now: u64, tolerance: u64) -> Result<VerifyingKey, RelayError> {
+    pub fn check(&self, now: UnixSecs, tolerance: u64) -> Result<VerifyingKey, RelayError> {
         let key = bound_account_key(&self.account_id, &self.account_key)?;
         if !(1..=2).contains(&self.relays.len()) {
             return Err(invalid("route.relays: expected 1 or 2 relays"));
@@ -253,7 +253,7 @@ pub struct Registration {
 impl Wire<Registration> {
     /// Signed by the route's `account_key`, for this account and relay,
     /// issued within `tolerance` of `now` either way.
-    pub fn check(&self, route: &Wire<Route>, relay_id: &str, now: u64, tolerance: u64) -> Result<(), RelayError> {
+    pub fn check(&self, route: &Wire<Route>, relay_id: &str, now: UnixSecs, tolerance: u64) -> Result<(), RelayError> {
         let key = bound_account_key(&route.account_id, &route.account_key)?;
         if self.account_id != route.account_id {
             return Err(invalid("registration.account_id does not match the route"));
@@ -262,7 +262,7 @@ impl Wire<Registration> {
             return Err(invalid(format!("registration.relay_id must be this relay ({relay_id})")));
         }
         self.verify(Tag::Registration, &key)?;
-        if self.issued_at.abs_diff(now) > tolerance {
+        if self.issued_at.abs_diff(now.0) > tolerance {
             return Err(invalid("registration.issued_at is not within the clock tolerance of this relay"));
         }
         Ok(())
@@ -380,7 +380,7 @@ impl Authorization {
         sender: &str,
         recipient: &str,
         recipient_key: &VerifyingKey,
-        now: u64,
+        now: UnixSecs,
         tolerance: u64,
     ) -> Result<(), RelayError> {
         let forbid = |why: &str| RelayError::forbidden(format!("authorization: {why}"));

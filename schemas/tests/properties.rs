@@ -23,7 +23,7 @@ use relay_schemas::ids::{account_id_of, check_account_id, check_id, check_messag
 use relay_schemas::methods::*;
 use relay_schemas::objects::*;
 use relay_schemas::sign::{parse_public_key, sign_object, signed_bytes, verify_object, Tag};
-use relay_schemas::{ErrorCode, RelayError};
+use relay_schemas::{ErrorCode, RelayError, UnixSecs};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::{json, Map, Number, Value};
@@ -939,12 +939,12 @@ impl Made {
         match kind {
             Kind::Route => {
                 let w = wire::<Route>(text)?;
-                w.check(NOW, TOLERANCE)?;
+                w.check(UnixSecs(NOW), TOLERANCE)?;
                 Ok(typed(&w))
             }
             Kind::Certificate => {
                 let w = wire::<DeviceCertificate>(text)?;
-                w.check(NOW, TOLERANCE)?;
+                w.check(UnixSecs(NOW), TOLERANCE)?;
                 Ok(typed(&w))
             }
             Kind::Revocation => {
@@ -964,13 +964,13 @@ impl Made {
             Kind::Grant => {
                 let w = wire::<ContactGrant>(text)?;
                 let t = typed(&w);
-                Authorization::ContactGrant(w).check(&self.grantee(), &a.id, &ak, NOW, TOLERANCE)?;
+                Authorization::ContactGrant(w).check(&self.grantee(), &a.id, &ak, UnixSecs(NOW), TOLERANCE)?;
                 Ok(t)
             }
             Kind::Invite => {
                 let w = wire::<ContactInvite>(text)?;
                 let t = typed(&w);
-                Authorization::ContactInvite(w).check(&self.grantee(), &a.id, &ak, NOW, TOLERANCE)?;
+                Authorization::ContactInvite(w).check(&self.grantee(), &a.id, &ak, UnixSecs(NOW), TOLERANCE)?;
                 Ok(t)
             }
         }

@@ -23,6 +23,7 @@ use relay_actors::account::{AccountEvent, AccountState, Ledger};
 use relay_actors::delivery::{DeliveryEvent, DeliveryState};
 use relay_actors::store::{Store, StoreError, StoredEvent};
 use relay_actors::upcast;
+use relay_schemas::{UnixMillis, UnixSecs};
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, UNIX_EPOCH};
@@ -282,13 +283,13 @@ pub fn first_difference(left: &Value, right: &Value) -> Option<String> {
 }
 
 /// Unix seconds as RFC 3339 (UTC).
-pub fn fmt_secs(secs: u64) -> String {
-    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(secs)).to_string()
+pub fn fmt_secs(secs: UnixSecs) -> String {
+    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(secs.0)).to_string()
 }
 
 /// Unix milliseconds as RFC 3339 (UTC) with milliseconds.
-pub fn fmt_ms(ms: u64) -> String {
-    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+pub fn fmt_ms(ms: UnixMillis) -> String {
+    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms.0)).to_string()
 }
 
 /// `T` of `--since T`: unix seconds, or an RFC 3339 time.
@@ -329,6 +330,6 @@ mod tests {
         assert_eq!(parse_time("1700000000").unwrap(), 1_700_000_000);
         assert_eq!(parse_time("2023-11-14T22:13:20Z").unwrap(), 1_700_000_000);
         assert!(parse_time("yesterday").is_err());
-        assert_eq!(fmt_secs(1_700_000_000), "2023-11-14T22:13:20Z");
+        assert_eq!(fmt_secs(UnixSecs(1_700_000_000)), "2023-11-14T22:13:20Z");
     }
 }

@@ -25,7 +25,7 @@ use relay_actors::account::{AccountEvent, Record};
 use relay_actors::delivery::DeliveryEvent;
 use relay_actors::store::{Store, StoredEvent};
 use relay_actors::upcast;
-use relay_schemas::{DeliveryStatus, RelayError, Status};
+use relay_schemas::{AccountId, DeliveryStatus, RelayError, RelayId, Status, UnixMillis, UnixSecs};
 use serde::Serialize;
 use std::fmt::Write as _;
 
@@ -92,12 +92,12 @@ pub struct Acceptance {
 #[derive(Clone, Debug, Serialize)]
 pub struct Delivery {
     pub stream: String,
-    pub to: String,
-    pub accepted_at: u64,
-    pub deadline: u64,
+    pub to: AccountId,
+    pub accepted_at: UnixSecs,
+    pub deadline: UnixSecs,
     /// `blake3(JCS(message.deliver params))`, the params every attempt sends.
     pub deliver_params_digest: String,
-    pub first_due_ms: u64,
+    pub first_due_ms: UnixMillis,
     pub attempts: Vec<Attempt>,
     pub route_refreshes: Vec<RouteRefresh>,
     /// The delivery's terminal status, when it ended.
@@ -110,7 +110,7 @@ pub struct Attempt {
     /// Unix seconds the attempt was recorded (before the request went out).
     pub started_at: u64,
     /// Target relay ids (empty when no route was known).
-    pub targets: Vec<String>,
+    pub targets: Vec<RelayId>,
     pub route_revision: u64,
     pub outcome: AttemptOutcome,
     pub event: EventRef,
@@ -120,7 +120,14 @@ pub struct Attempt {
 #[serde(tag = "result", rename_all = "snake_case")]
 pub enum AttemptOutcome {
     /// The attempt did not deliver; another is due at `next_due_ms`.
-    Failed { at: u64, error: RelayError, next_due_ms: u64, may_switch: bool, refresh_route: bool, event: EventRef },
+    Failed {
+        at: u64,
+        error: RelayError,
+        next_due_ms: UnixMillis,
+        may_switch: bool,
+        refresh_route: bool,
+        event: EventRef,
+    },
     /// The attempt ended the delivery with `status`.
     Finished { at: u64, status: DeliveryStatus, event: EventRef },
     /// No outcome recorded: still in flight when the log ends (the relay
@@ -229,7 +236,7 @@ pub fn message_story(store: &Store, from: &str, message_id: &str, to: Option<&st
         if let Some(f) = &d.finished {
             story.final_status = Some(f.status.clone());
         }
-        story.to.get_or_insert_with(|| d.to.clone());
+        story.to.get_or_insert_with(|| d.to.to_string());
     }
     // 3. The recipient's account (if not the sender itself, already read).
     match story.to.clone() {
@@ -418,12 +425,12 @@ pub fn render_text(s: &Story) -> String {
     }
     if let Some(a) = &s.acceptance {
         let kind = if a.self_delivery { "accepted here (self-delivery)" } else { "accepted here" };
-        let _ = writeln!(o, "\n{kind}: {}  [{}]", fmt_secs(a.accepted_at), at(&a.event));
+        let _ = writeln!(o, "\n{kind}: {}  [{}]", fmt_secs(UnixSecs(a.accepted_at)), at(&a.event));
         if !a.self_delivery {
-            let _ = writeln!(o, "  deadline            {}", fmt_secs(a.deadline));
+            let _ = writeln!(o, "  deadline            {}", fmt_secs(UnixSecs(a.deadline)));
         }
         let _ = writeln!(o, "  send params digest  {}", a.send_params_digest);
-        let _ = writeln!(o, "  result kept until   {}", fmt_secs(a.retention_until));
+        let _ = writeln!(o, "  result kept until   {}", fmt_secs(UnixSecs(a.retention_until)));
     }
     if let Some(d) = &s.delivery {
         let _ = writeln!(o, "\ndelivery to {}  [{}]", d.to, d.stream);
@@ -438,7 +445,7 @@ pub fn render_text(s: &Story) -> String {
                 let _ = writeln!(
                     o,
                     "  {}  revision {}: {}  [seq {}]",
-                    fmt_secs(r.at),
+                    fmt_secs(UnixSecs(r.at)),
                     r.revision,
                     relays.join(", "),
                     r.event.seq
@@ -464,7 +471,7 @@ pub fn render_text(s: &Story) -> String {
                 o,
                 "  #{} {}  -> {}: {}  [seq {}]",
                 a.attempt,
-                fmt_secs(a.started_at),
+                fmt_secs(UnixSecs(a.started_at)),
                 targets,
                 outcome,
                 a.event.seq
@@ -476,7 +483,7 @@ pub fn render_text(s: &Story) -> String {
                 let _ = writeln!(
                     o,
                     "\ndelivery ended {}{by}: {}  [seq {}]",
-                    fmt_secs(f.at),
+                    fmt_secs(UnixSecs(f.at)),
                     status_text(&f.status),
                     f.event.seq
                 );
@@ -489,17 +496,22 @@ pub fn render_text(s: &Story) -> String {
     if !s.status_reports.is_empty() {
         let _ = writeln!(o, "\nstatus reported to the sender's account");
         for r in &s.status_reports {
-            let _ = writeln!(o, "  {}  {}  [{}]", fmt_secs(r.at), status_text(&r.status), at(&r.event));
+            let _ = writeln!(o, "  {}  {}  [{}]", fmt_secs(UnixSecs(r.at)), status_text(&r.status), at(&r.event));
         }
     }
     for r in &s.receipts {
-        let _ =
-            writeln!(o, "\nreceived here by account {}: {}  [{}]", r.account, fmt_secs(r.accepted_at), at(&r.event));
+        let _ = writeln!(
+            o,
+            "\nreceived here by account {}: {}  [{}]",
+            r.account,
+            fmt_secs(UnixSecs(r.accepted_at)),
+            at(&r.event)
+        );
         let _ = writeln!(o, "  deliver params digest {}", r.digest);
-        let _ = writeln!(o, "  result kept until     {}", fmt_secs(r.retention_until));
+        let _ = writeln!(o, "  result kept until     {}", fmt_secs(UnixSecs(r.retention_until)));
     }
     if let Some(st) = &s.final_status {
-        let _ = writeln!(o, "\nfinal status: {} (accepted_at {})", status_text(st), fmt_secs(st.accepted_at));
+        let _ = writeln!(o, "\nfinal status: {} (accepted_at {})", status_text(st), fmt_secs(UnixSecs(st.accepted_at)));
     }
     let _ = writeln!(o, "\ntimeline records created here ({})", s.timeline_records.len());
     for t in &s.timeline_records {
@@ -511,7 +523,7 @@ pub fn render_text(s: &Story) -> String {
             t.direction,
             t.boxes.join(", "),
             t.visible.join(", "),
-            fmt_secs(t.expires_at),
+            fmt_secs(UnixSecs(t.expires_at)),
             at(&t.event)
         );
     }

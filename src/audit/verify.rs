@@ -379,12 +379,12 @@ mod tests {
     use super::*;
     use relay_actors::account::{AccountEvent, AccountState, Ledger};
     use relay_actors::store::{Head, NewEvent, Snapshot};
-    use relay_schemas::DeliveryStatus;
+    use relay_schemas::{DeliveryStatus, UnixSecs};
     use serde_json::value::RawValue;
 
     fn cursor(through: u64) -> NewEvent {
         let e = AccountEvent::CursorMoved { device_id: "phone".into(), through };
-        NewEvent::new(e.event_type(), 1, 1, &e).unwrap()
+        NewEvent::new(e.event_type(), 1, UnixSecs(1), &e).unwrap()
     }
 
     fn raw(event_type: &str, data: &str) -> NewEvent {
@@ -474,7 +474,7 @@ mod tests {
     }
 
     fn new_event(e: &AccountEvent) -> NewEvent {
-        NewEvent::new(e.event_type(), 1, 1, e).unwrap()
+        NewEvent::new(e.event_type(), 1, UnixSecs(1), e).unwrap()
     }
 
     /// Account `a` with two sends, the first delivered, written as the actor

@@ -100,7 +100,7 @@ async fn relay_call(
         signature: header("Relay-Signature"),
     };
     let now = relay.supervisor().clock().now();
-    let peer = match relay.peer_keys().authenticate(&headers, &method, &body, now) {
+    let peer = match relay.peer_keys().authenticate(&headers, &method, &body, now.0) {
         Ok(peer) => peer,
         Err(e) => {
             let claimed = headers.relay_id.unwrap_or("");

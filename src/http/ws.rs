@@ -40,7 +40,7 @@ use futures_util::future::LocalBoxFuture;
 use relay_actors::account::{AccountCmd, Reply};
 use relay_actors::notify::{Attached, Push};
 use relay_actors::sessions;
-use relay_schemas::RelayError;
+use relay_schemas::{RelayError, UnixSecs};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
@@ -265,7 +265,7 @@ impl Connection {
     /// When the attached session expires (never while unattached).
     fn session_expiry(&self) -> Option<Instant> {
         let a = self.attachment.as_ref()?;
-        let left = a.session.expires_at.saturating_sub(self.relay.supervisor().clock().now());
+        let left = UnixSecs(a.session.expires_at).since(self.relay.supervisor().clock().now());
         Some(Instant::now() + Duration::from_secs(left))
     }
 

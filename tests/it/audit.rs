@@ -16,6 +16,7 @@ use common::schema::assert_valid;
 use common::wait::eventually;
 use relay_actors::store::{Head, NewEvent, Store};
 use relay_schemas::client::{key_box, Account, Device};
+use relay_schemas::{UnixMillis, UnixSecs};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -718,14 +719,14 @@ fn generate_a_large_log() {
                     let unavailable = || RelayError::unavailable("relay-a: cannot connect");
                     let delivery = [
                         DeliveryEvent::Accepted {
-                            from: account.id.clone(),
-                            message_id: message_id.clone(),
-                            to: to.clone(),
-                            accepted_at: at,
-                            deadline: at + 5400,
+                            from: account.id.clone().into(),
+                            message_id: message_id.clone().into(),
+                            to: to.clone().into(),
+                            accepted_at: UnixSecs(at),
+                            deadline: UnixSecs(at + 5400),
                             digest,
                             params: Box::new(deliver),
-                            first_due_ms: at * 1000,
+                            first_due_ms: UnixMillis(at * 1000),
                         },
                         DeliveryEvent::RouteRefreshed {
                             revision: 1,
@@ -738,7 +739,7 @@ fn generate_a_large_log() {
                         DeliveryEvent::AttemptFailed {
                             attempt: 1,
                             error: unavailable(),
-                            next_due_ms: at * 1000 + 30_000,
+                            next_due_ms: UnixMillis(at * 1000 + 30_000),
                             may_switch: true,
                             refresh_route: true,
                         },
@@ -746,7 +747,7 @@ fn generate_a_large_log() {
                         DeliveryEvent::AttemptFailed {
                             attempt: 2,
                             error: unavailable(),
-                            next_due_ms: at * 1000 + 300_000,
+                            next_due_ms: UnixMillis(at * 1000 + 300_000),
                             may_switch: true,
                             refresh_route: true,
                         },

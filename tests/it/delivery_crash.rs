@@ -24,7 +24,7 @@ fn deliveries(data_dir: &Path) -> BTreeMap<String, (u64, Vec<u32>)> {
         let (mut deadline, mut attempts) = (0, vec![]);
         for ev in store.read(&stream, 0) {
             match serde_json::from_str::<DeliveryEvent>(ev.unwrap().data.get()).unwrap() {
-                DeliveryEvent::Accepted { deadline: d, .. } => deadline = d,
+                DeliveryEvent::Accepted { deadline: d, .. } => deadline = d.0,
                 DeliveryEvent::AttemptStarted { attempt, .. } => attempts.push(attempt),
                 _ => {}
             }

@@ -1,17 +1,18 @@
 //! Injected time. Every rule that depends on time takes it from a [`Clock`],
 //! so tests drive deadlines and the retry timetable with a [`ManualClock`].
 
+use relay_schemas::{UnixMillis, UnixSecs};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 pub trait Clock: Send + Sync + 'static {
     /// Milliseconds since the Unix epoch.
-    fn now_ms(&self) -> u64;
+    fn now_ms(&self) -> UnixMillis;
 
     /// Unix seconds, the protocol's unit of time.
-    fn now(&self) -> u64 {
-        self.now_ms() / 1000
+    fn now(&self) -> UnixSecs {
+        self.now_ms().secs()
     }
 }
 
@@ -21,8 +22,8 @@ pub type SharedClock = Arc<dyn Clock>;
 pub struct SystemClock;
 
 impl Clock for SystemClock {
-    fn now_ms(&self) -> u64 {
-        SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    fn now_ms(&self) -> UnixMillis {
+        UnixMillis(SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0))
     }
 }
 
@@ -43,7 +44,7 @@ impl ManualClock {
 }
 
 impl Clock for ManualClock {
-    fn now_ms(&self) -> u64 {
-        self.0.load(Ordering::SeqCst)
+    fn now_ms(&self) -> UnixMillis {
+        UnixMillis(self.0.load(Ordering::SeqCst))
     }
 }

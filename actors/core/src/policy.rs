@@ -2,11 +2,13 @@
 //! binary builds one from its configuration (`[relay]`, `[limits]`,
 //! `[delivery]`, `[sessions]`).
 
+use relay_schemas::RelayId;
+
 #[derive(Clone, Debug)]
 pub struct Policy {
     /// This relay's `relay_id`; a route must list it for the relay to serve
     /// the account.
-    pub relay_id: String,
+    pub relay_id: RelayId,
     /// Seconds a `created_at` or `issued_at` may lie in the future.
     pub clock_tolerance: u64,
     /// Seconds after `created_at` a message may still be accepted.
@@ -48,7 +50,7 @@ pub struct Policy {
 
 impl Policy {
     /// The protocol's defaults (PROTOCOL §6, §7).
-    pub fn with_relay_id(relay_id: impl Into<String>) -> Self {
+    pub fn with_relay_id(relay_id: impl Into<RelayId>) -> Self {
         Policy {
             relay_id: relay_id.into(),
             clock_tolerance: 5 * 60,

@@ -18,7 +18,7 @@ use crate::policy::Policy;
 use crate::sessions::Session;
 use crate::store::{Batch, Head, NewEvent, Snapshot, StoreError, Ticket};
 use actix::prelude::*;
-use relay_schemas::{DeliveryStatus, RelayError};
+use relay_schemas::{DeliveryStatus, RelayError, UnixMillis};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -102,7 +102,7 @@ pub struct AccountActor {
     last_ticket: Option<Ticket>,
     /// Outstanding session challenges (memory only).
     challenges: Challenges,
-    last_active_ms: u64,
+    last_active_ms: UnixMillis,
     /// Replies still waiting for durability; the actor is not passivated
     /// while any is pending.
     pending: Arc<AtomicUsize>,
@@ -409,7 +409,7 @@ impl AccountActor {
         };
         self.env.metrics.deliveries_in_flight.inc();
         let ticket = self.last_ticket.ok_or_else(|| RelayError::internal("acceptance without a commit"))?;
-        let status = DeliveryStatus::delivering(state.accepted_at);
+        let status = DeliveryStatus::delivering(state.accepted_at.0);
         let start = delivery::actor::Start { stream, head, state, indexed_due_ms: due, ticket };
         Ok(Reply::Accepted { status, start: Box::new(start) })
     }
@@ -440,9 +440,9 @@ impl AccountActor {
 
     fn maybe_passivate(&mut self, ctx: &mut Context<Self>) {
         let now_ms = self.env.clock.now_ms();
-        let idle = now_ms.saturating_sub(self.last_active_ms);
+        let idle = now_ms.since(self.last_active_ms);
         // Outstanding challenges live only here: keep the actor until they expire.
-        self.challenges.expire(now_ms / 1000);
+        self.challenges.expire(now_ms.secs());
         // A resident but quiet actor keeps no spare buffers.
         self.outbox.shrink_to_fit();
         if idle >= self.env.policy.passivate_after_ms && self.challenges.is_empty() {
@@ -509,7 +509,7 @@ impl AccountActor {
                 continue;
             }
             sink.offer(crate::push::PushJob {
-                account_id: account.clone(),
+                account_id: account.to_string(),
                 device_id,
                 sequence,
                 subscription,

@@ -13,7 +13,7 @@ use crate::metrics::DestinationLabels;
 use crate::store::{Batch, Head, NewEvent, StoreError, Ticket};
 use actix::prelude::*;
 use relay_schemas::objects::Route;
-use relay_schemas::{DeliveryStatus, RelayError, Wire};
+use relay_schemas::{DeliveryStatus, RelayError, UnixMillis, Wire};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::oneshot;
@@ -30,7 +30,7 @@ pub struct Start {
     /// The delivery stream's head after the acceptance.
     pub head: Head,
     pub state: DeliveryState,
-    pub indexed_due_ms: u64,
+    pub indexed_due_ms: UnixMillis,
     /// The acceptance's commit: an attempt leaves only once it is durable.
     pub ticket: Ticket,
 }
@@ -42,7 +42,7 @@ pub struct DeliveryActor {
     head: Head,
     state: DeliveryState,
     /// The due-index entry currently stored for this delivery.
-    indexed_due_ms: Option<u64>,
+    indexed_due_ms: Option<UnixMillis>,
     last_ticket: Option<Ticket>,
     watchers: Vec<oneshot::Sender<DeliveryStatus>>,
     /// Started because its destination came back, not because it is due.
@@ -154,7 +154,7 @@ impl DeliveryActor {
     /// One line per delivery at its end: INFO when accepted, WARN when failed.
     fn log_finished(&self, status: &DeliveryStatus) {
         let s = &self.state;
-        let elapsed_s = self.env.clock.now().saturating_sub(s.accepted_at);
+        let elapsed_s = self.env.clock.now().since(s.accepted_at);
         let ids = super::Ids { from: &s.from, message_id: &s.message_id, to: &s.to };
         super::finished(&self.env.metrics, ids, &self.target_ids(), s.attempts, elapsed_s, status);
     }
@@ -180,7 +180,7 @@ impl DeliveryActor {
     /// the index, which still holds this delivery.
     fn retry_later(&mut self, ctx: &mut Context<Self>, why: &RelayError) {
         tracing::warn!(stream = %self.stream, error = %why, "delivery step failed; retrying later");
-        self.stop_until(self.env.clock.now_ms() + 1000, ctx);
+        self.stop_until(self.env.clock.now_ms().plus(1000), ctx);
     }
 
     /// Stops; the scheduler starts the delivery again at `due_ms`. This
@@ -188,7 +188,7 @@ impl DeliveryActor {
     /// the scheduler's thread before this one has stopped (the first
     /// attempt's actor runs on the thread that accepted the send), and must then start
     /// a new actor, not find this stopping one and be dropped.
-    fn stop_until(&mut self, due_ms: u64, ctx: &mut Context<Self>) {
+    fn stop_until(&mut self, due_ms: UnixMillis, ctx: &mut Context<Self>) {
         self.ports.stopping(&self.stream, &ctx.address());
         self.ports.schedule_to(self.stream.clone(), due_ms, self.destinations());
         self.tell_watchers();

@@ -18,7 +18,7 @@ use crate::policy::Policy;
 use crate::routes::RouteBook;
 use crate::store::{Head, NewEvent, Store};
 use relay_schemas::methods::DeliverParams;
-use relay_schemas::{DeliveryStatus, RelayError};
+use relay_schemas::{DeliveryStatus, MessageId, RelayError, UnixMillis, UnixSecs};
 use std::sync::Arc;
 use tokio::sync::Semaphore;
 
@@ -56,7 +56,7 @@ pub trait Ports: Send + Sync + 'static {
     /// Arms the timer of `stream`'s next attempt at `destinations` (relay
     /// ids; empty when no route is known): a destination heard from again
     /// makes it due at once.
-    fn schedule_to(&self, stream: String, due_ms: u64, destinations: Vec<String>);
+    fn schedule_to(&self, stream: String, due_ms: UnixMillis, destinations: Vec<String>);
     /// Actor `addr` of `stream` is stopping: the next start of `stream`
     /// gets a new actor (it reads what this one wrote).
     fn stopping(&self, stream: &str, addr: &actix::Addr<DeliveryActor>);
@@ -74,7 +74,7 @@ pub trait Ports: Send + Sync + 'static {
 /// index removal go in the same commit.
 #[derive(Debug)]
 pub struct ReportOutcome {
-    pub message_id: String,
+    pub message_id: MessageId,
     pub status: DeliveryStatus,
     pub settlement: Option<Settlement>,
 }
@@ -99,7 +99,7 @@ pub struct Settlement {
 }
 
 /// A delivery event as the store writes it.
-pub fn encode(event: &DeliveryEvent, at: u64) -> Result<NewEvent, serde_json::Error> {
+pub fn encode(event: &DeliveryEvent, at: UnixSecs) -> Result<NewEvent, serde_json::Error> {
     NewEvent::new(event.event_type(), DeliveryEvent::VERSION, at, event)
 }
 
@@ -153,13 +153,13 @@ pub fn stream_id(from: &str, message_id: &str) -> String {
 /// sender's account), so a restart re-arms exactly these timers.
 pub const DUE_PREFIX: &[u8] = b"due/";
 
-pub fn due_key(due_ms: u64, stream: &str) -> Vec<u8> {
-    [DUE_PREFIX, &due_ms.to_be_bytes(), stream.as_bytes()].concat()
+pub fn due_key(due: UnixMillis, stream: &str) -> Vec<u8> {
+    [DUE_PREFIX, &due.0.to_be_bytes(), stream.as_bytes()].concat()
 }
 
-pub fn parse_due_key(key: &[u8]) -> Option<(u64, String)> {
+pub fn parse_due_key(key: &[u8]) -> Option<(UnixMillis, String)> {
     let rest = key.strip_prefix(DUE_PREFIX)?;
-    let due = u64::from_be_bytes(rest.get(..8)?.try_into().ok()?);
+    let due = UnixMillis(u64::from_be_bytes(rest.get(..8)?.try_into().ok()?));
     let stream = std::str::from_utf8(&rest[8..]).ok()?.to_owned();
     Some((due, stream))
 }

@@ -58,6 +58,7 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
+use relay_schemas::UnixSecs;
 use serde_json::value::RawValue;
 
 pub use engine::{Engine, KvIter, Write};
@@ -128,10 +129,11 @@ impl NewEvent {
     pub fn new<T: serde::Serialize + ?Sized>(
         event_type: &str,
         version: u32,
-        at: u64,
+        at: UnixSecs,
         data: &T,
     ) -> Result<NewEvent, serde_json::Error> {
-        Ok(NewEvent { event_type: event_type.into(), version, at, data: serde_json::value::to_raw_value(data)? })
+        let data = serde_json::value::to_raw_value(data)?;
+        Ok(NewEvent { event_type: event_type.into(), version, at: at.0, data })
     }
 }
 

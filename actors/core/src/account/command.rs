@@ -19,7 +19,7 @@ use crate::delivery::AttemptOutcome;
 use relay_schemas::encoding::b64_encode;
 use relay_schemas::methods::*;
 use relay_schemas::objects::Route;
-use relay_schemas::{DeliveryStatus, ErrorCode, RelayError, Wire};
+use relay_schemas::{DeliveryStatus, ErrorCode, RelayError, UnixSecs, Wire};
 
 /// Every command an account takes. `device` is the session's device, taken
 /// from the authenticated session, never from params. A command that
@@ -427,8 +427,8 @@ fn accept(
 ) -> Decision {
     let Acceptance { event, status, deliver, deliver_digest, deadline } = a;
     let message_id = deliver.envelope.message_id.clone();
-    let times = (status.accepted_at, deadline);
-    let begun = decide_acceptance(deliver, deliver_digest, times, route, first, ctx.now * 1000, ctx.policy);
+    let times = (UnixSecs(status.accepted_at), UnixSecs(deadline));
+    let begun = decide_acceptance(deliver, deliver_digest, times, route, first, ctx.now.millis(), ctx.policy);
     let mut events = vec![decide::restamp(state, event)];
     if let Some(done) = &begun.state.finished {
         events.push(AccountEvent::DeliveryUpdated { message_id, status: done.clone() });

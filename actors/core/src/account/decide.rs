@@ -15,12 +15,12 @@ use relay_schemas::objects::{
     check_boxes, Authorization, DeviceCertificate, DeviceRevocation, KeyBox, MessageEnvelope, Route,
 };
 use relay_schemas::sign::Tag;
-use relay_schemas::{DeliveryStatus, ErrorCode, RelayError, Wire};
+use relay_schemas::{DeliveryStatus, ErrorCode, RelayError, UnixSecs, Wire};
 
 /// The time, policy and randomness a decision is made under.
 #[derive(Clone, Copy)]
 pub struct Ctx<'a> {
-    pub now: u64,
+    pub now: UnixSecs,
     pub policy: &'a Policy,
     /// Fresh random bytes, for the commands that draw any (a session
     /// challenge, a session token).
@@ -29,7 +29,7 @@ pub struct Ctx<'a> {
 
 impl<'a> Ctx<'a> {
     /// For decisions that draw no randomness.
-    pub fn new(now: u64, policy: &'a Policy) -> Self {
+    pub fn new(now: UnixSecs, policy: &'a Policy) -> Self {
         Ctx { now, policy, random: [0; 32] }
     }
 }
@@ -72,7 +72,7 @@ pub fn check_session(state: &AccountState, device_id: &str, ctx: Ctx) -> Result<
 /// `created_at` against this relay's clock tolerance and age limit
 /// (receiving rule 3; the source applies its own policy the same way).
 fn check_created_at(envelope: &MessageEnvelope, ctx: Ctx) -> Result<(), RelayError> {
-    if envelope.created_at > ctx.now.saturating_add(ctx.policy.clock_tolerance) {
+    if envelope.created_at > ctx.now.plus(ctx.policy.clock_tolerance) {
         return Err(RelayError::new(ErrorCode::ClockSkew, "envelope.created_at is beyond clock tolerance"));
     }
     if envelope.created_at.saturating_add(ctx.policy.delivery_age_limit) <= ctx.now {
@@ -83,7 +83,7 @@ fn check_created_at(envelope: &MessageEnvelope, ctx: Ctx) -> Result<(), RelayErr
 
 /// Devices named in `boxes` that are valid now: the record's visible set,
 /// fixed at acceptance.
-fn visible_devices(state: &AccountState, boxes: &[Wire<KeyBox>], now: u64) -> Vec<String> {
+fn visible_devices(state: &AccountState, boxes: &[Wire<KeyBox>], now: UnixSecs) -> Vec<String> {
     boxes.iter().filter(|b| state.device_valid(&b.device_id, now)).map(|b| b.device_id.clone()).collect()
 }
 
@@ -106,7 +106,7 @@ fn record(
 /// Idempotency lookup shared by sends and receipts: `Some(accepted_at)` for
 /// the same content, `state_conflict` for different content,
 /// `message_expired` once the promised retention has passed.
-fn idempotent(digest: &str, stored_digest: &str, retention_until: u64, now: u64) -> Result<(), RelayError> {
+fn idempotent(digest: &str, stored_digest: &str, retention_until: u64, now: UnixSecs) -> Result<(), RelayError> {
     retained(retention_until, now)?;
     if stored_digest != digest {
         return Err(RelayError::state_conflict("message_id already used with different content"));
@@ -115,7 +115,7 @@ fn idempotent(digest: &str, stored_digest: &str, retention_until: u64, now: u64)
 }
 
 /// A result is kept at least until `retention_until`, that second included.
-fn retained(retention_until: u64, now: u64) -> Result<(), RelayError> {
+fn retained(retention_until: u64, now: UnixSecs) -> Result<(), RelayError> {
     if retention_until < now {
         return Err(RelayError::new(ErrorCode::MessageExpired, "result retention has ended"));
     }
@@ -135,7 +135,7 @@ pub fn may_ask_peer_status(state: &AccountState, peer: &str) -> Result<(), Relay
 
 /// `message.delivery.status`: the ledger's result while it is retained
 /// (the same retention an idempotent retry is answered within).
-pub fn delivery_status(entry: Option<&SendEntry>, now: u64) -> Result<DeliveryStatus, RelayError> {
+pub fn delivery_status(entry: Option<&SendEntry>, now: UnixSecs) -> Result<DeliveryStatus, RelayError> {
     let entry = entry.ok_or_else(|| RelayError::not_found("unknown message"))?;
     retained(entry.retention_until, now)?;
     Ok(entry.status.clone())
@@ -359,7 +359,8 @@ pub fn send(
     env.verify(Tag::Envelope, device_key)?;
     check_created_at(env, ctx)?;
 
-    let accepted_at = ctx.now;
+    // Events and statuses carry the protocol's plain seconds.
+    let accepted_at = ctx.now.0;
     let retention_until = accepted_at + ctx.policy.message_retention;
     if env.to == state.account_id {
         // Self-delivery: receiving rules for our own account; no authorization.
@@ -467,7 +468,8 @@ pub fn receive(
     if visible.is_empty() {
         return Err(RelayError::device_unknown("no recipient box names a valid device"));
     }
-    let accepted_at = ctx.now;
+    // Events and statuses carry the protocol's plain seconds.
+    let accepted_at = ctx.now.0;
     let retention_until = accepted_at + ctx.policy.message_retention;
     let event = AccountEvent::MessageReceived {
         from: env.from.clone(),
@@ -663,7 +665,7 @@ pub fn push_targets<'a>(
     visible: &[String],
     sender_device: Option<&str>,
     connected: impl Fn(&str) -> bool,
-    now: u64,
+    now: UnixSecs,
 ) -> Vec<(&'a str, &'a PushSubscription)> {
     state
         .push
@@ -696,8 +698,8 @@ mod tests {
 
     #[test]
     fn delivery_status_answers_until_retention_ends_that_second_included() {
-        assert_eq!(delivery_status(Some(&entry(100)), 100).unwrap(), DeliveryStatus::target_accepted(10));
-        assert_eq!(delivery_status(Some(&entry(100)), 101).unwrap_err().code, ErrorCode::MessageExpired);
-        assert_eq!(delivery_status(None, 0).unwrap_err().code, ErrorCode::NotFound);
+        assert_eq!(delivery_status(Some(&entry(100)), UnixSecs(100)).unwrap(), DeliveryStatus::target_accepted(10));
+        assert_eq!(delivery_status(Some(&entry(100)), UnixSecs(101)).unwrap_err().code, ErrorCode::MessageExpired);
+        assert_eq!(delivery_status(None, UnixSecs(0)).unwrap_err().code, ErrorCode::NotFound);
     }
 }

@@ -8,7 +8,7 @@ use super::state::AccountState;
 use relay_schemas::encoding::b64_encode;
 use relay_schemas::methods::{ChallengeResult, SessionOpenParams};
 use relay_schemas::sign::{verify_bytes, SessionProof};
-use relay_schemas::RelayError;
+use relay_schemas::{RelayError, UnixSecs};
 use std::collections::HashMap;
 use subtle::ConstantTimeEq;
 
@@ -46,7 +46,7 @@ impl Challenges {
             return Err(RelayError::device_unknown("unknown or revoked device"));
         }
         let challenge = b64_encode(&random);
-        let expires_at = ctx.now + ctx.policy.challenge_ttl;
+        let expires_at = ctx.now.plus(ctx.policy.challenge_ttl).0;
         let list = self.by_device.entry(device_id.to_owned()).or_default();
         list.retain(|(_, exp)| *exp > ctx.now);
         if list.len() >= PER_DEVICE {
@@ -83,12 +83,12 @@ impl Challenges {
         Ok(Grant {
             account_id: p.account_id.clone(),
             device_id: p.device_id.clone(),
-            expires_at: ctx.now + ctx.policy.session_ttl,
+            expires_at: ctx.now.plus(ctx.policy.session_ttl).0,
         })
     }
 
     /// Forgets expired challenges; `now` in seconds.
-    pub fn expire(&mut self, now: u64) {
+    pub fn expire(&mut self, now: UnixSecs) {
         self.by_device.retain(|_, list| {
             list.retain(|(_, exp)| *exp > now);
             !list.is_empty()
@@ -134,7 +134,7 @@ mod tests {
         let p = serde_json::from_str(&params.to_string()).unwrap();
         let policy = policy();
         let mut state = AccountState::new(&a.id);
-        for e in decide::register(&state, &p, "digest", None, Ctx::new(NOW, &policy)).unwrap() {
+        for e in decide::register(&state, &p, "digest", None, Ctx::new(UnixSecs(NOW), &policy)).unwrap() {
             state.apply(&e);
         }
         state
@@ -153,7 +153,7 @@ mod tests {
     #[test]
     fn a_challenge_is_refused_for_an_unregistered_account_or_an_unknown_device() {
         let policy = policy();
-        let ctx = Ctx::new(NOW, &policy);
+        let ctx = Ctx::new(UnixSecs(NOW), &policy);
         let mut c = Challenges::default();
         let unregistered = AccountState::new(alice().id);
         assert_eq!(code(c.issue(&unregistered, "phone", [1; 32], ctx)), ErrorCode::NotFound);
@@ -164,7 +164,7 @@ mod tests {
     #[test]
     fn a_signed_challenge_opens_a_session_once_until_the_session_ttl() {
         let (policy, state) = (policy(), registered());
-        let ctx = Ctx::new(NOW, &policy);
+        let ctx = Ctx::new(UnixSecs(NOW), &policy);
         let mut c = Challenges::default();
         let issued = c.issue(&state, "phone", [7; 32], ctx).unwrap();
         assert_eq!(issued.expires_at, NOW + policy.challenge_ttl);
@@ -180,7 +180,7 @@ mod tests {
     #[test]
     fn a_challenge_signed_by_another_key_or_for_another_relay_opens_nothing_and_stays() {
         let (policy, state) = (policy(), registered());
-        let ctx = Ctx::new(NOW, &policy);
+        let ctx = Ctx::new(UnixSecs(NOW), &policy);
         let mut c = Challenges::default();
         let issued = c.issue(&state, "phone", [7; 32], ctx).unwrap();
         let stranger = Device::from_seed("phone", [99; 32]);
@@ -199,19 +199,19 @@ mod tests {
     fn an_expired_challenge_opens_nothing_and_is_forgotten() {
         let (policy, state) = (policy(), registered());
         let mut c = Challenges::default();
-        let issued = c.issue(&state, "phone", [7; 32], Ctx::new(NOW, &policy)).unwrap();
-        let later = Ctx::new(issued.expires_at, &policy);
+        let issued = c.issue(&state, "phone", [7; 32], Ctx::new(UnixSecs(NOW), &policy)).unwrap();
+        let later = Ctx::new(UnixSecs(issued.expires_at), &policy);
         let p = open_params(&issued.challenge, &phone(), RELAY);
         assert_eq!(code(c.answer(&state, &p, later)), ErrorCode::Unauthorized);
         assert!(!c.is_empty());
-        c.expire(issued.expires_at);
+        c.expire(UnixSecs(issued.expires_at));
         assert!(c.is_empty(), "the actor may passivate now");
     }
 
     #[test]
     fn a_device_keeps_only_its_latest_challenges() {
         let (policy, state) = (policy(), registered());
-        let ctx = Ctx::new(NOW, &policy);
+        let ctx = Ctx::new(UnixSecs(NOW), &policy);
         let mut c = Challenges::default();
         let issued: Vec<_> = (0..=PER_DEVICE as u8).map(|i| c.issue(&state, "phone", [i; 32], ctx).unwrap()).collect();
         let oldest = open_params(&issued[0].challenge, &phone(), RELAY);

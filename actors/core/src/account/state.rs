@@ -5,7 +5,7 @@ use super::events::{AccountEvent, PushSubscription};
 use ed25519_dalek::VerifyingKey;
 use relay_schemas::objects::{DeviceCertificate, DeviceRevocation, Route};
 use relay_schemas::sign::parse_public_key;
-use relay_schemas::Wire;
+use relay_schemas::{AccountId, UnixSecs, Wire};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -109,7 +109,7 @@ impl<'de, V: Deserialize<'de>> Deserialize<'de> for SmallMap<V> {
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct AccountState {
-    pub account_id: String,
+    pub account_id: AccountId,
     pub route: Option<Wire<Route>>,
     pub register_digest: String,
     pub devices: SmallMap<Device>,
@@ -135,7 +135,7 @@ pub fn contact_key(kind: &str, id: &str) -> String {
 }
 
 impl AccountState {
-    pub fn new(account_id: impl Into<String>) -> Self {
+    pub fn new(account_id: impl Into<AccountId>) -> Self {
         AccountState { account_id: account_id.into(), ..Default::default() }
     }
 
@@ -153,7 +153,7 @@ impl AccountState {
 
     /// A device is valid when its certificate is on file, unrevoked and
     /// unexpired.
-    pub fn device_key(&self, device_id: &str, now: u64) -> Option<&VerifyingKey> {
+    pub fn device_key(&self, device_id: &str, now: UnixSecs) -> Option<&VerifyingKey> {
         let device = self.devices.get(device_id)?;
         if self.revocations.contains_key(device_id) || device.certificate.is_expired(now) {
             return None;
@@ -169,7 +169,7 @@ impl AccountState {
         self.devices.values().map(|d| &d.certificate)
     }
 
-    pub fn device_valid(&self, device_id: &str, now: u64) -> bool {
+    pub fn device_valid(&self, device_id: &str, now: UnixSecs) -> bool {
         self.device_key(device_id, now).is_some()
     }
 

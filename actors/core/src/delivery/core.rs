@@ -7,6 +7,7 @@ use super::timetable::next_attempt_ms;
 use crate::policy::Policy;
 use relay_schemas::methods::DeliverParams;
 use relay_schemas::objects::{RelayRef, Route};
+use relay_schemas::{AccountId, MessageId, RelayId, UnixMillis, UnixSecs};
 use relay_schemas::{DeliveryHandling, DeliveryStatus, ErrorCode, RelayError, Status, Wire};
 use serde::{Deserialize, Serialize};
 
@@ -16,14 +17,14 @@ pub enum DeliveryEvent {
     /// Written with the sender's acceptance, in the same batch. The
     /// deadline and params are fixed here and never change.
     Accepted {
-        from: String,
-        message_id: String,
-        to: String,
-        accepted_at: u64,
-        deadline: u64,
+        from: AccountId,
+        message_id: MessageId,
+        to: AccountId,
+        accepted_at: UnixSecs,
+        deadline: UnixSecs,
         digest: String,
         params: Box<DeliverParams>,
-        first_due_ms: u64,
+        first_due_ms: UnixMillis,
     },
     /// The delivery targets the relays of this route revision from now on.
     RouteRefreshed {
@@ -33,7 +34,7 @@ pub enum DeliveryEvent {
     /// An attempt at `targets` (relay ids; empty when no route was known).
     AttemptStarted {
         attempt: u32,
-        targets: Vec<String>,
+        targets: Vec<RelayId>,
         revision: u64,
     },
     /// The attempt did not deliver; the next one is due at `next_due_ms`.
@@ -43,7 +44,7 @@ pub enum DeliveryEvent {
     AttemptFailed {
         attempt: u32,
         error: RelayError,
-        next_due_ms: u64,
+        next_due_ms: UnixMillis,
         may_switch: bool,
         refresh_route: bool,
     },
@@ -81,18 +82,18 @@ pub struct Target {
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct DeliveryState {
-    pub from: String,
-    pub message_id: String,
-    pub to: String,
-    pub accepted_at: u64,
-    pub deadline: u64,
+    pub from: AccountId,
+    pub message_id: MessageId,
+    pub to: AccountId,
+    pub accepted_at: UnixSecs,
+    pub deadline: UnixSecs,
     pub digest: String,
     pub params: Option<DeliverParams>,
     pub attempts: u32,
     pub target: Option<Target>,
     /// The attempt started and not yet answered, if any.
     pub in_flight: Option<u32>,
-    pub next_due_ms: Option<u64>,
+    pub next_due_ms: Option<UnixMillis>,
     pub may_switch: bool,
     pub refresh_route: bool,
     pub finished: Option<DeliveryStatus>,
@@ -133,17 +134,17 @@ impl DeliveryState {
     }
 
     pub fn status(&self) -> DeliveryStatus {
-        self.finished.clone().unwrap_or_else(|| DeliveryStatus::delivering(self.accepted_at))
+        self.finished.clone().unwrap_or_else(|| DeliveryStatus::delivering(self.accepted_at.0))
     }
 
-    fn deadline_ms(&self) -> u64 {
-        self.deadline.saturating_mul(1000)
+    fn deadline_ms(&self) -> UnixMillis {
+        self.deadline.millis()
     }
 
     fn expired(&self) -> DeliveryEvent {
         DeliveryEvent::Finished {
             status: DeliveryStatus::failed(
-                self.accepted_at,
+                self.accepted_at.0,
                 RelayError::new(ErrorCode::MessageExpired, "delivery deadline reached"),
             ),
         }
@@ -162,7 +163,7 @@ impl DeliveryState {
 /// answer allowed it and the route has a higher revision. An attempt left
 /// in flight by a crash is confirmed by a new attempt with the same
 /// unchanged params to the same target.
-pub fn decide_due(s: &DeliveryState, now_ms: u64, route: Option<&Wire<Route>>) -> Vec<DeliveryEvent> {
+pub fn decide_due(s: &DeliveryState, now_ms: UnixMillis, route: Option<&Wire<Route>>) -> Vec<DeliveryEvent> {
     if s.finished.is_some() {
         return vec![];
     }
@@ -182,7 +183,7 @@ pub fn decide_due(s: &DeliveryState, now_ms: u64, route: Option<&Wire<Route>>) -
         target = Some(t);
     }
     let (targets, revision) = match &target {
-        Some(t) => (t.relays.iter().map(|r| r.id.clone()).collect(), t.revision),
+        Some(t) => (t.relays.iter().map(|r| RelayId::new(&*r.id)).collect(), t.revision),
         None => (vec![], 0),
     };
     events.push(DeliveryEvent::AttemptStarted { attempt: s.attempts + 1, targets, revision });
@@ -199,7 +200,7 @@ pub struct Begun {
     pub state: DeliveryState,
     /// The due-index entry to write: the next attempt, or none when the
     /// delivery already ended.
-    pub due_ms: Option<u64>,
+    pub due_ms: Option<UnixMillis>,
 }
 
 /// A message accepted at `now_ms` (its status says `accepted_at`; its
@@ -211,17 +212,17 @@ pub struct Begun {
 pub fn decide_acceptance(
     params: Box<DeliverParams>,
     digest: String,
-    (accepted_at, deadline): (u64, u64),
+    (accepted_at, deadline): (UnixSecs, UnixSecs),
     route: Option<&Wire<Route>>,
     first: Option<AttemptOutcome>,
-    now_ms: u64,
+    now_ms: UnixMillis,
     policy: &Policy,
 ) -> Begun {
     let env = &params.envelope;
     let accepted = DeliveryEvent::Accepted {
-        from: env.from.clone(),
-        message_id: env.message_id.clone(),
-        to: env.to.clone(),
+        from: AccountId::new(&*env.from),
+        message_id: MessageId::new(&*env.message_id),
+        to: AccountId::new(&*env.to),
         accepted_at,
         deadline,
         digest,
@@ -263,7 +264,8 @@ pub fn delivered_here_first(route: Option<&Wire<Route>>, own_relay_id: &str) -> 
 /// else (a busy account, a retryable or route error, an unknown result) is
 /// left to the timetable. [`decide_outcome`] starts with it, and the process
 /// manager asks it of a local attempt made before acceptance.
-pub fn final_status(outcome: &AttemptOutcome, accepted_at: u64) -> Option<DeliveryStatus> {
+pub fn final_status(outcome: &AttemptOutcome, accepted_at: UnixSecs) -> Option<DeliveryStatus> {
+    let accepted_at = accepted_at.0;
     match outcome {
         AttemptOutcome::Answered(st) if st.status == Status::TargetAccepted => {
             Some(DeliveryStatus::target_accepted(accepted_at))
@@ -305,7 +307,7 @@ pub fn decide_outcome(
     s: &DeliveryState,
     attempt: u32,
     outcome: AttemptOutcome,
-    now_ms: u64,
+    now_ms: UnixMillis,
     policy: &Policy,
 ) -> Vec<DeliveryEvent> {
     if s.finished.is_some() || s.in_flight != Some(attempt) {
@@ -329,11 +331,10 @@ pub fn decide_outcome(
     };
     let not_before_ms =
         match (error.code, error.data.as_ref().and_then(|d| d.get("retry_after")).and_then(|v| v.as_u64())) {
-            (ErrorCode::RateLimited, Some(secs)) => now_ms.saturating_add(secs.saturating_mul(1000)),
-            _ => 0,
+            (ErrorCode::RateLimited, Some(secs)) => now_ms.plus(secs.saturating_mul(1000)),
+            _ => UnixMillis(0),
         };
-    let accepted_ms = s.accepted_at.saturating_mul(1000);
-    match next_attempt_ms(policy, accepted_ms, now_ms, not_before_ms, s.deadline_ms()) {
+    match next_attempt_ms(policy, s.accepted_at.millis(), now_ms, not_before_ms, s.deadline_ms()) {
         Some(next_due_ms) => {
             vec![DeliveryEvent::AttemptFailed { attempt, error, next_due_ms, may_switch, refresh_route }]
         }
@@ -358,7 +359,7 @@ pub fn decide_peer_confirmed(s: &DeliveryState) -> Vec<DeliveryEvent> {
     if s.finished.is_some() {
         return vec![];
     }
-    vec![DeliveryEvent::Finished { status: DeliveryStatus::target_accepted(s.accepted_at) }]
+    vec![DeliveryEvent::Finished { status: DeliveryStatus::target_accepted(s.accepted_at.0) }]
 }
 
 #[cfg(test)]
@@ -387,11 +388,11 @@ mod tests {
             from: "a".into(),
             message_id: "m".into(),
             to: "b".into(),
-            accepted_at: 1000,
-            deadline: 1000 + 5400,
+            accepted_at: UnixSecs(1000),
+            deadline: UnixSecs(1000 + 5400),
             digest: "d".into(),
             params: Box::new(params()),
-            first_due_ms: 1_000_000,
+            first_due_ms: UnixMillis(1_000_000),
         });
         s
     }
@@ -402,7 +403,7 @@ mod tests {
 
     /// when(due) with `r` as the best known route.
     fn start_with(s: &mut DeliveryState, now_ms: u64, r: &Wire<Route>) -> u32 {
-        let ev = decide_due(s, now_ms, Some(r));
+        let ev = decide_due(s, UnixMillis(now_ms), Some(r));
         assert!(matches!(ev.last(), Some(DeliveryEvent::AttemptStarted { .. })), "{ev:?}");
         apply_all(s, &ev);
         s.attempts
@@ -414,7 +415,7 @@ mod tests {
 
     /// when(outcome) then apply the decided events.
     fn step(s: &mut DeliveryState, attempt: u32, outcome: AttemptOutcome, now_ms: u64, p: &Policy) {
-        let ev = decide_outcome(s, attempt, outcome, now_ms, p);
+        let ev = decide_outcome(s, attempt, outcome, UnixMillis(now_ms), p);
         apply_all(s, &ev);
     }
 
@@ -429,7 +430,15 @@ mod tests {
     /// An acceptance at t=1000 s with a 90-minute deadline.
     fn begin(route: Option<&Wire<Route>>, first: Option<AttemptOutcome>) -> Begun {
         let p = Policy::with_relay_id("r");
-        decide_acceptance(Box::new(params()), "d".into(), (1000, 1000 + 5400), route, first, 1_000_000, &p)
+        decide_acceptance(
+            Box::new(params()),
+            "d".into(),
+            (UnixSecs(1000), UnixSecs(1000 + 5400)),
+            route,
+            first,
+            UnixMillis(1_000_000),
+            &p,
+        )
     }
 
     #[test]
@@ -439,7 +448,7 @@ mod tests {
             matches!(
                 &b.events[..],
                 [
-                    DeliveryEvent::Accepted { first_due_ms: 1_000_000, .. },
+                    DeliveryEvent::Accepted { first_due_ms: UnixMillis(1_000_000), .. },
                     DeliveryEvent::RouteRefreshed { revision: 1, .. },
                     DeliveryEvent::AttemptStarted { attempt: 1, .. },
                 ]
@@ -447,7 +456,7 @@ mod tests {
             "{:?}",
             b.events
         );
-        assert_eq!((b.state.in_flight, b.due_ms), (Some(1), Some(1_000_000)));
+        assert_eq!((b.state.in_flight, b.due_ms), (Some(1), Some(UnixMillis(1_000_000))));
         assert_eq!(b.state.deadline_ms(), 6_400_000, "the deadline is fixed at acceptance");
     }
 
@@ -455,14 +464,14 @@ mod tests {
     fn an_acceptance_without_a_route_is_due_at_once_with_nothing_in_flight() {
         let b = begin(None, None);
         assert!(matches!(&b.events[..], [DeliveryEvent::Accepted { .. }]), "{:?}", b.events);
-        assert_eq!((b.state.in_flight, b.due_ms), (None, Some(1_000_000)));
+        assert_eq!((b.state.in_flight, b.due_ms), (None, Some(UnixMillis(1_000_000))));
     }
 
     #[test]
     fn a_first_attempt_that_failed_for_now_is_due_at_the_timetables_next_slot() {
         let b = begin(Some(&route(1, &["r"])), Some(rejected(ErrorCode::TemporarilyUnavailable)));
         assert!(matches!(b.events.last(), Some(DeliveryEvent::AttemptFailed { attempt: 1, .. })), "{:?}", b.events);
-        assert_eq!(b.due_ms, Some(1_030_000), "30 s after acceptance");
+        assert_eq!(b.due_ms, Some(UnixMillis(1_030_000)), "30 s after acceptance");
         assert_eq!(b.state.status().status, Status::Delivering);
     }
 
@@ -506,12 +515,12 @@ mod tests {
         {
             let mut s = accepted();
             let n = start(&mut s, 1_000_000);
-            let ev = decide_outcome(&s, n, rejected(code), 1_000_100, &p);
+            let ev = decide_outcome(&s, n, rejected(code), UnixMillis(1_000_100), &p);
             assert!(
                 matches!(
                     ev[..],
                     [DeliveryEvent::AttemptFailed {
-                        next_due_ms: 1_030_000,
+                        next_due_ms: UnixMillis(1_030_000),
                         may_switch: false,
                         refresh_route: false,
                         ..
@@ -579,7 +588,7 @@ mod tests {
     #[test]
     fn deadline_reached_before_completion_fails_with_message_expired() {
         let mut s = accepted();
-        let ev = decide_due(&s, (1000 + 5400) * 1000, Some(&route(1, &["relay-b"])));
+        let ev = decide_due(&s, UnixMillis((1000 + 5400) * 1000), Some(&route(1, &["relay-b"])));
         apply_all(&mut s, &ev);
         assert_eq!(s.status().error.unwrap().code, ErrorCode::MessageExpired);
     }
@@ -601,8 +610,8 @@ mod tests {
         step(&mut s, n, rejected(ErrorCode::DeviceUnknown), 1_000_100, &p);
         let before = s.status();
         let late = AttemptOutcome::Answered(DeliveryStatus::target_accepted(5));
-        assert!(decide_outcome(&s, n, late, 1_000_200, &p).is_empty());
-        assert!(decide_due(&s, 1_000_300, Some(&route(1, &["relay-b"]))).is_empty());
+        assert!(decide_outcome(&s, n, late, UnixMillis(1_000_200), &p).is_empty());
+        assert!(decide_due(&s, UnixMillis(1_000_300), Some(&route(1, &["relay-b"]))).is_empty());
         assert!(decide_peer_confirmed(&s).is_empty());
         assert_eq!(s.status(), before);
     }
@@ -615,7 +624,7 @@ mod tests {
         step(&mut s, first, rejected(ErrorCode::InternalError), 1_000_100, &p);
         let _second = start(&mut s, 1_030_000);
         let late = AttemptOutcome::Answered(DeliveryStatus::target_accepted(5));
-        assert!(decide_outcome(&s, first, late, 1_030_100, &p).is_empty());
+        assert!(decide_outcome(&s, first, late, UnixMillis(1_030_100), &p).is_empty());
     }
 
     #[test]
@@ -624,8 +633,8 @@ mod tests {
         let mut s = accepted();
         let n = start(&mut s, 1_000_000);
         let e = RelayError::new(ErrorCode::RateLimited, "wait").with_data(serde_json::json!({"retry_after": 120}));
-        let ev = decide_outcome(&s, n, AttemptOutcome::Rejected(e), 1_000_000, &p);
-        assert!(matches!(ev[..], [DeliveryEvent::AttemptFailed { next_due_ms: 1_120_000, .. }]), "{ev:?}");
+        let ev = decide_outcome(&s, n, AttemptOutcome::Rejected(e), UnixMillis(1_000_000), &p);
+        assert!(matches!(ev[..], [DeliveryEvent::AttemptFailed { next_due_ms: UnixMillis(1_120_000), .. }]), "{ev:?}");
     }
 
     #[test]
@@ -651,14 +660,21 @@ mod tests {
         // Stored and read back as events, through attempts, a failure and a
         // newer route: what the next attempt sends is still those bytes.
         let policy = Policy::with_relay_id("r");
-        let begun =
-            decide_acceptance(Box::new(p), "d".into(), (1000, 6400), Some(&route(1, &["x"])), None, 1_000_000, &policy);
+        let begun = decide_acceptance(
+            Box::new(p),
+            "d".into(),
+            (UnixSecs(1000), UnixSecs(6400)),
+            Some(&route(1, &["x"])),
+            None,
+            UnixMillis(1_000_000),
+            &policy,
+        );
         let mut events = begun.events;
         let mut s = begun.state;
-        let failed = decide_outcome(&s, 1, rejected(ErrorCode::RouteStale), 1_000_100, &policy);
+        let failed = decide_outcome(&s, 1, rejected(ErrorCode::RouteStale), UnixMillis(1_000_100), &policy);
         apply_all(&mut s, &failed);
         events.extend(failed);
-        events.extend(decide_due(&s, 1_030_000, Some(&route(2, &["y"]))));
+        events.extend(decide_due(&s, UnixMillis(1_030_000), Some(&route(2, &["y"]))));
         let stored: Vec<String> = events.iter().map(|e| serde_json::to_string(e).unwrap()).collect();
         let mut replayed = DeliveryState::default();
         for e in &stored {
@@ -717,7 +733,7 @@ mod tests {
     fn no_route_known_is_an_attempt_without_target_that_retries() {
         let p = Policy::with_relay_id("r");
         let mut s = accepted();
-        let ev = decide_due(&s, 1_000_000, None);
+        let ev = decide_due(&s, UnixMillis(1_000_000), None);
         assert!(matches!(&ev[..], [DeliveryEvent::AttemptStarted { targets, .. }] if targets.is_empty()));
         apply_all(&mut s, &ev);
         step(&mut s, 1, combine(vec![]), 1_000_100, &p);

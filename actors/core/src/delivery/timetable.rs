@@ -2,6 +2,7 @@
 //! acceptance, then every `retry_then_every`, only before the deadline.
 
 use crate::policy::Policy;
+use relay_schemas::UnixMillis;
 
 /// The offset of slot `k` (0-based) from acceptance, in milliseconds.
 pub fn slot_offset_ms(policy: &Policy, k: usize) -> u64 {
@@ -22,14 +23,14 @@ pub fn slot_offset_ms(policy: &Policy, k: usize) -> u64 {
 /// the deadline. `None` when no attempt is left before the deadline.
 pub fn next_attempt_ms(
     policy: &Policy,
-    accepted_at_ms: u64,
-    now_ms: u64,
-    not_before_ms: u64,
-    deadline_ms: u64,
-) -> Option<u64> {
+    accepted_at_ms: UnixMillis,
+    now_ms: UnixMillis,
+    not_before_ms: UnixMillis,
+    deadline_ms: UnixMillis,
+) -> Option<UnixMillis> {
     let mut k = 0;
     let due = loop {
-        let at = accepted_at_ms.saturating_add(slot_offset_ms(policy, k));
+        let at = accepted_at_ms.plus(slot_offset_ms(policy, k));
         if at > now_ms {
             break at;
         }
@@ -45,6 +46,12 @@ pub fn next_attempt_ms(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `next_attempt_ms` on plain milliseconds.
+    fn next(p: &Policy, accepted: u64, now: u64, not_before: u64, deadline: u64) -> Option<u64> {
+        let ms = UnixMillis;
+        next_attempt_ms(p, ms(accepted), ms(now), ms(not_before), ms(deadline)).map(|m| m.0)
+    }
 
     fn policy() -> Policy {
         Policy::with_relay_id("r")
@@ -63,24 +70,24 @@ mod tests {
     fn retry_goes_to_the_next_slot_after_now_never_an_immediate_loop() {
         let p = policy();
         // First attempt at acceptance failed at +0.2 s: next at +30 s.
-        assert_eq!(next_attempt_ms(&p, 0, 200, 0, 90 * MIN), Some(30_000));
+        assert_eq!(next(&p, 0, 200, 0, 90 * MIN), Some(30_000));
         // A failure exactly at a slot moves to the following one.
-        assert_eq!(next_attempt_ms(&p, 0, 30_000, 0, 90 * MIN), Some(5 * MIN));
+        assert_eq!(next(&p, 0, 30_000, 0, 90 * MIN), Some(5 * MIN));
     }
 
     #[test]
     fn no_attempt_at_or_after_the_deadline() {
         let p = policy();
         // Default deadline 90 min: the 1 h attempt is the last one.
-        assert_eq!(next_attempt_ms(&p, 0, 25 * MIN + 1, 0, 90 * MIN), Some(60 * MIN));
-        assert_eq!(next_attempt_ms(&p, 0, 60 * MIN + 1, 0, 90 * MIN), None);
-        assert_eq!(next_attempt_ms(&p, 0, 1, 0, 30_000), None);
+        assert_eq!(next(&p, 0, 25 * MIN + 1, 0, 90 * MIN), Some(60 * MIN));
+        assert_eq!(next(&p, 0, 60 * MIN + 1, 0, 90 * MIN), None);
+        assert_eq!(next(&p, 0, 1, 0, 30_000), None);
     }
 
     #[test]
     fn rate_limited_wait_is_honoured_but_never_past_the_deadline() {
         let p = policy();
-        assert_eq!(next_attempt_ms(&p, 0, 1_000, 100_000, 90 * MIN), Some(100_000));
-        assert_eq!(next_attempt_ms(&p, 0, 1_000, 90 * MIN, 90 * MIN), None);
+        assert_eq!(next(&p, 0, 1_000, 100_000, 90 * MIN), Some(100_000));
+        assert_eq!(next(&p, 0, 1_000, 90 * MIN, 90 * MIN), None);
     }
 }

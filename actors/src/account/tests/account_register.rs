@@ -10,7 +10,7 @@ fn register_accepts_a_route_listing_this_relay_and_records_the_first_device() {
     assert!(matches!(&events[0], AccountEvent::Registered { public_discovery: false, .. }));
     let s = given(&alice(), &events);
     assert!(s.is_registered());
-    assert!(s.device_valid("phone", NOW));
+    assert!(s.device_valid("phone", UnixSecs(NOW)));
     assert!(!s.public_discovery, "public discovery defaults to off");
 }
 

@@ -109,7 +109,7 @@ fn a_send_elsewhere_writes_its_acceptance_and_begins_its_delivery_in_one_decisio
     assert!(matches!(&d.events[..], [AccountEvent::MessageSent { .. }]));
     assert_eq!(*status(&d.reply), DeliveryStatus::delivering(NOW));
     let [Effect::BeginDelivery(begun)] = &d.effects[..] else { panic!("expected one delivery, got {:?}", d.effects) };
-    assert_eq!(begun.due_ms.map(|ms| ms / 1000), Some(NOW), "its first attempt is due now");
+    assert_eq!(begun.due_ms.map(|ms| ms.secs()), Some(UnixSecs(NOW)), "its first attempt is due now");
     let target = begun.state.target.as_ref().expect("the route resolved at acceptance is the first target");
     assert_eq!(target.relays, vec![RelayRef { id: "relay-b".into(), url: URL_B.into() }]);
     assert_eq!(begun.state.finished, None);

@@ -8,7 +8,7 @@ fn add_device_appends_device_added_for_a_new_certificate() {
     let events = then_events(decide::add_device(&s, &wire(&cert(&alice(), &laptop())), at(NOW)));
     assert!(matches!(events.as_slice(), [AccountEvent::DeviceAdded { .. }]));
     let s = given(&alice(), &history([]));
-    assert!(s.device_valid("laptop", NOW));
+    assert!(s.device_valid("laptop", UnixSecs(NOW)));
 }
 
 #[test]
@@ -62,8 +62,8 @@ fn revoke_device_signed_by_the_account_key_appends_device_revoked() {
     let events = then_events(decide::revoke_device(&s, &rev, at(NOW)));
     assert!(matches!(events.as_slice(), [AccountEvent::DeviceRevoked { .. }]));
     let s = given_alice(events);
-    assert!(!s.device_valid("laptop", NOW));
-    assert!(s.device_valid("phone", NOW));
+    assert!(!s.device_valid("laptop", UnixSecs(NOW)));
+    assert!(s.device_valid("phone", UnixSecs(NOW)));
 }
 
 #[test]
@@ -121,9 +121,9 @@ fn a_session_of_an_unknown_device_or_account_is_refused() {
 fn an_expired_certificate_makes_the_device_invalid() {
     let expiring = alice().certificate(&tablet(), ISSUED, Some(NOW + 100));
     let s = given_alice([device_added_cert(&expiring)]);
-    assert!(s.device_valid("tablet", NOW + 99));
+    assert!(s.device_valid("tablet", UnixSecs(NOW + 99)));
     decide::check_session(&s, "tablet", at(NOW + 99)).unwrap();
-    assert!(!s.device_valid("tablet", NOW + 100));
+    assert!(!s.device_valid("tablet", UnixSecs(NOW + 100)));
     then_error(decide::check_session(&s, "tablet", at(NOW + 100)), ErrorCode::Unauthorized);
     // It can no longer send ...
     let v = send_value(envelope(&tablet(), &alice(), &bob(), 1, NOW + 100), &["bob-phone"], None);

@@ -320,7 +320,7 @@ fn self_delivery_device_visibility_is_fixed_at_acceptance() {
     assert_eq!(record_of(&event).visible, strings(&["phone"]));
     // Adding the tablet later neither re-decides nor appends anything.
     let s = given_alice([event.clone(), device_added(&alice(), &tablet())]);
-    assert!(s.device_valid("tablet", NOW));
+    assert!(s.device_valid("tablet", UnixSecs(NOW)));
     let status = then_send_duplicate(when_send(&s, "phone", &v, at(NOW + 5)));
     assert_eq!(status, DeliveryStatus::target_accepted(NOW));
     assert_eq!(s.last_sequence, 1);

@@ -24,7 +24,7 @@ use relay_schemas::encoding::jcs_digest;
 use relay_schemas::methods::{ContactRevokeParams, DeliverParams, RegisterParams, SendParams};
 use relay_schemas::objects::{DeviceCertificate, DeviceRevocation, Route};
 use relay_schemas::sign::{sign_object, Tag};
-use relay_schemas::{DeliveryStatus, ErrorCode, RelayError, Status, Wire};
+use relay_schemas::{DeliveryStatus, ErrorCode, RelayError, Status, UnixSecs, Wire};
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 use std::fmt::Debug;
@@ -44,12 +44,12 @@ static POLICY: LazyLock<Policy> = LazyLock::new(|| Policy::with_relay_id(RELAY))
 
 /// Decisions at `now` under this relay's default policy.
 fn at(now: u64) -> Ctx<'static> {
-    Ctx::new(now, &POLICY)
+    Ctx::new(UnixSecs(now), &POLICY)
 }
 
 /// Decisions at `now` under another policy of this relay.
 fn under(policy: &Policy, now: u64) -> Ctx<'_> {
-    Ctx::new(now, policy)
+    Ctx::new(UnixSecs(now), policy)
 }
 
 fn age_limit() -> u64 {

@@ -49,7 +49,7 @@ fn push_goes_only_to_subscribed_visible_devices_without_a_websocket() {
     let s = given_alice([subscribed("phone", 1), subscribed("laptop", 2)]);
     let targets = |visible: &[&str], sender: Option<&str>, connected: &[&str]| -> Vec<String> {
         let visible: Vec<String> = visible.iter().map(|v| v.to_string()).collect();
-        decide::push_targets(&s, &visible, sender, |d| connected.contains(&d), NOW)
+        decide::push_targets(&s, &visible, sender, |d| connected.contains(&d), UnixSecs(NOW))
             .into_iter()
             .map(|(d, _)| d.to_owned())
             .collect()
@@ -61,7 +61,10 @@ fn push_goes_only_to_subscribed_visible_devices_without_a_websocket() {
     assert!(targets(&["tablet"], None, &[]).is_empty(), "no subscription");
     let s = given_alice([subscribed("phone", 1), device_revoked(&alice(), "laptop"), subscribed("laptop", 2)]);
     let visible = vec!["laptop".to_string()];
-    assert!(decide::push_targets(&s, &visible, None, |_| false, NOW).is_empty(), "revoked devices get nothing");
+    assert!(
+        decide::push_targets(&s, &visible, None, |_| false, UnixSecs(NOW)).is_empty(),
+        "revoked devices get nothing"
+    );
 }
 
 /// A push sink that records what it is offered: (device, sequence, endpoint).
@@ -86,8 +89,10 @@ async fn a_subscription_made_after_a_record_was_written_gets_no_push_for_it() {
     use std::sync::Arc;
 
     let store = Store::temporary().unwrap();
-    let events: Vec<NewEvent> =
-        alice_history().iter().map(|e| NewEvent::new(e.event_type(), AccountEvent::VERSION, NOW, e).unwrap()).collect();
+    let events: Vec<NewEvent> = alice_history()
+        .iter()
+        .map(|e| NewEvent::new(e.event_type(), AccountEvent::VERSION, UnixSecs(NOW), e).unwrap())
+        .collect();
     let mut batch = store.batch();
     batch.append(&stream_id(&alice().id), Head::default(), events);
     store.commit_durable_blocking(batch).unwrap();

@@ -102,10 +102,10 @@ fn a_snapshot_decides_exactly_like_the_state_it_was_taken_from() {
     // And the decisions compared are the interesting ones.
     then_send_duplicate(when_send(&restored, "phone", &alice_to_bob(1), at(NOW + 5)));
     then_receive_duplicate(when_receive(&restored, &bob_to_alice(3), at(NOW + 5)));
-    assert!(restored.device_valid("phone", NOW + 5));
-    assert!(!restored.device_valid("laptop", NOW + 5));
-    assert!(restored.device_valid("tablet", NOW + 5));
-    assert!(!restored.device_valid("tablet", NOW + 100));
+    assert!(restored.device_valid("phone", UnixSecs(NOW + 5)));
+    assert!(!restored.device_valid("laptop", UnixSecs(NOW + 5)));
+    assert!(restored.device_valid("tablet", UnixSecs(NOW + 5)));
+    assert!(!restored.device_valid("tablet", UnixSecs(NOW + 100)));
     then_no_events(decide::add_device(&restored, &wire(&cert(&alice(), &phone())), at(NOW + 5)));
     then_no_events(when_register(&restored, &register_value(&alice(), &phone(), &[RELAY], None), at(NOW + 5)));
     assert_eq!(
@@ -129,7 +129,7 @@ fn a_snapshot_keeps_signed_objects_byte_for_byte() {
     let restored = snapshot_round_trip(&s);
     assert_eq!(restored.devices["tablet"].certificate.raw().get(), s.devices["tablet"].certificate.raw().get());
     then_no_events(decide::add_device(&restored, &wire(&with_extra), at(NOW)));
-    assert!(restored.device_valid("tablet", NOW));
+    assert!(restored.device_valid("tablet", UnixSecs(NOW)));
 }
 
 #[test]

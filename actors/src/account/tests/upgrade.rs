@@ -16,8 +16,10 @@ use std::sync::Arc;
 fn old_store(events: &[AccountEvent], snapshot_at: Option<usize>) -> Store {
     let store = Store::temporary().unwrap();
     let stream = stream_id(&alice().id);
-    let new: Vec<NewEvent> =
-        events.iter().map(|e| NewEvent::new(e.event_type(), AccountEvent::VERSION, NOW, e).unwrap()).collect();
+    let new: Vec<NewEvent> = events
+        .iter()
+        .map(|e| NewEvent::new(e.event_type(), AccountEvent::VERSION, UnixSecs(NOW), e).unwrap())
+        .collect();
     let mut b = store.batch();
     b.append(&stream, Head::default(), new);
     store.commit_durable_blocking(b).unwrap();
