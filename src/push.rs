@@ -34,7 +34,7 @@ use relay_actors::push::{judge, parse_retry_after, Offered, PushJob, PushQueue, 
 use relay_actors::Supervisor;
 use relay_schemas::encoding::{b64_decode, b64_encode};
 use relay_schemas::methods::{PushPayload, PushSubscribeParams};
-use relay_schemas::RelayError;
+use relay_schemas::{RelayError, UnixMillis};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -210,7 +210,7 @@ pub struct PushSender {
     queue: PushQueue,
     client: Option<awc::Client>,
     /// The armed timer and the due time it is armed for.
-    timer: Option<(u64, SpawnHandle)>,
+    timer: Option<(UnixMillis, SpawnHandle)>,
     metrics: PushMetrics,
 }
 
@@ -220,8 +220,8 @@ impl PushSender {
         PushSender { sup, vapid, settings, queue, client: None, timer: None, metrics }
     }
 
-    fn now_ms(&self) -> u64 {
-        self.sup.clock().now_ms().0
+    fn now_ms(&self) -> UnixMillis {
+        self.sup.clock().now_ms()
     }
 
     fn client(&mut self) -> awc::Client {
@@ -249,7 +249,7 @@ impl PushSender {
             }
             None => {}
         }
-        let delay = Duration::from_millis(next.saturating_sub(now).max(1));
+        let delay = Duration::from_millis(next.since(now).max(1));
         let handle = ctx.run_later(delay, |act, ctx| {
             act.timer = None;
             act.pump(ctx);
@@ -304,7 +304,7 @@ impl PushSender {
     fn answered(&mut self, job: PushJob, status: Option<u16>, retry_after: Option<String>, error: Option<String>) {
         let (now_ms, now) = (self.now_ms(), self.sup.clock().now());
         let attempt = job.attempt + 1;
-        let retry_after = retry_after.and_then(|v| parse_retry_after(&v, now.0));
+        let retry_after = retry_after.and_then(|v| parse_retry_after(&v, now));
         let s = &self.settings;
         let verdict = judge(
             status,
@@ -325,7 +325,7 @@ impl PushSender {
             }
             Verdict::Retry { at_ms } => {
                 tracing::info!(%account, %device, status = %status_text, error = error.as_deref().unwrap_or(""),
-                    attempt, retry_in_ms = at_ms.saturating_sub(now_ms), "push to be retried");
+                    attempt, retry_in_ms = at_ms.since(now_ms), "push to be retried");
                 self.queue.retry(PushJob { attempt, ..job }, at_ms);
                 self.metrics.count("retry");
             }
