@@ -17,7 +17,6 @@ use relay_actors::sessions::Session;
 use relay_actors::Supervisor;
 use relay_schemas::encoding::jcs_digest;
 use relay_schemas::ids::check_account_id;
-use relay_schemas::methods::{CLIENT_METHODS, RELAY_METHODS};
 use relay_schemas::{Caller, DeliveryStatus, ErrorCode, Method, RelayError};
 use serde::de::DeserializeOwned;
 use std::net::IpAddr;
@@ -124,8 +123,8 @@ impl Relay {
     pub(crate) fn observe(&self, method: &str, started: Instant, result: &Result<String, RelayError>) {
         // Methods get their own metric labels; anything else is "unknown", so
         // a caller cannot grow the label set.
-        let known = CLIENT_METHODS.contains(&method)
-            || method.strip_prefix("relay/").is_some_and(|m| RELAY_METHODS.contains(&m));
+        let known = Method::from_client_wire(method).is_some()
+            || method.strip_prefix("relay/").is_some_and(|m| Method::from_relay_wire(m).is_some());
         let method = if known { method } else { "unknown" }.to_owned();
         let code = match result {
             Ok(_) => "ok".to_owned(),

@@ -18,8 +18,7 @@ use actix_web::http::header::{self, HeaderValue};
 use actix_web::http::StatusCode;
 use actix_web::middleware::Next;
 use actix_web::{web, HttpRequest, HttpResponse};
-use relay_schemas::methods::RELAY_METHODS;
-use relay_schemas::RelayError;
+use relay_schemas::{Method, RelayError};
 use std::time::Duration;
 
 pub fn error_response(e: &RelayError) -> HttpResponse {
@@ -106,7 +105,7 @@ async fn relay_call(
             let claimed = headers.relay_id.unwrap_or("");
             observer.count(claimed, Direction::In, e.code.as_str());
             if let Some(suppressed) = observer.may_warn(claimed, &e.message) {
-                let method = if RELAY_METHODS.contains(&method.as_str()) { method.as_str() } else { "unknown" };
+                let method = if Method::from_relay_wire(&method).is_some() { method.as_str() } else { "unknown" };
                 tracing::warn!(peer = %shown_id(claimed), method = %method, reason = e.message.as_str(), suppressed,
                     "refused a relay request (is the caller in [[peers]], with its current key?)");
             }

@@ -189,7 +189,12 @@ proptest! {
 
 // ---- a real relay over HTTP -----------------------------------------------------------------
 
-use relay_schemas::methods::CLIENT_METHODS;
+use relay_schemas::{Caller, Method};
+
+/// The client methods' wire names.
+fn client_methods() -> Vec<&'static str> {
+    Method::ALL.into_iter().filter(|m| m.caller() != Caller::Relay).map(Method::as_str).collect()
+}
 
 fn arb_json() -> impl Strategy<Value = Value> {
     let leaf = prop_oneof![
@@ -387,7 +392,7 @@ fn valid_params(user: &User, method: &str, url: &str, n: u64) -> Value {
 
 fn arb_request() -> impl Strategy<Value = Request> {
     let method = prop_oneof![
-        8 => prop::sample::select(CLIENT_METHODS).prop_map(String::from),
+        8 => prop::sample::select(client_methods()).prop_map(String::from),
         1 => "[a-zA-Z0-9._~-]{0,40}",
         1 => prop::sample::select(vec!["message.deliver", "route.get", "message.delivery.peer_status", "x"]).prop_map(String::from),
     ];
@@ -498,7 +503,7 @@ fn every_endpoint_answers_hostile_requests_with_a_result_or_a_relay_error_of_the
             .map_err(|e| TestCaseError::fail(format!("{r:?}: non-JSON answer {status}: {e}")))?;
         if status == 200 {
             prop_assert!(!r.relay_endpoint, "relay endpoint answered 200 without authentication: {:?}", r);
-            prop_assert!(CLIENT_METHODS.contains(&r.method.as_str()), "{:?}", r);
+            prop_assert!(Method::from_client_wire(&r.method).is_some(), "{:?}", r);
             let mut v = v;
             if strip_unknown_box_members(&mut v) {
                 known_gap.set(known_gap.get() + 1);
@@ -516,7 +521,7 @@ fn every_endpoint_answers_hostile_requests_with_a_result_or_a_relay_error_of_the
             prop_assert!(code == "unauthorized" || code == "payload_too_large", "{} for {:?}", code, r);
         }
         let is_object = serde_json::from_slice::<Value>(&r.body).is_ok_and(|b| b.is_object());
-        let known = CLIENT_METHODS.contains(&r.method.as_str()) && r.method != "session.attach";
+        let known = Method::from_client_wire(&r.method).is_some() && r.method != "session.attach";
         if !r.relay_endpoint && known && !is_object && matches!(r.token, Token::Valid) {
             prop_assert_eq!(code, "invalid_params", "{:?}", r);
         }
@@ -540,7 +545,7 @@ fn bodies_over_the_size_limit_are_payload_too_large() {
     let relay = RelayProc::start(dir.path(), "relay-a", "[limits]\nmax_body_bytes = 4096\n");
     let http = awc::Client::builder().timeout(Duration::from_secs(30)).finish();
     proptest!(config(32), |(extra in 1usize..20_000, byte in any::<u8>(), relay_endpoint in any::<bool>(),
-                             method in prop::sample::select(CLIENT_METHODS))| {
+                             method in prop::sample::select(client_methods()))| {
         let r = Request {
             relay_endpoint,
             method: method.to_string(),
