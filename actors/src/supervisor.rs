@@ -149,10 +149,6 @@ impl Supervisor {
         let _ = self.inner.push.set(sink);
     }
 
-    pub fn push_sink(&self) -> Option<&Arc<dyn crate::push::PushSink>> {
-        self.inner.push.get()
-    }
-
     pub fn routes(&self) -> &RouteBook {
         &self.inner.routes
     }
@@ -418,7 +414,6 @@ impl Supervisor {
     }
 }
 
-/// Deliveries reach accounts, route lookups and timers through here.
 impl account::Ports for Supervisor {
     fn passivated(&self, account_id: &str, addr: &Addr<AccountActor>) {
         if self.inner.accounts.remove_if(account_id, |_, a| a == addr).is_some() {
@@ -428,6 +423,7 @@ impl account::Ports for Supervisor {
     }
 }
 
+/// Deliveries reach accounts, route lookups and timers through here.
 impl delivery::Ports for Supervisor {
     fn deliver_local(
         &self,

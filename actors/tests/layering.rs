@@ -55,6 +55,6 @@ fn deliveries_do_not_depend_on_accounts() {
 
 #[test]
 fn the_check_finds_a_mention_where_there_is_one() {
-    // The supervisor names both modules: the scan itself can fail.
+    // The store module names its own type: the scan can find a mention.
     assert!(!mentions("store", &["Store"]).is_empty());
 }

@@ -48,14 +48,37 @@ impl UnixMillis {
     pub fn plus(self, ms: u64) -> Self {
         UnixMillis(self.0.saturating_add(ms))
     }
+    /// `ms` earlier (saturating).
+    pub fn minus(self, ms: u64) -> Self {
+        UnixMillis(self.0.saturating_sub(ms))
+    }
     /// Milliseconds from `earlier` to `self`; 0 if `earlier` is later.
     pub fn since(self, earlier: UnixMillis) -> u64 {
         self.0.saturating_sub(earlier.0)
     }
 }
 
+/// Both read as their plain number (`u64::from`, `Display`).
+macro_rules! plain_number {
+    ($t:ty) => {
+        impl From<$t> for u64 {
+            fn from(t: $t) -> u64 {
+                t.0
+            }
+        }
+        impl fmt::Display for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                self.0.fmt(f)
+            }
+        }
+    };
+}
+plain_number!(UnixSecs);
+plain_number!(UnixMillis);
+
 /// Seconds compare with the protocol's plain second fields (`created_at`,
-/// `expires_at`, …) in either order.
+/// `expires_at`, …) in either order. Milliseconds do not: no protocol
+/// field is in milliseconds, so such a comparison is a unit mix-up.
 macro_rules! compares_with_u64 {
     ($t:ty) => {
         impl PartialEq<u64> for $t {
@@ -78,20 +101,9 @@ macro_rules! compares_with_u64 {
                 self.partial_cmp(&other.0)
             }
         }
-        impl From<$t> for u64 {
-            fn from(t: $t) -> u64 {
-                t.0
-            }
-        }
-        impl fmt::Display for $t {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                self.0.fmt(f)
-            }
-        }
     };
 }
 compares_with_u64!(UnixSecs);
-compares_with_u64!(UnixMillis);
 
 /// A string identifier kind: reads as `&str`, compares with strings,
 /// serializes as the bare string.

@@ -158,7 +158,7 @@ impl PushQueue {
         }
         // Devices whose interval has passed need no memory.
         if self.last_sent.len() > self.cap {
-            let keep_after = UnixMillis(now_ms.0.saturating_sub(self.min_interval_ms));
+            let keep_after = now_ms.minus(self.min_interval_ms);
             self.last_sent.retain(|_, at| *at > keep_after);
         }
     }

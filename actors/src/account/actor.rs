@@ -18,7 +18,7 @@ use crate::policy::Policy;
 use crate::sessions::Session;
 use crate::store::{Batch, Head, NewEvent, Snapshot, StoreError, Ticket};
 use actix::prelude::*;
-use relay_schemas::{DeliveryStatus, RelayError, UnixMillis};
+use relay_schemas::{DeliveryStatus, RelayError, UnixMillis, UnixSecs};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -55,15 +55,53 @@ pub enum Reply {
     Backlog(Option<u64>),
 }
 
-impl From<Decided> for Reply {
-    fn from(reply: Decided) -> Self {
-        match reply {
-            Decided::Json(json) => Reply::Json(json),
-            Decided::Status(status) => Reply::Status(status),
-            Decided::Accept(acceptance) => Reply::Accept(acceptance),
-            Decided::Backlog(seq) => Reply::Backlog(seq),
-            Decided::Settled(status) => Reply::Settled { status, head: None },
-        }
+/// What rides in an account's commit besides its own events: a settling
+/// delivery's last events and index removal (`RecordDelivery`), or the
+/// first events and due entry of a delivery begun at acceptance.
+struct Rides<'a> {
+    settlement: Option<&'a Settlement>,
+    /// The begun delivery's stream, its events encoded, its due time.
+    begun: Option<(String, Vec<NewEvent>, Option<UnixMillis>)>,
+}
+
+/// The delivery streams' heads after a commit with [`Rides`].
+#[derive(Default)]
+struct Heads {
+    settled: Option<Head>,
+    begun: Option<Head>,
+}
+
+impl<'a> Rides<'a> {
+    fn new(settlement: Option<&'a Settlement>, begun: Option<&Begun>, now: UnixSecs) -> Result<Self, RelayError> {
+        let begun = match begun {
+            Some(b) => {
+                let stream = delivery::stream_id(&b.state.from, &b.state.message_id);
+                let encoded = b.events.iter().map(|e| delivery::encode(e, now)).collect::<Result<_, _>>();
+                Some((stream, encoded.map_err(|e| internal(&e))?, b.due_ms))
+            }
+            None => None,
+        };
+        Ok(Rides { settlement, begun })
+    }
+
+    fn is_empty(&self) -> bool {
+        self.settlement.is_none() && self.begun.is_none()
+    }
+
+    fn write(self, batch: &mut Batch) -> Heads {
+        let settled = self.settlement.map(|s| {
+            if let Some(key) = &s.remove_due {
+                batch.kv_remove(key);
+            }
+            batch.append(&s.stream, s.head, s.events.clone())
+        });
+        let begun = self.begun.map(|(stream, events, due)| {
+            if let Some(due) = due {
+                batch.kv_put(&delivery::due_key(due, &stream), b"");
+            }
+            batch.append(&stream, Head::default(), events)
+        });
+        Heads { settled, begun }
     }
 }
 
@@ -186,10 +224,11 @@ impl AccountActor {
         &self.state
     }
 
-    /// Appends `events` (plus whatever `extra` adds to the same atomic batch),
-    /// applies them, and remembers the ticket to wait for before replying.
-    /// On error nothing is written and nothing changes in memory.
-    fn persist(&mut self, events: Vec<AccountEvent>, extra: impl FnOnce(&mut Batch)) -> Result<(), RelayError> {
+    /// Appends `events` (plus whatever `extra` adds to the same atomic batch,
+    /// whose result it returns), applies them, and remembers the ticket to
+    /// wait for before replying. On error nothing is written and nothing
+    /// changes in memory.
+    fn persist<T>(&mut self, events: Vec<AccountEvent>, extra: impl FnOnce(&mut Batch) -> T) -> Result<T, RelayError> {
         let store = self.env.store.clone();
         let mut batch = store.batch();
         let now = self.env.clock.now();
@@ -226,7 +265,7 @@ impl AccountActor {
             batch.kv_put(&ledger::version_key(account), ledger::VERSION);
         }
         let head = batch.append(&self.stream, self.head, new_events);
-        extra(&mut batch);
+        let extra = extra(&mut batch);
         let ticket = store.commit(batch).map_err(|e| internal(&e))?;
         self.head = head;
         self.last_ticket = Some(ticket);
@@ -248,7 +287,7 @@ impl AccountActor {
         if self.since_snapshot >= self.env.policy.snapshot_every {
             self.snapshot();
         }
-        Ok(())
+        Ok(extra)
     }
 
     /// What connected devices hear of an event (`written`: the ledger
@@ -343,75 +382,53 @@ impl AccountActor {
     }
 
     /// Loads nothing (the state is resident), decides, persists, runs the
-    /// effects.
+    /// effects, answers.
     fn handle_cmd(&mut self, cmd: &AccountCmd) -> Result<Reply, RelayError> {
         let policy = self.env.policy.clone();
-        let ctx = Ctx { now: self.env.clock.now(), policy: &policy, random: rand::random() };
-        let store = self.env.store.clone();
-        let reads = StoreReads { store: &store, account_id: &self.state.account_id, stream: &self.stream };
+        let ctx = Ctx::new(self.env.clock.now(), &policy).with_random(rand::random());
+        let reads = StoreReads { store: &self.env.store, account_id: &self.state.account_id, stream: &self.stream };
         let Decision { events, reply, effects } = command::decide(&self.state, &mut self.challenges, cmd, &reads, ctx)?;
-        let settlement = match cmd {
-            AccountCmd::RecordDelivery { settlement, .. } => settlement.as_ref(),
+        let begun = effects.iter().find_map(|e| match e {
+            Effect::BeginDelivery(b) => Some(&**b),
             _ => None,
+        });
+        let rides = Rides::new(cmd.settlement(), begun, ctx.now)?;
+        let heads = if events.is_empty() && rides.is_empty() {
+            Heads::default()
+        } else {
+            self.persist(events, |batch| rides.write(batch))?
         };
-        let mut begun = None;
-        let mut rest = Vec::new();
+        let mut started = None;
         for effect in effects {
             match effect {
-                Effect::BeginDelivery(b) => begun = Some(*b),
-                other => rest.push(other),
-            }
-        }
-        let stream = begun.as_ref().map(|b| delivery::stream_id(&b.state.from, &b.state.message_id));
-        let encoded = match &begun {
-            Some(b) => b.events.iter().map(|e| delivery::encode(e, ctx.now).map_err(|e| internal(&e))).collect(),
-            None => Ok(Vec::new()),
-        }?;
-        let (mut settled_head, mut begun_head) = (None, Head::default());
-        if !events.is_empty() || settlement.is_some() || begun.is_some() {
-            self.persist(events, |batch| {
-                if let Some(s) = settlement {
-                    settled_head = Some(batch.append(&s.stream, s.head, s.events.clone()));
-                    if let Some(key) = &s.remove_due {
-                        batch.kv_remove(key);
-                    }
-                }
-                if let (Some(b), Some(stream)) = (&begun, &stream) {
-                    begun_head = batch.append(stream, Head::default(), encoded);
-                    if let Some(due) = b.due_ms {
-                        batch.kv_put(&delivery::due_key(due, stream), b"");
-                    }
-                }
-            })?;
-        }
-        for effect in rest {
-            match effect {
-                Effect::StoreSession { token, grant } => self.store_session(token, grant, &policy)?,
+                Effect::BeginDelivery(begun) => started = self.start_delivery(*begun, heads.begun)?,
+                Effect::StoreSession { token, grant } => self.store_session(token.0, grant, &policy)?,
                 Effect::EndDevice { device_id } => self.end_device(&device_id),
-                Effect::BeginDelivery(_) => {}
             }
         }
-        if let (Some(begun), Some(stream)) = (begun, stream) {
-            return self.begin_delivery(begun, stream, begun_head);
-        }
-        Ok(match reply {
-            Decided::Settled(status) => Reply::Settled { status, head: settled_head },
-            reply => reply.into(),
+        Ok(match (started, reply) {
+            (Some(accepted), _) => accepted,
+            (None, Decided::Json(json)) => Reply::Json(json),
+            (None, Decided::Status(status)) => Reply::Status(status),
+            (None, Decided::Accept(acceptance)) => Reply::Accept(acceptance),
+            (None, Decided::Backlog(seq)) => Reply::Backlog(seq),
+            // Settled by a delivery's report, or at acceptance.
+            (None, Decided::Settled(status)) => Reply::Settled { status, head: heads.settled.or(heads.begun) },
         })
     }
 
-    /// A delivery begun in the commit just made: ended already (settled at
-    /// acceptance), or to be started by the caller from `begun.state`.
-    fn begin_delivery(&mut self, begun: Begun, stream: String, head: Head) -> Result<Reply, RelayError> {
+    /// A delivery begun in the commit just made (its stream's head `head`),
+    /// still running: the caller starts its actor. `None` when it ended at
+    /// acceptance.
+    fn start_delivery(&mut self, begun: Begun, head: Option<Head>) -> Result<Option<Reply>, RelayError> {
         let Begun { state, due_ms, .. } = begun;
-        let Some(due) = due_ms else {
-            return Ok(Reply::Settled { status: state.status(), head: Some(head) });
-        };
+        let (Some(due), Some(head)) = (due_ms, head) else { return Ok(None) };
         self.env.metrics.deliveries_in_flight.inc();
         let ticket = self.last_ticket.ok_or_else(|| RelayError::internal("acceptance without a commit"))?;
-        let status = DeliveryStatus::delivering(state.accepted_at.0);
+        let stream = delivery::stream_id(&state.from, &state.message_id);
+        let status = state.status();
         let start = delivery::actor::Start { stream, head, state, indexed_due_ms: due, ticket };
-        Ok(Reply::Accepted { status, start: Box::new(start) })
+        Ok(Some(Reply::Accepted { status, start: Box::new(start) }))
     }
 
     /// A revoked device: its stored sessions end, its sockets close.

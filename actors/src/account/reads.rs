@@ -43,9 +43,10 @@ impl Reads for StoreReads<'_> {
     }
 
     fn event(&self, seq: u64) -> Result<AccountEvent, RelayError> {
+        let after = seq.checked_sub(1).ok_or_else(|| RelayError::internal("no event 0"))?;
         let ev = self
             .store
-            .read(self.stream, seq.saturating_sub(1))
+            .read(self.stream, after)
             .next()
             .ok_or_else(|| RelayError::internal("timeline event missing"))?
             .map_err(|e| internal(&e))?;

@@ -445,8 +445,8 @@ impl DeliveryActor {
     fn report(&mut self, ctx: &mut Context<Self>) {
         let outcome =
             ReportOutcome { message_id: self.state.message_id.clone(), status: self.state.status(), settlement: None };
-        // No wait for `Finished` here: the account answers only once its own
-        // later write is durable, which covers this one.
+        // No wait for `Finished` here: it was read back from a store an
+        // earlier run wrote (this version writes it in the account's commit).
         let fut = self.ports.report(&self.state.from, outcome);
         ctx.wait(fut.into_actor(self).map(|res, act, ctx| match res {
             Ok(_) => act.remove_index(ctx),

@@ -143,6 +143,16 @@ pub enum AccountCmd<S> {
     },
 }
 
+impl<S> AccountCmd<S> {
+    /// What a settling delivery writes in this command's commit.
+    pub fn settlement(&self) -> Option<&S> {
+        match self {
+            AccountCmd::RecordDelivery { settlement, .. } => settlement.as_ref(),
+            _ => None,
+        }
+    }
+}
+
 /// A `message.send` decided and not yet written: what settling or
 /// accepting it writes.
 #[derive(Clone, Debug)]
@@ -188,11 +198,22 @@ pub enum Reply {
     /// A send decided, nothing written: deliver, then `Settle` or `Accept`.
     Accept(Box<Acceptance>),
     /// A delivery's status as this command recorded it (`Settle`,
-    /// `RecordDelivery`): the caller reports the delivery finished.
+    /// `RecordDelivery`, an `Accept` or `MessageSend` whose delivery ended
+    /// at acceptance): the caller reports the delivery finished.
     Settled(DeliveryStatus),
     /// A device's backlog: the latest record beyond its ack cursor it may
     /// read, if any (never on the wire; the WebSocket attach uses it).
     Backlog(Option<u64>),
+}
+
+/// A session token on its way to the store: never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Token(pub String);
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(…)")
+    }
 }
 
 /// What the shell does besides appending the events.
@@ -203,7 +224,7 @@ pub enum Effect {
     /// `begun.state` unless the delivery already ended.
     BeginDelivery(Box<Begun>),
     /// `session.open` proved the device: store the session of `token`.
-    StoreSession { token: String, grant: Grant },
+    StoreSession { token: Token, grant: Grant },
     /// A revoked device: its stored sessions end and its sockets close.
     EndDevice { device_id: String },
 }
@@ -255,13 +276,14 @@ pub fn decide<S>(
             Decision::write(events, reply)
         }
         AccountCmd::SessionChallenge { device_id } => {
-            Decision::reply(json(&challenges.issue(state, device_id, ctx.random, ctx)?)?)
+            Decision::reply(json(&challenges.issue(state, device_id, ctx.random()?, ctx)?)?)
         }
         AccountCmd::SessionOpen { params } => {
+            // Drawn first: a refusal must not use up the challenge.
+            let token = b64_encode(&ctx.random()?);
             let grant = challenges.answer(state, params, ctx)?;
-            let token = b64_encode(&ctx.random);
             let reply = json(&SessionOpenResult { token: token.clone(), expires_at: grant.expires_at })?;
-            Decision { events: Vec::new(), reply, effects: vec![Effect::StoreSession { token, grant }] }
+            Decision { events: Vec::new(), reply, effects: vec![Effect::StoreSession { token: Token(token), grant }] }
         }
         AccountCmd::CheckSession { device } => {
             session(device)?;
@@ -430,9 +452,13 @@ fn accept(
     let times = (UnixSecs(status.accepted_at), UnixSecs(deadline));
     let begun = decide_acceptance(deliver, deliver_digest, times, route, first, ctx.now.millis(), ctx.policy);
     let mut events = vec![decide::restamp(state, event)];
-    if let Some(done) = &begun.state.finished {
-        events.push(AccountEvent::DeliveryUpdated { message_id, status: done.clone() });
-    }
-    let reply = Reply::Status(begun.state.status());
+    let reply = match &begun.state.finished {
+        // Ended by the attempt made before: reported finished with the acceptance.
+        Some(done) => {
+            events.push(AccountEvent::DeliveryUpdated { message_id, status: done.clone() });
+            Reply::Settled(done.clone())
+        }
+        None => Reply::Status(status),
+    };
     Decision { events, reply, effects: vec![Effect::BeginDelivery(Box::new(begun))] }
 }

@@ -23,14 +23,24 @@ pub struct Ctx<'a> {
     pub now: UnixSecs,
     pub policy: &'a Policy,
     /// Fresh random bytes, for the commands that draw any (a session
-    /// challenge, a session token).
-    pub random: [u8; 32],
+    /// challenge, a session token); such a command is refused without.
+    pub random: Option<[u8; 32]>,
 }
 
 impl<'a> Ctx<'a> {
     /// For decisions that draw no randomness.
     pub fn new(now: UnixSecs, policy: &'a Policy) -> Self {
-        Ctx { now, policy, random: [0; 32] }
+        Ctx { now, policy, random: None }
+    }
+
+    /// With `random` for the commands that draw it.
+    pub fn with_random(self, random: [u8; 32]) -> Self {
+        Ctx { random: Some(random), ..self }
+    }
+
+    /// The fresh random bytes; an internal error where none came in.
+    pub fn random(&self) -> Result<[u8; 32], RelayError> {
+        self.random.ok_or_else(|| RelayError::internal("a decision that draws randomness got none"))
     }
 }
 

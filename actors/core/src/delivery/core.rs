@@ -220,9 +220,9 @@ pub fn decide_acceptance(
 ) -> Begun {
     let env = &params.envelope;
     let accepted = DeliveryEvent::Accepted {
-        from: AccountId::new(&*env.from),
-        message_id: MessageId::new(&*env.message_id),
-        to: AccountId::new(&*env.to),
+        from: AccountId::from(&env.from),
+        message_id: MessageId::from(&env.message_id),
+        to: AccountId::from(&env.to),
         accepted_at,
         deadline,
         digest,

@@ -64,7 +64,7 @@ fn register_answers_the_route_it_writes_and_a_repeat_answers_the_route_it_has() 
 fn a_challenge_and_its_session_token_come_from_the_context_randomness() {
     let s = given_alice([]);
     let mut challenges = Challenges::default();
-    let ctx = Ctx { random: [7; 32], ..at(NOW) };
+    let ctx = at(NOW).with_random([7; 32]);
     let ask = Cmd::SessionChallenge { device_id: "phone".into() };
     let d = decide(&s, &mut challenges, &ask, &s, ctx).unwrap();
     let challenge = json(&d.reply)["challenge"].as_str().unwrap().to_owned();
@@ -75,14 +75,35 @@ fn a_challenge_and_its_session_token_come_from_the_context_randomness() {
         "account_id": alice().id, "device_id": "phone", "challenge": challenge,
         "signature": phone().session_proof(&alice().id, &challenge, RELAY)}))
     .unwrap();
-    let ctx = Ctx { random: [9; 32], ..at(NOW) };
+    let ctx = at(NOW).with_random([9; 32]);
     let d = decide(&s, &mut challenges, &Cmd::SessionOpen { params }, &s, ctx).unwrap();
     let token = b64_encode(&[9; 32]);
     let expires_at = NOW + POLICY.session_ttl;
     assert_eq!(json(&d.reply), json!({"token": token, "expires_at": expires_at}));
     let grant = Grant { account_id: alice().id, device_id: "phone".into(), expires_at };
-    assert!(matches!(&d.effects[..], [Effect::StoreSession { token: t, grant: g }] if *t == token && *g == grant));
+    assert!(matches!(&d.effects[..], [Effect::StoreSession { token: t, grant: g }] if t.0 == token && *g == grant));
+    assert!(!format!("{:?}", d.effects).contains(&token), "a token is never printed");
     assert!(d.events.is_empty());
+}
+
+#[test]
+fn a_session_command_without_randomness_is_refused_and_leaves_the_challenge() {
+    let s = given_alice([]);
+    let mut challenges = Challenges::default();
+    let ask = Cmd::SessionChallenge { device_id: "phone".into() };
+    then_error(decide(&s, &mut challenges, &ask, &s, at(NOW)), ErrorCode::InternalError);
+    let d = decide(&s, &mut challenges, &ask, &s, at(NOW).with_random([7; 32])).unwrap();
+    let challenge = json(&d.reply)["challenge"].as_str().unwrap().to_owned();
+    let params: SessionOpenParams = serde_json::from_value(json!({
+        "account_id": alice().id, "device_id": "phone", "challenge": challenge,
+        "signature": phone().session_proof(&alice().id, &challenge, RELAY)}))
+    .unwrap();
+    let open = Cmd::SessionOpen { params };
+    then_error(decide(&s, &mut challenges, &open, &s, at(NOW)), ErrorCode::InternalError);
+    assert!(
+        decide(&s, &mut challenges, &open, &s, at(NOW).with_random([9; 32])).is_ok(),
+        "the challenge still answers"
+    );
 }
 
 #[test]
