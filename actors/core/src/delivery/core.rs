@@ -457,7 +457,7 @@ mod tests {
             b.events
         );
         assert_eq!((b.state.in_flight, b.due_ms), (Some(1), Some(UnixMillis(1_000_000))));
-        assert_eq!(b.state.deadline_ms(), 6_400_000, "the deadline is fixed at acceptance");
+        assert_eq!(b.state.deadline_ms(), UnixMillis(6_400_000), "the deadline is fixed at acceptance");
     }
 
     #[test]
