@@ -40,6 +40,37 @@ async fn alice_and_bob(c: &Client) -> (User, User) {
     (alice, bob)
 }
 
+/// One relay with `config`, a push-service stand-in, and Alice and Bob
+/// ([`alice_and_bob`]). Destructured by each test; `_dir` keeps the data
+/// dir alive.
+struct World {
+    _dir: tempfile::TempDir,
+    service: PushService,
+    relay: RelayProc,
+    c: Client,
+    alice: User,
+    bob: User,
+}
+
+impl World {
+    async fn start(config: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let service = PushService::start();
+        let relay = RelayProc::start(dir.path(), "relay-a", config);
+        let c = Client::new(&relay.url);
+        let (alice, bob) = alice_and_bob(&c).await;
+        World { _dir: dir, service, relay, c, alice, bob }
+    }
+}
+
+/// Bob's device `device` (0 phone, 1 laptop) subscribed at the stand-in's
+/// endpoint `name`.
+async fn subscribed(c: &Client, service: &PushService, bob: &User, device: usize, name: &str) -> Subscriber {
+    let sub = Subscriber::new(service.endpoint(name));
+    subscribe(c, bob, device, &sub).await;
+    sub
+}
+
 /// Alice sends message `n` to Bob with boxes for `devices`.
 async fn send(c: &Client, alice: &User, bob: &User, n: u64, devices: &[&str]) {
     let params = alice.params_to(0, bob.id(), &mid(n), now(), devices, None);
@@ -68,16 +99,11 @@ fn payload(bob: &User, sequence: u64) -> Value {
 
 #[actix_rt::test]
 async fn a_message_to_an_offline_device_is_one_push_that_decrypts_to_the_documented_payload() {
-    let dir = tempfile::tempdir().unwrap();
-    let service = PushService::start();
-    let relay = RelayProc::start(dir.path(), "relay-a", &push_config("1s"));
-    let c = Client::new(&relay.url);
-    let (alice, bob) = alice_and_bob(&c).await;
+    let World { _dir, service, relay: _relay, c, alice, bob } = World::start(&push_config("1s")).await;
     let vapid = c.ok("push.vapid_key", None, &json!({})).await;
     assert_valid("methods/push.vapid_key.result.schema.json", &vapid);
     let vapid = vapid["public_key"].as_str().unwrap().to_string();
-    let phone = Subscriber::new(service.endpoint("bob-phone"));
-    subscribe(&c, &bob, 0, &phone).await;
+    let phone = subscribed(&c, &service, &bob, 0, "bob-phone").await;
 
     send(&c, &alice, &bob, 1, &["phone"]).await;
     let pushes = service.wait_for("bob-phone", 1, WAIT).await;
@@ -102,15 +128,9 @@ async fn a_message_to_an_offline_device_is_one_push_that_decrypts_to_the_documen
 
 #[actix_rt::test]
 async fn no_push_while_the_device_has_a_websocket_open() {
-    let dir = tempfile::tempdir().unwrap();
-    let service = PushService::start();
-    let relay = RelayProc::start(dir.path(), "relay-a", &push_config("1s"));
-    let c = Client::new(&relay.url);
-    let (alice, bob) = alice_and_bob(&c).await;
-    let phone = Subscriber::new(service.endpoint("bob-phone"));
-    let laptop = Subscriber::new(service.endpoint("bob-laptop"));
-    subscribe(&c, &bob, 0, &phone).await;
-    subscribe(&c, &bob, 1, &laptop).await;
+    let World { _dir, service, relay, c, alice, bob } = World::start(&push_config("1s")).await;
+    let phone = subscribed(&c, &service, &bob, 0, "bob-phone").await;
+    let laptop = subscribed(&c, &service, &bob, 1, "bob-laptop").await;
 
     let ws = WsClient::attach(&relay.url, bob.token(0).unwrap()).await;
     send(&c, &alice, &bob, 1, &["phone", "laptop"]).await;
@@ -138,15 +158,9 @@ async fn wait_for_no_connections(c: &Client) {
 
 #[actix_rt::test]
 async fn no_push_for_a_device_outside_the_records_visible_set() {
-    let dir = tempfile::tempdir().unwrap();
-    let service = PushService::start();
-    let relay = RelayProc::start(dir.path(), "relay-a", &push_config("1s"));
-    let c = Client::new(&relay.url);
-    let (alice, bob) = alice_and_bob(&c).await;
-    let phone = Subscriber::new(service.endpoint("bob-phone"));
-    let laptop = Subscriber::new(service.endpoint("bob-laptop"));
-    subscribe(&c, &bob, 0, &phone).await;
-    subscribe(&c, &bob, 1, &laptop).await;
+    let World { _dir, service, relay: _relay, c, alice, bob } = World::start(&push_config("1s")).await;
+    let phone = subscribed(&c, &service, &bob, 0, "bob-phone").await;
+    let laptop = subscribed(&c, &service, &bob, 1, "bob-laptop").await;
 
     // Record 1 has a box for the phone only: the laptop may not read it.
     send(&c, &alice, &bob, 1, &["phone"]).await;
@@ -162,15 +176,9 @@ async fn no_push_for_a_device_outside_the_records_visible_set() {
 
 #[actix_rt::test]
 async fn a_410_answer_removes_the_subscription_as_an_account_event() {
-    let dir = tempfile::tempdir().unwrap();
-    let service = PushService::start();
-    let mut relay = RelayProc::start(dir.path(), "relay-a", &push_config("1s"));
-    let c = Client::new(&relay.url);
-    let (alice, bob) = alice_and_bob(&c).await;
-    let phone = Subscriber::new(service.endpoint("bob-phone"));
-    let laptop = Subscriber::new(service.endpoint("bob-laptop"));
-    subscribe(&c, &bob, 0, &phone).await;
-    subscribe(&c, &bob, 1, &laptop).await;
+    let World { _dir, service, mut relay, c, alice, bob } = World::start(&push_config("1s")).await;
+    let phone = subscribed(&c, &service, &bob, 0, "bob-phone").await;
+    let laptop = subscribed(&c, &service, &bob, 1, "bob-laptop").await;
     service.always("bob-phone", Answer::status(410));
 
     send(&c, &alice, &bob, 1, &["phone"]).await;
@@ -220,13 +228,8 @@ async fn a_410_answer_removes_the_subscription_as_an_account_event() {
 
 #[actix_rt::test]
 async fn a_429_with_retry_after_is_honoured() {
-    let dir = tempfile::tempdir().unwrap();
-    let service = PushService::start();
-    let relay = RelayProc::start(dir.path(), "relay-a", &push_config("1s"));
-    let c = Client::new(&relay.url);
-    let (alice, bob) = alice_and_bob(&c).await;
-    let phone = Subscriber::new(service.endpoint("bob-phone"));
-    subscribe(&c, &bob, 0, &phone).await;
+    let World { _dir, service, relay: _relay, c, alice, bob } = World::start(&push_config("1s")).await;
+    let phone = subscribed(&c, &service, &bob, 0, "bob-phone").await;
     service.script("bob-phone", vec![Answer::status(429).with_header("Retry-After", "2")]);
 
     send(&c, &alice, &bob, 1, &["phone"]).await;
@@ -241,14 +244,9 @@ async fn a_429_with_retry_after_is_honoured() {
 
 #[actix_rt::test]
 async fn a_flood_of_messages_is_coalesced_by_min_interval() {
-    let dir = tempfile::tempdir().unwrap();
-    let service = PushService::start();
     let interval = Duration::from_secs(2);
-    let relay = RelayProc::start(dir.path(), "relay-a", &push_config("2s"));
-    let c = Client::new(&relay.url);
-    let (alice, bob) = alice_and_bob(&c).await;
-    let phone = Subscriber::new(service.endpoint("bob-phone"));
-    subscribe(&c, &bob, 0, &phone).await;
+    let World { _dir, service, relay: _relay, c, alice, bob } = World::start(&push_config("2s")).await;
+    let phone = subscribed(&c, &service, &bob, 0, "bob-phone").await;
 
     let started = Instant::now();
     const FLOOD: u64 = 20;
@@ -280,15 +278,9 @@ async fn a_flood_of_messages_is_coalesced_by_min_interval() {
 
 #[actix_rt::test]
 async fn subscriptions_survive_a_restart_leave_with_a_revoked_device_and_unsubscribe_stops_pushes() {
-    let dir = tempfile::tempdir().unwrap();
-    let service = PushService::start();
-    let mut relay = RelayProc::start(dir.path(), "relay-a", &push_config("1s"));
-    let c = Client::new(&relay.url);
-    let (alice, mut bob) = alice_and_bob(&c).await;
-    let phone = Subscriber::new(service.endpoint("bob-phone"));
-    let laptop = Subscriber::new(service.endpoint("bob-laptop"));
-    subscribe(&c, &bob, 0, &phone).await;
-    subscribe(&c, &bob, 1, &laptop).await;
+    let World { _dir, service, mut relay, c, alice, mut bob } = World::start(&push_config("1s")).await;
+    let phone = subscribed(&c, &service, &bob, 0, "bob-phone").await;
+    let laptop = subscribed(&c, &service, &bob, 1, "bob-laptop").await;
 
     relay.restart();
     let c = Client::new(&relay.url);
@@ -305,8 +297,7 @@ async fn subscriptions_survive_a_restart_leave_with_a_revoked_device_and_unsubsc
     // Waits for push.min_interval (1 s) to pass: the relay process's per-device push timer, not observable.
     actix_rt::time::sleep(Duration::from_millis(1100)).await;
     send(&c, &alice, &bob, 2, &["phone", "laptop"]).await;
-    let phone2 = Subscriber::new(service.endpoint("bob-phone-2"));
-    subscribe(&c, &bob, 0, &phone2).await;
+    let phone2 = subscribed(&c, &service, &bob, 0, "bob-phone-2").await;
     send(&c, &alice, &bob, 3, &["phone", "laptop"]).await;
     let pushes = service.wait_for("bob-phone-2", 1, WAIT).await;
     assert_eq!(phone2.decrypt(&pushes[0]), payload(&bob, 3));
@@ -355,14 +346,9 @@ async fn push_subscribe_checks_its_params_and_needs_a_session() {
 /// does not hold the device's slot: the next record's push still goes out.
 #[actix_rt::test]
 async fn a_push_service_stalling_its_answer_does_not_block_the_next_push() {
-    let dir = tempfile::tempdir().unwrap();
-    let service = PushService::start();
-    let extra = format!("{}timeout = \"500ms\"\n", push_config("200ms"));
-    let relay = RelayProc::start(dir.path(), "relay-a", &extra);
-    let c = Client::new(&relay.url);
-    let (alice, bob) = alice_and_bob(&c).await;
-    let phone = Subscriber::new(service.endpoint("bob-phone"));
-    subscribe(&c, &bob, 0, &phone).await;
+    let World { _dir, service, relay: _relay, c, alice, bob } =
+        World::start(&format!("{}timeout = \"500ms\"\n", push_config("200ms"))).await;
+    let phone = subscribed(&c, &service, &bob, 0, "bob-phone").await;
     service.script("bob-phone", vec![Answer::status(201).stalling()]);
 
     send(&c, &alice, &bob, 1, &["phone"]).await;
