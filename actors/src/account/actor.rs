@@ -64,11 +64,12 @@ struct Rides<'a> {
     begun: Option<(String, Vec<NewEvent>, Option<UnixMillis>)>,
 }
 
-/// The delivery streams' heads after a commit with [`Rides`].
+/// The delivery streams' heads after a commit with [`Rides`] (the begun
+/// delivery's with its stream).
 #[derive(Default)]
 struct Heads {
     settled: Option<Head>,
-    begun: Option<Head>,
+    begun: Option<(String, Head)>,
 }
 
 impl<'a> Rides<'a> {
@@ -99,7 +100,8 @@ impl<'a> Rides<'a> {
             if let Some(due) = due {
                 batch.kv_put(&delivery::due_key(due, &stream), b"");
             }
-            batch.append(&stream, Head::default(), events)
+            let head = batch.append(&stream, Head::default(), events);
+            (stream, head)
         });
         Heads { settled, begun }
     }
@@ -318,8 +320,8 @@ impl AccountActor {
 
     /// The ledger's result of this account's `message.send` of `message_id`.
     fn send_entry(&self, message_id: &str) -> Result<Option<SendEntry>, RelayError> {
-        let store = self.env.store.clone();
-        StoreReads { store: &store, account_id: &self.state.account_id, stream: &self.stream }.send_entry(message_id)
+        StoreReads { store: &self.env.store, account_id: &self.state.account_id, stream: &self.stream }
+            .send_entry(message_id)
     }
 
     /// Writes a snapshot of the current state. A failed snapshot only costs
@@ -355,7 +357,7 @@ impl AccountActor {
         if answer == Answer::AtOnce && !publish {
             return Box::pin(async move { reply });
         }
-        let wait = ticket.map(|t| self.env.store.clone().durable(t));
+        let wait = ticket.map(|t| self.env.store.durable(t));
         let pending = self.pending.clone();
         pending.fetch_add(1, Ordering::SeqCst);
         let durable = async move {
@@ -401,7 +403,7 @@ impl AccountActor {
         let mut started = None;
         for effect in effects {
             match effect {
-                Effect::BeginDelivery(begun) => started = self.start_delivery(*begun, heads.begun)?,
+                Effect::BeginDelivery(begun) => started = self.start_delivery(*begun, heads.begun.as_ref())?,
                 Effect::StoreSession { token, grant } => self.store_session(token.0, grant, &policy)?,
                 Effect::EndDevice { device_id } => self.end_device(&device_id),
             }
@@ -413,21 +415,22 @@ impl AccountActor {
             (None, Decided::Accept(acceptance)) => Reply::Accept(acceptance),
             (None, Decided::Backlog(seq)) => Reply::Backlog(seq),
             // Settled by a delivery's report, or at acceptance.
-            (None, Decided::Settled(status)) => Reply::Settled { status, head: heads.settled.or(heads.begun) },
+            (None, Decided::Settled(status)) => {
+                Reply::Settled { status, head: heads.settled.or(heads.begun.map(|(_, head)| head)) }
+            }
         })
     }
 
-    /// A delivery begun in the commit just made (its stream's head `head`),
-    /// still running: the caller starts its actor. `None` when it ended at
-    /// acceptance.
-    fn start_delivery(&mut self, begun: Begun, head: Option<Head>) -> Result<Option<Reply>, RelayError> {
+    /// A delivery begun in the commit just made (`written`: its stream and
+    /// head), still running: the caller starts its actor. `None` when it
+    /// ended at acceptance.
+    fn start_delivery(&mut self, begun: Begun, written: Option<&(String, Head)>) -> Result<Option<Reply>, RelayError> {
         let Begun { state, due_ms, .. } = begun;
-        let (Some(due), Some(head)) = (due_ms, head) else { return Ok(None) };
+        let (Some(due), Some((stream, head))) = (due_ms, written) else { return Ok(None) };
         self.env.metrics.deliveries_in_flight.inc();
         let ticket = self.last_ticket.ok_or_else(|| RelayError::internal("acceptance without a commit"))?;
-        let stream = delivery::stream_id(&state.from, &state.message_id);
         let status = state.status();
-        let start = delivery::actor::Start { stream, head, state, indexed_due_ms: due, ticket };
+        let start = delivery::actor::Start { stream: stream.clone(), head: *head, state, indexed_due_ms: due, ticket };
         Ok(Some(Reply::Accepted { status, start: Box::new(start) }))
     }
 
