@@ -45,6 +45,31 @@ pub struct Config {
     pub metrics: MetricsSection,
     #[serde(default)]
     pub push: PushSection,
+    #[serde(default)]
+    pub replication: ReplicationSection,
+}
+
+/// `timeline.replicate` between an account's two home relays
+/// (`src/replication.rs`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReplicationSection {
+    /// Every two-home account is pulled from its partner this often (and
+    /// once at start), besides the pulls its own writes trigger.
+    #[serde(deserialize_with = "duration")]
+    pub interval: Duration,
+    /// Items per `timeline.replicate` page (1..=500).
+    pub page: u32,
+    /// Pulls running at once.
+    pub concurrency: usize,
+    /// Pulls waiting at most; more are left to the next round.
+    pub queue: usize,
+}
+
+impl Default for ReplicationSection {
+    fn default() -> Self {
+        ReplicationSection { interval: Duration::from_secs(10), page: 100, concurrency: 8, queue: 4096 }
+    }
 }
 
 /// Web Push (PROTOCOL §9): waking devices that have no open WebSocket.
@@ -590,6 +615,16 @@ impl Config {
             ));
         }
         Ok(())
+    }
+
+    pub fn replication_settings(&self) -> crate::replication::Settings {
+        let r = &self.replication;
+        crate::replication::Settings {
+            interval: r.interval.max(Duration::from_millis(100)),
+            page: r.page.clamp(1, relay_schemas::methods::REPLICATE_MAX_LIMIT),
+            concurrency: r.concurrency.max(1),
+            queue: r.queue.max(1),
+        }
     }
 
     pub fn policy(&self) -> Policy {

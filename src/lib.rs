@@ -33,6 +33,7 @@ pub mod observe;
 pub mod peers;
 pub mod push;
 pub mod relay_rpc;
+pub mod replication;
 pub mod rpc;
 
 use actix_web::dev::Service;
@@ -101,8 +102,9 @@ pub async fn serve(cfg: config::Config) -> Result<(), String> {
         allow_http: cfg.push.allow_http_endpoints,
         allow_private: cfg.push.allow_private_endpoints,
     };
-    let relay =
-        web::Data::new(rpc::Relay::new(sup, cfg.limits.max_body_bytes, peers, peer_keys, limits).with_push(push_info));
+    let replicator = replication::Replicator::start(sup.clone(), peers.clone(), cfg.replication_settings());
+    let relay = rpc::Relay::new(sup, cfg.limits.max_body_bytes, peers, peer_keys, limits);
+    let relay = web::Data::new(relay.with_push(push_info).with_replicator(replicator));
 
     let listener = TcpListener::bind(&cfg.relay.listen).map_err(|e| format!("listen {}: {e}", cfg.relay.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;

@@ -64,6 +64,11 @@ enum Command {
         #[command(subcommand)]
         command: KeyCommand,
     },
+    /// Replication between an account's two home relays.
+    Replication {
+        #[command(subcommand)]
+        command: ReplicationCommand,
+    },
     /// Check a configuration.
     Config {
         #[command(subcommand)]
@@ -79,6 +84,21 @@ enum ConfigCommand {
         /// TOML config, as for `serve`.
         #[arg(long)]
         config: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum ReplicationCommand {
+    /// On a stopped relay: mark everything unsynced for each two-home
+    /// account's other home, which is offered the whole history again when
+    /// it next pulls (nothing is delivered again).
+    Reset {
+        /// The relay's config, as for `serve`.
+        #[arg(long)]
+        config: PathBuf,
+        /// Only this account.
+        #[arg(long)]
+        account: Option<String>,
     },
 }
 
@@ -126,6 +146,12 @@ fn main() -> ExitCode {
                 false => Ok(()),
             })
             .map(|()| println!("ok")),
+        Command::Replication { command: ReplicationCommand::Reset { config, account } } => {
+            relay::config::Config::load(&config)
+                .map_err(|e| e.to_string())
+                .and_then(|cfg| relay::replication::reset(&cfg, account.as_deref()))
+                .map(|n| println!("reset {n} account(s)"))
+        }
         Command::Serve { config } => match relay::config::Config::load(&config) {
             Ok(cfg) => actix_web::rt::System::new().block_on(relay::serve(cfg)),
             Err(e) => Err(e.to_string()),

@@ -40,6 +40,7 @@ pub struct Relay {
     peer_keys: PeerKeys,
     limits: RateLimits,
     push: PushInfo,
+    replicator: Option<std::sync::Arc<crate::replication::Replicator>>,
     requests: Family<RequestLabels, Counter>,
     latency: Family<MethodLabels, Histogram>,
 }
@@ -110,13 +111,27 @@ impl Relay {
             r.register("requests", "Requests by method and result code", requests.clone());
             r.register("request_seconds", "Request latency by method", latency.clone());
         }
-        Relay { sup, max_body_bytes, peers, peer_keys, limits, push: PushInfo::default(), requests, latency }
+        let push = PushInfo::default();
+        Relay { sup, max_body_bytes, peers, peer_keys, limits, push, replicator: None, requests, latency }
     }
 
     /// The push methods' settings.
     pub fn with_push(mut self, push: PushInfo) -> Self {
         self.push = push;
         self
+    }
+
+    /// Keeps two-home accounts in step with their other home.
+    pub fn with_replicator(mut self, replicator: std::sync::Arc<crate::replication::Replicator>) -> Self {
+        self.replicator = Some(replicator);
+        self
+    }
+
+    /// Has the replicator pull `account_id` from `peer` (a `notify`).
+    pub(crate) fn pull_from(&self, account_id: &str, peer: &str) {
+        if let Some(r) = &self.replicator {
+            r.pull(account_id, peer, false);
+        }
     }
 
     /// Counts a call and its latency under its method (and result code).

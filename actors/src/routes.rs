@@ -71,6 +71,23 @@ impl RouteBook {
             .or_insert(route);
     }
 
+    /// Every account whose known route names this relay (`own_id`) and one
+    /// more, with that other home: the accounts kept in step with a
+    /// partner by `timeline.replicate`.
+    pub fn shared_homes(&self, own_id: &str) -> impl Iterator<Item = Result<(String, String), StoreError>> + '_ {
+        let own_id = own_id.to_owned();
+        self.store.kv_scan_prefix(b"route/").filter_map(move |kv| {
+            let (_, bytes) = match kv {
+                Ok(kv) => kv,
+                Err(e) => return Some(Err(e)),
+            };
+            let route = std::str::from_utf8(&bytes).ok().and_then(|s| Wire::<Route>::parse(s).ok())?;
+            let partner = route.relays.iter().find(|r| r.id != own_id)?;
+            (route.relays.len() == 2 && route.lists_relay(&own_id))
+                .then(|| Ok((route.account_id.clone(), partner.id.clone())))
+        })
+    }
+
     /// Compares a route (already checked valid by the caller) with the known one.
     pub fn compare(&self, route: &Wire<Route>) -> Result<Offer, StoreError> {
         Ok(match self.get(&route.account_id)? {

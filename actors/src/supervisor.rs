@@ -49,6 +49,8 @@ struct Inner {
     scheduler: OnceLock<Addr<Scheduler>>,
     /// The Web Push sender, when push is on.
     push: Arc<OnceLock<Arc<dyn crate::push::PushSink>>>,
+    /// The replicator between an account's two home relays, when running.
+    replica: Arc<OnceLock<Arc<dyn account::ReplicaSink>>>,
     /// Route lookups at the peers in progress, with who waits for each:
     /// one fetch per account however many ask (single flight).
     lookups: Mutex<HashMap<String, Vec<oneshot::Sender<RouteLookup>>>>,
@@ -88,6 +90,7 @@ impl Supervisor {
                 deliveries: Mutex::default(),
                 scheduler: OnceLock::new(),
                 push: Arc::default(),
+                replica: Arc::default(),
                 lookups: Mutex::default(),
                 misses: DashMap::new(),
             }),
@@ -147,6 +150,11 @@ impl Supervisor {
     /// Sets the Web Push sender accounts hand their wake-ups to (once).
     pub fn set_push_sink(&self, sink: Arc<dyn crate::push::PushSink>) {
         let _ = self.inner.push.set(sink);
+    }
+
+    /// Sets the replicator accounts tell of news for their other home (once).
+    pub fn set_replica_sink(&self, sink: Arc<dyn account::ReplicaSink>) {
+        let _ = self.inner.replica.set(sink);
     }
 
     pub fn routes(&self) -> &RouteBook {
@@ -298,6 +306,7 @@ impl Supervisor {
             sessions: self.sessions().clone(),
             notifier: self.notifier().clone(),
             push: self.inner.push.clone(),
+            replica: self.inner.replica.clone(),
             metrics: self.metrics().clone(),
         }
     }
@@ -420,6 +429,10 @@ impl account::Ports for Supervisor {
             self.metrics().actors_passivated.inc();
             self.metrics().actors_resident.set(self.inner.accounts.len() as i64);
         }
+    }
+
+    fn schedule(&self, stream: String, due_ms: UnixMillis) {
+        Supervisor::schedule(self, stream, due_ms)
     }
 }
 

@@ -23,6 +23,9 @@
 //!   were added (Web Push, PROTOCOL §9). No existing type changed, so no
 //!   upcaster: v0/v1 events pass as they are, and a relay that reads only
 //!   v1 refuses a v2 log by its version rather than by an unknown type.
+//! - account v2 → v3: the replication types (`replicated`, `replica_pulled`,
+//!   `replica_served`, `replica_acked`, `replica_reset`) were added
+//!   (`timeline.replicate`); again no existing type changed.
 
 use crate::account::AccountEvent;
 use crate::delivery::DeliveryEvent;
@@ -47,8 +50,8 @@ pub struct Upcaster {
 /// The oldest event version this relay can read.
 pub const OLDEST_VERSION: u32 = 0;
 
-/// Upcasters of account events (none yet: every type is as in v0; v2 only
-/// added types).
+/// Upcasters of account events (none yet: every type is as in v0; v2 and
+/// v3 only added types).
 pub const ACCOUNT_UPCASTERS: &[Upcaster] = &[];
 
 /// Upcasters of delivery events.
@@ -299,11 +302,11 @@ mod tests {
         let gone = json!({"push_unsubscribed": {"device_id": "phone", "endpoint": "https://push.example/x", "reason": "gone"}});
         let ev = StoredEvent { stream: "account/a".into(), ..stored("push_unsubscribed", AccountEvent::VERSION, gone) };
         assert!(matches!(account_event(&ev).unwrap(), AccountEvent::PushUnsubscribed { .. }));
-        // A v1 relay's reader would refuse these by version; this one refuses v3.
+        // A v1 relay's reader would refuse these by version; this one refuses v4.
         let future = StoredEvent {
             stream: "account/a".into(),
             ..stored("push_subscribed", AccountEvent::VERSION + 1, json!({}))
         };
-        assert!(account_event(&future).unwrap_err().to_string().contains("version 3"));
+        assert!(account_event(&future).unwrap_err().to_string().contains("version 4"));
     }
 }

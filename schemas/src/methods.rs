@@ -79,6 +79,7 @@ methods! {
         RelayRouteGet = "route.get", Relay;
         RelayAccountDevicesGet = "account.devices.get", Relay;
         MessageDeliveryPeerStatus = "message.delivery.peer_status", Relay;
+        TimelineReplicate = "timeline.replicate", Relay;
     }
 }
 
@@ -229,6 +230,24 @@ pub struct PeerStatusResult {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<DeliveryStatus>,
 }
+
+/// `timeline.replicate` params (PROTOCOL §5): the caller's cursor in the
+/// callee's stream of the account (`after`), a page size, and `ack`, what
+/// the caller stored from the last page. `notify` (an extension member the
+/// protocol's params allow): the caller has new items of its own, so the
+/// callee should pull from it soon.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ReplicateParams {
+    pub account_id: String,
+    pub after: u64,
+    pub limit: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ack: Option<u64>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub notify: bool,
+}
+
+pub const REPLICATE_MAX_LIMIT: u32 = 500;
 
 pub const SYNC_DEFAULT_LIMIT: u32 = 100;
 pub const SYNC_MAX_LIMIT: u32 = 500;

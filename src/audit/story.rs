@@ -65,6 +65,10 @@ pub struct Story {
     pub receipts: Vec<Receipt>,
     /// Timeline records this message created on this relay.
     pub timeline_records: Vec<TimelineRef>,
+    /// The message between an account's two home relays, from this
+    /// relay's side (`timeline.replicate`): stored here from the partner,
+    /// sent to the partner, acknowledged by it.
+    pub replication: Vec<Replication>,
     /// Every event the story was told from, in reading order.
     pub events: Vec<EventRef>,
     /// Events on the way that could not be read or decoded.
@@ -154,6 +158,20 @@ pub struct Finished {
 }
 
 #[derive(Clone, Debug, Serialize)]
+pub struct Replication {
+    pub account: String,
+    pub partner: String,
+    /// `received_from_partner` (the event came by `timeline.replicate`),
+    /// `sent_to_partner` (a page through it was served), or
+    /// `acked_by_partner` (the partner acknowledged storing it).
+    pub step: &'static str,
+    /// The event's sequence in the stream it was first written to (the
+    /// partner's for `received_from_partner`).
+    pub origin_seq: u64,
+    pub event: EventRef,
+}
+
+#[derive(Clone, Debug, Serialize)]
 pub struct StatusReport {
     pub at: u64,
     pub status: DeliveryStatus,
@@ -213,6 +231,7 @@ pub fn message_story(store: &Store, from: &str, message_id: &str, to: Option<&st
         final_status: None,
         receipts: vec![],
         timeline_records: vec![],
+        replication: vec![],
         events: vec![],
         problems: vec![],
     };
@@ -264,6 +283,17 @@ pub fn message_story(store: &Store, from: &str, message_id: &str, to: Option<&st
     if story.to.is_none() {
         story.to = story.receipts.first().map(|r| r.account.clone());
     }
+    // 4. Replication of the events written here to the other home.
+    let written_here: Vec<EventRef> = story
+        .events
+        .iter()
+        .filter(|e| e.stream.starts_with("account/") && e.event_type != "replicated")
+        .cloned()
+        .collect();
+    for e in written_here {
+        let account = e.stream.trim_start_matches("account/").to_owned();
+        replication_marks(store, &e.stream, &account, e.seq, &mut story);
+    }
     Ok(story)
 }
 
@@ -288,7 +318,7 @@ fn account_event(story: &mut Story, account: &str, ev: &StoredEvent) {
     };
     let (from, mid) = (story.from.clone(), story.message_id.clone());
     let r = EventRef::of(ev);
-    match &event {
+    match event.origin() {
         AccountEvent::MessageSent { message_id, to, digest, accepted_at, deadline, retention_until, record }
             if *message_id == mid && account == from =>
         {
@@ -341,7 +371,50 @@ fn account_event(story: &mut Story, account: &str, ev: &StoredEvent) {
         // message with the same id, a ciphertext…): not part of this story.
         _ => return,
     }
+    if let AccountEvent::Replicated { partner, origin_seq, .. } = &event {
+        let step = "received_from_partner";
+        let (partner, origin_seq) = (partner.clone(), *origin_seq);
+        story.replication.push(Replication {
+            account: account.to_owned(),
+            partner,
+            step,
+            origin_seq,
+            event: r.clone(),
+        });
+    }
     story.events.push(r);
+}
+
+/// How this relay's event `seq` of `stream` (written here, not replicated)
+/// went to the account's other home: the first page served through it and
+/// the first acknowledgement covering it, per partner, since the last reset.
+fn replication_marks(store: &Store, stream: &str, account: &str, seq: u64, story: &mut Story) {
+    let mut seen: Vec<(String, &'static str)> = Vec::new();
+    for item in store.read(stream, seq) {
+        let ev = match item {
+            Ok(ev) => ev,
+            Err(e) => return story.problems.push(e.to_string()),
+        };
+        if !ev.event_type.starts_with("replica_") {
+            continue;
+        }
+        let (partner, through, step) = match upcast::account_event(&ev) {
+            Ok(AccountEvent::ReplicaServed { partner, through }) => (partner, through, "sent_to_partner"),
+            Ok(AccountEvent::ReplicaAcked { partner, through }) => (partner, through, "acked_by_partner"),
+            Ok(AccountEvent::ReplicaReset { partner }) => {
+                seen.retain(|(p, _)| *p != partner);
+                continue;
+            }
+            Ok(_) => continue,
+            Err(e) => return story.problems.push(e.to_string()),
+        };
+        if through < seq || seen.iter().any(|(p, s)| *p == partner && *s == step) {
+            continue;
+        }
+        seen.push((partner.clone(), step));
+        let r = EventRef::of(&ev);
+        story.replication.push(Replication { account: account.to_owned(), partner, step, origin_seq: seq, event: r });
+    }
 }
 
 fn delivery_event(story: &mut Story, ev: &StoredEvent, event: DeliveryEvent) {
@@ -526,6 +599,18 @@ pub fn render_text(s: &Story) -> String {
             fmt_secs(UnixSecs(t.expires_at)),
             at(&t.event)
         );
+    }
+    if !s.replication.is_empty() {
+        let _ = writeln!(o, "\nreplication with the other home relay");
+        for r in &s.replication {
+            let what = match r.step {
+                "received_from_partner" => format!("received from {} (its seq {})", r.partner, r.origin_seq),
+                "sent_to_partner" => format!("sent to {} (seq {})", r.partner, r.origin_seq),
+                _ => format!("acknowledged by {} (seq {})", r.partner, r.origin_seq),
+            };
+            let _ =
+                writeln!(o, "  account {} {}  {}  [{}]", r.account, fmt_secs(UnixSecs(r.event.at)), what, at(&r.event));
+        }
     }
     if !s.problems.is_empty() {
         let _ = writeln!(o, "\nproblems on the way ({}); run `relay audit verify`", s.problems.len());

@@ -44,6 +44,7 @@ mod route_update;
 mod session_attach;
 mod session_challenge;
 mod session_open;
+mod timeline_replicate;
 
 /// A client method (`/v1/rpc/{method}` or a WebSocket frame); `token` is
 /// the caller's session token, if it sent one.
@@ -73,7 +74,7 @@ pub(crate) async fn client(
         PushVapidKey => push_vapid_key::handle(relay, token, body).await,
         PushSubscribe => push_subscribe::handle(relay, token, body).await,
         PushUnsubscribe => push_unsubscribe::handle(relay, token, body).await,
-        MessageDeliver | RelayRouteGet | RelayAccountDevicesGet | MessageDeliveryPeerStatus => {
+        MessageDeliver | RelayRouteGet | RelayAccountDevicesGet | MessageDeliveryPeerStatus | TimelineReplicate => {
             Err(RelayError::not_found(format!("unknown method {:?}", method.as_str())))
         }
     }
@@ -87,6 +88,7 @@ pub(crate) async fn relay(relay: &Relay, method: Method, peer: &str, body: &[u8]
         RelayRouteGet => route_get::handle_relay(relay, peer, body).await,
         RelayAccountDevicesGet => account_devices_get::handle_relay(relay, peer, body).await,
         MessageDeliveryPeerStatus => message_delivery_peer_status::handle_relay(relay, peer, body).await,
+        TimelineReplicate => timeline_replicate::handle_relay(relay, peer, body).await,
         AccountRegister
         | SessionChallenge
         | SessionOpen

@@ -29,5 +29,6 @@ mod secrets;
 mod security;
 mod smoke;
 mod torture;
+mod two_homes;
 mod web;
 mod websocket;

@@ -1,5 +1,6 @@
-//! The README's "Two relays" steps, run as written: the `sh` block of that
-//! section goes to bash in a temp dir holding copies of `config/`, with
+//! The README's "Two relays" steps, then its "One account, two home
+//! relays" steps, run as written: the `sh` blocks of those sections go to
+//! bash in a temp dir holding copies of `config/`, with
 //! `target/release/relay` linked to the relay under test and `cargo` a
 //! shell function that runs the already built `hello` example. Only the
 //! ports differ (free loopback ports instead of 7801 and 7802, in the steps
@@ -26,22 +27,27 @@ fn readme_block(heading: &str) -> String {
 /// a filtered test run (`--test it readme::`) does not build examples, and a
 /// stale one would test old code. Quick when it is up to date.
 fn hello_example() -> PathBuf {
+    example("hello")
+}
+
+/// Example `name`, built now with the profile of the relay under test.
+fn example(name: &str) -> PathBuf {
     let bin = Path::new(env!("CARGO_BIN_EXE_relay"));
     let profile = match bin.parent().and_then(|d| d.file_name()).and_then(|n| n.to_str()) {
         Some("debug") | None => "dev",
         Some(other) => other,
     };
     let built = Command::new(env!("CARGO"))
-        .args(["build", "--quiet", "--example", "hello", "--profile", profile, "--manifest-path"])
+        .args(["build", "--quiet", "--example", name, "--profile", profile, "--manifest-path"])
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
         .status()
         .unwrap();
-    assert!(built.success(), "cargo build --example hello: {built}");
-    bin.parent().unwrap().join("examples/hello")
+    assert!(built.success(), "cargo build --example {name}: {built}");
+    bin.parent().unwrap().join("examples").join(name)
 }
 
 #[test]
-fn two_relays_steps_in_the_readme_run_as_written() {
+fn two_relays_and_two_homes_steps_in_the_readme_run_as_written() {
     let dir = tempfile::tempdir().unwrap();
     let (a, b) = (free_port().to_string(), free_port().to_string());
     let ports = |s: &str| s.replace("7801", &a).replace("7802", &b);
@@ -53,14 +59,16 @@ fn two_relays_steps_in_the_readme_run_as_written() {
     std::fs::create_dir_all(dir.path().join("target/release")).unwrap();
     std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_relay"), dir.path().join("target/release/relay")).unwrap();
 
-    let steps = readme_block("## Two relays\n");
+    let steps = readme_block("## Two relays\n") + &readme_block("## One account, two home relays\n");
     assert!(steps.contains("key show") && steps.contains("--example hello"), "{steps}");
+    assert!(steps.contains("--example two_homes") && steps.contains("replication reset"), "{steps}");
     let script = format!(
         r#"set -e
 cargo() {{
   case "$*" in
     "build --release") ;;
     "run --release --example hello -- "*) shift 5; "$HELLO" "$@" ;;
+    "run --release --example two_homes -- "*) shift 5; "$TWO_HOMES" "$@" ;;
     *) echo "unexpected: cargo $*" >&2; return 1 ;;
   esac
 }}
@@ -75,6 +83,7 @@ trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
         .arg(script)
         .current_dir(dir.path())
         .env("HELLO", hello_example())
+        .env("TWO_HOMES", example("two_homes"))
         .env_remove("RUST_LOG")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -124,4 +133,9 @@ trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
     );
     assert!(!log_a.contains('\x1b') && !log_b.contains('\x1b'), "no ANSI codes in a log file: {all}");
     assert!(log_b.contains("relay stopped"), "relay-b stopped on SIGTERM: {all}");
+
+    // two_homes: the account at both homes, the same records at each.
+    assert!(out.contains("alice has a session at relay-b too"), "{all}");
+    assert!(out.contains("the same records at both homes"), "{all}");
+    assert!(out.contains("reset 1 account(s)"), "{all}");
 }

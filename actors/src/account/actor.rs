@@ -10,7 +10,7 @@ use super::ledger::{self, SendEntry};
 use super::reads::StoreReads;
 use super::session::{Challenges, Grant};
 use super::state::AccountState;
-use super::{stream_id, timeline, Reads};
+use super::{replica, stream_id, timeline, Reads};
 use super::{Env, Ports};
 use crate::delivery::{self, core::Begun};
 use crate::internal;
@@ -57,36 +57,40 @@ pub enum Reply {
 
 /// What rides in an account's commit besides its own events: a settling
 /// delivery's last events and index removal (`RecordDelivery`), or the
-/// first events and due entry of a delivery begun at acceptance.
+/// first events and due entries of deliveries begun (at acceptance, or for
+/// the sender's other home).
 struct Rides<'a> {
     settlement: Option<&'a Settlement>,
-    /// The begun delivery's stream, its events encoded, its due time.
-    begun: Option<(String, Vec<NewEvent>, Option<UnixMillis>)>,
+    /// Each begun delivery's stream, its events encoded, its due time.
+    begun: Vec<(String, Vec<NewEvent>, Option<UnixMillis>)>,
 }
 
-/// The delivery streams' heads after a commit with [`Rides`] (the begun
-/// delivery's with its stream).
+/// The delivery streams' heads after a commit with [`Rides`] (each begun
+/// delivery's with its stream, in order).
 #[derive(Default)]
 struct Heads {
     settled: Option<Head>,
-    begun: Option<(String, Head)>,
+    begun: Vec<(String, Head)>,
 }
 
 impl<'a> Rides<'a> {
-    fn new(settlement: Option<&'a Settlement>, begun: Option<&Begun>, now: UnixSecs) -> Result<Self, RelayError> {
-        let begun = match begun {
-            Some(b) => {
+    fn new<'b>(
+        settlement: Option<&'a Settlement>,
+        begun: impl Iterator<Item = &'b Begun>,
+        now: UnixSecs,
+    ) -> Result<Self, RelayError> {
+        let begun = begun
+            .map(|b| {
                 let stream = delivery::stream_id(&b.state.from, &b.state.message_id);
                 let encoded = b.events.iter().map(|e| delivery::encode(e, now)).collect::<Result<_, _>>();
-                Some((stream, encoded.map_err(|e| internal(&e))?, b.due_ms))
-            }
-            None => None,
-        };
+                Ok((stream, encoded.map_err(|e| internal(&e))?, b.due_ms))
+            })
+            .collect::<Result<_, RelayError>>()?;
         Ok(Rides { settlement, begun })
     }
 
     fn is_empty(&self) -> bool {
-        self.settlement.is_none() && self.begun.is_none()
+        self.settlement.is_none() && self.begun.is_empty()
     }
 
     fn write(self, batch: &mut Batch) -> Heads {
@@ -96,13 +100,17 @@ impl<'a> Rides<'a> {
             }
             batch.append(&s.stream, s.head, s.events.clone())
         });
-        let begun = self.begun.map(|(stream, events, due)| {
-            if let Some(due) = due {
-                batch.kv_put(&delivery::due_key(due, &stream), b"");
-            }
-            let head = batch.append(&stream, Head::default(), events);
-            (stream, head)
-        });
+        let begun = self
+            .begun
+            .into_iter()
+            .map(|(stream, events, due)| {
+                if let Some(due) = due {
+                    batch.kv_put(&delivery::due_key(due, &stream), b"");
+                }
+                let head = batch.append(&stream, Head::default(), events);
+                (stream, head)
+            })
+            .collect();
         Heads { settled, begun }
     }
 }
@@ -269,6 +277,8 @@ impl AccountActor {
         let head = batch.append(&self.stream, self.head, new_events);
         let extra = extra(&mut batch);
         let ticket = store.commit(batch).map_err(|e| internal(&e))?;
+        // Partners before this commit too: one the account just left learns the move.
+        let partners_before = self.partners();
         self.head = head;
         self.last_ticket = Some(ticket);
         for (e, w) in events.iter().zip(&written) {
@@ -282,9 +292,12 @@ impl AccountActor {
         }
         self.since_snapshot += events.len() as u64;
         for e in &events {
-            if let AccountEvent::Registered { route, .. } | AccountEvent::RouteUpdated { route } = e {
+            if let AccountEvent::Registered { route, .. } | AccountEvent::RouteUpdated { route } = e.origin() {
                 self.env.routes.offer(route).map_err(|e| internal(&e))?;
             }
+        }
+        if events.iter().any(replica::offered) {
+            self.tell_partners(partners_before);
         }
         if self.since_snapshot >= self.env.policy.snapshot_every {
             self.snapshot();
@@ -292,11 +305,30 @@ impl AccountActor {
         Ok(extra)
     }
 
+    /// The relays besides this one the account's route names.
+    fn partners(&self) -> Vec<String> {
+        let own = &self.env.policy.relay_id;
+        let relays = self.state.route().map(|r| r.relays.as_slice()).unwrap_or_default();
+        relays.iter().filter(|r| r.id != **own).map(|r| r.id.clone()).collect()
+    }
+
+    /// The account wrote what its other home has not seen: the replicator
+    /// has it pull (the page it serves waits for this commit's durability).
+    fn tell_partners(&self, mut partners: Vec<String>) {
+        let Some(sink) = self.env.replica.get() else { return };
+        partners.extend(self.partners());
+        partners.sort();
+        partners.dedup();
+        for partner in partners {
+            sink.changed(&self.state.account_id, &partner);
+        }
+    }
+
     /// What connected devices hear of an event (`written`: the ledger
     /// entry it wrote): a new record (its visible devices), and a sent
     /// message's status (all the account's devices).
     fn notices(e: &AccountEvent, written: Option<&ledger::Entry>) -> impl Iterator<Item = Notice> {
-        let sender_device = match e {
+        let sender_device = match e.origin() {
             AccountEvent::MessageSent { .. } | AccountEvent::SelfDelivered { .. } => {
                 e.record().map(|r| r.envelope.from_device_id.clone())
             }
@@ -308,7 +340,7 @@ impl AccountActor {
             sender_device: sender_device.clone(),
             subscribed: Vec::new(),
         });
-        let delivery = match (e, written) {
+        let delivery = match (e.origin(), written) {
             (
                 AccountEvent::MessageSent { .. } | AccountEvent::DeliveryUpdated { .. },
                 Some(ledger::Entry::Send { message_id, entry }),
@@ -390,8 +422,8 @@ impl AccountActor {
         let ctx = Ctx::new(self.env.clock.now(), &policy).with_random(rand::random());
         let reads = StoreReads { store: &self.env.store, account_id: &self.state.account_id, stream: &self.stream };
         let Decision { events, reply, effects } = command::decide(&self.state, &mut self.challenges, cmd, &reads, ctx)?;
-        let begun = effects.iter().find_map(|e| match e {
-            Effect::BeginDelivery(b) => Some(&**b),
+        let begun = effects.iter().filter_map(|e| match e {
+            Effect::BeginDelivery(b) | Effect::Forward(b) => Some(&**b),
             _ => None,
         });
         let rides = Rides::new(cmd.settlement(), begun, ctx.now)?;
@@ -401,9 +433,15 @@ impl AccountActor {
             self.persist(events, |batch| rides.write(batch))?
         };
         let mut started = None;
+        let mut begun_heads = heads.begun.iter();
         for effect in effects {
             match effect {
-                Effect::BeginDelivery(begun) => started = self.start_delivery(*begun, heads.begun.as_ref())?,
+                Effect::BeginDelivery(begun) => started = self.start_delivery(*begun, begun_heads.next())?,
+                Effect::Forward(begun) => {
+                    let (Some((stream, _)), Some(due)) = (begun_heads.next(), begun.due_ms) else { continue };
+                    self.env.metrics.deliveries_in_flight.inc();
+                    self.ports.schedule(stream.clone(), due);
+                }
                 Effect::StoreSession { token, grant } => self.store_session(token.0, grant, &policy)?,
                 Effect::EndDevice { device_id } => self.end_device(&device_id),
             }
@@ -416,7 +454,7 @@ impl AccountActor {
             (None, Decided::Backlog(seq)) => Reply::Backlog(seq),
             // Settled by a delivery's report, or at acceptance.
             (None, Decided::Settled(status)) => {
-                Reply::Settled { status, head: heads.settled.or(heads.begun.map(|(_, head)| head)) }
+                Reply::Settled { status, head: heads.settled.or(heads.begun.first().map(|(_, head)| *head)) }
             }
         })
     }

@@ -9,7 +9,7 @@ mod reads;
 mod upgrade;
 
 // The rules live in the core crate; their paths stay `account::decide` etc.
-pub use relay_core::account::{command, decide, events, ledger, session, state, sync, timeline};
+pub use relay_core::account::{command, decide, events, ledger, replica, session, state, sync, timeline};
 pub use relay_core::account::{Acceptance, Reads};
 
 pub use actor::{AccountActor, AccountCmd, Reply, Settlement};
@@ -41,6 +41,8 @@ pub struct Env {
     pub notifier: Notifier,
     /// The Web Push sender, once push is on.
     pub push: Arc<OnceLock<Arc<dyn PushSink>>>,
+    /// The replicator, once the relay runs one.
+    pub replica: Arc<OnceLock<Arc<dyn ReplicaSink>>>,
     pub metrics: Arc<Metrics>,
 }
 
@@ -49,6 +51,15 @@ pub trait Ports: Send + Sync + 'static {
     /// Actor `addr` of `account_id` left memory: forget it, unless it was
     /// already replaced.
     fn passivated(&self, account_id: &str, addr: &actix::Addr<AccountActor>);
+    /// A delivery this account began for its other home (written with its
+    /// due entry) is due at `due_ms`.
+    fn schedule(&self, stream: String, due_ms: relay_schemas::UnixMillis);
+}
+
+/// Who carries an account's news to its other home relay (`timeline.replicate`).
+pub trait ReplicaSink: Send + Sync + 'static {
+    /// `account_id` wrote events `partner` has not seen: have it pull.
+    fn changed(&self, account_id: &str, partner: &str);
 }
 
 pub fn stream_id(account_id: &str) -> String {

@@ -5,8 +5,10 @@
 use super::ledger::{self, ReceiptEntry, SendEntry};
 use super::timeline::{self, IndexEntry};
 use super::{AccountEvent, Reads};
+use crate::delivery::core::DeliveryEvent;
 use crate::internal;
 use crate::store::Store;
+use relay_schemas::methods::DeliverParams;
 use relay_schemas::RelayError;
 use serde::de::DeserializeOwned;
 
@@ -51,5 +53,22 @@ impl Reads for StoreReads<'_> {
             .ok_or_else(|| RelayError::internal("timeline event missing"))?
             .map_err(|e| internal(&e))?;
         serde_json::from_str(ev.data.get()).map_err(|e| internal(&e))
+    }
+
+    fn events_after(&self, after: u64) -> impl Iterator<Item = Result<(u64, AccountEvent), RelayError>> {
+        self.store.read(self.stream, after).map(|ev| {
+            let ev = ev.map_err(|e| internal(&e))?;
+            Ok((ev.seq, crate::upcast::account_event(&ev).map_err(|e| internal(&e))?))
+        })
+    }
+
+    fn delivery_params(&self, message_id: &str) -> Result<Option<DeliverParams>, RelayError> {
+        let stream = crate::delivery::stream_id(self.account_id, message_id);
+        let Some(first) = self.store.read(&stream, 0).next() else { return Ok(None) };
+        let first = first.map_err(|e| internal(&e))?;
+        match crate::upcast::delivery_event(&first).map_err(|e| internal(&e))? {
+            DeliveryEvent::Accepted { params, .. } => Ok(Some(*params)),
+            _ => Err(RelayError::internal("a delivery stream that does not begin with its acceptance")),
+        }
     }
 }

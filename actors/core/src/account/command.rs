@@ -10,6 +10,7 @@
 use super::decide::{self, Ctx, ReceiveDecision, SendDecision, SettleDecision};
 use super::events::AccountEvent;
 use super::ledger::{ReceiptEntry, SendEntry};
+use super::replica::{self, Page};
 use super::session::{Challenges, Grant};
 use super::state::AccountState;
 use super::sync;
@@ -141,6 +142,31 @@ pub enum AccountCmd<S> {
         device_id: String,
         endpoint: String,
     },
+    /// `timeline.replicate` from `peer`, the account's other home relay.
+    TimelineReplicate {
+        peer: String,
+        params: ReplicateParams,
+    },
+    /// A page pulled from `partner`'s `timeline.replicate`, to apply.
+    ReplicaApply {
+        partner: String,
+        page: Box<Page>,
+    },
+    /// `partner` answered `route_stale` with this route: the account moved.
+    ReplicaMoved {
+        partner: String,
+        route: Wire<Route>,
+    },
+    /// This relay's cursor in `partner`'s stream of the account: where its
+    /// next pull starts (a JSON number).
+    ReplicaCursor {
+        partner: String,
+    },
+    /// An operator marks everything unsynced for `partner`: history is
+    /// offered again (finished deliveries and records stay as they are).
+    ReplicaReset {
+        partner: String,
+    },
 }
 
 impl<S> AccountCmd<S> {
@@ -178,6 +204,11 @@ pub trait Reads {
     fn timeline_after(&self, after: u64) -> impl Iterator<Item = Result<(u64, IndexEntry), RelayError>>;
     /// The account event at `seq` of its stream (one that wrote a record).
     fn event(&self, seq: u64) -> Result<AccountEvent, RelayError>;
+    /// The account's events from sequence `after + 1` on, in order.
+    fn events_after(&self, after: u64) -> impl Iterator<Item = Result<(u64, AccountEvent), RelayError>>;
+    /// The params of this relay's delivery of the account's message
+    /// `message_id`, if this relay runs (or ran) one.
+    fn delivery_params(&self, message_id: &str) -> Result<Option<DeliverParams>, RelayError>;
 }
 
 /// What a command decided: the events to append (in one commit), what it
@@ -227,6 +258,9 @@ pub enum Effect {
     StoreSession { token: Token, grant: Grant },
     /// A revoked device: its stored sessions end and its sockets close.
     EndDevice { device_id: String },
+    /// A delivery this relay takes on for the sender's other home: its
+    /// stream and due entry ride in the same commit, and it starts when due.
+    Forward(Box<Begun>),
 }
 
 impl Reply {
@@ -430,6 +464,30 @@ pub fn decide<S>(
         }
         AccountCmd::PushGone { device_id, endpoint } => {
             Decision::write(decide::push_gone(state, device_id, endpoint), Reply::ok())
+        }
+        AccountCmd::TimelineReplicate { peer, params } => {
+            let (events, page) = replica::serve(state, peer, params, reads, ctx)?;
+            Decision::write(events, json(&page)?)
+        }
+        AccountCmd::ReplicaApply { partner, page } => {
+            let applied = replica::apply(state, partner, page, reads, ctx)?;
+            let refused: Vec<_> = applied.refused.iter().map(|(seq, e)| (seq, &e.message)).collect();
+            let items = applied.items_applied();
+            let reply = json(&serde_json::json!({ "items": items, "refused": refused }))?;
+            let effects = applied.forwarded.into_iter().map(|b| Effect::Forward(Box::new(b))).collect();
+            Decision { events: applied.events, reply, effects }
+        }
+        AccountCmd::ReplicaMoved { partner, route } => {
+            Decision::write(replica::moved(state, partner, route, ctx), Reply::ok())
+        }
+        AccountCmd::ReplicaCursor { partner } => Decision::reply(json(&state.replica(partner).pulled)?),
+        AccountCmd::ReplicaReset { partner } => {
+            let mark = state.replica(partner);
+            let events = match mark.served > 0 || mark.acked > 0 {
+                true => vec![AccountEvent::ReplicaReset { partner: partner.clone() }],
+                false => vec![],
+            };
+            Decision::write(events, Reply::ok())
         }
     })
 }

@@ -99,6 +99,37 @@ pub enum AccountEvent {
         endpoint: String,
         reason: String,
     },
+    /// `event` came from `partner`, the account's other home relay, where
+    /// it is event `origin_seq` of the account's stream (`timeline.replicate`,
+    /// [`super::replica`]). Applied as `event` itself (a record restamped
+    /// with this relay's next sequence); never offered back to the partner.
+    Replicated {
+        partner: String,
+        origin_seq: u64,
+        event: Box<AccountEvent>,
+    },
+    /// This relay applied the partner's items through `through` (its
+    /// cursor in the partner's stream), in the same commit as the items.
+    ReplicaPulled {
+        partner: String,
+        through: u64,
+    },
+    /// A `timeline.replicate` page through `through` was sent to `partner`.
+    ReplicaServed {
+        partner: String,
+        through: u64,
+    },
+    /// `partner` acknowledged storing the items through `through`: they
+    /// are synced.
+    ReplicaAcked {
+        partner: String,
+        through: u64,
+    },
+    /// An operator marked everything unsynced for `partner` (`relay
+    /// replication reset`): history is offered again.
+    ReplicaReset {
+        partner: String,
+    },
 }
 
 /// A device's Web Push subscription (RFC 8030 endpoint, RFC 8291 keys),
@@ -111,10 +142,11 @@ pub struct PushSubscription {
 }
 
 impl AccountEvent {
-    /// v2: `push_subscribed` and `push_unsubscribed` were added (no type
-    /// changed, so v1 events decode as they are; a v1 relay refuses a v2 log
-    /// by its version instead of failing on an unknown type).
-    pub const VERSION: u32 = 2;
+    /// v2: `push_subscribed` and `push_unsubscribed` were added; v3: the
+    /// replication events (`replicated`, `replica_*`). No type changed, so
+    /// older events decode as they are; an older relay refuses a newer log
+    /// by its version instead of failing on an unknown type.
+    pub const VERSION: u32 = 3;
 
     pub fn event_type(&self) -> &'static str {
         match self {
@@ -131,6 +163,11 @@ impl AccountEvent {
             AccountEvent::CursorMoved { .. } => "cursor_moved",
             AccountEvent::PushSubscribed { .. } => "push_subscribed",
             AccountEvent::PushUnsubscribed { .. } => "push_unsubscribed",
+            AccountEvent::Replicated { .. } => "replicated",
+            AccountEvent::ReplicaPulled { .. } => "replica_pulled",
+            AccountEvent::ReplicaServed { .. } => "replica_served",
+            AccountEvent::ReplicaAcked { .. } => "replica_acked",
+            AccountEvent::ReplicaReset { .. } => "replica_reset",
         }
     }
 
@@ -139,7 +176,16 @@ impl AccountEvent {
         match self {
             AccountEvent::MessageSent { record, .. } => record.as_deref(),
             AccountEvent::SelfDelivered { record, .. } | AccountEvent::MessageReceived { record, .. } => Some(record),
+            AccountEvent::Replicated { event, .. } => event.record(),
             _ => None,
+        }
+    }
+
+    /// The event as written at its origin: a replicated one's inner event.
+    pub fn origin(&self) -> &AccountEvent {
+        match self {
+            AccountEvent::Replicated { event, .. } => event.origin(),
+            e => e,
         }
     }
 }

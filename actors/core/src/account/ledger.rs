@@ -82,7 +82,7 @@ impl Entry {
 /// The message whose send entry `event` changes (rather than creates): the
 /// shell reads that entry and passes it to [`written`].
 pub fn changes(event: &AccountEvent) -> Option<&str> {
-    match event {
+    match event.origin() {
         AccountEvent::DeliveryUpdated { message_id, .. } => Some(message_id),
         _ => None,
     }
@@ -91,7 +91,7 @@ pub fn changes(event: &AccountEvent) -> Option<&str> {
 /// The entry `event` writes, if any. `current` is the send entry it changes
 /// (see [`changes`]); a status update for an unknown message writes nothing.
 pub fn written(account_id: &str, event: &AccountEvent, current: Option<&SendEntry>) -> Option<Entry> {
-    match event {
+    match event.origin() {
         AccountEvent::MessageSent { message_id, to, digest, accepted_at, deadline, retention_until, record } => {
             Some(Entry::Send {
                 message_id: message_id.clone(),

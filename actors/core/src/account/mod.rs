@@ -6,6 +6,7 @@ pub mod command;
 pub mod decide;
 pub mod events;
 pub mod ledger;
+pub mod replica;
 pub mod session;
 pub mod state;
 pub mod sync;

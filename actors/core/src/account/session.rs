@@ -42,6 +42,7 @@ impl Challenges {
         if !state.is_registered() {
             return Err(RelayError::not_found("unknown account"));
         }
+        serving(state, ctx)?;
         if !state.device_valid(device_id, ctx.now) {
             return Err(RelayError::device_unknown("unknown or revoked device"));
         }
@@ -64,6 +65,7 @@ impl Challenges {
         if p.account_id != state.account_id || !state.is_registered() {
             return Err(RelayError::not_found("unknown account"));
         }
+        serving(state, ctx)?;
         let key = state
             .device_key(&p.device_id, ctx.now)
             .ok_or_else(|| RelayError::device_unknown("unknown or revoked device"))?;
@@ -99,6 +101,16 @@ impl Challenges {
     /// None outstanding: the actor may passivate without losing any.
     pub fn is_empty(&self) -> bool {
         self.by_device.is_empty()
+    }
+}
+
+/// New sessions open only at a relay the account's route names: one the
+/// account left keeps what it had (an old copy, perhaps without the
+/// revocations made since) but admits no device.
+fn serving(state: &AccountState, ctx: Ctx) -> Result<(), RelayError> {
+    match state.route() {
+        Some(route) if !route.lists_relay(&ctx.policy.relay_id) => Err(super::decide::not_served_here(Some(route))),
+        _ => Ok(()),
     }
 }
 

@@ -62,6 +62,21 @@ impl<V> SmallMap<V> {
         }
     }
 
+    /// The entry of `key`, made with its default if absent.
+    pub fn entry(&mut self, key: &str) -> &mut V
+    where
+        V: Default,
+    {
+        let i = match self.find(key) {
+            Ok(i) => i,
+            Err(i) => {
+                self.0.insert(i, (key.to_owned(), V::default()));
+                i
+            }
+        };
+        &mut self.0[i].1
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = (&str, &V)> {
         self.0.iter().map(|(k, v)| (k.as_str(), v))
     }
@@ -111,6 +126,8 @@ impl<'de, V: Deserialize<'de>> Deserialize<'de> for SmallMap<V> {
 pub struct AccountState {
     pub account_id: AccountId,
     pub route: Option<Wire<Route>>,
+    /// blake3(JCS(params)) of the `account.register` that made the account
+    /// here; empty when it came from the other home (`timeline.replicate`).
     pub register_digest: String,
     pub devices: SmallMap<Device>,
     pub revocations: SmallMap<Wire<DeviceRevocation>>,
@@ -126,8 +143,23 @@ pub struct AccountState {
     /// subscribed are as before.
     #[serde(default, skip_serializing_if = "SmallMap::is_empty")]
     pub push: SmallMap<PushSubscription>,
+    /// Per partner home relay: how far replication went each way
+    /// (`timeline.replicate`). Absent from snapshots while empty.
+    #[serde(default, skip_serializing_if = "SmallMap::is_empty")]
+    pub replicas: SmallMap<Replica>,
     #[serde(skip)]
     account_key: Option<VerifyingKey>,
+}
+
+/// Replication with one partner home relay: `pulled`, this relay's cursor
+/// in the partner's stream (what it applied); `served`, the end of the
+/// last page it sent the partner; `acked`, what the partner acknowledged
+/// storing (the synced items are those through `acked`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Replica {
+    pub pulled: u64,
+    pub served: u64,
+    pub acked: u64,
 }
 
 pub fn contact_key(kind: &str, id: &str) -> String {
@@ -181,6 +213,15 @@ impl AccountState {
         self.account_key = self.route.as_ref().and_then(|r| parse_public_key("account_key", &r.account_key).ok());
     }
 
+    /// Replication with `partner` so far (all zero before any).
+    pub fn replica(&self, partner: &str) -> Replica {
+        self.replicas.get(partner).copied().unwrap_or_default()
+    }
+
+    fn replica_mut(&mut self, partner: &str) -> &mut Replica {
+        self.replicas.entry(partner)
+    }
+
     fn add_device(&mut self, cert: &Wire<DeviceCertificate>) {
         self.devices.insert(cert.device_id.clone(), Device::new(cert.clone()));
     }
@@ -223,6 +264,21 @@ impl AccountState {
             }
             AccountEvent::PushUnsubscribed { device_id, .. } => {
                 self.push.remove(device_id);
+            }
+            AccountEvent::Replicated { event, .. } => {
+                self.apply(event);
+                if let AccountEvent::Registered { .. } = **event {
+                    // Registered at the other home: no registration request
+                    // of this relay's to compare a repeat with.
+                    self.register_digest.clear();
+                }
+            }
+            AccountEvent::ReplicaPulled { partner, through } => self.replica_mut(partner).pulled = *through,
+            AccountEvent::ReplicaServed { partner, through } => self.replica_mut(partner).served = *through,
+            AccountEvent::ReplicaAcked { partner, through } => self.replica_mut(partner).acked = *through,
+            AccountEvent::ReplicaReset { partner } => {
+                let r = self.replica_mut(partner);
+                (r.served, r.acked) = (0, 0);
             }
         }
     }

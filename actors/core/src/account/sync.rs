@@ -80,7 +80,8 @@ pub fn records<'a>(
 ) -> Result<Vec<TimelineRecord<'a>>, RelayError> {
     let mut records = Vec::with_capacity(found.len());
     for (seq, event) in found {
-        let (direction, accepted_at, delivery) = match event {
+        // A record replicated from the other home reads as the original.
+        let (direction, accepted_at, delivery) = match event.origin() {
             AccountEvent::MessageSent { message_id, accepted_at, .. } => {
                 (Direction::Sent, *accepted_at, status(message_id)?)
             }

@@ -251,6 +251,36 @@ pub fn decide_acceptance(
     Begun { events, state, due_ms }
 }
 
+/// A message the sender's other home accepted and attempted first (SHiNE:
+/// the sender's server hands the send to the second server after its own
+/// attempt): this relay delivers it too, by its own state with the
+/// original `accepted_at` and deadline, from the timetable's next slot
+/// after now. Past the deadline it is due now, and ends by the timetable.
+pub fn decide_forwarded(
+    params: Box<DeliverParams>,
+    digest: String,
+    (accepted_at, deadline): (UnixSecs, UnixSecs),
+    now_ms: UnixMillis,
+    policy: &Policy,
+) -> Begun {
+    let first_due_ms =
+        next_attempt_ms(policy, accepted_at.millis(), now_ms, UnixMillis(0), deadline.millis()).unwrap_or(now_ms);
+    let env = &params.envelope;
+    let accepted = DeliveryEvent::Accepted {
+        from: AccountId::from(&env.from),
+        message_id: MessageId::from(&env.message_id),
+        to: AccountId::from(&env.to),
+        accepted_at,
+        deadline,
+        digest,
+        params,
+        first_due_ms,
+    };
+    let mut state = DeliveryState::default();
+    state.apply(&accepted);
+    Begun { events: vec![accepted], state, due_ms: Some(first_due_ms) }
+}
+
 /// Whether a `message.send` is delivered before its acceptance is written:
 /// the recipient's route names this relay alone, so the attempt is a call
 /// into this process that ends at once (see [`final_status`]). A route

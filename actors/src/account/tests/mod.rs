@@ -244,6 +244,8 @@ struct Given {
     ledger: Ledger,
     /// The account's stream: event `i` has sequence `i + 1`.
     events: Vec<AccountEvent>,
+    /// The params of the deliveries this relay runs, by message id.
+    deliveries: std::collections::BTreeMap<String, DeliverParams>,
 }
 
 impl Deref for Given {
@@ -255,7 +257,8 @@ impl Deref for Given {
 
 impl Given {
     fn new(account_id: &str) -> Self {
-        Given { state: AccountState::new(account_id), ledger: Ledger::default(), events: Vec::new() }
+        let (ledger, events, deliveries) = Default::default();
+        Given { state: AccountState::new(account_id), ledger, events, deliveries }
     }
 
     fn apply(&mut self, e: &AccountEvent) {
@@ -290,6 +293,14 @@ impl Reads for Given {
     fn event(&self, seq: u64) -> Result<AccountEvent, RelayError> {
         let i = usize::try_from(seq).ok().and_then(|s| s.checked_sub(1));
         i.and_then(|i| self.events.get(i)).cloned().ok_or_else(|| RelayError::internal("no such event"))
+    }
+
+    fn events_after(&self, after: u64) -> impl Iterator<Item = Result<(u64, AccountEvent), RelayError>> {
+        self.events.iter().cloned().zip(1..).filter(move |(_, seq)| *seq > after).map(|(e, seq)| Ok((seq, e)))
+    }
+
+    fn delivery_params(&self, message_id: &str) -> Result<Option<DeliverParams>, RelayError> {
+        Ok(self.deliveries.get(message_id).cloned())
     }
 }
 
@@ -484,4 +495,5 @@ mod message_timeline;
 mod push;
 mod route_settings_contact;
 mod snapshots;
+mod timeline_replicate;
 mod upgrade;

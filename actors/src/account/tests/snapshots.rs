@@ -8,7 +8,7 @@ fn snapshot_round_trip(s: &Given) -> Given {
     let bytes = serde_json::to_vec(&s.state).expect("snapshot serializes");
     let mut restored: AccountState = serde_json::from_slice(&bytes).expect("snapshot deserializes");
     restored.rebuild_caches();
-    Given { state: restored, ledger: s.ledger.clone(), events: s.events.clone() }
+    Given { state: restored, ..s.clone() }
 }
 
 /// A busy account: devices added, revoked and expiring, settings, a revoked

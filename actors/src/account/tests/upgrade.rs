@@ -80,7 +80,7 @@ fn an_old_snapshot_with_idempotency_results_still_loads_and_fills_the_ledger() {
     let actor = load(&store).unwrap();
     assert_eq!(stored_ledger(&store), expected_ledger(&events));
     // The state decides as the state folded from every event does.
-    let loaded = Given { state: actor.state().clone(), ledger: busy_alice().ledger, events: busy_alice().events };
+    let loaded = Given { state: actor.state().clone(), ..busy_alice() };
     assert_eq!(decisions(&loaded), decisions(&busy_alice()));
 }
 

@@ -1,0 +1,376 @@
+//! `timeline.replicate` (PROTOCOL §5): the two home relays of an account
+//! keep each other up to date with a pull whose items are acknowledged, as
+//! SHiNE's access servers do with `DmSyncBatch` and `ackSyncIds`.
+//!
+//! The outbox is the account's own stream: every event a client, a
+//! sender's relay or a delivery wrote here ([`offered`]), in stream order,
+//! under the serving relay's stream sequence. What came from the partner
+//! is wrapped in [`AccountEvent::Replicated`] and never offered back, so
+//! nothing loops; per-device read cursors and push subscriptions stay with
+//! the home they were made at (timeline sequences are per home).
+//!
+//! Serving ([`serve`]): `ack` marks the items through it synced (never
+//! beyond the last page actually sent); the page starts after `min(after,
+//! acked)`, so unacknowledged items come again after a disconnect, and a
+//! reset (`acked` back to 0) sends history again. Settings and devices
+//! come before messages within a page.
+//!
+//! Applying ([`apply`]): each item is decided as the command that wrote it
+//! would be here: account objects are verified again under the account
+//! key, messages are deduplicated by the ledger (one record per message
+//! whichever home accepted it, and a reset re-delivers nothing), records
+//! take this relay's next sequence. A sent message still delivering is
+//! delivered from here too, by this relay's own delivery state with the
+//! original `accepted_at` and deadline ([`forwarded`]).
+//!
+//! Timeline order both homes agree on: each home numbers its records in
+//! the order it stored them (`sequence`, the sync cursor), and a record's
+//! place in the conversation is `(envelope.created_at,
+//! envelope.message_id)`, the same at both homes.
+
+use super::decide::{self, Ctx};
+use super::events::AccountEvent;
+use super::ledger::{written, Entry, SendEntry};
+use super::state::{contact_key, AccountState};
+use super::timeline::fits_page;
+use super::Reads;
+use crate::delivery::core::{decide_forwarded, Begun};
+use relay_schemas::methods::{DeliverParams, ReplicateParams};
+use relay_schemas::objects::Route;
+use relay_schemas::{DeliveryStatus, RelayError, Status, UnixSecs, Wire};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+
+/// One replicated event of the serving relay's account stream.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Item {
+    /// Its sequence in the serving relay's stream of the account.
+    pub sequence: u64,
+    pub event: AccountEvent,
+    /// A sent message's delivery status at the serving relay now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<DeliveryStatus>,
+    /// A sent message still delivering: its delivery's params, so the
+    /// sender's other home can deliver it too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deliver: Option<Box<DeliverParams>>,
+}
+
+/// The `timeline.replicate` result.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Page {
+    pub items: Vec<Item>,
+    /// The cursor to ask after next (the last event looked at).
+    pub next: u64,
+    pub has_more: bool,
+}
+
+/// Events looked at per page at most, offered or not: a long run of
+/// events that are not replicated costs a bounded amount per request.
+pub const SCAN_PER_PAGE: usize = 2_000;
+
+/// Whether the partner gets this event.
+pub fn offered(event: &AccountEvent) -> bool {
+    use AccountEvent::*;
+    match event {
+        Registered { .. } | DeviceAdded { .. } | DeviceRevoked { .. } | SettingsUpdated { .. } => true,
+        RouteUpdated { .. } | ContactRevoked { .. } => true,
+        MessageSent { .. } | SelfDelivered { .. } | MessageReceived { .. } | DeliveryUpdated { .. } => true,
+        // Per home: read cursors (sequences differ), push subscriptions
+        // (the home a device subscribed at wakes it), replication itself.
+        CursorMoved { .. } | PushSubscribed { .. } | PushUnsubscribed { .. } => false,
+        Replicated { .. } | ReplicaPulled { .. } | ReplicaServed { .. } | ReplicaAcked { .. } => false,
+        ReplicaReset { .. } => false,
+    }
+}
+
+/// Account objects (settings and devices) go before messages in a page.
+fn is_message(event: &AccountEvent) -> bool {
+    event.record().is_some() || matches!(event, AccountEvent::MessageSent { .. } | AccountEvent::DeliveryUpdated { .. })
+}
+
+/// Replication of this account with `partner` is allowed: the account's
+/// route names both this relay and the partner. A partner the route no
+/// longer names (the account moved) gets `route_stale` with the route, so
+/// it learns the move ([`moved`]).
+pub fn may_replicate(state: &AccountState, partner: &str, ctx: Ctx) -> Result<(), RelayError> {
+    let route = state.route().ok_or_else(|| RelayError::not_found("unknown account"))?;
+    if partner == ctx.policy.relay_id {
+        return Err(RelayError::forbidden("a relay does not replicate with itself"));
+    }
+    if !route.lists_relay(&ctx.policy.relay_id) || !route.lists_relay(partner) {
+        return Err(decide::not_served_here(Some(route)));
+    }
+    Ok(())
+}
+
+/// The partner answered `route_stale` with `route`: the account moved.
+/// A valid higher revision of the account's route is kept here (as came
+/// from the partner), so this relay stops serving an account that left it.
+pub fn moved(state: &AccountState, partner: &str, route: &Wire<Route>, ctx: Ctx) -> Vec<AccountEvent> {
+    if !state.is_registered() || state.route().is_some_and(|r| r.revision >= route.revision) {
+        return vec![];
+    }
+    match decide::update_route(state, route, ctx) {
+        Ok(events) => events
+            .into_iter()
+            .map(|e| AccountEvent::Replicated { partner: partner.to_owned(), origin_seq: 0, event: Box::new(e) })
+            .collect(),
+        Err(_) => vec![],
+    }
+}
+
+/// `timeline.replicate` from `partner`: the events to write (the new
+/// acknowledgement and sent mark) and the page.
+pub fn serve(
+    state: &AccountState,
+    partner: &str,
+    p: &ReplicateParams,
+    reads: &impl Reads,
+    ctx: Ctx,
+) -> Result<(Vec<AccountEvent>, Page), RelayError> {
+    may_replicate(state, partner, ctx)?;
+    if p.limit == 0 || p.limit > relay_schemas::methods::REPLICATE_MAX_LIMIT {
+        return Err(RelayError::invalid_params("limit must be 1..=500"));
+    }
+    let mark = state.replica(partner);
+    let acked = p.ack.map_or(mark.acked, |ack| ack.min(mark.served).max(mark.acked));
+    let from = p.after.min(acked);
+    let mut page = Page { items: Vec::new(), next: from, has_more: false };
+    let mut bytes = 0;
+    let mut events = reads.events_after(from).peekable();
+    for _ in 0..SCAN_PER_PAGE {
+        let Some(next) = events.next() else { break };
+        let (seq, event) = next?;
+        if offered(&event) {
+            if page.items.len() >= p.limit as usize {
+                page.has_more = true;
+                break;
+            }
+            let item = item(seq, event, reads)?;
+            let size = serde_json::to_vec(&item).map_err(|e| RelayError::internal(e.to_string()))?.len();
+            if !fits_page(bytes, page.items.len(), size, ctx.policy.max_page_bytes) {
+                page.has_more = true;
+                break;
+            }
+            bytes += size;
+            page.items.push(item);
+        }
+        page.next = seq;
+    }
+    if !page.has_more {
+        page.has_more = events.peek().is_some();
+    }
+    // Stable: account objects first, then messages, each in stream order.
+    page.items.sort_by_key(|i| is_message(&i.event));
+    let mut written = Vec::new();
+    if acked > mark.acked {
+        written.push(AccountEvent::ReplicaAcked { partner: partner.to_owned(), through: acked });
+    }
+    // Only a page with items is remembered as sent: acks never go beyond
+    // one, and polling an idle account writes nothing.
+    if !page.items.is_empty() && page.next > mark.served {
+        written.push(AccountEvent::ReplicaServed { partner: partner.to_owned(), through: page.next });
+    }
+    Ok((written, page))
+}
+
+fn item(sequence: u64, event: AccountEvent, reads: &impl Reads) -> Result<Item, RelayError> {
+    let (status, deliver) = match &event {
+        AccountEvent::MessageSent { message_id, .. } => {
+            let status = reads.send_entry(message_id)?.map(|e| e.status);
+            let delivering = status.as_ref().is_some_and(|s| !s.status.is_terminal());
+            let deliver = if delivering { reads.delivery_params(message_id)?.map(Box::new) } else { None };
+            (status, deliver)
+        }
+        _ => (None, None),
+    };
+    Ok(Item { sequence, event, status, deliver })
+}
+
+/// What applying a page decided.
+#[derive(Debug, Default)]
+pub struct Applied {
+    /// Each item's events, wrapped as [`AccountEvent::Replicated`], then
+    /// the new cursor.
+    pub events: Vec<AccountEvent>,
+    /// Deliveries this relay takes on for sent messages still delivering.
+    pub forwarded: Vec<Begun>,
+    /// Items refused (their sequence and why); the cursor passes them.
+    pub refused: Vec<(u64, RelayError)>,
+}
+
+impl Applied {
+    /// How many of the page's items wrote something here.
+    pub fn items_applied(&self) -> usize {
+        let mut origins: Vec<u64> = self
+            .events
+            .iter()
+            .filter_map(|e| match e {
+                AccountEvent::Replicated { origin_seq, .. } => Some(*origin_seq),
+                _ => None,
+            })
+            .collect();
+        origins.dedup();
+        origins.len()
+    }
+}
+
+/// Applies a page pulled from `partner`.
+pub fn apply(
+    state: &AccountState,
+    partner: &str,
+    page: &Page,
+    reads: &impl Reads,
+    ctx: Ctx,
+) -> Result<Applied, RelayError> {
+    if state.is_registered() {
+        may_replicate(state, partner, ctx)?;
+    }
+    let mut scratch = state.clone();
+    let mut out = Applied::default();
+    // Sends written by this page, for the status updates after them.
+    let mut sends: HashMap<String, SendEntry> = HashMap::new();
+    for item in &page.items {
+        let decided = if scratch.is_registered() || matches!(item.event, AccountEvent::Registered { .. }) {
+            decide_item(&scratch, partner, item, reads, &sends, ctx)
+        } else {
+            Err(RelayError::forbidden("the partner offered no registration of the account"))
+        };
+        let (events, begun) = match decided {
+            Ok(d) => d,
+            Err(e) => {
+                out.refused.push((item.sequence, e));
+                continue;
+            }
+        };
+        for event in events {
+            if let Some(Entry::Send { message_id, entry }) = written(&state.account_id, &event, None) {
+                sends.insert(message_id, entry);
+            }
+            if let AccountEvent::DeliveryUpdated { message_id, status } = &event {
+                if let Some(e) = sends.get_mut(message_id) {
+                    e.status = status.clone();
+                }
+            }
+            let wrapped = AccountEvent::Replicated {
+                partner: partner.to_owned(),
+                origin_seq: item.sequence,
+                event: Box::new(event),
+            };
+            scratch.apply(&wrapped);
+            out.events.push(wrapped);
+        }
+        out.forwarded.extend(begun);
+    }
+    if !scratch.is_registered() {
+        // Nothing of an account that is not here: no stream for a stranger.
+        out.events.clear();
+        return Ok(out);
+    }
+    if !page.items.is_empty() && page.next > state.replica(partner).pulled {
+        out.events.push(AccountEvent::ReplicaPulled { partner: partner.to_owned(), through: page.next });
+    }
+    Ok(out)
+}
+
+/// One item, decided as here: the events it writes (unwrapped) and the
+/// delivery it begins, if any.
+fn decide_item(
+    state: &AccountState,
+    partner: &str,
+    item: &Item,
+    reads: &impl Reads,
+    sends: &HashMap<String, SendEntry>,
+    ctx: Ctx,
+) -> Result<(Vec<AccountEvent>, Option<Begun>), RelayError> {
+    let send_entry = |id: &str| -> Result<Option<SendEntry>, RelayError> {
+        match sends.get(id) {
+            Some(e) => Ok(Some(e.clone())),
+            None => reads.send_entry(id),
+        }
+    };
+    let next_sequence = state.last_sequence + 1;
+    let events = match &item.event {
+        AccountEvent::Registered { route, device_certificate, .. } => {
+            if state.is_registered() {
+                return Ok((vec![], None));
+            }
+            route.check(ctx.now, ctx.policy.clock_tolerance)?;
+            if route.account_id != state.account_id {
+                return Err(RelayError::forbidden("route names another account"));
+            }
+            if !route.lists_relay(&ctx.policy.relay_id) || !route.lists_relay(partner) {
+                return Err(RelayError::forbidden("the route does not name both home relays"));
+            }
+            device_certificate.check(ctx.now, ctx.policy.clock_tolerance)?;
+            if device_certificate.account_key != route.account_key {
+                return Err(RelayError::forbidden("device_certificate names another account"));
+            }
+            vec![item.event.clone()]
+        }
+        AccountEvent::DeviceAdded { device_certificate } => decide::add_device(state, device_certificate, ctx)?,
+        AccountEvent::DeviceRevoked { revocation } => decide::revoke_device(state, revocation, ctx)?,
+        AccountEvent::SettingsUpdated { public_discovery } => decide::update_settings(state, *public_discovery)?,
+        AccountEvent::RouteUpdated { route } => decide::update_route(state, route, ctx)?,
+        AccountEvent::ContactRevoked { kind, id } => match state.revoked_contacts.contains(&contact_key(kind, id)) {
+            true => vec![],
+            false => vec![item.event.clone()],
+        },
+        AccountEvent::MessageReceived { from, message_id, .. } => match reads.receipt_entry(from, message_id)? {
+            // Accepted here too (both homes were tried in parallel), or a
+            // reset sending it again: one record per message.
+            Some(_) => vec![],
+            None => vec![restamped(&item.event, next_sequence)],
+        },
+        AccountEvent::SelfDelivered { message_id, .. } => match send_entry(message_id)? {
+            Some(_) => vec![],
+            None => vec![restamped(&item.event, next_sequence)],
+        },
+        AccountEvent::MessageSent { message_id, accepted_at, deadline, .. } => {
+            if send_entry(message_id)?.is_some() {
+                return Ok((vec![], None));
+            }
+            let mut events = vec![restamped(&item.event, next_sequence)];
+            match (&item.status, &item.deliver) {
+                (Some(s), _) if s.status.is_terminal() => {
+                    events.push(AccountEvent::DeliveryUpdated { message_id: message_id.clone(), status: s.clone() });
+                }
+                (_, Some(params)) if UnixSecs(*deadline) > ctx.now => {
+                    let digest = decide::deliver_digest(params)?;
+                    let times = (UnixSecs(*accepted_at), UnixSecs(*deadline));
+                    let begun = decide_forwarded(params.clone(), digest, times, ctx.now.millis(), ctx.policy);
+                    return Ok((events, Some(begun)));
+                }
+                // Past its deadline, or no params: the partner's result
+                // comes with its status update.
+                _ => {}
+            }
+            events
+        }
+        AccountEvent::DeliveryUpdated { message_id, status } => {
+            let entry = send_entry(message_id)?;
+            // A failure there is not one here while this relay delivers
+            // the message itself: its own delivery ends it.
+            if status.status == Status::Failed && reads.delivery_params(message_id)?.is_some() {
+                vec![]
+            } else {
+                decide::record_delivery(entry.as_ref(), message_id, status)
+            }
+        }
+        other => return Err(RelayError::invalid_params(format!("{} is not replicated", other.event_type()))),
+    };
+    Ok((events, None))
+}
+
+/// A record-writing event with its record renumbered for this home.
+fn restamped(event: &AccountEvent, sequence: u64) -> AccountEvent {
+    let mut event = event.clone();
+    match &mut event {
+        AccountEvent::MessageSent { record: Some(r), .. }
+        | AccountEvent::SelfDelivered { record: r, .. }
+        | AccountEvent::MessageReceived { record: r, .. } => r.sequence = sequence,
+        _ => {}
+    }
+    event
+}

@@ -1,0 +1,358 @@
+//! `timeline.replicate` between an account's two home relays (PROTOCOL §5,
+//! SHiNE `DmSyncBatch`): serving pages with acknowledgements at one home
+//! (here `relay-a`), applying them at the other (`relay-b`).
+
+use super::*;
+use crate::account::replica::{self, Applied, Item, Page};
+use relay_schemas::methods::ReplicateParams;
+use relay_schemas::UnixMillis;
+
+const OTHER: &str = "relay-b";
+
+static POLICY_B: LazyLock<Policy> = LazyLock::new(|| Policy::with_relay_id(OTHER));
+
+/// Decisions at the other home.
+fn at_b(now: u64) -> Ctx<'static> {
+    Ctx::new(UnixSecs(now), &POLICY_B)
+}
+
+/// Alice with two homes (this relay and `relay-b`), her phone and laptop.
+fn at_a() -> Given {
+    let registered = registered_with(&alice(), &register_value(&alice(), &phone(), &[RELAY, OTHER], None));
+    given(&alice(), &[registered, device_added(&alice(), &laptop())])
+}
+
+fn replicate(
+    s: &Given,
+    peer: &str,
+    after: u64,
+    limit: u32,
+    ack: Option<u64>,
+) -> Result<(Vec<AccountEvent>, Page), RelayError> {
+    let p = ReplicateParams { account_id: alice().id, after, limit, ack, notify: false };
+    replica::serve(s, peer, &p, s, at(NOW))
+}
+
+/// Serves `relay-b` and keeps what serving wrote.
+fn serve(s: &mut Given, after: u64, ack: Option<u64>) -> Page {
+    let (events, page) = replicate(s, OTHER, after, 100, ack).unwrap();
+    events.iter().for_each(|e| s.apply(e));
+    page
+}
+
+fn seqs(page: &Page) -> Vec<u64> {
+    page.items.iter().map(|i| i.sequence).collect()
+}
+
+/// `relay-b` applies a page pulled from this relay.
+fn pull(b: &Given, page: &Page, now: u64) -> Applied {
+    replica::apply(b, RELAY, page, b, at_b(now)).unwrap()
+}
+
+/// `relay-b` with everything `a` has, pulled and applied (and `a` having
+/// served it).
+fn other_home_of(a: &mut Given) -> Given {
+    let applied = pull(&Given::new(&alice().id), &serve(a, 0, None), NOW);
+    assert!(applied.refused.is_empty(), "{:?}", applied.refused);
+    given(&alice(), &applied.events)
+}
+
+fn replicated(applied: &Applied) -> Vec<&AccountEvent> {
+    applied
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            AccountEvent::Replicated { event, .. } => Some(&**event),
+            _ => None,
+        })
+        .collect()
+}
+
+// ---- serving ------------------------------------------------------------------
+
+#[test]
+fn replicate_is_answered_only_to_the_accounts_other_home_relay() {
+    let a = at_a();
+    then_route_error(replicate(&a, "relay-c", 0, 100, None), &route(&alice(), 1, &[RELAY, OTHER]));
+    then_route_error(replicate(&given_alice([]), OTHER, 0, 100, None), &route(&alice(), 1, &[RELAY]));
+    then_error(replicate(&a, RELAY, 0, 100, None), ErrorCode::Forbidden);
+    then_error(replicate(&Given::new(&alice().id), OTHER, 0, 100, None), ErrorCode::NotFound);
+    assert!(replicate(&a, OTHER, 0, 100, None).is_ok());
+}
+
+#[test]
+fn an_item_is_marked_synced_only_after_the_partner_acknowledges_it() {
+    let mut a = at_a();
+    let (events, page) = replicate(&a, OTHER, 0, 100, None).unwrap();
+    assert_eq!((seqs(&page), page.next, page.has_more), (vec![1, 2], 2, false));
+    assert!(matches!(&events[..], [AccountEvent::ReplicaServed { through: 2, .. }]), "{events:?}");
+    events.iter().for_each(|e| a.apply(e));
+    assert_eq!(a.replica(OTHER).acked, 0, "sent is not synced");
+
+    let (events, page) = replicate(&a, OTHER, 2, 100, Some(2)).unwrap();
+    assert!(page.items.is_empty());
+    assert!(matches!(&events[..], [AccountEvent::ReplicaAcked { through: 2, .. }]), "{events:?}");
+    events.iter().for_each(|e| a.apply(e));
+    assert_eq!(a.replica(OTHER).acked, 2);
+    let (events, _) = replicate(&a, OTHER, 2, 100, Some(2)).unwrap();
+    assert!(events.is_empty(), "polling an idle account writes nothing: {events:?}");
+}
+
+#[test]
+fn an_ack_never_marks_more_than_was_sent() {
+    let a = at_a();
+    let (events, page) = replicate(&a, OTHER, 9, 100, Some(9)).unwrap();
+    assert!(!events.iter().any(|e| matches!(e, AccountEvent::ReplicaAcked { .. })), "{events:?}");
+    assert_eq!(seqs(&page), [1, 2], "nothing was acknowledged, so everything is offered");
+}
+
+#[test]
+fn unacknowledged_items_come_again_after_a_disconnect() {
+    let mut a = at_a();
+    let first = serve(&mut a, 0, None);
+    // The page was lost on the way: the partner asks again from where it stood.
+    let (_, again) = replicate(&a, OTHER, 0, 100, Some(0)).unwrap();
+    assert_eq!(seqs(&again), seqs(&first));
+}
+
+#[test]
+fn items_received_from_the_partner_are_never_offered_back() {
+    let mut a = at_a();
+    let from_b =
+        AccountEvent::Replicated { partner: OTHER.into(), origin_seq: 7, event: Box::new(public_discovery(true)) };
+    a.apply(&from_b);
+    a.apply(&AccountEvent::CursorMoved { device_id: "phone".into(), through: 0 });
+    let (_, page) = replicate(&a, OTHER, 0, 100, None).unwrap();
+    assert_eq!(seqs(&page), [1, 2]);
+    assert_eq!(page.next, 4, "the cursor passes what is not offered");
+}
+
+#[test]
+fn settings_and_devices_come_before_messages_in_a_page() {
+    let mut a = at_a();
+    let received = receive_event(&a, &bob_to_alice(1));
+    a.apply(&received);
+    a.apply(&public_discovery(true));
+    let (_, page) = replicate(&a, OTHER, 0, 100, None).unwrap();
+    assert_eq!(seqs(&page), [1, 2, 4, 3]);
+}
+
+#[test]
+fn a_page_holds_at_most_limit_items_and_says_more_is_waiting() {
+    let mut a = at_a();
+    for n in 1..=3 {
+        let received = receive_event(&a, &bob_to_alice(n));
+        a.apply(&received);
+    }
+    let mut page_after = |after: u64, ack: Option<u64>| {
+        let (events, page) = replicate(&a, OTHER, after, 2, ack).unwrap();
+        events.iter().for_each(|e| a.apply(e));
+        (seqs(&page), page.next, page.has_more)
+    };
+    assert_eq!(page_after(0, None), (vec![1, 2], 2, true));
+    assert_eq!(page_after(2, None), (vec![1, 2], 2, true), "a page not acknowledged comes again");
+    assert_eq!(page_after(2, Some(2)), (vec![3, 4], 4, true));
+    // (Serving wrote its own marks after event 5: the cursor passes them.)
+    let (items, next, has_more) = page_after(4, Some(4));
+    assert_eq!((items, has_more), (vec![5], false));
+    assert!(next > 5, "the cursor passes the marks written so far");
+}
+
+#[test]
+fn a_page_stays_under_the_byte_cap_but_always_takes_its_first_item() {
+    let a = at_a();
+    let small = Policy { max_page_bytes: 10, ..Policy::with_relay_id(RELAY) };
+    let p = ReplicateParams { account_id: alice().id, after: 0, limit: 100, ack: None, notify: false };
+    let (_, page) = replica::serve(&a, OTHER, &p, &a, under(&small, NOW)).unwrap();
+    assert_eq!((seqs(&page), page.next, page.has_more), (vec![1], 1, true));
+}
+
+#[test]
+fn replicate_refuses_a_page_size_outside_the_protocol_bounds() {
+    let a = at_a();
+    then_error(replicate(&a, OTHER, 0, 0, None), ErrorCode::InvalidParams);
+    then_error(replicate(&a, OTHER, 0, 501, None), ErrorCode::InvalidParams);
+}
+
+#[test]
+fn a_reset_offers_the_whole_history_again() {
+    let mut a = at_a();
+    serve(&mut a, 0, None);
+    serve(&mut a, 2, Some(2));
+    assert_eq!(a.replica(OTHER).acked, 2);
+    a.apply(&AccountEvent::ReplicaReset { partner: OTHER.into() });
+    let (events, page) = replicate(&a, OTHER, 2, 100, Some(2)).unwrap();
+    assert_eq!(seqs(&page), [1, 2]);
+    assert!(!events.iter().any(|e| matches!(e, AccountEvent::ReplicaAcked { .. })), "{events:?}");
+}
+
+// ---- applying at the other home ------------------------------------------------
+
+#[test]
+fn a_replicated_registration_makes_the_account_at_the_other_home() {
+    let b = other_home_of(&mut at_a());
+    assert!(b.is_registered());
+    assert!(b.device_valid("laptop", UnixSecs(NOW)));
+    assert_eq!(b.replica(RELAY).pulled, 2);
+    assert!(b.events[..2].iter().all(|e| matches!(e, AccountEvent::Replicated { partner, .. } if partner == RELAY)));
+}
+
+#[test]
+fn a_registration_whose_route_does_not_name_this_relay_is_refused_and_writes_nothing() {
+    let single = given_alice([]);
+    let items = single.events.iter().zip(1..).map(|(e, sequence)| Item {
+        sequence,
+        event: e.clone(),
+        status: None,
+        deliver: None,
+    });
+    let page = Page { items: items.collect(), next: 2, has_more: false };
+    let applied = pull(&Given::new(&alice().id), &page, NOW);
+    assert!(applied.events.is_empty(), "no stream for an account not served here: {:?}", applied.events);
+    assert_eq!(applied.refused.len(), 2);
+}
+
+#[test]
+fn a_partner_the_route_does_not_name_may_not_replicate_into_an_account() {
+    let b = other_home_of(&mut at_a());
+    let r = replica::apply(&b, "relay-c", &Page::default(), &b, at_b(NOW));
+    then_route_error(r, &route(&alice(), 1, &[RELAY, OTHER]));
+}
+
+#[test]
+fn a_message_both_homes_accepted_keeps_one_record() {
+    let mut a = at_a();
+    let mut b = other_home_of(&mut a);
+    let at_a_too = receive_event(&a, &bob_to_alice(1));
+    a.apply(&at_a_too);
+    let (here, _) = then_accepted(when_receive(&b, &bob_to_alice(1), at_b(NOW)));
+    b.apply(&here);
+    let page = serve(&mut a, 2, Some(2));
+    assert!(matches!(&page.items[..], [Item { event: AccountEvent::MessageReceived { .. }, .. }]), "{page:?}");
+    let applied = pull(&b, &page, NOW);
+    assert!(replicated(&applied).is_empty(), "{:?}", applied.events);
+}
+
+#[test]
+fn a_replicated_record_takes_the_next_sequence_of_this_home() {
+    let mut a = at_a();
+    let mut b = other_home_of(&mut a);
+    let (own, _) = then_accepted(when_receive(&b, &bob_to_alice(1), at_b(NOW)));
+    b.apply(&own);
+    let from_a = receive_event(&a, &bob_to_alice(2));
+    a.apply(&from_a);
+    assert_eq!(record_of(&from_a).sequence, 1);
+    let applied = pull(&b, &serve(&mut a, 2, Some(2)), NOW);
+    let [record] = &replicated(&applied)[..] else { panic!("{:?}", applied.events) };
+    assert_eq!(record_of(record).sequence, 2);
+    assert_eq!(record_of(record).envelope, record_of(&from_a).envelope);
+}
+
+#[test]
+fn a_send_still_delivering_is_delivered_from_the_other_home_with_its_original_deadline() {
+    let mut a = at_a();
+    let b = other_home_of(&mut a);
+    let sent = then_sent(when_send(&a, "phone", &alice_to_bob(1), at(NOW)));
+    a.apply(&sent.event);
+    a.deliveries.insert(mid(1), sent.deliver.clone());
+    let page = serve(&mut a, 2, Some(2));
+    let item = &page.items[0];
+    assert_eq!(item.status.as_ref().map(|s| s.status), Some(Status::Delivering));
+    assert!(item.deliver.is_some());
+
+    let applied = pull(&b, &page, NOW + 5);
+    let [begun] = &applied.forwarded[..] else { panic!("one delivery: {:?}", applied.forwarded) };
+    assert_eq!(begun.state.accepted_at, UnixSecs(NOW));
+    assert_eq!(begun.state.deadline, UnixSecs(sent.deadline), "the fixed deadline, not a new one");
+    let after_first = UnixMillis((NOW + 30) * 1000);
+    assert_eq!(begun.due_ms, Some(after_first), "the partner made the first attempt: the next slot is this home's");
+    let b = given(&alice(), &applied.events);
+    assert_eq!(b.sent(&mid(1)).status, DeliveryStatus::delivering(NOW));
+}
+
+#[test]
+fn a_send_the_partner_settled_takes_its_status_and_begins_no_delivery() {
+    let mut a = at_a();
+    let b = other_home_of(&mut a);
+    let sent = send_event(&a, &alice_to_bob(1));
+    a.apply(&sent);
+    let done = record_delivery(&a, &mid(1), &DeliveryStatus::target_accepted(NOW));
+    done.iter().for_each(|e| a.apply(e));
+    let applied = pull(&b, &serve(&mut a, 2, Some(2)), NOW);
+    assert!(applied.forwarded.is_empty());
+    let b = given(&alice(), &[b.events.clone(), applied.events].concat());
+    assert_eq!(b.sent(&mid(1)).status, DeliveryStatus::target_accepted(NOW));
+}
+
+#[test]
+fn a_partners_failure_is_not_taken_while_this_home_delivers_the_message_itself() {
+    let mut a = at_a();
+    let mut b = other_home_of(&mut a);
+    let sent = then_sent(when_send(&a, "phone", &alice_to_bob(1), at(NOW)));
+    a.apply(&sent.event);
+    a.deliveries.insert(mid(1), sent.deliver.clone());
+    let applied = pull(&b, &serve(&mut a, 2, Some(2)), NOW);
+    applied.events.iter().for_each(|e| b.apply(e));
+    b.deliveries.insert(mid(1), sent.deliver);
+    let failed = DeliveryStatus::failed(NOW, RelayError::new(ErrorCode::MessageExpired, "deadline"));
+    record_delivery(&a, &mid(1), &failed).iter().for_each(|e| a.apply(e));
+    let applied = pull(&b, &serve(&mut a, 3, Some(3)), NOW);
+    assert!(replicated(&applied).is_empty(), "{:?}", applied.events);
+}
+
+#[test]
+fn history_offered_again_after_a_reset_writes_nothing_and_delivers_nothing() {
+    let mut a = at_a();
+    let received = receive_event(&a, &bob_to_alice(1));
+    a.apply(&received);
+    let sent = then_sent(when_send(&a, "phone", &alice_to_bob(2), at(NOW)));
+    a.apply(&sent.event);
+    a.deliveries.insert(mid(2), sent.deliver.clone());
+    let mut b = Given::new(&alice().id);
+    pull(&b.clone(), &serve(&mut a, 0, None), NOW).events.iter().for_each(|e| b.apply(e));
+    b.deliveries.insert(mid(2), sent.deliver);
+    a.apply(&AccountEvent::ReplicaReset { partner: OTHER.into() });
+    let again = serve(&mut a, 4, Some(4));
+    assert_eq!(seqs(&again), [1, 2, 3, 4]);
+    let applied = pull(&b, &again, NOW);
+    assert!(replicated(&applied).is_empty() && applied.forwarded.is_empty(), "{applied:?}");
+}
+
+#[test]
+fn registering_at_the_other_home_after_replication_changes_nothing() {
+    let b = other_home_of(&mut at_a());
+    let v = json!({"route": route(&alice(), 1, &[RELAY, OTHER]), "device_certificate": cert(&alice(), &phone()),
+                   "registration": alice().registration(OTHER, false, NOW)});
+    then_no_events(decide::register(&b, &parse(&v), &digest(&v), None, at_b(NOW)));
+    let other_device = json!({"route": route(&alice(), 1, &[RELAY, OTHER]),
+        "device_certificate": cert(&alice(), &tablet()), "registration": alice().registration(OTHER, false, NOW)});
+    then_error(
+        decide::register(&b, &parse(&other_device), &digest(&other_device), None, at_b(NOW)),
+        ErrorCode::StateConflict,
+    );
+}
+
+#[test]
+fn a_partner_the_account_left_learns_the_move_from_route_stale() {
+    let mut a = at_a();
+    let b = other_home_of(&mut a);
+    let moved = route(&alice(), 2, &[RELAY]);
+    a.apply(&route_updated(&moved));
+    let e = then_rejected(replicate(&a, OTHER, 2, 100, Some(2)));
+    assert_eq!(e.code, ErrorCode::RouteStale);
+    let learned = replica::moved(&b, RELAY, &wire(&moved), at_b(NOW));
+    let b = given(&alice(), &[b.events.clone(), learned].concat());
+    assert_eq!(b.route().map(|r| r.revision), Some(2));
+    assert!(replica::moved(&b, RELAY, &wire(&route(&alice(), 1, &[RELAY, OTHER])), at_b(NOW)).is_empty(), "never back");
+}
+
+#[test]
+fn a_relay_the_account_left_opens_no_new_session() {
+    let mut a = at_a();
+    let b = other_home_of(&mut a);
+    let learned = replica::moved(&b, RELAY, &wire(&route(&alice(), 2, &[RELAY])), at_b(NOW));
+    let b = given(&alice(), &[b.events.clone(), learned].concat());
+    let mut challenges = crate::account::session::Challenges::default();
+    let e = then_rejected(challenges.issue(&b, "phone", [7; 32], at_b(NOW)));
+    assert_eq!(e.code, ErrorCode::RouteStale);
+}

@@ -1,0 +1,434 @@
+//! Accounts with two home relays (SHiNE's access-server pair): the account,
+//! its timeline and its sends kept the same at both by `timeline.replicate`
+//! (PROTOCOL §5), real relays on loopback. Alice's homes are relay-a and
+//! relay-b; bob lives on relay-c.
+
+use crate::common;
+
+use common::client::{message_ids, mid, now, Client, User};
+use common::cluster::Cluster;
+use common::proxy::{Fault, Proxy, Rule};
+use common::relay::{audit, RelayProc};
+use common::wait::eventually;
+use relay_schemas::client::{Account, Device};
+use serde_json::{json, Value};
+use std::time::Duration;
+
+/// Replication rounds and retries within a test's time.
+const FAST: &str = "[replication]\ninterval = \"300ms\"\n[delivery]\nretry_timetable = [\"0s\", \"300ms\", \"600ms\"]\nretry_then_every = \"300ms\"\nattempt_timeout = \"1s\"\n";
+
+const ALICE: u8 = 1;
+const BOB: u8 = 2;
+
+/// Registers account `seed` at `homes[0]` with a route naming both homes;
+/// its phone's session is at `homes[0]`.
+async fn register_two_homes(c: &Client, seed: u8, homes: [(&str, &str); 2], public_discovery: bool) -> User {
+    let account = Account::from_seed([seed; 32]);
+    let phone = Device::from_seed("phone", [seed.wrapping_add(100); 32]);
+    let route = account.route(1, &homes, now());
+    let cert = account.certificate(&phone, now(), None);
+    let params = account.register_params(&route, &cert, homes[0].0, public_discovery, now());
+    c.ok("account.register", None, &params).await;
+    let mut user = User { account, devices: vec![phone], tokens: vec![], relay_id: homes[0].0.into() };
+    let token = user.open_session(c, 0).await;
+    user.tokens.push(token);
+    user
+}
+
+/// The same account's devices with sessions at its other home `relay_id`,
+/// once the account has arrived there (bounded wait).
+async fn at_other_home(user: &User, c: &Client, relay_id: &str) -> User {
+    let mut other = User {
+        account: user.account.clone(),
+        devices: user.devices.clone(),
+        tokens: vec![],
+        relay_id: relay_id.into(),
+    };
+    for device in 0..other.devices.len() {
+        let token = eventually(&format!("a session at {relay_id}"), Duration::from_secs(20), || {
+            let other = &other;
+            async move {
+                let d = &other.devices[device];
+                let params = json!({"account_id": other.id(), "device_id": d.id});
+                let (code, ch) = c.call("session.challenge", None, &params).await;
+                if code != 200 {
+                    return Err(format!("session.challenge: {ch}"));
+                }
+                let challenge = ch["challenge"].as_str().unwrap();
+                let sig = d.session_proof(other.id(), challenge, relay_id);
+                let open =
+                    json!({"account_id": other.id(), "device_id": d.id, "challenge": challenge, "signature": sig});
+                match c.call("session.open", None, &open).await {
+                    (200, s) => Ok(s["token"].as_str().unwrap().to_owned()),
+                    (_, e) => Err(format!("session.open: {e}")),
+                }
+            }
+        })
+        .await;
+        other.tokens.push(token);
+    }
+    other
+}
+
+/// The records device 0 syncs, once there are `n` (bounded wait).
+async fn wait_records(user: &User, c: &Client, n: usize) -> Vec<Value> {
+    eventually(&format!("{n} records at {}", user.relay_id), Duration::from_secs(20), || async {
+        let records = user.sync_all(c, 0).await;
+        match records.len() {
+            got if got == n => Ok(records),
+            got => Err(format!("{got} records: {:?}", message_ids(&records))),
+        }
+    })
+    .await
+}
+
+/// The order both homes agree on: `(envelope.created_at, envelope.message_id)`.
+fn conversation(records: &[Value]) -> Vec<(String, String)> {
+    let mut keyed: Vec<(u64, String, String)> = records
+        .iter()
+        .map(|r| {
+            let env = &r["envelope"];
+            let id = env["message_id"].as_str().unwrap().to_owned();
+            (env["created_at"].as_u64().unwrap(), id, r["direction"].as_str().unwrap().to_owned())
+        })
+        .collect();
+    keyed.sort();
+    keyed.into_iter().map(|(_, id, dir)| (id, dir)).collect()
+}
+
+async fn status(c: &Client, user: &User, message_id: &str) -> Value {
+    c.ok("message.delivery.status", user.token(0), &json!({ "message_id": message_id })).await
+}
+
+async fn wait_status(c: &Client, user: &User, message_id: &str, want: &str, secs: u64) -> Value {
+    eventually(&format!("{message_id} {want} at {}", user.relay_id), Duration::from_secs(secs), || async {
+        let (code, st) = c.call("message.delivery.status", user.token(0), &json!({ "message_id": message_id })).await;
+        if code == 200 && st["status"] == want {
+            Ok(st)
+        } else {
+            Err(st.to_string())
+        }
+    })
+    .await
+}
+
+async fn wait_metric_at_least(c: &Client, metric: &str, n: f64) {
+    eventually(&format!("{metric} >= {n}"), Duration::from_secs(20), || async {
+        match c.metric(metric).await.unwrap_or(0.0) {
+            got if got >= n => Ok(()),
+            got => Err(format!("{got}")),
+        }
+    })
+    .await
+}
+
+fn homes(cluster: &Cluster) -> [(&str, &str); 2] {
+    [("relay-a", cluster.url("relay-a")), ("relay-b", cluster.url("relay-b"))]
+}
+
+#[actix_rt::test]
+async fn an_account_made_at_one_home_is_served_at_the_other_and_both_show_one_timeline() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::plan(dir.path(), &["relay-a", "relay-b", "relay-c"]);
+    let (a, b, c) = (cluster.start("relay-a", FAST), cluster.start("relay-b", FAST), cluster.start("relay-c", FAST));
+    let (ca, cb, cc) = (Client::new(&a.url), Client::new(&b.url), Client::new(&c.url));
+    let mut alice = register_two_homes(&ca, ALICE, homes(&cluster), true).await;
+    let bob = User::register(&cc, "relay-c", BOB, true).await;
+
+    // Registered at relay-a, the account opens sessions at relay-b; a device
+    // added at relay-b reaches relay-a.
+    let alice_b = at_other_home(&alice, &cb, "relay-b").await;
+    let laptop = Device::from_seed("laptop", [77; 32]);
+    let cert = alice.account.certificate(&laptop, now(), None);
+    cb.ok("device.add", alice_b.token(0), &json!({ "device_certificate": cert })).await;
+    alice.devices.push(laptop);
+    let alice_a = at_other_home(&alice, &ca, "relay-a").await;
+    assert_eq!(alice_a.tokens.len(), 2, "both devices open sessions at relay-a");
+
+    // Bob's relay delivers to both homes in parallel; each keeps one record.
+    for n in 1..=3 {
+        let st = cc.ok("message.send", bob.token(0), &bob.send_params(&alice, &mid(n), true)).await;
+        assert_eq!(st["status"], "target_accepted", "{st}");
+    }
+    // Alice answers from her other home.
+    let st = cb.ok("message.send", alice_b.token(0), &alice_b.send_params(&bob, &mid(4), true)).await;
+    assert_eq!(st["status"], "target_accepted", "{st}");
+
+    let at_a = wait_records(&alice, &ca, 4).await;
+    let at_b = wait_records(&alice_b, &cb, 4).await;
+    assert_eq!(conversation(&at_a), conversation(&at_b), "one timeline, in the order both homes agree on");
+    let mut ids = message_ids(&at_a);
+    ids.sort();
+    assert_eq!(ids, [mid(1), mid(2), mid(3), mid(4)], "one record per message");
+    assert_eq!(status(&ca, &alice, &mid(4)).await["status"], "target_accepted", "the send's status at either home");
+    assert_eq!(bob.sync_all(&cc, 0).await.iter().filter(|r| r["direction"] == "received").count(), 1);
+}
+
+#[actix_rt::test]
+async fn a_recipient_home_that_was_down_has_the_record_exactly_once_after_it_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::plan(dir.path(), &["relay-a", "relay-b", "relay-c"]);
+    let (a, mut b, c) =
+        (cluster.start("relay-a", FAST), cluster.start("relay-b", FAST), cluster.start("relay-c", FAST));
+    let (ca, cb, cc) = (Client::new(&a.url), Client::new(&b.url), Client::new(&c.url));
+    let alice = register_two_homes(&ca, ALICE, homes(&cluster), true).await;
+    let bob = User::register(&cc, "relay-c", BOB, true).await;
+    let alice_b = at_other_home(&alice, &cb, "relay-b").await;
+
+    b.kill9();
+    let st = cc.ok("message.send", bob.token(0), &bob.send_params(&alice, &mid(1), false)).await;
+    assert_eq!(st["status"], "target_accepted", "delivered via the home that is up: {st}");
+    b.restart();
+    let cb = Client::new(&b.url);
+    let records = wait_records(&alice_b, &cb, 1).await;
+    assert_eq!(message_ids(&records), [mid(1)]);
+
+    // More news makes another round: still one record of the first message.
+    let st = cc.ok("message.send", bob.token(0), &bob.send_params(&alice, &mid(2), false)).await;
+    assert_eq!(st["status"], "target_accepted");
+    let records = wait_records(&alice_b, &cb, 2).await;
+    let mut ids = message_ids(&records);
+    ids.sort();
+    assert_eq!(ids, [mid(1), mid(2)]);
+    assert_eq!(message_ids(&wait_records(&alice, &ca, 2).await).len(), 2);
+}
+
+#[actix_rt::test]
+async fn a_sender_home_killed_mid_delivery_leaves_the_other_to_finish_with_the_original_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::plan(dir.path(), &["relay-a", "relay-b", "relay-c"]);
+    let (mut a, mut b, mut c) =
+        (cluster.start("relay-a", FAST), cluster.start("relay-b", FAST), cluster.start("relay-c", FAST));
+    let (ca, cb) = (Client::new(&a.url), Client::new(&b.url));
+    let alice = register_two_homes(&ca, ALICE, homes(&cluster), false).await;
+    let bob = User::register(&Client::new(&c.url), "relay-c", BOB, true).await;
+    let alice_b = at_other_home(&alice, &cb, "relay-b").await;
+    ca.ok("route.get", alice.token(0), &json!({"account_id": bob.id()})).await; // relay-a knows bob's route
+    c.kill9();
+
+    let sent = ca.ok("message.send", alice.token(0), &alice.send_params(&bob, &mid(1), true)).await;
+    assert_eq!(sent["status"], "delivering", "{sent}");
+    // relay-b has taken the send on (after relay-a's first attempt).
+    let at_b = wait_status(&cb, &alice_b, &mid(1), "delivering", 20).await;
+    assert_eq!(at_b["accepted_at"], sent["accepted_at"]);
+    wait_metric_at_least(&cb, "relay_deliveries_in_flight", 1.0).await;
+    a.kill9();
+    c.restart();
+
+    let done = wait_status(&cb, &alice_b, &mid(1), "target_accepted", 30).await;
+    assert_eq!(done["accepted_at"], sent["accepted_at"]);
+    let cc = Client::new(&c.url);
+    let bob_c = User { tokens: vec![bob.open_session(&cc, 0).await], ..bob };
+    assert_eq!(message_ids(&wait_records(&bob_c, &cc, 1).await), [mid(1)]);
+
+    b.terminate();
+    let data = b.data_dir.to_str().unwrap().to_owned();
+    let (code, out, err) = audit(&["message", "--data-dir", &data, alice.id(), &mid(1), "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let story: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(story["delivery"]["deadline"], story["acceptance"]["deadline"], "relay-b kept the original deadline");
+    assert_eq!(story["delivery"]["accepted_at"], sent["accepted_at"]);
+    let steps: Vec<&str> =
+        story["replication"].as_array().unwrap().iter().map(|r| r["step"].as_str().unwrap()).collect();
+    assert!(steps.contains(&"received_from_partner"), "{steps:?}");
+}
+
+#[actix_rt::test]
+async fn peer_status_ends_the_second_homes_delivery_without_contacting_the_recipient() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::plan(dir.path(), &["relay-a", "relay-b", "relay-c"]);
+    // relay-b's attempts: two while relay-c is down, the third long after.
+    let slow = "[replication]\ninterval = \"300ms\"\n[delivery]\nretry_timetable = [\"0s\", \"1s\", \"2s\", \"15s\"]\nretry_then_every = \"15s\"\nattempt_timeout = \"1s\"\n";
+    let (a, mut b, mut c) =
+        (cluster.start("relay-a", FAST), cluster.start("relay-b", slow), cluster.start("relay-c", FAST));
+    let (ca, cb) = (Client::new(&a.url), Client::new(&b.url));
+    let alice = register_two_homes(&ca, ALICE, homes(&cluster), false).await;
+    let bob = User::register(&Client::new(&c.url), "relay-c", BOB, true).await;
+    let alice_b = at_other_home(&alice, &cb, "relay-b").await;
+    ca.ok("route.get", alice.token(0), &json!({"account_id": bob.id()})).await;
+    c.kill9();
+
+    let sent = ca.ok("message.send", alice.token(0), &alice.send_params(&bob, &mid(1), false)).await;
+    assert_eq!(sent["status"], "delivering", "{sent}");
+    wait_status(&cb, &alice_b, &mid(1), "delivering", 20).await;
+    // relay-b's own first two attempts found relay-c down.
+    wait_metric_at_least(&cb, r#"relay_delivery_attempts_total{outcome="not_attempted"}"#, 2.0).await;
+    c.restart();
+    wait_status(&ca, &alice, &mid(1), "target_accepted", 20).await;
+    // relay-b's next attempt asks relay-a first and ends there.
+    eventually("relay-b's delivery ended", Duration::from_secs(30), || async {
+        match cb.metric("relay_deliveries_in_flight").await {
+            Some(0.0) => Ok(()),
+            n => Err(format!("in flight {n:?}")),
+        }
+    })
+    .await;
+    let cc = Client::new(&c.url);
+    let (_, metrics) = cc.get("/metrics").await;
+    let from = |peer: &str| -> f64 {
+        let prefix = format!("relay_peer_requests_total{{peer=\"{peer}\",direction=\"in\"");
+        metrics
+            .lines()
+            .filter(|l| l.starts_with(&prefix))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    assert!(from("relay-a") >= 1.0, "relay-a delivered (and the metric is read right)");
+    assert_eq!(from("relay-b"), 0.0, "relay-c never heard from relay-b");
+
+    b.terminate();
+    let data = b.data_dir.to_str().unwrap().to_owned();
+    let (code, out, err) = audit(&["message", "--data-dir", &data, alice.id(), &mid(1), "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let story: Value = serde_json::from_str(&out).unwrap();
+    let delivery = &story["delivery"];
+    assert_eq!(delivery["finished"]["status"]["status"], "target_accepted", "{delivery}");
+    assert_eq!(delivery["finished"]["by_attempt"], Value::Null, "confirmed by the other home: {delivery}");
+    assert_eq!(delivery["attempts"].as_array().unwrap().len(), 2, "{delivery}");
+}
+
+/// relay-b reaches relay-a only through `proxy`.
+fn start_b_through(cluster: &Cluster, proxy: &Proxy, extra: &str) -> RelayProc {
+    let mut peers = String::new();
+    for m in cluster.members.iter().filter(|m| m.id != "relay-b") {
+        let url = if m.id == "relay-a" { proxy.url.as_str() } else { m.url.as_str() };
+        peers
+            .push_str(&format!("[[peers]]\nid = \"{}\"\nurl = \"{url}\"\npublic_key = \"{}\"\n\n", m.id, m.public_key));
+    }
+    let listen = cluster.url("relay-b").trim_start_matches("http://").to_string();
+    RelayProc::start_at(&cluster.dir, "relay-b", &listen, &format!("{peers}\n{extra}"))
+}
+
+#[actix_rt::test]
+async fn replication_cut_in_the_middle_of_a_page_loses_nothing_and_duplicates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::plan(dir.path(), &["relay-a", "relay-b", "relay-c"]);
+    let mut a = cluster.start("relay-a", FAST);
+    let proxy = Proxy::start(cluster.url("relay-a"));
+    let b = start_b_through(&cluster, &proxy, FAST);
+    let c = cluster.start("relay-c", FAST);
+    let (ca, cb, cc) = (Client::new(&a.url), Client::new(&b.url), Client::new(&c.url));
+    let alice = register_two_homes(&ca, ALICE, homes(&cluster), true).await;
+    let bob = User::register(&cc, "relay-c", BOB, true).await;
+    let alice_b = at_other_home(&alice, &cb, "relay-b").await;
+
+    // relay-a serves each of the next pages, and the answer never reaches relay-b.
+    let rule = |fault| Rule { method: Some("timeline.replicate".into()), message_id: None, fault, remaining: Some(3) };
+    proxy.add_rule(rule(Fault::ResetBeforeResponse));
+    for n in 1..=5 {
+        let st = ca.ok("message.send", alice.token(0), &alice.send_params(&bob, &mid(n), true)).await;
+        assert_eq!(st["status"], "target_accepted", "{st}");
+    }
+    let records = wait_records(&alice_b, &cb, 5).await;
+    let mut ids = message_ids(&records);
+    ids.sort();
+    assert_eq!(ids, (1..=5).map(mid).collect::<Vec<_>>(), "each sent record once");
+    let cut: Vec<_> = proxy.log().into_iter().filter(|e| e.fault == Fault::ResetBeforeResponse).collect();
+    assert_eq!(cut.len(), 3, "the cuts happened");
+    assert!(cut.iter().all(|e| e.upstream_status == Some(200)), "relay-a served each page it lost");
+    assert!(
+        cut.iter().any(|e| e.upstream_body.as_ref().is_some_and(|b| String::from_utf8_lossy(b).contains(&mid(1)))),
+        "a page with items was lost"
+    );
+    // The sender's own sends were never delivered twice.
+    assert_eq!(bob.sync_all(&cc, 0).await.len(), 5);
+
+    // relay-b's next request acknowledges what it stored: one more answered
+    // page after the records appeared (an empty one: caught up).
+    let caught_up = |log: &[common::proxy::Entry]| {
+        log.iter()
+            .filter(|e| e.method == "timeline.replicate" && e.fault == Fault::Pass && e.upstream_status == Some(200))
+            .filter(|e| e.upstream_body.as_ref().is_some_and(|b| String::from_utf8_lossy(b).contains("\"items\":[]")))
+            .count()
+    };
+    let before = caught_up(&proxy.log());
+    proxy.wait_for("relay-b acknowledges", Duration::from_secs(10), |log| caught_up(log) > before);
+
+    // relay-a's story of a message: sent to relay-b, then acknowledged.
+    a.terminate();
+    let data = a.data_dir.to_str().unwrap().to_owned();
+    let (code, out, err) = audit(&["message", "--data-dir", &data, alice.id(), &mid(1), "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let story: Value = serde_json::from_str(&out).unwrap();
+    let steps: Vec<&str> =
+        story["replication"].as_array().unwrap().iter().map(|r| r["step"].as_str().unwrap()).collect();
+    assert!(steps.contains(&"sent_to_partner") && steps.contains(&"acked_by_partner"), "{steps:?}");
+}
+
+#[actix_rt::test]
+async fn two_home_accounts_on_four_relays_keep_one_timeline_through_a_home_outage() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::plan(dir.path(), &["relay-a", "relay-b", "relay-c", "relay-d"]);
+    let (a, b) = (cluster.start("relay-a", FAST), cluster.start("relay-b", FAST));
+    let (c, mut d) = (cluster.start("relay-c", FAST), cluster.start("relay-d", FAST));
+    let (ca, cb, cc) = (Client::new(&a.url), Client::new(&b.url), Client::new(&c.url));
+    let alice = register_two_homes(&ca, ALICE, homes(&cluster), true).await;
+    let bob_homes = [("relay-c", cluster.url("relay-c")), ("relay-d", cluster.url("relay-d"))];
+    let bob = register_two_homes(&cc, BOB, bob_homes, true).await;
+    let alice_b = at_other_home(&alice, &cb, "relay-b").await;
+    let bob_d = at_other_home(&bob, &Client::new(&d.url), "relay-d").await;
+
+    // One of bob's homes is down: both directions still deliver.
+    d.kill9();
+    let st = ca.ok("message.send", alice.token(0), &alice.send_params(&bob, &mid(1), true)).await;
+    assert_eq!(st["status"], "target_accepted", "{st}");
+    let st = cc.ok("message.send", bob.token(0), &bob.send_params(&alice, &mid(2), true)).await;
+    assert_eq!(st["status"], "target_accepted", "{st}");
+    d.restart();
+    let cd = Client::new(&d.url);
+    // Both homes reachable: a send from alice's other home reaches both of bob's.
+    let st = cb.ok("message.send", alice_b.token(0), &alice_b.send_params(&bob, &mid(3), true)).await;
+    assert_eq!(st["status"], "target_accepted", "{st}");
+
+    let alice_timelines = [wait_records(&alice, &ca, 3).await, wait_records(&alice_b, &cb, 3).await];
+    let bob_timelines = [wait_records(&bob, &cc, 3).await, wait_records(&bob_d, &cd, 3).await];
+    for [one, other] in [alice_timelines, bob_timelines] {
+        assert_eq!(conversation(&one), conversation(&other), "the same timeline at both homes");
+        let mut ids = message_ids(&one);
+        ids.sort();
+        assert_eq!(ids, [mid(1), mid(2), mid(3)], "one record per message");
+    }
+}
+
+#[actix_rt::test]
+async fn a_reset_sends_history_again_and_delivers_nothing_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::plan(dir.path(), &["relay-a", "relay-b", "relay-c"]);
+    let (mut a, b, c) =
+        (cluster.start("relay-a", FAST), cluster.start("relay-b", FAST), cluster.start("relay-c", FAST));
+    let (ca, cb, cc) = (Client::new(&a.url), Client::new(&b.url), Client::new(&c.url));
+    let alice = register_two_homes(&ca, ALICE, homes(&cluster), true).await;
+    let bob = User::register(&cc, "relay-c", BOB, true).await;
+    let alice_b = at_other_home(&alice, &cb, "relay-b").await;
+    for n in 1..=2 {
+        let st = ca.ok("message.send", alice.token(0), &alice.send_params(&bob, &mid(n), true)).await;
+        assert_eq!(st["status"], "target_accepted", "{st}");
+    }
+    let st = cc.ok("message.send", bob.token(0), &bob.send_params(&alice, &mid(3), false)).await;
+    assert_eq!(st["status"], "target_accepted", "{st}");
+    let before = conversation(&wait_records(&alice_b, &cb, 3).await);
+    let delivered = cc.metric(r#"relay_requests_total{method="relay/message.deliver",code="ok"}"#).await;
+    assert!(delivered.is_some_and(|n| n >= 2.0), "relay-c counts the deliveries it took: {delivered:?}");
+
+    a.terminate();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_relay"))
+        .args(["replication", "reset", "--config"])
+        .arg(&a.config)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "reset 1 account(s)");
+    let known = r#"relay_replication_items_total{outcome="known"}"#;
+    let known_before = cb.metric(known).await.unwrap_or(0.0);
+    a.restart();
+
+    // relay-b is sent the whole history again (registration, two sends and
+    // their results, one receipt) and finds every item known.
+    wait_metric_at_least(&cb, known, known_before + 4.0).await;
+    assert_eq!(conversation(&alice_b.sync_all(&cb, 0).await), before, "no record added");
+    assert_eq!(alice.sync_all(&Client::new(&a.url), 0).await.len(), 3);
+    assert_eq!(bob.sync_all(&cc, 0).await.len(), 2, "bob got nothing twice");
+    let delivered_after = cc.metric(r#"relay_requests_total{method="relay/message.deliver",code="ok"}"#).await;
+    assert_eq!(delivered_after, delivered, "nothing delivered again");
+}
