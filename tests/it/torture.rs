@@ -5,7 +5,10 @@
 //! - `crash_torture_short_seeded` (CI): 150 messages, 6 SIGKILLs, 2 relays;
 //! - `crash_torture_long` (ignored): 5,000 messages, 60 SIGKILLs, 3 relays:
 //!   `cargo test --release --test it torture:: -- --ignored --nocapture`;
-//! - `graceful_sigterm_of_the_source_under_load_loses_and_duplicates_nothing`.
+//! - `graceful_sigterm_of_the_source_under_load_loses_and_duplicates_nothing`;
+//! - `torture_two_home_accounts_random_sigkills_lose_and_duplicate_nothing`
+//!   (CI): every account with two home relays (3 relays), 120 messages, 6
+//!   SIGKILLs of any relay; both homes must end the same.
 //!
 //! `TORTURE_SEED`, `TORTURE_MESSAGES` and `TORTURE_KILLS` override the
 //! seeded torture tests' parameters (a failing run prints them).
@@ -72,4 +75,21 @@ async fn graceful_sigterm_of_the_source_under_load_loses_and_duplicates_nothing(
     check(&report);
     assert_eq!(report.kill_events, 3);
     assert_eq!(report.accepted, 120, "every send answered 200");
+}
+
+/// Accounts with two home relays (a signed route naming both) under
+/// SIGKILLs of any relay at random moments: each message sent at one of
+/// the sender's homes (retries to the same relay), delivered to both homes
+/// of the recipient; at each home every accepted message is held exactly
+/// once, sequences are 1..=n, and both homes converge to the same records
+/// in the same `(created_at, message_id)` order; every delivery (the
+/// sender's other home's included) ends.
+#[actix_rt::test]
+async fn torture_two_home_accounts_random_sigkills_lose_and_duplicate_nothing() {
+    let p = Params::ci_two_homes().with_env();
+    let kills = p.kills;
+    let report = run(p).await;
+    check(&report);
+    assert!(report.two_homes, "ran in two-home mode");
+    assert_eq!(report.kill_events, kills);
 }

@@ -10,7 +10,7 @@ use common::cluster::Cluster;
 use common::proxy::{Fault, Proxy, Rule};
 use common::relay::{audit, RelayProc};
 use common::wait::eventually;
-use relay_schemas::client::{Account, Device};
+use relay_schemas::client::Device;
 use serde_json::{json, Value};
 use std::time::Duration;
 
@@ -20,54 +20,12 @@ const FAST: &str = "[replication]\ninterval = \"300ms\"\n[delivery]\nretry_timet
 const ALICE: u8 = 1;
 const BOB: u8 = 2;
 
-/// Registers account `seed` at `homes[0]` with a route naming both homes;
-/// its phone's session is at `homes[0]`.
 async fn register_two_homes(c: &Client, seed: u8, homes: [(&str, &str); 2], public_discovery: bool) -> User {
-    let account = Account::from_seed([seed; 32]);
-    let phone = Device::from_seed("phone", [seed.wrapping_add(100); 32]);
-    let route = account.route(1, &homes, now());
-    let cert = account.certificate(&phone, now(), None);
-    let params = account.register_params(&route, &cert, homes[0].0, public_discovery, now());
-    c.ok("account.register", None, &params).await;
-    let mut user = User { account, devices: vec![phone], tokens: vec![], relay_id: homes[0].0.into() };
-    let token = user.open_session(c, 0).await;
-    user.tokens.push(token);
-    user
+    User::register_two_homes(c, seed, homes, public_discovery).await
 }
 
-/// The same account's devices with sessions at its other home `relay_id`,
-/// once the account has arrived there (bounded wait).
 async fn at_other_home(user: &User, c: &Client, relay_id: &str) -> User {
-    let mut other = User {
-        account: user.account.clone(),
-        devices: user.devices.clone(),
-        tokens: vec![],
-        relay_id: relay_id.into(),
-    };
-    for device in 0..other.devices.len() {
-        let token = eventually(&format!("a session at {relay_id}"), Duration::from_secs(20), || {
-            let other = &other;
-            async move {
-                let d = &other.devices[device];
-                let params = json!({"account_id": other.id(), "device_id": d.id});
-                let (code, ch) = c.call("session.challenge", None, &params).await;
-                if code != 200 {
-                    return Err(format!("session.challenge: {ch}"));
-                }
-                let challenge = ch["challenge"].as_str().unwrap();
-                let sig = d.session_proof(other.id(), challenge, relay_id);
-                let open =
-                    json!({"account_id": other.id(), "device_id": d.id, "challenge": challenge, "signature": sig});
-                match c.call("session.open", None, &open).await {
-                    (200, s) => Ok(s["token"].as_str().unwrap().to_owned()),
-                    (_, e) => Err(format!("session.open: {e}")),
-                }
-            }
-        })
-        .await;
-        other.tokens.push(token);
-    }
-    other
+    user.at_other_home(c, relay_id, Duration::from_secs(20)).await
 }
 
 /// The records device 0 syncs, once there are `n` (bounded wait).
@@ -233,14 +191,22 @@ async fn a_sender_home_killed_mid_delivery_leaves_the_other_to_finish_with_the_o
     assert!(steps.contains(&"received_from_partner"), "{steps:?}");
 }
 
-#[actix_rt::test]
-async fn peer_status_ends_the_second_homes_delivery_without_contacting_the_recipient() {
+/// relay-b's attempts: two while relay-c is down, the third long after.
+const SLOW_B: &str = "[replication]\ninterval = \"300ms\"\n[delivery]\nretry_timetable = [\"0s\", \"1s\", \"2s\", \"15s\"]\nretry_then_every = \"15s\"\nattempt_timeout = \"1s\"\n";
+
+/// Alice (homes relay-a and relay-b) sends to bob (relay-c) at relay-a
+/// while relay-c is down; relay-b takes the send on and its own first two
+/// attempts find relay-c down; then relay-c returns and relay-a delivers.
+/// `cut`: from when relay-b has the send, its pulls from relay-a are
+/// dropped (it learns nothing more by replication). Returns once relay-b's
+/// delivery ended, with relay-b stopped: relay-c's inbound request counts
+/// by peer, and relay-b's story of the message.
+async fn second_home_ends_its_delivery(cut: bool) -> (f64, f64, Value, Vec<common::proxy::Entry>) {
     let dir = tempfile::tempdir().unwrap();
     let cluster = Cluster::plan(dir.path(), &["relay-a", "relay-b", "relay-c"]);
-    // relay-b's attempts: two while relay-c is down, the third long after.
-    let slow = "[replication]\ninterval = \"300ms\"\n[delivery]\nretry_timetable = [\"0s\", \"1s\", \"2s\", \"15s\"]\nretry_then_every = \"15s\"\nattempt_timeout = \"1s\"\n";
-    let (a, mut b, mut c) =
-        (cluster.start("relay-a", FAST), cluster.start("relay-b", slow), cluster.start("relay-c", FAST));
+    let a = cluster.start("relay-a", FAST);
+    let proxy = Proxy::start(cluster.url("relay-a"));
+    let (mut b, mut c) = (start_b_through(&cluster, &proxy, SLOW_B), cluster.start("relay-c", FAST));
     let (ca, cb) = (Client::new(&a.url), Client::new(&b.url));
     let alice = register_two_homes(&ca, ALICE, homes(&cluster), false).await;
     let bob = User::register(&Client::new(&c.url), "relay-c", BOB, true).await;
@@ -251,11 +217,17 @@ async fn peer_status_ends_the_second_homes_delivery_without_contacting_the_recip
     let sent = ca.ok("message.send", alice.token(0), &alice.send_params(&bob, &mid(1), false)).await;
     assert_eq!(sent["status"], "delivering", "{sent}");
     wait_status(&cb, &alice_b, &mid(1), "delivering", 20).await;
-    // relay-b's own first two attempts found relay-c down.
+    if cut {
+        proxy.add_rule(Rule {
+            method: Some("timeline.replicate".into()),
+            message_id: None,
+            fault: Fault::Drop,
+            remaining: None,
+        });
+    }
     wait_metric_at_least(&cb, r#"relay_delivery_attempts_total{outcome="not_attempted"}"#, 2.0).await;
     c.restart();
     wait_status(&ca, &alice, &mid(1), "target_accepted", 20).await;
-    // relay-b's next attempt asks relay-a first and ends there.
     eventually("relay-b's delivery ended", Duration::from_secs(30), || async {
         match cb.metric("relay_deliveries_in_flight").await {
             Some(0.0) => Ok(()),
@@ -263,8 +235,7 @@ async fn peer_status_ends_the_second_homes_delivery_without_contacting_the_recip
         }
     })
     .await;
-    let cc = Client::new(&c.url);
-    let (_, metrics) = cc.get("/metrics").await;
+    let (_, metrics) = Client::new(&c.url).get("/metrics").await;
     let from = |peer: &str| -> f64 {
         let prefix = format!("relay_peer_requests_total{{peer=\"{peer}\",direction=\"in\"");
         metrics
@@ -273,18 +244,46 @@ async fn peer_status_ends_the_second_homes_delivery_without_contacting_the_recip
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum()
     };
-    assert!(from("relay-a") >= 1.0, "relay-a delivered (and the metric is read right)");
-    assert_eq!(from("relay-b"), 0.0, "relay-c never heard from relay-b");
-
+    let (from_a, from_b) = (from("relay-a"), from("relay-b"));
     b.terminate();
     let data = b.data_dir.to_str().unwrap().to_owned();
     let (code, out, err) = audit(&["message", "--data-dir", &data, alice.id(), &mid(1), "--json"]);
     assert_eq!(code, 0, "{err}");
-    let story: Value = serde_json::from_str(&out).unwrap();
+    (from_a, from_b, serde_json::from_str(&out).unwrap(), proxy.log())
+}
+
+/// relay-b's delivery of the message ended `target_accepted` after its two
+/// own attempts, confirmed by the other home rather than by an attempt.
+fn ended_by_the_other_home(story: &Value) {
     let delivery = &story["delivery"];
     assert_eq!(delivery["finished"]["status"]["status"], "target_accepted", "{delivery}");
-    assert_eq!(delivery["finished"]["by_attempt"], Value::Null, "confirmed by the other home: {delivery}");
+    assert_eq!(delivery["finished"]["by_attempt"], Value::Null, "{delivery}");
     assert_eq!(delivery["attempts"].as_array().unwrap().len(), 2, "{delivery}");
+}
+
+#[actix_rt::test]
+async fn peer_status_ends_the_second_homes_delivery_without_contacting_the_recipient() {
+    let (from_a, from_b, story, log) = second_home_ends_its_delivery(true).await;
+    assert!(from_a >= 1.0, "relay-a delivered (and the metric is read right)");
+    assert_eq!(from_b, 0.0, "relay-c never heard from relay-b");
+    ended_by_the_other_home(&story);
+    let asked = log.iter().filter(|e| e.method == "message.delivery.peer_status" && e.upstream_status == Some(200));
+    let said = |e: &&common::proxy::Entry| {
+        e.upstream_body.as_ref().is_some_and(|b| String::from_utf8_lossy(b).contains("target_accepted"))
+    };
+    assert!(asked.clone().any(|e| said(&e)), "relay-b asked relay-a, which had delivered it");
+    assert!(log.iter().any(|e| e.method == "timeline.replicate" && e.fault == Fault::Drop), "replication was cut");
+}
+
+#[actix_rt::test]
+async fn a_home_that_learns_its_partner_delivered_ends_its_own_delivery_without_contacting_the_recipient() {
+    let (from_a, from_b, story, log) = second_home_ends_its_delivery(false).await;
+    assert!(from_a >= 1.0);
+    assert_eq!(from_b, 0.0, "relay-c never heard from relay-b");
+    ended_by_the_other_home(&story);
+    // (Whether relay-b still asked relay-a depends on which came first: its
+    // wake-up when relay-a called, or the replicated result.)
+    let _ = log;
 }
 
 /// relay-b reaches relay-a only through `proxy`.

@@ -211,7 +211,12 @@ impl DeliveryActor {
             return self.stop_until(due, ctx);
         }
         // Before the route and the attempt: the sender's other home relay
-        // may already have delivered it (attempts after the second).
+        // may already have delivered it. Known here (its result came by
+        // replication): end now; else ask it (attempts after the second).
+        if self.ports.delivered_by_other_home(&self.state.from, &self.state.message_id) {
+            let events = decide_peer_confirmed(&self.state);
+            return self.finish(events, ctx);
+        }
         let (transport, ports) = (self.env.transport.clone(), self.ports.clone());
         let sender_route = self.env.routes.get(&self.state.from).ok().flatten();
         let own = &self.env.policy.relay_id;

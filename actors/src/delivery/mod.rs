@@ -67,6 +67,10 @@ pub trait Ports: Send + Sync + 'static {
     fn destination(&self, relay_id: &str) -> Arc<Semaphore>;
     /// Peer `relay_id` answered: its waiting deliveries may start now.
     fn peer_seen(&self, relay_id: &str);
+    /// Whether the sender `from`'s account here records the message
+    /// `target_accepted` while this delivery has not ended: its other home
+    /// delivered it (learned by `timeline.replicate`).
+    fn delivered_by_other_home(&self, from: &str, message_id: &str) -> bool;
 }
 
 /// An outcome for the sender's account: the delivery's status of

@@ -168,6 +168,54 @@ impl User {
         i
     }
 
+    /// Registers account `seed` with device "phone" at `homes[0]` under a
+    /// route naming both `homes` (relay id, url); the phone's session is at
+    /// `homes[0]`.
+    pub async fn register_two_homes(c: &Client, seed: u8, homes: [(&str, &str); 2], public_discovery: bool) -> User {
+        let account = Account::from_seed([seed; 32]);
+        let phone = Device::from_seed("phone", [seed.wrapping_add(100); 32]);
+        let route = account.route(1, &homes, now());
+        let cert = account.certificate(&phone, now(), None);
+        let params = account.register_params(&route, &cert, homes[0].0, public_discovery, now());
+        let res = c.ok("account.register", None, &params).await;
+        assert_eq!(res["account_id"], account.id);
+        let mut user = User { account, devices: vec![phone], tokens: vec![], relay_id: homes[0].0.into() };
+        let token = user.open_session(c, 0).await;
+        user.tokens.push(token);
+        user
+    }
+
+    /// The same account's devices with sessions at its other home
+    /// `relay_id` (`c`), once the account has arrived there by replication
+    /// (waits up to `limit`).
+    pub async fn at_other_home(&self, c: &Client, relay_id: &str, limit: Duration) -> User {
+        let (account, devices) = (self.account.clone(), self.devices.clone());
+        let mut other = User { account, devices, tokens: vec![], relay_id: relay_id.into() };
+        for device in 0..other.devices.len() {
+            let what = format!("a session of {} at {relay_id}", other.id());
+            let token = super::wait::eventually(&what, limit, || other.try_open_session(c, device)).await;
+            other.tokens.push(token);
+        }
+        other
+    }
+
+    /// A session for `device` here, or why not (no panic).
+    pub async fn try_open_session(&self, c: &Client, device: usize) -> Result<String, String> {
+        let d = &self.devices[device];
+        let params = json!({"account_id": self.id(), "device_id": d.id});
+        let ch = match c.try_call("session.challenge", None, &params).await? {
+            (200, ch) => ch,
+            (_, e) => return Err(format!("session.challenge: {e}")),
+        };
+        let challenge = ch["challenge"].as_str().ok_or("no challenge")?;
+        let sig = d.session_proof(self.id(), challenge, &self.relay_id);
+        let open = json!({"account_id": self.id(), "device_id": d.id, "challenge": challenge, "signature": sig});
+        match c.try_call("session.open", None, &open).await? {
+            (200, s) => s["token"].as_str().map(str::to_owned).ok_or_else(|| format!("no token: {s}")),
+            (_, e) => Err(format!("session.open: {e}")),
+        }
+    }
+
     pub async fn open_session(&self, c: &Client, device: usize) -> String {
         let d = &self.devices[device];
         let ch = c.ok("session.challenge", None, &json!({"account_id": self.id(), "device_id": d.id})).await;

@@ -32,6 +32,23 @@
 //! - every relay stops cleanly (SIGTERM, exit 0) and its data dir passes
 //!   `relay audit verify` (or, where that subcommand does not exist, the
 //!   store's `verify_chain` over every stream: see [`verify_data_dir`]).
+//!
+//! Two-home mode ([`Params::two_homes`], 3 relays): every account has two
+//! home relays, pairs rotating (a,b), (b,c), (c,a), …: registered at the
+//! first with a signed route naming both, then (bounded wait) a session
+//! opened at the second once the account has replicated there (replication
+//! rounds every 300 ms). Each message is sent at one of the sender's homes
+//! (seeded), its retries to the same relay; "local" means sender and
+//! recipient share a home. The settle also waits (same bound) until no
+//! relay has a delivery in flight (`relay_deliveries_in_flight` 0: the
+//! sender's other home's own deliveries end too) and both homes of every
+//! account hold the same records; then the send's status at the sender's
+//! other home must be the same `target_accepted` with the same
+//! `accepted_at`. The timeline invariants above hold at EACH home (per
+//! home sequences `1..=n`), both homes hold the same records in the same
+//! `(created_at, message_id)` order (sequences and per-home acceptance
+//! times aside), and delivery attempts may aim at any of the recipient's
+//! two homes.
 
 use super::client::{now, sync_pages, Client, User};
 use super::cluster::Cluster;
@@ -51,7 +68,14 @@ use std::time::{Duration, Instant};
 pub const FAST_TIMETABLE: &str = "[delivery]\nretry_timetable = [\"0s\", \"200ms\", \"500ms\", \"1s\"]\n\
 retry_then_every = \"1s\"\nattempt_timeout = \"1s\"\n[limits]\ndelivery_age_limit = \"10m\"\n";
 
-const RELAY_IDS: [&str; 3] = ["relay-a", "relay-b", "relay-c"];
+const RELAY_IDS: [&str; 4] = ["relay-a", "relay-b", "relay-c", "relay-d"];
+
+/// Two-home mode: replication rounds within a run.
+const TWO_HOMES_CONFIG: &str = "[replication]\ninterval = \"300ms\"\n";
+
+/// How long an account registered at its first home may take to open a
+/// session at its second (replication brings it there).
+const REPLICATED_LIMIT: Duration = Duration::from_secs(30);
 
 /// How the killer stops a relay.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,7 +92,7 @@ pub struct Params {
     pub messages: usize,
     /// How many stop/restart events (one event may stop two relays).
     pub kills: usize,
-    /// 2 or 3 relays.
+    /// 2 or 3 relays (2 to 4 in two-home mode).
     pub relays: usize,
     pub accounts_per_relay: usize,
     /// Concurrent senders.
@@ -84,6 +108,11 @@ pub struct Params {
     pub resend_sample: usize,
     /// Bound on waiting for every delivery to end, after the load.
     pub settle_limit: Duration,
+    /// Two-home mode (3 or 4 relays): every account has two home relays,
+    /// pairs rotating (a,b), (b,c), …, back to a; see [`run`]. With 4,
+    /// accounts homed on (a,b) and (c,d) share no relay, so their messages
+    /// cross between relays.
+    pub two_homes: bool,
 }
 
 impl Params {
@@ -102,6 +131,22 @@ impl Params {
             max_down_ms: 400,
             resend_sample: 40,
             settle_limit: Duration::from_secs(90),
+            two_homes: false,
+        }
+    }
+
+    /// The CI version of the two-home mode: 4 relays, 8 accounts (each with
+    /// two homes), 120 messages, 6 SIGKILL stop events of any relay.
+    pub fn ci_two_homes() -> Params {
+        Params {
+            seed: 0x7e57_2403,
+            messages: 120,
+            kills: 6,
+            relays: 4,
+            accounts_per_relay: 2,
+            resend_sample: 30,
+            two_homes: true,
+            ..Params::ci()
         }
     }
 
@@ -225,17 +270,20 @@ pub struct StoreView {
     pub attempts: usize,
     /// Due-index entries left for deliveries that had finished.
     pub leftover_due: usize,
+    /// Attempts aimed at more than one relay (both homes of a recipient).
+    pub multi_target_attempts: usize,
 }
 
 /// Checks a stopped relay's delivery streams: one `accepted` first, attempt
 /// numbers 1, 2, 3, …, at most one `finished` and nothing after it, every
-/// attempt aimed at the recipient's home relay only (`home` of an account
-/// id: no route changes in a torture run, so any other target is a switch),
-/// and no due-index entry for an unfinished delivery (all are terminal by
-/// now).
+/// attempt aimed at the recipient's home relays only (`home` of an account
+/// id: its home relay, or its two homes; no route changes in a torture run,
+/// so any other target is a switch): with one home exactly that home, with
+/// two any non-empty subset of them (each at most once), and no due-index
+/// entry for an unfinished delivery (all are terminal by now).
 pub fn inspect_deliveries(
     data_dir: &std::path::Path,
-    home: &BTreeMap<String, String>,
+    home: &BTreeMap<String, Vec<String>>,
 ) -> Result<(StoreView, Vec<String>), String> {
     use relay_actors::delivery::{parse_due_key, DUE_PREFIX};
     let store = relay_actors::store::Store::open(&data_dir.join("store")).map_err(|e| e.to_string())?;
@@ -271,8 +319,11 @@ pub fn inspect_deliveries(
                     }
                     let targets: Vec<&str> =
                         body["targets"].as_array().into_iter().flatten().filter_map(|t| t.as_str()).collect();
+                    if targets.len() > 1 {
+                        view.multi_target_attempts += 1;
+                    }
                     let want = to.as_ref().and_then(|t| home.get(t));
-                    if !targets.is_empty() && want.is_none_or(|w| targets != [w.as_str()]) {
+                    if !targets.is_empty() && want.is_none_or(|w| !aimed_at_homes(&targets, w)) {
                         bad.push(format!(
                             "{stream}: attempt {attempts} aimed at {targets:?}, recipient's home {want:?}"
                         ));
@@ -298,13 +349,30 @@ pub fn inspect_deliveries(
     Ok((view, bad))
 }
 
+/// Whether an attempt's (non-empty) `targets` are the recipient's homes
+/// `homes`: with one home exactly it; with two, any of them, each once.
+fn aimed_at_homes(targets: &[&str], homes: &[String]) -> bool {
+    match homes {
+        [one] => targets == [one.as_str()],
+        _ => {
+            let distinct: BTreeSet<&str> = targets.iter().copied().collect();
+            distinct.len() == targets.len() && targets.iter().all(|t| homes.iter().any(|h| h == t))
+        }
+    }
+}
+
 /// What a run did and found.
 #[derive(Debug, Default)]
 pub struct Report {
     pub seed: u64,
+    /// Which mode ran: every account with two home relays, or one.
+    pub two_homes: bool,
     pub relays: usize,
     pub accounts: usize,
     pub messages: usize,
+    /// The planned messages by kind (self, local, remote; in two-home mode
+    /// also whether the sender's chosen home is one of the recipient's).
+    pub plan_mix: BTreeMap<String, usize>,
     /// `message.send` answered 200.
     pub accepted: usize,
     /// Refused with an error that is not retried: (message id, code).
@@ -325,8 +393,12 @@ pub struct Report {
     pub retryable_answers: BTreeMap<String, usize>,
     /// Final statuses of accepted messages, by status (and error code).
     pub final_statuses: BTreeMap<String, usize>,
-    /// Timeline records seen at the end, over all accounts.
+    /// Timeline records seen at the end, over all accounts (and homes).
     pub records: usize,
+    /// Two-home mode: records whose `accepted_at`/`expires_at` differ
+    /// between an account's two homes (each home may have accepted its own
+    /// delivery of a message; not a violation).
+    pub home_times_differ: usize,
     pub resent: usize,
     pub audits: Vec<Audit>,
     /// Streams checked with `verify_chain` (in addition to the audit).
@@ -334,6 +406,9 @@ pub struct Report {
     /// Per relay, what its delivery streams show.
     pub stores: Vec<(String, StoreView)>,
     pub load_time: Duration,
+    /// From the end of the load until every delivery ended (and, with two
+    /// homes, both homes converged).
+    pub settle_time: Duration,
     pub total_time: Duration,
     /// Broken invariants; empty on success.
     pub violations: Vec<String>,
@@ -345,8 +420,9 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "torture seed {:#x}: {} relays, {} accounts, {} messages ({} accepted, {} refused)",
+            "torture seed {:#x} ({}): {} relays, {} accounts, {} messages ({} accepted, {} refused)",
             self.seed,
+            if self.two_homes { "two-home mode: two home relays per account" } else { "single-home mode" },
             self.relays,
             self.accounts,
             self.messages,
@@ -359,11 +435,19 @@ impl fmt::Display for Report {
             self.kill_events, self.relays_stopped, self.retried_messages, self.lost_answers, self.max_tries, self.retryable_answers
         )?;
         writeln!(f, "  lost answers by kind {:?}", self.lost_kinds)?;
+        writeln!(f, "  planned messages by kind {:?}", self.plan_mix)?;
         writeln!(
             f,
             "  final statuses {:?}; {} timeline records; {} re-sent duplicates",
             self.final_statuses, self.records, self.resent
         )?;
+        if self.two_homes {
+            writeln!(
+                f,
+                "  two homes per account: {} records with per-home accepted_at/expires_at",
+                self.home_times_differ
+            )?;
+        }
         for a in &self.audits {
             writeln!(
                 f,
@@ -378,11 +462,18 @@ impl fmt::Display for Report {
         for (relay, v) in &self.stores {
             writeln!(
                 f,
-                "  {relay}: {} delivery streams, {} attempts, {} due entries left for finished deliveries",
-                v.deliveries, v.attempts, v.leftover_due
+                "  {relay}: {} delivery streams, {} attempts, {} due entries left for finished deliveries{}",
+                v.deliveries,
+                v.attempts,
+                v.leftover_due,
+                if self.two_homes {
+                    format!("; {} attempts at both homes", v.multi_target_attempts)
+                } else {
+                    String::new()
+                }
             )?;
         }
-        writeln!(f, "  load {:.1?}, total {:.1?}", self.load_time, self.total_time)?;
+        writeln!(f, "  load {:.1?}, settle {:.1?}, total {:.1?}", self.load_time, self.settle_time, self.total_time)?;
         if self.violations.is_empty() {
             writeln!(f, "  no violations: nothing lost, nothing duplicated")?;
         } else {
@@ -452,12 +543,37 @@ const RETRYABLE: [&str; 4] = ["temporarily_unavailable", "internal_error", "bad_
 /// How long one message may go unanswered before the run gives up on it.
 const SEND_LIMIT: Duration = Duration::from_secs(120);
 
+/// One home of an account: the relay's index and the phone's session
+/// token there. An account has one, or two in two-home mode.
+#[derive(Clone, Debug)]
+struct Place {
+    relay: usize,
+    token: String,
+}
+
+/// Whether accounts with homes `a` and `b` share a home relay.
+fn share_home(a: &[Place], b: &[Place]) -> bool {
+    a.iter().any(|x| b.iter().any(|y| x.relay == y.relay))
+}
+
+/// `account {u}`, and the relay when the account has two homes.
+fn label(u: usize, places: &[Place], relay: usize) -> String {
+    if places.len() > 1 {
+        format!("account {u} at {}", RELAY_IDS[relay])
+    } else {
+        format!("account {u}")
+    }
+}
+
 #[derive(Clone, Debug)]
 struct Planned {
     from: usize,
     to: usize,
     sender_boxes: bool,
     id: String,
+    /// Which of the sender's homes it is sent at (index into its places);
+    /// every retry goes to the same relay.
+    at: usize,
 }
 
 #[derive(Clone, Debug)]
@@ -533,15 +649,20 @@ async fn send_until_answered(c: &Client, token: &str, body: &[u8]) -> Tried {
     }
 }
 
-fn plan_messages(p: &Params, rng: &mut StdRng, homes: &[usize]) -> Vec<Planned> {
-    let senders: Vec<usize> =
-        (0..homes.len()).filter(|u| p.senders_on.is_empty() || p.senders_on.contains(&homes[*u])).collect();
+/// The seeded plan. "Local": sender and recipient share a home relay.
+/// With two homes, the home a message is sent at is a seeded choice too
+/// (drawn last, so a one-home plan is the same as it always was).
+fn plan_messages(p: &Params, rng: &mut StdRng, places: &[Vec<Place>]) -> Vec<Planned> {
+    let senders: Vec<usize> = (0..places.len())
+        .filter(|u| p.senders_on.is_empty() || places[*u].iter().any(|pl| p.senders_on.contains(&pl.relay)))
+        .collect();
     assert!(!senders.is_empty(), "no account may send");
     (0..p.messages)
         .map(|i| {
             let from = senders[rng.random_range(0..senders.len())];
-            let local: Vec<usize> = (0..homes.len()).filter(|u| *u != from && homes[*u] == homes[from]).collect();
-            let remote: Vec<usize> = (0..homes.len()).filter(|u| homes[*u] != homes[from]).collect();
+            let local: Vec<usize> =
+                (0..places.len()).filter(|u| *u != from && share_home(&places[*u], &places[from])).collect();
+            let remote: Vec<usize> = (0..places.len()).filter(|u| !share_home(&places[*u], &places[from])).collect();
             let roll = rng.random_range(0..100);
             let to = if roll < 15 || (local.is_empty() && remote.is_empty()) {
                 from
@@ -551,9 +672,35 @@ fn plan_messages(p: &Params, rng: &mut StdRng, homes: &[usize]) -> Vec<Planned> 
                 remote[rng.random_range(0..remote.len())]
             };
             let sender_boxes = from != to && rng.random_bool(0.5);
-            Planned { from, to, sender_boxes, id: format!("torture-{:08x}-{i:06}", p.seed as u32) }
+            let at = if places[from].len() > 1 { rng.random_range(0..places[from].len()) } else { 0 };
+            Planned { from, to, sender_boxes, id: format!("torture-{:08x}-{i:06}", p.seed as u32), at }
         })
         .collect()
+}
+
+/// The plan by kind, for the report.
+fn plan_mix(plan: &[Planned], places: &[Vec<Place>]) -> BTreeMap<String, usize> {
+    let mut mix = BTreeMap::new();
+    for m in plan {
+        let kind = if m.from == m.to {
+            "self"
+        } else if share_home(&places[m.from], &places[m.to]) {
+            "local"
+        } else {
+            "remote"
+        };
+        *mix.entry(kind.to_string()).or_default() += 1;
+        if places[m.from].len() > 1 && m.from != m.to {
+            let at = places[m.from][m.at].relay;
+            let key = if places[m.to].iter().any(|pl| pl.relay == at) {
+                "sent at a recipient's home"
+            } else {
+                "sent at a home the recipient lacks"
+            };
+            *mix.entry(key.to_string()).or_default() += 1;
+        }
+    }
+    mix
 }
 
 // ---- the killer ------------------------------------------------------------
@@ -627,51 +774,79 @@ fn killer(
 
 /// Runs the torture described by `p`; see the module doc.
 pub async fn run(p: Params) -> Report {
-    assert!((2..=3).contains(&p.relays), "2 or 3 relays");
+    match p.two_homes {
+        false => assert!((2..=3).contains(&p.relays), "2 or 3 relays"),
+        true => assert!((3..=4).contains(&p.relays), "two-home mode runs 3 or 4 relays"),
+    }
     let t0 = Instant::now();
-    let mut report = Report { seed: p.seed, relays: p.relays, messages: p.messages, ..Report::default() };
+    let mut report =
+        Report { seed: p.seed, two_homes: p.two_homes, relays: p.relays, messages: p.messages, ..Report::default() };
     eprintln!(
-        "torture: seed {:#x}, {} messages, {} stops ({:?}); reproduce with TORTURE_SEED={:#x} TORTURE_MESSAGES={} TORTURE_KILLS={}",
+        "torture ({}): seed {:#x}, {} messages, {} stops ({:?}); reproduce with TORTURE_SEED={:#x} TORTURE_MESSAGES={} TORTURE_KILLS={}",
+        if p.two_homes { "two homes per account" } else { "one home per account" },
         p.seed, p.messages, p.kills, p.stop, p.seed, p.messages, p.kills
     );
     let dir = tempfile::tempdir().unwrap();
     let ids = &RELAY_IDS[..p.relays];
     let cluster = Cluster::plan(dir.path(), ids);
-    let procs: Vec<RelayProc> = ids.iter().map(|id| cluster.start(id, FAST_TIMETABLE)).collect();
+    let extra = if p.two_homes { format!("{FAST_TIMETABLE}{TWO_HOMES_CONFIG}") } else { FAST_TIMETABLE.to_string() };
+    let procs: Vec<RelayProc> = ids.iter().map(|id| cluster.start(id, &extra)).collect();
     let urls: Vec<String> = ids.iter().map(|id| cluster.url(id).to_string()).collect();
     let rpc = clients(&urls);
 
     // Accounts: `accounts_per_relay` on every relay, public discovery on
-    // (no authorization material needed), one device each.
+    // (no authorization material needed), one device each. Two-home mode:
+    // as many, each registered at its first home with a route naming both,
+    // with a session at each home.
     let mut users = vec![];
-    let mut homes = vec![];
-    for (r, id) in ids.iter().enumerate() {
-        let c = Client::new(&urls[r]);
-        for k in 0..p.accounts_per_relay {
-            users.push(User::register(&c, id, (1 + r * p.accounts_per_relay + k) as u8, true).await);
-            homes.push(r);
+    let mut places: Vec<Vec<Place>> = vec![];
+    if p.two_homes {
+        for i in 0..p.relays * p.accounts_per_relay {
+            let pair = [i % p.relays, (i + 1) % p.relays];
+            let user = register_two_homes(&rpc, ids, pair, (1 + i) as u8).await;
+            let other = session_at(&user, &rpc[pair[1]], ids[pair[1]]).await;
+            places.push(vec![
+                Place { relay: pair[0], token: user.tokens[0].clone() },
+                Place { relay: pair[1], token: other },
+            ]);
+            users.push(user);
+        }
+    } else {
+        for (r, id) in ids.iter().enumerate() {
+            let c = Client::new(&urls[r]);
+            for k in 0..p.accounts_per_relay {
+                let user = User::register(&c, id, (1 + r * p.accounts_per_relay + k) as u8, true).await;
+                places.push(vec![Place { relay: r, token: user.tokens[0].clone() }]);
+                users.push(user);
+            }
         }
     }
     report.accounts = users.len();
+    let homed_at = |u: usize, r: usize| places[u].iter().any(|pl| pl.relay == r);
     // Every relay learns every remote account's route before the load (the
     // route book is durable), so a send never depends on a peer being up.
     // (A device with a session there asks, so the relay may ask its peers.)
     for (r, c) in rpc.iter().enumerate() {
-        let local = users.iter().zip(&homes).find(|(_, h)| **h == r).map(|(u, _)| u.token(0));
+        let local = places.iter().flatten().find(|pl| pl.relay == r).map(|pl| pl.token.as_str());
         for (u, user) in users.iter().enumerate() {
-            if homes[u] != r {
-                if let Err(e) = call(c, "route.get", local.flatten(), &json!({"account_id": user.id()})).await {
+            if !homed_at(u, r) {
+                if let Err(e) = call(c, "route.get", local, &json!({"account_id": user.id()})).await {
                     panic!("route.get before the load: {e}");
                 }
             }
         }
     }
 
-    let home: BTreeMap<String, String> =
-        users.iter().zip(&homes).map(|(u, r)| (u.id().to_string(), ids[*r].to_string())).collect();
+    let home: BTreeMap<String, Vec<String>> = users
+        .iter()
+        .zip(&places)
+        .map(|(u, pls)| (u.id().to_string(), pls.iter().map(|pl| ids[pl.relay].to_string()).collect()))
+        .collect();
     let mut rng = StdRng::seed_from_u64(p.seed);
-    let plan = plan_messages(&p, &mut rng, &homes);
+    let plan = plan_messages(&p, &mut rng, &places);
+    report.plan_mix = plan_mix(&plan, &places);
     let users = Rc::new(users);
+    let places = Rc::new(places);
 
     // The killer.
     let relays = Arc::new(Mutex::new(procs));
@@ -689,13 +864,13 @@ pub async fn run(p: Params) -> Report {
     let plan = Rc::new(plan);
     let tasks: Vec<_> = (0..p.senders.max(1))
         .map(|_| {
-            let (next, results, plan, users, urls, homes, progress) = (
+            let (next, results, plan, users, urls, places, progress) = (
                 next.clone(),
                 results.clone(),
                 plan.clone(),
                 users.clone(),
                 urls.clone(),
-                homes.clone(),
+                places.clone(),
                 progress.clone(),
             );
             actix_rt::spawn(async move {
@@ -713,8 +888,8 @@ pub async fn run(p: Params) -> Report {
                     let params =
                         sender.params_to(0, recipient.id(), &m.id, now(), &["phone"], m.sender_boxes.then_some(sb));
                     let body = serde_json::to_vec(&params).unwrap();
-                    let token = sender.tokens[0].clone();
-                    let t = send_until_answered(&rpc[homes[m.from]], &token, &body).await;
+                    let at = &places[m.from][m.at];
+                    let t = send_until_answered(&rpc[at.relay], &at.token, &body).await;
                     let (answer, tries, lost, retryable, lost_kinds) =
                         (t.answer, t.tries, t.lost, t.retryable, t.lost_kinds);
                     results.borrow_mut()[i] =
@@ -777,9 +952,11 @@ pub async fn run(p: Params) -> Report {
     }
 
     // Every accepted delivery ends (bounded), with its accepted_at.
-    let final_status = settle(&rpc, &homes, &users, &sent, &p, &mut report).await;
-    check_timelines(&rpc, &homes, &users, &sent, &final_status, &mut report).await;
-    resend_sample(&rpc, &homes, &users, &sent, &final_status, &p, &mut rng, &mut report).await;
+    let settle_start = Instant::now();
+    let final_status = settle(&rpc, &places, &sent, &p, &mut report).await;
+    report.settle_time = settle_start.elapsed();
+    check_timelines(&rpc, &places, &users, &sent, &final_status, &mut report).await;
+    resend_sample(&rpc, &places, &sent, &final_status, &p, &mut rng, &mut report).await;
 
     // Stop every relay gracefully, then audit its data dir.
     let mut procs = Arc::try_unwrap(relays)
@@ -820,59 +997,20 @@ pub async fn run(p: Params) -> Report {
 
 /// Polls `message.delivery.status` until every accepted message is
 /// terminal (bounded); checks `accepted_at`; returns the final statuses.
+/// Two-home mode, then: waits (same bound) until no relay has a delivery in
+/// flight and both homes of every account hold the same records, and
+/// checks each send's status at the sender's other home too.
 async fn settle(
     rpc: &[Client],
-    homes: &[usize],
-    users: &[User],
+    places: &[Vec<Place>],
     sent: &[Sent],
     p: &Params,
     report: &mut Report,
 ) -> BTreeMap<usize, Value> {
-    let mut finals = BTreeMap::new();
-    let mut pending: Vec<usize> = (0..sent.len()).filter(|i| matches!(sent[*i].answer, Answer::Accepted(_))).collect();
     let deadline = Instant::now() + p.settle_limit;
-    let mut last = BTreeMap::new();
-    while !pending.is_empty() {
-        let mut still = vec![];
-        for i in pending {
-            let s = &sent[i];
-            let u = &users[s.plan.from];
-            let st = match call(
-                &rpc[homes[s.plan.from]],
-                "message.delivery.status",
-                Some(&u.tokens[0]),
-                &json!({"message_id": s.plan.id}),
-            )
-            .await
-            {
-                Ok(st) => st,
-                Err(e) => {
-                    report.violations.push(format!("{}: status query failed: {e}", s.plan.id));
-                    continue;
-                }
-            };
-            if st["status"] == "delivering" {
-                last.insert(i, st);
-                still.push(i);
-            } else {
-                finals.insert(i, st);
-            }
-        }
-        pending = still;
-        if !pending.is_empty() {
-            if Instant::now() > deadline {
-                for i in &pending {
-                    report.violations.push(format!(
-                        "{}: still {} {} after {:?}",
-                        sent[*i].plan.id, last[i], "delivering", p.settle_limit
-                    ));
-                }
-                break;
-            }
-            // Waits for the relay processes' deliveries to settle: polls the pending statuses again (the deadline above records violations).
-            actix_rt::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
+    let accepted: Vec<usize> = (0..sent.len()).filter(|i| matches!(sent[*i].answer, Answer::Accepted(_))).collect();
+    let queries = accepted.iter().map(|i| (*i, sent[*i].plan.at)).collect();
+    let finals = poll_terminal(rpc, places, sent, queries, deadline, p.settle_limit, report).await;
     for (i, st) in &finals {
         let s = &sent[*i];
         let Answer::Accepted(reply) = &s.answer else { unreachable!() };
@@ -893,20 +1031,232 @@ async fn settle(
                 .push(format!("{}: accepted but ended {st} (healthy accounts: no failure allowed)", s.plan.id));
         }
     }
+    if places.iter().any(|pls| pls.len() > 1) {
+        wait_quiet_and_converged(rpc, places, deadline, p.settle_limit, report).await;
+        // The send's status at the sender's other home: the same.
+        let queries = accepted
+            .iter()
+            .filter(|i| places[sent[**i].plan.from].len() > 1)
+            .map(|i| (*i, 1 - sent[*i].plan.at))
+            .collect();
+        let others = poll_terminal(rpc, places, sent, queries, deadline, p.settle_limit, report).await;
+        for (i, st) in &others {
+            let s = &sent[*i];
+            let Answer::Accepted(reply) = &s.answer else { unreachable!() };
+            let other = RELAY_IDS[places[s.plan.from][1 - s.plan.at].relay];
+            if st["status"] != "target_accepted" || st["accepted_at"] != reply["accepted_at"] {
+                report
+                    .violations
+                    .push(format!("{}: at {other} (the sender's other home) ends {st}; answered {reply}", s.plan.id));
+            }
+        }
+    }
     finals
+}
+
+/// Polls `message.delivery.status` of messages `queries` ((index in
+/// `sent`, which of the sender's homes to ask)) until each is no longer
+/// `delivering`, at most until `deadline`. At the sender's other home an
+/// error answer (the send not replicated there yet) is polled again too.
+async fn poll_terminal(
+    rpc: &[Client],
+    places: &[Vec<Place>],
+    sent: &[Sent],
+    mut pending: Vec<(usize, usize)>,
+    deadline: Instant,
+    limit: Duration,
+    report: &mut Report,
+) -> BTreeMap<usize, Value> {
+    let mut finals = BTreeMap::new();
+    let mut last = BTreeMap::new();
+    while !pending.is_empty() {
+        let mut still = vec![];
+        for (i, home) in pending {
+            let s = &sent[i];
+            let place = &places[s.plan.from][home];
+            let other = home != s.plan.at;
+            let params = json!({"message_id": s.plan.id});
+            let st = match call(&rpc[place.relay], "message.delivery.status", Some(&place.token), &params).await {
+                Ok(st) => st,
+                Err(e) if other => {
+                    last.insert(i, Value::String(e));
+                    still.push((i, home));
+                    continue;
+                }
+                Err(e) => {
+                    report.violations.push(format!("{}: status query failed: {e}", s.plan.id));
+                    continue;
+                }
+            };
+            if st["status"] == "delivering" {
+                last.insert(i, st);
+                still.push((i, home));
+            } else {
+                finals.insert(i, st);
+            }
+        }
+        pending = still;
+        if !pending.is_empty() {
+            if Instant::now() > deadline {
+                for (i, home) in &pending {
+                    let s = &sent[*i];
+                    let at = if *home != s.plan.at {
+                        format!(" at {}", RELAY_IDS[places[s.plan.from][*home].relay])
+                    } else {
+                        String::new()
+                    };
+                    report
+                        .violations
+                        .push(format!("{}{at}: still {} {} after {:?}", s.plan.id, last[i], "delivering", limit));
+                }
+                break;
+            }
+            // Waits for the relay processes' deliveries to settle: polls the pending statuses again (the deadline above records violations).
+            actix_rt::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    finals
+}
+
+/// `relay_deliveries_in_flight` of a relay's `/metrics` (summed over
+/// labels, if any).
+async fn in_flight(c: &Client) -> Result<f64, String> {
+    const METRIC: &str = "relay_deliveries_in_flight";
+    let http = awc::Client::builder().timeout(Duration::from_secs(15)).finish();
+    let mut resp = http.get(format!("{}/metrics", c.base)).send().await.map_err(|e| format!("GET /metrics: {e}"))?;
+    let body = resp.body().limit(64 << 20).await.map_err(|e| format!("GET /metrics body: {e}"))?;
+    let text = String::from_utf8_lossy(&body);
+    let samples: Vec<f64> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix(METRIC))
+        .filter(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+        .filter_map(|rest| rest.rsplit(' ').next()?.parse().ok())
+        .collect();
+    if samples.is_empty() {
+        return Err(format!("no {METRIC} in /metrics (HTTP {})", resp.status()));
+    }
+    Ok(samples.iter().sum())
+}
+
+/// A record as both homes of an account must hold it, keyed by the order
+/// both agree on (`(envelope.created_at, envelope.message_id)`, then
+/// direction): without `sequence` (each home numbers its own) and the
+/// acceptance times (each home may have accepted its own delivery).
+type SharedRecord = ((u64, String, String), Value);
+
+fn replica_view(records: &[Value]) -> Vec<SharedRecord> {
+    let mut view: Vec<SharedRecord> = records
+        .iter()
+        .map(|r| {
+            let mut shared = r.clone();
+            if let Some(o) = shared.as_object_mut() {
+                for k in ["sequence", "accepted_at", "expires_at"] {
+                    o.remove(k);
+                }
+            }
+            let env = &r["envelope"];
+            let key = (
+                env["created_at"].as_u64().unwrap_or(0),
+                env["message_id"].as_str().unwrap_or("?").to_string(),
+                r["direction"].as_str().unwrap_or("?").to_string(),
+            );
+            (key, shared)
+        })
+        .collect();
+    view.sort_by(|a, b| a.0.cmp(&b.0));
+    view
+}
+
+/// How account `u`'s two homes differ (None: the same records, same order).
+fn homes_differ(u: usize, homes: [(usize, &[Value]); 2]) -> Option<String> {
+    let (a, b) = (replica_view(homes[0].1), replica_view(homes[1].1));
+    if a == b {
+        return None;
+    }
+    let keys = |v: &[SharedRecord]| v.iter().map(|(k, _)| k.clone()).collect::<BTreeSet<_>>();
+    let (ka, kb) = (keys(&a), keys(&b));
+    let only_a: Vec<_> = ka.difference(&kb).take(3).collect();
+    let only_b: Vec<_> = kb.difference(&ka).take(3).collect();
+    let changed: Vec<_> = a
+        .iter()
+        .filter(|(k, v)| b.iter().any(|(kb, vb)| kb == k && vb != v))
+        .take(2)
+        .map(|(k, v)| {
+            let other = &b.iter().find(|(kb, _)| kb == k).expect("found above").1;
+            format!("{k:?}: {v} vs {other}")
+        })
+        .collect();
+    let (ra, rb) = (RELAY_IDS[homes[0].0], RELAY_IDS[homes[1].0]);
+    Some(format!(
+        "account {u}: its homes differ: {ra} holds {} records, {rb} {}; only at {ra} {only_a:?}; only at {rb} {only_b:?}; different {changed:?}",
+        a.len(),
+        b.len()
+    ))
+}
+
+/// Two-home mode: waits (until `deadline`) until every relay reports no
+/// delivery in flight (the sender's other home's own deliveries ended too)
+/// and both homes of every account hold the same records.
+async fn wait_quiet_and_converged(
+    rpc: &[Client],
+    places: &[Vec<Place>],
+    deadline: Instant,
+    limit: Duration,
+    report: &mut Report,
+) {
+    loop {
+        let mut why = vec![];
+        for (r, c) in rpc.iter().enumerate() {
+            match in_flight(c).await {
+                Ok(0.0) => {}
+                Ok(n) => why.push(format!("{}: {n} deliveries in flight", RELAY_IDS[r])),
+                Err(e) => why.push(format!("{}: {e}", RELAY_IDS[r])),
+            }
+        }
+        if why.is_empty() {
+            for (u, pls) in places.iter().enumerate().filter(|(_, pls)| pls.len() == 2) {
+                let mut held = vec![];
+                for pl in pls {
+                    match timeline(&rpc[pl.relay], &pl.token).await {
+                        Ok(records) => held.push(records),
+                        Err(e) => why.push(format!("account {u} at {}: {e}", RELAY_IDS[pl.relay])),
+                    }
+                }
+                if let [a, b] = &held[..] {
+                    if let Some(d) = homes_differ(u, [(pls[0].relay, a), (pls[1].relay, b)]) {
+                        why.push(d);
+                    }
+                }
+            }
+        }
+        if why.is_empty() {
+            return;
+        }
+        if Instant::now() > deadline {
+            for w in why {
+                report.violations.push(format!("not settled after {limit:?}: {w}"));
+            }
+            return;
+        }
+        // Waits for the relay processes' deliveries and replication rounds: polls the metrics and timelines again (the deadline above records violations).
+        actix_rt::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Record identity in a timeline: (direction, from, message_id).
 type RecordKey = (String, String, String);
 
-async fn all_timelines(rpc: &[Client], homes: &[usize], users: &[User], report: &mut Report) -> Vec<Vec<Value>> {
+/// Every account's records at each of its homes: (account, relay, records).
+async fn all_timelines(rpc: &[Client], places: &[Vec<Place>], report: &mut Report) -> Vec<(usize, usize, Vec<Value>)> {
     let mut out = vec![];
-    for (u, user) in users.iter().enumerate() {
-        match timeline(&rpc[homes[u]], &user.tokens[0]).await {
-            Ok(records) => out.push(records),
-            Err(e) => {
-                report.violations.push(format!("account {u}: timeline sync failed: {e}"));
-                out.push(vec![]);
+    for (u, pls) in places.iter().enumerate() {
+        for pl in pls {
+            match timeline(&rpc[pl.relay], &pl.token).await {
+                Ok(records) => out.push((u, pl.relay, records)),
+                Err(e) => {
+                    report.violations.push(format!("{}: timeline sync failed: {e}", label(u, pls, pl.relay)));
+                    out.push((u, pl.relay, vec![]));
+                }
             }
         }
     }
@@ -923,13 +1273,14 @@ fn key_of(r: &Value) -> RecordKey {
 
 async fn check_timelines(
     rpc: &[Client],
-    homes: &[usize],
+    places: &[Vec<Place>],
     users: &[User],
     sent: &[Sent],
     finals: &BTreeMap<usize, Value>,
     report: &mut Report,
 ) {
-    // What each account must hold (exactly once) and may hold (at most once).
+    // What each account must hold (exactly once) and may hold (at most once),
+    // at each of its homes.
     let mut must: Vec<BTreeSet<RecordKey>> = vec![BTreeSet::new(); users.len()];
     let mut may: Vec<BTreeSet<RecordKey>> = vec![BTreeSet::new(); users.len()];
     for (i, s) in sent.iter().enumerate() {
@@ -962,14 +1313,15 @@ async fn check_timelines(
             }
         }
     }
-    let timelines = all_timelines(rpc, homes, users, report).await;
-    for (u, records) in timelines.iter().enumerate() {
+    let timelines = all_timelines(rpc, places, report).await;
+    for (u, relay, records) in &timelines {
+        let (u, who) = (*u, label(*u, &places[*u], *relay));
         report.records += records.len();
         let seqs: Vec<u64> = records.iter().map(|r| r["sequence"].as_u64().unwrap_or(0)).collect();
         if seqs != (1..=records.len() as u64).collect::<Vec<_>>() {
             let bad: Vec<_> = seqs.windows(2).filter(|w| w[1] != w[0] + 1).take(5).collect();
             report.violations.push(format!(
-                "account {u}: sequences are not 1..={} (first {:?}, breaks {bad:?})",
+                "{who}: sequences are not 1..={} (first {:?}, breaks {bad:?})",
                 records.len(),
                 seqs.first()
             ));
@@ -980,31 +1332,47 @@ async fn check_timelines(
             if r["direction"] == "sent" && r["delivery"]["status"] != "target_accepted" {
                 report
                     .violations
-                    .push(format!("account {u}: sent record {} shows {}", r["envelope"]["message_id"], r["delivery"]));
+                    .push(format!("{who}: sent record {} shows {}", r["envelope"]["message_id"], r["delivery"]));
             }
         }
         for (k, n) in &counts {
             if *n > 1 {
-                report.violations.push(format!("account {u}: DUPLICATE {k:?} held {n} times"));
+                report.violations.push(format!("{who}: DUPLICATE {k:?} held {n} times"));
             } else if !must[u].contains(k) && !may[u].contains(k) {
-                report.violations.push(format!("account {u}: unexpected record {k:?}"));
+                report.violations.push(format!("{who}: unexpected record {k:?}"));
             }
         }
         for k in &must[u] {
             if !counts.contains_key(k) {
-                report.violations.push(format!("account {u}: LOST {k:?}"));
+                report.violations.push(format!("{who}: LOST {k:?}"));
             }
         }
     }
+    // Two homes: the same records, in the same (created_at, message_id) order.
+    for (u, pls) in places.iter().enumerate().filter(|(_, pls)| pls.len() == 2) {
+        let held: Vec<(usize, &[Value])> =
+            timelines.iter().filter(|t| t.0 == u).map(|(_, r, records)| (*r, records.as_slice())).collect();
+        let [a, b] = held[..] else {
+            report.violations.push(format!("account {u}: {} timelines for {} homes", held.len(), pls.len()));
+            continue;
+        };
+        if let Some(d) = homes_differ(u, [a, b]) {
+            report.violations.push(d);
+        }
+        let times = |records: &[Value]| -> BTreeMap<RecordKey, (Value, Value)> {
+            records.iter().map(|r| (key_of(r), (r["accepted_at"].clone(), r["expires_at"].clone()))).collect()
+        };
+        let (ta, tb) = (times(a.1), times(b.1));
+        report.home_times_differ += ta.iter().filter(|(k, t)| tb.get(*k).is_some_and(|o| o != *t)).count();
+    }
 }
 
-/// Re-sends a random sample of accepted requests byte for byte: each
-/// answers its final status, and no timeline changes.
-#[allow(clippy::too_many_arguments)]
+/// Re-sends a random sample of accepted requests byte for byte (each to the
+/// relay that accepted it): each answers its final status, and no timeline
+/// changes (at any home).
 async fn resend_sample(
     rpc: &[Client],
-    homes: &[usize],
-    users: &[User],
+    places: &[Vec<Place>],
     sent: &[Sent],
     finals: &BTreeMap<usize, Value>,
     p: &Params,
@@ -1017,25 +1385,42 @@ async fn resend_sample(
         sample.push(candidates.swap_remove(rng.random_range(0..candidates.len())));
     }
     let mut scratch = Report::default();
-    let before = all_timelines(rpc, homes, users, &mut scratch).await;
+    let before = all_timelines(rpc, places, &mut scratch).await;
     for i in &sample {
         let s = &sent[*i];
-        let t = send_until_answered(&rpc[homes[s.plan.from]], &users[s.plan.from].tokens[0], &s.body).await;
+        let at = &places[s.plan.from][s.plan.at];
+        let t = send_until_answered(&rpc[at.relay], &at.token, &s.body).await;
         match t.answer {
             Answer::Accepted(v) if v == finals[i] => {}
             other => report.violations.push(format!("{}: duplicate answered {other:?}, not {}", s.plan.id, finals[i])),
         }
         report.resent += 1;
     }
-    let after = all_timelines(rpc, homes, users, &mut scratch).await;
+    let after = all_timelines(rpc, places, &mut scratch).await;
     report.violations.extend(scratch.violations);
-    for (u, (b, a)) in before.iter().zip(&after).enumerate() {
+    for ((u, relay, b), (_, _, a)) in before.iter().zip(&after) {
         if b != a {
             report.violations.push(format!(
-                "account {u}: re-sent duplicates changed the timeline ({} → {} records)",
+                "{}: re-sent duplicates changed the timeline ({} → {} records)",
+                label(*u, &places[*u], *relay),
                 b.len(),
                 a.len()
             ));
         }
     }
+}
+
+// ---- two homes ---------------------------------------------------------------
+
+/// Registers account `seed` at `pair[0]` with a route naming both homes
+/// `pair` (public discovery on); its phone's session is at `pair[0]`.
+async fn register_two_homes(rpc: &[Client], ids: &[&str], pair: [usize; 2], seed: u8) -> User {
+    let homes = pair.map(|r| (ids[r], rpc[r].base.as_str()));
+    User::register_two_homes(&Client::new(&rpc[pair[0]].base), seed, homes, true).await
+}
+
+/// The phone's session at the account's other home `relay_id`, once the
+/// account has replicated there.
+async fn session_at(user: &User, c: &Client, relay_id: &str) -> String {
+    user.at_other_home(c, relay_id, REPLICATED_LIMIT).await.tokens.remove(0)
 }
