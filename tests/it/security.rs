@@ -87,16 +87,24 @@ async fn a_registration_cannot_be_made_from_public_objects() {
     let stale = s.account.register_params(&r1, &laptop_cert, "relay-b", true, now() - 3600);
     assert_eq!(cb.err("account.register", None, &stale).await, "invalid_params");
     // Even the account key's own fresh registration cannot bring back the
-    // old route: relay-b knows revision 2.
+    // old route: relay-b knows revision 2. (Or, when relay-b pulled the
+    // account from relay-a before it moved, it knows the revocation too and
+    // refuses the revoked laptop first.)
     let old_route = s.account.register_params(&r1, &laptop_cert, "relay-b", true, now());
     let body = cb.err_body("account.register", None, &old_route).await;
-    assert_eq!(body["error"]["code"], "route_stale", "{body}");
-    assert_eq!(body["error"]["data"]["route"], r2);
+    match body["error"]["code"].as_str() {
+        Some("route_stale") => assert_eq!(body["error"]["data"]["route"], r2),
+        Some("device_unknown") => {}
+        _ => panic!("{body}"),
+    }
 
-    // relay-b serves nothing for the account: no session for the laptop
-    // (it kept its copy from when it was a home, and points to the new route).
+    // relay-b serves nothing for the account: no session for the laptop.
+    // (`not_found` if the account moved before relay-b pulled it from
+    // relay-a; `route_stale`, naming the new route, if relay-b holds a copy
+    // from when it was a home.)
     let ask = json!({"account_id": s.id(), "device_id": "laptop"});
-    assert_eq!(cb.err("session.challenge", None, &ask).await, "route_stale");
+    let code = cb.err("session.challenge", None, &ask).await;
+    assert!(code == "not_found" || code == "route_stale", "{code}");
 }
 
 /// The reproduction: an account living only on relay-a revoked its laptop;

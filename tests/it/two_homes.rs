@@ -329,6 +329,13 @@ async fn replication_cut_in_the_middle_of_a_page_loses_nothing_and_duplicates_no
         cut.iter().any(|e| e.upstream_body.as_ref().is_some_and(|b| String::from_utf8_lossy(b).contains(&mid(1)))),
         "a page with items was lost"
     );
+    // Every page as served matches the documented result schema.
+    for e in proxy.log().iter().filter(|e| e.method == "timeline.replicate" && e.upstream_status == Some(200)) {
+        let page: Value = serde_json::from_slice(e.upstream_body.as_ref().unwrap()).unwrap();
+        common::schema::assert_valid("methods/timeline.replicate.result.schema.json", &page);
+        let params: Value = serde_json::from_slice(&e.body).unwrap();
+        common::schema::assert_valid("methods/timeline.replicate.params.schema.json", &params);
+    }
     // The sender's own sends were never delivered twice.
     assert_eq!(bob.sync_all(&cc, 0).await.len(), 5);
 

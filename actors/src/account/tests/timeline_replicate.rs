@@ -356,3 +356,39 @@ fn a_relay_the_account_left_opens_no_new_session() {
     let e = then_rejected(challenges.issue(&b, "phone", [7; 32], at_b(NOW)));
     assert_eq!(e.code, ErrorCode::RouteStale);
 }
+
+#[test]
+fn a_deliver_reaching_the_other_home_after_replication_answers_the_original_result() {
+    let mut a = at_a();
+    let b = other_home_of(&mut a);
+    let (received, original) = then_accepted(when_receive(&a, &bob_to_alice(1), at(NOW + 3)));
+    a.apply(&received);
+    let applied = pull(&b, &serve(&mut a, 2, Some(2)), NOW + 5);
+    let b = given(&alice(), &[b.events.clone(), applied.events].concat());
+    let again = then_receive_duplicate(when_receive(&b, &bob_to_alice(1), at_b(NOW + 9)));
+    assert_eq!(again, original, "the first home's result, accepted_at included");
+}
+
+#[test]
+fn account_objects_made_at_one_home_hold_at_the_other() {
+    let mut a = at_a();
+    let b = other_home_of(&mut a);
+    let two_homes_2 = route(&alice(), 2, &[RELAY, OTHER]);
+    for e in [
+        device_added(&alice(), &tablet()),
+        device_revoked(&alice(), "laptop"),
+        public_discovery(true),
+        contact_revoked("grant", "grant-bob"),
+        route_updated(&two_homes_2),
+    ] {
+        a.apply(&e);
+    }
+    let applied = pull(&b, &serve(&mut a, 2, Some(2)), NOW);
+    assert!(applied.refused.is_empty(), "{:?}", applied.refused);
+    let b = given(&alice(), &[b.events.clone(), applied.events].concat());
+    assert!(b.device_valid("tablet", UnixSecs(NOW)));
+    assert!(!b.device_valid("laptop", UnixSecs(NOW)), "a revocation made at one home holds at the other");
+    assert!(b.public_discovery);
+    assert!(b.revoked_contacts.contains("grant:grant-bob"));
+    assert_eq!(b.route().map(|r| r.revision), Some(2));
+}
