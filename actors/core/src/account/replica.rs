@@ -37,7 +37,7 @@ use super::Reads;
 use crate::delivery::core::{decide_forwarded, Begun};
 use relay_schemas::methods::{DeliverParams, ReplicateParams};
 use relay_schemas::objects::Route;
-use relay_schemas::{DeliveryStatus, RelayError, Status, UnixSecs, Wire};
+use relay_schemas::{DeliveryStatus, ErrorCode, RelayError, Status, UnixSecs, Wire};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
@@ -139,8 +139,10 @@ pub fn serve(
     let mut page = Page { items: Vec::new(), next: from, has_more: false };
     let mut bytes = 0;
     let mut events = reads.events_after(from).peekable();
-    for _ in 0..SCAN_PER_PAGE {
+    let mut scanned = 0;
+    while scanned < SCAN_PER_PAGE {
         let Some(next) = events.next() else { break };
+        scanned += 1;
         let (seq, event) = next?;
         if offered(&event) {
             if page.items.len() >= p.limit as usize {
@@ -168,8 +170,11 @@ pub fn serve(
         written.push(AccountEvent::ReplicaAcked { partner: partner.to_owned(), through: acked });
     }
     // Only a page with items is remembered as sent: acks never go beyond
-    // one, and polling an idle account writes nothing.
-    if !page.items.is_empty() && page.next > mark.served {
+    // one, and polling an idle account writes nothing. A page that used its
+    // whole scan on events not offered is remembered too (once per
+    // SCAN_PER_PAGE events), so the partner's ack can pass them.
+    let exhausted = page.items.is_empty() && scanned == SCAN_PER_PAGE;
+    if (!page.items.is_empty() || exhausted) && page.next > mark.served {
         written.push(AccountEvent::ReplicaServed { partner: partner.to_owned(), through: page.next });
     }
     Ok((written, page))
@@ -239,6 +244,10 @@ pub fn apply(
         };
         let (events, begun) = match decided {
             Ok(d) => d,
+            // This relay could not decide (a store read failed): nothing of
+            // the page is written, and the same page comes again.
+            Err(e) if e.code == ErrorCode::InternalError => return Err(e),
+            // The item breaks a rule here: the cursor passes it.
             Err(e) => {
                 out.refused.push((item.sequence, e));
                 continue;

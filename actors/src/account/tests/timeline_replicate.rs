@@ -392,3 +392,26 @@ fn account_objects_made_at_one_home_hold_at_the_other() {
     assert!(b.revoked_contacts.contains("grant:grant-bob"));
     assert_eq!(b.route().map(|r| r.revision), Some(2));
 }
+
+#[test]
+fn a_long_run_of_events_not_offered_is_passed_page_by_page() {
+    let mut a = at_a();
+    serve(&mut a, 0, None);
+    serve(&mut a, 2, Some(2));
+    for through in 0..replica::SCAN_PER_PAGE as u64 + 10 {
+        a.apply(&AccountEvent::CursorMoved { device_id: "phone".into(), through });
+    }
+    a.apply(&public_discovery(true));
+    let mut after = 2;
+    for _ in 0..3 {
+        let (events, page) = replicate(&a, OTHER, after, 100, Some(after)).unwrap();
+        events.iter().for_each(|e| a.apply(e));
+        if let [item] = &page.items[..] {
+            assert!(matches!(item.event, AccountEvent::SettingsUpdated { .. }));
+            return;
+        }
+        assert!(page.has_more && page.next > after, "the cursor moves on: {after} -> {}", page.next);
+        after = page.next;
+    }
+    panic!("the offered event after the run never came");
+}
