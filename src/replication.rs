@@ -36,8 +36,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, Semaphore};
 
-/// Pages one pull takes at most before it lets others run (it is queued
-/// again when more is waiting).
+/// Pages one pull takes at most before it lets others run (it goes to the
+/// back of the queue when more is waiting).
 const PAGES_PER_PULL: usize = 64;
 
 #[derive(Clone, Debug)]
@@ -113,22 +113,18 @@ impl Replicator {
             let Ok(permit) = running.clone().acquire_owned().await else { return };
             let me = self.clone();
             actix_web::rt::spawn(async move {
-                let mut notify = notify;
-                loop {
-                    let more = me.pull_once(&key.0, &key.1, notify).await;
-                    let mut slots = me.slots.lock().unwrap_or_else(|e| e.into_inner());
-                    match slots.get_mut(&key) {
-                        Some(slot) if slot.again || more => {
-                            slot.again = false;
-                            notify = std::mem::take(&mut slot.notify);
-                        }
-                        _ => {
-                            slots.remove(&key);
-                            break;
-                        }
-                    }
-                }
+                let more = me.pull_once(&key.0, &key.1, notify).await;
                 drop(permit);
+                let again = {
+                    let mut slots = me.slots.lock().unwrap_or_else(|e| e.into_inner());
+                    let slot = slots.remove(&key).unwrap_or_default();
+                    (slot.again || more).then_some(slot.notify)
+                };
+                // Asked for again while it ran, or more is waiting: to the
+                // back of the queue, so other accounts get their turn.
+                if let Some(notify) = again {
+                    me.pull(&key.0, &key.1, notify);
+                }
             });
         }
     }
@@ -206,7 +202,8 @@ impl Replicator {
             tracing::debug!(account = account_id, partner, after, items, next = page.next, "replication page");
             let (next, has_more) = (page.next, page.has_more);
             if had_items {
-                let cmd = AccountCmd::ReplicaApply { partner: partner.to_owned(), page: Box::new(page) };
+                let known = self.sup.routes().get(account_id).ok().flatten();
+                let cmd = AccountCmd::ReplicaApply { partner: partner.to_owned(), page: Box::new(page), known };
                 if let Reply::Json(summary) = self.sup.ask(account_id, cmd).await? {
                     let summary: ApplySummary = serde_json::from_str(&summary).unwrap_or_default();
                     if !summary.refused.is_empty() {

@@ -23,6 +23,7 @@ const T0: u64 = 1_800_000_000;
 struct Scripted {
     delivered: Mutex<u32>,
     peer_says_accepted: Mutex<bool>,
+    peer_asked: Mutex<u32>,
     route: Mutex<Option<Wire<Route>>>,
 }
 
@@ -44,6 +45,7 @@ impl Transport for Fake {
         relay_id == "relay-b"
     }
     fn peer_status(&self, _: &RelayRef, _: &str, _: &str) -> LocalFuture<Option<DeliveryStatus>> {
+        *self.0.peer_asked.lock().unwrap() += 1;
         let yes = *self.0.peer_says_accepted.lock().unwrap();
         Box::pin(async move { yes.then(|| DeliveryStatus::target_accepted(T0)) })
     }
@@ -165,6 +167,33 @@ async fn other_home_relay_reporting_target_accepted_ends_the_delivery_without_co
     let st = w.fire(&mid).await; // the third attempt asks the other home relay first
     assert_eq!(st.status, Status::TargetAccepted);
     assert_eq!(*w.script.delivered.lock().unwrap(), 2, "the recipient was not contacted");
+}
+
+/// SHiNE's two servers share results: a `target_accepted` that came from
+/// the other home by `timeline.replicate` ends this home's delivery at its
+/// next due step, before any attempt and without asking.
+#[actix_rt::test]
+async fn a_result_replicated_from_the_other_home_ends_the_delivery_without_asking_or_contacting() {
+    use relay_actors::account::replica::{Item, Page};
+    use relay_actors::account::AccountEvent;
+    let w = world(Some("relay-a2")).await;
+    let (mid, _) = w.send(1).await;
+    assert_eq!(*w.script.delivered.lock().unwrap(), 1);
+    let route =
+        Wire::from_value(&w.alice.route(1, &[("relay-a", "http://a"), ("relay-a2", "http://second")], T0)).unwrap();
+    let status = DeliveryStatus::target_accepted(T0);
+    let event = AccountEvent::DeliveryUpdated { message_id: mid.clone(), status };
+    let item = Item { sequence: 7, event, status: None, deliver: None };
+    let page = Page { items: vec![item], next: 7, has_more: false, route: Some(route) };
+    let cmd = AccountCmd::ReplicaApply { partner: "relay-a2".into(), page: Box::new(page), known: None };
+    w.sup.ask(&w.alice.id, cmd).await.unwrap();
+    assert_eq!(w.status(&mid).await.status, Status::TargetAccepted, "the account learned it");
+
+    w.clock.advance_ms(30_000);
+    let st = w.fire(&mid).await;
+    assert_eq!(st.status, Status::TargetAccepted);
+    assert_eq!(*w.script.delivered.lock().unwrap(), 1, "the recipient was not contacted again");
+    assert_eq!(*w.script.peer_asked.lock().unwrap(), 0, "nor the other home asked");
 }
 
 /// The process manager runs detached from its caller: a client that goes

@@ -251,17 +251,24 @@ pub struct Registration {
 }
 
 impl Wire<Registration> {
-    /// Signed by the route's `account_key`, for this account and relay,
-    /// issued within `tolerance` of `now` either way.
-    pub fn check(&self, route: &Wire<Route>, relay_id: &str, now: UnixSecs, tolerance: u64) -> Result<(), RelayError> {
+    /// Signed by the route's `account_key`, for this account (any relay,
+    /// any time: the proof an account's other home kept of its own
+    /// registration).
+    pub fn check_signed(&self, route: &Wire<Route>) -> Result<(), RelayError> {
         let key = bound_account_key(&route.account_id, &route.account_key)?;
         if self.account_id != route.account_id {
             return Err(invalid("registration.account_id does not match the route"));
         }
+        self.verify(Tag::Registration, &key)
+    }
+
+    /// Signed by the route's `account_key`, for this account and relay,
+    /// issued within `tolerance` of `now` either way.
+    pub fn check(&self, route: &Wire<Route>, relay_id: &str, now: UnixSecs, tolerance: u64) -> Result<(), RelayError> {
         if self.relay_id != relay_id {
             return Err(invalid(format!("registration.relay_id must be this relay ({relay_id})")));
         }
-        self.verify(Tag::Registration, &key)?;
+        self.check_signed(route)?;
         if self.issued_at.abs_diff(now.0) > tolerance {
             return Err(invalid("registration.issued_at is not within the clock tolerance of this relay"));
         }

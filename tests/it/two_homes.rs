@@ -302,10 +302,13 @@ fn start_b_through(cluster: &Cluster, proxy: &Proxy, extra: &str) -> RelayProc {
 async fn replication_cut_in_the_middle_of_a_page_loses_nothing_and_duplicates_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let cluster = Cluster::plan(dir.path(), &["relay-a", "relay-b", "relay-c"]);
-    let mut a = cluster.start("relay-a", FAST);
+    // Rounds every second: the cuts below meet the pulls the sends cause,
+    // not idle polls.
+    let slow_rounds = FAST.replace("interval = \"300ms\"", "interval = \"1s\"");
+    let mut a = cluster.start("relay-a", &slow_rounds);
     let proxy = Proxy::start(cluster.url("relay-a"));
-    let b = start_b_through(&cluster, &proxy, FAST);
-    let c = cluster.start("relay-c", FAST);
+    let b = start_b_through(&cluster, &proxy, &slow_rounds);
+    let c = cluster.start("relay-c", &slow_rounds);
     let (ca, cb, cc) = (Client::new(&a.url), Client::new(&b.url), Client::new(&c.url));
     let alice = register_two_homes(&ca, ALICE, homes(&cluster), true).await;
     let bob = User::register(&cc, "relay-c", BOB, true).await;

@@ -148,9 +148,11 @@ pub enum AccountCmd<S> {
         params: ReplicateParams,
     },
     /// A page pulled from `partner`'s `timeline.replicate`, to apply.
+    /// `known`: the account's route in this relay's route book.
     ReplicaApply {
         partner: String,
         page: Box<Page>,
+        known: Option<Wire<Route>>,
     },
     /// `partner` answered `route_stale` with this route: the account moved.
     ReplicaMoved {
@@ -469,12 +471,18 @@ pub fn decide<S>(
             let (events, page) = replica::serve(state, peer, params, reads, ctx)?;
             Decision::write(events, json(&page)?)
         }
-        AccountCmd::ReplicaApply { partner, page } => {
-            let applied = replica::apply(state, partner, page, reads, ctx)?;
+        AccountCmd::ReplicaApply { partner, page, known } => {
+            let applied = replica::apply(state, partner, page, known.as_ref(), reads, ctx)?;
             let refused: Vec<_> = applied.refused.iter().map(|(seq, e)| (seq, &e.message)).collect();
             let items = applied.items_applied();
             let reply = json(&serde_json::json!({ "items": items, "refused": refused }))?;
-            let effects = applied.forwarded.into_iter().map(|b| Effect::Forward(Box::new(b))).collect();
+            // A revocation made at the other home ends the device here too.
+            let revoked = applied.events.iter().filter_map(|e| match e.origin() {
+                AccountEvent::DeviceRevoked { revocation } => Some(revocation.device_id.clone()),
+                _ => None,
+            });
+            let mut effects: Vec<Effect> = revoked.map(|device_id| Effect::EndDevice { device_id }).collect();
+            effects.extend(applied.forwarded.into_iter().map(|b| Effect::Forward(Box::new(b))));
             Decision { events: applied.events, reply, effects }
         }
         AccountCmd::ReplicaMoved { partner, route } => {

@@ -63,6 +63,11 @@ pub struct Page {
     /// The cursor to ask after next (the last event looked at).
     pub next: u64,
     pub has_more: bool,
+    /// The account's current route at the serving relay (an extension
+    /// member): a relay the account just gained as a home learns from it
+    /// that it is one, whatever routes the history holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route: Option<Wire<Route>>,
 }
 
 /// Events looked at per page at most, offered or not: a long run of
@@ -81,6 +86,18 @@ pub fn offered(event: &AccountEvent) -> bool {
         CursorMoved { .. } | PushSubscribed { .. } | PushUnsubscribed { .. } => false,
         Replicated { .. } | ReplicaPulled { .. } | ReplicaServed { .. } | ReplicaAcked { .. } => false,
         ReplicaReset { .. } => false,
+    }
+}
+
+/// What `partner` is offered of a stored event: an event written here if
+/// [`offered`]; one this relay got from another relay (a home the account
+/// had before) as that relay wrote it; never one back to where it came from.
+pub fn offered_to<'e>(event: &'e AccountEvent, partner: &str) -> Option<&'e AccountEvent> {
+    match event {
+        AccountEvent::Replicated { partner: from, event, .. } => {
+            (from != partner && offered(event)).then_some(&**event)
+        }
+        e => offered(e).then_some(e),
     }
 }
 
@@ -136,7 +153,7 @@ pub fn serve(
     let mark = state.replica(partner);
     let acked = p.ack.map_or(mark.acked, |ack| ack.min(mark.served).max(mark.acked));
     let from = p.after.min(acked);
-    let mut page = Page { items: Vec::new(), next: from, has_more: false };
+    let mut page = Page { items: Vec::new(), next: from, has_more: false, route: state.route().cloned() };
     let mut bytes = 0;
     let mut events = reads.events_after(from).peekable();
     let mut scanned = 0;
@@ -144,12 +161,12 @@ pub fn serve(
         let Some(next) = events.next() else { break };
         scanned += 1;
         let (seq, event) = next?;
-        if offered(&event) {
+        if let Some(event) = offered_to(&event, partner) {
             if page.items.len() >= p.limit as usize {
                 page.has_more = true;
                 break;
             }
-            let item = item(seq, event, reads)?;
+            let item = item(seq, event.clone(), reads)?;
             let size = serde_json::to_vec(&item).map_err(|e| RelayError::internal(e.to_string()))?.len();
             if !fits_page(bytes, page.items.len(), size, ctx.policy.max_page_bytes) {
                 page.has_more = true;
@@ -221,24 +238,30 @@ impl Applied {
     }
 }
 
-/// Applies a page pulled from `partner`.
+/// Applies a page pulled from `partner`. `known`: the account's highest
+/// route this relay knows otherwise (its route book), which the page's
+/// route must not be older than when the page brings the account here.
 pub fn apply(
     state: &AccountState,
     partner: &str,
     page: &Page,
+    known: Option<&Wire<Route>>,
     reads: &impl Reads,
     ctx: Ctx,
 ) -> Result<Applied, RelayError> {
-    if state.is_registered() {
-        may_replicate(state, partner, ctx)?;
+    match state.is_registered() {
+        true => may_replicate(state, partner, ctx)?,
+        false => arriving(state, partner, page.route.as_ref(), known, ctx)?,
     }
     let mut scratch = state.clone();
     let mut out = Applied::default();
+    // What this relay already passed (a reset sends it again): known.
+    let pulled = state.replica(partner).pulled;
     // Sends written by this page, for the status updates after them.
     let mut sends: HashMap<String, SendEntry> = HashMap::new();
-    for item in &page.items {
+    for item in page.items.iter().filter(|i| i.sequence > pulled) {
         let decided = if scratch.is_registered() || matches!(item.event, AccountEvent::Registered { .. }) {
-            decide_item(&scratch, partner, item, reads, &sends, ctx)
+            decide_item(&scratch, item, reads, &sends, ctx)
         } else {
             Err(RelayError::forbidden("the partner offered no registration of the account"))
         };
@@ -277,17 +300,50 @@ pub fn apply(
         out.events.clear();
         return Ok(out);
     }
-    if !page.items.is_empty() && page.next > state.replica(partner).pulled {
+    // The partner's current route, when the history ends on an older one
+    // (a home added by a route update).
+    if let Some(route) = page.route.as_ref().filter(|r| scratch.route().is_some_and(|s| r.revision > s.revision)) {
+        let moved = moved(&scratch, partner, route, ctx);
+        moved.iter().for_each(|e| scratch.apply(e));
+        out.events.extend(moved);
+    }
+    if !page.items.is_empty() && page.next > pulled {
         out.events.push(AccountEvent::ReplicaPulled { partner: partner.to_owned(), through: page.next });
     }
     Ok(out)
+}
+
+/// A page that would bring the account here: the partner's current route
+/// (valid, this account's) must name both relays and be no older than any
+/// route of the account this relay knows.
+fn arriving(
+    state: &AccountState,
+    partner: &str,
+    route: Option<&Wire<Route>>,
+    known: Option<&Wire<Route>>,
+    ctx: Ctx,
+) -> Result<(), RelayError> {
+    let route = route.ok_or_else(|| RelayError::forbidden("the partner sent no route of the account"))?;
+    route.check(ctx.now, ctx.policy.clock_tolerance)?;
+    if route.account_id != state.account_id {
+        return Err(RelayError::forbidden("the partner's route names another account"));
+    }
+    if !route.lists_relay(&ctx.policy.relay_id) || !route.lists_relay(partner) {
+        return Err(decide::not_served_here(Some(route)));
+    }
+    match known {
+        Some(k) if k.revision > route.revision || (k.revision == route.revision && k != route) => {
+            Err(RelayError::new(ErrorCode::RouteStale, "a newer route revision of this account is known")
+                .with_data(serde_json::json!({ "route": k })))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// One item, decided as here: the events it writes (unwrapped) and the
 /// delivery it begins, if any.
 fn decide_item(
     state: &AccountState,
-    partner: &str,
     item: &Item,
     reads: &impl Reads,
     sends: &HashMap<String, SendEntry>,
@@ -301,16 +357,21 @@ fn decide_item(
     };
     let next_sequence = state.last_sequence + 1;
     let events = match &item.event {
-        AccountEvent::Registered { route, device_certificate, .. } => {
+        AccountEvent::Registered { route, device_certificate, public_discovery, registration, .. } => {
             if state.is_registered() {
                 return Ok((vec![], None));
             }
+            // Whichever relay it was made at: the account key's own signed
+            // request, never public objects alone (the page's route, checked
+            // in `arriving`, says this relay is a home now).
             route.check(ctx.now, ctx.policy.clock_tolerance)?;
             if route.account_id != state.account_id {
                 return Err(RelayError::forbidden("route names another account"));
             }
-            if !route.lists_relay(&ctx.policy.relay_id) || !route.lists_relay(partner) {
-                return Err(RelayError::forbidden("the route does not name both home relays"));
+            let registration = registration.as_ref().ok_or_else(|| RelayError::forbidden("no signed registration"))?;
+            registration.check_signed(route)?;
+            if registration.public_discovery != *public_discovery {
+                return Err(RelayError::forbidden("settings disagree with the signed registration"));
             }
             device_certificate.check(ctx.now, ctx.policy.clock_tolerance)?;
             if device_certificate.account_key != route.account_key {
@@ -346,6 +407,10 @@ fn decide_item(
                     events.push(AccountEvent::DeliveryUpdated { message_id: message_id.clone(), status: s.clone() });
                 }
                 (_, Some(params)) if UnixSecs(*deadline) > ctx.now => {
+                    let env = &params.envelope;
+                    if env.from != *state.account_id || env.message_id != *message_id {
+                        return Err(RelayError::forbidden("delivery params of another message"));
+                    }
                     let digest = decide::deliver_digest(params)?;
                     let times = (UnixSecs(*accepted_at), UnixSecs(*deadline));
                     let begun = decide_forwarded(params.clone(), digest, times, ctx.now.millis(), ctx.policy);

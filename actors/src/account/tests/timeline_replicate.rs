@@ -46,7 +46,7 @@ fn seqs(page: &Page) -> Vec<u64> {
 
 /// `relay-b` applies a page pulled from this relay.
 fn pull(b: &Given, page: &Page, now: u64) -> Applied {
-    replica::apply(b, RELAY, page, b, at_b(now)).unwrap()
+    replica::apply(b, RELAY, page, None, b, at_b(now)).unwrap()
 }
 
 /// `relay-b` with everything `a` has, pulled and applied (and `a` having
@@ -197,25 +197,81 @@ fn a_replicated_registration_makes_the_account_at_the_other_home() {
     assert!(b.events[..2].iter().all(|e| matches!(e, AccountEvent::Replicated { partner, .. } if partner == RELAY)));
 }
 
+/// The page `a` would serve from the start, whoever asks (its items and
+/// route as they are).
+fn history_page(a: &Given) -> Page {
+    let items =
+        a.events.iter().zip(1..).map(|(e, sequence)| Item { sequence, event: e.clone(), status: None, deliver: None });
+    Page { items: items.collect(), next: a.events.len() as u64, has_more: false, route: a.route().cloned() }
+}
+
 #[test]
-fn a_registration_whose_route_does_not_name_this_relay_is_refused_and_writes_nothing() {
+fn a_page_whose_route_does_not_name_this_relay_brings_nothing() {
     let single = given_alice([]);
-    let items = single.events.iter().zip(1..).map(|(e, sequence)| Item {
-        sequence,
-        event: e.clone(),
-        status: None,
-        deliver: None,
-    });
-    let page = Page { items: items.collect(), next: 2, has_more: false };
+    let b = Given::new(&alice().id);
+    let r = replica::apply(&b, RELAY, &history_page(&single), None, &b, at_b(NOW));
+    then_route_error(r, &route(&alice(), 1, &[RELAY]));
+    let without_route = Page { route: None, ..history_page(&single) };
+    then_error(replica::apply(&b, RELAY, &without_route, None, &b, at_b(NOW)), ErrorCode::Forbidden);
+}
+
+#[test]
+fn a_page_older_than_a_route_known_here_brings_nothing() {
+    let page = history_page(&at_a());
+    let b = Given::new(&alice().id);
+    let newer = wire(&route(&alice(), 3, &[RELAY]));
+    let e = then_rejected(replica::apply(&b, RELAY, &page, Some(&newer), &b, at_b(NOW)));
+    assert_eq!(e.code, ErrorCode::RouteStale);
+}
+
+#[test]
+fn an_account_arrives_only_with_the_account_keys_signed_registration() {
+    let a = at_a();
+    let mut page = history_page(&a);
+    if let AccountEvent::Registered { registration, .. } = &mut page.items[0].event {
+        *registration = None;
+    }
     let applied = pull(&Given::new(&alice().id), &page, NOW);
-    assert!(applied.events.is_empty(), "no stream for an account not served here: {:?}", applied.events);
-    assert_eq!(applied.refused.len(), 2);
+    assert!(applied.events.is_empty(), "{:?}", applied.events);
+    assert_eq!(applied.refused.len(), 2, "the registration, then everything after it");
+}
+
+#[test]
+fn a_home_added_by_a_route_update_gets_the_account() {
+    let mut a = given_alice([route_updated(&route(&alice(), 2, &[RELAY, OTHER]))]);
+    let page = serve(&mut a, 0, None);
+    let applied = pull(&Given::new(&alice().id), &page, NOW);
+    assert!(applied.refused.is_empty(), "{:?}", applied.refused);
+    let b = given(&alice(), &applied.events);
+    assert_eq!(b.route().map(|r| r.revision), Some(2));
+    assert!(b.device_valid("laptop", UnixSecs(NOW)));
+}
+
+#[test]
+fn a_revocation_from_the_other_home_ends_the_device_here() {
+    let mut a = at_a();
+    let b = other_home_of(&mut a);
+    a.apply(&device_revoked(&alice(), "laptop"));
+    let page = serve(&mut a, 2, Some(2));
+    let cmd = crate::account::command::AccountCmd::<()>::ReplicaApply {
+        partner: RELAY.into(),
+        page: Box::new(page),
+        known: None,
+    };
+    let d = crate::account::command::decide(&b, &mut Default::default(), &cmd, &b, at_b(NOW)).unwrap();
+    assert!(
+        d.effects
+            .iter()
+            .any(|e| matches!(e, crate::account::command::Effect::EndDevice { device_id } if device_id == "laptop")),
+        "{:?}",
+        d.effects
+    );
 }
 
 #[test]
 fn a_partner_the_route_does_not_name_may_not_replicate_into_an_account() {
     let b = other_home_of(&mut at_a());
-    let r = replica::apply(&b, "relay-c", &Page::default(), &b, at_b(NOW));
+    let r = replica::apply(&b, "relay-c", &Page::default(), None, &b, at_b(NOW));
     then_route_error(r, &route(&alice(), 1, &[RELAY, OTHER]));
 }
 
@@ -414,4 +470,18 @@ fn a_long_run_of_events_not_offered_is_passed_page_by_page() {
         after = page.next;
     }
     panic!("the offered event after the run never came");
+}
+
+#[test]
+fn a_reset_brings_back_nothing_changed_since_at_the_other_home() {
+    let mut a = at_a();
+    a.apply(&public_discovery(true));
+    let mut b = other_home_of(&mut a);
+    b.apply(&public_discovery(false));
+    a.apply(&AccountEvent::ReplicaReset { partner: OTHER.into() });
+    let pulled = b.replica(RELAY).pulled;
+    let again = serve(&mut a, pulled, Some(pulled));
+    assert!(!again.items.is_empty(), "history offered again");
+    let applied = pull(&b, &again, NOW);
+    assert!(replicated(&applied).is_empty(), "items this home passed already are known: {:?}", applied.events);
 }
