@@ -441,3 +441,23 @@ async fn a_reset_sends_history_again_and_delivers_nothing_twice() {
     let delivered_after = cc.metric(r#"relay_requests_total{method="relay/message.deliver",code="ok"}"#).await;
     assert_eq!(delivered_after, delivered, "nothing delivered again");
 }
+
+#[actix_rt::test]
+async fn a_home_added_by_a_route_update_gets_the_account_and_its_history() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::plan(dir.path(), &["relay-a", "relay-b", "relay-c"]);
+    let (a, b, c) = (cluster.start("relay-a", FAST), cluster.start("relay-b", FAST), cluster.start("relay-c", FAST));
+    let (ca, cb, cc) = (Client::new(&a.url), Client::new(&b.url), Client::new(&c.url));
+    let alice = User::register(&ca, "relay-a", ALICE, true).await;
+    let bob = User::register(&cc, "relay-c", BOB, true).await;
+    let st = cc.ok("message.send", bob.token(0), &bob.send_params(&alice, &mid(1), false)).await;
+    assert_eq!(st["status"], "target_accepted", "{st}");
+
+    // Alice's route gains relay-b: it gets her account and her history.
+    let two = alice.account.route(2, &homes(&cluster), now());
+    ca.ok("route.update", alice.token(0), &json!({ "route": two })).await;
+    let alice_b = at_other_home(&alice, &cb, "relay-b").await;
+    assert_eq!(message_ids(&wait_records(&alice_b, &cb, 1).await), [mid(1)]);
+    let route = cb.ok("route.get", alice_b.token(0), &json!({"account_id": alice.id()})).await;
+    assert_eq!(route["revision"], 2, "{route}");
+}
