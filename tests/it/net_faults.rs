@@ -45,14 +45,7 @@ async fn setup(with_c: bool) -> Net {
     let b = cluster.start("relay-b", FAST_TIMETABLE);
     let c = with_c.then(|| cluster.start("relay-c", FAST_TIMETABLE));
     let proxy = Proxy::start(cluster.url("relay-b"));
-    let mut peers = String::new();
-    for m in cluster.members.iter().filter(|m| m.id != "relay-a") {
-        let url = if m.id == "relay-b" { proxy.url.as_str() } else { m.url.as_str() };
-        peers
-            .push_str(&format!("[[peers]]\nid = \"{}\"\nurl = \"{url}\"\npublic_key = \"{}\"\n\n", m.id, m.public_key));
-    }
-    let listen = cluster.url("relay-a").trim_start_matches("http://").to_string();
-    let a = RelayProc::start_at(&cluster.dir, "relay-a", &listen, &format!("{peers}\n{FAST_TIMETABLE}"));
+    let a = cluster.start_via("relay-a", ("relay-b", &proxy.url), FAST_TIMETABLE);
     let (ca, cb) = (Client::new(&a.url), Client::new(&b.url));
     let alice = User::register(&ca, "relay-a", 1, false).await;
     let bob = User::register(&cb, "relay-b", 2, true).await;

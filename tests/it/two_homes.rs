@@ -288,14 +288,7 @@ async fn a_home_that_learns_its_partner_delivered_ends_its_own_delivery_without_
 
 /// relay-b reaches relay-a only through `proxy`.
 fn start_b_through(cluster: &Cluster, proxy: &Proxy, extra: &str) -> RelayProc {
-    let mut peers = String::new();
-    for m in cluster.members.iter().filter(|m| m.id != "relay-b") {
-        let url = if m.id == "relay-a" { proxy.url.as_str() } else { m.url.as_str() };
-        peers
-            .push_str(&format!("[[peers]]\nid = \"{}\"\nurl = \"{url}\"\npublic_key = \"{}\"\n\n", m.id, m.public_key));
-    }
-    let listen = cluster.url("relay-b").trim_start_matches("http://").to_string();
-    RelayProc::start_at(&cluster.dir, "relay-b", &listen, &format!("{peers}\n{extra}"))
+    cluster.start_via("relay-b", ("relay-a", &proxy.url), extra)
 }
 
 #[actix_rt::test]

@@ -77,12 +77,30 @@ impl Cluster {
     /// Like [`Cluster::start_logged`], with more environment variables for
     /// this run (not for a restart).
     pub fn start_env(&self, id: &str, extra: &str, rust_log: &str, env: &[(&str, &str)]) -> RelayProc {
+        self.start_with(id, extra, rust_log, env, None)
+    }
+
+    /// Like [`Cluster::start`], reaching peer `via.0` at url `via.1` (a
+    /// proxy in front of it) instead of at its own url.
+    pub fn start_via(&self, id: &str, via: (&str, &str), extra: &str) -> RelayProc {
+        self.start_with(id, extra, "warn", &[], Some(via))
+    }
+
+    fn start_with(
+        &self,
+        id: &str,
+        extra: &str,
+        rust_log: &str,
+        env: &[(&str, &str)],
+        via: Option<(&str, &str)>,
+    ) -> RelayProc {
         let me = self.members.iter().find(|m| m.id == id).unwrap();
         let mut peers = String::new();
         for m in self.members.iter().filter(|m| m.id != id) {
+            let url = via.filter(|(peer, _)| *peer == m.id).map_or(m.url.as_str(), |(_, url)| url);
             peers.push_str(&format!(
-                "[[peers]]\nid = \"{}\"\nurl = \"{}\"\npublic_key = \"{}\"\n\n",
-                m.id, m.url, m.public_key
+                "[[peers]]\nid = \"{}\"\nurl = \"{url}\"\npublic_key = \"{}\"\n\n",
+                m.id, m.public_key
             ));
         }
         let listen = me.url.trim_start_matches("http://");

@@ -190,6 +190,26 @@ pub fn decide_due(s: &DeliveryState, now_ms: UnixMillis, route: Option<&Wire<Rou
     events
 }
 
+/// A delivery's first event: its params, fixed times and first due time.
+fn accepted(
+    params: Box<DeliverParams>,
+    digest: String,
+    (accepted_at, deadline): (UnixSecs, UnixSecs),
+    first_due_ms: UnixMillis,
+) -> DeliveryEvent {
+    let env = &params.envelope;
+    DeliveryEvent::Accepted {
+        from: AccountId::from(&env.from),
+        message_id: MessageId::from(&env.message_id),
+        to: AccountId::from(&env.to),
+        accepted_at,
+        deadline,
+        digest,
+        params,
+        first_due_ms,
+    }
+}
+
 /// What an acceptance writes of its delivery.
 #[derive(Debug)]
 pub struct Begun {
@@ -218,17 +238,7 @@ pub fn decide_acceptance(
     now_ms: UnixMillis,
     policy: &Policy,
 ) -> Begun {
-    let env = &params.envelope;
-    let accepted = DeliveryEvent::Accepted {
-        from: AccountId::from(&env.from),
-        message_id: MessageId::from(&env.message_id),
-        to: AccountId::from(&env.to),
-        accepted_at,
-        deadline,
-        digest,
-        params,
-        first_due_ms: now_ms,
-    };
+    let accepted = accepted(params, digest, (accepted_at, deadline), now_ms);
     let mut state = DeliveryState::default();
     state.apply(&accepted);
     let mut events = vec![accepted];
@@ -265,17 +275,7 @@ pub fn decide_forwarded(
 ) -> Begun {
     let first_due_ms =
         next_attempt_ms(policy, accepted_at.millis(), now_ms, UnixMillis(0), deadline.millis()).unwrap_or(now_ms);
-    let env = &params.envelope;
-    let accepted = DeliveryEvent::Accepted {
-        from: AccountId::from(&env.from),
-        message_id: MessageId::from(&env.message_id),
-        to: AccountId::from(&env.to),
-        accepted_at,
-        deadline,
-        digest,
-        params,
-        first_due_ms,
-    };
+    let accepted = accepted(params, digest, (accepted_at, deadline), first_due_ms);
     let mut state = DeliveryState::default();
     state.apply(&accepted);
     Begun { events: vec![accepted], state, due_ms: Some(first_due_ms) }
