@@ -777,7 +777,7 @@ fn generate_a_large_log() {
                     }
                 }
                 5 => events.push(AccountEvent::CursorMoved { device_id: "phone".into(), through: sequences[i] }),
-                7 => events.push(AccountEvent::SettingsUpdated { public_discovery: round % 16 == 7 }),
+                7 => events.push(AccountEvent::SettingsUpdated { public_discovery: round % 16 == 7, at: None }),
                 _ => {
                     let message_id = format!("ext-{i:06}-{round:09}");
                     if i == n / 2 && (foreign_explain.is_none() || first_half) {

@@ -189,6 +189,7 @@ async fn a_sender_home_killed_mid_delivery_leaves_the_other_to_finish_with_the_o
     let steps: Vec<&str> =
         story["replication"].as_array().unwrap().iter().map(|r| r["step"].as_str().unwrap()).collect();
     assert!(steps.contains(&"received_from_partner"), "{steps:?}");
+    exported_types_include(&data, &["replicated", "replica_pulled"]);
 }
 
 /// relay-b's attempts: two while relay-c is down, the third long after.
@@ -355,6 +356,23 @@ async fn replication_cut_in_the_middle_of_a_page_loses_nothing_and_duplicates_no
     let steps: Vec<&str> =
         story["replication"].as_array().unwrap().iter().map(|r| r["step"].as_str().unwrap()).collect();
     assert!(steps.contains(&"sent_to_partner") && steps.contains(&"acked_by_partner"), "{steps:?}");
+    exported_types_include(&data, &["replica_served", "replica_acked"]);
+}
+
+/// `relay audit export` of a stopped relay: every line matches the
+/// documented line schema, and these event types are among them.
+fn exported_types_include(data_dir: &str, wanted: &[&str]) {
+    let (code, out, err) = audit(&["export", "--data-dir", data_dir]);
+    assert_eq!(code, 0, "{err}");
+    let types: std::collections::BTreeSet<String> = out
+        .lines()
+        .map(|line| {
+            let v: Value = serde_json::from_str(line).unwrap();
+            common::schema::assert_valid("audit/export-line.schema.json", &v);
+            v["type"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    assert!(wanted.iter().all(|t| types.contains(*t)), "{types:?}");
 }
 
 #[actix_rt::test]

@@ -350,7 +350,7 @@ pub fn decide<S>(
         }
         AccountCmd::AccountSettingsUpdate { device, params } => {
             session(device)?;
-            Decision::write(decide::update_settings(state, params.public_discovery)?, Reply::ok())
+            Decision::write(decide::update_settings(state, params.public_discovery, ctx)?, Reply::ok())
         }
         AccountCmd::RouteGet => {
             let route = state

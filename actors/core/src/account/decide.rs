@@ -267,12 +267,16 @@ pub fn revoke_device(
     Ok(vec![AccountEvent::DeviceRevoked { revocation: rev.clone() }])
 }
 
-pub fn update_settings(state: &AccountState, public_discovery: bool) -> Result<Vec<AccountEvent>, RelayError> {
+pub fn update_settings(
+    state: &AccountState,
+    public_discovery: bool,
+    ctx: Ctx,
+) -> Result<Vec<AccountEvent>, RelayError> {
     registered(state)?;
     if state.public_discovery == public_discovery {
         return Ok(vec![]);
     }
-    Ok(vec![AccountEvent::SettingsUpdated { public_discovery }])
+    Ok(vec![AccountEvent::SettingsUpdated { public_discovery, at: Some(ctx.now.0) }])
 }
 
 /// `route.update`: a higher revision replaces a lower one; an equal

@@ -38,6 +38,10 @@ pub enum AccountEvent {
     },
     SettingsUpdated {
         public_discovery: bool,
+        /// When it was changed (absent in events written before two homes
+        /// could change settings): the later change wins at both homes.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        at: Option<u64>,
     },
     RouteUpdated {
         route: Wire<Route>,

@@ -381,7 +381,10 @@ fn decide_item(
         }
         AccountEvent::DeviceAdded { device_certificate } => decide::add_device(state, device_certificate, ctx)?,
         AccountEvent::DeviceRevoked { revocation } => decide::revoke_device(state, revocation, ctx)?,
-        AccountEvent::SettingsUpdated { public_discovery } => decide::update_settings(state, *public_discovery)?,
+        AccountEvent::SettingsUpdated { public_discovery, at } => match later_setting(state, *public_discovery, *at) {
+            true => vec![item.event.clone()],
+            false => vec![],
+        },
         AccountEvent::RouteUpdated { route } => decide::update_route(state, route, ctx)?,
         AccountEvent::ContactRevoked { kind, id } => match state.revoked_contacts.contains(&contact_key(kind, id)) {
             true => vec![],
@@ -435,6 +438,22 @@ fn decide_item(
         other => return Err(RelayError::invalid_params(format!("{} is not replicated", other.event_type()))),
     };
     Ok((events, None))
+}
+
+/// Whether a settings change made at the other home replaces this home's:
+/// the later change wins, and at the same second the more private value
+/// (`public_discovery: false`), so both homes end with the same settings
+/// whatever order the changes cross in. A change without a time (written
+/// before changes were timed) applies in stream order, unless this home
+/// has a timed one.
+fn later_setting(state: &AccountState, public_discovery: bool, at: Option<u64>) -> bool {
+    if state.public_discovery == public_discovery {
+        return false;
+    }
+    match at {
+        None => state.settings_at == 0,
+        Some(at) => (at, !public_discovery) > (state.settings_at, !state.public_discovery),
+    }
 }
 
 /// A record-writing event with its record renumbered for this home.

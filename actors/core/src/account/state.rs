@@ -132,6 +132,10 @@ pub struct AccountState {
     pub devices: SmallMap<Device>,
     pub revocations: SmallMap<Wire<DeviceRevocation>>,
     pub public_discovery: bool,
+    /// When the settings last changed (0: at registration, or before this
+    /// was kept). Absent from snapshots while 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub settings_at: u64,
     /// Revoked contact credentials as `grant:{id}` / `invite:{id}`.
     pub revoked_contacts: BTreeSet<String>,
     /// The last timeline sequence handed out (0 = none yet).
@@ -160,6 +164,10 @@ pub struct Replica {
     pub pulled: u64,
     pub served: u64,
     pub acked: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 pub fn contact_key(kind: &str, id: &str) -> String {
@@ -241,7 +249,10 @@ impl AccountState {
                 // A revoked device is never woken again.
                 self.push.remove(&revocation.device_id);
             }
-            AccountEvent::SettingsUpdated { public_discovery } => self.public_discovery = *public_discovery,
+            AccountEvent::SettingsUpdated { public_discovery, at } => {
+                self.public_discovery = *public_discovery;
+                self.settings_at = at.unwrap_or(self.settings_at);
+            }
             AccountEvent::RouteUpdated { route } => self.route = Some(route.clone()),
             AccountEvent::ContactRevoked { kind, id } => {
                 self.revoked_contacts.insert(contact_key(kind, id));

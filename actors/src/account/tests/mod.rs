@@ -218,7 +218,7 @@ fn route_updated(v: &Value) -> AccountEvent {
 }
 
 fn public_discovery(on: bool) -> AccountEvent {
-    AccountEvent::SettingsUpdated { public_discovery: on }
+    AccountEvent::SettingsUpdated { public_discovery: on, at: None }
 }
 
 fn contact_revoked(kind: &str, id: &str) -> AccountEvent {

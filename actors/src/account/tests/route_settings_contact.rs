@@ -31,8 +31,8 @@ fn route_update_with_a_lower_revision_is_route_stale_carrying_the_newer_route() 
 #[test]
 fn settings_update_is_a_no_op_when_unchanged() {
     let s = given_alice([]);
-    then_no_events(decide::update_settings(&s, false));
-    let events = then_events(decide::update_settings(&s, true));
+    then_no_events(decide::update_settings(&s, false, at(NOW)));
+    let events = then_events(decide::update_settings(&s, true, at(NOW)));
     assert!(given_alice(events).public_discovery);
 }
 

@@ -485,3 +485,43 @@ fn a_reset_brings_back_nothing_changed_since_at_the_other_home() {
     let applied = pull(&b, &again, NOW);
     assert!(replicated(&applied).is_empty(), "items this home passed already are known: {:?}", applied.events);
 }
+
+/// `public_discovery` set to `on` at `t` (as `account.settings.update` writes it).
+fn discovery_at(on: bool, t: u64) -> AccountEvent {
+    AccountEvent::SettingsUpdated { public_discovery: on, at: Some(t) }
+}
+
+#[test]
+fn settings_changed_at_both_homes_apart_end_the_same_at_both_the_later_winning() {
+    for (a_change, b_change, expected) in [
+        (discovery_at(true, NOW + 1), discovery_at(false, NOW + 2), false),
+        (discovery_at(false, NOW + 2), discovery_at(true, NOW + 1), false),
+        (discovery_at(true, NOW + 2), discovery_at(false, NOW + 1), true),
+        // The same second: the more private value, at both.
+        (discovery_at(true, NOW + 1), discovery_at(false, NOW + 1), false),
+    ] {
+        let mut a = at_a();
+        let mut b = other_home_of(&mut a);
+        a.apply(&a_change);
+        b.apply(&b_change);
+        // They meet again: each pulls the other's news.
+        let to_b = serve(&mut a, 2, Some(2));
+        let b_page = {
+            let p = ReplicateParams { account_id: alice().id, after: 0, limit: 100, ack: None, notify: false };
+            replica::serve(&b, RELAY, &p, &b, at_b(NOW)).unwrap().1
+        };
+        let at_b_now = pull(&b, &to_b, NOW + 3);
+        let at_a_now = replica::apply(&a, OTHER, &b_page, None, &a, at(NOW + 3)).unwrap();
+        let b = given(&alice(), &[b.events.clone(), at_b_now.events].concat());
+        let a = given(&alice(), &[a.events.clone(), at_a_now.events].concat());
+        assert_eq!((a.public_discovery, b.public_discovery), (expected, expected), "{a_change:?} / {b_change:?}");
+    }
+}
+
+#[test]
+fn an_untimed_setting_from_before_still_replicates_in_stream_order() {
+    let mut a = at_a();
+    a.apply(&public_discovery(true));
+    let b = other_home_of(&mut a);
+    assert!(b.public_discovery);
+}
