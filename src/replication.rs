@@ -25,7 +25,7 @@ use crate::peers::{CallError, PeerClient};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use relay_actors::account::replica::Page;
+use relay_actors::account::replica::{Outcome, Page};
 use relay_actors::account::{AccountCmd, ReplicaSink, Reply};
 use relay_actors::Supervisor;
 use relay_schemas::methods::ReplicateParams;
@@ -163,8 +163,8 @@ impl Replicator {
 
     async fn try_pull(&self, account_id: &str, partner: &str, notify: bool) -> Result<bool, RelayError> {
         let cursor = AccountCmd::ReplicaCursor { partner: partner.to_owned() };
-        let mut after: u64 = match self.sup.ask(account_id, cursor).await? {
-            Reply::Json(n) => n.parse().map_err(|_| RelayError::internal("replica cursor unreadable"))?,
+        let mut after = match self.sup.ask(account_id, cursor).await? {
+            Reply::Replica(Outcome::Cursor(pulled)) => pulled,
             _ => return Err(RelayError::internal("replica cursor: unexpected reply")),
         };
         for i in 0..PAGES_PER_PULL {
@@ -204,13 +204,14 @@ impl Replicator {
             if had_items {
                 let known = self.sup.routes().get(account_id).ok().flatten();
                 let cmd = AccountCmd::ReplicaApply { partner: partner.to_owned(), page: Box::new(page), known };
-                if let Reply::Json(summary) = self.sup.ask(account_id, cmd).await? {
-                    let summary: ApplySummary = serde_json::from_str(&summary).unwrap_or_default();
-                    if !summary.refused.is_empty() {
-                        tracing::warn!(account = account_id, partner, refused = ?summary.refused, "replicated items refused");
+                if let Reply::Replica(Outcome::Applied { items: applied, refused }) =
+                    self.sup.ask(account_id, cmd).await?
+                {
+                    if !refused.is_empty() {
+                        tracing::warn!(account = account_id, partner, ?refused, "replicated items refused");
                     }
-                    let known = items.saturating_sub(summary.items);
-                    self.items.get_or_create(&OutcomeLabels { outcome: "applied" }).inc_by(summary.items as u64);
+                    let known = items.saturating_sub(applied);
+                    self.items.get_or_create(&OutcomeLabels { outcome: "applied" }).inc_by(applied as u64);
                     self.items.get_or_create(&OutcomeLabels { outcome: "known" }).inc_by(known as u64);
                 }
             }
@@ -223,14 +224,6 @@ impl Replicator {
         }
         Ok(true)
     }
-}
-
-/// What applying a page answered (`AccountCmd::ReplicaApply`).
-#[derive(Default, serde::Deserialize)]
-struct ApplySummary {
-    /// Items that wrote something here.
-    items: usize,
-    refused: Vec<(u64, String)>,
 }
 
 impl ReplicaSink for Replicator {

@@ -173,6 +173,7 @@ impl Relay {
             }
             Reply::Accept(_) => Err(RelayError::internal("a send decided and not written")),
             Reply::Backlog(_) => Err(RelayError::internal("a backlog is not a method's result")),
+            Reply::Replica(_) => Err(RelayError::internal("a replication outcome is not a method's result")),
         }
     }
 

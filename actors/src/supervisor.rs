@@ -439,9 +439,10 @@ impl account::Ports for Supervisor {
 /// Deliveries reach accounts, route lookups and timers through here.
 impl delivery::Ports for Supervisor {
     fn delivered_by_other_home(&self, from: &str, message_id: &str) -> bool {
-        let key = account::ledger::send_key(from, message_id);
-        let entry = self.store().kv_get(&key).ok().flatten();
-        let entry = entry.and_then(|bytes| serde_json::from_slice::<account::SendEntry>(&bytes).ok());
+        use account::Reads;
+        let stream = account::stream_id(from);
+        let reads = account::StoreReads { store: &self.inner.store, account_id: from, stream: &stream };
+        let entry = reads.send_entry(message_id).ok().flatten();
         entry.is_some_and(|e| e.status.status == relay_schemas::Status::TargetAccepted)
     }
 

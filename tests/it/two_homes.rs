@@ -20,13 +20,8 @@ const FAST: &str = "[replication]\ninterval = \"300ms\"\n[delivery]\nretry_timet
 const ALICE: u8 = 1;
 const BOB: u8 = 2;
 
-async fn register_two_homes(c: &Client, seed: u8, homes: [(&str, &str); 2], public_discovery: bool) -> User {
-    User::register_two_homes(c, seed, homes, public_discovery).await
-}
-
-async fn at_other_home(user: &User, c: &Client, relay_id: &str) -> User {
-    user.at_other_home(c, relay_id, Duration::from_secs(20)).await
-}
+/// How long an account may take to arrive at its other home.
+const REPLICATED: Duration = Duration::from_secs(20);
 
 /// The records device 0 syncs, once there are `n` (bounded wait).
 async fn wait_records(user: &User, c: &Client, n: usize) -> Vec<Value> {
@@ -90,17 +85,17 @@ async fn an_account_made_at_one_home_is_served_at_the_other_and_both_show_one_ti
     let cluster = Cluster::plan(dir.path(), &["relay-a", "relay-b", "relay-c"]);
     let (a, b, c) = (cluster.start("relay-a", FAST), cluster.start("relay-b", FAST), cluster.start("relay-c", FAST));
     let (ca, cb, cc) = (Client::new(&a.url), Client::new(&b.url), Client::new(&c.url));
-    let mut alice = register_two_homes(&ca, ALICE, homes(&cluster), true).await;
+    let mut alice = User::register_two_homes(&ca, ALICE, homes(&cluster), true).await;
     let bob = User::register(&cc, "relay-c", BOB, true).await;
 
     // Registered at relay-a, the account opens sessions at relay-b; a device
     // added at relay-b reaches relay-a.
-    let alice_b = at_other_home(&alice, &cb, "relay-b").await;
+    let alice_b = alice.at_other_home(&cb, "relay-b", REPLICATED).await;
     let laptop = Device::from_seed("laptop", [77; 32]);
     let cert = alice.account.certificate(&laptop, now(), None);
     cb.ok("device.add", alice_b.token(0), &json!({ "device_certificate": cert })).await;
     alice.devices.push(laptop);
-    let alice_a = at_other_home(&alice, &ca, "relay-a").await;
+    let alice_a = alice.at_other_home(&ca, "relay-a", REPLICATED).await;
     assert_eq!(alice_a.tokens.len(), 2, "both devices open sessions at relay-a");
 
     // Bob's relay delivers to both homes in parallel; each keeps one record.
@@ -129,9 +124,9 @@ async fn a_recipient_home_that_was_down_has_the_record_exactly_once_after_it_ret
     let (a, mut b, c) =
         (cluster.start("relay-a", FAST), cluster.start("relay-b", FAST), cluster.start("relay-c", FAST));
     let (ca, cb, cc) = (Client::new(&a.url), Client::new(&b.url), Client::new(&c.url));
-    let alice = register_two_homes(&ca, ALICE, homes(&cluster), true).await;
+    let alice = User::register_two_homes(&ca, ALICE, homes(&cluster), true).await;
     let bob = User::register(&cc, "relay-c", BOB, true).await;
-    let alice_b = at_other_home(&alice, &cb, "relay-b").await;
+    let alice_b = alice.at_other_home(&cb, "relay-b", REPLICATED).await;
 
     b.kill9();
     let st = cc.ok("message.send", bob.token(0), &bob.send_params(&alice, &mid(1), false)).await;
@@ -158,9 +153,9 @@ async fn a_sender_home_killed_mid_delivery_leaves_the_other_to_finish_with_the_o
     let (mut a, mut b, mut c) =
         (cluster.start("relay-a", FAST), cluster.start("relay-b", FAST), cluster.start("relay-c", FAST));
     let (ca, cb) = (Client::new(&a.url), Client::new(&b.url));
-    let alice = register_two_homes(&ca, ALICE, homes(&cluster), false).await;
+    let alice = User::register_two_homes(&ca, ALICE, homes(&cluster), false).await;
     let bob = User::register(&Client::new(&c.url), "relay-c", BOB, true).await;
-    let alice_b = at_other_home(&alice, &cb, "relay-b").await;
+    let alice_b = alice.at_other_home(&cb, "relay-b", REPLICATED).await;
     ca.ok("route.get", alice.token(0), &json!({"account_id": bob.id()})).await; // relay-a knows bob's route
     c.kill9();
 
@@ -209,9 +204,9 @@ async fn second_home_ends_its_delivery(cut: bool) -> (f64, f64, Value, Vec<commo
     let proxy = Proxy::start(cluster.url("relay-a"));
     let (mut b, mut c) = (start_b_through(&cluster, &proxy, SLOW_B), cluster.start("relay-c", FAST));
     let (ca, cb) = (Client::new(&a.url), Client::new(&b.url));
-    let alice = register_two_homes(&ca, ALICE, homes(&cluster), false).await;
+    let alice = User::register_two_homes(&ca, ALICE, homes(&cluster), false).await;
     let bob = User::register(&Client::new(&c.url), "relay-c", BOB, true).await;
-    let alice_b = at_other_home(&alice, &cb, "relay-b").await;
+    let alice_b = alice.at_other_home(&cb, "relay-b", REPLICATED).await;
     ca.ok("route.get", alice.token(0), &json!({"account_id": bob.id()})).await;
     c.kill9();
 
@@ -304,9 +299,9 @@ async fn replication_cut_in_the_middle_of_a_page_loses_nothing_and_duplicates_no
     let b = start_b_through(&cluster, &proxy, &slow_rounds);
     let c = cluster.start("relay-c", &slow_rounds);
     let (ca, cb, cc) = (Client::new(&a.url), Client::new(&b.url), Client::new(&c.url));
-    let alice = register_two_homes(&ca, ALICE, homes(&cluster), true).await;
+    let alice = User::register_two_homes(&ca, ALICE, homes(&cluster), true).await;
     let bob = User::register(&cc, "relay-c", BOB, true).await;
-    let alice_b = at_other_home(&alice, &cb, "relay-b").await;
+    let alice_b = alice.at_other_home(&cb, "relay-b", REPLICATED).await;
 
     // relay-a serves each of the next pages, and the answer never reaches relay-b.
     let rule = |fault| Rule { method: Some("timeline.replicate".into()), message_id: None, fault, remaining: Some(3) };
@@ -382,11 +377,11 @@ async fn two_home_accounts_on_four_relays_keep_one_timeline_through_a_home_outag
     let (a, b) = (cluster.start("relay-a", FAST), cluster.start("relay-b", FAST));
     let (c, mut d) = (cluster.start("relay-c", FAST), cluster.start("relay-d", FAST));
     let (ca, cb, cc) = (Client::new(&a.url), Client::new(&b.url), Client::new(&c.url));
-    let alice = register_two_homes(&ca, ALICE, homes(&cluster), true).await;
+    let alice = User::register_two_homes(&ca, ALICE, homes(&cluster), true).await;
     let bob_homes = [("relay-c", cluster.url("relay-c")), ("relay-d", cluster.url("relay-d"))];
-    let bob = register_two_homes(&cc, BOB, bob_homes, true).await;
-    let alice_b = at_other_home(&alice, &cb, "relay-b").await;
-    let bob_d = at_other_home(&bob, &Client::new(&d.url), "relay-d").await;
+    let bob = User::register_two_homes(&cc, BOB, bob_homes, true).await;
+    let alice_b = alice.at_other_home(&cb, "relay-b", REPLICATED).await;
+    let bob_d = bob.at_other_home(&Client::new(&d.url), "relay-d", REPLICATED).await;
 
     // One of bob's homes is down: both directions still deliver.
     d.kill9();
@@ -417,9 +412,9 @@ async fn a_reset_sends_history_again_and_delivers_nothing_twice() {
     let (mut a, b, c) =
         (cluster.start("relay-a", FAST), cluster.start("relay-b", FAST), cluster.start("relay-c", FAST));
     let (ca, cb, cc) = (Client::new(&a.url), Client::new(&b.url), Client::new(&c.url));
-    let alice = register_two_homes(&ca, ALICE, homes(&cluster), true).await;
+    let alice = User::register_two_homes(&ca, ALICE, homes(&cluster), true).await;
     let bob = User::register(&cc, "relay-c", BOB, true).await;
-    let alice_b = at_other_home(&alice, &cb, "relay-b").await;
+    let alice_b = alice.at_other_home(&cb, "relay-b", REPLICATED).await;
     for n in 1..=2 {
         let st = ca.ok("message.send", alice.token(0), &alice.send_params(&bob, &mid(n), true)).await;
         assert_eq!(st["status"], "target_accepted", "{st}");
@@ -467,7 +462,7 @@ async fn a_home_added_by_a_route_update_gets_the_account_and_its_history() {
     // Alice's route gains relay-b: it gets her account and her history.
     let two = alice.account.route(2, &homes(&cluster), now());
     ca.ok("route.update", alice.token(0), &json!({ "route": two })).await;
-    let alice_b = at_other_home(&alice, &cb, "relay-b").await;
+    let alice_b = alice.at_other_home(&cb, "relay-b", REPLICATED).await;
     assert_eq!(message_ids(&wait_records(&alice_b, &cb, 1).await), [mid(1)]);
     let route = cb.ok("route.get", alice_b.token(0), &json!({"account_id": alice.id()})).await;
     assert_eq!(route["revision"], 2, "{route}");

@@ -53,6 +53,8 @@ pub enum Reply {
     /// A device's backlog: the latest record beyond its ack cursor it may
     /// read, if any (never on the wire; the WebSocket attach uses it).
     Backlog(Option<u64>),
+    /// What a replication command tells the replicator (never on the wire).
+    Replica(replica::Outcome),
 }
 
 /// What rides in an account's commit besides its own events: a settling
@@ -277,8 +279,9 @@ impl AccountActor {
         let head = batch.append(&self.stream, self.head, new_events);
         let extra = extra(&mut batch);
         let ticket = store.commit(batch).map_err(|e| internal(&e))?;
-        // Partners before this commit too: one the account just left learns the move.
-        let partners_before = self.partners();
+        // Partners before this commit too (one the account just left learns
+        // the move), looked up only when the partners have news.
+        let news = events.iter().any(replica::offered).then(|| self.partners());
         self.head = head;
         self.last_ticket = Some(ticket);
         for (e, w) in events.iter().zip(&written) {
@@ -296,7 +299,7 @@ impl AccountActor {
                 self.env.routes.offer(route).map_err(|e| internal(&e))?;
             }
         }
-        if events.iter().any(replica::offered) {
+        if let Some(partners_before) = news {
             self.tell_partners(partners_before);
         }
         if self.since_snapshot >= self.env.policy.snapshot_every {
@@ -452,6 +455,7 @@ impl AccountActor {
             (None, Decided::Status(status)) => Reply::Status(status),
             (None, Decided::Accept(acceptance)) => Reply::Accept(acceptance),
             (None, Decided::Backlog(seq)) => Reply::Backlog(seq),
+            (None, Decided::Replica(outcome)) => Reply::Replica(outcome),
             // Settled by a delivery's report, or at acceptance.
             (None, Decided::Settled(status)) => {
                 Reply::Settled { status, head: heads.settled.or(heads.begun.first().map(|(_, head)| *head)) }

@@ -15,6 +15,7 @@ pub use relay_core::account::{Acceptance, Reads};
 pub use actor::{AccountActor, AccountCmd, Reply, Settlement};
 pub use events::{AccountEvent, PushSubscription, Record};
 pub use ledger::{Ledger, ReceiptEntry, SendEntry};
+pub(crate) use reads::StoreReads;
 pub use state::AccountState;
 
 use crate::clock::SharedClock;

@@ -10,7 +10,7 @@
 use super::decide::{self, Ctx, ReceiveDecision, SendDecision, SettleDecision};
 use super::events::AccountEvent;
 use super::ledger::{ReceiptEntry, SendEntry};
-use super::replica::{self, Page};
+use super::replica::{self, Outcome, Page};
 use super::session::{Challenges, Grant};
 use super::state::AccountState;
 use super::sync;
@@ -160,7 +160,7 @@ pub enum AccountCmd<S> {
         route: Wire<Route>,
     },
     /// This relay's cursor in `partner`'s stream of the account: where its
-    /// next pull starts (a JSON number).
+    /// next pull starts.
     ReplicaCursor {
         partner: String,
     },
@@ -237,6 +237,8 @@ pub enum Reply {
     /// A device's backlog: the latest record beyond its ack cursor it may
     /// read, if any (never on the wire; the WebSocket attach uses it).
     Backlog(Option<u64>),
+    /// What a replication command tells the replicator.
+    Replica(replica::Outcome),
 }
 
 /// A session token on its way to the store: never printed.
@@ -473,9 +475,7 @@ pub fn decide<S>(
         }
         AccountCmd::ReplicaApply { partner, page, known } => {
             let applied = replica::apply(state, partner, page, known.as_ref(), reads, ctx)?;
-            let refused: Vec<_> = applied.refused.iter().map(|(seq, e)| (seq, &e.message)).collect();
-            let items = applied.items_applied();
-            let reply = json(&serde_json::json!({ "items": items, "refused": refused }))?;
+            let reply = Reply::Replica(Outcome::Applied { items: applied.applied, refused: applied.refused });
             // A revocation made at the other home ends the device here too.
             let revoked = applied.events.iter().filter_map(|e| match e.origin() {
                 AccountEvent::DeviceRevoked { revocation } => Some(revocation.device_id.clone()),
@@ -488,7 +488,9 @@ pub fn decide<S>(
         AccountCmd::ReplicaMoved { partner, route } => {
             Decision::write(replica::moved(state, partner, route, ctx), Reply::ok())
         }
-        AccountCmd::ReplicaCursor { partner } => Decision::reply(json(&state.replica(partner).pulled)?),
+        AccountCmd::ReplicaCursor { partner } => {
+            Decision::reply(Reply::Replica(Outcome::Cursor(state.replica(partner).pulled)))
+        }
         AccountCmd::ReplicaReset { partner } => {
             let mark = state.replica(partner);
             let events = match mark.served > 0 || mark.acked > 0 {

@@ -30,7 +30,7 @@
 
 use super::decide::{self, Ctx};
 use super::events::AccountEvent;
-use super::ledger::{written, Entry, SendEntry};
+use super::ledger::{Ledger, SendEntry};
 use super::state::{contact_key, AccountState};
 use super::timeline::fits_page;
 use super::Reads;
@@ -39,7 +39,6 @@ use relay_schemas::methods::{DeliverParams, ReplicateParams};
 use relay_schemas::objects::Route;
 use relay_schemas::{DeliveryStatus, ErrorCode, RelayError, Status, UnixSecs, Wire};
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
 
 /// One replicated event of the serving relay's account stream.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -210,6 +209,16 @@ fn item(sequence: u64, event: AccountEvent, reads: &impl Reads) -> Result<Item, 
     Ok(Item { sequence, event, status, deliver })
 }
 
+/// What the replication commands answer the replicator (never on the wire).
+#[derive(Debug)]
+pub enum Outcome {
+    /// `ReplicaCursor`: this relay's cursor in the partner's stream.
+    Cursor(u64),
+    /// `ReplicaApply`: how many items wrote something here, and the items
+    /// refused with why.
+    Applied { items: usize, refused: Vec<(u64, RelayError)> },
+}
+
 /// What applying a page decided.
 #[derive(Debug, Default)]
 pub struct Applied {
@@ -220,22 +229,9 @@ pub struct Applied {
     pub forwarded: Vec<Begun>,
     /// Items refused (their sequence and why); the cursor passes them.
     pub refused: Vec<(u64, RelayError)>,
-}
-
-impl Applied {
-    /// How many of the page's items wrote something here.
-    pub fn items_applied(&self) -> usize {
-        let mut origins: Vec<u64> = self
-            .events
-            .iter()
-            .filter_map(|e| match e {
-                AccountEvent::Replicated { origin_seq, .. } => Some(*origin_seq),
-                _ => None,
-            })
-            .collect();
-        origins.dedup();
-        origins.len()
-    }
+    /// How many of the page's items wrote something here (the others were
+    /// known already).
+    pub applied: usize,
 }
 
 /// Applies a page pulled from `partner`. `known`: the account's highest
@@ -257,11 +253,11 @@ pub fn apply(
     let mut out = Applied::default();
     // What this relay already passed (a reset sends it again): known.
     let pulled = state.replica(partner).pulled;
-    // Sends written by this page, for the status updates after them.
-    let mut sends: HashMap<String, SendEntry> = HashMap::new();
+    // The ledger entries this page writes, for the items after them.
+    let mut page_ledger = Ledger::default();
     for item in page.items.iter().filter(|i| i.sequence > pulled) {
         let decided = if scratch.is_registered() || matches!(item.event, AccountEvent::Registered { .. }) {
-            decide_item(&scratch, item, reads, &sends, ctx)
+            decide_item(&scratch, item, reads, &page_ledger, ctx)
         } else {
             Err(RelayError::forbidden("the partner offered no registration of the account"))
         };
@@ -276,15 +272,9 @@ pub fn apply(
                 continue;
             }
         };
+        out.applied += usize::from(!events.is_empty());
         for event in events {
-            if let Some(Entry::Send { message_id, entry }) = written(&state.account_id, &event, None) {
-                sends.insert(message_id, entry);
-            }
-            if let AccountEvent::DeliveryUpdated { message_id, status } = &event {
-                if let Some(e) = sends.get_mut(message_id) {
-                    e.status = status.clone();
-                }
-            }
+            page_ledger.apply(&state.account_id, &event);
             let wrapped = AccountEvent::Replicated {
                 partner: partner.to_owned(),
                 origin_seq: item.sequence,
@@ -346,11 +336,11 @@ fn decide_item(
     state: &AccountState,
     item: &Item,
     reads: &impl Reads,
-    sends: &HashMap<String, SendEntry>,
+    page_ledger: &Ledger,
     ctx: Ctx,
 ) -> Result<(Vec<AccountEvent>, Option<Begun>), RelayError> {
     let send_entry = |id: &str| -> Result<Option<SendEntry>, RelayError> {
-        match sends.get(id) {
+        match page_ledger.send(id) {
             Some(e) => Ok(Some(e.clone())),
             None => reads.send_entry(id),
         }
