@@ -16,14 +16,33 @@ pub struct Member {
 /// A free loopback port (released for the relay to bind right after),
 /// below Linux's ephemeral range (32768–60999): a port picked by the OS for
 /// any other socket (`127.0.0.1:0` relays, clients) can never take it in
-/// the meantime.
+/// the meantime. Tests run as concurrent processes that each plan ports
+/// ahead of starting relays, so a port is also claimed across processes
+/// (a file created exclusively under the temp dir): two plans never pick
+/// the same one while both may still start a relay on it.
 pub fn free_port() -> u16 {
+    let claims = std::env::temp_dir().join("relay-it-ports");
+    let _ = std::fs::create_dir_all(&claims);
     loop {
         let port = 20_000 + rand::random::<u16>() % 12_000;
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+        if claim(&claims.join(port.to_string())) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
             return port;
         }
     }
+}
+
+/// How long a claim holds: longer than any test runs.
+const CLAIM_HOLDS: std::time::Duration = std::time::Duration::from_secs(15 * 60);
+
+/// Claims `path` for this process: created anew, or taken over once older
+/// than [`CLAIM_HOLDS`] (left by an earlier run).
+fn claim(path: &Path) -> bool {
+    let create = || std::fs::OpenOptions::new().write(true).create_new(true).open(path).is_ok();
+    if create() {
+        return true;
+    }
+    let stale = path.metadata().and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
+    stale.is_some_and(|age| age > CLAIM_HOLDS) && std::fs::remove_file(path).is_ok() && create()
 }
 
 /// Writes relay `id`'s key file (0600) from `seed`; returns its public key.
