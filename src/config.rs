@@ -47,6 +47,58 @@ pub struct Config {
     pub push: PushSection,
     #[serde(default)]
     pub replication: ReplicationSection,
+    /// Cluster mode (`store.engine = "jetstream"`): `src/cluster.rs`.
+    pub cluster: Option<ClusterSection>,
+}
+
+/// One relay on several machines: the store on NATS JetStream, one node
+/// serving at a time through a lease, every node accepting connections.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSection {
+    /// This node's name, unique in the cluster (shown in the lease and logs).
+    pub node: String,
+    /// NATS servers, e.g. ["nats://127.0.0.1:4222", ...].
+    pub nats_urls: Vec<String>,
+    /// Names the cluster's streams and lease bucket (default: `relay.id`).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Copies JetStream keeps of every stream (3 on three servers).
+    #[serde(default = "default_replicas")]
+    pub replicas: usize,
+    /// The owner's lease expires this long after its last renewal; a
+    /// standby takes over after it.
+    #[serde(default = "default_lease_ttl", deserialize_with = "duration")]
+    pub lease_ttl: Duration,
+    /// Where this node serves the relay while it owns it; the other nodes
+    /// connect here, so it must be reachable from them.
+    #[serde(default = "default_internal_listen")]
+    pub internal_listen: String,
+    /// When set, this node's own `/metrics` (owner or standby, front
+    /// connections) on this address; the relay's metrics stay at the
+    /// relay's `/metrics`, served by the owner.
+    #[serde(default)]
+    pub metrics_listen: Option<String>,
+}
+
+fn default_replicas() -> usize {
+    3
+}
+
+fn default_lease_ttl() -> Duration {
+    Duration::from_secs(3)
+}
+
+fn default_internal_listen() -> String {
+    "127.0.0.1:0".into()
+}
+
+impl ClusterSection {
+    /// The cluster's name as it appears in stream and bucket names.
+    pub fn name<'a>(&'a self, relay_id: &'a str) -> String {
+        let raw = self.name.as_deref().unwrap_or(relay_id);
+        raw.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect()
+    }
 }
 
 /// `timeline.replicate` between an account's two home relays
@@ -165,10 +217,22 @@ pub struct MetricsSection {
     pub listen: Option<String>,
 }
 
-/// The embedded event store (sled).
+/// Which engine holds the event store.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreEngine {
+    /// sled in `relay.data_dir/store`: the embedded default.
+    #[default]
+    Sled,
+    /// NATS JetStream, in cluster mode (needs `[cluster]`).
+    Jetstream,
+}
+
+/// The event store.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreSection {
+    pub engine: StoreEngine,
     /// sled's page cache, in bytes (its own default is 1 GiB).
     pub cache_bytes: u64,
     /// Flushes start at most this often; a lone commit is flushed at once.
@@ -181,6 +245,11 @@ impl Config {
     /// settings: what `relay serve` runs on, and what `relay bench
     /// --population` seeds.
     pub fn open_store(&self) -> Result<relay_actors::store::Store, String> {
+        if self.store.engine == StoreEngine::Jetstream {
+            return Err("this command works on the embedded sled store; a cluster's store opens only \
+                        in `relay serve` (which holds the lease) or read-only in `relay audit`"
+                .into());
+        }
         let dir = self.relay.data_dir.join("store");
         let store = relay_actors::store::Store::open_with_cache(&dir, self.store.cache_bytes).map_err(|e| {
             if store_in_use(&e) {
@@ -202,7 +271,11 @@ pub fn store_in_use(e: &relay_actors::store::StoreError) -> bool {
 
 impl Default for StoreSection {
     fn default() -> Self {
-        StoreSection { cache_bytes: 256 << 20, group_commit_window: Duration::from_micros(500) }
+        StoreSection {
+            engine: StoreEngine::Sled,
+            cache_bytes: 256 << 20,
+            group_commit_window: Duration::from_micros(500),
+        }
     }
 }
 
@@ -527,6 +600,35 @@ impl Config {
             listen
                 .parse::<std::net::SocketAddr>()
                 .map_err(|e| bad("metrics.listen", format!("metrics.listen {listen:?}: {e}")))?;
+        }
+        match (self.store.engine, &self.cluster) {
+            (StoreEngine::Jetstream, None) => {
+                return Err(bad("store.engine", "store.engine = \"jetstream\" needs a [cluster] section"))
+            }
+            (StoreEngine::Sled, Some(_)) => {
+                return Err(bad("cluster", "[cluster] needs store.engine = \"jetstream\""));
+            }
+            (StoreEngine::Jetstream, Some(c)) => {
+                if c.nats_urls.is_empty() {
+                    return Err(bad("cluster.nats_urls", "cluster.nats_urls must name at least one server"));
+                }
+                if c.lease_ttl < Duration::from_secs(1) {
+                    return Err(bad("cluster.lease_ttl", "cluster.lease_ttl must be at least 1s"));
+                }
+                if !(1..=5).contains(&c.replicas) {
+                    return Err(bad("cluster.replicas", "cluster.replicas must be 1 to 5"));
+                }
+                c.internal_listen.parse::<std::net::SocketAddr>().map_err(|e| {
+                    bad("cluster.internal_listen", format!("cluster.internal_listen {:?}: {e}", c.internal_listen))
+                })?;
+                relay_schemas::ids::check_relay_id("cluster.node", &c.node)
+                    .map_err(|e| bad("cluster.node", e.message))?;
+                if let Some(at) = &c.metrics_listen {
+                    at.parse::<std::net::SocketAddr>()
+                        .map_err(|e| bad("cluster.metrics_listen", format!("cluster.metrics_listen {at:?}: {e}")))?;
+                }
+            }
+            (StoreEngine::Sled, None) => {}
         }
         let mut seen = std::collections::HashSet::new();
         for p in &self.peers {

@@ -19,10 +19,12 @@
 //! - [`fds`]: the open-file limit checked against the connection limits;
 //! - [`bench`]: `relay bench`, the load generator;
 //! - [`observe`]: peer request metrics and WARN lines, `process_*` metrics;
+//! - [`cluster`]: cluster mode: the JetStream store, the lease, the front;
 //! - [`serve`]: opens the store, starts the supervisor and the HTTP server.
 
 pub mod audit;
 pub mod bench;
+pub mod cluster;
 pub mod config;
 pub mod fds;
 pub mod http;
@@ -46,7 +48,7 @@ use std::os::unix::fs::DirBuilderExt;
 
 /// Everything the relay creates (data dir, store files, key) is for its
 /// own user only: files 0600, directories 0700.
-fn private_files() {
+pub(crate) fn private_files() {
     // SAFETY: umask only sets the process's file mode mask; it cannot fail.
     unsafe {
         libc::umask(0o077);
@@ -59,7 +61,34 @@ use std::sync::Arc;
 /// `relay <id> listening on http://<addr>` on stdout once it accepts
 /// connections, so a parent process can find a port chosen with `:0`.
 pub async fn serve(cfg: config::Config) -> Result<(), String> {
+    if cfg.store.engine == config::StoreEngine::Jetstream {
+        return cluster::serve(cfg).await;
+    }
     private_files();
+    prepare_data_dir(&cfg.relay.data_dir)?;
+    let store = cfg.open_store()?;
+    let listener = TcpListener::bind(&cfg.relay.listen).map_err(|e| format!("listen {}: {e}", cfg.relay.listen))?;
+    run(cfg, store, listener, Announce::Yes, std::future::pending()).await
+}
+
+/// Whether [`run`] prints the `listening on` line (a cluster node prints
+/// its own, for the address clients use).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Announce {
+    Yes,
+    No,
+}
+
+/// Serves the relay on `store` and `listener` until SIGINT/SIGTERM, or
+/// until `stop` resolves (a cluster node that lost its lease): then the
+/// server stops at once and `run` returns `stop`'s reason as an error.
+pub(crate) async fn run(
+    cfg: config::Config,
+    store: relay_actors::store::Store,
+    listener: TcpListener,
+    announce: Announce,
+    stop: impl std::future::Future<Output = String>,
+) -> Result<(), String> {
     let h = &cfg.http;
     let workers = if h.workers > 0 { h.workers } else { std::thread::available_parallelism().map_or(1, |n| n.get()) };
     let peer_connections = cfg.peers.len() * cfg.limits.max_in_flight_per_destination;
@@ -67,10 +96,8 @@ pub async fn serve(cfg: config::Config) -> Result<(), String> {
         fds::needed(h.max_connections, workers, peer_connections),
         &format!("http.max_connections ({}) × http.workers ({workers})", h.max_connections),
     )?;
-    prepare_data_dir(&cfg.relay.data_dir)?;
     let key = keys::load_or_generate(&cfg.relay.key_file)?;
     let vapid = Arc::new(push::Vapid::load_or_generate(&cfg.vapid_key_file(), cfg.vapid_subject())?);
-    let store = cfg.open_store()?;
     let policy = cfg.policy();
     let clock: relay_actors::SharedClock = Arc::new(SystemClock);
     let peers = peers::PeerClient::new(
@@ -106,7 +133,6 @@ pub async fn serve(cfg: config::Config) -> Result<(), String> {
     let relay = rpc::Relay::new(sup, cfg.limits.max_body_bytes, peers, peer_keys, limits);
     let relay = web::Data::new(relay.with_push(push_info).with_replicator(replicator));
 
-    let listener = TcpListener::bind(&cfg.relay.listen).map_err(|e| format!("listen {}: {e}", cfg.relay.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let metrics_listener = match &cfg.metrics.listen {
         Some(at) => Some(TcpListener::bind(at).map_err(|e| format!("metrics.listen {at}: {e}"))?),
@@ -121,7 +147,12 @@ pub async fn serve(cfg: config::Config) -> Result<(), String> {
     let h = &cfg.http;
     let (access, with_metrics) = (cfg.log.access, metrics_listener.is_none());
     let body_timeout = http::BodyTimeout(h.body_timeout);
-    let per_ip = http::conn::PerIp::new(h.max_connections_per_ip);
+    // In cluster mode every connection comes from a node's front, which
+    // applies the per-address cap itself (`cluster::front`).
+    let per_ip = http::conn::PerIp::new(match cfg.cluster {
+        Some(_) => usize::MAX,
+        None => h.max_connections_per_ip,
+    });
     let for_app = relay.clone();
     let mut server = HttpServer::new(move || {
         // Runs once on each worker thread: account actors spread over them.
@@ -174,6 +205,7 @@ pub async fn serve(cfg: config::Config) -> Result<(), String> {
     // The server starts (workers, and its SIGTERM/SIGINT handlers) on its
     // first poll: let that happen before announcing it, so a signal sent
     // right after the announcement already means a graceful stop.
+    let handle = server.handle();
     let running = actix_web::rt::spawn(server);
     actix_web::rt::task::yield_now().await;
     let r = &cfg.relay;
@@ -190,10 +222,22 @@ pub async fn serve(cfg: config::Config) -> Result<(), String> {
     if cfg.peers.is_empty() {
         tracing::info!("no [[peers]] configured: this relay delivers only to its own accounts");
     }
-    println!("relay {} listening on http://{addr}", cfg.relay.id);
-    use std::io::Write;
-    let _ = std::io::stdout().flush();
-    let stopped = running.await.map_err(|e| e.to_string())?.map_err(|e| e.to_string());
+    if announce == Announce::Yes {
+        println!("relay {} listening on http://{addr}", cfg.relay.id);
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+    }
+    let stop = std::pin::pin!(stop);
+    let stopped = match futures_util::future::select(running, stop).await {
+        Either::Left((ran, _)) => ran.map_err(|e| e.to_string())?.map_err(|e| e.to_string()),
+        Either::Right((why, running)) => {
+            tracing::error!(reason = %why, "stopping at once");
+            handle.stop(false).await;
+            let _ = running.await;
+            // Nothing more is written: the store is fenced or unreachable.
+            return Err(why);
+        }
+    };
     if let Some((_, metrics)) = metrics_server {
         // It got the same signal; its result adds nothing once the main server stopped.
         let _ = metrics.await;
@@ -206,7 +250,7 @@ pub async fn serve(cfg: config::Config) -> Result<(), String> {
 
 /// Creates `relay.data_dir` if needed and checks that this process can
 /// write there, so the error names the setting rather than a file inside.
-fn prepare_data_dir(dir: &std::path::Path) -> Result<(), String> {
+pub(crate) fn prepare_data_dir(dir: &std::path::Path) -> Result<(), String> {
     let fail = |e: std::io::Error| format!("relay.data_dir {}: {e}", dir.display());
     // Only the relay's user may read its data (see `private_files`).
     std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(fail)?;

@@ -69,6 +69,11 @@ enum Command {
         #[command(subcommand)]
         command: ReplicationCommand,
     },
+    /// Cluster mode: one relay on several machines.
+    Cluster {
+        #[command(subcommand)]
+        command: ClusterCommand,
+    },
     /// Check a configuration.
     Config {
         #[command(subcommand)]
@@ -85,6 +90,13 @@ enum ConfigCommand {
         #[arg(long)]
         config: PathBuf,
     },
+}
+
+#[derive(Subcommand)]
+enum ClusterCommand {
+    /// Start three nats-servers (JetStream, R3) and relay nodes of one
+    /// relay on loopback, for trying cluster mode; Ctrl-C stops them.
+    Up(relay::cluster::up::UpArgs),
 }
 
 #[derive(Subcommand)]
@@ -152,6 +164,7 @@ fn main() -> ExitCode {
                 .and_then(|cfg| relay::replication::reset(&cfg, account.as_deref()))
                 .map(|n| println!("reset {n} account(s)"))
         }
+        Command::Cluster { command: ClusterCommand::Up(args) } => relay::cluster::up::run(args),
         Command::Serve { config } => match relay::config::Config::load(&config) {
             Ok(cfg) => actix_web::rt::System::new().block_on(relay::serve(cfg)),
             Err(e) => Err(e.to_string()),

@@ -30,6 +30,7 @@ pub mod account;
 pub mod crash;
 pub mod delivery;
 pub mod metrics;
+pub mod nats_server;
 pub mod notify;
 pub mod routes;
 pub mod send;

@@ -5,13 +5,17 @@
 //! After every cut and reopen the store must hold the history up to some
 //! commit `k`, whole commits only, with `k` at least the last commit
 //! acknowledged durable; before any cut, reads see every commit at once.
-//! The same histories run over sled, with a close and reopen for the cut.
+//! The same histories run over sled, with a close and reopen for the cut,
+//! and over the JetStream engine on a single nats-server (skipped when none
+//! is installed, except under `CI=true`), where the cut is a close, a
+//! `kill -9` of the server and a reopen under a newer fencing epoch.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use proptest::prelude::*;
-use relay_actors::store::{verify_chain, ModelEngine, NewEvent, Snapshot, Store};
+use relay_actors::nats_server::NatsServer;
+use relay_actors::store::{verify_chain, JetStreamConfig, JetStreamEngine, ModelEngine, NewEvent, Snapshot, Store};
 use serde_json::value::RawValue;
 
 const STREAMS: [&str; 3] = ["account/a", "account/b", "delivery/a/m1"];
@@ -168,6 +172,8 @@ fn run_commit(store: &Store, c: &Commit, serial: &mut u64) -> Written {
 enum Backend {
     Model(Arc<ModelEngine>),
     Sled(tempfile::TempDir),
+    /// A stream of its own on the shared server, and the epoch to open with.
+    JetStream(JetStreamConfig, u64),
 }
 
 impl Backend {
@@ -175,8 +181,35 @@ impl Backend {
         match self {
             Backend::Model(engine) => Store::with_engine(engine.clone()).unwrap(),
             Backend::Sled(dir) => Store::open(dir.path()).unwrap(),
+            Backend::JetStream(cfg, epoch) => {
+                Store::with_engine(Arc::new(JetStreamEngine::open(cfg.clone(), *epoch).unwrap())).unwrap()
+            }
         }
     }
+}
+
+/// One nats-server for every JetStream case of this test binary.
+fn nats() -> Option<&'static std::sync::Mutex<(NatsServer, tempfile::TempDir)>> {
+    static SERVER: std::sync::OnceLock<Option<std::sync::Mutex<(NatsServer, tempfile::TempDir)>>> =
+        std::sync::OnceLock::new();
+    SERVER
+        .get_or_init(|| {
+            let Some(bin) = relay_actors::nats_server::binary() else {
+                assert!(std::env::var("CI").as_deref() != Ok("true"), "no nats-server under CI: run .ci/nats.sh");
+                eprintln!("skipped: no nats-server (install it with .ci/nats.sh)");
+                return None;
+            };
+            let dir = tempfile::tempdir().unwrap();
+            Some(std::sync::Mutex::new((NatsServer::single(&bin, dir.path()).unwrap(), dir)))
+        })
+        .as_ref()
+}
+
+fn jetstream_backend(server: &NatsServer) -> Backend {
+    static CASE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let case = CASE.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let cfg = JetStreamConfig::shard(vec![server.url()], &format!("model{}", std::process::id()), case, 1);
+    Backend::JetStream(cfg, 1)
 }
 
 fn run(ops: Vec<Op>, mut backend: Backend) {
@@ -210,6 +243,14 @@ fn run(ops: Vec<Op>, mut backend: Backend) {
                     Backend::Sled(_) => {
                         drop(store);
                         acked = since.len();
+                    }
+                    Backend::JetStream(_, epoch) => {
+                        drop(store);
+                        acked = since.len();
+                        let mut server = nats().unwrap().lock().unwrap_or_else(|e| e.into_inner());
+                        server.0.kill();
+                        server.0.restart().unwrap();
+                        *epoch += 1;
                     }
                 }
                 store = backend.open();
@@ -252,6 +293,19 @@ proptest! {
     #[test]
     fn sled_reopens_hold_every_commit_with_verified_chains(ops in prop::collection::vec(op(), 1..40)) {
         run(ops, Backend::Sled(tempfile::tempdir().unwrap()));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
+
+    #[test]
+    fn jetstream_reopens_after_server_kills_hold_every_commit_with_verified_chains(
+        ops in prop::collection::vec(op(), 1..40)
+    ) {
+        let Some(server) = nats() else { return Ok(()) };
+        let backend = jetstream_backend(&server.lock().unwrap_or_else(|e| e.into_inner()).0);
+        run(ops, backend);
     }
 }
 

@@ -90,9 +90,23 @@ fn data_dir(args: &AuditArgs) -> Result<PathBuf, AuditError> {
     }
 }
 
+/// The store to audit: sled in the data dir, or a cluster's JetStream
+/// stream read as it is (a running cluster is not fenced by an audit).
+fn store(args: &AuditArgs) -> Result<(relay_actors::store::Store, PathBuf), AuditError> {
+    if let Some(path) = &args.config {
+        let cfg = Config::load(path).map_err(|e| AuditError::Usage(e.to_string()))?;
+        if let Some(shard) = crate::cluster::shard(&cfg) {
+            let engine = relay_actors::store::JetStreamEngine::open_read_only(shard)?;
+            let store = relay_actors::store::Store::with_engine(std::sync::Arc::new(engine))?;
+            return Ok((store, cfg.relay.data_dir));
+        }
+    }
+    let dir = data_dir(args)?;
+    Ok((open_store(&dir)?, dir))
+}
+
 fn run_inner(args: AuditArgs) -> Result<u8, AuditError> {
-    let dir = data_dir(&args)?;
-    let store = open_store(&dir)?;
+    let (store, dir) = store(&args)?;
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     let code = match args.command {

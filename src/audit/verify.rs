@@ -345,7 +345,7 @@ fn check_ledger(store: &Store, account: &AccountFold) -> Vec<String> {
 
 /// Snapshots whose stream has no events at all.
 fn orphan_snapshots(store: &Store, report: &mut Report) {
-    for item in store.raw_db().scan_prefix(b"s") {
+    for item in store.raw_scan_prefix(b"s") {
         let Ok((key, value)) = item else {
             report.findings.push(Finding {
                 stream: String::new(),

@@ -11,6 +11,7 @@ mod bad_input;
 mod bench;
 mod browser;
 mod cli;
+mod cluster_mode;
 mod commit_boundaries;
 mod cross_relay;
 mod delivery_crash;

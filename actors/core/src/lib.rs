@@ -11,12 +11,14 @@
 //!   timeline index, and `decide` for every account command;
 //! - [`delivery`]: a delivery's events and state, the seed's error table
 //!   and deadlines, and the retry timetable;
+//! - [`lease`]: shard ownership in cluster mode (lease, epoch, renewal);
 //! - [`push`]: the Web Push queue's coalescing and retry rules;
 //! - [`clock`] and [`policy`]: injected time and configured limits.
 
 pub mod account;
 pub mod clock;
 pub mod delivery;
+pub mod lease;
 pub mod policy;
 pub mod push;
 

@@ -44,6 +44,7 @@
 
 mod codec;
 mod engine;
+mod jetstream;
 mod model;
 mod overlay;
 mod sled_engine;
@@ -62,6 +63,7 @@ use relay_schemas::UnixSecs;
 use serde_json::value::RawValue;
 
 pub use engine::{Engine, KvIter, Write};
+pub use jetstream::{fence_violations, server_addrs, FenceViolation, JetStreamConfig, JetStreamEngine, CHUNK_BYTES};
 pub use model::ModelEngine;
 use overlay::Merged;
 pub use sled_engine::{SledEngine, CHECKPOINT_BYTES};
@@ -566,6 +568,19 @@ impl Store {
         }
         let engine: &dyn std::any::Any = &*self.inner.shared.engine;
         engine.downcast_ref::<SledEngine>().expect("raw_db needs a sled store").db()
+    }
+
+    /// Raw pairs whose key starts with `prefix`, through the engine (any
+    /// engine): for the audit's look at the key spaces themselves.
+    #[doc(hidden)]
+    pub fn raw_scan_prefix(
+        &self,
+        prefix: &[u8],
+    ) -> impl Iterator<Item = Result<(Vec<u8>, Vec<u8>), StoreError>> + Send + 'static {
+        let end = codec::prefix_end(prefix);
+        let prefix = prefix.to_vec();
+        self.scan(&prefix, end.as_deref(), false)
+            .take_while(move |kv| kv.as_ref().map_or(true, |(k, _)| k.starts_with(&prefix)))
     }
 
     /// The raw key of an event, for tests that corrupt records on purpose.

@@ -184,6 +184,20 @@ impl RelayProc {
     }
 
     /// SIGKILL: no shutdown, no flush.
+    /// Whether the process was started and not yet killed or reaped.
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// Whether the process ended by itself (it is reaped then).
+    pub fn exited(&mut self) -> bool {
+        let ended = self.child.as_mut().is_some_and(|c| c.try_wait().ok().flatten().is_some());
+        if ended {
+            self.child = None;
+        }
+        ended
+    }
+
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
             c.kill().unwrap();

@@ -1,0 +1,164 @@
+//! Shard ownership in cluster mode: who may serve a shard, decided from
+//! what the lease (a key of a JetStream KV bucket whose entries expire
+//! after `ttl`) last answered. Pure: the node's lease task asks [`next`]
+//! what to do, does it, and reports the result to [`observe`].
+//!
+//! - A standby tries to create the key; creation succeeds only while the
+//!   key is absent (never written, or expired because its owner stopped
+//!   renewing). The revision that creation returns is the owner's
+//!   **epoch**: it is written into the shard as a fence before the owner
+//!   serves (`store::jetstream`), so a previous owner's next append fails.
+//! - An owner renews every `ttl / 3`, expecting the revision it last
+//!   wrote. A renewal refused (another node created the key after ours
+//!   expired) means the lease is lost: the owner stops serving at once.
+//! - An owner that cannot reach the lease for `ttl - margin` stops too,
+//!   before the key can expire and a standby take over; fencing makes a
+//!   late write fail anyway, this keeps the window small.
+
+/// What a node currently is for one shard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Standby,
+    /// Holds the lease: `epoch` is the creation revision (the fence),
+    /// `revision` the last one written, `renewed_at` (ms) its time.
+    Owner {
+        epoch: u64,
+        revision: u64,
+        renewed_at: u64,
+    },
+    /// Lost the lease; terminal for this process (it restarts as standby).
+    Lost,
+}
+
+/// What the lease task should do now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Try to create the key (standby).
+    Acquire,
+    /// Update the key, expecting `revision`.
+    Renew { revision: u64 },
+    /// Stop serving the shard: the lease is lost or could not be renewed.
+    Stop,
+    /// Nothing before `at` (ms).
+    WaitUntil { at: u64 },
+}
+
+/// The lease's timing, in milliseconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timing {
+    pub ttl: u64,
+    /// A standby retries creation this often.
+    pub poll: u64,
+}
+
+impl Timing {
+    pub fn renew_every(&self) -> u64 {
+        self.ttl / 3
+    }
+
+    /// An owner that has not renewed for this long stops: a third of the
+    /// ttl before the key can expire.
+    pub fn give_up_after(&self) -> u64 {
+        self.ttl - self.ttl / 3
+    }
+}
+
+/// What the lease answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// Created (acquire) or updated (renew) at this revision.
+    Written { revision: u64 },
+    /// The key exists with another revision: someone else holds it.
+    Refused,
+    /// No answer (NATS unreachable, timeout).
+    Unreachable,
+}
+
+/// The next step for `role` at `now` (ms). `last_try` is when a standby
+/// last tried to acquire.
+pub fn next(role: Role, now: u64, last_try: Option<u64>, t: Timing) -> Step {
+    match role {
+        Role::Lost => Step::Stop,
+        Role::Standby => match last_try {
+            Some(at) if now < at + t.poll => Step::WaitUntil { at: at + t.poll },
+            _ => Step::Acquire,
+        },
+        Role::Owner { revision, renewed_at, .. } => {
+            if now >= renewed_at + t.give_up_after() {
+                Step::Stop
+            } else if now >= renewed_at + t.renew_every() {
+                Step::Renew { revision }
+            } else {
+                Step::WaitUntil { at: renewed_at + t.renew_every() }
+            }
+        }
+    }
+}
+
+/// The role after `step` got `answer` at `now` (ms). `sent_at` is when the
+/// request was sent: a renewal counts from then, since the key's ttl runs
+/// from the server's write, which is not earlier.
+pub fn observe(role: Role, step: Step, answer: Answer, sent_at: u64) -> Role {
+    match (role, step, answer) {
+        (Role::Standby, Step::Acquire, Answer::Written { revision }) => {
+            Role::Owner { epoch: revision, revision, renewed_at: sent_at }
+        }
+        (Role::Standby, _, _) => Role::Standby,
+        (Role::Owner { epoch, .. }, Step::Renew { .. }, Answer::Written { revision }) => {
+            Role::Owner { epoch, revision, renewed_at: sent_at }
+        }
+        (Role::Owner { .. }, Step::Renew { .. }, Answer::Refused) => Role::Lost,
+        (Role::Owner { .. }, Step::Stop, _) => Role::Lost,
+        (role, _, _) => role,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: Timing = Timing { ttl: 3000, poll: 250 };
+
+    #[test]
+    fn a_standby_becomes_owner_with_the_creation_revision_as_its_epoch() {
+        assert_eq!(next(Role::Standby, 0, None, T), Step::Acquire);
+        let role = observe(Role::Standby, Step::Acquire, Answer::Written { revision: 41 }, 10);
+        assert_eq!(role, Role::Owner { epoch: 41, revision: 41, renewed_at: 10 });
+    }
+
+    #[test]
+    fn a_standby_refused_retries_after_the_poll_interval() {
+        let role = observe(Role::Standby, Step::Acquire, Answer::Refused, 100);
+        assert_eq!(role, Role::Standby);
+        assert_eq!(next(role, 200, Some(100), T), Step::WaitUntil { at: 350 });
+        assert_eq!(next(role, 350, Some(100), T), Step::Acquire);
+    }
+
+    #[test]
+    fn an_owner_renews_every_third_of_the_ttl_expecting_its_last_revision_and_keeps_its_epoch() {
+        let owner = Role::Owner { epoch: 7, revision: 9, renewed_at: 1000 };
+        assert_eq!(next(owner, 1500, None, T), Step::WaitUntil { at: 2000 });
+        assert_eq!(next(owner, 2000, None, T), Step::Renew { revision: 9 });
+        let renewed = observe(owner, Step::Renew { revision: 9 }, Answer::Written { revision: 12 }, 2000);
+        assert_eq!(renewed, Role::Owner { epoch: 7, revision: 12, renewed_at: 2000 });
+    }
+
+    #[test]
+    fn an_owner_whose_renewal_is_refused_has_lost_the_lease_and_stops() {
+        let owner = Role::Owner { epoch: 7, revision: 9, renewed_at: 1000 };
+        let lost = observe(owner, Step::Renew { revision: 9 }, Answer::Refused, 2000);
+        assert_eq!(lost, Role::Lost);
+        assert_eq!(next(lost, 2001, None, T), Step::Stop);
+    }
+
+    #[test]
+    fn an_owner_that_cannot_renew_stops_before_its_key_can_expire() {
+        let owner = Role::Owner { epoch: 7, revision: 9, renewed_at: 1000 };
+        let still = observe(owner, Step::Renew { revision: 9 }, Answer::Unreachable, 2000);
+        assert_eq!(still, owner, "an unanswered renewal changes nothing yet");
+        assert_eq!(next(still, 2999, None, T), Step::Renew { revision: 9 });
+        // Stops at 1000 + 2000, a third of the ttl before the key expires at 4000.
+        assert_eq!(next(still, 3000, None, T), Step::Stop);
+        assert!(1000 + T.give_up_after() < 1000 + T.ttl);
+    }
+}

@@ -1,0 +1,541 @@
+//! The cluster engine: the store's groups as messages of one NATS JetStream
+//! stream (a shard), read through an ordered view in memory that is rebuilt
+//! from the stream when the engine opens.
+//!
+//! 1. `apply` queues a group (no IO).
+//! 2. `barrier` publishes every queued group, framed as in the sled
+//!    engine's write-ahead log (`wal.rs`: length, crc32, writes), as one
+//!    message on `<prefix>.g`, or as one JetStream atomic batch of messages
+//!    when they pass [`CHUNK_BYTES`]. The first message carries
+//!    `Nats-Expected-Last-Sequence`: the stream's last sequence as this
+//!    owner knows it. The barrier returns on JetStream's acknowledgement,
+//!    which with file storage and `sync_interval: always` (R3 in a cluster:
+//!    on a quorum) means synced to disk.
+//! 3. `install` lays the acknowledged groups on the view.
+//!
+//! **Fencing.** Opening appends a fence (`<prefix>.f`, header
+//! `Relay-Epoch`) with the expected last sequence it read, then rebuilds
+//! the view from every message before the fence. From that point any
+//! append by an earlier owner fails on its expected sequence, its store
+//! fails (the writer's failure is sticky) and takes no more commits. The
+//! epoch is the revision of the owner's lease (`relay_core::lease`);
+//! opening refuses a stream whose newest fence has a higher epoch than its
+//! own, so an owner whose lease was superseded cannot fence out the newer
+//! one (an equal epoch is the same owner opening again after a failure).
+//! Every group message also carries the epoch it was written under, so
+//! [`fence_violations`] can show that no group follows a newer fence.
+//!
+//! The view holds the whole shard in memory: the price of this first
+//! engine. Snapshots in a KV bucket (so takeover replays only a tail) and
+//! a local cache on disk are the next steps.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::ops::Bound;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Mutex, MutexGuard, RwLock};
+use std::time::Duration;
+
+use async_nats::header::{HeaderMap, NATS_EXPECTED_LAST_SEQUENCE, NATS_MESSAGE_ID};
+use async_nats::jetstream::{self, context::PublishErrorKind, stream};
+use bytes::Bytes;
+use futures_util::StreamExt;
+
+use super::engine::{Engine, KvIter, Write};
+use super::{wal, StoreError};
+
+/// Group messages are split past this size (JetStream's default
+/// `max_payload` is 1 MiB); the parts go in one atomic batch.
+pub const CHUNK_BYTES: usize = 512 << 10;
+
+const EPOCH: &str = "Relay-Epoch";
+const BATCH_ID: &str = "Nats-Batch-Id";
+const BATCH_SEQ: &str = "Nats-Batch-Sequence";
+const BATCH_COMMIT: &str = "Nats-Batch-Commit";
+
+/// Where a shard lives and how it is kept.
+#[derive(Clone, Debug)]
+pub struct JetStreamConfig {
+    /// NATS server URLs (`nats://127.0.0.1:4222`, ...).
+    pub urls: Vec<String>,
+    /// The stream's name, e.g. `RELAY_S0`.
+    pub stream: String,
+    /// Subject prefix: groups go to `<prefix>.g`, fences to `<prefix>.f`.
+    pub prefix: String,
+    /// Copies JetStream keeps (3 in a cluster, 1 on a single server).
+    pub replicas: usize,
+    /// How long one request to JetStream may take before it is retried; an
+    /// append is retried for four times this long, then the store fails.
+    pub timeout: Duration,
+}
+
+impl JetStreamConfig {
+    pub fn shard(urls: Vec<String>, cluster: &str, shard: u32, replicas: usize) -> JetStreamConfig {
+        JetStreamConfig {
+            urls,
+            stream: format!("RELAY_{cluster}_S{shard}"),
+            prefix: format!("relay.{cluster}.s{shard}"),
+            replicas,
+            timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+type Map = BTreeMap<Vec<u8>, Vec<u8>>;
+
+struct Writer {
+    /// Groups applied, not yet published.
+    queued: Vec<Vec<Write>>,
+    /// Groups acknowledged, not yet installed in the view.
+    acked: Vec<Vec<Write>>,
+    /// The stream's last sequence: this owner's last append.
+    last_seq: u64,
+    buf: Vec<u8>,
+}
+
+pub struct JetStreamEngine {
+    /// Drives the NATS connection; the writer thread blocks on it.
+    rt: Option<tokio::runtime::Runtime>,
+    js: jetstream::Context,
+    client: async_nats::Client,
+    cfg: JetStreamConfig,
+    /// 0 for a read-only engine, which refuses writes.
+    epoch: u64,
+    view: RwLock<Map>,
+    writer: Mutex<Writer>,
+    bytes: AtomicU64,
+    barriers: AtomicU64,
+}
+
+impl Drop for JetStreamEngine {
+    fn drop(&mut self) {
+        // Never blocks: a store may be dropped on an async thread.
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+fn err(what: &str, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Io(format!("jetstream: {what}: {e}"))
+}
+
+impl JetStreamEngine {
+    /// Connects, creates the stream if missing, fences it with `epoch` and
+    /// rebuilds the view from everything before the fence.
+    pub fn open(cfg: JetStreamConfig, epoch: u64) -> Result<JetStreamEngine, StoreError> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("store-jetstream")
+            .enable_all()
+            .build()
+            .map_err(|e| err("runtime", e))?;
+        let (client, js, last_seq, view) = run(&rt, open(cfg.clone(), epoch))?;
+        Ok(JetStreamEngine {
+            rt: Some(rt),
+            js,
+            client,
+            cfg,
+            epoch,
+            view: RwLock::new(view),
+            writer: Mutex::new(Writer { queued: Vec::new(), acked: Vec::new(), last_seq, buf: Vec::new() }),
+            bytes: AtomicU64::new(0),
+            barriers: AtomicU64::new(0),
+        })
+    }
+
+    /// Reads the stream as it is, without fencing it (the owner keeps
+    /// writing): for `relay audit` on a running cluster. Refuses writes.
+    pub fn open_read_only(cfg: JetStreamConfig) -> Result<JetStreamEngine, StoreError> {
+        Self::open(cfg, 0)
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    fn run<T: Send + 'static>(&self, fut: impl Future<Output = T> + Send + 'static) -> T {
+        run(self.rt.as_ref().expect("runtime lives until drop"), fut)
+    }
+
+    fn writer(&self) -> MutexGuard<'_, Writer> {
+        self.writer.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn view(&self) -> std::sync::RwLockReadGuard<'_, Map> {
+        self.view.read().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Runs `fut` on the engine's runtime and waits for it from this thread,
+/// which may be any thread, an async one included (the wait blocks it,
+/// as a sled write would).
+fn run<T: Send + 'static>(rt: &tokio::runtime::Runtime, fut: impl Future<Output = T> + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    rt.spawn(async move {
+        let _ = tx.send(fut.await);
+    });
+    rx.recv().expect("the engine's runtime ended a task without an answer")
+}
+
+async fn connect(cfg: &JetStreamConfig) -> Result<(async_nats::Client, jetstream::Context), StoreError> {
+    let client = async_nats::ConnectOptions::new()
+        .connection_timeout(cfg.timeout)
+        .request_timeout(Some(cfg.timeout))
+        .retry_on_initial_connect()
+        .connect(server_addrs(&cfg.urls).map_err(|e| err("connect", e))?)
+        .await
+        .map_err(|e| err("connect", e))?;
+    let mut js = jetstream::new(client.clone());
+    js.set_timeout(cfg.timeout);
+    Ok((client, js))
+}
+
+/// The servers of a list of URLs (async-nats takes a list, not a
+/// comma-separated string).
+pub fn server_addrs(urls: &[String]) -> Result<Vec<async_nats::ServerAddr>, String> {
+    urls.iter().map(|u| u.parse().map_err(|e| format!("NATS url {u:?}: {e}"))).collect()
+}
+
+pub(crate) fn stream_config(cfg: &JetStreamConfig) -> stream::Config {
+    stream::Config {
+        name: cfg.stream.clone(),
+        subjects: vec![format!("{}.g", cfg.prefix), format!("{}.f", cfg.prefix)],
+        storage: stream::StorageType::File,
+        num_replicas: cfg.replicas,
+        allow_atomic_publish: true,
+        // Retried publishes inside this window are answered as duplicates.
+        duplicate_window: Duration::from_secs(120),
+        ..Default::default()
+    }
+}
+
+fn epoch_of(headers: Option<&HeaderMap>) -> Option<u64> {
+    headers?.get(EPOCH)?.as_str().parse().ok()
+}
+
+async fn open(
+    cfg: JetStreamConfig,
+    epoch: u64,
+) -> Result<(async_nats::Client, jetstream::Context, u64, Map), StoreError> {
+    let (client, js) = connect(&cfg).await?;
+    if epoch == 0 {
+        let stream = js.get_stream(&cfg.stream).await.map_err(|e| err("get the stream", e))?;
+        let last = stream.get_info().await.map_err(|e| err("stream info", e))?.state.last_sequence;
+        let view = replay(&stream, &cfg, last).await?;
+        return Ok((client, js, last, view));
+    }
+    let stream = js.get_or_create_stream(stream_config(&cfg)).await.map_err(|e| err("create the stream", e))?;
+    let fence_subject = format!("{}.f", cfg.prefix);
+    // Fence: retried while another writer appends between our read of the
+    // last sequence and the fence (its next append then fails).
+    let mut tries = 0;
+    let fence_seq = loop {
+        tries += 1;
+        let newest = match stream.get_last_raw_message_by_subject(&fence_subject).await {
+            Ok(m) => epoch_of(Some(&m.headers)).unwrap_or(0),
+            Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => 0,
+            Err(e) => return Err(err("read the newest fence", e)),
+        };
+        // Equal: this owner's own fence, from an open that failed after it.
+        if newest > epoch {
+            return Err(StoreError::Flush(format!(
+                "jetstream: stream {} is fenced at epoch {newest}, above this owner's {epoch}: a newer owner holds it",
+                cfg.stream
+            )));
+        }
+        let mut info = js.get_stream(&cfg.stream).await.map_err(|e| err("stream info", e))?;
+        let last = info.info().await.map_err(|e| err("stream info", e))?.state.last_sequence;
+        let mut headers = HeaderMap::new();
+        headers.insert(EPOCH, epoch.to_string().as_str());
+        headers.insert(NATS_EXPECTED_LAST_SEQUENCE, last.to_string().as_str());
+        let ack = js.publish_with_headers(fence_subject.clone(), headers, Bytes::new()).await;
+        match ack.map_err(|e| err("fence", e))?.await {
+            Ok(ack) => break ack.sequence,
+            Err(e) if e.kind() == PublishErrorKind::WrongLastSequence && tries < 10 => continue,
+            Err(e) => return Err(err("fence", e)),
+        }
+    };
+    let view = replay(&stream, &cfg, fence_seq).await?;
+    Ok((client, js, fence_seq, view))
+}
+
+/// Every group up to sequence `through` (the fence just written, or the
+/// stream's last message), applied in order. That message exists, so the
+/// walk always reaches it.
+async fn replay(stream: &stream::Stream, cfg: &JetStreamConfig, through: u64) -> Result<Map, StoreError> {
+    let mut view = Map::new();
+    if through == 0 {
+        return Ok(view);
+    }
+    let consumer = stream
+        .create_consumer(jetstream::consumer::pull::OrderedConfig::default())
+        .await
+        .map_err(|e| err("replay consumer", e))?;
+    let mut messages = consumer.messages().await.map_err(|e| err("replay", e))?;
+    let groups = format!("{}.g", cfg.prefix);
+    let mut parts: Vec<Vec<u8>> = Vec::new();
+    while let Some(msg) = messages.next().await {
+        let msg = msg.map_err(|e| err("replay", e))?;
+        let seq = msg.info().map_err(|e| err("replay", e))?.stream_sequence;
+        if seq > through {
+            break;
+        }
+        if msg.subject.as_str() == groups {
+            apply_message(&mut view, &mut parts, msg.headers.as_ref(), &msg.payload, seq, &cfg.stream)?;
+        }
+        if seq == through {
+            break;
+        }
+    }
+    Ok(view)
+}
+
+/// Applies one stored group message to `view`. A batch's parts are kept in
+/// `parts` until its commit part (JetStream stores a batch whole, so a
+/// part without its commit is not in the stream).
+fn apply_message(
+    view: &mut Map,
+    parts: &mut Vec<Vec<u8>>,
+    headers: Option<&HeaderMap>,
+    payload: &[u8],
+    seq: u64,
+    stream: &str,
+) -> Result<(), StoreError> {
+    let corrupt = |what: &str| StoreError::Corrupt { stream: stream.to_owned(), seq, what: what.to_owned() };
+    let in_batch = headers.and_then(|h| h.get(BATCH_ID)).is_some();
+    let commit = headers.and_then(|h| h.get(BATCH_COMMIT)).is_some();
+    parts.push(payload.to_vec());
+    if in_batch && !commit {
+        return Ok(());
+    }
+    for part in std::mem::take(parts) {
+        let decoded = wal::decode(&part);
+        if decoded.valid_len != part.len() {
+            return Err(corrupt("a group message that does not decode whole"));
+        }
+        for group in decoded.groups {
+            apply_to(view, group);
+        }
+    }
+    Ok(())
+}
+
+fn apply_to(map: &mut Map, group: Vec<Write>) {
+    for w in group {
+        match w {
+            Write::Put(k, v) => map.insert(k, v),
+            Write::Remove(k) => map.remove(&k),
+        };
+    }
+}
+
+/// Between two tries of an unanswered publish.
+const RETRY_PAUSE: Duration = Duration::from_millis(100);
+
+/// Failures after which the publish may or may not have been stored, and
+/// may succeed if tried again: no answer in time, the connection lost, or
+/// no stream leader to answer (JetStream's "no responders" during an
+/// election reads as `StreamNotFound`).
+fn transient(kind: PublishErrorKind) -> bool {
+    matches!(kind, PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe | PublishErrorKind::StreamNotFound)
+}
+
+/// Publishes `parts` after `last_seq`: one message, or an atomic batch.
+/// Returns the stream sequence of the last part.
+async fn publish(
+    js: jetstream::Context,
+    client: async_nats::Client,
+    subject: String,
+    epoch: u64,
+    last_seq: u64,
+    parts: Vec<Bytes>,
+    retry_for: Duration,
+) -> Result<u64, StoreError> {
+    let headers = |i: usize| {
+        let mut h = HeaderMap::new();
+        h.insert(EPOCH, epoch.to_string().as_str());
+        if i == 0 {
+            h.insert(NATS_EXPECTED_LAST_SEQUENCE, last_seq.to_string().as_str());
+        }
+        h
+    };
+    let fenced = |e: async_nats::jetstream::context::PublishError| match e.kind() {
+        PublishErrorKind::WrongLastSequence => StoreError::Flush(format!(
+            "jetstream: the stream moved past sequence {last_seq}: another owner fenced it (epoch {epoch} is stale)"
+        )),
+        _ => err("publish", e),
+    };
+    if parts.len() == 1 {
+        // One message: a publish without an answer is retried under the
+        // same message id (JetStream answers a retry of what it stored as a
+        // duplicate, with the original sequence), while a stream leader is
+        // being elected ("no responders") or the connection is back.
+        let mut h = headers(0);
+        h.insert(NATS_MESSAGE_ID, format!("{epoch}-{}", last_seq + 1).as_str());
+        let started = tokio::time::Instant::now();
+        let mut tries = 0u32;
+        loop {
+            tries += 1;
+            let sent = js.publish_with_headers(subject.clone(), h.clone(), parts[0].clone()).await;
+            let acked = match sent {
+                Ok(ack) => ack.await,
+                Err(e) => Err(e),
+            };
+            match acked {
+                Ok(ack) => {
+                    if tries > 1 {
+                        tracing::warn!(
+                            tries,
+                            waited_ms = started.elapsed().as_millis() as u64,
+                            "jetstream publish stored after retries"
+                        );
+                    }
+                    return Ok(ack.sequence);
+                }
+                Err(e) if transient(e.kind()) && started.elapsed() < retry_for => {
+                    if tries == 1 {
+                        tracing::warn!(error = %e, "jetstream publish not acknowledged; retrying");
+                    }
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+                Err(e) => return Err(fenced(e)),
+            }
+        }
+    }
+    let id = format!("{epoch}-{}", last_seq + 1);
+    let n = parts.len();
+    for (i, part) in parts.into_iter().enumerate() {
+        let mut h = headers(i);
+        h.insert(BATCH_ID, id.as_str());
+        h.insert(BATCH_SEQ, (i + 1).to_string().as_str());
+        if i + 1 < n {
+            client.publish_with_headers(subject.clone(), h, part).await.map_err(|e| err("publish a batch part", e))?;
+        } else {
+            h.insert(BATCH_COMMIT, "1");
+            let ack = js.publish_with_headers(subject.clone(), h, part).await.map_err(fenced)?;
+            return Ok(ack.await.map_err(fenced)?.sequence);
+        }
+    }
+    unreachable!("a batch has at least one part")
+}
+
+impl Engine for JetStreamEngine {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.view().get(key).cloned())
+    }
+
+    fn range(&self, start: &[u8], end: Option<&[u8]>) -> KvIter {
+        let end = end.map_or(Bound::Unbounded, Bound::Excluded);
+        let pairs: Vec<_> = self
+            .view()
+            .range::<[u8], _>((Bound::Included(start), end))
+            .map(|(k, v)| Ok((k.clone(), v.clone())))
+            .collect();
+        Box::new(pairs.into_iter())
+    }
+
+    fn apply(&self, group: Vec<Write>) -> Result<(), StoreError> {
+        self.writer().queued.push(group);
+        Ok(())
+    }
+
+    fn barrier(&self) -> Result<(), StoreError> {
+        let mut w = self.writer();
+        if w.queued.is_empty() {
+            return Ok(());
+        }
+        if self.epoch == 0 {
+            return Err(StoreError::Flush("jetstream: opened read-only".into()));
+        }
+        // Frame the groups into parts of at most CHUNK_BYTES (a group is
+        // never split: each record decodes on its own).
+        let mut parts = Vec::new();
+        let mut buf = std::mem::take(&mut w.buf);
+        for group in &w.queued {
+            let start = buf.len();
+            wal::encode(group, &mut buf);
+            if buf.len() > CHUNK_BYTES && start > 0 {
+                let rest = buf.split_off(start);
+                parts.push(Bytes::from(std::mem::replace(&mut buf, rest)));
+            }
+        }
+        parts.push(Bytes::from(buf));
+        let bytes: usize = parts.iter().map(Bytes::len).sum();
+        let subject = format!("{}.g", self.cfg.prefix);
+        let (js, client, retry_for) = (self.js.clone(), self.client.clone(), self.cfg.timeout * 4);
+        let seq = self.run(publish(js, client, subject, self.epoch, w.last_seq, parts, retry_for))?;
+        w.last_seq = seq;
+        let queued = std::mem::take(&mut w.queued);
+        w.acked.extend(queued);
+        self.bytes.fetch_add(bytes as u64, Relaxed);
+        self.barriers.fetch_add(1, Relaxed);
+        Ok(())
+    }
+
+    fn install(&self) -> Result<(), StoreError> {
+        let acked = std::mem::take(&mut self.writer().acked);
+        let mut view = self.view.write().unwrap_or_else(|e| e.into_inner());
+        for group in acked {
+            apply_to(&mut view, group);
+        }
+        Ok(())
+    }
+
+    fn bytes_written(&self) -> u64 {
+        self.bytes.load(Relaxed)
+    }
+
+    fn barriers(&self) -> u64 {
+        self.barriers.load(Relaxed)
+    }
+}
+
+/// A group message stored after a fence of a newer epoch than its own: a
+/// write by an owner that had been fenced out (must never exist).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FenceViolation {
+    pub seq: u64,
+    pub epoch: u64,
+    pub fenced_at: u64,
+}
+
+/// Walks the whole stream and lists every group written after a newer
+/// fence (or with no epoch at all).
+pub fn fence_violations(cfg: &JetStreamConfig) -> Result<Vec<FenceViolation>, StoreError> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| err("runtime", e))?;
+    let cfg = cfg.clone();
+    std::thread::spawn(move || rt.block_on(walk_fences(cfg)))
+        .join()
+        .unwrap_or_else(|_| Err(err("fence walk", "panicked")))
+}
+
+async fn walk_fences(cfg: JetStreamConfig) -> Result<Vec<FenceViolation>, StoreError> {
+    let (_client, js) = connect(&cfg).await?;
+    let stream = js.get_stream(&cfg.stream).await.map_err(|e| err("get the stream", e))?;
+    let last = stream.get_info().await.map_err(|e| err("stream info", e))?.state.last_sequence;
+    let mut found = Vec::new();
+    if last == 0 {
+        return Ok(found);
+    }
+    let consumer = stream
+        .create_consumer(jetstream::consumer::pull::OrderedConfig::default())
+        .await
+        .map_err(|e| err("fence walk consumer", e))?;
+    let mut messages = consumer.messages().await.map_err(|e| err("fence walk", e))?;
+    let (fence_subject, mut fence) = (format!("{}.f", cfg.prefix), 0);
+    while let Some(msg) = messages.next().await {
+        let msg = msg.map_err(|e| err("fence walk", e))?;
+        let seq = msg.info().map_err(|e| err("fence walk", e))?.stream_sequence;
+        let epoch = epoch_of(msg.headers.as_ref()).unwrap_or(0);
+        if msg.subject.as_str() == fence_subject {
+            fence = fence.max(epoch);
+        } else if epoch != fence {
+            found.push(FenceViolation { seq, epoch, fenced_at: fence });
+        }
+        if seq >= last {
+            break;
+        }
+    }
+    Ok(found)
+}

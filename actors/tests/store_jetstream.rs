@@ -1,0 +1,136 @@
+//! The JetStream engine on a real single nats-server (skipped when none is
+//! installed, except under `CI=true`): fencing of a stale owner, groups
+//! larger than one message, and acknowledged commits across a `kill -9` of
+//! the server. The store's property test over it is in `store_model.rs`.
+
+use std::sync::Arc;
+
+use relay_actors::nats_server::{self, NatsServer};
+use relay_actors::store::{
+    fence_violations, Engine, JetStreamConfig, JetStreamEngine, NewEvent, Store, StoreError, Write, CHUNK_BYTES,
+};
+use serde_json::value::RawValue;
+
+struct Fixture {
+    server: NatsServer,
+    _dir: tempfile::TempDir,
+}
+
+fn server() -> Option<Fixture> {
+    let Some(bin) = nats_server::binary() else {
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "no nats-server under CI: run .ci/nats.sh");
+        eprintln!("skipped: no nats-server (install it with .ci/nats.sh)");
+        return None;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    Some(Fixture { server: NatsServer::single(&bin, dir.path()).unwrap(), _dir: dir })
+}
+
+fn shard(f: &Fixture) -> JetStreamConfig {
+    // Short: a publish to a killed server is retried this long a few times.
+    JetStreamConfig {
+        timeout: std::time::Duration::from_millis(500),
+        ..JetStreamConfig::shard(vec![f.server.url()], "t", 0, 1)
+    }
+}
+
+fn open(cfg: &JetStreamConfig, epoch: u64) -> Store {
+    Store::with_engine(Arc::new(JetStreamEngine::open(cfg.clone(), epoch).unwrap())).unwrap()
+}
+
+fn append(store: &Store, stream: &str, n: u64) -> Result<(), StoreError> {
+    let mut batch = store.batch();
+    let head = store.head(stream)?;
+    let events = (0..n)
+        .map(|i| NewEvent {
+            event_type: "noted".into(),
+            version: 1,
+            at: i,
+            data: RawValue::from_string(format!(r#"{{"n":{i}}}"#)).unwrap(),
+        })
+        .collect();
+    batch.append(stream, head, events);
+    store.commit_durable_blocking(batch)
+}
+
+#[test]
+fn a_newer_owner_fences_the_stale_one_whose_next_append_fails_and_changes_nothing() {
+    let Some(f) = server() else { return };
+    let cfg = shard(&f);
+    let old = open(&cfg, 1);
+    append(&old, "account/a", 2).unwrap();
+
+    let new = open(&cfg, 2);
+    assert_eq!(new.head("account/a").unwrap().seq, 2, "the new owner replays what the old one wrote");
+
+    let refused = append(&old, "account/a", 1);
+    assert!(matches!(refused, Err(StoreError::Flush(ref e)) if e.contains("fenced")), "{refused:?}");
+    assert!(!old.is_healthy(), "a fenced store takes no more commits");
+    assert!(append(&old, "account/b", 1).is_err());
+
+    append(&new, "account/a", 1).unwrap();
+    drop((old, new));
+    let again = open(&cfg, 3);
+    assert_eq!(again.head("account/a").unwrap().seq, 3);
+    assert_eq!(again.head("account/b").unwrap().seq, 0, "nothing of the fenced owner's landed");
+    assert_eq!(fence_violations(&cfg).unwrap(), [], "no group after a newer fence");
+}
+
+#[test]
+fn an_owner_whose_epoch_is_below_the_newest_fence_cannot_open_and_the_same_owner_can_reopen() {
+    let Some(f) = server() else { return };
+    let cfg = shard(&f);
+    drop(open(&cfg, 5));
+    for stale in [4, 1] {
+        match JetStreamEngine::open(cfg.clone(), stale) {
+            Err(StoreError::Flush(e)) => assert!(e.contains("newer owner"), "{e}"),
+            other => panic!("epoch {stale} opened over fence 5: {:?}", other.map(|e| e.epoch())),
+        }
+    }
+    // The owner of epoch 5 opening again (an open that failed after its fence).
+    let again = open(&cfg, 5);
+    append(&again, "account/a", 1).unwrap();
+    assert_eq!(fence_violations(&cfg).unwrap(), []);
+}
+
+#[test]
+fn a_group_larger_than_a_message_is_stored_whole_as_one_atomic_batch() {
+    let Some(f) = server() else { return };
+    let cfg = shard(&f);
+    let engine = JetStreamEngine::open(cfg.clone(), 1).unwrap();
+    let value = vec![7u8; CHUNK_BYTES / 2 + 1];
+    for g in 0..4u8 {
+        engine.apply(vec![Write::Put(vec![b'k', g], value.clone())]).unwrap();
+    }
+    engine.barrier().unwrap();
+    engine.install().unwrap();
+    assert_eq!(engine.range(b"k", None).count(), 4);
+    drop(engine);
+
+    let reopened = JetStreamEngine::open(cfg.clone(), 2).unwrap();
+    let keys: Vec<Vec<u8>> = reopened.range(b"", None).map(|kv| kv.unwrap().0).collect();
+    assert_eq!(keys, (0..4u8).map(|g| vec![b'k', g]).collect::<Vec<_>>());
+    assert_eq!(fence_violations(&cfg).unwrap(), []);
+}
+
+#[test]
+fn acknowledged_commits_survive_a_kill_of_the_server() {
+    let Some(mut f) = server() else { return };
+    let cfg = shard(&f);
+    let store = open(&cfg, 1);
+    for _ in 0..50 {
+        append(&store, "account/a", 1).unwrap();
+    }
+    f.server.kill();
+    // The store cannot make anything durable while the server is gone.
+    assert!(append(&store, "account/a", 1).is_err());
+    drop(store);
+    f.server.restart().unwrap();
+
+    let store = open(&cfg, 2);
+    let seq = store.head("account/a").unwrap().seq;
+    assert!(seq == 50 || seq == 51, "the 50 acknowledged commits, and perhaps the one refused: {seq}");
+    assert_eq!(relay_actors::store::verify_chain(store.read("account/a", 0)), []);
+    append(&store, "account/a", 1).unwrap();
+    assert_eq!(store.head("account/a").unwrap().seq, seq + 1);
+}

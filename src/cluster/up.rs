@@ -1,0 +1,161 @@
+//! `relay cluster up`: a whole cluster on loopback for trying cluster mode:
+//! three nats-servers in one JetStream cluster (R3) and `--nodes` relay
+//! nodes of one relay, each a `relay serve` child with its config written
+//! under `--dir`. Stops everything on SIGINT or SIGTERM.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use relay_actors::nats_server::{self, Member, NatsServer};
+
+#[derive(clap::Args)]
+pub struct UpArgs {
+    /// Where the configs, the relay key and all data go (kept across runs).
+    #[arg(long, default_value = "data/cluster")]
+    pub dir: PathBuf,
+    /// Relay nodes to start.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u8).range(1..=9))]
+    pub nodes: u8,
+    /// The first port: nats-servers on BASE.., their routes on BASE+10..,
+    /// monitoring on BASE+20.., relay nodes on BASE+30... 0 picks free ports.
+    #[arg(long, default_value_t = 7820)]
+    pub base_port: u16,
+    /// The relay's id.
+    #[arg(long, default_value = "relay-c")]
+    pub id: String,
+}
+
+/// A relay node process; killed on drop.
+struct Node(Child);
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        // SIGTERM first, so the node stops serving and flushes.
+        // SAFETY: a plain kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(self.0.id() as libc::pid_t, libc::SIGTERM);
+        }
+        for _ in 0..50 {
+            if matches!(self.0.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn port(base: u16, offset: u16) -> Result<u16, String> {
+    if base == 0 {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+        return Ok(l.local_addr().map_err(|e| e.to_string())?.port());
+    }
+    base.checked_add(offset).ok_or_else(|| format!("--base-port {base}: ports past 65535"))
+}
+
+/// Runs `relay cluster up`; returns when stopped by a signal.
+pub fn run(args: UpArgs) -> Result<(), String> {
+    let bin = nats_server::binary()
+        .ok_or("no nats-server: run .ci/nats.sh (installs it under target/nats) or set RELAY_NATS_SERVER")?;
+    std::fs::create_dir_all(&args.dir).map_err(|e| format!("--dir {}: {e}", args.dir.display()))?;
+    let dir = args.dir.canonicalize().map_err(|e| e.to_string())?;
+    let members = (0..3u16)
+        .map(|i| {
+            Ok(Member {
+                name: format!("n{}", i + 1),
+                port: port(args.base_port, i)?,
+                cluster_port: port(args.base_port, 10 + i)?,
+                http_port: port(args.base_port, 20 + i)?,
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    let mut servers = Vec::new();
+    for m in &members {
+        let server = NatsServer::member(&bin, &dir.join("nats").join(&m.name), m, &members)
+            .map_err(|e| format!("start nats-server {}: {e}", m.name))?;
+        servers.push(server);
+    }
+    for s in &servers {
+        s.wait_jetstream(Duration::from_secs(30)).map_err(|e| e.to_string())?;
+    }
+    let urls: Vec<String> = servers.iter().map(NatsServer::url).collect();
+    crate::keys::load_or_generate(&dir.join("relay.key"))?;
+
+    let mut nodes = Vec::new();
+    let mut fronts = Vec::new();
+    for i in 1..=args.nodes as u16 {
+        let listen = format!("127.0.0.1:{}", port(args.base_port, 29 + i)?);
+        let config = write_node_config(&dir, &args.id, i, &listen, &urls)?;
+        let (node, url) = start_node(&config)?;
+        nodes.push(node);
+        fronts.push(url);
+    }
+    println!("cluster {} up: relay nodes {}", args.id, fronts.join(" "));
+    println!("nats-servers {}", urls.join(" "));
+    println!("configs and data under {}; Ctrl-C stops everything", dir.display());
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+
+    actix_web::rt::System::new().block_on(async {
+        use actix_web::rt::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
+        let mut int = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        Ok::<(), String>(())
+    })?;
+    eprintln!("stopping the cluster");
+    drop(nodes);
+    drop(servers);
+    Ok(())
+}
+
+fn write_node_config(dir: &Path, id: &str, i: u16, listen: &str, urls: &[String]) -> Result<PathBuf, String> {
+    let urls: Vec<String> = urls.iter().map(|u| format!("{u:?}")).collect();
+    let body = format!(
+        "# Written by `relay cluster up`: node {i} of relay {id}.\n\
+         [relay]\nid = {id:?}\npublic_url = \"http://{listen}\"\nlisten = {listen:?}\n\
+         data_dir = {data:?}\nkey_file = {key:?}\n\n\
+         [store]\nengine = \"jetstream\"\n\n\
+         [cluster]\nnode = \"node{i}\"\nnats_urls = [{urls}]\nreplicas = 3\nlease_ttl = \"3s\"\n",
+        data = dir.join(format!("node{i}")).display().to_string(),
+        key = dir.join("relay.key").display().to_string(),
+        urls = urls.join(", "),
+    );
+    let path = dir.join(format!("node{i}.toml"));
+    std::fs::write(&path, body).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(path)
+}
+
+/// Starts `relay serve --config` and waits for its `listening on` line.
+fn start_node(config: &Path) -> Result<(Node, String), String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut child = Command::new(exe)
+        .args(["serve", "--config"])
+        .arg(config)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| format!("start a relay node: {e}"))?;
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        let mut lines = std::io::BufReader::new(stdout).lines();
+        if let Some(Ok(line)) = lines.next() {
+            let _ = tx.send(line);
+        }
+        for _ in lines {}
+    });
+    let node = Node(child);
+    let line = rx
+        .recv_timeout(Duration::from_secs(30))
+        .map_err(|_| format!("relay node {} did not start", config.display()))?;
+    let url = line.rsplit(' ').next().unwrap_or_default().to_owned();
+    Ok((node, url))
+}

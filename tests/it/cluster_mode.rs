@@ -1,0 +1,344 @@
+//! Cluster mode on loopback (README, "When one machine is not enough"):
+//! three nats-servers (JetStream, R3) and three relay nodes of one relay.
+//! Skipped when no nats-server is installed (`.ci/nats.sh`), except under
+//! `CI=true`, where it fails.
+
+use crate::common;
+
+use common::client::{message_ids, mid, Client, User};
+use common::cluster::{free_port, write_key};
+use common::relay::{audit, RelayProc};
+use common::wait::eventually;
+use relay_actors::nats_server::{self, Member, NatsServer};
+use relay_actors::store::{fence_violations, JetStreamConfig};
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const RELAY: &str = "relay-c";
+
+/// The lease's ttl in these tests: a standby takes over about this long
+/// after the owner dies.
+const LEASE_TTL: &str = "2s";
+
+struct Cluster {
+    dir: tempfile::TempDir,
+    nats: Vec<NatsServer>,
+    nodes: Vec<RelayProc>,
+}
+
+fn nats_bin() -> Option<PathBuf> {
+    let found = nats_server::binary();
+    if found.is_none() {
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "no nats-server under CI: run .ci/nats.sh");
+        eprintln!("skipped: no nats-server (install it with .ci/nats.sh)");
+    }
+    found
+}
+
+impl Cluster {
+    /// Three nats-servers in one JetStream cluster, then `nodes` relay
+    /// nodes (the first started becomes the owner).
+    fn start(bin: &Path, nodes: usize) -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let members: Vec<Member> = (1..=3)
+            .map(|i| Member {
+                name: format!("n{i}"),
+                port: free_port(),
+                http_port: free_port(),
+                cluster_port: free_port(),
+            })
+            .collect();
+        let nats: Vec<NatsServer> =
+            members.iter().map(|m| NatsServer::member(bin, &dir.path().join(&m.name), m, &members).unwrap()).collect();
+        for n in &nats {
+            n.wait_jetstream(Duration::from_secs(30)).unwrap();
+        }
+        write_key(&dir.path().join("relay.key"), [77; 32]);
+        let mut cluster = Cluster { dir, nats, nodes: Vec::new() };
+        for i in 1..=nodes {
+            let node = cluster.start_node(i);
+            if i == 1 {
+                node.wait_for_log(&["serving the relay"], Duration::from_secs(30));
+            }
+            cluster.nodes.push(node);
+        }
+        cluster
+    }
+
+    fn urls(&self) -> Vec<String> {
+        self.nats.iter().map(NatsServer::url).collect()
+    }
+
+    fn config(&self, i: usize) -> PathBuf {
+        let dir = self.dir.path();
+        let path = dir.join(format!("node{i}.toml"));
+        let listen = format!("127.0.0.1:{}", free_port());
+        let urls: Vec<String> = self.urls().iter().map(|u| format!("{u:?}")).collect();
+        let body = format!(
+            "[relay]\nid = \"{RELAY}\"\npublic_url = \"http://{listen}\"\nlisten = \"{listen}\"\n\
+             data_dir = {data:?}\nkey_file = {key:?}\n\
+             [store]\nengine = \"jetstream\"\n\
+             [cluster]\nnode = \"node{i}\"\nnats_urls = [{urls}]\nreplicas = 3\nlease_ttl = \"{LEASE_TTL}\"\n\
+             [limits]\nsession_rate = 1000000\nsession_burst = 1000000\nanonymous_rate = 1000000\nanonymous_burst = 1000000\n\
+             [http]\nmax_connections = 512\nmax_connections_per_ip = 100000\n",
+            data = dir.join(format!("node{i}")).display().to_string(),
+            key = dir.join("relay.key").display().to_string(),
+            urls = urls.join(", "),
+        );
+        std::fs::write(&path, body).unwrap();
+        path
+    }
+
+    fn start_node(&self, i: usize) -> RelayProc {
+        let config = self.config(i);
+        RelayProc::start_config(&format!("node{i}"), config, self.dir.path().join(format!("node{i}")), "info")
+    }
+
+    fn shard(&self) -> JetStreamConfig {
+        JetStreamConfig::shard(self.urls(), &RELAY.replace('-', "_"), 0, 3)
+    }
+
+    /// The node serving the relay now (by its log), if any.
+    fn owner(&self) -> Option<usize> {
+        let serving = |n: &RelayProc| {
+            n.log_lines().iter().rev().find_map(|l| {
+                (l.contains("serving the relay") || l.contains("stopping at once")).then(|| l.contains("serving"))
+            })
+        };
+        self.nodes.iter().position(|n| n.is_running() && serving(n) == Some(true))
+    }
+}
+
+/// The nats-server leading the shard's stream.
+async fn stream_leader(urls: &[String], stream: &str) -> Option<String> {
+    let client = async_nats::connect(relay_actors::store::server_addrs(urls).ok()?).await.ok()?;
+    let js = async_nats::jetstream::new(client);
+    let info = js.get_stream(stream).await.ok()?.get_info().await.ok()?;
+    info.cluster?.leader
+}
+
+#[actix_rt::test]
+async fn every_node_serves_the_one_relay_and_a_standby_cannot_write() {
+    let Some(bin) = nats_bin() else { return };
+    let cluster = Cluster::start(&bin, 3);
+    let owner = cluster.owner().expect("node1 serves");
+    assert_eq!(owner, 0);
+    // Register through one standby, open the recipient's session through
+    // the other: both reach the owner.
+    let (via2, via3) = (Client::new(&cluster.nodes[1].url), Client::new(&cluster.nodes[2].url));
+    let alice = User::register(&via2, RELAY, 1, true).await;
+    let bob = User::register(&via3, RELAY, 2, true).await;
+    let sent = via3.ok("message.send", alice.token(0), &alice.send_params(&bob, &mid(1), false)).await;
+    assert_eq!(sent["status"], "target_accepted", "{sent}");
+    assert_eq!(message_ids(&bob.sync_all(&via2, 0).await), [mid(1)]);
+    // Standbys hold no store: they never fenced the stream.
+    for standby in &cluster.nodes[1..] {
+        assert_eq!(standby.count_log(&["took the lease"]), 0);
+    }
+    assert_eq!(fence_violations(&cluster.shard()).unwrap(), []);
+}
+
+/// What the load saw: every acknowledged send, and the errors on the way.
+#[derive(Default)]
+struct Load {
+    acked: BTreeMap<String, (usize, Value)>,
+    retried: usize,
+}
+
+#[actix_rt::test]
+async fn killed_owner_and_killed_stream_leader_lose_and_duplicate_no_acknowledged_send() {
+    let Some(bin) = nats_bin() else { return };
+    let mut cluster = Cluster::start(&bin, 3);
+    let clients: Vec<Client> =
+        cluster.nodes.iter().map(|n| Client::with_timeout(&n.url, Duration::from_secs(20))).collect();
+    let bob = Arc::new(User::register(&clients[0], RELAY, 2, true).await);
+    let senders = 4;
+    let mut users = Vec::new();
+    for s in 0..senders {
+        users.push(Arc::new(User::register(&clients[s % 3], RELAY, 10 + s as u8, true).await));
+    }
+
+    // Senders: sequential sends through the nodes in turn; a send without
+    // an answer is retried with the same body (the same message id) on the
+    // next node until it is acknowledged.
+    let load = Arc::new(Mutex::new(Load::default()));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for (s, user) in users.iter().enumerate() {
+        let (user, bob, load, stop, clients) = (user.clone(), bob.clone(), load.clone(), stop.clone(), clients.clone());
+        tasks.push(actix_rt::spawn(async move {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                n += 1;
+                let id = mid(s as u64 * 1_000_000 + n);
+                let params = user.send_params(&bob, &id, false);
+                let deadline = Instant::now() + Duration::from_secs(40);
+                let mut at = n as usize;
+                loop {
+                    let c = &clients[at % clients.len()];
+                    match c.try_call("message.send", user.token(0), &params).await {
+                        Ok((200, v)) => {
+                            load.lock().unwrap().acked.insert(id.clone(), (s, v));
+                            break;
+                        }
+                        other => {
+                            assert!(Instant::now() < deadline, "{id}: no acknowledgement within 40 s: {other:?}");
+                            load.lock().unwrap().retried += 1;
+                            at += 1;
+                            actix_rt::time::sleep(Duration::from_millis(50)).await;
+                        }
+                    }
+                }
+            }
+        }));
+    }
+    // `more` acknowledgements, while nodes that stopped by themselves (a
+    // lost lease) are started again, as a service manager would.
+    async fn wait_acks(cluster: &mut Cluster, load: &Arc<Mutex<Load>>, more: usize, what: &str) {
+        let target = load.lock().unwrap().acked.len() + more;
+        let deadline = Instant::now() + Duration::from_secs(40);
+        loop {
+            let n = load.lock().unwrap().acked.len();
+            if n >= target {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{what}: {n} of {target} acknowledged within 40 s");
+            cluster.revive();
+            actix_rt::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    wait_acks(&mut cluster, &load, 60, "sends before any kill").await;
+
+    // 1. kill -9 the owner: a standby serves within 5 s.
+    let owner = cluster.owner().expect("an owner");
+    let killed_at = Instant::now();
+    cluster.nodes[owner].kill9();
+    let (new_owner, took) = eventually("a standby takes over", Duration::from_secs(10), || async {
+        match cluster.owner() {
+            Some(n) if n != owner => Ok((n, killed_at.elapsed())),
+            seen => Err(format!("owner {seen:?}")),
+        }
+    })
+    .await;
+    eprintln!("takeover: node{} serves {took:?} after node{} was killed", new_owner + 1, owner + 1);
+    assert!(took < Duration::from_secs(5), "takeover took {took:?}");
+    wait_acks(&mut cluster, &load, 60, "sends after the takeover").await;
+    let first_ack_after = killed_at.elapsed();
+    eprintln!("sends acknowledged again {first_ack_after:?} after the kill");
+    cluster.nodes[owner].restart();
+
+    // 2. kill -9 the nats-server leading the shard's stream: JetStream
+    //    elects another leader and sends go on.
+    let stream = cluster.shard().stream;
+    let leader = stream_leader(&cluster.urls(), &stream).await.expect("a stream leader");
+    let victim = cluster.nats.iter().position(|n| n.name == leader).unwrap();
+    let killed_at = Instant::now();
+    cluster.nats[victim].kill();
+    wait_acks(&mut cluster, &load, 60, "sends after the stream leader was killed").await;
+    eprintln!("stream leader {leader} killed: 60 more sends acknowledged {:?} later", killed_at.elapsed());
+    cluster.nats[victim].restart().unwrap();
+    wait_acks(&mut cluster, &load, 30, "sends after the leader came back").await;
+
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let load = std::mem::take(&mut *load.lock().unwrap());
+    let takeovers: usize = cluster.nodes.iter().map(|n| n.count_log(&["serving the relay"])).sum();
+    eprintln!(
+        "{} sends acknowledged, {} retries, {takeovers} times a node began serving",
+        load.acked.len(),
+        load.retried
+    );
+
+    // Every acknowledged send is in bob's timeline exactly once and
+    // target_accepted for its sender; nothing else is there.
+    let via = eventually("a node serves", Duration::from_secs(20), || async {
+        for c in &clients {
+            if let Ok((200, _)) = c.try_call("route.get", None, &json!({"account_id": bob.id()})).await {
+                return Ok(c.clone());
+            }
+        }
+        Err("no node answers".to_string())
+    })
+    .await;
+    let records = bob.sync_all(&via, 0).await;
+    let ids = message_ids(&records);
+    let unique: HashSet<&String> = ids.iter().collect();
+    assert_eq!(unique.len(), ids.len(), "a message delivered twice");
+    let missing: Vec<&String> = load.acked.keys().filter(|id| !unique.contains(id)).collect();
+    assert!(missing.is_empty(), "acknowledged but not in the timeline: {missing:?}");
+    for (id, (s, _)) in load.acked.iter().step_by(7) {
+        let st = via.ok("message.delivery.status", users[*s].token(0), &json!({ "message_id": id })).await;
+        assert_eq!(st["status"], "target_accepted", "{id}: {st}");
+    }
+
+    // The stream verifies like a sled store, and no write follows a newer fence.
+    let (code, out, err) = audit(&["verify", "--config", cluster.config_path(new_owner).to_str().unwrap()]);
+    assert_eq!(code, 0, "relay audit verify: {out}{err}");
+    assert_eq!(fence_violations(&cluster.shard()).unwrap(), []);
+}
+
+impl Cluster {
+    fn config_path(&self, i: usize) -> PathBuf {
+        self.nodes[i].config.clone()
+    }
+
+    /// Starts again every node that stopped by itself.
+    fn revive(&mut self) {
+        for node in &mut self.nodes {
+            if node.exited() {
+                eprintln!("{} stopped by itself; starting it again", node.id);
+                node.restart();
+            }
+        }
+    }
+}
+
+#[actix_rt::test]
+async fn cluster_up_starts_three_servers_and_nodes_that_serve_one_relay_and_stops_them_on_sigterm() {
+    let Some(bin) = nats_bin() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let mut up = std::process::Command::new(env!("CARGO_BIN_EXE_relay"))
+        .args(["cluster", "up", "--base-port", "0", "--nodes", "2", "--dir"])
+        .arg(dir.path())
+        .env("RELAY_NATS_SERVER", &bin)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = up.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        let mut lines = std::io::BufReader::new(stdout).lines();
+        if let Some(Ok(first)) = lines.next() {
+            let _ = tx.send(first);
+        }
+        for _ in lines {}
+    });
+    let line = rx.recv_timeout(Duration::from_secs(60)).expect("cluster up prints its nodes");
+    let urls: Vec<&str> = line.split(' ').filter(|w| w.starts_with("http://")).collect();
+    assert_eq!(urls.len(), 2, "{line}");
+    let (a, b) = (Client::new(urls[0]), Client::new(urls[1]));
+    let alice = User::register(&a, "relay-c", 1, true).await;
+    let bob = User::register(&b, "relay-c", 2, true).await;
+    b.ok("message.send", alice.token(0), &alice.send_params(&bob, &mid(1), false)).await;
+    assert_eq!(message_ids(&bob.sync_all(&a, 0).await), [mid(1)]);
+
+    // SAFETY: kill(2) on our child.
+    unsafe { libc::kill(up.id() as libc::pid_t, libc::SIGTERM) };
+    let status = common::wait::eventually_blocking("cluster up exits", Duration::from_secs(30), || {
+        up.try_wait().unwrap().ok_or_else(|| "running".to_string())
+    });
+    assert!(status.success(), "{status}");
+    for url in urls {
+        assert!(Client::with_timeout(url, Duration::from_secs(1))
+            .try_call("route.get", None, &json!({}))
+            .await
+            .is_err());
+    }
+}
