@@ -79,6 +79,14 @@ pub struct ClusterSection {
     /// relay's `/metrics`, served by the owner.
     #[serde(default)]
     pub metrics_listen: Option<String>,
+    /// The store is snapshotted (and its stream purged below the snapshot)
+    /// after this many bytes of commits: bounds a takeover's replay.
+    #[serde(default = "default_snapshot_bytes")]
+    pub snapshot_bytes: u64,
+}
+
+fn default_snapshot_bytes() -> u64 {
+    relay_actors::store::SNAPSHOT_BYTES
 }
 
 fn default_replicas() -> usize {

@@ -114,6 +114,39 @@ fn a_group_larger_than_a_message_is_stored_whole_as_one_atomic_batch() {
 }
 
 #[test]
+fn a_snapshot_lets_the_next_owner_replay_only_the_tail_and_purges_the_stream_below_it() {
+    let Some(f) = server() else { return };
+    let cfg = JetStreamConfig { snapshot_bytes: 2_000, ..shard(&f) };
+    let store = open(&cfg, 1);
+    for _ in 0..40 {
+        append(&store, "account/a", 1).unwrap();
+    }
+    append(&store, "account/b", 3).unwrap();
+    drop(store);
+
+    let first = first_sequence(&f, &cfg);
+    assert!(first > 10, "the stream was purged below a snapshot (first sequence {first})");
+    let store = open(&cfg, 2);
+    assert_eq!(store.head("account/a").unwrap().seq, 40);
+    assert_eq!(store.head("account/b").unwrap().seq, 3);
+    assert_eq!(relay_actors::store::verify_chain(store.read("account/a", 0)), []);
+    assert_eq!(fence_violations(&cfg).unwrap(), [], "a snapshot stands for the fences purged before it");
+    // The newer owner's fence is above the snapshot's epoch: the old one stays out.
+    drop(store);
+    assert!(JetStreamEngine::open(cfg.clone(), 1).is_err());
+}
+
+/// The stream's first sequence (1 until a purge).
+fn first_sequence(f: &Fixture, cfg: &JetStreamConfig) -> u64 {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let (url, stream) = (f.server.url(), cfg.stream.clone());
+    rt.block_on(async move {
+        let js = async_nats::jetstream::new(async_nats::connect(url).await.unwrap());
+        js.get_stream(&stream).await.unwrap().get_info().await.unwrap().state.first_sequence
+    })
+}
+
+#[test]
 fn acknowledged_commits_survive_a_kill_of_the_server() {
     let Some(mut f) = server() else { return };
     let cfg = shard(&f);

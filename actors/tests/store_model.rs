@@ -208,7 +208,11 @@ fn nats() -> Option<&'static std::sync::Mutex<(NatsServer, tempfile::TempDir)>> 
 fn jetstream_backend(server: &NatsServer) -> Backend {
     static CASE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let case = CASE.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    let cfg = JetStreamConfig::shard(vec![server.url()], &format!("model{}", std::process::id()), case, 1);
+    let cfg = JetStreamConfig {
+        // Small: snapshots (and the purges below them) happen within a history.
+        snapshot_bytes: 600,
+        ..JetStreamConfig::shard(vec![server.url()], &format!("model{}", std::process::id()), case, 1)
+    };
     Backend::JetStream(cfg, 1)
 }
 

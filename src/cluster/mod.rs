@@ -56,7 +56,8 @@ const LEASE_KEY: &str = "shard-0";
 /// The shard's stream for this cluster.
 pub fn shard(cfg: &Config) -> Option<JetStreamConfig> {
     let c = cfg.cluster.as_ref()?;
-    Some(JetStreamConfig::shard(c.nats_urls.clone(), &c.name(&cfg.relay.id), 0, c.replicas))
+    let shard = JetStreamConfig::shard(c.nats_urls.clone(), &c.name(&cfg.relay.id), 0, c.replicas);
+    Some(JetStreamConfig { snapshot_bytes: c.snapshot_bytes, ..shard })
 }
 
 fn bucket(c: &ClusterSection, relay_id: &str) -> String {

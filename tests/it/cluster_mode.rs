@@ -86,7 +86,7 @@ impl Cluster {
              data_dir = {data:?}\nkey_file = {key:?}\n\
              [store]\nengine = \"jetstream\"\n\
              [cluster]\nnode = \"node{i}\"\nnats_urls = [{urls}]\nreplicas = 3\nlease_ttl = \"{LEASE_TTL}\"\n\
-             metrics_listen = {metrics:?}\n\
+             metrics_listen = {metrics:?}\nsnapshot_bytes = 200000\n\
              [limits]\nsession_rate = 1000000\nsession_burst = 1000000\nanonymous_rate = 1000000\nanonymous_burst = 1000000\n\
              [http]\nmax_connections = 512\nmax_connections_per_ip = 100000\n",
             data = dir.join(format!("node{i}")).display().to_string(),

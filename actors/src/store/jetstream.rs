@@ -25,9 +25,13 @@
 //! Every group message also carries the epoch it was written under, so
 //! [`fence_violations`] can show that no group follows a newer fence.
 //!
-//! The view holds the whole shard in memory: the price of this first
-//! engine. Snapshots in a KV bucket (so takeover replays only a tail) and
-//! a local cache on disk are the next steps.
+//! **Snapshots.** After `snapshot_bytes` of groups (and at least as many
+//! as the last snapshot's size, so snapshots never cost more writing than
+//! the groups they cover), `install` appends the whole view as a snapshot (`<prefix>.p`, one atomic batch, fenced like a
+//! group) and purges the stream below it: an open replays the newest
+//! snapshot and the groups after it, so takeover time and the stream's
+//! size follow the data, not its history. The view itself still holds the
+//! whole shard in memory; a local cache on disk is the next step.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -37,7 +41,7 @@ use std::sync::{Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
 use async_nats::header::{HeaderMap, NATS_EXPECTED_LAST_SEQUENCE, NATS_MESSAGE_ID};
-use async_nats::jetstream::{self, context::PublishErrorKind, stream};
+use async_nats::jetstream::{self, context::PublishErrorKind, message::StreamMessage, stream};
 use bytes::Bytes;
 use futures_util::StreamExt;
 
@@ -49,6 +53,8 @@ use super::{wal, StoreError};
 pub const CHUNK_BYTES: usize = 512 << 10;
 
 const EPOCH: &str = "Relay-Epoch";
+/// On the last message of an append: how many messages it has.
+const PARTS: &str = "Relay-Parts";
 const BATCH_ID: &str = "Nats-Batch-Id";
 const BATCH_SEQ: &str = "Nats-Batch-Sequence";
 const BATCH_COMMIT: &str = "Nats-Batch-Commit";
@@ -67,7 +73,12 @@ pub struct JetStreamConfig {
     /// How long one request to JetStream may take before it is retried; an
     /// append is retried for four times this long, then the store fails.
     pub timeout: Duration,
+    /// A snapshot is written after this many bytes of groups.
+    pub snapshot_bytes: u64,
 }
+
+/// Default of [`JetStreamConfig::snapshot_bytes`].
+pub const SNAPSHOT_BYTES: u64 = 64 << 20;
 
 impl JetStreamConfig {
     pub fn shard(urls: Vec<String>, cluster: &str, shard: u32, replicas: usize) -> JetStreamConfig {
@@ -77,8 +88,30 @@ impl JetStreamConfig {
             prefix: format!("relay.{cluster}.s{shard}"),
             replicas,
             timeout: Duration::from_secs(5),
+            snapshot_bytes: SNAPSHOT_BYTES,
         }
     }
+
+    fn subject(&self, kind: Kind) -> String {
+        let suffix = match kind {
+            Kind::Group => "g",
+            Kind::Fence => "f",
+            Kind::Snapshot => "p",
+        };
+        format!("{}.{suffix}", self.prefix)
+    }
+
+    fn kind(&self, subject: &str) -> Option<Kind> {
+        [Kind::Group, Kind::Fence, Kind::Snapshot].into_iter().find(|&k| self.subject(k) == subject)
+    }
+}
+
+/// What a message of the stream is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Group,
+    Fence,
+    Snapshot,
 }
 
 type Map = BTreeMap<Vec<u8>, Vec<u8>>;
@@ -90,6 +123,10 @@ struct Writer {
     acked: Vec<Vec<Write>>,
     /// The stream's last sequence: this owner's last append.
     last_seq: u64,
+    /// Bytes of groups since the last snapshot.
+    since_snapshot: u64,
+    /// Bytes of the last snapshot.
+    snapshot_size: u64,
     buf: Vec<u8>,
 }
 
@@ -138,7 +175,14 @@ impl JetStreamEngine {
             cfg,
             epoch,
             view: RwLock::new(view),
-            writer: Mutex::new(Writer { queued: Vec::new(), acked: Vec::new(), last_seq, buf: Vec::new() }),
+            writer: Mutex::new(Writer {
+                queued: Vec::new(),
+                acked: Vec::new(),
+                last_seq,
+                since_snapshot: 0,
+                snapshot_size: 0,
+                buf: Vec::new(),
+            }),
             bytes: AtomicU64::new(0),
             barriers: AtomicU64::new(0),
         })
@@ -164,6 +208,55 @@ impl JetStreamEngine {
 
     fn view(&self) -> std::sync::RwLockReadGuard<'_, Map> {
         self.view.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Appends `parts` after `last_seq` (fenced); the new last sequence.
+    fn append(&self, kind: Kind, last_seq: u64, parts: Vec<Bytes>) -> Result<u64, StoreError> {
+        let (js, client, retry_for) = (self.js.clone(), self.client.clone(), self.cfg.timeout * 4);
+        let subject = self.cfg.subject(kind);
+        self.run(publish(js, client, subject, self.epoch, last_seq, parts, retry_for))
+    }
+
+    /// Appends the whole view (as it is at `w.last_seq`) as a snapshot,
+    /// then purges the stream below it. The writer's lock is held, so no
+    /// group is installed meanwhile.
+    fn snapshot(&self, w: &mut Writer) -> Result<(), StoreError> {
+        let mut parts = Vec::new();
+        let (mut group, mut size, mut total) = (Vec::new(), 0, 0);
+        for (k, v) in self.view().iter() {
+            size += k.len() + v.len() + 9;
+            group.push(Write::Put(k.clone(), v.clone()));
+            if size >= CHUNK_BYTES {
+                let mut buf = Vec::with_capacity(size + 8);
+                wal::encode(&std::mem::take(&mut group), &mut buf);
+                (total, size) = (total + buf.len(), 0);
+                parts.push(Bytes::from(buf));
+            }
+        }
+        if !group.is_empty() || parts.is_empty() {
+            let mut buf = Vec::new();
+            wal::encode(&group, &mut buf);
+            total += buf.len();
+            parts.push(Bytes::from(buf));
+        }
+        let n = parts.len() as u64;
+        let last = self.append(Kind::Snapshot, w.last_seq, parts)?;
+        (w.last_seq, w.since_snapshot, w.snapshot_size) = (last, 0, total as u64);
+        self.bytes.fetch_add(total as u64, Relaxed);
+        let first = last + 1 - n;
+        let stream = self.cfg.stream.clone();
+        let js = self.js.clone();
+        // Not fenced, and harmless when late: it only drops what the
+        // snapshot covers (an older owner cannot append past our snapshot).
+        let purged = self.run(async move {
+            let stream = js.get_stream(&stream).await.map_err(|e| e.to_string())?;
+            stream.purge().sequence(first).await.map_err(|e| e.to_string())
+        });
+        match purged {
+            Ok(p) => tracing::info!(first, parts = n, bytes = total, purged = p.purged, "jetstream snapshot written"),
+            Err(e) => tracing::warn!(error = %e, first, "jetstream snapshot written; purging below it failed"),
+        }
+        Ok(())
     }
 }
 
@@ -200,7 +293,7 @@ pub fn server_addrs(urls: &[String]) -> Result<Vec<async_nats::ServerAddr>, Stri
 pub(crate) fn stream_config(cfg: &JetStreamConfig) -> stream::Config {
     stream::Config {
         name: cfg.stream.clone(),
-        subjects: vec![format!("{}.g", cfg.prefix), format!("{}.f", cfg.prefix)],
+        subjects: [Kind::Group, Kind::Fence, Kind::Snapshot].map(|k| cfg.subject(k)).to_vec(),
         storage: stream::StorageType::File,
         num_replicas: cfg.replicas,
         allow_atomic_publish: true,
@@ -226,17 +319,17 @@ async fn open(
         return Ok((client, js, last, view));
     }
     let stream = js.get_or_create_stream(stream_config(&cfg)).await.map_err(|e| err("create the stream", e))?;
-    let fence_subject = format!("{}.f", cfg.prefix);
+    let fence_subject = cfg.subject(Kind::Fence);
     // Fence: retried while another writer appends between our read of the
     // last sequence and the fence (its next append then fails).
     let mut tries = 0;
     let fence_seq = loop {
         tries += 1;
-        let newest = match stream.get_last_raw_message_by_subject(&fence_subject).await {
-            Ok(m) => epoch_of(Some(&m.headers)).unwrap_or(0),
-            Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => 0,
-            Err(e) => return Err(err("read the newest fence", e)),
-        };
+        // A snapshot carries its writer's epoch: the fences before it may
+        // have been purged.
+        let fence = newest(&stream, &fence_subject).await?.map_or(0, |m| epoch_of(Some(&m.headers)).unwrap_or(0));
+        let snapshot = newest_snapshot(&stream, &cfg).await?.map_or(0, |(_, epoch)| epoch);
+        let newest = fence.max(snapshot);
         // Equal: this owner's own fence, from an open that failed after it.
         if newest > epoch {
             return Err(StoreError::Flush(format!(
@@ -260,20 +353,39 @@ async fn open(
     Ok((client, js, fence_seq, view))
 }
 
-/// Every group up to sequence `through` (the fence just written, or the
-/// stream's last message), applied in order. That message exists, so the
-/// walk always reaches it.
+/// The newest message on `subject`, if any.
+async fn newest(stream: &stream::Stream, subject: &str) -> Result<Option<StreamMessage>, StoreError> {
+    match stream.get_last_raw_message_by_subject(subject).await {
+        Ok(m) => Ok(Some(m)),
+        Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => Ok(None),
+        Err(e) => Err(err("read the newest message", e)),
+    }
+}
+
+/// Where the newest snapshot starts, and the epoch it was written under.
+async fn newest_snapshot(stream: &stream::Stream, cfg: &JetStreamConfig) -> Result<Option<(u64, u64)>, StoreError> {
+    let Some(last) = newest(stream, &cfg.subject(Kind::Snapshot)).await? else { return Ok(None) };
+    let parts: u64 = last.headers.get(PARTS).and_then(|v| v.as_str().parse().ok()).unwrap_or(1);
+    Ok(Some((last.sequence + 1 - parts.max(1), epoch_of(Some(&last.headers)).unwrap_or(0))))
+}
+
+/// The view at sequence `through` (the fence just written, or the stream's
+/// last message): the newest snapshot, then every group after it, in
+/// order. Message `through` exists, so the walk always reaches it.
 async fn replay(stream: &stream::Stream, cfg: &JetStreamConfig, through: u64) -> Result<Map, StoreError> {
     let mut view = Map::new();
     if through == 0 {
         return Ok(view);
     }
+    let start = newest_snapshot(stream, cfg).await?.map_or(1, |(first, _)| first);
     let consumer = stream
-        .create_consumer(jetstream::consumer::pull::OrderedConfig::default())
+        .create_consumer(jetstream::consumer::pull::OrderedConfig {
+            deliver_policy: jetstream::consumer::DeliverPolicy::ByStartSequence { start_sequence: start },
+            ..Default::default()
+        })
         .await
         .map_err(|e| err("replay consumer", e))?;
     let mut messages = consumer.messages().await.map_err(|e| err("replay", e))?;
-    let groups = format!("{}.g", cfg.prefix);
     let mut parts: Vec<Vec<u8>> = Vec::new();
     while let Some(msg) = messages.next().await {
         let msg = msg.map_err(|e| err("replay", e))?;
@@ -281,8 +393,15 @@ async fn replay(stream: &stream::Stream, cfg: &JetStreamConfig, through: u64) ->
         if seq > through {
             break;
         }
-        if msg.subject.as_str() == groups {
-            apply_message(&mut view, &mut parts, msg.headers.as_ref(), &msg.payload, seq, &cfg.stream)?;
+        match cfg.kind(msg.subject.as_str()) {
+            Some(Kind::Snapshot) if seq == start => {
+                view.clear();
+                apply_message(&mut view, &mut parts, msg.headers.as_ref(), &msg.payload, seq, &cfg.stream)?;
+            }
+            Some(Kind::Group | Kind::Snapshot) => {
+                apply_message(&mut view, &mut parts, msg.headers.as_ref(), &msg.payload, seq, &cfg.stream)?
+            }
+            Some(Kind::Fence) | None => {}
         }
         if seq == through {
             break;
@@ -352,11 +471,15 @@ async fn publish(
     parts: Vec<Bytes>,
     retry_for: Duration,
 ) -> Result<u64, StoreError> {
+    let n = parts.len();
     let headers = |i: usize| {
         let mut h = HeaderMap::new();
         h.insert(EPOCH, epoch.to_string().as_str());
         if i == 0 {
             h.insert(NATS_EXPECTED_LAST_SEQUENCE, last_seq.to_string().as_str());
+        }
+        if i + 1 == n {
+            h.insert(PARTS, n.to_string().as_str());
         }
         h
     };
@@ -404,7 +527,6 @@ async fn publish(
         }
     }
     let id = format!("{epoch}-{}", last_seq + 1);
-    let n = parts.len();
     for (i, part) in parts.into_iter().enumerate() {
         let mut h = headers(i);
         h.insert(BATCH_ID, id.as_str());
@@ -462,10 +584,8 @@ impl Engine for JetStreamEngine {
         }
         parts.push(Bytes::from(buf));
         let bytes: usize = parts.iter().map(Bytes::len).sum();
-        let subject = format!("{}.g", self.cfg.prefix);
-        let (js, client, retry_for) = (self.js.clone(), self.client.clone(), self.cfg.timeout * 4);
-        let seq = self.run(publish(js, client, subject, self.epoch, w.last_seq, parts, retry_for))?;
-        w.last_seq = seq;
+        w.last_seq = self.append(Kind::Group, w.last_seq, parts)?;
+        w.since_snapshot += bytes as u64;
         let queued = std::mem::take(&mut w.queued);
         w.acked.extend(queued);
         self.bytes.fetch_add(bytes as u64, Relaxed);
@@ -474,10 +594,16 @@ impl Engine for JetStreamEngine {
     }
 
     fn install(&self) -> Result<(), StoreError> {
-        let acked = std::mem::take(&mut self.writer().acked);
+        let mut w = self.writer();
         let mut view = self.view.write().unwrap_or_else(|e| e.into_inner());
-        for group in acked {
+        for group in std::mem::take(&mut w.acked) {
             apply_to(&mut view, group);
+        }
+        drop(view);
+        // Never more snapshot than groups written: a snapshot waits for
+        // as many bytes of groups as the last one took.
+        if w.since_snapshot >= self.cfg.snapshot_bytes.max(w.snapshot_size) {
+            self.snapshot(&mut w)?;
         }
         Ok(())
     }
@@ -523,15 +649,18 @@ async fn walk_fences(cfg: JetStreamConfig) -> Result<Vec<FenceViolation>, StoreE
         .await
         .map_err(|e| err("fence walk consumer", e))?;
     let mut messages = consumer.messages().await.map_err(|e| err("fence walk", e))?;
-    let (fence_subject, mut fence) = (format!("{}.f", cfg.prefix), 0);
+    let mut fence = 0;
     while let Some(msg) = messages.next().await {
         let msg = msg.map_err(|e| err("fence walk", e))?;
         let seq = msg.info().map_err(|e| err("fence walk", e))?.stream_sequence;
         let epoch = epoch_of(msg.headers.as_ref()).unwrap_or(0);
-        if msg.subject.as_str() == fence_subject {
-            fence = fence.max(epoch);
-        } else if epoch != fence {
-            found.push(FenceViolation { seq, epoch, fenced_at: fence });
+        match cfg.kind(msg.subject.as_str()) {
+            Some(Kind::Fence) => fence = fence.max(epoch),
+            // The stream's first message after a purge: its epoch stands
+            // for the fences purged before it.
+            Some(Kind::Snapshot) if fence == 0 => fence = epoch,
+            _ if epoch != fence => found.push(FenceViolation { seq, epoch, fenced_at: fence }),
+            _ => {}
         }
         if seq >= last {
             break;

@@ -63,7 +63,9 @@ use relay_schemas::UnixSecs;
 use serde_json::value::RawValue;
 
 pub use engine::{Engine, KvIter, Write};
-pub use jetstream::{fence_violations, server_addrs, FenceViolation, JetStreamConfig, JetStreamEngine, CHUNK_BYTES};
+pub use jetstream::{
+    fence_violations, server_addrs, FenceViolation, JetStreamConfig, JetStreamEngine, CHUNK_BYTES, SNAPSHOT_BYTES,
+};
 pub use model::ModelEngine;
 use overlay::Merged;
 pub use sled_engine::{SledEngine, CHECKPOINT_BYTES};
