@@ -30,6 +30,8 @@ struct Cluster {
     nodes: Vec<RelayProc>,
     /// Each node's `cluster.metrics_listen`.
     metrics: Vec<String>,
+    /// Appended to every node's config.
+    extra: String,
 }
 
 fn nats_bin() -> Option<PathBuf> {
@@ -45,6 +47,12 @@ impl Cluster {
     /// Three nats-servers in one JetStream cluster, then `nodes` relay
     /// nodes (the first started becomes the owner).
     fn start(bin: &Path, nodes: usize) -> Cluster {
+        Cluster::start_with(bin, nodes, "")
+    }
+
+    /// Like [`Cluster::start`]; `extra` TOML is appended to every node's
+    /// config (e.g. `[[peers]]`).
+    fn start_with(bin: &Path, nodes: usize, extra: &str) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let members: Vec<Member> = (1..=3)
             .map(|i| Member {
@@ -61,7 +69,7 @@ impl Cluster {
         }
         write_key(&dir.path().join("relay.key"), [77; 32]);
         let metrics = (0..nodes).map(|_| format!("127.0.0.1:{}", free_port())).collect();
-        let mut cluster = Cluster { dir, nats, nodes: Vec::new(), metrics };
+        let mut cluster = Cluster { dir, nats, nodes: Vec::new(), metrics, extra: extra.to_owned() };
         for i in 1..=nodes {
             let node = cluster.start_node(i);
             if i == 1 {
@@ -88,11 +96,12 @@ impl Cluster {
              [cluster]\nnode = \"node{i}\"\nnats_urls = [{urls}]\nreplicas = 3\nlease_ttl = \"{LEASE_TTL}\"\n\
              metrics_listen = {metrics:?}\nsnapshot_bytes = 200000\n\
              [limits]\nsession_rate = 1000000\nsession_burst = 1000000\nanonymous_rate = 1000000\nanonymous_burst = 1000000\n\
-             [http]\nmax_connections = 512\nmax_connections_per_ip = 100000\n",
+             [http]\nmax_connections = 512\nmax_connections_per_ip = 100000\n{extra}\n",
             data = dir.join(format!("node{i}")).display().to_string(),
             key = dir.join("relay.key").display().to_string(),
             urls = urls.join(", "),
             metrics = self.metrics[i - 1],
+            extra = self.extra,
         );
         std::fs::write(&path, body).unwrap();
         path
@@ -358,4 +367,61 @@ async fn cluster_up_starts_three_servers_and_nodes_that_serve_one_relay_and_stop
             .await
             .is_err());
     }
+}
+
+#[actix_rt::test]
+async fn a_peer_relay_sees_one_relay_and_its_deliveries_survive_a_takeover() {
+    let Some(bin) = nats_bin() else { return };
+    // relay-a: a standalone relay peering with the cluster through node2's front.
+    let outside = tempfile::tempdir().unwrap();
+    let a_key = write_key(&outside.path().join("relay-a").join("relay.key"), [78; 32]);
+    let a_listen = format!("127.0.0.1:{}", free_port());
+    let c_key = relay_schemas::encoding::b64_encode(
+        ed25519_dalek::SigningKey::from_bytes(&[77; 32]).verifying_key().as_bytes(),
+    );
+    let to_a = format!("[[peers]]\nid = \"relay-a\"\nurl = \"http://{a_listen}\"\npublic_key = \"{a_key}\"\n");
+    let fast = "[delivery]\nretry_timetable = [\"0s\", \"300ms\", \"600ms\"]\nretry_then_every = \"300ms\"\nattempt_timeout = \"2s\"\n";
+    let mut cluster = Cluster::start_with(&bin, 3, &format!("{fast}{to_a}"));
+    let to_c =
+        format!("[[peers]]\nid = \"{RELAY}\"\nurl = \"{}\"\npublic_key = \"{c_key}\"\n{fast}", cluster.nodes[1].url);
+    let config = common::relay::write_config_at(outside.path(), "relay-a", &a_listen, &to_c);
+    let relay_a = RelayProc::start_config("relay-a", config, outside.path().join("relay-a"), "warn");
+
+    let (a, c) = (Client::new(&relay_a.url), Client::new(&cluster.nodes[2].url));
+    let alice = User::register(&a, "relay-a", 1, true).await;
+    let bob = User::register(&c, RELAY, 2, true).await;
+    let send = |n: u64| alice.send_params(&bob, &mid(n), false);
+    for n in 1..=10 {
+        a.ok("message.send", alice.token(0), &send(n)).await;
+    }
+    // The owner dies with deliveries in flight; relay-a retries on its timetable.
+    let owner = cluster.owner().unwrap();
+    cluster.nodes[owner].kill9();
+    for n in 11..=20 {
+        a.ok("message.send", alice.token(0), &send(n)).await;
+    }
+    for n in 1..=20 {
+        eventually(&format!("{} target_accepted", mid(n)), Duration::from_secs(30), || async {
+            let st = a.ok("message.delivery.status", alice.token(0), &json!({ "message_id": mid(n) })).await;
+            (st["status"] == "target_accepted").then_some(()).ok_or(st.to_string())
+        })
+        .await;
+    }
+    let via = Client::new(&cluster.nodes[2].url);
+    let mut ids = message_ids(&bob.sync_all(&via, 0).await);
+    let mut want: Vec<String> = (1..=20).map(mid).collect();
+    // Deliveries retried after the takeover may land in any order.
+    ids.sort();
+    want.sort();
+    assert_eq!(ids, want, "each message once");
+
+    // And back: the cluster delivers to relay-a as one relay.
+    let back = bob.send_params(&alice, &mid(100), false);
+    via.ok("message.send", bob.token(0), &back).await;
+    eventually("the reply reaches relay-a", Duration::from_secs(30), || async {
+        let got = message_ids(&alice.sync_all(&a, 0).await);
+        got.contains(&mid(100)).then_some(()).ok_or(format!("{got:?}"))
+    })
+    .await;
+    assert_eq!(fence_violations(&cluster.shard()).unwrap(), []);
 }
