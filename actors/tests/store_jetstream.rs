@@ -98,11 +98,14 @@ fn a_group_larger_than_a_message_is_stored_whole_as_one_atomic_batch() {
     let Some(f) = server() else { return };
     let cfg = shard(&f);
     let engine = JetStreamEngine::open(cfg.clone(), 1).unwrap();
+    // One group, as the store's writer hands it: four parts, and a write
+    // larger than a part on its own.
     let value = vec![7u8; CHUNK_BYTES / 2 + 1];
-    for g in 0..4u8 {
-        engine.apply(vec![Write::Put(vec![b'k', g], value.clone())]).unwrap();
-    }
+    let mut group: Vec<Write> = (0..3u8).map(|g| Write::Put(vec![b'k', g], value.clone())).collect();
+    group.push(Write::Put(vec![b'k', 3], vec![9u8; CHUNK_BYTES * 3]));
+    engine.apply(group).unwrap();
     engine.barrier().unwrap();
+    assert_eq!(sequences(&f, &cfg), (1, 5), "the fence, then one batch of four messages");
     engine.install().unwrap();
     assert_eq!(engine.range(b"k", None).count(), 4);
     drop(engine);
@@ -124,7 +127,7 @@ fn a_snapshot_lets_the_next_owner_replay_only_the_tail_and_purges_the_stream_bel
     append(&store, "account/b", 3).unwrap();
     drop(store);
 
-    let first = first_sequence(&f, &cfg);
+    let (first, _) = sequences(&f, &cfg);
     assert!(first > 10, "the stream was purged below a snapshot (first sequence {first})");
     let store = open(&cfg, 2);
     assert_eq!(store.head("account/a").unwrap().seq, 40);
@@ -133,16 +136,20 @@ fn a_snapshot_lets_the_next_owner_replay_only_the_tail_and_purges_the_stream_bel
     assert_eq!(fence_violations(&cfg).unwrap(), [], "a snapshot stands for the fences purged before it");
     // The newer owner's fence is above the snapshot's epoch: the old one stays out.
     drop(store);
-    assert!(JetStreamEngine::open(cfg.clone(), 1).is_err());
+    match JetStreamEngine::open(cfg.clone(), 1) {
+        Err(StoreError::Flush(e)) => assert!(e.contains("newer owner"), "{e}"),
+        other => panic!("epoch 1 opened over epoch 2: {:?}", other.map(|e| e.epoch())),
+    }
 }
 
-/// The stream's first sequence (1 until a purge).
-fn first_sequence(f: &Fixture, cfg: &JetStreamConfig) -> u64 {
+/// The stream's first (1 until a purge) and last sequences.
+fn sequences(f: &Fixture, cfg: &JetStreamConfig) -> (u64, u64) {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let (url, stream) = (f.server.url(), cfg.stream.clone());
     rt.block_on(async move {
         let js = async_nats::jetstream::new(async_nats::connect(url).await.unwrap());
-        js.get_stream(&stream).await.unwrap().get_info().await.unwrap().state.first_sequence
+        let state = js.get_stream(&stream).await.unwrap().get_info().await.unwrap().state;
+        (state.first_sequence, state.last_sequence)
     })
 }
 

@@ -23,8 +23,10 @@
 //!    ttl, or whose store failed, stops serving at once and exits.
 //!
 //! The relay's id, key and VAPID key are the cluster's: every node is
-//! configured with the same `[relay]` section and key files, so peers and
-//! clients see one relay. One stream holds the whole relay (one shard):
+//! configured with the same `relay.id`, `relay.key_file` and
+//! `push.vapid_key_file` (files every node reads: the same contents on
+//! each machine), so peers and clients see one relay, and push
+//! subscriptions outlive a takeover. One stream holds the whole relay (one shard):
 //! the cluster survives machines, but one node at a time does the work.
 
 use std::collections::HashMap;
@@ -32,13 +34,13 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::{self, kv};
-use relay_actors::store::{server_addrs, JetStreamConfig, JetStreamEngine, Store};
-use relay_core::lease::{self, Answer, Role, Step, Timing};
+use async_nats::jetstream::kv;
+use relay_actors::store::{JetStreamConfig, JetStreamEngine, Store};
 use tokio::sync::watch;
 
 use crate::config::{ClusterSection, Config};
 
+mod lease;
 pub mod up;
 
 /// A connection at a front waits this long for an owner to reach.
@@ -51,7 +53,7 @@ const OWNER_POLL: Duration = Duration::from_millis(100);
 const OPEN_RETRY: Duration = Duration::from_millis(500);
 
 /// The lease key of the relay's one shard.
-const LEASE_KEY: &str = "shard-0";
+pub(crate) const LEASE_KEY: &str = "shard-0";
 
 /// The shard's stream for this cluster.
 pub fn shard(cfg: &Config) -> Option<JetStreamConfig> {
@@ -70,7 +72,8 @@ pub async fn serve(cfg: Config) -> Result<(), String> {
     crate::private_files();
     crate::prepare_data_dir(&cfg.relay.data_dir)?;
     let shard = shard(&cfg).ok_or("cluster mode needs a [cluster] section")?;
-    let leases = lease_bucket(&c, &cfg.relay.id).await?;
+    let bucket = bucket(&c, &cfg.relay.id);
+    let leases = lease::lease_bucket(&c, &bucket).await?;
 
     // Bound before the lease is taken: the lease names this address.
     let internal = std::net::TcpListener::bind(&c.internal_listen)
@@ -86,7 +89,7 @@ pub async fn serve(cfg: Config) -> Result<(), String> {
         metrics.serve(at)?;
     }
     let (owner_tx, owner_rx) = watch::channel(None);
-    actix_web::rt::spawn(watch_owner(leases.clone(), owner_tx));
+    actix_web::rt::spawn(watch_owner(leases, owner_tx));
     let per_ip = PerIp::new(cfg.http.max_connections_per_ip);
     let slots = Arc::new(tokio::sync::Semaphore::new(cfg.http.max_connections));
     actix_web::rt::spawn(front(front_listener, owner_rx, per_ip, slots, metrics.clone()));
@@ -96,39 +99,24 @@ pub async fn serve(cfg: Config) -> Result<(), String> {
     use std::io::Write;
     let _ = std::io::stdout().flush();
 
-    let timing = Timing { ttl: c.lease_ttl.as_millis() as u64, poll: 200 };
-    let value = format!("{} {internal_addr}", c.node);
-    let start = Instant::now();
-    let ms = move || start.elapsed().as_millis() as u64;
-    let (mut role, mut last_try) = (Role::Standby, None);
-    let epoch = loop {
-        match lease::next(role, ms(), last_try, timing) {
-            Step::Acquire => {
-                last_try = Some(ms());
-                let answer = match leases.create(LEASE_KEY, value.clone().into()).await {
-                    Ok(revision) => Answer::Written { revision },
-                    Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => Answer::Refused,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "lease: could not reach the bucket");
-                        Answer::Unreachable
-                    }
-                };
-                role = lease::observe(role, Step::Acquire, answer, last_try.unwrap_or(0));
-                if let Role::Owner { epoch, .. } = role {
-                    break epoch;
-                }
-            }
-            Step::WaitUntil { at } => actix_web::rt::time::sleep(Duration::from_millis(at.saturating_sub(ms()))).await,
-            Step::Renew { .. } | Step::Stop => unreachable!("a standby only acquires or waits"),
+    // The value names this node, where it serves and this process (a node
+    // started again does not take its previous run's lease for its own).
+    let value = format!("{} {internal_addr} {:016x}", c.node, rand::random::<u64>());
+    let lease = lease::start(&c, bucket, value)?;
+    let started = Instant::now();
+    let epoch = tokio::select! {
+        owner = lease.owner => owner.map_err(|_| "the lease task ended".to_string())??,
+        signal = stop_signal() => {
+            tracing::info!(signal, node = %c.node, "stopped while standing by");
+            return Ok(());
         }
     };
-    let took_at = ms();
     metrics.epoch.set(epoch as i64);
     tracing::info!(node = %c.node, epoch, "took the lease: fencing and replaying the store");
-    let (lost_tx, mut lost_rx) = tokio::sync::oneshot::channel();
-    actix_web::rt::spawn(renew(leases, value, role, timing, ms, lost_tx));
+    let mut lost_rx = lease.lost;
     // JetStream may be electing a leader right now (it answers nothing
     // then): try again while the lease holds.
+    let took_at = Instant::now();
     let opened = loop {
         let shard = shard.clone();
         let opening = actix_web::rt::task::spawn_blocking(move || JetStreamEngine::open(shard, epoch));
@@ -144,74 +132,29 @@ pub async fn serve(cfg: Config) -> Result<(), String> {
     };
     let store = Store::with_engine(Arc::new(opened)).map_err(|e| e.to_string())?;
     store.set_group_commit_window(cfg.store.group_commit_window);
-    tracing::info!(node = %c.node, epoch, took_ms = ms() - took_at, "serving the relay");
+    tracing::info!(node = %c.node, epoch, took_ms = took_at.elapsed().as_millis() as u64,
+        standing_by_ms = (took_at - started).as_millis() as u64, "serving the relay");
     metrics.owner.set(1);
     let lost = async move { lost_rx.await.unwrap_or_else(|_| "the lease task ended".into()) };
     let failed = store_failed(store.clone());
     let stop = async move {
-        match futures_util::future::select(std::pin::pin!(lost), std::pin::pin!(failed)).await {
-            futures_util::future::Either::Left((why, _)) | futures_util::future::Either::Right((why, _)) => why,
+        tokio::select! {
+            why = lost => why,
+            why = failed => why,
         }
     };
     crate::run(cfg, store, internal, crate::Announce::No, stop).await
 }
 
-async fn lease_bucket(c: &ClusterSection, relay_id: &str) -> Result<kv::Store, String> {
-    let client = async_nats::ConnectOptions::new()
-        .retry_on_initial_connect()
-        .connection_timeout(Duration::from_secs(5))
-        .connect(server_addrs(&c.nats_urls)?)
-        .await
-        .map_err(|e| format!("cluster.nats_urls: {e}"))?;
-    let js = jetstream::new(client);
-    let name = bucket(c, relay_id);
-    if let Ok(store) = js.get_key_value(&name).await {
-        return Ok(store);
-    }
-    js.create_key_value(kv::Config {
-        bucket: name.clone(),
-        history: 1,
-        max_age: c.lease_ttl,
-        storage: jetstream::stream::StorageType::File,
-        num_replicas: c.replicas,
-        ..Default::default()
-    })
-    .await
-    .map_err(|e| format!("lease bucket {name}: {e}"))
-}
-
-/// Keeps the lease while this node serves; tells `lost` when it must stop.
-async fn renew(
-    leases: kv::Store,
-    value: String,
-    mut role: Role,
-    timing: Timing,
-    ms: impl Fn() -> u64,
-    lost: tokio::sync::oneshot::Sender<String>,
-) {
-    loop {
-        let step = lease::next(role, ms(), None, timing);
-        match step {
-            Step::WaitUntil { at } => actix_web::rt::time::sleep(Duration::from_millis(at.saturating_sub(ms()))).await,
-            Step::Renew { revision } => {
-                let sent = ms();
-                let asked = leases.update(LEASE_KEY, value.clone().into(), revision);
-                let answer = match tokio::time::timeout(Duration::from_millis(timing.renew_every()), asked).await {
-                    Ok(Ok(revision)) => Answer::Written { revision },
-                    Ok(Err(e)) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => Answer::Refused,
-                    Ok(Err(e)) => {
-                        tracing::warn!(error = %e, "lease renewal failed");
-                        Answer::Unreachable
-                    }
-                    Err(_) => Answer::Unreachable,
-                };
-                role = lease::observe(role, step, answer, sent);
-            }
-            Step::Stop | Step::Acquire => {
-                let _ = lost.send("cluster: lost the lease (another node owns the relay now)".into());
-                return;
-            }
-        }
+/// SIGTERM or SIGINT (a standby has no HTTP server to catch them).
+async fn stop_signal() -> &'static str {
+    use actix_web::rt::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
     }
 }
 
@@ -229,10 +172,9 @@ async fn store_failed(store: Store) -> String {
 async fn watch_owner(leases: kv::Store, owner: watch::Sender<Option<SocketAddr>>) {
     loop {
         let now = match leases.entry(LEASE_KEY).await {
-            Ok(Some(entry)) if entry.operation == kv::Operation::Put => std::str::from_utf8(&entry.value)
-                .ok()
-                .and_then(|v| v.split_once(' '))
-                .and_then(|(_, addr)| addr.parse().ok()),
+            Ok(Some(entry)) if entry.operation == kv::Operation::Put => {
+                std::str::from_utf8(&entry.value).ok().and_then(|v| v.split(' ').nth(1)).and_then(|a| a.parse().ok())
+            }
             Ok(_) => None,
             // Unreachable: keep the last known owner; a dead one fails to connect.
             Err(_) => *owner.borrow(),
@@ -315,6 +257,8 @@ impl NodeMetrics {
         })
         .workers(1)
         .shutdown_timeout(1)
+        // The node handles SIGTERM itself (standing by) or through the relay's server.
+        .disable_signals()
         .bind(at)
         .map_err(|e| format!("cluster.metrics_listen {at}: {e}"))?
         .run();

@@ -121,9 +121,12 @@ fn write_node_config(dir: &Path, id: &str, i: u16, listen: &str, urls: &[String]
          [relay]\nid = {id:?}\npublic_url = \"http://{listen}\"\nlisten = {listen:?}\n\
          data_dir = {data:?}\nkey_file = {key:?}\n\n\
          [store]\nengine = \"jetstream\"\n\n\
-         [cluster]\nnode = \"node{i}\"\nnats_urls = [{urls}]\nreplicas = 3\nlease_ttl = \"3s\"\n",
+         [cluster]\nnode = \"node{i}\"\nnats_urls = [{urls}]\nreplicas = 3\nlease_ttl = \"3s\"\n\n\
+         # The cluster's, like relay.key: push subscriptions outlive a takeover.\n\
+         [push]\nvapid_key_file = {vapid:?}\n",
         data = dir.join(format!("node{i}")).display().to_string(),
         key = dir.join("relay.key").display().to_string(),
+        vapid = dir.join("vapid.key").display().to_string(),
         urls = urls.join(", "),
     );
     let path = dir.join(format!("node{i}.toml"));

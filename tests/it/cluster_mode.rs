@@ -24,14 +24,15 @@ const RELAY: &str = "relay-c";
 /// after the owner dies.
 const LEASE_TTL: &str = "2s";
 
+/// Fields drop in order: the processes before the folder they use.
 struct Cluster {
-    dir: tempfile::TempDir,
-    nats: Vec<NatsServer>,
     nodes: Vec<RelayProc>,
+    nats: Vec<NatsServer>,
     /// Each node's `cluster.metrics_listen`.
     metrics: Vec<String>,
     /// Appended to every node's config.
     extra: String,
+    dir: tempfile::TempDir,
 }
 
 fn nats_bin() -> Option<PathBuf> {
@@ -69,7 +70,7 @@ impl Cluster {
         }
         write_key(&dir.path().join("relay.key"), [77; 32]);
         let metrics = (0..nodes).map(|_| format!("127.0.0.1:{}", free_port())).collect();
-        let mut cluster = Cluster { dir, nats, nodes: Vec::new(), metrics, extra: extra.to_owned() };
+        let mut cluster = Cluster { nodes: Vec::new(), nats, metrics, extra: extra.to_owned(), dir };
         for i in 1..=nodes {
             let node = cluster.start_node(i);
             if i == 1 {
@@ -96,9 +97,11 @@ impl Cluster {
              [cluster]\nnode = \"node{i}\"\nnats_urls = [{urls}]\nreplicas = 3\nlease_ttl = \"{LEASE_TTL}\"\n\
              metrics_listen = {metrics:?}\nsnapshot_bytes = 200000\n\
              [limits]\nsession_rate = 1000000\nsession_burst = 1000000\nanonymous_rate = 1000000\nanonymous_burst = 1000000\n\
-             [http]\nmax_connections = 512\nmax_connections_per_ip = 100000\n{extra}\n",
+             [http]\nmax_connections = 512\nmax_connections_per_ip = 100000\n\
+             [push]\nvapid_key_file = {vapid:?}\n{extra}\n",
             data = dir.join(format!("node{i}")).display().to_string(),
             key = dir.join("relay.key").display().to_string(),
+            vapid = dir.join("vapid.key").display().to_string(),
             urls = urls.join(", "),
             metrics = self.metrics[i - 1],
             extra = self.extra,
@@ -170,6 +173,11 @@ async fn every_node_serves_the_one_relay_and_a_standby_cannot_write() {
         assert_eq!(standby.count_log(&["took the lease"]), 0);
     }
     assert_eq!(fence_violations(&cluster.shard()).unwrap(), []);
+
+    // SIGTERM stops a standby cleanly (it has no HTTP server of its own).
+    let mut cluster = cluster;
+    let status = cluster.nodes[2].terminate();
+    assert!(status.success(), "{status}");
 }
 
 /// What the load saw: every acknowledged send, and the errors on the way.
@@ -328,7 +336,18 @@ impl Cluster {
 async fn cluster_up_starts_three_servers_and_nodes_that_serve_one_relay_and_stops_them_on_sigterm() {
     let Some(bin) = nats_bin() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let mut up = std::process::Command::new(env!("CARGO_BIN_EXE_relay"))
+    /// Stops `relay cluster up` (and so its servers and nodes) however the test ends.
+    struct Up(std::process::Child);
+    impl Drop for Up {
+        fn drop(&mut self) {
+            // SAFETY: kill(2) on our child.
+            unsafe { libc::kill(self.0.id() as libc::pid_t, libc::SIGTERM) };
+            let _ = common::wait::eventually_blocking("cluster up exits", Duration::from_secs(30), || {
+                self.0.try_wait().unwrap().ok_or_else(|| "running".to_string())
+            });
+        }
+    }
+    let up = std::process::Command::new(env!("CARGO_BIN_EXE_relay"))
         .args(["cluster", "up", "--base-port", "0", "--nodes", "2", "--dir"])
         .arg(dir.path())
         .env("RELAY_NATS_SERVER", &bin)
@@ -336,7 +355,8 @@ async fn cluster_up_starts_three_servers_and_nodes_that_serve_one_relay_and_stop
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let stdout = up.stdout.take().unwrap();
+    let mut up = Up(up);
+    let stdout = up.0.stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         use std::io::BufRead;
@@ -356,9 +376,9 @@ async fn cluster_up_starts_three_servers_and_nodes_that_serve_one_relay_and_stop
     assert_eq!(message_ids(&bob.sync_all(&a, 0).await), [mid(1)]);
 
     // SAFETY: kill(2) on our child.
-    unsafe { libc::kill(up.id() as libc::pid_t, libc::SIGTERM) };
+    unsafe { libc::kill(up.0.id() as libc::pid_t, libc::SIGTERM) };
     let status = common::wait::eventually_blocking("cluster up exits", Duration::from_secs(30), || {
-        up.try_wait().unwrap().ok_or_else(|| "running".to_string())
+        up.0.try_wait().unwrap().ok_or_else(|| "running".to_string())
     });
     assert!(status.success(), "{status}");
     for url in urls {

@@ -52,6 +52,11 @@ use super::{wal, StoreError};
 /// `max_payload` is 1 MiB); the parts go in one atomic batch.
 pub const CHUNK_BYTES: usize = 512 << 10;
 
+/// The smallest `max_payload` a nats-server may have: one write (an event
+/// holding a request of up to `limits.max_body_bytes`, 1 MiB by default) is
+/// never split across messages.
+const MIN_MAX_PAYLOAD: usize = 4 << 20;
+
 const EPOCH: &str = "Relay-Epoch";
 /// On the last message of an append: how many messages it has.
 const PARTS: &str = "Relay-Parts";
@@ -127,7 +132,6 @@ struct Writer {
     since_snapshot: u64,
     /// Bytes of the last snapshot.
     snapshot_size: u64,
-    buf: Vec<u8>,
 }
 
 pub struct JetStreamEngine {
@@ -181,7 +185,6 @@ impl JetStreamEngine {
                 last_seq,
                 since_snapshot: 0,
                 snapshot_size: 0,
-                buf: Vec::new(),
             }),
             bytes: AtomicU64::new(0),
             barriers: AtomicU64::new(0),
@@ -212,9 +215,16 @@ impl JetStreamEngine {
 
     /// Appends `parts` after `last_seq` (fenced); the new last sequence.
     fn append(&self, kind: Kind, last_seq: u64, parts: Vec<Bytes>) -> Result<u64, StoreError> {
-        let (js, client, retry_for) = (self.js.clone(), self.client.clone(), self.cfg.timeout * 4);
-        let subject = self.cfg.subject(kind);
-        self.run(publish(js, client, subject, self.epoch, last_seq, parts, retry_for))
+        let to = Append {
+            js: self.js.clone(),
+            client: self.client.clone(),
+            stream: self.cfg.stream.clone(),
+            subject: self.cfg.subject(kind),
+            epoch: self.epoch,
+            last_seq,
+            retry_for: self.cfg.timeout * 4,
+        };
+        self.run(publish(to, parts))
     }
 
     /// Appends the whole view (as it is at `w.last_seq`) as a snapshot,
@@ -258,6 +268,29 @@ impl JetStreamEngine {
         }
         Ok(())
     }
+}
+
+/// Frames `writes` as records of at most [`CHUNK_BYTES`] each (a write
+/// larger than that is a record alone), one per message of an append.
+fn frame<'a>(writes: impl Iterator<Item = &'a Write>) -> Vec<Bytes> {
+    let (mut parts, mut chunk, mut size) = (Vec::new(), Vec::new(), 0);
+    for w in writes {
+        let n = wal::encoded_len(w);
+        if size + n > CHUNK_BYTES && !chunk.is_empty() {
+            let mut buf = Vec::with_capacity(size + 8);
+            wal::encode_iter(chunk.drain(..), &mut buf);
+            parts.push(Bytes::from(buf));
+            size = 0;
+        }
+        size += n;
+        chunk.push(w);
+    }
+    if !chunk.is_empty() || parts.is_empty() {
+        let mut buf = Vec::with_capacity(size + 8);
+        wal::encode_iter(chunk.into_iter(), &mut buf);
+        parts.push(Bytes::from(buf));
+    }
+    parts
 }
 
 /// Runs `fut` on the engine's runtime and waits for it from this thread,
@@ -312,10 +345,18 @@ async fn open(
     epoch: u64,
 ) -> Result<(async_nats::Client, jetstream::Context, u64, Map), StoreError> {
     let (client, js) = connect(&cfg).await?;
+    // Connected after this (the connection is made in the background).
+    client.flush().await.map_err(|e| err("connect", e))?;
+    let max_payload = client.server_info().max_payload;
+    if max_payload < MIN_MAX_PAYLOAD {
+        return Err(StoreError::Flush(format!(
+            "jetstream: the nats-server's max_payload is {max_payload} bytes; a commit may be larger \
+             than {MIN_MAX_PAYLOAD}: set max_payload: 8MB in its config"
+        )));
+    }
     if epoch == 0 {
         let stream = js.get_stream(&cfg.stream).await.map_err(|e| err("get the stream", e))?;
-        let last = stream.get_info().await.map_err(|e| err("stream info", e))?.state.last_sequence;
-        let view = replay(&stream, &cfg, last).await?;
+        let (view, last) = replay(&stream, &cfg, Through::Last).await?;
         return Ok((client, js, last, view));
     }
     let stream = js.get_or_create_stream(stream_config(&cfg)).await.map_err(|e| err("create the stream", e))?;
@@ -325,6 +366,10 @@ async fn open(
     let mut tries = 0;
     let fence_seq = loop {
         tries += 1;
+        // The last sequence first, the epochs after: a newer owner's fence
+        // landing in between is then either seen below, or moves the stream
+        // past `last` and fails our fence on its expected sequence.
+        let last = stream.get_info().await.map_err(|e| err("stream info", e))?.state.last_sequence;
         // A snapshot carries its writer's epoch: the fences before it may
         // have been purged.
         let fence = newest(&stream, &fence_subject).await?.map_or(0, |m| epoch_of(Some(&m.headers)).unwrap_or(0));
@@ -337,8 +382,6 @@ async fn open(
                 cfg.stream
             )));
         }
-        let mut info = js.get_stream(&cfg.stream).await.map_err(|e| err("stream info", e))?;
-        let last = info.info().await.map_err(|e| err("stream info", e))?.state.last_sequence;
         let mut headers = HeaderMap::new();
         headers.insert(EPOCH, epoch.to_string().as_str());
         headers.insert(NATS_EXPECTED_LAST_SEQUENCE, last.to_string().as_str());
@@ -349,7 +392,7 @@ async fn open(
             Err(e) => return Err(err("fence", e)),
         }
     };
-    let view = replay(&stream, &cfg, fence_seq).await?;
+    let (view, _) = replay(&stream, &cfg, Through::Seq(fence_seq)).await?;
     Ok((client, js, fence_seq, view))
 }
 
@@ -369,15 +412,51 @@ async fn newest_snapshot(stream: &stream::Stream, cfg: &JetStreamConfig) -> Resu
     Ok(Some((last.sequence + 1 - parts.max(1), epoch_of(Some(&last.headers)).unwrap_or(0))))
 }
 
-/// The view at sequence `through` (the fence just written, or the stream's
-/// last message): the newest snapshot, then every group after it, in
-/// order. Message `through` exists, so the walk always reaches it.
-async fn replay(stream: &stream::Stream, cfg: &JetStreamConfig, through: u64) -> Result<Map, StoreError> {
-    let mut view = Map::new();
-    if through == 0 {
-        return Ok(view);
+/// The view at `through` (the fence just written, or the stream's last
+/// message): the newest snapshot, then every group after it, in
+/// order. Message `through` exists, so the walk always reaches it. A walk
+/// that finds a gap (the owner purged below a newer snapshot meanwhile: a
+/// read-only open does not stop it) starts again from the newest snapshot.
+async fn replay(stream: &stream::Stream, cfg: &JetStreamConfig, through: Through) -> Result<(Map, u64), StoreError> {
+    for _ in 0..REPLAY_TRIES {
+        if let Some(read) = replay_once(stream, cfg, through).await? {
+            return Ok(read);
+        }
     }
-    let start = newest_snapshot(stream, cfg).await?.map_or(1, |(first, _)| first);
+    Err(err("replay", format!("the stream kept changing below the read ({REPLAY_TRIES} tries)")))
+}
+
+/// Reads a view whole, walks again when purged under a read.
+const REPLAY_TRIES: usize = 5;
+
+/// Where a replay ends.
+#[derive(Clone, Copy, Debug)]
+enum Through {
+    /// At this sequence (the fence this owner just wrote).
+    Seq(u64),
+    /// At the stream's last message when the walk starts (read-only).
+    Last,
+}
+
+/// One walk of [`replay`]: the view and the sequence it is at; `None`
+/// when it found a gap.
+async fn replay_once(
+    stream: &stream::Stream,
+    cfg: &JetStreamConfig,
+    through: Through,
+) -> Result<Option<(Map, u64)>, StoreError> {
+    let mut view = Map::new();
+    // The snapshot first, the last sequence after: the snapshot is then
+    // at or below it.
+    let snapshot = newest_snapshot(stream, cfg).await?;
+    let through = match through {
+        Through::Seq(seq) => seq,
+        Through::Last => stream.get_info().await.map_err(|e| err("stream info", e))?.state.last_sequence,
+    };
+    if through == 0 {
+        return Ok(Some((view, 0)));
+    }
+    let start = snapshot.map_or(1, |(first, _)| first);
     let consumer = stream
         .create_consumer(jetstream::consumer::pull::OrderedConfig {
             deliver_policy: jetstream::consumer::DeliverPolicy::ByStartSequence { start_sequence: start },
@@ -387,12 +466,14 @@ async fn replay(stream: &stream::Stream, cfg: &JetStreamConfig, through: u64) ->
         .map_err(|e| err("replay consumer", e))?;
     let mut messages = consumer.messages().await.map_err(|e| err("replay", e))?;
     let mut parts: Vec<Vec<u8>> = Vec::new();
+    let mut next = start;
     while let Some(msg) = messages.next().await {
         let msg = msg.map_err(|e| err("replay", e))?;
         let seq = msg.info().map_err(|e| err("replay", e))?.stream_sequence;
-        if seq > through {
-            break;
+        if seq != next {
+            return Ok(None);
         }
+        next += 1;
         match cfg.kind(msg.subject.as_str()) {
             Some(Kind::Snapshot) if seq == start => {
                 view.clear();
@@ -407,7 +488,7 @@ async fn replay(stream: &stream::Stream, cfg: &JetStreamConfig, through: u64) ->
             break;
         }
     }
-    Ok(view)
+    Ok(Some((view, through)))
 }
 
 /// Applies one stored group message to `view`. A batch's parts are kept in
@@ -452,25 +533,34 @@ fn apply_to(map: &mut Map, group: Vec<Write>) {
 /// Between two tries of an unanswered publish.
 const RETRY_PAUSE: Duration = Duration::from_millis(100);
 
-/// Failures after which the publish may or may not have been stored, and
-/// may succeed if tried again: no answer in time, the connection lost, or
-/// no stream leader to answer (JetStream's "no responders" during an
-/// election reads as `StreamNotFound`).
+/// Failures worth trying again: all but the stream having moved on (a
+/// newer owner's fence) and a message too large. No answer in time, the
+/// connection lost, no stream leader ("no responders" during an election
+/// reads as `StreamNotFound`), a retry that came while the first try was
+/// still being stored, or JetStream temporarily unavailable: the publish
+/// may or may not have been stored, and a retry tells which.
 fn transient(kind: PublishErrorKind) -> bool {
-    matches!(kind, PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe | PublishErrorKind::StreamNotFound)
+    !matches!(kind, PublishErrorKind::WrongLastSequence | PublishErrorKind::MaxPayloadExceeded)
 }
 
-/// Publishes `parts` after `last_seq`: one message, or an atomic batch.
-/// Returns the stream sequence of the last part.
-async fn publish(
+/// Where and after what an append goes.
+struct Append {
     js: jetstream::Context,
     client: async_nats::Client,
+    stream: String,
     subject: String,
+    /// This owner's epoch, on every message.
     epoch: u64,
+    /// The stream's last sequence this owner knows: expected by the append.
     last_seq: u64,
-    parts: Vec<Bytes>,
+    /// How long an append whose fate is unknown is tried again.
     retry_for: Duration,
-) -> Result<u64, StoreError> {
+}
+
+/// Publishes `parts` after `to.last_seq`: one message, or an atomic batch.
+/// Returns the stream sequence of the last part.
+async fn publish(to: Append, parts: Vec<Bytes>) -> Result<u64, StoreError> {
+    let Append { js, client, stream, subject, epoch, last_seq, retry_for } = to;
     let n = parts.len();
     let headers = |i: usize| {
         let mut h = HeaderMap::new();
@@ -526,20 +616,62 @@ async fn publish(
             }
         }
     }
-    let id = format!("{epoch}-{}", last_seq + 1);
-    for (i, part) in parts.into_iter().enumerate() {
+    // A batch: retried whole under a new id while its fate is unknown; an
+    // earlier try that was stored after all is found at the stream's end.
+    let started = tokio::time::Instant::now();
+    for attempt in 1u32.. {
+        let id = format!("{epoch}-{}-{attempt}", last_seq + 1);
+        match publish_batch(&js, &client, &subject, &id, &parts, &headers).await {
+            Ok(seq) => return Ok(seq),
+            Err(e) if transient(e.kind()) && started.elapsed() < retry_for => {
+                tracing::warn!(error = %e, attempt, "jetstream batch not acknowledged; checking, then retrying");
+                tokio::time::sleep(RETRY_PAUSE).await;
+                if let Some(seq) = landed(&js, &stream, last_seq, epoch, attempt).await {
+                    return Ok(seq);
+                }
+            }
+            Err(e) => return Err(fenced(e)),
+        }
+    }
+    unreachable!("the attempts are unbounded")
+}
+
+async fn publish_batch(
+    js: &jetstream::Context,
+    client: &async_nats::Client,
+    subject: &str,
+    id: &str,
+    parts: &[Bytes],
+    headers: &impl Fn(usize) -> HeaderMap,
+) -> Result<u64, async_nats::jetstream::context::PublishError> {
+    let n = parts.len();
+    for (i, part) in parts.iter().enumerate() {
         let mut h = headers(i);
-        h.insert(BATCH_ID, id.as_str());
+        h.insert(BATCH_ID, id);
         h.insert(BATCH_SEQ, (i + 1).to_string().as_str());
         if i + 1 < n {
-            client.publish_with_headers(subject.clone(), h, part).await.map_err(|e| err("publish a batch part", e))?;
+            client.publish_with_headers(subject.to_owned(), h, part.clone()).await.map_err(|e| {
+                async_nats::jetstream::context::PublishError::with_source(PublishErrorKind::BrokenPipe, e)
+            })?;
         } else {
             h.insert(BATCH_COMMIT, "1");
-            let ack = js.publish_with_headers(subject.clone(), h, part).await.map_err(fenced)?;
-            return Ok(ack.await.map_err(fenced)?.sequence);
+            return Ok(js.publish_with_headers(subject.to_owned(), h, part.clone()).await?.await?.sequence);
         }
     }
     unreachable!("a batch has at least one part")
+}
+
+/// The sequence a try (`1..=attempt`) of the batch after `last_seq`
+/// was stored at, if one was: the stream's last message is its commit.
+async fn landed(js: &jetstream::Context, stream: &str, last_seq: u64, epoch: u64, attempt: u32) -> Option<u64> {
+    let stream = js.get_stream(stream).await.ok()?;
+    let last = stream.get_info().await.ok()?.state.last_sequence;
+    if last == last_seq {
+        return None;
+    }
+    let msg = stream.get_raw_message(last).await.ok()?;
+    let id = msg.headers.get(BATCH_ID)?.as_str().to_owned();
+    (1..=attempt).any(|a| id == format!("{epoch}-{}-{a}", last_seq + 1)).then_some(last)
 }
 
 impl Engine for JetStreamEngine {
@@ -570,19 +702,9 @@ impl Engine for JetStreamEngine {
         if self.epoch == 0 {
             return Err(StoreError::Flush("jetstream: opened read-only".into()));
         }
-        // Frame the groups into parts of at most CHUNK_BYTES (a group is
-        // never split: each record decodes on its own).
-        let mut parts = Vec::new();
-        let mut buf = std::mem::take(&mut w.buf);
-        for group in &w.queued {
-            let start = buf.len();
-            wal::encode(group, &mut buf);
-            if buf.len() > CHUNK_BYTES && start > 0 {
-                let rest = buf.split_off(start);
-                parts.push(Bytes::from(std::mem::replace(&mut buf, rest)));
-            }
-        }
-        parts.push(Bytes::from(buf));
+        // Everything queued goes in one append, so group boundaries do not
+        // matter: parts split between writes, each a record of its own.
+        let parts = frame(w.queued.iter().flatten());
         let bytes: usize = parts.iter().map(Bytes::len).sum();
         w.last_seq = self.append(Kind::Group, w.last_seq, parts)?;
         w.since_snapshot += bytes as u64;
@@ -603,7 +725,13 @@ impl Engine for JetStreamEngine {
         // Never more snapshot than groups written: a snapshot waits for
         // as many bytes of groups as the last one took.
         if w.since_snapshot >= self.cfg.snapshot_bytes.max(w.snapshot_size) {
-            self.snapshot(&mut w)?;
+            // Not fatal: the groups are stored. A snapshot that landed
+            // unseen leaves `last_seq` behind, and the next append then
+            // fails as fenced, which stops this owner safely.
+            if let Err(e) = self.snapshot(&mut w) {
+                tracing::warn!(error = %e, "jetstream snapshot failed; trying again later");
+                w.since_snapshot = 0;
+            }
         }
         Ok(())
     }

@@ -20,9 +20,22 @@ const REMOVE: u8 = 2;
 
 /// Appends the record of `group` to `out`.
 pub(super) fn encode(group: &[Write], out: &mut Vec<u8>) {
+    encode_iter(group.iter(), out)
+}
+
+/// Bytes `w` takes in a record.
+pub(super) fn encoded_len(w: &Write) -> usize {
+    match w {
+        Write::Put(k, v) => 9 + k.len() + v.len(),
+        Write::Remove(k) => 5 + k.len(),
+    }
+}
+
+/// Appends one record of `writes`, in order, to `out`.
+pub(super) fn encode_iter<'a>(writes: impl Iterator<Item = &'a Write>, out: &mut Vec<u8>) {
     let start = out.len();
     out.extend_from_slice(&[0; HEADER]);
-    for w in group {
+    for w in writes {
         match w {
             Write::Put(k, v) => {
                 out.push(PUT);

@@ -183,7 +183,6 @@ impl RelayProc {
         self.child.as_ref().expect("running").id()
     }
 
-    /// SIGKILL: no shutdown, no flush.
     /// Whether the process was started and not yet killed or reaped.
     pub fn is_running(&self) -> bool {
         self.child.is_some()
@@ -198,6 +197,7 @@ impl RelayProc {
         ended
     }
 
+    /// SIGKILL: no shutdown, no flush.
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
             c.kill().unwrap();
