@@ -187,69 +187,126 @@ struct Load {
     retried: usize,
 }
 
-#[actix_rt::test]
-async fn killed_owner_and_killed_stream_leader_lose_and_duplicate_no_acknowledged_send() {
-    let Some(bin) = nats_bin() else { return };
-    let mut cluster = Cluster::start(&bin, 3);
-    let clients: Vec<Client> =
-        cluster.nodes.iter().map(|n| Client::with_timeout(&n.url, Duration::from_secs(20))).collect();
-    let bob = Arc::new(User::register(&clients[0], RELAY, 2, true).await);
-    let senders = 4;
-    let mut users = Vec::new();
-    for s in 0..senders {
-        users.push(Arc::new(User::register(&clients[s % 3], RELAY, 10 + s as u8, true).await));
-    }
+/// Senders sending to bob through the nodes in turn, each send logged
+/// when acknowledged; a send without an answer is retried with the same
+/// body (the same message id) on the next node until it is acknowledged.
+struct Senders {
+    clients: Vec<Client>,
+    users: Vec<Arc<User>>,
+    bob: Arc<User>,
+    load: Arc<Mutex<Load>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    tasks: Vec<actix_rt::task::JoinHandle<()>>,
+}
 
-    // Senders: sequential sends through the nodes in turn; a send without
-    // an answer is retried with the same body (the same message id) on the
-    // next node until it is acknowledged.
-    let load = Arc::new(Mutex::new(Load::default()));
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let mut tasks = Vec::new();
-    for (s, user) in users.iter().enumerate() {
-        let (user, bob, load, stop, clients) = (user.clone(), bob.clone(), load.clone(), stop.clone(), clients.clone());
-        tasks.push(actix_rt::spawn(async move {
-            let mut n = 0u64;
-            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                n += 1;
-                let id = mid(s as u64 * 1_000_000 + n);
-                let params = user.send_params(&bob, &id, false);
-                let deadline = Instant::now() + Duration::from_secs(40);
-                let mut at = n as usize;
-                loop {
-                    let c = &clients[at % clients.len()];
-                    match c.try_call("message.send", user.token(0), &params).await {
-                        Ok((200, v)) => {
-                            load.lock().unwrap().acked.insert(id.clone(), (s, v));
-                            break;
-                        }
-                        other => {
-                            assert!(Instant::now() < deadline, "{id}: no acknowledgement within 40 s: {other:?}");
-                            load.lock().unwrap().retried += 1;
-                            at += 1;
-                            actix_rt::time::sleep(Duration::from_millis(50)).await;
+impl Senders {
+    async fn start(cluster: &Cluster, senders: usize) -> Senders {
+        let clients: Vec<Client> =
+            cluster.nodes.iter().map(|n| Client::with_timeout(&n.url, Duration::from_secs(20))).collect();
+        let bob = Arc::new(User::register(&clients[0], RELAY, 2, true).await);
+        let mut users = Vec::new();
+        for s in 0..senders {
+            users.push(Arc::new(User::register(&clients[s % clients.len()], RELAY, 10 + s as u8, true).await));
+        }
+        let load = Arc::new(Mutex::new(Load::default()));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut tasks = Vec::new();
+        for (s, user) in users.iter().enumerate() {
+            let (user, bob, load, stop, clients) =
+                (user.clone(), bob.clone(), load.clone(), stop.clone(), clients.clone());
+            tasks.push(actix_rt::spawn(async move {
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    n += 1;
+                    let id = mid(s as u64 * 1_000_000 + n);
+                    let params = user.send_params(&bob, &id, false);
+                    let deadline = Instant::now() + Duration::from_secs(60);
+                    let mut at = n as usize;
+                    loop {
+                        let c = &clients[at % clients.len()];
+                        match c.try_call("message.send", user.token(0), &params).await {
+                            Ok((200, v)) => {
+                                load.lock().unwrap().acked.insert(id.clone(), (s, v));
+                                break;
+                            }
+                            other => {
+                                assert!(Instant::now() < deadline, "{id}: no acknowledgement within 60 s: {other:?}");
+                                load.lock().unwrap().retried += 1;
+                                at += 1;
+                                // A pause between retries (the nodes are sorting out who serves).
+                                actix_rt::time::sleep(Duration::from_millis(50)).await;
+                            }
                         }
                     }
                 }
-            }
-        }));
+            }));
+        }
+        Senders { clients, users, bob, load, stop, tasks }
     }
-    // `more` acknowledgements, while nodes that stopped by themselves (a
-    // lost lease) are started again, as a service manager would.
-    async fn wait_acks(cluster: &mut Cluster, load: &Arc<Mutex<Load>>, more: usize, what: &str) {
-        let target = load.lock().unwrap().acked.len() + more;
-        let deadline = Instant::now() + Duration::from_secs(40);
+
+    /// `more` acknowledgements, while nodes that stopped by themselves (a
+    /// lost lease) are started again, as a service manager would.
+    async fn wait_acks(&self, cluster: &mut Cluster, more: usize, what: &str) {
+        let target = self.load.lock().unwrap().acked.len() + more;
+        let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            let n = load.lock().unwrap().acked.len();
+            let n = self.load.lock().unwrap().acked.len();
             if n >= target {
                 return;
             }
-            assert!(Instant::now() < deadline, "{what}: {n} of {target} acknowledged within 40 s");
+            assert!(Instant::now() < deadline, "{what}: {n} of {target} acknowledged within 60 s");
             cluster.revive();
             actix_rt::time::sleep(Duration::from_millis(20)).await;
         }
     }
-    wait_acks(&mut cluster, &load, 60, "sends before any kill").await;
+
+    /// Stops the senders (each finishes its send) and checks the outcome:
+    /// bob's timeline holds exactly the acknowledged sends, each once, each
+    /// `target_accepted` for its sender; the stream verifies and no group
+    /// follows a newer fence.
+    async fn finish_and_verify(self, cluster: &mut Cluster) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        for t in self.tasks {
+            t.await.unwrap();
+        }
+        let load = std::mem::take(&mut *self.load.lock().unwrap());
+        eprintln!("{} sends acknowledged, {} retries", load.acked.len(), load.retried);
+        cluster.revive();
+        let bob = &self.bob;
+        let via = eventually("a node serves", Duration::from_secs(30), || async {
+            for c in &self.clients {
+                if let Ok((200, _)) = c.try_call("route.get", None, &json!({"account_id": bob.id()})).await {
+                    return Ok(c.clone());
+                }
+            }
+            Err("no node answers".to_string())
+        })
+        .await;
+        let ids = message_ids(&bob.sync_all(&via, 0).await);
+        let unique: HashSet<&String> = ids.iter().collect();
+        assert_eq!(unique.len(), ids.len(), "a message delivered twice");
+        let missing: Vec<&String> = load.acked.keys().filter(|id| !unique.contains(id)).collect();
+        assert!(missing.is_empty(), "acknowledged but not in the timeline: {missing:?}");
+        // Every send was retried until acknowledged: nothing else is there.
+        let extra: Vec<&&String> = unique.iter().filter(|id| !load.acked.contains_key(**id)).collect();
+        assert!(extra.is_empty(), "in the timeline but never acknowledged: {extra:?}");
+        for (id, (s, _)) in &load.acked {
+            let st = via.ok("message.delivery.status", self.users[*s].token(0), &json!({ "message_id": id })).await;
+            assert_eq!(st["status"], "target_accepted", "{id}: {st}");
+        }
+        let config = cluster.nodes[0].config.clone();
+        let (code, out, err) = audit(&["verify", "--config", config.to_str().unwrap()]);
+        assert_eq!(code, 0, "relay audit verify: {out}{err}");
+        assert_eq!(fence_violations(&cluster.shard()).unwrap(), []);
+    }
+}
+
+#[actix_rt::test]
+async fn killed_owner_and_killed_stream_leader_lose_and_duplicate_no_acknowledged_send() {
+    let Some(bin) = nats_bin() else { return };
+    let mut cluster = Cluster::start(&bin, 3);
+    let senders = Senders::start(&cluster, 4).await;
+    senders.wait_acks(&mut cluster, 60, "sends before any kill").await;
 
     // 1. kill -9 the owner: a standby serves within 5 s.
     let owner = cluster.owner().expect("an owner");
@@ -264,9 +321,8 @@ async fn killed_owner_and_killed_stream_leader_lose_and_duplicate_no_acknowledge
     .await;
     eprintln!("takeover: node{} serves {took:?} after node{} was killed", new_owner + 1, owner + 1);
     assert!(took < Duration::from_secs(5), "takeover took {took:?}");
-    wait_acks(&mut cluster, &load, 60, "sends after the takeover").await;
-    let first_ack_after = killed_at.elapsed();
-    eprintln!("sends acknowledged again {first_ack_after:?} after the kill");
+    senders.wait_acks(&mut cluster, 60, "sends after the takeover").await;
+    eprintln!("sends acknowledged again {:?} after the kill", killed_at.elapsed());
     cluster.nodes[owner].restart();
 
     // 2. kill -9 the nats-server leading the shard's stream: JetStream
@@ -276,51 +332,59 @@ async fn killed_owner_and_killed_stream_leader_lose_and_duplicate_no_acknowledge
     let victim = cluster.nats.iter().position(|n| n.name == leader).unwrap();
     let killed_at = Instant::now();
     cluster.nats[victim].kill();
-    wait_acks(&mut cluster, &load, 60, "sends after the stream leader was killed").await;
+    senders.wait_acks(&mut cluster, 60, "sends after the stream leader was killed").await;
     eprintln!("stream leader {leader} killed: 60 more sends acknowledged {:?} later", killed_at.elapsed());
     cluster.nats[victim].restart().unwrap();
-    wait_acks(&mut cluster, &load, 30, "sends after the leader came back").await;
+    senders.wait_acks(&mut cluster, 30, "sends after the leader came back").await;
+    senders.finish_and_verify(&mut cluster).await;
+}
 
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    for t in tasks {
-        t.await.unwrap();
-    }
-    let load = std::mem::take(&mut *load.lock().unwrap());
-    eprintln!("{} sends acknowledged, {} retries", load.acked.len(), load.retried);
-
-    // Every acknowledged send is in bob's timeline exactly once and
-    // target_accepted for its sender; nothing else is there.
-    let via = eventually("a node serves", Duration::from_secs(20), || async {
-        for c in &clients {
-            if let Ok((200, _)) = c.try_call("route.get", None, &json!({"account_id": bob.id()})).await {
-                return Ok(c.clone());
+/// Random faults under load: each round kills (`kill -9`) the owner node, a
+/// standby node or one nats-server (never two servers at once: R3 needs a
+/// quorum), waits for more acknowledged sends, and starts it again.
+/// `RELAY_CLUSTER_SEED` and `RELAY_CLUSTER_FAULTS` choose other schedules.
+#[actix_rt::test]
+async fn random_kills_of_nodes_and_servers_lose_and_duplicate_no_acknowledged_send() {
+    use rand::{RngExt, SeedableRng};
+    let Some(bin) = nats_bin() else { return };
+    let seed: u64 = std::env::var("RELAY_CLUSTER_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x17c1);
+    let faults: usize = std::env::var("RELAY_CLUSTER_FAULTS").ok().and_then(|s| s.parse().ok()).unwrap_or(5);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut cluster = Cluster::start(&bin, 3);
+    let senders = Senders::start(&cluster, 4).await;
+    senders.wait_acks(&mut cluster, 30, "sends before any kill").await;
+    for round in 0..faults {
+        match rng.random_range(0..3) {
+            0 => {
+                let owner = cluster.owner().unwrap_or(0);
+                eprintln!("seed {seed:#x} round {round}: kill -9 the owner node{}", owner + 1);
+                cluster.nodes[owner].kill9();
+                senders.wait_acks(&mut cluster, 30, "sends after the owner was killed").await;
+                cluster.nodes[owner].restart();
+            }
+            1 => {
+                let owner = cluster.owner();
+                let standby = (0..cluster.nodes.len()).find(|&i| Some(i) != owner).unwrap();
+                eprintln!("seed {seed:#x} round {round}: kill -9 the standby node{}", standby + 1);
+                cluster.nodes[standby].kill9();
+                senders.wait_acks(&mut cluster, 30, "sends after a standby was killed").await;
+                cluster.nodes[standby].restart();
+            }
+            _ => {
+                let victim = rng.random_range(0..cluster.nats.len());
+                eprintln!("seed {seed:#x} round {round}: kill -9 nats-server {}", cluster.nats[victim].name);
+                cluster.nats[victim].kill();
+                senders.wait_acks(&mut cluster, 30, "sends after a nats-server was killed").await;
+                cluster.nats[victim].restart().unwrap();
+                cluster.nats[victim].wait_jetstream(Duration::from_secs(30)).unwrap();
             }
         }
-        Err("no node answers".to_string())
-    })
-    .await;
-    let records = bob.sync_all(&via, 0).await;
-    let ids = message_ids(&records);
-    let unique: HashSet<&String> = ids.iter().collect();
-    assert_eq!(unique.len(), ids.len(), "a message delivered twice");
-    let missing: Vec<&String> = load.acked.keys().filter(|id| !unique.contains(id)).collect();
-    assert!(missing.is_empty(), "acknowledged but not in the timeline: {missing:?}");
-    for (id, (s, _)) in load.acked.iter().step_by(7) {
-        let st = via.ok("message.delivery.status", users[*s].token(0), &json!({ "message_id": id })).await;
-        assert_eq!(st["status"], "target_accepted", "{id}: {st}");
+        senders.wait_acks(&mut cluster, 20, "sends after the restart").await;
     }
-
-    // The stream verifies like a sled store, and no write follows a newer fence.
-    let (code, out, err) = audit(&["verify", "--config", cluster.config_path(new_owner).to_str().unwrap()]);
-    assert_eq!(code, 0, "relay audit verify: {out}{err}");
-    assert_eq!(fence_violations(&cluster.shard()).unwrap(), []);
+    senders.finish_and_verify(&mut cluster).await;
 }
 
 impl Cluster {
-    fn config_path(&self, i: usize) -> PathBuf {
-        self.nodes[i].config.clone()
-    }
-
     /// Starts again every node that stopped by itself.
     fn revive(&mut self) {
         for node in &mut self.nodes {
