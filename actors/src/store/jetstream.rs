@@ -3,14 +3,16 @@
 //! from the stream when the engine opens.
 //!
 //! 1. `apply` queues a group (no IO).
-//! 2. `barrier` publishes every queued group, framed as in the sled
-//!    engine's write-ahead log (`wal.rs`: length, crc32, writes), as one
-//!    message on `<prefix>.g`, or as one JetStream atomic batch of messages
-//!    when they pass [`CHUNK_BYTES`]. The first message carries
+//! 2. `barrier` publishes what is queued, framed as in the sled engine's
+//!    write-ahead log (`wal.rs`: length, crc32, writes), as one message on
+//!    `<prefix>.g`, or, past [`CHUNK_BYTES`], as one JetStream atomic
+//!    batch of messages split between writes. The first message carries
 //!    `Nats-Expected-Last-Sequence`: the stream's last sequence as this
 //!    owner knows it. The barrier returns on JetStream's acknowledgement,
 //!    which with file storage and `sync_interval: always` (R3 in a cluster:
-//!    on a quorum) means synced to disk.
+//!    on a quorum) means synced to disk. An append without an answer is
+//!    tried again (a message under the same `Nats-Msg-Id`, a batch whole
+//!    once it is known not to have landed) for four times `timeout`.
 //! 3. `install` lays the acknowledged groups on the view.
 //!
 //! **Fencing.** Opening appends a fence (`<prefix>.f`, header
@@ -27,8 +29,9 @@
 //!
 //! **Snapshots.** After `snapshot_bytes` of groups (and at least as many
 //! as the last snapshot's size, so snapshots never cost more writing than
-//! the groups they cover), `install` appends the whole view as a snapshot (`<prefix>.p`, one atomic batch, fenced like a
-//! group) and purges the stream below it: an open replays the newest
+//! the groups they cover), `install` appends the whole view as a snapshot
+//! (`<prefix>.p`, one atomic batch, fenced like a group) and purges the
+//! stream below it: an open replays the newest
 //! snapshot and the groups after it, so takeover time and the stream's
 //! size follow the data, not its history. The view itself still holds the
 //! whole shard in memory; a local cache on disk is the next step.
@@ -69,9 +72,10 @@ const BATCH_COMMIT: &str = "Nats-Batch-Commit";
 pub struct JetStreamConfig {
     /// NATS server URLs (`nats://127.0.0.1:4222`, ...).
     pub urls: Vec<String>,
-    /// The stream's name, e.g. `RELAY_S0`.
+    /// The stream's name, e.g. `RELAY_relay_c_S0`.
     pub stream: String,
-    /// Subject prefix: groups go to `<prefix>.g`, fences to `<prefix>.f`.
+    /// Subject prefix: groups go to `<prefix>.g`, fences to `<prefix>.f`,
+    /// snapshots to `<prefix>.p`.
     pub prefix: String,
     /// Copies JetStream keeps (3 in a cluster, 1 on a single server).
     pub replicas: usize,
@@ -107,7 +111,12 @@ impl JetStreamConfig {
     }
 
     fn kind(&self, subject: &str) -> Option<Kind> {
-        [Kind::Group, Kind::Fence, Kind::Snapshot].into_iter().find(|&k| self.subject(k) == subject)
+        match subject.strip_prefix(self.prefix.as_str())?.strip_prefix('.')? {
+            "g" => Some(Kind::Group),
+            "f" => Some(Kind::Fence),
+            "p" => Some(Kind::Snapshot),
+            _ => None,
+        }
     }
 }
 
