@@ -36,11 +36,11 @@
 //! size follow the data, not its history. The view itself still holds the
 //! whole shard in memory; a local cache on disk is the next step.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
 use async_nats::header::{HeaderMap, NATS_EXPECTED_LAST_SEQUENCE, NATS_MESSAGE_ID};
@@ -151,7 +151,8 @@ pub struct JetStreamEngine {
     cfg: JetStreamConfig,
     /// 0 for a read-only engine, which refuses writes.
     epoch: u64,
-    view: RwLock<Map>,
+    /// Shared with the range iterators, which read it a chunk at a time.
+    view: Arc<RwLock<Map>>,
     writer: Mutex<Writer>,
     bytes: AtomicU64,
     barriers: AtomicU64,
@@ -187,7 +188,7 @@ impl JetStreamEngine {
             client,
             cfg,
             epoch,
-            view: RwLock::new(view),
+            view: Arc::new(RwLock::new(view)),
             writer: Mutex::new(Writer {
                 queued: Vec::new(),
                 acked: Vec::new(),
@@ -276,6 +277,76 @@ impl JetStreamEngine {
             Err(e) => tracing::warn!(error = %e, first, "jetstream snapshot written; purging below it failed"),
         }
         Ok(())
+    }
+}
+
+/// Pairs read from the view a chunk at a time, from either end, so a long
+/// scan (an audit, an export) holds the view's lock only briefly and never
+/// copies the whole range. Like sled's iterators, it sees writes installed
+/// while it runs. `low..high` is what no chunk has read yet.
+struct Range {
+    view: Arc<RwLock<Map>>,
+    low: Bound<Vec<u8>>,
+    high: Bound<Vec<u8>>,
+    /// Read from the low end, ascending.
+    front: VecDeque<(Vec<u8>, Vec<u8>)>,
+    /// Read from the high end, descending.
+    back: VecDeque<(Vec<u8>, Vec<u8>)>,
+}
+
+/// Whether `bounds` hold nothing in a way `BTreeMap::range` would panic on
+/// (the ends crossed, or met with one of them excluded).
+fn crossed((low, high): (Bound<&[u8]>, Bound<&[u8]>)) -> bool {
+    match (low, high) {
+        (Bound::Included(l), Bound::Included(h)) => l > h,
+        (Bound::Included(l) | Bound::Excluded(l), Bound::Included(h) | Bound::Excluded(h)) => l >= h,
+        _ => false,
+    }
+}
+
+/// Pairs a range iterator reads per visit to the view.
+const RANGE_CHUNK: usize = 256;
+
+impl Range {
+    fn chunk(&mut self, from_back: bool) -> VecDeque<(Vec<u8>, Vec<u8>)> {
+        let view = self.view.read().unwrap_or_else(|e| e.into_inner());
+        let bounds = (self.low.as_ref().map(Vec::as_slice), self.high.as_ref().map(Vec::as_slice));
+        if crossed(bounds) {
+            return VecDeque::new();
+        }
+        let range = view.range::<[u8], _>(bounds);
+        let chunk: VecDeque<_> = if from_back {
+            range.rev().take(RANGE_CHUNK).map(|(k, v)| (k.clone(), v.clone())).collect()
+        } else {
+            range.take(RANGE_CHUNK).map(|(k, v)| (k.clone(), v.clone())).collect()
+        };
+        match (from_back, chunk.back()) {
+            (false, Some((k, _))) => self.low = Bound::Excluded(k.clone()),
+            (true, Some((k, _))) => self.high = Bound::Excluded(k.clone()),
+            (_, None) => {}
+        }
+        chunk
+    }
+}
+
+impl Iterator for Range {
+    type Item = Result<(Vec<u8>, Vec<u8>), StoreError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.front.is_empty() {
+            self.front = self.chunk(false);
+        }
+        // Once the ends meet, what is left was read from the back.
+        self.front.pop_front().or_else(|| self.back.pop_back()).map(Ok)
+    }
+}
+
+impl DoubleEndedIterator for Range {
+    fn next_back(&mut self) -> Option<Self::Item> {
+        if self.back.is_empty() {
+            self.back = self.chunk(true);
+        }
+        self.back.pop_front().or_else(|| self.front.pop_back()).map(Ok)
     }
 }
 
@@ -689,13 +760,13 @@ impl Engine for JetStreamEngine {
     }
 
     fn range(&self, start: &[u8], end: Option<&[u8]>) -> KvIter {
-        let end = end.map_or(Bound::Unbounded, Bound::Excluded);
-        let pairs: Vec<_> = self
-            .view()
-            .range::<[u8], _>((Bound::Included(start), end))
-            .map(|(k, v)| Ok((k.clone(), v.clone())))
-            .collect();
-        Box::new(pairs.into_iter())
+        Box::new(Range {
+            view: self.view.clone(),
+            low: Bound::Included(start.to_vec()),
+            high: end.map_or(Bound::Unbounded, |e| Bound::Excluded(e.to_vec())),
+            front: VecDeque::new(),
+            back: VecDeque::new(),
+        })
     }
 
     fn apply(&self, group: Vec<Write>) -> Result<(), StoreError> {
@@ -804,4 +875,46 @@ async fn walk_fences(cfg: JetStreamConfig) -> Result<Vec<FenceViolation>, StoreE
         }
     }
     Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Pairs taken from either end, in any order, across chunk
+        /// boundaries, are exactly the map's range, each once.
+        #[test]
+        fn a_range_read_in_chunks_from_both_ends_is_the_maps_range(
+            keys in prop::collection::btree_set(0u16..2000, 0..700),
+            start in 0u16..2000,
+            len in prop::option::of(0u16..2000),
+            ends in prop::collection::vec(any::<bool>(), 0..800),
+        ) {
+            let map: Map = keys.iter().map(|k| (k.to_be_bytes().to_vec(), vec![*k as u8])).collect();
+            let (lo, hi) = (start.to_be_bytes().to_vec(), len.map(|n| start.saturating_add(n).to_be_bytes().to_vec()));
+            let high = hi.clone().map_or(Bound::Unbounded, Bound::Excluded);
+            let mut want: VecDeque<_> = if hi.as_ref().is_some_and(|h| *h < lo) {
+                VecDeque::new()
+            } else {
+                map.range::<Vec<u8>, _>((Bound::Included(lo.clone()), high.clone())).map(|(k, v)| (k.clone(), v.clone())).collect()
+            };
+            let mut got = Range {
+                view: Arc::new(RwLock::new(map)),
+                low: Bound::Included(lo),
+                high,
+                front: VecDeque::new(),
+                back: VecDeque::new(),
+            };
+            for from_back in ends.into_iter().chain(std::iter::repeat_n(false, 2100)) {
+                let (g, w) = if from_back {
+                    (got.next_back(), want.pop_back())
+                } else {
+                    (got.next(), want.pop_front())
+                };
+                prop_assert_eq!(g.map(Result::unwrap), w);
+            }
+        }
+    }
 }
