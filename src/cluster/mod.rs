@@ -6,9 +6,10 @@
 //!    (`store::jetstream`: file storage, `sync_interval: always`, R3), so
 //!    an acknowledged commit survives the loss of any one machine.
 //! 2. **Lease**: a key of a JetStream KV bucket whose entries expire after
-//!    `cluster.lease_ttl`; its value is the owner's name and the address
-//!    it serves the relay on (`cluster.internal_listen`). The rules are in
-//!    `relay_core::lease`; the creation revision is the owner's epoch,
+//!    `cluster.lease_ttl`; its value is the owner's name, the address it
+//!    serves the relay on (`cluster.internal_listen`) and a per-process
+//!    nonce. The rules are in `relay_core::lease`, the task that follows
+//!    them in `lease.rs`; the creation revision is the owner's epoch,
 //!    written as a fence into the stream before it serves.
 //! 3. **Front**: every node accepts connections on `relay.listen` and
 //!    pipes each, bytes both ways, to the current owner (HTTP, keep-alive
@@ -26,8 +27,13 @@
 //! configured with the same `relay.id`, `relay.key_file` and
 //! `push.vapid_key_file` (files every node reads: the same contents on
 //! each machine), so peers and clients see one relay, and push
-//! subscriptions outlive a takeover. One stream holds the whole relay (one shard):
-//! the cluster survives machines, but one node at a time does the work.
+//! subscriptions outlive a takeover. One stream holds the whole relay (one
+//! shard): the cluster survives machines, but one node at a time does the
+//! work.
+//!
+//! Why a byte pipe and not NATS request/reply: a WebSocket session and a
+//! keep-alive connection pass through as they are, and a standby adds one
+//! copy per byte (about 40 µs per send, `scripts/cluster-bench.sh`).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
