@@ -334,6 +334,7 @@ async fn front(
         };
         let Some(guard) = per_ip.enter(from.ip()) else {
             tracing::debug!(from = %from.ip(), "front: over http.max_connections_per_ip");
+            actix_web::rt::spawn(refuse(conn));
             continue;
         };
         let (owner, metrics) = (owner.clone(), metrics.clone());
@@ -347,6 +348,24 @@ async fn front(
             drop((guard, slot));
         });
     }
+}
+
+/// Answers a connection over the per-address cap as the relay itself
+/// would (`rate_limited`, 429), then closes it.
+async fn refuse(mut conn: tokio::net::TcpStream) {
+    use tokio::io::AsyncWriteExt;
+    let e = relay_schemas::RelayError::new(
+        relay_schemas::ErrorCode::RateLimited,
+        "too many connections from this address (http.max_connections_per_ip)",
+    )
+    .with_data(serde_json::json!({ "retry_after": 1 }));
+    let body = e.to_body().to_string();
+    let answer = format!(
+        "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(5), conn.write_all(answer.as_bytes())).await;
 }
 
 async fn pipe(mut conn: tokio::net::TcpStream, mut owner: watch::Receiver<Option<SocketAddr>>) -> std::io::Result<()> {

@@ -32,6 +32,8 @@ struct Cluster {
     metrics: Vec<String>,
     /// Appended to every node's config.
     extra: String,
+    /// `http.max_connections_per_ip` of every node.
+    per_ip: usize,
     dir: tempfile::TempDir,
 }
 
@@ -48,12 +50,13 @@ impl Cluster {
     /// Three nats-servers in one JetStream cluster, then `nodes` relay
     /// nodes (the first started becomes the owner).
     fn start(bin: &Path, nodes: usize) -> Cluster {
-        Cluster::start_with(bin, nodes, "")
+        Cluster::start_with(bin, nodes, "", 100_000)
     }
 
     /// Like [`Cluster::start`]; `extra` TOML is appended to every node's
-    /// config (e.g. `[[peers]]`).
-    fn start_with(bin: &Path, nodes: usize, extra: &str) -> Cluster {
+    /// config (e.g. `[[peers]]`), and each front takes `per_ip` connections
+    /// from one address.
+    fn start_with(bin: &Path, nodes: usize, extra: &str, per_ip: usize) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let members: Vec<Member> = (1..=3)
             .map(|i| Member {
@@ -70,7 +73,7 @@ impl Cluster {
         }
         write_key(&dir.path().join("relay.key"), [77; 32]);
         let metrics = (0..nodes).map(|_| format!("127.0.0.1:{}", free_port())).collect();
-        let mut cluster = Cluster { nodes: Vec::new(), nats, metrics, extra: extra.to_owned(), dir };
+        let mut cluster = Cluster { nodes: Vec::new(), nats, metrics, extra: extra.to_owned(), per_ip, dir };
         for i in 1..=nodes {
             let node = cluster.start_node(i);
             if i == 1 {
@@ -97,7 +100,7 @@ impl Cluster {
              [cluster]\nnode = \"node{i}\"\nnats_urls = [{urls}]\nreplicas = 3\nlease_ttl = \"{LEASE_TTL}\"\n\
              metrics_listen = {metrics:?}\nsnapshot_bytes = 200000\n\
              [limits]\nsession_rate = 1000000\nsession_burst = 1000000\nanonymous_rate = 1000000\nanonymous_burst = 1000000\n\
-             [http]\nmax_connections = 512\nmax_connections_per_ip = 100000\n\
+             [http]\nmax_connections = 512\nmax_connections_per_ip = {per_ip}\n\
              [push]\nvapid_key_file = {vapid:?}\n{extra}\n",
             data = dir.join(format!("node{i}")).display().to_string(),
             key = dir.join("relay.key").display().to_string(),
@@ -105,6 +108,7 @@ impl Cluster {
             urls = urls.join(", "),
             metrics = self.metrics[i - 1],
             extra = self.extra,
+            per_ip = self.per_ip,
         );
         std::fs::write(&path, body).unwrap();
         path
@@ -141,7 +145,8 @@ async fn stream_leader(urls: &[String], stream: &str) -> Option<String> {
 #[actix_rt::test]
 async fn every_node_serves_the_one_relay_and_a_standby_cannot_write() {
     let Some(bin) = nats_bin() else { return };
-    let cluster = Cluster::start(&bin, 3);
+    // Three connections per address at each front: the test's clients fit.
+    let cluster = Cluster::start_with(&bin, 3, "", 3);
     let owner = cluster.owner().expect("node1 serves");
     assert_eq!(owner, 0);
     // Register through one standby, open the recipient's session through
@@ -173,6 +178,21 @@ async fn every_node_serves_the_one_relay_and_a_standby_cannot_write() {
         assert_eq!(standby.count_log(&["took the lease"]), 0);
     }
     assert_eq!(fence_violations(&cluster.shard()).unwrap(), []);
+
+    // A front applies http.max_connections_per_ip (the owner sees only
+    // fronts): over the cap, `rate_limited` as from a standalone relay.
+    let front = cluster.nodes[1].url.trim_start_matches("http://").to_owned();
+    let open: Vec<std::net::TcpStream> = (0..3).map(|_| std::net::TcpStream::connect(&front).unwrap()).collect();
+    let over = Client::new(&cluster.nodes[1].url);
+    let refused = eventually("the fourth connection is refused", Duration::from_secs(10), || async {
+        match over.try_call("route.get", None, &json!({"account_id": bob.id()})).await {
+            Ok((429, body)) => Ok(body),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert_eq!(refused["error"]["code"], "rate_limited", "{refused}");
+    drop(open);
 
     // SIGTERM stops a standby cleanly (it has no HTTP server of its own).
     let mut cluster = cluster;
@@ -465,7 +485,7 @@ async fn a_peer_relay_sees_one_relay_and_its_deliveries_survive_a_takeover() {
     );
     let to_a = format!("[[peers]]\nid = \"relay-a\"\nurl = \"http://{a_listen}\"\npublic_key = \"{a_key}\"\n");
     let fast = "[delivery]\nretry_timetable = [\"0s\", \"300ms\", \"600ms\"]\nretry_then_every = \"300ms\"\nattempt_timeout = \"2s\"\n";
-    let mut cluster = Cluster::start_with(&bin, 3, &format!("{fast}{to_a}"));
+    let mut cluster = Cluster::start_with(&bin, 3, &format!("{fast}{to_a}"), 100_000);
     let to_c =
         format!("[[peers]]\nid = \"{RELAY}\"\nurl = \"{}\"\npublic_key = \"{c_key}\"\n{fast}", cluster.nodes[1].url);
     let config = common::relay::write_config_at(outside.path(), "relay-a", &a_listen, &to_c);
