@@ -1,7 +1,9 @@
 //! `relay cluster up`: a whole cluster on loopback for trying cluster mode:
 //! three nats-servers in one JetStream cluster (R3) and `--nodes` relay
 //! nodes of one relay, each a `relay serve` child with its config written
-//! under `--dir`. Stops everything on SIGINT or SIGTERM.
+//! under `--dir`. A node that exits is started again (as a service manager
+//! would: a node that loses the lease exits). Stops everything on SIGINT
+//! or SIGTERM.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -25,6 +27,9 @@ pub struct UpArgs {
     #[arg(long, default_value = "relay-c")]
     pub id: String,
 }
+
+/// How often `cluster up` looks for nodes that exited.
+const RESTART_CHECK: Duration = Duration::from_millis(500);
 
 /// A relay node process; killed on drop.
 struct Node(Child);
@@ -89,7 +94,7 @@ pub fn run(args: UpArgs) -> Result<(), String> {
         let listen = format!("127.0.0.1:{}", port(args.base_port, 29 + i)?);
         let config = write_node_config(&dir, &args.id, i, &listen, &urls)?;
         let (node, url) = start_node(&config)?;
-        nodes.push(node);
+        nodes.push((node, config));
         fronts.push(url);
     }
     println!("cluster {} up: relay nodes {}", args.id, fronts.join(" "));
@@ -98,15 +103,29 @@ pub fn run(args: UpArgs) -> Result<(), String> {
     use std::io::Write;
     let _ = std::io::stdout().flush();
 
+    // Until a signal: like a service manager, start again a node that
+    // exited (one that lost the lease exits; one killed to try a takeover).
     actix_web::rt::System::new().block_on(async {
         use actix_web::rt::signal::unix::{signal, SignalKind};
         let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
         let mut int = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
+        let mut tick = actix_web::rt::time::interval(RESTART_CHECK);
+        loop {
+            tokio::select! {
+                _ = term.recv() => return Ok::<(), String>(()),
+                _ = int.recv() => return Ok(()),
+                _ = tick.tick() => {}
+            }
+            for (i, (node, config)) in nodes.iter_mut().enumerate() {
+                if let Ok(Some(status)) = node.0.try_wait() {
+                    eprintln!("relay node {} exited ({status}); starting it again", i + 1);
+                    match start_node(config) {
+                        Ok((again, _)) => *node = again,
+                        Err(e) => eprintln!("relay node {}: {e}", i + 1),
+                    }
+                }
+            }
         }
-        Ok::<(), String>(())
     })?;
     eprintln!("stopping the cluster");
     drop(nodes);

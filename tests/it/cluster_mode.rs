@@ -417,7 +417,7 @@ impl Cluster {
 }
 
 #[actix_rt::test]
-async fn cluster_up_starts_three_servers_and_nodes_that_serve_one_relay_and_stops_them_on_sigterm() {
+async fn cluster_up_serves_one_relay_starts_a_killed_node_again_and_stops_everything_on_sigterm() {
     let Some(bin) = nats_bin() else { return };
     let dir = tempfile::tempdir().unwrap();
     /// Stops `relay cluster up` (and so its servers and nodes) however the test ends.
@@ -458,6 +458,35 @@ async fn cluster_up_starts_three_servers_and_nodes_that_serve_one_relay_and_stop
     let bob = User::register(&b, "relay-c", 2, true).await;
     b.ok("message.send", alice.token(0), &alice.send_params(&bob, &mid(1), false)).await;
     assert_eq!(message_ids(&bob.sync_all(&a, 0).await), [mid(1)]);
+
+    // A node killed is started again (its config names it), and the relay
+    // serves on: node 1 held the lease, node 2 takes it.
+    let node1 = dir.path().join("node1.toml");
+    let pid_of = |config: &Path| -> Option<u32> {
+        std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            let ours = args.windows(2).any(|w| w[0] == b"--config" && w[1] == config.as_os_str().as_encoded_bytes());
+            ours.then(|| e.file_name().to_str()?.parse().ok()).flatten()
+        })
+    };
+    let first = pid_of(&node1).expect("node 1 runs");
+    // SAFETY: kill(2) on a process this test's child started.
+    unsafe { libc::kill(first as libc::pid_t, libc::SIGKILL) };
+    common::wait::eventually_blocking("node 1 started again", Duration::from_secs(30), || match pid_of(&node1) {
+        Some(pid) if pid != first => Ok(()),
+        seen => Err(format!("{seen:?}")),
+    });
+    let (a, b) = (Client::new(urls[0]), Client::new(urls[1]));
+    let again = alice.send_params(&bob, &mid(2), false);
+    eventually("a send after the takeover", Duration::from_secs(30), || async {
+        match b.try_call("message.send", alice.token(0), &again).await {
+            Ok((200, _)) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert_eq!(message_ids(&bob.sync_all(&a, 0).await), [mid(1), mid(2)]);
 
     // SAFETY: kill(2) on our child.
     unsafe { libc::kill(up.0.id() as libc::pid_t, libc::SIGTERM) };
