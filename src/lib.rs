@@ -71,6 +71,14 @@ pub async fn serve(cfg: config::Config) -> Result<(), String> {
     run(cfg, store, listener, Announce::Yes, std::future::pending()).await
 }
 
+/// The one line on stdout a parent process waits for (tests, `relay
+/// cluster up`): `relay <id> listening on http://<addr>`.
+pub(crate) fn announce_listening(relay_id: &str, addr: std::net::SocketAddr) {
+    println!("relay {relay_id} listening on http://{addr}");
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+}
+
 /// Whether [`run`] prints the `listening on` line (a cluster node prints
 /// its own, for the address clients use).
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -223,9 +231,7 @@ pub(crate) async fn run(
         tracing::info!("no [[peers]] configured: this relay delivers only to its own accounts");
     }
     if announce == Announce::Yes {
-        println!("relay {} listening on http://{addr}", cfg.relay.id);
-        use std::io::Write;
-        let _ = std::io::stdout().flush();
+        announce_listening(&cfg.relay.id, addr);
     }
     let stop = std::pin::pin!(stop);
     let stopped = match futures_util::future::select(running, stop).await {

@@ -35,9 +35,8 @@
 //! keep-alive connection pass through as they are, and a standby adds one
 //! copy per byte (about 40 µs per send, `scripts/cluster-bench.sh`).
 
-use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex};
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::kv;
@@ -96,14 +95,12 @@ pub async fn serve(cfg: Config) -> Result<(), String> {
     }
     let (owner_tx, owner_rx) = watch::channel(None);
     actix_web::rt::spawn(watch_owner(leases, owner_tx));
-    let per_ip = PerIp::new(cfg.http.max_connections_per_ip);
+    let per_ip = crate::http::conn::PerIp::new(cfg.http.max_connections_per_ip);
     let slots = Arc::new(tokio::sync::Semaphore::new(cfg.http.max_connections));
     actix_web::rt::spawn(front(front_listener, owner_rx, per_ip, slots, metrics.clone()));
     tracing::info!(relay = %cfg.relay.id, node = %c.node, listen = %front_addr, internal = %internal_addr,
         stream = %shard.stream, "cluster node started; standing by");
-    println!("relay {} listening on http://{front_addr}", cfg.relay.id);
-    use std::io::Write;
-    let _ = std::io::stdout().flush();
+    crate::announce_listening(&cfg.relay.id, front_addr);
 
     // The value names this node, where it serves and this process (a node
     // started again does not take its previous run's lease for its own).
@@ -142,11 +139,14 @@ pub async fn serve(cfg: Config) -> Result<(), String> {
         standing_by_ms = (took_at - started).as_millis() as u64, "serving the relay");
     metrics.owner.set(1);
     let lost = async move { lost_rx.await.unwrap_or_else(|_| "the lease task ended".into()) };
-    let failed = store_failed(store.clone());
+    // A failed store (an append fenced out, or JetStream unreachable past
+    // the engine's retries) takes no more commits: the node gives the
+    // relay up and a standby takes over with a fresh one.
+    let failed = store.failure();
     let stop = async move {
         tokio::select! {
             why = lost => why,
-            why = failed => why,
+            why = failed => format!("cluster: the store failed: {why}"),
         }
     };
     crate::run(cfg, store, internal, crate::Announce::No, stop).await
@@ -162,16 +162,6 @@ async fn stop_signal() -> &'static str {
         _ = term.recv() => "SIGTERM",
         _ = int.recv() => "SIGINT",
     }
-}
-
-/// Resolves once the store has failed (an append fenced out, or JetStream
-/// unreachable past the engine's retries): it takes no more commits, so
-/// the node gives the relay up and a standby takes over with a fresh one.
-async fn store_failed(store: Store) -> String {
-    while store.is_healthy() {
-        actix_web::rt::time::sleep(OWNER_POLL).await;
-    }
-    "cluster: the store failed (fenced, or JetStream unreachable)".into()
 }
 
 /// Publishes the owner's internal address whenever the lease changes.
@@ -273,51 +263,11 @@ impl NodeMetrics {
     }
 }
 
-/// Connections per client address at this front.
-#[derive(Clone)]
-struct PerIp {
-    max: usize,
-    open: Arc<Mutex<HashMap<IpAddr, usize>>>,
-}
-
-impl PerIp {
-    fn new(max: usize) -> PerIp {
-        PerIp { max, open: Arc::default() }
-    }
-
-    fn enter(&self, ip: IpAddr) -> Option<IpGuard> {
-        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        let n = open.entry(ip).or_default();
-        if *n >= self.max {
-            return None;
-        }
-        *n += 1;
-        Some(IpGuard { per_ip: self.clone(), ip })
-    }
-}
-
-struct IpGuard {
-    per_ip: PerIp,
-    ip: IpAddr,
-}
-
-impl Drop for IpGuard {
-    fn drop(&mut self) {
-        let mut open = self.per_ip.open.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = open.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                open.remove(&self.ip);
-            }
-        }
-    }
-}
-
 /// Accepts connections and pipes each to the owner (module doc, 3).
 async fn front(
     listener: tokio::net::TcpListener,
     owner: watch::Receiver<Option<SocketAddr>>,
-    per_ip: PerIp,
+    per_ip: crate::http::conn::PerIp,
     slots: Arc<tokio::sync::Semaphore>,
     metrics: NodeMetrics,
 ) {
@@ -332,11 +282,16 @@ async fn front(
                 continue;
             }
         };
-        let Some(guard) = per_ip.enter(from.ip()) else {
+        // Counted like the relay's own connections (`http::conn`).
+        let guard = per_ip.open(from.ip());
+        if !guard.within {
             tracing::debug!(from = %from.ip(), "front: over http.max_connections_per_ip");
-            actix_web::rt::spawn(refuse(conn));
+            actix_web::rt::spawn(async move {
+                refuse(conn).await;
+                drop((guard, slot))
+            });
             continue;
-        };
+        }
         let (owner, metrics) = (owner.clone(), metrics.clone());
         actix_web::rt::spawn(async move {
             metrics.connections.inc();
@@ -354,12 +309,7 @@ async fn front(
 /// would (`rate_limited`, 429), then closes it.
 async fn refuse(mut conn: tokio::net::TcpStream) {
     use tokio::io::AsyncWriteExt;
-    let e = relay_schemas::RelayError::new(
-        relay_schemas::ErrorCode::RateLimited,
-        "too many connections from this address (http.max_connections_per_ip)",
-    )
-    .with_data(serde_json::json!({ "retry_after": 1 }));
-    let body = e.to_body().to_string();
+    let body = crate::http::over_cap().to_body().to_string();
     let answer = format!(
         "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
          connection: close\r\n\r\n{body}",

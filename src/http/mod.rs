@@ -169,14 +169,17 @@ async fn not_found() -> HttpResponse {
 /// (closing it), if it is one.
 pub fn over_connection_cap(req: &HttpRequest) -> Option<HttpResponse> {
     let slot = req.conn_data::<conn::Slot>()?;
-    (!slot.within).then(|| {
-        let e = RelayError::new(
-            relay_schemas::ErrorCode::RateLimited,
-            "too many connections from this address (http.max_connections_per_ip)",
-        )
-        .with_data(serde_json::json!({ "retry_after": 1 }));
-        error_and_close(&e)
-    })
+    (!slot.within).then(|| error_and_close(&over_cap()))
+}
+
+/// The refusal of a connection over `http.max_connections_per_ip` (also
+/// a cluster front's, `src/cluster/mod.rs`).
+pub fn over_cap() -> RelayError {
+    RelayError::new(
+        relay_schemas::ErrorCode::RateLimited,
+        "too many connections from this address (http.max_connections_per_ip)",
+    )
+    .with_data(serde_json::json!({ "retry_after": 1 }))
 }
 
 /// The public listener's routes; `/metrics` only when `with_metrics` (no

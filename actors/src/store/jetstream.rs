@@ -241,24 +241,9 @@ impl JetStreamEngine {
     /// then purges the stream below it. The writer's lock is held, so no
     /// group is installed meanwhile.
     fn snapshot(&self, w: &mut Writer) -> Result<(), StoreError> {
-        let mut parts = Vec::new();
-        let (mut group, mut size, mut total) = (Vec::new(), 0, 0);
-        for (k, v) in self.view().iter() {
-            size += k.len() + v.len() + 9;
-            group.push(Write::Put(k.clone(), v.clone()));
-            if size >= CHUNK_BYTES {
-                let mut buf = Vec::with_capacity(size + 8);
-                wal::encode(&std::mem::take(&mut group), &mut buf);
-                (total, size) = (total + buf.len(), 0);
-                parts.push(Bytes::from(buf));
-            }
-        }
-        if !group.is_empty() || parts.is_empty() {
-            let mut buf = Vec::new();
-            wal::encode(&group, &mut buf);
-            total += buf.len();
-            parts.push(Bytes::from(buf));
-        }
+        // Puts made a chunk at a time: only one chunk of copies at once.
+        let parts = frame(self.view().iter().map(|(k, v)| Write::Put(k.clone(), v.clone())));
+        let total: usize = parts.iter().map(Bytes::len).sum();
         let n = parts.len() as u64;
         let last = self.append(Kind::Snapshot, w.last_seq, parts)?;
         (w.last_seq, w.since_snapshot, w.snapshot_size) = (last, 0, total as u64);
@@ -350,25 +335,28 @@ impl DoubleEndedIterator for Range {
     }
 }
 
-/// Frames `writes` as records of at most [`CHUNK_BYTES`] each (a write
-/// larger than that is a record alone), one per message of an append.
-fn frame<'a>(writes: impl Iterator<Item = &'a Write>) -> Vec<Bytes> {
-    let (mut parts, mut chunk, mut size) = (Vec::new(), Vec::new(), 0);
+/// Frames `writes` (borrowed from a queue, or made on the fly) as records
+/// of at most [`CHUNK_BYTES`] each (a write larger than that is a record
+/// alone), one per message of an append; always at least one.
+fn frame<W: std::borrow::Borrow<Write>>(writes: impl Iterator<Item = W>) -> Vec<Bytes> {
+    let (mut parts, mut chunk, mut size) = (Vec::new(), Vec::<W>::new(), 0);
+    let encode = |chunk: &mut Vec<W>, size: usize| {
+        let mut buf = Vec::with_capacity(size + 8);
+        wal::encode_iter(chunk.iter().map(|w| w.borrow()), &mut buf);
+        chunk.clear();
+        Bytes::from(buf)
+    };
     for w in writes {
-        let n = wal::encoded_len(w);
+        let n = wal::encoded_len(w.borrow());
         if size + n > CHUNK_BYTES && !chunk.is_empty() {
-            let mut buf = Vec::with_capacity(size + 8);
-            wal::encode_iter(chunk.drain(..), &mut buf);
-            parts.push(Bytes::from(buf));
+            parts.push(encode(&mut chunk, size));
             size = 0;
         }
         size += n;
         chunk.push(w);
     }
     if !chunk.is_empty() || parts.is_empty() {
-        let mut buf = Vec::with_capacity(size + 8);
-        wal::encode_iter(chunk.into_iter(), &mut buf);
-        parts.push(Bytes::from(buf));
+        parts.push(encode(&mut chunk, size));
     }
     parts
 }

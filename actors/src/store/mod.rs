@@ -537,6 +537,20 @@ impl Store {
         sh.failed().is_none() && !sh.lock().closing
     }
 
+    /// Resolves when a write or barrier fails (the writer publishes that
+    /// as it does the durable point): why, from then on the store takes
+    /// no commits.
+    pub fn failure(&self) -> impl Future<Output = String> + Send + 'static {
+        let mut durable = self.inner.shared.durable.clone();
+        async move {
+            match durable.wait_for(|d| d.failed.is_some()).await {
+                Ok(d) => d.failed.as_deref().unwrap_or_default().to_owned(),
+                // The writer is gone: the store was closed.
+                Err(_) => "store closed".to_owned(),
+            }
+        }
+    }
+
     /// Installs the one function told what each group cost, after it is
     /// durable, for metrics. Later calls are ignored.
     pub fn set_group_observer(&self, observe: impl Fn(&GroupReport) + Send + Sync + 'static) {
