@@ -44,6 +44,17 @@ pub fn binary() -> Option<PathBuf> {
     std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join("nats-server")).find(|p| p.is_file())
 }
 
+/// The binary for a test: `None` when none is installed, and the test
+/// skips, saying so; under `CI=true` a missing binary fails the test.
+pub fn binary_for_test() -> Option<PathBuf> {
+    let found = binary();
+    if found.is_none() {
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "no nats-server under CI: run .ci/nats.sh");
+        eprintln!("skipped: no nats-server (install it with .ci/nats.sh)");
+    }
+    found
+}
+
 /// One member of a cluster: its name and ports. A port of 0 is chosen by
 /// the server at its first start (read back from its ports file) and kept
 /// across restarts.

@@ -37,15 +37,6 @@ struct Cluster {
     dir: tempfile::TempDir,
 }
 
-fn nats_bin() -> Option<PathBuf> {
-    let found = nats_server::binary();
-    if found.is_none() {
-        assert!(std::env::var("CI").as_deref() != Ok("true"), "no nats-server under CI: run .ci/nats.sh");
-        eprintln!("skipped: no nats-server (install it with .ci/nats.sh)");
-    }
-    found
-}
-
 impl Cluster {
     /// Three nats-servers in one JetStream cluster, then `nodes` relay
     /// nodes (the first started becomes the owner).
@@ -144,7 +135,7 @@ async fn stream_leader(urls: &[String], stream: &str) -> Option<String> {
 
 #[actix_rt::test]
 async fn every_node_serves_the_one_relay_and_a_standby_cannot_write() {
-    let Some(bin) = nats_bin() else { return };
+    let Some(bin) = nats_server::binary_for_test() else { return };
     // Three connections per address at each front: the test's clients fit.
     let cluster = Cluster::start_with(&bin, 3, "", 3);
     let owner = cluster.owner().expect("node1 serves");
@@ -323,7 +314,7 @@ impl Senders {
 
 #[actix_rt::test]
 async fn killed_owner_and_killed_stream_leader_lose_and_duplicate_no_acknowledged_send() {
-    let Some(bin) = nats_bin() else { return };
+    let Some(bin) = nats_server::binary_for_test() else { return };
     let mut cluster = Cluster::start(&bin, 3);
     let senders = Senders::start(&cluster, 4).await;
     senders.wait_acks(&mut cluster, 60, "sends before any kill").await;
@@ -366,7 +357,7 @@ async fn killed_owner_and_killed_stream_leader_lose_and_duplicate_no_acknowledge
 #[actix_rt::test]
 async fn random_kills_of_nodes_and_servers_lose_and_duplicate_no_acknowledged_send() {
     use rand::{RngExt, SeedableRng};
-    let Some(bin) = nats_bin() else { return };
+    let Some(bin) = nats_server::binary_for_test() else { return };
     let seed: u64 = std::env::var("RELAY_CLUSTER_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x17c1);
     let faults: usize = std::env::var("RELAY_CLUSTER_FAULTS").ok().and_then(|s| s.parse().ok()).unwrap_or(5);
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
@@ -418,7 +409,7 @@ impl Cluster {
 
 #[actix_rt::test]
 async fn cluster_up_serves_one_relay_starts_a_killed_node_again_and_stops_everything_on_sigterm() {
-    let Some(bin) = nats_bin() else { return };
+    let Some(bin) = nats_server::binary_for_test() else { return };
     let dir = tempfile::tempdir().unwrap();
     /// Stops `relay cluster up` (and so its servers and nodes) however the test ends.
     struct Up(std::process::Child);
@@ -440,17 +431,8 @@ async fn cluster_up_serves_one_relay_starts_a_killed_node_again_and_stops_everyt
         .spawn()
         .unwrap();
     let mut up = Up(up);
-    let stdout = up.0.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        let mut lines = std::io::BufReader::new(stdout).lines();
-        if let Some(Ok(first)) = lines.next() {
-            let _ = tx.send(first);
-        }
-        for _ in lines {}
-    });
-    let line = rx.recv_timeout(Duration::from_secs(60)).expect("cluster up prints its nodes");
+    let first = common::relay::first_line(up.0.stdout.take().unwrap());
+    let line = first.recv_timeout(Duration::from_secs(60)).expect("cluster up prints its nodes");
     let urls: Vec<&str> = line.split(' ').filter(|w| w.starts_with("http://")).collect();
     assert_eq!(urls.len(), 2, "{line}");
     let (a, b) = (Client::new(urls[0]), Client::new(urls[1]));
@@ -504,7 +486,7 @@ async fn cluster_up_serves_one_relay_starts_a_killed_node_again_and_stops_everyt
 
 #[actix_rt::test]
 async fn a_peer_relay_sees_one_relay_and_its_deliveries_survive_a_takeover() {
-    let Some(bin) = nats_bin() else { return };
+    let Some(bin) = nats_server::binary_for_test() else { return };
     // relay-a: a standalone relay peering with the cluster through node2's front.
     let outside = tempfile::tempdir().unwrap();
     let a_key = write_key(&outside.path().join("relay-a").join("relay.key"), [78; 32]);

@@ -75,15 +75,22 @@ async fn wait_metric_at_least(c: &Client, metric: &str, n: f64) {
     .await
 }
 
+/// relay-a, relay-b (alice's homes) and relay-c (bob's), peering with
+/// each other, on the fast timetable. The folder goes last.
+fn three_relays() -> (tempfile::TempDir, Cluster, [RelayProc; 3]) {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::plan(dir.path(), &["relay-a", "relay-b", "relay-c"]);
+    let relays = ["relay-a", "relay-b", "relay-c"].map(|id| cluster.start(id, FAST));
+    (dir, cluster, relays)
+}
+
 fn homes(cluster: &Cluster) -> [(&str, &str); 2] {
     [("relay-a", cluster.url("relay-a")), ("relay-b", cluster.url("relay-b"))]
 }
 
 #[actix_rt::test]
 async fn an_account_made_at_one_home_is_served_at_the_other_and_both_show_one_timeline() {
-    let dir = tempfile::tempdir().unwrap();
-    let cluster = Cluster::plan(dir.path(), &["relay-a", "relay-b", "relay-c"]);
-    let (a, b, c) = (cluster.start("relay-a", FAST), cluster.start("relay-b", FAST), cluster.start("relay-c", FAST));
+    let (_dir, cluster, [a, b, c]) = three_relays();
     let (ca, cb, cc) = (Client::new(&a.url), Client::new(&b.url), Client::new(&c.url));
     let mut alice = User::register_two_homes(&ca, ALICE, homes(&cluster), true).await;
     let bob = User::register(&cc, "relay-c", BOB, true).await;
@@ -119,10 +126,7 @@ async fn an_account_made_at_one_home_is_served_at_the_other_and_both_show_one_ti
 
 #[actix_rt::test]
 async fn a_recipient_home_that_was_down_has_the_record_exactly_once_after_it_returns() {
-    let dir = tempfile::tempdir().unwrap();
-    let cluster = Cluster::plan(dir.path(), &["relay-a", "relay-b", "relay-c"]);
-    let (a, mut b, c) =
-        (cluster.start("relay-a", FAST), cluster.start("relay-b", FAST), cluster.start("relay-c", FAST));
+    let (_dir, cluster, [a, mut b, c]) = three_relays();
     let (ca, cb, cc) = (Client::new(&a.url), Client::new(&b.url), Client::new(&c.url));
     let alice = User::register_two_homes(&ca, ALICE, homes(&cluster), true).await;
     let bob = User::register(&cc, "relay-c", BOB, true).await;
@@ -148,10 +152,7 @@ async fn a_recipient_home_that_was_down_has_the_record_exactly_once_after_it_ret
 
 #[actix_rt::test]
 async fn a_sender_home_killed_mid_delivery_leaves_the_other_to_finish_with_the_original_deadline() {
-    let dir = tempfile::tempdir().unwrap();
-    let cluster = Cluster::plan(dir.path(), &["relay-a", "relay-b", "relay-c"]);
-    let (mut a, mut b, mut c) =
-        (cluster.start("relay-a", FAST), cluster.start("relay-b", FAST), cluster.start("relay-c", FAST));
+    let (_dir, cluster, [mut a, mut b, mut c]) = three_relays();
     let (ca, cb) = (Client::new(&a.url), Client::new(&b.url));
     let alice = User::register_two_homes(&ca, ALICE, homes(&cluster), false).await;
     let bob = User::register(&Client::new(&c.url), "relay-c", BOB, true).await;
@@ -407,10 +408,7 @@ async fn two_home_accounts_on_four_relays_keep_one_timeline_through_a_home_outag
 
 #[actix_rt::test]
 async fn a_reset_sends_history_again_and_delivers_nothing_twice() {
-    let dir = tempfile::tempdir().unwrap();
-    let cluster = Cluster::plan(dir.path(), &["relay-a", "relay-b", "relay-c"]);
-    let (mut a, b, c) =
-        (cluster.start("relay-a", FAST), cluster.start("relay-b", FAST), cluster.start("relay-c", FAST));
+    let (_dir, cluster, [mut a, b, c]) = three_relays();
     let (ca, cb, cc) = (Client::new(&a.url), Client::new(&b.url), Client::new(&c.url));
     let alice = User::register_two_homes(&ca, ALICE, homes(&cluster), true).await;
     let bob = User::register(&cc, "relay-c", BOB, true).await;
@@ -450,9 +448,7 @@ async fn a_reset_sends_history_again_and_delivers_nothing_twice() {
 
 #[actix_rt::test]
 async fn a_home_added_by_a_route_update_gets_the_account_and_its_history() {
-    let dir = tempfile::tempdir().unwrap();
-    let cluster = Cluster::plan(dir.path(), &["relay-a", "relay-b", "relay-c"]);
-    let (a, b, c) = (cluster.start("relay-a", FAST), cluster.start("relay-b", FAST), cluster.start("relay-c", FAST));
+    let (_dir, cluster, [a, b, c]) = three_relays();
     let (ca, cb, cc) = (Client::new(&a.url), Client::new(&b.url), Client::new(&c.url));
     let alice = User::register(&ca, "relay-a", ALICE, true).await;
     let bob = User::register(&cc, "relay-c", BOB, true).await;

@@ -127,15 +127,7 @@ impl RelayProc {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn relay");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            if let Some(Ok(line)) = lines.next() {
-                let _ = tx.send(line);
-            }
-            for _ in lines {} // keep the pipe drained
-        });
+        let first = first_line(child.stdout.take().unwrap());
         let log = Arc::new(Mutex::new(VecDeque::new()));
         let (stderr, keep) = (child.stderr.take().unwrap(), log.clone());
         let who = id.to_owned();
@@ -149,7 +141,7 @@ impl RelayProc {
                 log.push_back(line);
             }
         });
-        let line = rx.recv_timeout(Duration::from_secs(30)).expect("relay did not start within 30 s");
+        let line = first.recv_timeout(Duration::from_secs(30)).expect("relay did not start within 30 s");
         let url = line.rsplit(' ').next().unwrap().to_string();
         assert!(url.starts_with("http://127.0.0.1:"), "unexpected start line {line:?}");
         RelayProc { child: Some(child), id: id.into(), url, config, data_dir, rust_log: rust_log.into(), log }
@@ -235,6 +227,20 @@ impl Drop for RelayProc {
     fn drop(&mut self) {
         self.kill9();
     }
+}
+
+/// The first line a child prints on `stdout`, when it comes; the rest is
+/// read and dropped, so the pipe never fills.
+pub fn first_line(stdout: std::process::ChildStdout) -> std::sync::mpsc::Receiver<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        if let Some(Ok(line)) = lines.next() {
+            let _ = tx.send(line);
+        }
+        for _ in lines {} // keep the pipe drained
+    });
+    rx
 }
 
 /// Runs `cmd` (a `relay serve` with piped stdout and stderr) until it
