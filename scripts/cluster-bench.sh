@@ -5,16 +5,20 @@
 #
 #   scripts/cluster-bench.sh [NODES] [VIA]      # defaults: 3 nodes, through node 1
 #   MESSAGES=5000 CONCURRENCY=16 scripts/cluster-bench.sh 1
+#   SHARDS=3 scripts/cluster-bench.sh 3          # accounts in 3 shards shared by the nodes
 #
 # Needs a release build (cargo build --release) and nats-server (.ci/nats.sh).
-# Node 1 takes the lease first, so VIA=1 sends straight to the owner's front
-# and VIA=2 through a standby's (one more hop on loopback).
+# With one shard node 1 takes the lease first, so VIA=1 sends straight to
+# the owner's front and VIA=2 through a standby's (one more hop on
+# loopback). With several, every front routes each request to its
+# account's shard, and most sends go from one shard's owner to another's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NODES="${1:-3}"
 VIA="${2:-1}"
 MESSAGES="${MESSAGES:-5000}"
 CONCURRENCY="${CONCURRENCY:-16}"
+SHARDS="${SHARDS:-1}"
 RELAY=target/release/relay
 DIR="$(mktemp -d)"
 trap 'kill -TERM "$UP" 2>/dev/null; wait "$UP" 2>/dev/null; rm -rf "$DIR"' EXIT
@@ -24,13 +28,15 @@ trap 'kill -TERM "$UP" 2>/dev/null; wait "$UP" 2>/dev/null; rm -rf "$DIR"' EXIT
 export RELAY__LIMITS__SESSION_RATE=1000000 RELAY__LIMITS__SESSION_BURST=1000000
 export RELAY__LIMITS__ANONYMOUS_RATE=1000000 RELAY__LIMITS__ANONYMOUS_BURST=1000000
 export RELAY__HTTP__MAX_CONNECTIONS_PER_IP=100000 RUST_LOG=warn
-"$RELAY" cluster up --dir "$DIR" --base-port 0 --nodes "$NODES" > "$DIR/up.out" 2> "$DIR/up.err" &
+"$RELAY" cluster up --dir "$DIR" --base-port 0 --nodes "$NODES" --shards "$SHARDS" > "$DIR/up.out" 2> "$DIR/up.err" &
 UP=$!
 for _ in $(seq 600); do [ -s "$DIR/up.out" ] && break; sleep 0.1; done
 read -r -a WORDS < <(head -1 "$DIR/up.out")
 URLS=()
 for w in "${WORDS[@]}"; do case "$w" in http://*) URLS+=("$w");; esac; done
 [ "${#URLS[@]}" -eq "$NODES" ] || { cat "$DIR/up.err"; echo "cluster did not come up" >&2; exit 1; }
+# Several shards: let the nodes share them out (and hand some over) first.
+[ "$SHARDS" -eq 1 ] || sleep "${SETTLE:-10}"
 
 pids() { pgrep -f "$1" | sort -n; }
 NODE_PIDS=(); for i in $(seq "$NODES"); do NODE_PIDS+=("$(pids "serve --config $DIR/node$i.toml")"); done
@@ -45,14 +51,14 @@ for p in "${NODE_PIDS[@]}" "${NATS_PIDS[@]}"; do BEFORE[$p]=$(ticks "$p"); done
 HZ=$(getconf CLK_TCK)
 python3 - "$DIR/bench.json" "$HZ" "$NODES" "$VIA" \
     "$(for p in "${NODE_PIDS[@]}"; do echo -n "$p:$(( $(ticks "$p") - BEFORE[$p] )),"; done)" \
-    "$(for p in "${NATS_PIDS[@]}"; do echo -n "$p:$(( $(ticks "$p") - BEFORE[$p] )),"; done)" <<'PY'
+    "$(for p in "${NATS_PIDS[@]}"; do echo -n "$p:$(( $(ticks "$p") - BEFORE[$p] )),"; done)" "$SHARDS" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 hz, nodes, via = float(sys.argv[2]), sys.argv[3], sys.argv[4]
 sent = max(r["sent"], 1)
 def us(field):
     return [round(int(t) / hz * 1e6 / sent) for _, t in (x.split(":") for x in field.strip(",").split(",") if x)]
-print(f"nodes={nodes} via=node{via} sent={r['sent']} errors={r['errors']} send/s={r['send_per_sec']} "
+print(f"nodes={nodes} shards={sys.argv[7]} via=node{via} sent={r['sent']} errors={r['errors']} send/s={r['send_per_sec']} "
       f"p50={r['send_p50_ms']}ms p99={r['send_p99_ms']}ms")
 print(f"CPU µs per acknowledged send: relay nodes {us(sys.argv[5])} (node1 first), nats-servers {us(sys.argv[6])}")
 PY

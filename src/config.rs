@@ -83,11 +83,24 @@ pub struct ClusterSection {
     /// after this many bytes of commits: bounds a takeover's replay.
     #[serde(default = "default_snapshot_bytes")]
     pub snapshot_bytes: u64,
+    /// Accounts are hashed into this many shards, each its own stream and
+    /// lease, so the nodes share the work. Fixed for the cluster's life:
+    /// another count would look for accounts in streams without them.
+    #[serde(default = "default_shards")]
+    pub shards: u32,
+}
+
+fn default_shards() -> u32 {
+    1
 }
 
 fn default_snapshot_bytes() -> u64 {
     relay_actors::store::SNAPSHOT_BYTES
 }
+
+/// Each shard a node owns runs its own relay core (threads, connections):
+/// a bound that keeps a node's share of them sane.
+pub const MAX_SHARDS: u32 = 64;
 
 fn default_replicas() -> usize {
     3
@@ -626,6 +639,9 @@ impl Config {
                 if !(1..=5).contains(&c.replicas) {
                     return Err(bad("cluster.replicas", "cluster.replicas must be 1 to 5"));
                 }
+                if !(1..=MAX_SHARDS).contains(&c.shards) {
+                    return Err(bad("cluster.shards", format!("cluster.shards must be 1 to {MAX_SHARDS}")));
+                }
                 c.internal_listen.parse::<std::net::SocketAddr>().map_err(|e| {
                     bad("cluster.internal_listen", format!("cluster.internal_listen {:?}: {e}", c.internal_listen))
                 })?;
@@ -759,6 +775,7 @@ impl Config {
             max_resident_accounts: self.limits.max_resident_accounts,
             max_page_bytes: self.limits.max_page_bytes,
             max_sessions_per_device: self.sessions.max_per_device,
+            token_prefix: String::new(),
         }
     }
 }

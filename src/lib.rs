@@ -68,7 +68,7 @@ pub async fn serve(cfg: config::Config) -> Result<(), String> {
     prepare_data_dir(&cfg.relay.data_dir)?;
     let store = cfg.open_store()?;
     let listener = TcpListener::bind(&cfg.relay.listen).map_err(|e| format!("listen {}: {e}", cfg.relay.listen))?;
-    run(cfg, store, listener, Announce::Yes, std::future::pending()).await
+    run(cfg, store, listener, Announce::Yes, None, std::future::pending::<Stop>()).await
 }
 
 /// The one line on stdout a parent process waits for (tests, `relay
@@ -87,15 +87,27 @@ pub(crate) enum Announce {
     No,
 }
 
+/// Why [`run`] stops before a signal (cluster mode).
+pub(crate) enum Stop {
+    /// At once, writing nothing more (the lease is lost, the store fenced
+    /// or unreachable): `run` returns the reason as an error.
+    Now(String),
+    /// Gracefully, as on SIGTERM (requests in flight finish, the store is
+    /// flushed): the shard is handed over to another node.
+    HandOver,
+}
+
 /// Serves the relay on `store` and `listener` until SIGINT/SIGTERM, or
-/// until `stop` resolves (a cluster node that lost its lease): then the
-/// server stops at once and `run` returns `stop`'s reason as an error.
+/// until `stop` resolves (a cluster node's shard lost or handed over).
+/// `place`: this core's shard in a cluster of several (its tokens name
+/// the shard, its siblings are reached and trusted under the relay's id).
 pub(crate) async fn run(
     cfg: config::Config,
     store: relay_actors::store::Store,
     listener: TcpListener,
     announce: Announce,
-    stop: impl std::future::Future<Output = String>,
+    place: Option<cluster::ShardPlace>,
+    stop: impl std::future::Future<Output = Stop>,
 ) -> Result<(), String> {
     let h = &cfg.http;
     let workers = if h.workers > 0 { h.workers } else { std::thread::available_parallelism().map_or(1, |n| n.get()) };
@@ -106,7 +118,10 @@ pub(crate) async fn run(
     )?;
     let key = keys::load_or_generate(&cfg.relay.key_file)?;
     let vapid = Arc::new(push::Vapid::load_or_generate(&cfg.vapid_key_file(), cfg.vapid_subject())?);
-    let policy = cfg.policy();
+    let mut policy = cfg.policy();
+    if let Some(place) = &place {
+        policy.token_prefix = relay_core::shard::token_prefix(place.index);
+    }
     let clock: relay_actors::SharedClock = Arc::new(SystemClock);
     let peers = peers::PeerClient::new(
         &cfg.relay.id,
@@ -116,12 +131,20 @@ pub(crate) async fn run(
         clock.clone(),
         policy.clock_tolerance,
     );
-    let peer_keys = cfg
+    let peers = match &place {
+        Some(place) => peers.with_siblings(place.clone()),
+        None => peers,
+    };
+    let mut peer_keys: std::collections::HashMap<_, _> = cfg
         .peers
         .iter()
         .map(|p| Ok((p.id.clone(), relay_schemas::sign::parse_public_key("peers.public_key", &p.public_key)?)))
         .collect::<Result<_, relay_schemas::RelayError>>()
         .map_err(|e| e.message)?;
+    if place.is_some() {
+        // Sibling shards call under the relay's own id, signed with its key.
+        peer_keys.insert(cfg.relay.id.clone(), key.verifying_key());
+    }
     let peer_keys = relay_rpc::PeerKeys::new(&cfg.relay.id, peer_keys, policy.clock_tolerance);
     let observer = web::Data::from(peers.observer().clone());
     let sup = Supervisor::new(store.clone(), policy, clock, Arc::new(peers.clone()));
@@ -129,6 +152,9 @@ pub(crate) async fn run(
     let restored = sup.start().map_err(|e| format!("restoring deliveries: {e}"))?;
     if cfg.push.enabled {
         sup.set_push_sink(push::PushHandle::start(&sup, vapid.clone(), push::Settings::from_config(&cfg)));
+    }
+    if let Some(place) = &place {
+        actix_web::rt::spawn(wake_on_new_owners(sup.clone(), place.owners.clone()));
     }
     let limits = limits::RateLimits::new(cfg.rates());
     actix_web::rt::spawn(sweep_sessions(sup.clone(), cfg.sessions.sweep_interval));
@@ -142,7 +168,9 @@ pub(crate) async fn run(
     let relay = web::Data::new(relay.with_push(push_info).with_replicator(replicator));
 
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    let metrics_listener = match &cfg.metrics.listen {
+    // Several cores of one node cannot share one metrics address: each
+    // serves its own at its internal `/metrics`.
+    let metrics_listener = match cfg.metrics.listen.as_ref().filter(|_| place.is_none()) {
         Some(at) => Some(TcpListener::bind(at).map_err(|e| format!("metrics.listen {at}: {e}"))?),
         None => None,
     };
@@ -236,12 +264,17 @@ pub(crate) async fn run(
     let stop = std::pin::pin!(stop);
     let stopped = match futures_util::future::select(running, stop).await {
         Either::Left((ran, _)) => ran.map_err(|e| e.to_string())?.map_err(|e| e.to_string()),
-        Either::Right((why, running)) => {
+        Either::Right((Stop::Now(why), running)) => {
             tracing::error!(reason = %why, "stopping at once");
             handle.stop(false).await;
             let _ = running.await;
             // Nothing more is written: the store is fenced or unreachable.
             return Err(why);
+        }
+        Either::Right((Stop::HandOver, running)) => {
+            tracing::info!("handing the shard over: finishing requests in flight");
+            handle.stop(true).await;
+            running.await.map_err(|e| e.to_string())?.map_err(|e| e.to_string())
         }
     };
     if let Some((_, metrics)) = metrics_server {
@@ -263,6 +296,14 @@ pub(crate) fn prepare_data_dir(dir: &std::path::Path) -> Result<(), String> {
     let probe = dir.join(".write-check");
     std::fs::write(&probe, b"").map_err(|e| format!("relay.data_dir {} is not writable: {e}", dir.display()))?;
     std::fs::remove_file(&probe).map_err(fail)
+}
+
+/// A sibling shard got a new owner: deliveries waiting for this relay (its
+/// sibling shards' accounts) are tried again now, not at their next due time.
+async fn wake_on_new_owners(sup: Supervisor, mut owners: cluster::Owners) {
+    while owners.changed().await.is_ok() {
+        sup.peer_seen(&sup.policy().relay_id);
+    }
 }
 
 /// Drops expired sessions from memory and the store every `every` (off the

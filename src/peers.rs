@@ -44,6 +44,21 @@ struct Inner {
     timeout: Duration,
     clock: SharedClock,
     clock_tolerance: u64,
+    /// In a cluster of several shards: the other shards of this relay,
+    /// reached at their owners' internal addresses under our own id.
+    siblings: Option<crate::cluster::ShardPlace>,
+}
+
+/// One `route.get` asked during a lookup: who, and the answer.
+type Asked<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = (String, Result<actix_web::web::Bytes, CallError>)> + 'a>>;
+
+/// Whom a call goes to.
+enum To<'a> {
+    /// A configured peer.
+    Peer(&'a str),
+    /// The shard of this relay that holds this account.
+    Sibling(&'a str),
 }
 
 #[derive(Clone)]
@@ -62,8 +77,45 @@ impl PeerClient {
     ) -> Self {
         let peers: HashMap<_, _> = peers.iter().map(|p| (p.id.clone(), p.clone())).collect();
         let observer = Arc::new(PeerObserver::new(peers.keys().cloned()));
-        let inner = Inner { observer, relay_id: relay_id.into(), key, peers, timeout, clock, clock_tolerance };
+        let inner =
+            Inner { observer, relay_id: relay_id.into(), key, peers, timeout, clock, clock_tolerance, siblings: None };
         PeerClient { inner: Arc::new(inner) }
+    }
+
+    /// The same client, for one shard of a cluster of several (before any clone).
+    pub fn with_siblings(mut self, place: crate::cluster::ShardPlace) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.siblings = Some(place);
+        }
+        self
+    }
+
+    /// Whether `account_id` lives in another shard of this relay.
+    pub fn in_sibling_shard(&self, account_id: &str) -> bool {
+        self.inner.siblings.as_ref().is_some_and(|s| !s.is_mine(account_id))
+    }
+
+    /// A signed call of relay method `method` at the owner of the shard
+    /// holding `account_id` (a sibling shard of this relay).
+    /// While that shard has no reachable owner (a takeover or hand-over
+    /// under way, a few seconds) the call waits for one, up to the
+    /// attempt timeout: nothing was sent, so trying again is safe.
+    pub async fn call_sibling(
+        &self,
+        account_id: &str,
+        method: Method,
+        body: Vec<u8>,
+    ) -> Result<actix_web::web::Bytes, CallError> {
+        let deadline = tokio::time::Instant::now() + self.inner.timeout;
+        loop {
+            let answer = self.send_call(To::Sibling(account_id), method.as_str(), body.clone()).await;
+            let (Err(CallError::NotSent(_)), Some(s)) = (&answer, &self.inner.siblings) else { return answer };
+            let mut owners = s.owners.clone();
+            owners.mark_unchanged();
+            if tokio::time::timeout_at(deadline, owners.changed()).await.is_err() {
+                return answer;
+            }
+        }
     }
 
     /// Counts and logs relay-to-relay requests, both directions.
@@ -92,7 +144,7 @@ impl PeerClient {
     /// our authentication, no answer or a 5xx answer is logged (WARN).
     pub async fn call(&self, peer_id: &str, method: Method, body: Vec<u8>) -> Result<actix_web::web::Bytes, CallError> {
         let method = method.as_str();
-        let result = self.send_call(peer_id, method, body).await;
+        let result = self.send_call(To::Peer(peer_id), method, body).await;
         if self.inner.peers.contains_key(peer_id) {
             self.observe(peer_id, method, &result);
         }
@@ -134,16 +186,35 @@ impl PeerClient {
         }
     }
 
-    async fn send_call(&self, peer_id: &str, method: &str, body: Vec<u8>) -> Result<actix_web::web::Bytes, CallError> {
-        let Some(peer) = self.inner.peers.get(peer_id) else {
-            return Err(CallError::NotSent(RelayError::new(
-                ErrorCode::BadGateway,
-                format!("relay {peer_id} is not a configured peer"),
-            )));
+    async fn send_call(&self, to: To<'_>, method: &str, body: Vec<u8>) -> Result<actix_web::web::Bytes, CallError> {
+        let (peer_id, base) = match to {
+            To::Peer(id) => match self.inner.peers.get(id) {
+                Some(peer) => (id, peer.url.trim_end_matches('/').to_owned()),
+                None => {
+                    return Err(CallError::NotSent(RelayError::new(
+                        ErrorCode::BadGateway,
+                        format!("relay {id} is not a configured peer"),
+                    )))
+                }
+            },
+            To::Sibling(account_id) => {
+                let own = self.inner.relay_id.as_str();
+                match self.inner.siblings.as_ref().map(|s| s.owner_of(account_id)) {
+                    Some(Ok(at)) => (own, format!("http://{at}")),
+                    Some(Err(shard)) => {
+                        let why = format!("{own}: shard {shard} has no owner now");
+                        return Err(CallError::NotSent(RelayError::unavailable(why)));
+                    }
+                    None => {
+                        let why = format!("{own}: not a cluster of several shards");
+                        return Err(CallError::NotSent(RelayError::internal(why)));
+                    }
+                }
+            }
         };
         let ts = self.inner.clock.now().0;
         let sig = sign_relay_request(&self.inner.key, method, peer_id, ts, &body);
-        let url = format!("{}/v1/relay/{method}", peer.url.trim_end_matches('/'));
+        let url = format!("{base}/v1/relay/{method}");
         let sent = self
             .http()
             .post(url)
@@ -181,8 +252,14 @@ impl PeerClient {
         }
     }
 
-    async fn deliver_to(self, target: RelayRef, body: Vec<u8>) -> AttemptOutcome {
-        match self.call(&target.id, Method::MessageDeliver, body).await {
+    /// `to`: the recipient, when `target` is this relay (then the call goes
+    /// to the sibling shard that holds the recipient).
+    async fn deliver_to(self, target: RelayRef, to: Option<String>, body: Vec<u8>) -> AttemptOutcome {
+        let answer = match &to {
+            Some(to) => self.call_sibling(to, Method::MessageDeliver, body).await,
+            None => self.call(&target.id, Method::MessageDeliver, body).await,
+        };
+        match answer {
             Ok(bytes) => match serde_json::from_slice::<DeliveryStatus>(&bytes) {
                 Ok(status) => AttemptOutcome::Answered(status),
                 Err(e) => {
@@ -208,9 +285,16 @@ impl PeerClient {
         };
         let calls = self.inner.peers.keys().map(|id| {
             let (me, body) = (&self, body.clone());
-            async move { (id, me.call(id, Method::RelayRouteGet, body).await) }
+            Box::pin(async move { (id.clone(), me.call(id, Method::RelayRouteGet, body).await) }) as Asked<'_>
         });
-        let answers = futures_util::future::join_all(calls).await;
+        // An account of another shard of this relay: that shard knows its route.
+        let sibling = self.in_sibling_shard(&account_id).then(|| {
+            let (me, account_id, body) = (&self, account_id.clone(), body.clone());
+            Box::pin(async move {
+                (me.inner.relay_id.clone(), me.call_sibling(&account_id, Method::RelayRouteGet, body).await)
+            }) as Asked<'_>
+        });
+        let answers = futures_util::future::join_all(calls.chain(sibling)).await;
         let now = self.inner.clock.now();
         RouteLookup::from_answers(answers.into_iter().map(|(id, answer)| {
             // Why a peer gave no definitive answer, said once per peer
@@ -242,9 +326,10 @@ impl Transport for PeerClient {
         // The params go out exactly as stored: the signed objects' original bytes.
         let body = serde_json::to_vec(params);
         let (me, target) = (self.clone(), target.clone());
+        let sibling = (target.id == self.inner.relay_id).then(|| params.envelope.to.clone());
         Box::pin(async move {
             match body {
-                Ok(body) => me.deliver_to(target, body).await,
+                Ok(body) => me.deliver_to(target, sibling, body).await,
                 Err(e) => AttemptOutcome::NotAttempted(RelayError::internal(e.to_string())),
             }
         })
@@ -256,6 +341,10 @@ impl Transport for PeerClient {
 
     fn is_peer(&self, relay_id: &str) -> bool {
         self.inner.peers.contains_key(relay_id)
+    }
+
+    fn in_sibling_shard(&self, account_id: &str) -> bool {
+        PeerClient::in_sibling_shard(self, account_id)
     }
 
     fn peer_status(&self, relay: &RelayRef, from: &str, message_id: &str) -> LocalFuture<Option<DeliveryStatus>> {

@@ -95,6 +95,11 @@ impl Replicator {
     /// Has this relay pull `account_id` from `partner` soon; `notify`: and
     /// ask the partner to pull back.
     pub fn pull(&self, account_id: &str, partner: &str, notify: bool) {
+        // A route book also keeps routes of accounts of sibling shards
+        // (looked up for sends): only the account's own shard keeps it.
+        if self.peers.in_sibling_shard(account_id) {
+            return;
+        }
         let key = (account_id.to_owned(), partner.to_owned());
         let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(slot) = slots.get_mut(&key) {

@@ -26,6 +26,7 @@ use crate::delivery::core::final_status;
 use crate::delivery::{self, AttemptOutcome};
 use crate::supervisor::Supervisor;
 use relay_schemas::methods::SendParams;
+use relay_schemas::objects::RelayRef;
 use relay_schemas::{DeliveryStatus, RelayError, UnixSecs};
 use tokio::sync::oneshot;
 
@@ -86,11 +87,7 @@ impl Supervisor {
             params: (*acceptance.deliver).clone(),
             digest: acceptance.deliver_digest.clone(),
         };
-        let outcome = match self.ask_at_once(&to, receipt).await {
-            Ok(Reply::Status(status)) => AttemptOutcome::Answered(status),
-            Ok(other) => AttemptOutcome::Unknown(RelayError::internal(format!("unexpected reply {other:?}"))),
-            Err(e) => AttemptOutcome::Rejected(e),
-        };
+        let outcome = self.receive(&to, receipt).await;
         crate::crash::point(&self.store(), "send.after_receipt").await;
         delivery::count_attempt(self.metrics(), &outcome);
         let accepted_at = UnixSecs(acceptance.status.accepted_at);
@@ -109,6 +106,25 @@ impl Supervisor {
             delivery::finished(self.metrics(), ids, &self.policy().relay_id, 1, elapsed_s, status);
         }
         self.sent(reply)
+    }
+
+    /// The recipient's receipt of a message this relay serves it: its
+    /// account's actor, or, for an account of another shard of this relay,
+    /// that shard's owner (the receipt is then its own commit, in its own
+    /// stream, made before the acceptance here, as locally).
+    pub(crate) async fn receive(&self, to: &str, receipt: AccountCmd) -> AttemptOutcome {
+        if self.transport().in_sibling_shard(to) {
+            let AccountCmd::MessageDeliver { params, .. } = receipt else {
+                return AttemptOutcome::NotAttempted(RelayError::internal("a receipt must be a delivery"));
+            };
+            let own = RelayRef { id: self.policy().relay_id.to_string(), url: String::new() };
+            return self.transport().deliver(&own, &params).await;
+        }
+        match self.ask_at_once(to, receipt).await {
+            Ok(Reply::Status(status)) => AttemptOutcome::Answered(status),
+            Ok(other) => AttemptOutcome::Unknown(RelayError::internal(format!("unexpected reply {other:?}"))),
+            Err(e) => AttemptOutcome::Rejected(e),
+        }
     }
 
     /// Carries out what the sender's account answered: a delivery to start

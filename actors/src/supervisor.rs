@@ -451,14 +451,9 @@ impl delivery::Ports for Supervisor {
         to: &str,
         params: relay_schemas::methods::DeliverParams,
         digest: String,
-    ) -> LocalFuture<Result<DeliveryStatus, RelayError>> {
+    ) -> LocalFuture<delivery::AttemptOutcome> {
         let (sup, to) = (self.clone(), to.to_owned());
-        Box::pin(async move {
-            match sup.ask_at_once(&to, AccountCmd::MessageDeliver { params, digest }).await? {
-                Reply::Status(s) => Ok(s),
-                _ => Err(RelayError::internal("unexpected reply to receive")),
-            }
-        })
+        Box::pin(async move { sup.receive(&to, AccountCmd::MessageDeliver { params, digest }).await })
     }
 
     fn report(&self, from: &str, outcome: ReportOutcome) -> LocalFuture<Result<Recorded, RelayError>> {

@@ -7,7 +7,7 @@ use crate::config::Config;
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::{IsTerminal, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 #[derive(Args, Debug)]
@@ -90,43 +90,76 @@ fn data_dir(args: &AuditArgs) -> Result<PathBuf, AuditError> {
     }
 }
 
-/// The store to audit: sled in the data dir, or a cluster's JetStream
-/// stream read as it is (a running cluster is not fenced by an audit).
-fn store(args: &AuditArgs) -> Result<(relay_actors::store::Store, PathBuf), AuditError> {
+/// The stores to audit: sled in the data dir, or a cluster's JetStream
+/// streams read as they are (a running cluster is not fenced by an audit).
+/// In a cluster of several shards, only the shard holding `account` when
+/// one is named (a stream's or a message's), else every shard in turn.
+fn stores(args: &AuditArgs, account: Option<&str>) -> Result<Vec<(relay_actors::store::Store, String)>, AuditError> {
     if let Some(path) = &args.config {
         let cfg = Config::load(path).map_err(|e| AuditError::Usage(e.to_string()))?;
-        if let Some(shard) = crate::cluster::shard(&cfg) {
-            let engine = relay_actors::store::JetStreamEngine::open_read_only(shard)?;
-            let store = relay_actors::store::Store::with_engine(std::sync::Arc::new(engine))?;
-            return Ok((store, cfg.relay.data_dir));
+        let shards = crate::cluster::shards(&cfg);
+        if !shards.is_empty() {
+            let n = shards.len() as u32;
+            let only = account.map(|a| relay_core::shard::of(a, n));
+            let mut stores = Vec::new();
+            for (k, shard) in (0..n).zip(shards) {
+                if only.is_some_and(|o| o != k) {
+                    continue;
+                }
+                let label = shard.stream.clone();
+                let engine = relay_actors::store::JetStreamEngine::open_read_only(shard)?;
+                stores.push((relay_actors::store::Store::with_engine(std::sync::Arc::new(engine))?, label));
+            }
+            return Ok(stores);
         }
     }
     let dir = data_dir(args)?;
-    Ok((open_store(&dir)?, dir))
+    Ok(vec![(open_store(&dir)?, dir.display().to_string())])
+}
+
+/// The account a stream belongs to: `account/<id>`, `delivery/<from>/…`.
+fn stream_account(stream: &str) -> Option<&str> {
+    let rest = stream.strip_prefix("account/").or_else(|| stream.strip_prefix("delivery/"))?;
+    rest.split('/').next()
 }
 
 fn run_inner(args: AuditArgs) -> Result<u8, AuditError> {
-    let (store, dir) = store(&args)?;
+    let account = match &args.command {
+        AuditCommand::Verify { stream } | AuditCommand::Export { stream, .. } => {
+            stream.as_deref().and_then(stream_account)
+        }
+        AuditCommand::Replay { stream, .. } => stream_account(stream),
+        AuditCommand::Message { from, .. } => Some(from.as_str()),
+    }
+    .map(str::to_owned);
+    let mut code = 0;
+    for (store, label) in stores(&args, account.as_deref())? {
+        code = code.max(run_on(&store, &label, &args.command)?);
+    }
+    Ok(code)
+}
+
+fn run_on(store: &relay_actors::store::Store, label: &str, command: &AuditCommand) -> Result<u8, AuditError> {
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
-    let code = match args.command {
-        AuditCommand::Verify { stream } => run_verify(&store, &dir, stream.as_deref(), &mut out)?,
+    let code = match command {
+        AuditCommand::Verify { stream } => run_verify(store, label, stream.as_deref(), &mut out)?,
         AuditCommand::Replay { stream, until, events } => {
             let mut print_event = |ev: &relay_actors::store::StoredEvent, data: &serde_json::Value| {
-                if events {
+                if *events {
                     let line = serde_json::json!({
                         "seq": ev.seq, "type": ev.event_type, "version": ev.version, "at": ev.at, "event": data,
                     });
                     let _ = writeln!(out, "{line}");
                 }
             };
-            let r = replay::replay(&store, &stream, until, &mut print_event)?;
+            let r = replay::replay(store, stream, *until, &mut print_event)?;
             writeln!(out, "{}", serde_json::to_string_pretty(&r.to_json()).unwrap_or_default())?;
             0
         }
         AuditCommand::Message { from, message_id, to, json } => {
-            let s = story::message_story(&store, &from, &message_id, to.as_deref())?;
-            if json {
+            let s = story::message_story(store, from, message_id, to.as_deref())?;
+            if *json {
                 writeln!(out, "{}", serde_json::to_string_pretty(&s).unwrap_or_default())?;
             } else {
                 write!(out, "{}", story::render_text(&s))?;
@@ -139,7 +172,7 @@ fn run_inner(args: AuditArgs) -> Result<u8, AuditError> {
         }
         AuditCommand::Export { stream, since } => {
             let since = since.as_deref().map(parse_time).transpose()?;
-            let done = export::export(&store, stream.as_deref(), since, &mut out)?;
+            let done = export::export(store, stream.as_deref(), since, &mut out)?;
             for what in &done.unreadable {
                 eprintln!("relay audit export: skipped unreadable record: {what}");
             }
@@ -152,7 +185,7 @@ fn run_inner(args: AuditArgs) -> Result<u8, AuditError> {
 
 fn run_verify(
     store: &relay_actors::store::Store,
-    dir: &Path,
+    label: &str,
     stream: Option<&str>,
     out: &mut dyn Write,
 ) -> Result<u8, AuditError> {
@@ -183,7 +216,7 @@ fn run_verify(
     let secs = started.elapsed().as_secs_f64();
     let summary = format!(
         "{}: {} streams, {} events, {} snapshots verified in {:.2} s ({:.0} events/s); {} finding{}",
-        dir.display(),
+        label,
         report.streams,
         report.events,
         report.snapshots,

@@ -10,7 +10,6 @@ use relay_actors::store::server_addrs;
 use relay_core::lease::{self, Answer, Role, Step, Timing};
 use tokio::sync::oneshot;
 
-use super::LEASE_KEY;
 use crate::config::ClusterSection;
 
 /// After a request that got no answer, before the next one.
@@ -22,17 +21,30 @@ pub struct Lease {
     pub owner: oneshot::Receiver<Result<u64, String>>,
     /// Why the node must stop serving, once it must.
     pub lost: oneshot::Receiver<String>,
+    /// Sent by the node once it stopped serving the shard to hand it over:
+    /// the task deletes the key, so that another node may take it at once,
+    /// and ends.
+    pub release: oneshot::Sender<()>,
 }
 
-/// Starts the task: it acquires the lease (as long as it takes), then keeps
-/// it until it is lost. `value` names this node and this process.
-pub fn start(c: &ClusterSection, bucket: String, value: String) -> Result<Lease, String> {
+/// Starts the task: it acquires lease `key` (as long as it takes), then
+/// keeps it until it is lost. `value` names this node and this process.
+/// Before each try to take a free lease it waits `patience()`: a node that
+/// already holds shards lets the others take this one first.
+pub fn start(
+    c: &ClusterSection,
+    bucket: String,
+    key: String,
+    value: String,
+    patience: impl Fn() -> Duration + Send + 'static,
+) -> Result<Lease, String> {
     let (owner_tx, owner) = oneshot::channel();
     let (lost_tx, lost) = oneshot::channel();
+    let (release, mut released) = oneshot::channel();
     let (c, timing) = (c.clone(), Timing { ttl: c.lease_ttl.as_millis() as u64, poll: 200 });
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
     std::thread::Builder::new()
-        .name("cluster-lease".into())
+        .name(format!("lease-{key}"))
         .spawn(move || {
             rt.block_on(async move {
                 let leases = match lease_bucket(&c, &bucket).await {
@@ -41,17 +53,18 @@ pub fn start(c: &ClusterSection, bucket: String, value: String) -> Result<Lease,
                 };
                 let start = Instant::now();
                 let ms = move || start.elapsed().as_millis() as u64;
-                let role = acquire(&leases, &value, timing, ms).await;
+                let lease = Key { leases: &leases, key: &key, value: &value };
+                let role = acquire(lease, timing, ms, patience).await;
                 if let Role::Owner { epoch, .. } = role {
                     if owner_tx.send(Ok(epoch)).is_ok() {
-                        let why = keep(&leases, &value, role, timing, ms).await;
+                        let why = keep(lease, role, timing, ms, &mut released).await;
                         let _ = lost_tx.send(why);
                     }
                 }
             })
         })
         .map_err(|e| e.to_string())?;
-    Ok(Lease { owner, lost })
+    Ok(Lease { owner, lost, release })
 }
 
 /// The lease bucket, created on first use.
@@ -78,25 +91,34 @@ pub async fn lease_bucket(c: &ClusterSection, name: &str) -> Result<kv::Store, S
     .map_err(|e| format!("lease bucket {name}: {e}"))
 }
 
-/// The lease's current revision if it holds `value` (ours: a write of ours
+/// One lease: its bucket, its key and the value this node writes there.
+#[derive(Clone, Copy)]
+struct Key<'a> {
+    leases: &'a kv::Store,
+    key: &'a str,
+    value: &'a str,
+}
+
+/// The lease's current revision if it holds our value (a write of ours
 /// whose answer was lost) and is past `than`.
-async fn ours(leases: &kv::Store, value: &str, than: u64) -> Option<u64> {
-    let entry = leases.entry(LEASE_KEY).await.ok()??;
-    (entry.operation == kv::Operation::Put && entry.value == value.as_bytes() && entry.revision > than)
+async fn ours(l: Key<'_>, than: u64) -> Option<u64> {
+    let entry = l.leases.entry(l.key).await.ok()??;
+    (entry.operation == kv::Operation::Put && entry.value == l.value.as_bytes() && entry.revision > than)
         .then_some(entry.revision)
 }
 
 /// Until this node owns the lease.
-async fn acquire(leases: &kv::Store, value: &str, timing: Timing, ms: impl Fn() -> u64) -> Role {
+async fn acquire(l: Key<'_>, timing: Timing, ms: impl Fn() -> u64, patience: impl Fn() -> Duration) -> Role {
     let (mut role, mut last_try) = (Role::Standby, None);
     loop {
         match lease::next(role, ms(), last_try, timing) {
             Step::Acquire => {
+                tokio::time::sleep(patience()).await;
                 let sent = ms();
                 last_try = Some(sent);
-                let answer = match leases.create(LEASE_KEY, value.to_owned().into()).await {
+                let answer = match l.leases.create(l.key, l.value.to_owned().into()).await {
                     Ok(revision) => Answer::Written { revision },
-                    Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => match ours(leases, value, 0).await {
+                    Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => match ours(l, 0).await {
                         Some(revision) => Answer::Written { revision },
                         None => Answer::Refused,
                     },
@@ -116,23 +138,43 @@ async fn acquire(leases: &kv::Store, value: &str, timing: Timing, ms: impl Fn() 
     }
 }
 
-/// Renews the lease until it is lost; returns why.
-async fn keep(leases: &kv::Store, value: &str, mut role: Role, timing: Timing, ms: impl Fn() -> u64) -> String {
+/// Renews the lease until it is lost or released; returns why.
+async fn keep(
+    l: Key<'_>,
+    mut role: Role,
+    timing: Timing,
+    ms: impl Fn() -> u64,
+    released: &mut oneshot::Receiver<()>,
+) -> String {
     loop {
         let step = lease::next(role, ms(), None, timing);
         match step {
-            Step::WaitUntil { at } => tokio::time::sleep(Duration::from_millis(at.saturating_sub(ms()))).await,
+            Step::WaitUntil { at } => {
+                let wait = tokio::time::sleep(Duration::from_millis(at.saturating_sub(ms())));
+                tokio::select! {
+                    _ = wait => {}
+                    // Dropped without a send (the node is exiting): keep
+                    // renewing until the process ends.
+                    Ok(()) = &mut *released, if !released.is_terminated() => {
+                        if let Role::Owner { revision, .. } = role {
+                            // Expecting our revision: never deletes a successor's key.
+                            if let Err(e) = l.leases.delete_expect_revision(l.key, Some(revision)).await {
+                                tracing::warn!(key = l.key, error = %e, "lease: could not release (it expires)");
+                            }
+                        }
+                        return format!("released the lease {}", l.key);
+                    }
+                }
+            }
             Step::Renew { revision } => {
                 let sent = ms();
-                let asked = leases.update(LEASE_KEY, value.to_owned().into(), revision);
+                let asked = l.leases.update(l.key, l.value.to_owned().into(), revision);
                 let answer = match tokio::time::timeout(Duration::from_millis(timing.renew_every()), asked).await {
                     Ok(Ok(revision)) => Answer::Written { revision },
-                    Ok(Err(e)) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => {
-                        match ours(leases, value, revision).await {
-                            Some(revision) => Answer::Written { revision },
-                            None => Answer::Refused,
-                        }
-                    }
+                    Ok(Err(e)) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => match ours(l, revision).await {
+                        Some(revision) => Answer::Written { revision },
+                        None => Answer::Refused,
+                    },
                     Ok(Err(e)) => {
                         tracing::warn!(error = %e, "lease renewal failed");
                         Answer::Unreachable
@@ -144,7 +186,9 @@ async fn keep(leases: &kv::Store, value: &str, mut role: Role, timing: Timing, m
                 }
                 role = lease::observe(role, step, answer, sent);
             }
-            Step::Stop | Step::Acquire => return "cluster: lost the lease (another node may own the relay now)".into(),
+            Step::Stop | Step::Acquire => {
+                return format!("cluster: lost the lease {} (another node may own the shard now)", l.key)
+            }
         }
     }
 }

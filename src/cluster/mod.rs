@@ -1,41 +1,53 @@
 //! Cluster mode: one relay on several machines (README, "When one machine
-//! is not enough"). Every node runs this; one of them, the lease holder,
-//! serves the relay, and the others stand by to take over.
+//! is not enough"). Accounts are hashed into `cluster.shards` shards
+//! (`relay_core::shard`); every node runs this, serves the shards whose
+//! leases it holds, each with a relay core of its own, and stands by for
+//! the others.
 //!
-//! 1. **Store**: the event store is a NATS JetStream stream
+//! 1. **Store**: each shard's event store is a NATS JetStream stream
 //!    (`store::jetstream`: file storage, `sync_interval: always`, R3), so
 //!    an acknowledged commit survives the loss of any one machine.
-//! 2. **Lease**: a key of a JetStream KV bucket whose entries expire after
-//!    `cluster.lease_ttl`; its value is the owner's name, the address it
-//!    serves the relay on (`cluster.internal_listen`) and a per-process
-//!    nonce. The rules are in `relay_core::lease`, the task that follows
-//!    them in `lease.rs`; the creation revision is the owner's epoch,
-//!    written as a fence into the stream before it serves.
-//! 3. **Front**: every node accepts connections on `relay.listen` and
-//!    pipes each, bytes both ways, to the current owner (HTTP, keep-alive
-//!    and WebSocket alike). While no owner is known a connection waits up
-//!    to [`FRONT_WAIT`] for one. The per-address connection cap
-//!    (`http.max_connections_per_ip`) is applied here, since the owner sees
-//!    every connection come from a front.
-//! 4. **Takeover**: when the owner stops renewing (killed, cut off), its key
-//!    expires, a standby creates it, fences the stream, replays it and
+//! 2. **Lease**: per shard, a key of a JetStream KV bucket whose entries
+//!    expire after `cluster.lease_ttl`; its value is the owner's name, the
+//!    address it serves the shard on (`cluster.internal_listen`, + k) and
+//!    a per-process nonce. The rules are in `relay_core::lease`, the task
+//!    that follows them in `lease.rs`; the creation revision is the
+//!    owner's epoch, written as a fence into the stream before it serves.
+//! 3. **Balance** ([`Balance`]): nodes write presence keys in the same
+//!    bucket; the least loaded take free shards first, and a node with two
+//!    shards more than the least loaded hands one over (a graceful stop,
+//!    then the key deleted).
+//! 4. **Front**: every node accepts connections on `relay.listen`. With
+//!    one shard it pipes each, bytes both ways, to the owner (HTTP,
+//!    keep-alive and WebSocket alike); with several, `router.rs` routes
+//!    each request to its account's shard. Either waits up to
+//!    [`FRONT_WAIT`] for an owner, and applies the per-address connection
+//!    cap (`http.max_connections_per_ip`), since owners see every
+//!    connection come from a front.
+//! 5. **Siblings**: a shard's core reaches the others ([`ShardPlace`]) as
+//!    peers under the relay's own id: a send to an account of another
+//!    shard is a `message.deliver` to that shard's owner.
+//! 6. **Takeover**: when an owner stops renewing (killed, cut off), its key
+//!    expires, another node creates it, fences the stream, replays it and
 //!    serves; deliveries resume from their stored due times. An owner
 //!    whose renewal is refused, who cannot renew for two thirds of the
-//!    ttl, or whose store failed, stops serving at once and exits.
+//!    ttl, or whose store failed, stops serving at once and exits (its
+//!    other shards are taken over too: a service manager starts it again).
 //!
 //! The relay's id, key and VAPID key are the cluster's: every node is
 //! configured with the same `relay.id`, `relay.key_file` and
 //! `push.vapid_key_file` (files every node reads: the same contents on
 //! each machine), so peers and clients see one relay, and push
-//! subscriptions outlive a takeover. One stream holds the whole relay (one
-//! shard): the cluster survives machines, but one node at a time does the
-//! work.
+//! subscriptions outlive a takeover.
 //!
-//! Why a byte pipe and not NATS request/reply: a WebSocket session and a
-//! keep-alive connection pass through as they are, and a standby adds one
-//! copy per byte (about 40 µs per send, `scripts/cluster-bench.sh`).
+//! Why HTTP (a byte pipe with one shard, a router with several) and not
+//! NATS request/reply: a WebSocket session and a keep-alive connection
+//! pass through as they are, and a front adds one copy per byte (about
+//! 40 µs per send through a pipe, `scripts/cluster-bench.sh`).
 
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -46,113 +58,333 @@ use tokio::sync::watch;
 use crate::config::{ClusterSection, Config};
 
 mod lease;
+mod router;
 pub mod up;
+
+/// The internal address of each shard's owner (index = shard; `None`
+/// while a shard has no owner), as the lease bucket says.
+pub(crate) type Owners = watch::Receiver<Arc<Vec<Option<SocketAddr>>>>;
 
 /// A connection at a front waits this long for an owner to reach.
 pub const FRONT_WAIT: Duration = Duration::from_secs(15);
 
-/// How often a node reads who owns the relay.
+/// How often a node reads who owns each shard.
 const OWNER_POLL: Duration = Duration::from_millis(100);
 
 /// Between two tries to open the store after taking the lease.
 const OPEN_RETRY: Duration = Duration::from_millis(500);
 
-/// The lease key of the relay's one shard.
-pub(crate) const LEASE_KEY: &str = "shard-0";
+/// The lease key of shard `k`.
+fn lease_key(k: u32) -> String {
+    format!("shard-{k}")
+}
 
-/// The shard's stream for this cluster.
-pub fn shard(cfg: &Config) -> Option<JetStreamConfig> {
+/// Shard `k`'s stream for this cluster (`None` outside cluster mode).
+pub fn shard(cfg: &Config, k: u32) -> Option<JetStreamConfig> {
     let c = cfg.cluster.as_ref()?;
-    let shard = JetStreamConfig::shard(c.nats_urls.clone(), &c.name(&cfg.relay.id), 0, c.replicas);
+    let shard = JetStreamConfig::shard(c.nats_urls.clone(), &c.name(&cfg.relay.id), k, c.replicas);
     Some(JetStreamConfig { snapshot_bytes: c.snapshot_bytes, ..shard })
+}
+
+/// Every shard's stream, in shard order (empty outside cluster mode).
+pub fn shards(cfg: &Config) -> Vec<JetStreamConfig> {
+    let n = cfg.cluster.as_ref().map_or(0, |c| c.shards);
+    (0..n).filter_map(|k| shard(cfg, k)).collect()
 }
 
 fn bucket(c: &ClusterSection, relay_id: &str) -> String {
     format!("RELAY_{}_LEASES", c.name(relay_id))
 }
 
-/// Runs a cluster node until SIGINT/SIGTERM or until it loses the lease.
+/// Where one core of a cluster of several shards stands: its shard, and
+/// where its siblings are served now.
+#[derive(Clone)]
+pub struct ShardPlace {
+    pub index: u32,
+    pub shards: u32,
+    pub(crate) owners: Owners,
+}
+
+impl ShardPlace {
+    /// Whether `account_id` lives in this core's shard.
+    pub fn is_mine(&self, account_id: &str) -> bool {
+        relay_core::shard::of(account_id, self.shards) == self.index
+    }
+
+    /// The internal address of the owner of `account_id`'s shard, or that
+    /// shard's number while it has none.
+    pub fn owner_of(&self, account_id: &str) -> Result<SocketAddr, u32> {
+        let k = relay_core::shard::of(account_id, self.shards);
+        self.owners.borrow().get(k as usize).copied().flatten().ok_or(k)
+    }
+}
+
+/// Runs a cluster node until SIGINT/SIGTERM, or until it loses a shard's
+/// lease or a shard's store fails (then it exits with the reason, and a
+/// service manager starts it again: its other shards are taken over).
 pub async fn serve(cfg: Config) -> Result<(), String> {
     let c = cfg.cluster.clone().ok_or("cluster mode needs a [cluster] section")?;
     crate::private_files();
     crate::prepare_data_dir(&cfg.relay.data_dir)?;
-    let shard = shard(&cfg).ok_or("cluster mode needs a [cluster] section")?;
     let bucket = bucket(&c, &cfg.relay.id);
     let leases = lease::lease_bucket(&c, &bucket).await?;
+    // Created (if missing) once, before the shards' cores read them.
+    crate::keys::load_or_generate(&cfg.relay.key_file)?;
+    crate::push::Vapid::load_or_generate(&cfg.vapid_key_file(), cfg.vapid_subject())?;
 
-    // Bound before the lease is taken: the lease names this address.
-    let internal = std::net::TcpListener::bind(&c.internal_listen)
-        .map_err(|e| format!("cluster.internal_listen {}: {e}", c.internal_listen))?;
-    let internal_addr = internal.local_addr().map_err(|e| e.to_string())?;
-    let front_listener = tokio::net::TcpListener::bind(&cfg.relay.listen)
-        .await
-        .map_err(|e| format!("listen {}: {e}", cfg.relay.listen))?;
+    let front_listener =
+        std::net::TcpListener::bind(&cfg.relay.listen).map_err(|e| format!("listen {}: {e}", cfg.relay.listen))?;
     let front_addr = front_listener.local_addr().map_err(|e| e.to_string())?;
-
-    let metrics = NodeMetrics::new(&c.node);
+    let metrics = NodeMetrics::new(&c.node, c.shards);
     if let Some(at) = &c.metrics_listen {
         metrics.serve(at)?;
     }
-    let (owner_tx, owner_rx) = watch::channel(None);
-    actix_web::rt::spawn(watch_owner(leases, owner_tx));
-    let per_ip = crate::http::conn::PerIp::new(cfg.http.max_connections_per_ip);
-    let slots = Arc::new(tokio::sync::Semaphore::new(cfg.http.max_connections));
-    actix_web::rt::spawn(front(front_listener, owner_rx, per_ip, slots, metrics.clone()));
-    tracing::info!(relay = %cfg.relay.id, node = %c.node, listen = %front_addr, internal = %internal_addr,
-        stream = %shard.stream, "cluster node started; standing by");
+    let (owners_tx, owners) = watch::channel(Arc::new(vec![None; c.shards as usize]));
+    let balance = Arc::new(Balance { live: AtomicUsize::new(1), ..Default::default() });
+    let presence = Presence { node: c.node.clone(), every: c.lease_ttl / 3, balance: balance.clone() };
+    actix_web::rt::spawn(watch_owners(leases, c.shards, owners_tx, presence));
+    if c.shards == 1 {
+        front_listener.set_nonblocking(true).map_err(|e| e.to_string())?;
+        let listener = tokio::net::TcpListener::from_std(front_listener).map_err(|e| e.to_string())?;
+        let per_ip = crate::http::conn::PerIp::new(cfg.http.max_connections_per_ip);
+        let slots = Arc::new(tokio::sync::Semaphore::new(cfg.http.max_connections));
+        actix_web::rt::spawn(front(listener, owners.clone(), per_ip, slots, metrics.clone()));
+    } else {
+        let router = router::start(front_listener, owners.clone(), c.shards, &cfg, metrics.clone())?;
+        actix_web::rt::spawn(router);
+    }
+    tracing::info!(relay = %cfg.relay.id, node = %c.node, listen = %front_addr, shards = c.shards,
+        "cluster node started; standing by");
     crate::announce_listening(&cfg.relay.id, front_addr);
 
-    // The value names this node, where it serves and this process (a node
-    // started again does not take its previous run's lease for its own).
-    let value = format!("{} {internal_addr} {:016x}", c.node, rand::random::<u64>());
-    let lease = lease::start(&c, bucket, value)?;
-    let started = Instant::now();
-    let epoch = tokio::select! {
-        owner = lease.owner => owner.map_err(|_| "the lease task ended".to_string())??,
-        signal = stop_signal() => {
-            tracing::info!(signal, node = %c.node, "stopped while standing by");
-            return Ok(());
-        }
-    };
-    metrics.epoch.set(epoch as i64);
-    tracing::info!(node = %c.node, epoch, "took the lease: fencing and replaying the store");
-    let mut lost_rx = lease.lost;
-    // JetStream may be electing a leader right now (it answers nothing
-    // then): try again while the lease holds.
-    let took_at = Instant::now();
-    let opened = loop {
-        let shard = shard.clone();
-        let opening = actix_web::rt::task::spawn_blocking(move || JetStreamEngine::open(shard, epoch));
-        match opening.await.map_err(|e| e.to_string())? {
-            Ok(engine) => break engine,
-            Err(e @ relay_actors::store::StoreError::Flush(_)) => return Err(format!("open the JetStream store: {e}")),
-            Err(e) => tracing::warn!(error = %e, "could not open the JetStream store yet; trying again"),
-        }
-        if !matches!(lost_rx.try_recv(), Err(tokio::sync::oneshot::error::TryRecvError::Empty)) {
-            return Err("cluster: lost the lease while opening the store".into());
-        }
-        actix_web::rt::time::sleep(OPEN_RETRY).await;
-    };
-    let store = Store::with_engine(Arc::new(opened)).map_err(|e| e.to_string())?;
-    store.set_group_commit_window(cfg.store.group_commit_window);
-    tracing::info!(node = %c.node, epoch, took_ms = took_at.elapsed().as_millis() as u64,
-        standing_by_ms = (took_at - started).as_millis() as u64, "serving the relay");
-    metrics.owner.set(1);
-    let lost = async move { lost_rx.await.unwrap_or_else(|_| "the lease task ended".into()) };
-    // A failed store (an append fenced out, or JetStream unreachable past
-    // the engine's retries) takes no more commits: the node gives the
-    // relay up and a standby takes over with a fresh one.
-    let failed = store.failure();
-    let stop = async move {
+    // Nodes started together count each other before taking shards.
+    if c.shards > 1 {
+        actix_web::rt::time::sleep(c.lease_ttl / 2).await;
+    }
+    // Each shard: stand by for its lease, then serve it until it is lost.
+    let nonce = rand::random::<u64>();
+    let (stopping_tx, stopping) = watch::channel(false);
+    let mut tasks = futures_util::stream::FuturesUnordered::new();
+    for k in 0..c.shards {
+        let shard = Shard {
+            cfg: cfg.clone(),
+            k,
+            bucket: bucket.clone(),
+            nonce,
+            balance: balance.clone(),
+            owners: owners.clone(),
+            metrics: metrics.clone(),
+        };
+        tasks.push(actix_web::rt::spawn(shard.run(stopping.clone())));
+    }
+    use futures_util::StreamExt;
+    let mut signal = std::pin::pin!(stop_signal());
+    loop {
         tokio::select! {
-            why = lost => why,
-            why = failed => format!("cluster: the store failed: {why}"),
+            signal = &mut signal, if !*stopping_tx.borrow() => {
+                // Serving shards got the signal too (their HTTP servers
+                // stop gracefully); standing-by ones stop now.
+                tracing::info!(signal, node = %c.node, "stopping");
+                let _ = stopping_tx.send(true);
+            }
+            done = tasks.next() => match done {
+                None => return Ok(()),
+                Some(Ok(Ok(()))) => {}
+                Some(Ok(Err(why))) => return Err(why),
+                Some(Err(e)) => return Err(format!("a shard task ended: {e}")),
+            },
         }
-    };
-    crate::run(cfg, store, internal, crate::Announce::No, stop).await
+    }
 }
 
-/// SIGTERM or SIGINT (a standby has no HTTP server to catch them).
+/// What a node knows of the balance of shards over the nodes.
+#[derive(Default)]
+struct Balance {
+    /// Shards this node serves now.
+    held: AtomicUsize,
+    /// Nodes alive (their presence keys).
+    live: AtomicUsize,
+    /// This node serves at least two shards more than the least loaded
+    /// live node: it should hand one over.
+    surplus: AtomicBool,
+    /// One of this node's shards is being handed over (one at a time, so
+    /// that the counts catch up before the next).
+    handing: AtomicBool,
+}
+
+impl Balance {
+    /// How long a node waits before taking a free shard: a node under its
+    /// fair share (shards over live nodes) waits a quarter ttl per shard it
+    /// serves, one at or over it a whole ttl; so the least loaded nodes
+    /// take free shards first, and someone always does.
+    fn patience(&self, shards: u32, ttl: Duration) -> Duration {
+        let fair = (shards as usize).div_ceil(self.live.load(Relaxed).max(1));
+        match self.held.load(Relaxed) {
+            held if held < fair => ttl / 4 * held as u32,
+            _ => ttl,
+        }
+    }
+}
+
+/// How a shard's service ended.
+enum Served {
+    /// Handed over to a less loaded node: stand by for it again.
+    HandedOver,
+    /// SIGTERM/SIGINT: the node stops.
+    Stopped,
+}
+
+/// One shard on this node: its lease, then its relay core, again after
+/// each hand-over.
+struct Shard {
+    cfg: Config,
+    k: u32,
+    bucket: String,
+    nonce: u64,
+    balance: Arc<Balance>,
+    owners: Owners,
+    metrics: NodeMetrics,
+}
+
+impl Shard {
+    async fn run(self, mut stopping: watch::Receiver<bool>) -> Result<(), String> {
+        loop {
+            let Some(lease) = self.stand_by(&mut stopping).await? else { return Ok(()) };
+            match self.serve(lease).await? {
+                Served::Stopped => return Ok(()),
+                Served::HandedOver => {
+                    // Let the lease and the counts settle before another.
+                    let ttl = self.cfg.cluster.as_ref().map_or(Duration::from_secs(3), |c| c.lease_ttl);
+                    actix_web::rt::time::sleep(ttl * 2).await;
+                    self.balance.handing.store(false, Relaxed);
+                }
+            }
+        }
+    }
+
+    fn cluster(&self) -> Result<&ClusterSection, String> {
+        self.cfg.cluster.as_ref().ok_or_else(|| "cluster mode needs a [cluster] section".to_string())
+    }
+
+    /// Until this node holds the shard's lease (None: stopping first).
+    async fn stand_by(&self, stopping: &mut watch::Receiver<bool>) -> Result<Option<Held>, String> {
+        let (c, k) = (self.cluster()?, self.k);
+        // Bound before the lease is taken: the lease names this address.
+        // A fixed port is the first shard's; shard k listens k ports up.
+        let mut at: SocketAddr = c.internal_listen.parse().map_err(|e| format!("cluster.internal_listen: {e}"))?;
+        if at.port() != 0 {
+            at.set_port(at.port().checked_add(k as u16).ok_or("cluster.internal_listen: port out of range")?);
+        }
+        let internal = std::net::TcpListener::bind(at).map_err(|e| format!("cluster.internal_listen {at}: {e}"))?;
+        let internal_addr = internal.local_addr().map_err(|e| e.to_string())?;
+        // The value names this node, where it serves and this process (a
+        // node started again does not take its previous run's lease).
+        let value = format!("{} {internal_addr} {:016x}", c.node, self.nonce);
+        let (balance, shards, ttl) = (self.balance.clone(), c.shards, c.lease_ttl);
+        let lease = lease::start(c, self.bucket.clone(), lease_key(k), value, move || balance.patience(shards, ttl))?;
+        let epoch = tokio::select! {
+            owner = lease.owner => owner.map_err(|_| "the lease task ended".to_string())??,
+            _ = stopping.wait_for(|s| *s) => return Ok(None),
+        };
+        Ok(Some(Held { epoch, internal, lost: lease.lost, release: lease.release, since: Instant::now() }))
+    }
+
+    /// Fences and replays the shard's stream, then serves it on a thread
+    /// of its own (an arbiter stopped afterwards, taking the core's actors
+    /// and tasks with it) until it is lost, handed over or stopped.
+    async fn serve(&self, held: Held) -> Result<Served, String> {
+        let (c, k) = (self.cluster()?, self.k);
+        let Held { epoch, internal, mut lost, release, since } = held;
+        self.balance.held.fetch_add(1, Relaxed);
+        let (owned, epoch_gauge) = &self.metrics.shards[k as usize];
+        epoch_gauge.set(epoch as i64);
+        tracing::info!(node = %c.node, shard = k, epoch, "took the lease: fencing and replaying the shard");
+        // JetStream may be electing a leader right now (it answers nothing
+        // then): try again while the lease holds.
+        let took_at = Instant::now();
+        let opened = loop {
+            let stream = shard(&self.cfg, k).ok_or("cluster mode needs a [cluster] section")?;
+            let opening = actix_web::rt::task::spawn_blocking(move || JetStreamEngine::open(stream, epoch));
+            match opening.await.map_err(|e| e.to_string())? {
+                Ok(engine) => break engine,
+                Err(e @ relay_actors::store::StoreError::Flush(_)) => {
+                    return Err(format!("open the JetStream store of shard {k}: {e}"))
+                }
+                Err(e) => tracing::warn!(shard = k, error = %e, "could not open the JetStream store yet; trying again"),
+            }
+            if !matches!(lost.try_recv(), Err(tokio::sync::oneshot::error::TryRecvError::Empty)) {
+                return Err(format!("cluster: lost the lease of shard {k} while opening its store"));
+            }
+            actix_web::rt::time::sleep(OPEN_RETRY).await;
+        };
+        let store = Store::with_engine(Arc::new(opened)).map_err(|e| e.to_string())?;
+        store.set_group_commit_window(self.cfg.store.group_commit_window);
+        tracing::info!(node = %c.node, shard = k, epoch, took_ms = took_at.elapsed().as_millis() as u64,
+            standing_by_ms = (took_at - since).as_millis() as u64, "serving the shard");
+        owned.set(1);
+
+        let (cfg, balance, every) = (self.cfg.clone(), self.balance.clone(), c.lease_ttl);
+        let handed = Arc::new(AtomicBool::new(false));
+        let handing = handed.clone();
+        let place = (c.shards > 1).then(|| ShardPlace { index: k, shards: c.shards, owners: self.owners.clone() });
+        let (done_tx, done) = tokio::sync::oneshot::channel();
+        let arbiter = actix::Arbiter::new();
+        arbiter.spawn_fn(move || {
+            actix_web::rt::spawn(async move {
+                // A failed store (an append fenced out, or JetStream
+                // unreachable past the engine's retries) takes no more
+                // commits: the node gives the shard up and exits.
+                let failed = store.failure();
+                let stop = async move {
+                    tokio::select! {
+                        why = lost => crate::Stop::Now(why.unwrap_or_else(|_| "the lease task ended".into())),
+                        why = failed => crate::Stop::Now(format!("cluster: the store of shard {k} failed: {why}")),
+                        () = hand_over_when_due(balance, every) => {
+                            handing.store(true, Relaxed);
+                            crate::Stop::HandOver
+                        }
+                    }
+                };
+                let _ = done_tx.send(crate::run(cfg, store, internal, crate::Announce::No, place, stop).await);
+            });
+        });
+        let ran = done.await.unwrap_or_else(|_| Err(format!("shard {k}: its relay core ended")));
+        arbiter.stop();
+        owned.set(0);
+        epoch_gauge.set(0);
+        self.balance.held.fetch_sub(1, Relaxed);
+        ran?;
+        if handed.load(Relaxed) {
+            // Stopped gracefully and flushed: free the key for the next owner.
+            let _ = release.send(());
+            tracing::info!(node = %c.node, shard = k, "handed the shard over");
+            return Ok(Served::HandedOver);
+        }
+        Ok(Served::Stopped)
+    }
+}
+
+/// A lease this node holds, and what it serves the shard on.
+struct Held {
+    epoch: u64,
+    internal: std::net::TcpListener,
+    lost: tokio::sync::oneshot::Receiver<String>,
+    release: tokio::sync::oneshot::Sender<()>,
+    since: Instant,
+}
+
+/// Resolves when this node should hand a shard over (it has a surplus and
+/// no other hand-over of its own is under way): checked every `every`.
+async fn hand_over_when_due(balance: Arc<Balance>, every: Duration) {
+    loop {
+        actix_web::rt::time::sleep(every).await;
+        if balance.surplus.load(Relaxed) && !balance.handing.swap(true, Relaxed) {
+            return;
+        }
+    }
+}
+
+/// SIGTERM or SIGINT.
 async fn stop_signal() -> &'static str {
     use actix_web::rt::signal::unix::{signal, SignalKind};
     let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
@@ -164,18 +396,67 @@ async fn stop_signal() -> &'static str {
     }
 }
 
-/// Publishes the owner's internal address whenever the lease changes.
-async fn watch_owner(leases: kv::Store, owner: watch::Sender<Option<SocketAddr>>) {
+/// A node's presence in the lease bucket (`node-<name>`, expiring a ttl
+/// after its last write), and what it learns of the balance.
+struct Presence {
+    node: String,
+    every: Duration,
+    balance: Arc<Balance>,
+}
+
+/// Publishes every shard's owner's internal address whenever a lease
+/// changes. With several shards, also keeps this node's presence written
+/// and, from the presence keys and the leases' values, counts the live
+/// nodes and whether this one serves two shards more than the least
+/// loaded (then it hands one over: `hand_over_when_due`).
+async fn watch_owners(
+    leases: kv::Store,
+    shards: u32,
+    owners: watch::Sender<Arc<Vec<Option<SocketAddr>>>>,
+    presence: Presence,
+) {
+    let mut present_at: Option<Instant> = None;
     loop {
-        let now = match leases.entry(LEASE_KEY).await {
-            Ok(Some(entry)) if entry.operation == kv::Operation::Put => {
-                std::str::from_utf8(&entry.value).ok().and_then(|v| v.split(' ').nth(1)).and_then(|a| a.parse().ok())
+        let mut now = Vec::with_capacity(shards as usize);
+        let mut load: std::collections::HashMap<String, usize> = Default::default();
+        for k in 0..shards {
+            now.push(match leases.entry(lease_key(k)).await {
+                Ok(Some(entry)) if entry.operation == kv::Operation::Put => {
+                    let value = String::from_utf8_lossy(&entry.value).into_owned();
+                    let mut fields = value.split(' ');
+                    let node = fields.next().unwrap_or_default().to_owned();
+                    *load.entry(node).or_default() += 1;
+                    fields.next().and_then(|a| a.parse().ok())
+                }
+                Ok(_) => None,
+                // Unreachable: keep the last known owner; a dead one fails to connect.
+                Err(_) => owners.borrow().get(k as usize).copied().flatten(),
+            });
+        }
+        owners.send_if_modified(|was| {
+            let changed = **was != now;
+            if changed {
+                *was = Arc::new(now);
             }
-            Ok(_) => None,
-            // Unreachable: keep the last known owner; a dead one fails to connect.
-            Err(_) => *owner.borrow(),
-        };
-        owner.send_if_modified(|was| std::mem::replace(was, now) != now);
+            changed
+        });
+        if shards > 1 && present_at.is_none_or(|t| t.elapsed() >= presence.every) {
+            if leases.put(format!("node-{}", presence.node), Vec::new().into()).await.is_ok() {
+                present_at = Some(Instant::now());
+            }
+            if let Ok(keys) = leases.keys().await {
+                use futures_util::StreamExt;
+                let live: Vec<String> = keys
+                    .filter_map(|k| std::future::ready(k.ok().and_then(|k| Some(k.strip_prefix("node-")?.to_owned()))))
+                    .collect()
+                    .await;
+                let b = &presence.balance;
+                b.live.store(live.len().max(1), Relaxed);
+                let mine = load.get(&presence.node).copied().unwrap_or(0);
+                let least = live.iter().map(|n| load.get(n).copied().unwrap_or(0)).min().unwrap_or(mine);
+                b.surplus.store(mine >= least + 2, Relaxed);
+            }
+        }
         actix_web::rt::time::sleep(OWNER_POLL).await;
     }
 }
@@ -184,49 +465,46 @@ async fn watch_owner(leases: kv::Store, owner: watch::Sender<Option<SocketAddr>>
 #[derive(Clone)]
 struct NodeMetrics {
     registry: Arc<prometheus_client::registry::Registry>,
-    /// 1 while this node serves the relay (owns shard 0).
-    owner: Gauge,
-    /// The lease epoch this node serves under (0: standby).
-    epoch: Gauge,
-    /// Connections the front is piping now.
+    /// Per shard: 1 while this node serves it; the lease epoch it serves
+    /// it under (0: standing by).
+    shards: Arc<Vec<(Gauge, Gauge)>>,
+    /// Connections (one shard) or requests and WebSockets (several) the
+    /// front is forwarding now.
     connections: Gauge,
-    /// Front connections that ended in an error (no owner reachable
-    /// within FRONT_WAIT, or a broken pipe).
+    /// Front connections or requests that ended in an error (no owner
+    /// reachable within FRONT_WAIT, or a broken upstream).
     unserved: prometheus_client::metrics::counter::Counter,
 }
 
 type Gauge = prometheus_client::metrics::gauge::Gauge;
 
 impl NodeMetrics {
-    fn new(node: &str) -> NodeMetrics {
+    fn new(node: &str, shards: u32) -> NodeMetrics {
         let mut registry = prometheus_client::registry::Registry::with_labels(
             [(std::borrow::Cow::Borrowed("node"), std::borrow::Cow::Owned(node.to_owned()))].into_iter(),
         );
-        let m = NodeMetrics {
-            registry: Arc::default(),
-            owner: Gauge::default(),
-            epoch: Gauge::default(),
-            connections: Gauge::default(),
-            unserved: Default::default(),
-        };
-        let shard = registry.sub_registry_with_label(("shard".into(), "0".into()));
-        shard.register("relay_cluster_shard_owned", "1 while this node serves the shard", m.owner.clone());
-        shard.register(
-            "relay_cluster_shard_epoch",
-            "The lease epoch this node serves the shard under",
-            m.epoch.clone(),
-        );
+        let per_shard: Vec<(Gauge, Gauge)> = (0..shards).map(|_| Default::default()).collect();
+        for (k, (owned, epoch)) in per_shard.iter().enumerate() {
+            let shard = registry.sub_registry_with_label(("shard".into(), k.to_string().into()));
+            shard.register("relay_cluster_shard_owned", "1 while this node serves the shard", owned.clone());
+            shard.register(
+                "relay_cluster_shard_epoch",
+                "The lease epoch this node serves the shard under",
+                epoch.clone(),
+            );
+        }
+        let (connections, unserved) = (Gauge::default(), prometheus_client::metrics::counter::Counter::default());
         registry.register(
             "relay_cluster_front_connections",
-            "Connections piped to the owner now",
-            m.connections.clone(),
+            "Connections (one shard) or requests (several) the front forwards now",
+            connections.clone(),
         );
         registry.register(
             "relay_cluster_front_unserved",
-            "Front connections that ended in an error",
-            m.unserved.clone(),
+            "Front connections or requests that ended in an error",
+            unserved.clone(),
         );
-        NodeMetrics { registry: Arc::new(registry), ..m }
+        NodeMetrics { registry: Arc::new(registry), shards: Arc::new(per_shard), connections, unserved }
     }
 
     fn encode(&self) -> String {
@@ -266,7 +544,7 @@ impl NodeMetrics {
 /// Accepts connections and pipes each to the owner (module doc, 3).
 async fn front(
     listener: tokio::net::TcpListener,
-    owner: watch::Receiver<Option<SocketAddr>>,
+    owner: Owners,
     per_ip: crate::http::conn::PerIp,
     slots: Arc<tokio::sync::Semaphore>,
     metrics: NodeMetrics,
@@ -318,10 +596,10 @@ async fn refuse(mut conn: tokio::net::TcpStream) {
     let _ = tokio::time::timeout(Duration::from_secs(5), conn.write_all(answer.as_bytes())).await;
 }
 
-async fn pipe(mut conn: tokio::net::TcpStream, mut owner: watch::Receiver<Option<SocketAddr>>) -> std::io::Result<()> {
+async fn pipe(mut conn: tokio::net::TcpStream, mut owner: Owners) -> std::io::Result<()> {
     let deadline = tokio::time::Instant::now() + FRONT_WAIT;
     let mut upstream = loop {
-        let at = *owner.borrow_and_update();
+        let at = owner.borrow_and_update().first().copied().flatten();
         if let Some(at) = at {
             if let Ok(Ok(s)) = tokio::time::timeout(Duration::from_secs(1), tokio::net::TcpStream::connect(at)).await {
                 break s;

@@ -26,6 +26,10 @@ pub struct UpArgs {
     /// The relay's id.
     #[arg(long, default_value = "relay-c")]
     pub id: String,
+    /// Shards the accounts are hashed into (`cluster.shards`): with more
+    /// than one, the nodes share the work. Fixed once the cluster has data.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=crate::config::MAX_SHARDS as i64))]
+    pub shards: u32,
 }
 
 /// How often `cluster up` looks for nodes that exited.
@@ -92,7 +96,7 @@ pub fn run(args: UpArgs) -> Result<(), String> {
     let mut fronts = Vec::new();
     for i in 1..=args.nodes as u16 {
         let listen = format!("127.0.0.1:{}", port(args.base_port, 29 + i)?);
-        let config = write_node_config(&dir, &args.id, i, &listen, &urls)?;
+        let config = write_node_config(&dir, &args, i, &listen, &urls)?;
         let (node, url) = start_node(&config)?;
         nodes.push((node, config));
         fronts.push(url);
@@ -133,14 +137,15 @@ pub fn run(args: UpArgs) -> Result<(), String> {
     Ok(())
 }
 
-fn write_node_config(dir: &Path, id: &str, i: u16, listen: &str, urls: &[String]) -> Result<PathBuf, String> {
+fn write_node_config(dir: &Path, args: &UpArgs, i: u16, listen: &str, urls: &[String]) -> Result<PathBuf, String> {
+    let (id, shards) = (&args.id, args.shards);
     let urls: Vec<String> = urls.iter().map(|u| format!("{u:?}")).collect();
     let body = format!(
         "# Written by `relay cluster up`: node {i} of relay {id}.\n\
          [relay]\nid = {id:?}\npublic_url = \"http://{listen}\"\nlisten = {listen:?}\n\
          data_dir = {data:?}\nkey_file = {key:?}\n\n\
          [store]\nengine = \"jetstream\"\n\n\
-         [cluster]\nnode = \"node{i}\"\nnats_urls = [{urls}]\nreplicas = 3\nlease_ttl = \"3s\"\n\n\
+         [cluster]\nnode = \"node{i}\"\nnats_urls = [{urls}]\nreplicas = 3\nlease_ttl = \"3s\"\nshards = {shards}\n\n\
          # The cluster's, like relay.key: push subscriptions outlive a takeover.\n\
          [push]\nvapid_key_file = {vapid:?}\n",
         data = dir.join(format!("node{i}")).display().to_string(),

@@ -34,6 +34,8 @@ struct Cluster {
     extra: String,
     /// `http.max_connections_per_ip` of every node.
     per_ip: usize,
+    /// `cluster.shards`.
+    shards: u32,
     dir: tempfile::TempDir,
 }
 
@@ -48,6 +50,12 @@ impl Cluster {
     /// config (e.g. `[[peers]]`), and each front takes `per_ip` connections
     /// from one address.
     fn start_with(bin: &Path, nodes: usize, extra: &str, per_ip: usize) -> Cluster {
+        Cluster::start_sharded(bin, nodes, extra, per_ip, 1)
+    }
+
+    /// With `shards` > 1 the nodes start together (they share the shards
+    /// out); with one, node1 serves before the others start.
+    fn start_sharded(bin: &Path, nodes: usize, extra: &str, per_ip: usize, shards: u32) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let members: Vec<Member> = (1..=3)
             .map(|i| Member {
@@ -64,11 +72,11 @@ impl Cluster {
         }
         write_key(&dir.path().join("relay.key"), [77; 32]);
         let metrics = (0..nodes).map(|_| format!("127.0.0.1:{}", free_port())).collect();
-        let mut cluster = Cluster { nodes: Vec::new(), nats, metrics, extra: extra.to_owned(), per_ip, dir };
+        let mut cluster = Cluster { nodes: Vec::new(), nats, metrics, extra: extra.to_owned(), per_ip, shards, dir };
         for i in 1..=nodes {
             let node = cluster.start_node(i);
-            if i == 1 {
-                node.wait_for_log(&["serving the relay"], Duration::from_secs(30));
+            if i == 1 && shards == 1 {
+                node.wait_for_log(&["serving the shard"], Duration::from_secs(30));
             }
             cluster.nodes.push(node);
         }
@@ -89,7 +97,7 @@ impl Cluster {
              data_dir = {data:?}\nkey_file = {key:?}\n\
              [store]\nengine = \"jetstream\"\n\
              [cluster]\nnode = \"node{i}\"\nnats_urls = [{urls}]\nreplicas = 3\nlease_ttl = \"{LEASE_TTL}\"\n\
-             metrics_listen = {metrics:?}\nsnapshot_bytes = 200000\n\
+             metrics_listen = {metrics:?}\nsnapshot_bytes = 200000\nshards = {shards}\n\
              [limits]\nsession_rate = 1000000\nsession_burst = 1000000\nanonymous_rate = 1000000\nanonymous_burst = 1000000\n\
              [http]\nmax_connections = 512\nmax_connections_per_ip = {per_ip}\n\
              [push]\nvapid_key_file = {vapid:?}\n{extra}\n",
@@ -100,6 +108,7 @@ impl Cluster {
             metrics = self.metrics[i - 1],
             extra = self.extra,
             per_ip = self.per_ip,
+            shards = self.shards,
         );
         std::fs::write(&path, body).unwrap();
         path
@@ -111,14 +120,45 @@ impl Cluster {
     }
 
     fn shard(&self) -> JetStreamConfig {
-        JetStreamConfig::shard(self.urls(), &RELAY.replace('-', "_"), 0, 3)
+        self.shard_k(0)
+    }
+
+    fn shard_k(&self, k: u32) -> JetStreamConfig {
+        JetStreamConfig::shard(self.urls(), &RELAY.replace('-', "_"), k, 3)
+    }
+
+    /// Once every shard has an owner and every node serves one: the owners.
+    async fn shared_out(&self, what: &str) -> Vec<Option<usize>> {
+        eventually(what, Duration::from_secs(60), || async {
+            let owners = self.shard_owners().await;
+            let serving: HashSet<_> = owners.iter().flatten().collect();
+            let done = owners.iter().all(Option::is_some) && serving.len() == self.nodes.len();
+            done.then_some(owners.clone()).ok_or(format!("{owners:?}"))
+        })
+        .await
+    }
+
+    /// Which node serves each shard now, by the nodes' own metrics.
+    async fn shard_owners(&self) -> Vec<Option<usize>> {
+        let mut owners = vec![None; self.shards as usize];
+        for (i, node) in self.nodes.iter().enumerate().filter(|(_, n)| n.is_running()) {
+            let Ok((200, text)) = Client::new(&format!("http://{}", self.metrics[i])).try_get("/metrics").await else {
+                continue;
+            };
+            for (k, owner) in owners.iter_mut().enumerate() {
+                if text.contains(&format!("relay_cluster_shard_owned{{node=\"{}\",shard=\"{k}\"}} 1", node.id)) {
+                    *owner = Some(i);
+                }
+            }
+        }
+        owners
     }
 
     /// The node serving the relay now (by its log), if any.
     fn owner(&self) -> Option<usize> {
         let serving = |n: &RelayProc| {
             n.log_lines().iter().rev().find_map(|l| {
-                (l.contains("serving the relay") || l.contains("stopping at once")).then(|| l.contains("serving"))
+                (l.contains("serving the shard") || l.contains("stopping at once")).then(|| l.contains("serving"))
             })
         };
         self.nodes.iter().position(|n| n.is_running() && serving(n) == Some(true))
@@ -293,22 +333,37 @@ impl Senders {
             Err("no node answers".to_string())
         })
         .await;
-        let ids = message_ids(&bob.sync_all(&via, 0).await);
+        // An acknowledged send is accepted (`delivering` at least): one
+        // whose shard-to-shard attempt met a takeover is delivered by its
+        // retry, which a new owner of the recipient's shard wakes.
+        let ids = eventually("every acknowledged send reaches bob", Duration::from_secs(60), || async {
+            let ids = message_ids(&bob.sync_all(&via, 0).await);
+            let missing = load.acked.keys().filter(|id| !ids.contains(id)).count();
+            if missing == 0 {
+                Ok(ids)
+            } else {
+                Err(format!("{missing} of {} acknowledged sends not in the timeline", load.acked.len()))
+            }
+        })
+        .await;
         let unique: HashSet<&String> = ids.iter().collect();
         assert_eq!(unique.len(), ids.len(), "a message delivered twice");
-        let missing: Vec<&String> = load.acked.keys().filter(|id| !unique.contains(id)).collect();
-        assert!(missing.is_empty(), "acknowledged but not in the timeline: {missing:?}");
         // Every send was retried until acknowledged: nothing else is there.
         let extra: Vec<&&String> = unique.iter().filter(|id| !load.acked.contains_key(**id)).collect();
         assert!(extra.is_empty(), "in the timeline but never acknowledged: {extra:?}");
         for (id, (s, _)) in &load.acked {
-            let st = via.ok("message.delivery.status", self.users[*s].token(0), &json!({ "message_id": id })).await;
-            assert_eq!(st["status"], "target_accepted", "{id}: {st}");
+            let status = || async {
+                let st = via.ok("message.delivery.status", self.users[*s].token(0), &json!({ "message_id": id })).await;
+                (st["status"] == "target_accepted").then_some(()).ok_or(format!("{id}: {st}"))
+            };
+            eventually("the sender sees target_accepted", Duration::from_secs(10), status).await;
         }
         let config = cluster.nodes[0].config.clone();
         let (code, out, err) = audit(&["verify", "--config", config.to_str().unwrap()]);
         assert_eq!(code, 0, "relay audit verify: {out}{err}");
-        assert_eq!(fence_violations(&cluster.shard()).unwrap(), []);
+        for k in 0..cluster.shards {
+            assert_eq!(fence_violations(&cluster.shard_k(k)).unwrap(), [], "shard {k}");
+        }
     }
 }
 
@@ -348,6 +403,62 @@ async fn killed_owner_and_killed_stream_leader_lose_and_duplicate_no_acknowledge
     cluster.nats[victim].restart().unwrap();
     senders.wait_acks(&mut cluster, 30, "sends after the leader came back").await;
     senders.finish_and_verify(&mut cluster).await;
+}
+
+/// Several shards (`cluster.shards = 4`): the nodes share them out; sends
+/// between accounts of different shards go owner to owner; a device
+/// attached through any node gets its pushes; `kill -9` of the owner of
+/// the recipient's shard, then of a sender's, loses and duplicates nothing
+/// acknowledged, and each shard is taken over within 5 s.
+#[actix_rt::test]
+async fn shards_spread_over_nodes_and_cross_shard_sends_survive_killed_shard_owners() {
+    const SHARDS: u32 = 4;
+    let Some(bin) = nats_server::binary_for_test() else { return };
+    let mut cluster = Cluster::start_sharded(&bin, 3, "", 100_000, SHARDS);
+    let owners = cluster.shared_out("the nodes share the shards out").await;
+
+    let senders = Senders::start(&cluster, 6).await;
+    let shard = |id: &str| relay_core::shard::of(id, SHARDS);
+    let bob_shard = shard(senders.bob.id());
+    let crossing = senders.users.iter().filter(|u| shard(u.id()) != bob_shard).count();
+    assert!(crossing >= 2, "senders in other shards than the recipient's: {crossing}");
+    // Bob's socket goes through a node that does not own his shard.
+    let owner_of_bob = owners[bob_shard as usize].unwrap();
+    let via = (owner_of_bob + 1) % cluster.nodes.len();
+    let mut bob_ws = WsClient::attach(&cluster.nodes[via].url, senders.bob.token(0).unwrap()).await;
+    let n = bob_ws.notification(Duration::from_secs(20)).await.expect("a push through another node");
+    assert_eq!(n["method"], "message.timeline.changed", "{n}");
+    senders.wait_acks(&mut cluster, 60, "sends before any kill").await;
+
+    // kill -9 the owner of bob's shard, then the owner of a sender's
+    // shard: each shard is served again within 5 s.
+    let sender_shard = senders.users.iter().map(|u| shard(u.id())).find(|&k| k != bob_shard).unwrap();
+    for k in [bob_shard, sender_shard] {
+        let owners = cluster.shard_owners().await;
+        let victim = owners[k as usize].expect("the shard has an owner");
+        let killed_at = Instant::now();
+        cluster.nodes[victim].kill9();
+        let took = eventually("the shard is taken over", Duration::from_secs(15), || async {
+            match cluster.shard_owners().await[k as usize] {
+                Some(n) if n != victim => Ok(killed_at.elapsed()),
+                seen => Err(format!("owner {seen:?}")),
+            }
+        })
+        .await;
+        eprintln!("shard {k}: taken over {took:?} after node{} was killed", victim + 1);
+        assert!(took < Duration::from_secs(5), "shard {k} takeover took {took:?}");
+        senders.wait_acks(&mut cluster, 60, "sends after the takeover").await;
+        cluster.nodes[victim].restart();
+        senders.wait_acks(&mut cluster, 20, "sends after the restart").await;
+    }
+    // A node started again gets shards handed over to it, under load.
+    cluster.shared_out("the restarted nodes get shards again").await;
+    senders.wait_acks(&mut cluster, 20, "sends after the hand-overs").await;
+    senders.finish_and_verify(&mut cluster).await;
+    // SIGTERM stops a node serving shards cleanly (each core gracefully).
+    let serving = cluster.shard_owners().await[0].expect("shard 0 has an owner");
+    let status = cluster.nodes[serving].terminate();
+    assert!(status.success(), "{status}");
 }
 
 /// Random faults under load: each round kills (`kill -9`) the owner node, a

@@ -13,6 +13,7 @@
 //!   and deadlines, and the retry timetable;
 //! - [`lease`]: shard ownership in cluster mode (lease, epoch, renewal);
 //! - [`push`]: the Web Push queue's coalescing and retry rules;
+//! - [`shard`]: which cluster shard an account (or a session token) is in;
 //! - [`clock`] and [`policy`]: injected time and configured limits.
 
 pub mod account;
@@ -21,6 +22,7 @@ pub mod delivery;
 pub mod lease;
 pub mod policy;
 pub mod push;
+pub mod shard;
 
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
 pub use policy::Policy;

@@ -46,6 +46,10 @@ pub struct Policy {
     pub max_page_bytes: usize,
     /// Sessions one device may hold; opening one more drops its oldest.
     pub max_sessions_per_device: usize,
+    /// What every session token this relay issues starts with: in a
+    /// cluster of several shards, the shard's name (`shard::token_prefix`),
+    /// so any node's front routes a request by its token alone.
+    pub token_prefix: String,
 }
 
 impl Policy {
@@ -71,6 +75,7 @@ impl Policy {
             wake_min_interval_ms: 10_000,
             max_page_bytes: 4 << 20,
             max_sessions_per_device: 16,
+            token_prefix: String::new(),
         }
     }
 }

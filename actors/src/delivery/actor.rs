@@ -279,7 +279,7 @@ impl DeliveryActor {
         // A request leaving the process waits until the attempt is on disk.
         // A local attempt need not: its effect (the recipient's record) is
         // answered only once durable, and flushes cover every earlier commit.
-        let remote = relays.iter().any(|r| r.id != own);
+        let remote = relays.iter().any(|r| r.id != own) || env.transport.in_sibling_shard(&to);
         let durable = remote.then(|| self.durable());
         let attempt_fut = async move {
             if let Some(Err(e)) = match durable {
@@ -297,13 +297,7 @@ impl DeliveryActor {
             // Every relay of the route at once; the first acceptance wins.
             let tries = relays.iter().map(|relay| {
                 let one: LocalFuture<AttemptOutcome> = if relay.id == own {
-                    let local = ports.deliver_local(&to, params.clone(), digest.clone());
-                    Box::pin(async move {
-                        match local.await {
-                            Ok(st) => AttemptOutcome::Answered(st),
-                            Err(e) => AttemptOutcome::Rejected(e),
-                        }
-                    })
+                    ports.deliver_local(&to, params.clone(), digest.clone())
                 } else {
                     env.transport.deliver(relay, &params)
                 };

@@ -41,12 +41,8 @@ pub trait Ports: Send + Sync + 'static {
     /// `message.deliver` to local account `to`, answered at once: the
     /// outcome reaches the sender's client only after the sender's account
     /// has written it durably, a later commit that covers this receipt.
-    fn deliver_local(
-        &self,
-        to: &str,
-        params: DeliverParams,
-        digest: String,
-    ) -> LocalFuture<Result<DeliveryStatus, RelayError>>;
+    /// (An account of a sibling shard is reached through the transport.)
+    fn deliver_local(&self, to: &str, params: DeliverParams, digest: String) -> LocalFuture<AttemptOutcome>;
     /// Records an outcome in the sender `from`'s account (idempotent),
     /// answered once durable.
     fn report(&self, from: &str, outcome: ReportOutcome) -> LocalFuture<Result<Recorded, RelayError>>;

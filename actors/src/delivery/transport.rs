@@ -98,7 +98,9 @@ impl RouteLookup {
 }
 
 pub trait Transport: Send + Sync + 'static {
-    /// `message.deliver` at `target` with the unchanged params.
+    /// `message.deliver` at `target` with the unchanged params. `target`
+    /// is this relay only for an account of a sibling shard
+    /// ([`Transport::in_sibling_shard`]): the call goes to that shard's owner.
     fn deliver(&self, target: &RelayRef, params: &DeliverParams) -> LocalFuture<AttemptOutcome>;
     /// `route.get` for `account_id` from the configured peers: the highest
     /// valid revision any of them knows (signature already checked), or
@@ -109,6 +111,12 @@ pub trait Transport: Send + Sync + 'static {
     fn is_peer(&self, relay_id: &str) -> bool;
     /// `message.delivery.peer_status` at the sender's other home relay.
     fn peer_status(&self, relay: &RelayRef, from: &str, message_id: &str) -> LocalFuture<Option<DeliveryStatus>>;
+    /// In a cluster of several shards: whether `account_id`, served by this
+    /// relay, lives in another shard than this core's. Its receipts are
+    /// then delivered, as to a peer, to that shard's owner.
+    fn in_sibling_shard(&self, _account_id: &str) -> bool {
+        false
+    }
 }
 
 /// A transport for a relay with no peers: every remote target is

@@ -75,9 +75,14 @@ impl Client {
     }
 
     pub async fn get(&self, path: &str) -> (u16, String) {
-        let mut resp = self.http.get(format!("{}{path}", self.base)).send().await.expect("request");
-        let body = resp.body().await.expect("body");
-        (resp.status().as_u16(), String::from_utf8_lossy(&body).into_owned())
+        self.try_get(path).await.expect("GET")
+    }
+
+    /// Like [`Client::get`], for a server that may be down.
+    pub async fn try_get(&self, path: &str) -> Result<(u16, String), String> {
+        let mut resp = self.http.get(format!("{}{path}", self.base)).send().await.map_err(|e| e.to_string())?;
+        let body = resp.body().await.map_err(|e| e.to_string())?;
+        Ok((resp.status().as_u16(), String::from_utf8_lossy(&body).into_owned()))
     }
 
     /// The first sample in `/metrics` whose line starts with `prefix`.

@@ -318,7 +318,7 @@ pub fn decide<S>(
         }
         AccountCmd::SessionOpen { params } => {
             // Drawn first: a refusal must not use up the challenge.
-            let token = b64_encode(&ctx.random()?);
+            let token = format!("{}{}", ctx.policy.token_prefix, b64_encode(&ctx.random()?));
             let grant = challenges.answer(state, params, ctx)?;
             let reply = json(&SessionOpenResult { token: token.clone(), expires_at: grant.expires_at })?;
             Decision { events: Vec::new(), reply, effects: vec![Effect::StoreSession { token: Token(token), grant }] }
