@@ -213,16 +213,10 @@ struct Balance {
 }
 
 impl Balance {
-    /// How long a node waits before taking a free shard: a node under its
-    /// fair share (shards over live nodes) waits a quarter ttl per shard it
-    /// serves, one at or over it a whole ttl; so the least loaded nodes
-    /// take free shards first, and someone always does.
+    /// How long this node waits before taking a free shard (`relay_core::shard::patience_ms`).
     fn patience(&self, shards: u32, ttl: Duration) -> Duration {
-        let fair = (shards as usize).div_ceil(self.live.load(Relaxed).max(1));
-        match self.held.load(Relaxed) {
-            held if held < fair => ttl / 4 * held as u32,
-            _ => ttl,
-        }
+        let (held, live) = (self.held.load(Relaxed), self.live.load(Relaxed));
+        Duration::from_millis(relay_core::shard::patience_ms(held, live, shards, ttl.as_millis() as u64))
     }
 }
 
@@ -453,8 +447,8 @@ async fn watch_owners(
                 let b = &presence.balance;
                 b.live.store(live.len().max(1), Relaxed);
                 let mine = load.get(&presence.node).copied().unwrap_or(0);
-                let least = live.iter().map(|n| load.get(n).copied().unwrap_or(0)).min().unwrap_or(mine);
-                b.surplus.store(mine >= least + 2, Relaxed);
+                let loads = live.iter().map(|n| load.get(n).copied().unwrap_or(0));
+                b.surplus.store(relay_core::shard::should_hand_over(mine, loads), Relaxed);
             }
         }
         actix_web::rt::time::sleep(OWNER_POLL).await;

@@ -1,6 +1,7 @@
 //! Which shard of a cluster an account lives in (cluster mode with
-//! `cluster.shards` > 1), and how a session token names its shard so that
-//! any node's front can route a request without asking anyone.
+//! `cluster.shards` > 1), how a session token names its shard so that
+//! any node's front can route a request without asking anyone, and how the
+//! nodes share the shards out.
 //!
 //! The shard of an account is fixed by its id and the shard count: the
 //! count cannot change once a cluster holds data (a different count would
@@ -28,9 +29,73 @@ pub fn of_token(token: &str) -> Option<u32> {
     shard.parse().ok()
 }
 
+/// How long (ms) a node serving `held` shards waits before it takes a free
+/// one, when `live` nodes share `shards`: under its fair share (shards
+/// over live nodes, rounded up) less than half a ttl, the less the fewer
+/// it serves; at or over it a whole ttl. So the least loaded take free
+/// shards first, and someone always takes one.
+pub fn patience_ms(held: usize, live: usize, shards: u32, ttl_ms: u64) -> u64 {
+    let fair = (shards as usize).div_ceil(live.max(1)).max(1);
+    if held < fair {
+        ttl_ms * held as u64 / (2 * fair as u64)
+    } else {
+        ttl_ms
+    }
+}
+
+/// Whether a node serving `mine` shards should hand one over, given how
+/// many each live node serves (its own count among them or not): when it
+/// serves two more than the least loaded. One more is as even as shards
+/// that do not divide by the nodes get, so hand-overs stop there.
+pub fn should_hand_over(mine: usize, live: impl IntoIterator<Item = usize>) -> bool {
+    live.into_iter().min().is_some_and(|least| mine >= least + 2)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_least_loaded_node_under_its_fair_share_takes_a_free_shard_first() {
+        // 4 shards over 3 live nodes: a fair share is 2.
+        assert_eq!(patience_ms(0, 3, 4, 2000), 0);
+        assert_eq!(patience_ms(1, 3, 4, 2000), 500);
+        assert_eq!(patience_ms(2, 3, 4, 2000), 2000);
+        assert_eq!(patience_ms(7, 3, 4, 2000), 2000, "over its share, a node still takes one, last");
+        // Under its share a node never waits as long as one at it.
+        for held in 0..11 {
+            assert!(patience_ms(held, 3, 32, 2000) < 1000, "{held}");
+            assert!(patience_ms(held, 3, 32, 2000) <= patience_ms(held + 1, 3, 32, 2000));
+        }
+    }
+
+    #[test]
+    fn a_node_two_shards_over_the_least_loaded_hands_one_over_and_one_over_does_not() {
+        assert!(should_hand_over(4, [4, 0, 0]));
+        assert!(should_hand_over(3, [3, 1, 1]));
+        assert!(!should_hand_over(2, [2, 1, 1]));
+        assert!(!should_hand_over(0, []), "no live node known: nothing to compare");
+    }
+
+    #[test]
+    fn hand_overs_to_the_least_loaded_end_with_shards_spread_within_one() {
+        for (shards, nodes) in [(4usize, 3usize), (32, 3), (5, 5), (9, 2), (64, 7)] {
+            // Everything on the first node (the others started later).
+            let mut load = vec![0usize; nodes];
+            load[0] = shards;
+            let mut moves = 0;
+            while let Some(from) = (0..nodes).find(|&n| should_hand_over(load[n], load.iter().copied())) {
+                let to = (0..nodes).min_by_key(|&n| (patience_ms(load[n], nodes, shards as u32, 1000), load[n]));
+                load[from] -= 1;
+                load[to.unwrap()] += 1;
+                moves += 1;
+                assert!(moves <= shards, "{shards} shards over {nodes} nodes do not settle: {load:?}");
+            }
+            let (min, max) = (load.iter().min().unwrap(), load.iter().max().unwrap());
+            assert!(max - min <= 1, "{shards} over {nodes}: {load:?}");
+            assert_eq!(load.iter().sum::<usize>(), shards);
+        }
+    }
 
     #[test]
     fn an_account_has_one_shard_for_a_given_count_and_accounts_spread_over_all() {
