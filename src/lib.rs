@@ -93,8 +93,8 @@ pub(crate) enum Stop {
     /// or unreachable): `run` returns the reason as an error.
     Now(String),
     /// Gracefully, as on SIGTERM (requests in flight finish, the store is
-    /// flushed): the shard is handed over to another node.
-    HandOver,
+    /// flushed): the shard is handed over, or the node stops on a signal.
+    Gracefully(&'static str),
 }
 
 /// Serves the relay on `store` and `listener` until SIGINT/SIGTERM, or
@@ -219,22 +219,30 @@ pub(crate) async fn run(
     if h.workers > 0 {
         server = server.workers(h.workers);
     }
+    // A cluster node stops its shards' servers itself: actix's own signal
+    // handling stops the whole actix system once one server is done, which
+    // would cut the node's other shards short.
+    let clustered = cfg.cluster.is_some();
+    if clustered {
+        server = server.disable_signals();
+    }
     let server = server.listen(listener).map_err(|e| e.to_string())?.run();
     let metrics_server = match metrics_listener {
         Some(listener) => {
             let at = listener.local_addr().map_err(|e| e.to_string())?;
             let relay = relay.clone();
-            let server = HttpServer::new(move || {
+            let mut server = HttpServer::new(move || {
                 App::new()
                     .wrap(Condition::new(access, from_fn(http::access_log)))
                     .configure(http::configure_metrics(relay.clone()))
             })
             .workers(1)
-            .shutdown_timeout(1)
-            .listen(listener)
-            .map_err(|e| e.to_string())?
-            .run();
-            Some((at, actix_web::rt::spawn(server)))
+            .shutdown_timeout(1);
+            if clustered {
+                server = server.disable_signals();
+            }
+            let server = server.listen(listener).map_err(|e| e.to_string())?.run();
+            Some((at, server.handle(), actix_web::rt::spawn(server)))
         }
         None => None,
     };
@@ -246,7 +254,7 @@ pub(crate) async fn run(
     actix_web::rt::task::yield_now().await;
     let r = &cfg.relay;
     let metrics_at = match &metrics_server {
-        Some((at, _)) => format!("http://{at}/metrics"),
+        Some((at, _, _)) => format!("http://{at}/metrics"),
         None => format!("http://{addr}/metrics"),
     };
     tracing::info!(relay = %r.id, listen = %addr, public_url = %r.public_url, public_key = %keys::public_key(&key),
@@ -271,15 +279,17 @@ pub(crate) async fn run(
             // Nothing more is written: the store is fenced or unreachable.
             return Err(why);
         }
-        Either::Right((Stop::HandOver, running)) => {
-            tracing::info!("handing the shard over: finishing requests in flight");
+        Either::Right((Stop::Gracefully(why), running)) => {
+            tracing::info!(why, "stopping gracefully: finishing requests in flight");
             handle.stop(true).await;
             running.await.map_err(|e| e.to_string())?.map_err(|e| e.to_string())
         }
     };
-    if let Some((_, metrics)) = metrics_server {
-        // It got the same signal; its result adds nothing once the main server stopped.
-        let _ = metrics.await;
+    if let Some((_, metrics, running)) = metrics_server {
+        // Stopped with the main server (a signal may have stopped it
+        // already); its result adds nothing then.
+        metrics.stop(true).await;
+        let _ = running.await;
     }
     stopped?;
     store.flush().map_err(|e| format!("final flush: {e}"))?;

@@ -182,8 +182,7 @@ pub async fn serve(cfg: Config) -> Result<(), String> {
     loop {
         tokio::select! {
             signal = &mut signal, if !*stopping_tx.borrow() => {
-                // Serving shards got the signal too (their HTTP servers
-                // stop gracefully); standing-by ones stop now.
+                // Serving shards stop gracefully, standing-by ones at once.
                 tracing::info!(signal, node = %c.node, "stopping");
                 let _ = stopping_tx.send(true);
             }
@@ -244,7 +243,7 @@ impl Shard {
     async fn run(self, mut stopping: watch::Receiver<bool>) -> Result<(), String> {
         loop {
             let Some(lease) = self.stand_by(&mut stopping).await? else { return Ok(()) };
-            match self.serve(lease).await? {
+            match self.serve(lease, stopping.clone()).await? {
                 Served::Stopped => return Ok(()),
                 Served::HandedOver => {
                     // Let the lease and the counts settle before another.
@@ -286,7 +285,7 @@ impl Shard {
     /// Fences and replays the shard's stream, then serves it on a thread
     /// of its own (an arbiter stopped afterwards, taking the core's actors
     /// and tasks with it) until it is lost, handed over or stopped.
-    async fn serve(&self, held: Held) -> Result<Served, String> {
+    async fn serve(&self, held: Held, mut stopping: watch::Receiver<bool>) -> Result<Served, String> {
         let (c, k) = (self.cluster()?, self.k);
         let Held { epoch, internal, mut lost, release, since } = held;
         self.balance.held.fetch_add(1, Relaxed);
@@ -335,8 +334,9 @@ impl Shard {
                         why = failed => crate::Stop::Now(format!("cluster: the store of shard {k} failed: {why}")),
                         () = hand_over_when_due(balance, every) => {
                             handing.store(true, Relaxed);
-                            crate::Stop::HandOver
+                            crate::Stop::Gracefully("handing the shard over")
                         }
+                        _ = stopping.wait_for(|s| *s) => crate::Stop::Gracefully("the node stops"),
                     }
                 };
                 let _ = done_tx.send(crate::run(cfg, store, internal, crate::Announce::No, place, stop).await);

@@ -26,13 +26,20 @@ pub(crate) async fn handle(relay: &Relay, token: Option<&str>, body: &[u8]) -> R
 }
 
 /// For an account served elsewhere: asked of its home relay (the first of
-/// its route that answers).
+/// its route that answers), or of the shard of this relay that holds it.
 async fn remote_devices(relay: &Relay, account_id: &str, body: &[u8]) -> Result<String, RelayError> {
     let route = relay.supervisor().resolve_route(account_id, false).await;
     let route = route.ok_or_else(|| RelayError::not_found(format!("account {account_id} is not known")))?;
     let mut last = RelayError::new(ErrorCode::BadGateway, "no home relay answered");
+    let own = relay.supervisor().policy().relay_id.to_string();
     for home in route.relays.iter() {
-        match relay.peers().call(&home.id, Method::RelayAccountDevicesGet, body.to_vec()).await {
+        let asked = if home.id == own {
+            // Served by this relay, in another of its shards (cluster mode).
+            relay.peers().call_sibling(account_id, Method::RelayAccountDevicesGet, body.to_vec()).await
+        } else {
+            relay.peers().call(&home.id, Method::RelayAccountDevicesGet, body.to_vec()).await
+        };
+        match asked {
             Ok(bytes) => {
                 return String::from_utf8(bytes.to_vec())
                     .map_err(|_| RelayError::new(ErrorCode::BadGateway, "non-UTF-8 answer"))

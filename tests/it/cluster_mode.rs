@@ -432,6 +432,12 @@ async fn shards_spread_over_nodes_and_cross_shard_sends_survive_killed_shard_own
     let mut bob_ws = WsClient::attach(&cluster.nodes[via].url, senders.bob.token(0).unwrap()).await;
     let n = bob_ws.notification(Duration::from_secs(20)).await.expect("a push through another node");
     assert_eq!(n["method"], "message.timeline.changed", "{n}");
+    // A session of one shard reads the devices of an account of another.
+    let reader = senders.users.iter().position(|u| shard(u.id()) != bob_shard).unwrap();
+    let devices = senders.clients[via]
+        .ok("account.devices.get", senders.users[reader].token(0), &json!({ "account_id": senders.bob.id() }))
+        .await;
+    assert_eq!(devices["certificates"].as_array().map(Vec::len), Some(1), "{devices}");
     senders.wait_acks(&mut cluster, 60, "sends before any kill").await;
 
     // kill -9 the owner of bob's shard, then the owner of a sender's
