@@ -311,6 +311,21 @@ impl Senders {
         }
     }
 
+    /// `kill -9` of the nats-server leading shard `k`'s stream: JetStream
+    /// elects another leader and 60 more sends are acknowledged; then the
+    /// server is started again.
+    async fn kill_stream_leader(&self, cluster: &mut Cluster, k: u32) {
+        let stream = cluster.shard_k(k).stream;
+        let leader = stream_leader(&cluster.urls(), &stream).await.expect("a stream leader");
+        let victim = cluster.nats.iter().position(|n| n.name == leader).unwrap();
+        let killed_at = Instant::now();
+        cluster.nats[victim].kill();
+        self.wait_acks(cluster, 60, "sends after the stream leader was killed").await;
+        eprintln!("stream leader {leader} killed: 60 more sends acknowledged {:?} later", killed_at.elapsed());
+        cluster.nats[victim].restart().unwrap();
+        cluster.nats[victim].wait_jetstream(Duration::from_secs(30)).unwrap();
+    }
+
     /// Stops the senders (each finishes its send) and checks the outcome:
     /// bob's timeline holds exactly the acknowledged sends, each once, each
     /// `target_accepted` for its sender; the stream verifies and no group
@@ -395,14 +410,7 @@ async fn killed_owner_and_killed_stream_leader_lose_and_duplicate_no_acknowledge
 
     // 2. kill -9 the nats-server leading the shard's stream: JetStream
     //    elects another leader and sends go on.
-    let stream = cluster.shard().stream;
-    let leader = stream_leader(&cluster.urls(), &stream).await.expect("a stream leader");
-    let victim = cluster.nats.iter().position(|n| n.name == leader).unwrap();
-    let killed_at = Instant::now();
-    cluster.nats[victim].kill();
-    senders.wait_acks(&mut cluster, 60, "sends after the stream leader was killed").await;
-    eprintln!("stream leader {leader} killed: 60 more sends acknowledged {:?} later", killed_at.elapsed());
-    cluster.nats[victim].restart().unwrap();
+    senders.kill_stream_leader(&mut cluster, 0).await;
     senders.wait_acks(&mut cluster, 30, "sends after the leader came back").await;
     senders.finish_and_verify(&mut cluster).await;
 }
@@ -463,15 +471,7 @@ async fn shards_spread_over_nodes_and_cross_shard_sends_survive_killed_shard_own
     }
     // kill -9 the nats-server leading the busiest stream (bob's shard's:
     // every send writes his receipt there); JetStream elects another.
-    let stream = cluster.shard_k(bob_shard).stream;
-    let leader = stream_leader(&cluster.urls(), &stream).await.expect("a stream leader");
-    let victim = cluster.nats.iter().position(|n| n.name == leader).unwrap();
-    let killed_at = Instant::now();
-    cluster.nats[victim].kill();
-    senders.wait_acks(&mut cluster, 60, "sends after the stream leader was killed").await;
-    eprintln!("stream leader {leader} killed: 60 more sends acknowledged {:?} later", killed_at.elapsed());
-    cluster.nats[victim].restart().unwrap();
-    cluster.nats[victim].wait_jetstream(Duration::from_secs(30)).unwrap();
+    senders.kill_stream_leader(&mut cluster, bob_shard).await;
 
     // A node started again gets shards handed over to it, under load.
     cluster.shared_out("the restarted nodes get shards again").await;
