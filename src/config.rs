@@ -891,6 +891,28 @@ key_file = "data/relay-a/relay.key"
         }
     }
 
+    #[test]
+    fn a_bad_cluster_section_names_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let cluster = |extra: &str| {
+            format!(
+                "{MINIMAL}\n[store]\nengine = \"jetstream\"\n[cluster]\nnode = \"n1\"\n\
+                 nats_urls = [\"nats://127.0.0.1:4222\"]\n{extra}"
+            )
+        };
+        let good = Config::load(&write(dir.path(), &cluster("shards = 4\n"))).unwrap();
+        assert_eq!(good.cluster.map(|c| c.shards), Some(4));
+        for (extra, needle) in [
+            ("shards = 0\n", "cluster.shards"),
+            ("shards = 65\n", "cluster.shards"),
+            ("replicas = 6\n", "cluster.replicas"),
+            ("lease_ttl = \"500ms\"\n", "cluster.lease_ttl"),
+        ] {
+            let err = Config::load(&write(dir.path(), &cluster(extra))).unwrap_err().to_string();
+            assert!(err.contains(needle), "{err:?} should mention {needle:?}");
+        }
+    }
+
     fn peer(id: &str, url: &str, key: &str) -> String {
         format!("\n[[peers]]\nid = \"{id}\"\nurl = \"{url}\"\npublic_key = \"{key}\"\n")
     }

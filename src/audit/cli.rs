@@ -228,3 +228,15 @@ fn run_verify(
     writeln!(out, "{summary}")?;
     Ok(u8::from(!report.is_clean()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::stream_account;
+
+    #[test]
+    fn a_stream_names_the_account_whose_shard_holds_it() {
+        assert_eq!(stream_account("account/ab12"), Some("ab12"));
+        assert_eq!(stream_account("delivery/ab12/msg-1"), Some("ab12"));
+        assert_eq!(stream_account("kv/route"), None);
+    }
+}

@@ -69,6 +69,12 @@ pub fn start(
 
 /// The lease bucket, created on first use.
 pub async fn lease_bucket(c: &ClusterSection, name: &str) -> Result<kv::Store, String> {
+    bucket(c, name, c.lease_ttl).await
+}
+
+/// KV bucket `name` (created on first use), whose entries expire `max_age`
+/// after their last write (never when zero).
+pub async fn bucket(c: &ClusterSection, name: &str, max_age: Duration) -> Result<kv::Store, String> {
     let client = async_nats::ConnectOptions::new()
         .retry_on_initial_connect()
         .connection_timeout(Duration::from_secs(5))
@@ -82,13 +88,13 @@ pub async fn lease_bucket(c: &ClusterSection, name: &str) -> Result<kv::Store, S
     js.create_key_value(kv::Config {
         bucket: name.to_owned(),
         history: 1,
-        max_age: c.lease_ttl,
+        max_age,
         storage: jetstream::stream::StorageType::File,
         num_replicas: c.replicas,
         ..Default::default()
     })
     .await
-    .map_err(|e| format!("lease bucket {name}: {e}"))
+    .map_err(|e| format!("bucket {name}: {e}"))
 }
 
 /// One lease: its bucket, its key and the value this node writes there.

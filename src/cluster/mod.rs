@@ -96,6 +96,28 @@ fn bucket(c: &ClusterSection, relay_id: &str) -> String {
     format!("RELAY_{}_LEASES", c.name(relay_id))
 }
 
+/// The shard count is the cluster's for its whole life: the first node
+/// to start writes it (bucket `RELAY_<id>_CLUSTER`, no expiry), and a node
+/// configured with another count refuses to start, since it would look
+/// for accounts in streams that do not hold them.
+async fn check_shard_count(c: &ClusterSection, relay_id: &str) -> Result<(), String> {
+    let settings = lease::bucket(c, &format!("RELAY_{}_CLUSTER", c.name(relay_id)), Duration::ZERO).await?;
+    let ours = c.shards.to_string();
+    let theirs = match settings.create("shards", ours.clone().into()).await {
+        Ok(_) => return Ok(()),
+        Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => settings.get("shards").await,
+        Err(e) => return Err(format!("cluster settings: {e}")),
+    };
+    match theirs.map_err(|e| format!("cluster settings: {e}"))? {
+        Some(theirs) if theirs == ours.as_bytes() => Ok(()),
+        Some(theirs) => Err(format!(
+            "cluster.shards = {ours}, but this cluster was created with {} shards: the count cannot change",
+            String::from_utf8_lossy(&theirs)
+        )),
+        None => Err("cluster settings: the shard count is missing".into()),
+    }
+}
+
 /// Where one core of a cluster of several shards stands: its shard, and
 /// where its siblings are served now.
 #[derive(Clone)]
@@ -126,6 +148,7 @@ pub async fn serve(cfg: Config) -> Result<(), String> {
     let c = cfg.cluster.clone().ok_or("cluster mode needs a [cluster] section")?;
     crate::private_files();
     crate::prepare_data_dir(&cfg.relay.data_dir)?;
+    check_shard_count(&c, &cfg.relay.id).await?;
     let bucket = bucket(&c, &cfg.relay.id);
     let leases = lease::lease_bucket(&c, &bucket).await?;
     // Created (if missing) once, before the shards' cores read them.

@@ -88,8 +88,13 @@ impl Cluster {
     }
 
     fn config(&self, i: usize) -> PathBuf {
+        self.config_as(i, &format!("node{i}.toml"), self.shards)
+    }
+
+    /// Node `i`'s config, written to `file`, with `shards`.
+    fn config_as(&self, i: usize, file: &str, shards: u32) -> PathBuf {
         let dir = self.dir.path();
-        let path = dir.join(format!("node{i}.toml"));
+        let path = dir.join(file);
         let listen = format!("127.0.0.1:{}", free_port());
         let urls: Vec<String> = self.urls().iter().map(|u| format!("{u:?}")).collect();
         let body = format!(
@@ -108,7 +113,6 @@ impl Cluster {
             metrics = self.metrics[i - 1],
             extra = self.extra,
             per_ip = self.per_ip,
-            shards = self.shards,
         );
         std::fs::write(&path, body).unwrap();
         path
@@ -428,6 +432,30 @@ async fn shards_spread_over_nodes_and_cross_shard_sends_survive_killed_shard_own
     let Some(bin) = nats_server::binary_for_test() else { return };
     let mut cluster = Cluster::start_sharded(&bin, 3, "", 100_000, SHARDS);
     let owners = cluster.shared_out("the nodes share the shards out").await;
+    // The count is the cluster's: a node configured with another refuses
+    // to start (it would look for accounts in the wrong streams).
+    let other = cluster.config_as(1, "other.toml", 2);
+    let mut refused = std::process::Command::new(env!("CARGO_BIN_EXE_relay"))
+        .args(["serve", "--config"])
+        .arg(&other)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = refused.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            refused.kill().unwrap();
+            panic!("a node with another shard count started");
+        }
+        actix_rt::time::sleep(Duration::from_millis(50)).await;
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut refused.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(!status.success() && err.contains("created with 4 shards"), "{err}");
 
     let senders = Senders::start(&cluster, 6).await;
     let shard = |id: &str| relay_core::shard::of(id, SHARDS);
