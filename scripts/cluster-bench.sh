@@ -27,7 +27,7 @@ trap 'kill -TERM "$UP" 2>/dev/null; wait "$UP" 2>/dev/null; rm -rf "$DIR"' EXIT
 # per-address limits of the nodes (every RELAY__ variable reaches them).
 export RELAY__LIMITS__SESSION_RATE=1000000 RELAY__LIMITS__SESSION_BURST=1000000
 export RELAY__LIMITS__ANONYMOUS_RATE=1000000 RELAY__LIMITS__ANONYMOUS_BURST=1000000
-export RELAY__HTTP__MAX_CONNECTIONS_PER_IP=100000 RUST_LOG=warn
+export RELAY__HTTP__MAX_CONNECTIONS_PER_IP=100000 RUST_LOG=warn,relay::cluster=info
 "$RELAY" cluster up --dir "$DIR" --base-port 0 --nodes "$NODES" --shards "$SHARDS" > "$DIR/up.out" 2> "$DIR/up.err" &
 UP=$!
 for _ in $(seq 600); do [ -s "$DIR/up.out" ] && break; sleep 0.1; done
@@ -45,13 +45,15 @@ ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 declare -A BEFORE
 for p in "${NODE_PIDS[@]}" "${NATS_PIDS[@]}"; do BEFORE[$p]=$(ticks "$p"); done
 
+HANDED_BEFORE=$(grep -c "handed the shard over" "$DIR/up.err" || true)
 "$RELAY" bench --relays "${URLS[$((VIA - 1))]}" --relay-ids relay-c \
     --messages "$MESSAGES" --concurrency "$CONCURRENCY" --json > "$DIR/bench.json"
 
+HANDED=$(( $(grep -c "handed the shard over" "$DIR/up.err" || true) - HANDED_BEFORE ))
 HZ=$(getconf CLK_TCK)
 python3 - "$DIR/bench.json" "$HZ" "$NODES" "$VIA" \
     "$(for p in "${NODE_PIDS[@]}"; do echo -n "$p:$(( $(ticks "$p") - BEFORE[$p] )),"; done)" \
-    "$(for p in "${NATS_PIDS[@]}"; do echo -n "$p:$(( $(ticks "$p") - BEFORE[$p] )),"; done)" "$SHARDS" <<'PY'
+    "$(for p in "${NATS_PIDS[@]}"; do echo -n "$p:$(( $(ticks "$p") - BEFORE[$p] )),"; done)" "$SHARDS" "$HANDED" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 hz, nodes, via = float(sys.argv[2]), sys.argv[3], sys.argv[4]
@@ -61,4 +63,5 @@ def us(field):
 print(f"nodes={nodes} shards={sys.argv[7]} via=node{via} sent={r['sent']} errors={r['errors']} send/s={r['send_per_sec']} "
       f"p50={r['send_p50_ms']}ms p99={r['send_p99_ms']}ms")
 print(f"CPU µs per acknowledged send: relay nodes {us(sys.argv[5])} (node1 first), nats-servers {us(sys.argv[6])}")
+print(f"shards handed over during the bench: {sys.argv[8]}")
 PY

@@ -3,6 +3,8 @@
 //! or blocked relay (restoring deliveries, a slow store) never delays a
 //! renewal into a lost lease.
 
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, kv};
@@ -14,6 +16,23 @@ use crate::config::ClusterSection;
 
 /// After a request that got no answer, before the next one.
 const UNREACHABLE_PAUSE: Duration = Duration::from_millis(200);
+
+/// One node's tries to take free leases, one at a time: each waits
+/// `patience(held)` first and sees the leases the node took before it (so
+/// a node starting among others does not take every free shard at once).
+pub struct Claims {
+    turn: tokio::sync::Mutex<()>,
+    /// The leases this node holds: counted here when taken, given back by
+    /// the node when it stops serving one.
+    pub held: AtomicUsize,
+    patience: Box<dyn Fn(usize) -> Duration + Send + Sync>,
+}
+
+impl Claims {
+    pub fn new(patience: impl Fn(usize) -> Duration + Send + Sync + 'static) -> Self {
+        Claims { turn: Default::default(), held: AtomicUsize::new(0), patience: Box::new(patience) }
+    }
+}
 
 /// What the lease task tells the node.
 pub struct Lease {
@@ -29,14 +48,14 @@ pub struct Lease {
 
 /// Starts the task: it acquires lease `key` (as long as it takes), then
 /// keeps it until it is lost. `value` names this node and this process.
-/// Before each try to take a free lease it waits `patience()`: a node that
-/// already holds shards lets the others take this one first.
+/// Its tries to take the lease take turns with the node's other leases
+/// (`claims`).
 pub fn start(
     c: &ClusterSection,
     bucket: String,
     key: String,
     value: String,
-    patience: impl Fn() -> Duration + Send + 'static,
+    claims: Arc<Claims>,
 ) -> Result<Lease, String> {
     let (owner_tx, owner) = oneshot::channel();
     let (lost_tx, lost) = oneshot::channel();
@@ -54,7 +73,7 @@ pub fn start(
                 let start = Instant::now();
                 let ms = move || start.elapsed().as_millis() as u64;
                 let lease = Key { leases: &leases, key: &key, value: &value };
-                let role = acquire(lease, timing, ms, patience).await;
+                let role = acquire(lease, timing, ms, &claims).await;
                 if let Role::Owner { epoch, .. } = role {
                     if owner_tx.send(Ok(epoch)).is_ok() {
                         let why = keep(lease, role, timing, ms, &mut released).await;
@@ -114,12 +133,13 @@ async fn ours(l: Key<'_>, than: u64) -> Option<u64> {
 }
 
 /// Until this node owns the lease.
-async fn acquire(l: Key<'_>, timing: Timing, ms: impl Fn() -> u64, patience: impl Fn() -> Duration) -> Role {
+async fn acquire(l: Key<'_>, timing: Timing, ms: impl Fn() -> u64, claims: &Claims) -> Role {
     let (mut role, mut last_try) = (Role::Standby, None);
     loop {
         match lease::next(role, ms(), last_try, timing) {
             Step::Acquire => {
-                tokio::time::sleep(patience()).await;
+                let _turn = claims.turn.lock().await;
+                tokio::time::sleep((claims.patience)(claims.held.load(Relaxed))).await;
                 let sent = ms();
                 last_try = Some(sent);
                 let answer = match l.leases.create(l.key, l.value.to_owned().into()).await {
@@ -135,6 +155,8 @@ async fn acquire(l: Key<'_>, timing: Timing, ms: impl Fn() -> u64, patience: imp
                 };
                 role = lease::observe(role, Step::Acquire, answer, sent);
                 if matches!(role, Role::Owner { .. }) {
+                    // Counted before the turn passes: the next try sees it.
+                    claims.held.fetch_add(1, Relaxed);
                     return role;
                 }
             }

@@ -186,6 +186,8 @@ pub async fn serve(cfg: Config) -> Result<(), String> {
     }
     // Each shard: stand by for its lease, then serve it until it is lost.
     let nonce = rand::random::<u64>();
+    let (for_claims, shards, ttl) = (balance.clone(), c.shards, c.lease_ttl);
+    let claims = Arc::new(lease::Claims::new(move |held| for_claims.patience(held, shards, ttl)));
     let (stopping_tx, stopping) = watch::channel(false);
     let mut tasks = futures_util::stream::FuturesUnordered::new();
     for k in 0..c.shards {
@@ -195,6 +197,7 @@ pub async fn serve(cfg: Config) -> Result<(), String> {
             bucket: bucket.clone(),
             nonce,
             balance: balance.clone(),
+            claims: claims.clone(),
             owners: owners.clone(),
             metrics: metrics.clone(),
         };
@@ -222,8 +225,6 @@ pub async fn serve(cfg: Config) -> Result<(), String> {
 /// What a node knows of the balance of shards over the nodes.
 #[derive(Default)]
 struct Balance {
-    /// Shards this node serves now.
-    held: AtomicUsize,
     /// Nodes alive (their presence keys).
     live: AtomicUsize,
     /// This node serves at least two shards more than the least loaded
@@ -235,9 +236,10 @@ struct Balance {
 }
 
 impl Balance {
-    /// How long this node waits before taking a free shard (`relay_core::shard::patience_ms`).
-    fn patience(&self, shards: u32, ttl: Duration) -> Duration {
-        let (held, live) = (self.held.load(Relaxed), self.live.load(Relaxed));
+    /// How long this node, serving `held` shards, waits before taking a
+    /// free one (`relay_core::shard::patience_ms`).
+    fn patience(&self, held: usize, shards: u32, ttl: Duration) -> Duration {
+        let live = self.live.load(Relaxed);
         Duration::from_millis(relay_core::shard::patience_ms(held, live, shards, ttl.as_millis() as u64))
     }
 }
@@ -258,6 +260,7 @@ struct Shard {
     bucket: String,
     nonce: u64,
     balance: Arc<Balance>,
+    claims: Arc<lease::Claims>,
     owners: Owners,
     metrics: NodeMetrics,
 }
@@ -296,8 +299,7 @@ impl Shard {
         // The value names this node, where it serves and this process (a
         // node started again does not take its previous run's lease).
         let value = format!("{} {internal_addr} {:016x}", c.node, self.nonce);
-        let (balance, shards, ttl) = (self.balance.clone(), c.shards, c.lease_ttl);
-        let lease = lease::start(c, self.bucket.clone(), lease_key(k), value, move || balance.patience(shards, ttl))?;
+        let lease = lease::start(c, self.bucket.clone(), lease_key(k), value, self.claims.clone())?;
         let epoch = tokio::select! {
             owner = lease.owner => owner.map_err(|_| "the lease task ended".to_string())??,
             _ = stopping.wait_for(|s| *s) => return Ok(None),
@@ -311,7 +313,6 @@ impl Shard {
     async fn serve(&self, held: Held, mut stopping: watch::Receiver<bool>) -> Result<Served, String> {
         let (c, k) = (self.cluster()?, self.k);
         let Held { epoch, internal, mut lost, release, since } = held;
-        self.balance.held.fetch_add(1, Relaxed);
         let (owned, epoch_gauge) = &self.metrics.shards[k as usize];
         epoch_gauge.set(epoch as i64);
         tracing::info!(node = %c.node, shard = k, epoch, "took the lease: fencing and replaying the shard");
@@ -369,7 +370,7 @@ impl Shard {
         arbiter.stop();
         owned.set(0);
         epoch_gauge.set(0);
-        self.balance.held.fetch_sub(1, Relaxed);
+        self.claims.held.fetch_sub(1, Relaxed);
         ran?;
         if handed.load(Relaxed) {
             // Stopped gracefully and flushed: free the key for the next owner.
