@@ -32,6 +32,20 @@ impl Claims {
     pub fn new(patience: impl Fn(usize) -> Duration + Send + Sync + 'static) -> Self {
         Claims { turn: Default::default(), held: AtomicUsize::new(0), patience: Box::new(patience) }
     }
+
+    /// Waits out the patience for the shards held now, then takes the
+    /// turn, unless a lease taken meanwhile asks for more patience. The
+    /// wait is outside the turn, so one lease's wait holds up no other.
+    async fn turn(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        loop {
+            let waited = (self.patience)(self.held.load(Relaxed));
+            tokio::time::sleep(waited).await;
+            let turn = self.turn.lock().await;
+            if (self.patience)(self.held.load(Relaxed)) <= waited {
+                return turn;
+            }
+        }
+    }
 }
 
 /// What the lease task tells the node.
@@ -138,8 +152,7 @@ async fn acquire(l: Key<'_>, timing: Timing, ms: impl Fn() -> u64, claims: &Clai
     loop {
         match lease::next(role, ms(), last_try, timing) {
             Step::Acquire => {
-                let _turn = claims.turn.lock().await;
-                tokio::time::sleep((claims.patience)(claims.held.load(Relaxed))).await;
+                let _turn = claims.turn().await;
                 let sent = ms();
                 last_try = Some(sent);
                 let answer = match l.leases.create(l.key, l.value.to_owned().into()).await {
