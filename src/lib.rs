@@ -130,11 +130,8 @@ pub(crate) async fn run(
         cfg.delivery.attempt_timeout,
         clock.clone(),
         policy.clock_tolerance,
+        place.clone(),
     );
-    let peers = match &place {
-        Some(place) => peers.with_siblings(place.clone()),
-        None => peers,
-    };
     let mut peer_keys: std::collections::HashMap<_, _> = cfg
         .peers
         .iter()

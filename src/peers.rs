@@ -74,20 +74,13 @@ impl PeerClient {
         timeout: Duration,
         clock: SharedClock,
         clock_tolerance: u64,
+        siblings: Option<crate::cluster::ShardPlace>,
     ) -> Self {
         let peers: HashMap<_, _> = peers.iter().map(|p| (p.id.clone(), p.clone())).collect();
         let observer = Arc::new(PeerObserver::new(peers.keys().cloned()));
         let inner =
-            Inner { observer, relay_id: relay_id.into(), key, peers, timeout, clock, clock_tolerance, siblings: None };
+            Inner { observer, relay_id: relay_id.into(), key, peers, timeout, clock, clock_tolerance, siblings };
         PeerClient { inner: Arc::new(inner) }
-    }
-
-    /// The same client, for one shard of a cluster of several (before any clone).
-    pub fn with_siblings(mut self, place: crate::cluster::ShardPlace) -> Self {
-        if let Some(inner) = Arc::get_mut(&mut self.inner) {
-            inner.siblings = Some(place);
-        }
-        self
     }
 
     /// Whether `account_id` lives in another shard of this relay.

@@ -80,7 +80,8 @@ pub fn start(
         .name(format!("lease-{key}"))
         .spawn(move || {
             rt.block_on(async move {
-                let leases = match lease_bucket(&c, &bucket).await {
+                let opened = async { lease_bucket(&connect(&c).await?, &c, &bucket).await };
+                let leases = match opened.await {
                     Ok(leases) => leases,
                     Err(e) => return drop(owner_tx.send(Err(e))),
                 };
@@ -100,21 +101,30 @@ pub fn start(
     Ok(Lease { owner, lost, release })
 }
 
-/// The lease bucket, created on first use.
-pub async fn lease_bucket(c: &ClusterSection, name: &str) -> Result<kv::Store, String> {
-    bucket(c, name, c.lease_ttl).await
-}
-
-/// KV bucket `name` (created on first use), whose entries expire `max_age`
-/// after their last write (never when zero).
-pub async fn bucket(c: &ClusterSection, name: &str, max_age: Duration) -> Result<kv::Store, String> {
+/// A JetStream context on a connection of its own to `cluster.nats_urls`.
+pub async fn connect(c: &ClusterSection) -> Result<jetstream::Context, String> {
     let client = async_nats::ConnectOptions::new()
         .retry_on_initial_connect()
         .connection_timeout(Duration::from_secs(5))
         .connect(server_addrs(&c.nats_urls)?)
         .await
         .map_err(|e| format!("cluster.nats_urls: {e}"))?;
-    let js = jetstream::new(client);
+    Ok(jetstream::new(client))
+}
+
+/// The lease bucket, created on first use.
+pub async fn lease_bucket(js: &jetstream::Context, c: &ClusterSection, name: &str) -> Result<kv::Store, String> {
+    bucket(js, c, name, c.lease_ttl).await
+}
+
+/// KV bucket `name` (created on first use), whose entries expire `max_age`
+/// after their last write (never when zero).
+pub async fn bucket(
+    js: &jetstream::Context,
+    c: &ClusterSection,
+    name: &str,
+    max_age: Duration,
+) -> Result<kv::Store, String> {
     if let Ok(store) = js.get_key_value(name).await {
         return Ok(store);
     }

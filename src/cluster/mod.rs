@@ -51,7 +51,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::kv;
+use async_nats::jetstream::{kv, Context as JetStream};
 use relay_actors::store::{JetStreamConfig, JetStreamEngine, Store};
 use tokio::sync::watch;
 
@@ -100,8 +100,8 @@ fn bucket(c: &ClusterSection, relay_id: &str) -> String {
 /// to start writes it (bucket `RELAY_<id>_CLUSTER`, no expiry), and a node
 /// configured with another count refuses to start, since it would look
 /// for accounts in streams that do not hold them.
-async fn check_shard_count(c: &ClusterSection, relay_id: &str) -> Result<(), String> {
-    let settings = lease::bucket(c, &format!("RELAY_{}_CLUSTER", c.name(relay_id)), Duration::ZERO).await?;
+async fn check_shard_count(js: &JetStream, c: &ClusterSection, relay_id: &str) -> Result<(), String> {
+    let settings = lease::bucket(js, c, &format!("RELAY_{}_CLUSTER", c.name(relay_id)), Duration::ZERO).await?;
     let ours = c.shards.to_string();
     let theirs = match settings.create("shards", ours.clone().into()).await {
         Ok(_) => return Ok(()),
@@ -148,9 +148,11 @@ pub async fn serve(cfg: Config) -> Result<(), String> {
     let c = cfg.cluster.clone().ok_or("cluster mode needs a [cluster] section")?;
     crate::private_files();
     crate::prepare_data_dir(&cfg.relay.data_dir)?;
-    check_shard_count(&c, &cfg.relay.id).await?;
+    // One connection for the node's own reads (each lease has its own).
+    let js = lease::connect(&c).await?;
+    check_shard_count(&js, &c, &cfg.relay.id).await?;
     let bucket = bucket(&c, &cfg.relay.id);
-    let leases = lease::lease_bucket(&c, &bucket).await?;
+    let leases = lease::lease_bucket(&js, &c, &bucket).await?;
     // Created (if missing) once, before the shards' cores read them.
     crate::keys::load_or_generate(&cfg.relay.key_file)?;
     crate::push::Vapid::load_or_generate(&cfg.vapid_key_file(), cfg.vapid_subject())?;
@@ -273,8 +275,7 @@ impl Shard {
                 Served::Stopped => return Ok(()),
                 Served::HandedOver => {
                     // Let the lease and the counts settle before another.
-                    let ttl = self.cfg.cluster.as_ref().map_or(Duration::from_secs(3), |c| c.lease_ttl);
-                    actix_web::rt::time::sleep(ttl * 2).await;
+                    actix_web::rt::time::sleep(self.cluster()?.lease_ttl * 2).await;
                     self.balance.handing.store(false, Relaxed);
                 }
             }

@@ -42,7 +42,7 @@ use tokio::time::{timeout, timeout_at, Instant};
 
 use super::{NodeMetrics, Owners, FRONT_WAIT, OWNER_POLL};
 use crate::config::{Config, Websocket};
-use crate::http::{bearer, error_response, over_connection_cap};
+use crate::http::{bearer, error_and_close, error_response, over_connection_cap, read_body, BodyTimeout};
 use crate::observe::Held;
 
 /// How long an owner has to answer a request, head and body.
@@ -152,7 +152,7 @@ struct Front {
     owners: Owners,
     shards: u32,
     max_body_bytes: usize,
-    body_timeout: Duration,
+    body_timeout: BodyTimeout,
     ws: Websocket,
     /// The largest frame taken from an owner: a `message.timeline.sync`
     /// page (`limits.max_page_bytes`, and the one record that may pass it)
@@ -176,7 +176,7 @@ pub(crate) fn start(
         owners,
         shards,
         max_body_bytes: limits.max_body_bytes,
-        body_timeout: cfg.http.body_timeout,
+        body_timeout: BodyTimeout(cfg.http.body_timeout),
         ws: cfg.websocket.clone(),
         owner_frame_bytes: cfg
             .websocket
@@ -211,13 +211,10 @@ async fn route(front: web::Data<Front>, req: HttpRequest, body: web::Payload) ->
     if is_websocket(&req) {
         return websocket(front.into_inner(), req, body).await;
     }
-    let body = match read_body(&front, body).await {
+    // Bounded as the relay bounds it.
+    let body = match read_body(body, front.max_body_bytes, front.body_timeout).await {
         Ok(body) => body,
-        Err(e) => {
-            let mut refused = error_response(&e);
-            refused.head_mut().set_connection_type(actix_web::http::ConnectionType::Close);
-            return refused;
-        }
+        Err(e) => return error_and_close(&e),
     };
     let authorization = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
     let shard = shard_of(req.path(), authorization, &body, front.shards);
@@ -229,16 +226,6 @@ async fn route(front: web::Data<Front>, req: HttpRequest, body: web::Payload) ->
         }
         Some(Err(e)) => unavailable(&front, shard, &e),
         None => unavailable(&front, shard, &"no owner reachable within FRONT_WAIT"),
-    }
-}
-
-/// The whole body, bounded as the relay bounds it (`http::read_body`).
-async fn read_body(front: &Front, body: web::Payload) -> Result<Bytes, RelayError> {
-    match timeout(front.body_timeout, body.to_bytes_limited(front.max_body_bytes)).await {
-        Ok(Ok(Ok(body))) => Ok(body),
-        Ok(Ok(Err(e))) => Err(RelayError::invalid_params(format!("request body: {e}"))),
-        Ok(Err(_)) => Err(RelayError::payload_too_large("request body over limits.max_body_bytes")),
-        Err(_) => Err(RelayError::unavailable("request body not received within http.body_timeout")),
     }
 }
 

@@ -27,7 +27,8 @@ pub struct UpArgs {
     #[arg(long, default_value = "relay-c")]
     pub id: String,
     /// Shards the accounts are hashed into (`cluster.shards`): with more
-    /// than one, the nodes share the work. Fixed once the cluster has data.
+    /// than one, the nodes share the work. Fixed for the cluster's life:
+    /// on the same `--dir`, nodes given another count refuse to start.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=crate::config::MAX_SHARDS as i64))]
     pub shards: u32,
 }

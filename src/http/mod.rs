@@ -41,7 +41,7 @@ pub struct BodyTimeout(pub Duration);
 /// The whole body, or `payload_too_large` past `limits.max_body_bytes`, or
 /// `temporarily_unavailable` when it does not arrive within `http.body_timeout`
 /// (a retryable code: a peer's delivery must not end on a slow network).
-async fn read_body(body: web::Payload, limit: usize, within: BodyTimeout) -> Result<web::Bytes, RelayError> {
+pub(crate) async fn read_body(body: web::Payload, limit: usize, within: BodyTimeout) -> Result<web::Bytes, RelayError> {
     match actix_web::rt::time::timeout(within.0, body.to_bytes_limited(limit)).await {
         Ok(Ok(Ok(b))) => Ok(b),
         Ok(Ok(Err(e))) => Err(RelayError::invalid_params(format!("request body: {e}"))),
@@ -55,7 +55,7 @@ async fn read_body(body: web::Payload, limit: usize, within: BodyTimeout) -> Res
 
 /// An error answer after which the connection is closed: the rest of a
 /// body that timed out is not worth reading.
-fn error_and_close(e: &RelayError) -> HttpResponse {
+pub(crate) fn error_and_close(e: &RelayError) -> HttpResponse {
     let mut resp = error_response(e);
     resp.head_mut().set_connection_type(actix_web::http::ConnectionType::Close);
     resp

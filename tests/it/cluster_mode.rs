@@ -7,7 +7,7 @@ use crate::common;
 
 use common::client::{message_ids, mid, Client, User};
 use common::cluster::{free_port, write_key};
-use common::relay::{audit, RelayProc};
+use common::relay::{audit, exit_of, RelayProc};
 use common::wait::eventually;
 use common::ws::WsClient;
 use relay_actors::nats_server::{self, Member, NatsServer};
@@ -442,17 +442,7 @@ async fn shards_spread_over_nodes_and_cross_shard_sends_survive_killed_shard_own
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = refused.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            refused.kill().unwrap();
-            panic!("a node with another shard count started");
-        }
-        actix_rt::time::sleep(Duration::from_millis(50)).await;
-    };
+    let status = exit_of(&mut refused, "a node with another shard count exits", Duration::from_secs(30));
     let mut err = String::new();
     std::io::Read::read_to_string(&mut refused.stderr.take().unwrap(), &mut err).unwrap();
     assert!(!status.success() && err.contains("created with 4 shards"), "{err}");

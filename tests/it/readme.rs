@@ -12,7 +12,7 @@ use common::cluster::free_port;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The first ```sh block after the heading `heading` in README.md.
 fn readme_block(heading: &str) -> String {
@@ -100,18 +100,7 @@ trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
         err.read_to_string(&mut s).unwrap();
         s
     });
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            child.kill().unwrap();
-            panic!("the README steps did not finish within 120 s");
-        }
-        // Waits for the README's shell steps (an external process) to exit: the poll interval of try_wait.
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = common::relay::exit_of(&mut child, "the README steps finish", Duration::from_secs(120));
     let (out, err) = (out.join().unwrap(), err.join().unwrap());
     let log_a = std::fs::read_to_string(dir.path().join("data/relay-a.log")).unwrap_or_default();
     let log_b = std::fs::read_to_string(dir.path().join("data/relay-b.log")).unwrap_or_default();

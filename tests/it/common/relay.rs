@@ -218,9 +218,18 @@ impl RelayProc {
     }
 }
 
-/// The exit status of `c`, waiting (bounded) for it.
-fn exit_of(c: &mut Child, what: &str, limit: Duration) -> std::process::ExitStatus {
-    eventually_blocking(what, limit, || c.try_wait().unwrap().ok_or_else(|| "still running".to_string()))
+/// The exit status of `c`, waiting (bounded) for it; a child still
+/// running past `limit` is killed before the test fails, so it never
+/// outlives the test.
+pub fn exit_of(c: &mut Child, what: &str, limit: Duration) -> std::process::ExitStatus {
+    let waited = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        eventually_blocking(what, limit, || c.try_wait().unwrap().ok_or_else(|| "still running".to_string()))
+    }));
+    waited.unwrap_or_else(|failed| {
+        let _ = c.kill();
+        let _ = c.wait();
+        std::panic::resume_unwind(failed)
+    })
 }
 
 impl Drop for RelayProc {
