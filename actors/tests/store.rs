@@ -420,7 +420,7 @@ fn verify_chain_reports_clean_for_untouched_log() {
 fn verify_chain_finds_a_flipped_byte_in_a_stored_body() {
     let store = five_events();
     let key = Store::raw_event_key("s", 3);
-    let mut value = store.raw_db().get(&key).unwrap().unwrap().to_vec();
+    let mut value = store.raw_get(&key).unwrap().unwrap();
     let at = value.len() - 1 - value.iter().rev().position(|&b| b == b'h').unwrap();
     value[at] = b'j'; // "hello" -> "jello": still valid JSON
     store.raw_db().insert(&key, value).unwrap();
@@ -451,7 +451,7 @@ fn verify_chain_finds_a_forged_event_that_links_to_another_chain() {
     batch.append("s", Head::default(), vec![event(100), event(101), event(3)]);
     // Durable: the raw sled handle sees only what is behind a barrier.
     other.commit_durable_blocking(batch).unwrap();
-    let forged = other.raw_db().get(Store::raw_event_key("s", 3)).unwrap().unwrap();
+    let forged = other.raw_get(&Store::raw_event_key("s", 3)).unwrap().unwrap();
     store.raw_db().insert(Store::raw_event_key("s", 3), forged).unwrap();
 
     let findings = verify_chain(store.read("s", 0));
@@ -463,7 +463,7 @@ fn verify_chain_finds_a_forged_event_that_links_to_another_chain() {
 fn undecodable_record_is_reported_not_panicked() {
     let store = five_events();
     let key = Store::raw_event_key("s", 2);
-    let mut value = store.raw_db().get(&key).unwrap().unwrap().to_vec();
+    let mut value = store.raw_get(&key).unwrap().unwrap();
     value[32] = b'['; // body no longer an object
     store.raw_db().insert(&key, value).unwrap();
     store.raw_db().insert(Store::raw_event_key("s", 4), &b"short"[..]).unwrap();
@@ -556,16 +556,82 @@ fn killed_after_wal_commits() -> tempfile::TempDir {
 fn reopen_tampered(dir: &std::path::Path, tamper: impl FnOnce(&mut Vec<u8>)) -> (Vec<StoredEvent>, Option<u64>) {
     let copy = tempfile::tempdir().unwrap();
     copy_dir(dir, copy.path());
-    let wal = copy.path().join("wal");
+    // A fresh store writes its first log segment.
+    let wal = copy.path().join("log/0000000000000001");
     let mut log = std::fs::read(&wal).unwrap();
     assert_eq!(wal_records(&log).len() as u64, WAL_COMMITS, "one record per durable commit");
     tamper(&mut log);
     std::fs::write(&wal, &log).unwrap();
     let store = Store::open(copy.path()).unwrap();
-    assert_eq!(std::fs::metadata(&wal).unwrap().len(), 0, "the replay ends in a checkpoint");
+    let replay_from = std::fs::read_to_string(copy.path().join("log/replay-from")).unwrap();
+    assert_eq!(replay_from.trim(), "0000000000000002", "the replay ends in a checkpoint: a new segment");
+    assert_eq!(std::fs::metadata(copy.path().join("log/0000000000000002")).unwrap().len(), 0);
     assert_eq!(verify_chain(store.read("wal/s", 0)), []);
     let last = store.kv_get(b"last").unwrap().map(|v| u64::from_be_bytes(v.try_into().unwrap()));
-    (read_all(&store, "wal/s"), last)
+    let events = read_all(&store, "wal/s");
+    // What is written after the bad record survives the next open: it goes
+    // to the new segment, not after the record the replay stopped at.
+    append_n(&store, "wal/s", 1);
+    drop(store);
+    let store = Store::open(copy.path()).unwrap();
+    assert_eq!(read_all(&store, "wal/s").len(), events.len() + 1);
+    assert_eq!(verify_chain(store.read("wal/s", 0)), []);
+    (events, last)
+}
+
+#[test]
+fn a_store_from_before_log_segments_opens_as_is_and_keeps_its_inline_values() {
+    // A store of the earlier layout: one `wal` file, values inline in sled.
+    let dir = killed_after_wal_commits();
+    let copy = tempfile::tempdir().unwrap();
+    copy_dir(dir.path(), copy.path());
+    std::fs::rename(copy.path().join("log/0000000000000001"), copy.path().join("wal")).unwrap();
+    std::fs::remove_dir_all(copy.path().join("log")).unwrap();
+
+    let store = Store::open(copy.path()).unwrap();
+    assert!(!copy.path().join("wal").exists(), "replayed, then removed at the checkpoint");
+    assert_eq!(read_all(&store, "wal/s").len() as u64, WAL_COMMITS);
+    let raw_len = |store: &Store, seq| store.raw_db().get(Store::raw_event_key("wal/s", seq)).unwrap().unwrap().len();
+    assert!(raw_len(&store, 1) > 32, "the old log's values stay inline");
+    append_n(&store, "wal/s", 1);
+    assert_eq!(raw_len(&store, WAL_COMMITS + 1), 20, "a new event is a pointer into the log");
+    drop(store);
+
+    let store = Store::open(copy.path()).unwrap();
+    assert_eq!(read_all(&store, "wal/s").len() as u64, WAL_COMMITS + 1);
+    assert_eq!(verify_chain(store.read("wal/s", 0)), []);
+}
+
+#[test]
+fn event_values_read_back_through_pointers_across_segments_and_reopens() {
+    let dir = tempfile::tempdir().unwrap();
+    let small = |dir: &std::path::Path| {
+        let engine = relay_actors::store::SledEngine::open(dir, None).unwrap().with_checkpoint_bytes(2_000);
+        Store::with_engine(std::sync::Arc::new(engine)).unwrap()
+    };
+    let store = small(dir.path());
+    for _ in 0..30 {
+        append_n(&store, "a", 2);
+        append_n(&store, "b", 1);
+    }
+    let segments = || std::fs::read_dir(dir.path().join("log")).unwrap().count();
+    assert!(segments() > 5, "{} files in log/", segments());
+    let mut wanted = read_all(&store, "a");
+    wanted.extend(read_all(&store, "b"));
+    assert_eq!(wanted.len(), 90);
+    drop(store);
+
+    for _ in 0..2 {
+        let store = small(dir.path());
+        let mut found = read_all(&store, "a");
+        found.extend(read_all(&store, "b"));
+        let hashes = |events: &[StoredEvent]| {
+            events.iter().map(|e| (e.seq, e.hash, e.data.get().to_owned())).collect::<Vec<_>>()
+        };
+        assert_eq!(hashes(&found), hashes(&wanted));
+        assert_eq!(verify_chain(store.read("a", 0)), []);
+        assert_eq!(store.raw_db().get(Store::raw_event_key("a", 1)).unwrap().unwrap().len(), 20);
+    }
 }
 
 #[test]

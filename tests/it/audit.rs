@@ -171,14 +171,13 @@ fn verify_finds_one_flipped_byte_and_names_stream_and_seq() {
     let stream = account_stream(&fixture().accounts[0]);
     with_store(&data, |store| {
         let key = Store::raw_event_key(&stream, 2);
-        let db = store.raw_db();
-        let mut value = db.get(&key).unwrap().unwrap().to_vec();
+        let mut value = store.raw_get(&key).unwrap().unwrap();
         // A letter inside the event's data: still JSON, no longer the hashed bytes.
         let body = &value[32..];
         let at = 32 + body.windows(7).position(|w| w == b"\"data\":").unwrap() + 12;
         assert!(value[at].is_ascii_alphabetic(), "{}", value[at] as char);
         value[at] ^= 0x01;
-        db.insert(key, value).unwrap();
+        store.raw_db().insert(key, value).unwrap();
     });
     let found = findings(&data);
     assert_eq!(found.len(), 1, "{found:#?}");
@@ -209,7 +208,7 @@ fn verify_finds_two_reordered_events() {
     with_store(&data, |store| {
         let db = store.raw_db();
         let (k2, k3) = (Store::raw_event_key(&stream, 2), Store::raw_event_key(&stream, 3));
-        let (v2, v3) = (db.get(&k2).unwrap().unwrap(), db.get(&k3).unwrap().unwrap());
+        let (v2, v3) = (store.raw_get(&k2).unwrap().unwrap(), store.raw_get(&k3).unwrap().unwrap());
         db.insert(k2, v3).unwrap();
         db.insert(k3, v2).unwrap();
     });

@@ -17,16 +17,18 @@
 //!    every read sees them; nothing is durable yet.
 //! 3. The writer thread (`writer.rs`) takes everything queued as one group
 //!    and hands it to the engine: for sled, one record appended to the
-//!    write-ahead log (`wal.rs`, `sled_engine.rs`).
-//! 4. One barrier per group: `fdatasync` of the log. The writer publishes
-//!    the group's last ticket, then the group goes into sled (plain
-//!    inserts, no batch, no flush) and leaves the overlay.
+//!    current segment of the store's log (`wal.rs`, `sled_engine.rs`).
+//! 4. One barrier per group: `fdatasync` of the segment. The writer
+//!    publishes the group's last ticket, then the group goes into sled
+//!    (plain inserts, no batch, no flush; an event as a pointer to its bytes
+//!    in the segment) and leaves the overlay.
 //! 5. [`Store::durable`] resolves once the published ticket covers its own;
 //!    only then may the actor reply or call out (persist before effect). A
 //!    failed write or barrier is published too and is sticky: no waiter is
 //!    told Ok for what was not synced, and no commit is taken after it.
 //! 6. Every 64 MiB of log, and on open and close, a checkpoint: sled's
-//!    flush, fsync of its files and directories, then the log is truncated.
+//!    flush, fsync of its files and directories, then a new segment starts
+//!    and the next open replays from there.
 //!
 //! # Recovery (open)
 //! 1. sled recovers its own files: everything up to the last checkpoint,
@@ -38,7 +40,7 @@
 //!    of a group the log lacks, and every acknowledged commit is in the log
 //!    or behind a checkpoint: a commit is recovered whole or not at all, and
 //!    every `durable` one is.
-//! 3. A checkpoint empties the log. Stream heads are read from the data as
+//! 3. A checkpoint starts a new segment. Stream heads are read from the data as
 //!    commits need them; the event encoding is unchanged, so a data
 //!    directory written before the log existed opens as is.
 
@@ -584,6 +586,16 @@ impl Store {
         }
         let engine: &dyn std::any::Any = &*self.inner.shared.engine;
         engine.downcast_ref::<SledEngine>().expect("raw_db needs a sled store").db()
+    }
+
+    /// The value under a raw key as the engine resolves it (for sled, an
+    /// event's bytes from the log, where sled holds a pointer): for tests
+    /// that tamper with records through [`Store::raw_db`], which writes
+    /// values inline.
+    #[doc(hidden)]
+    pub fn raw_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.raw_db();
+        self.inner.shared.engine.get(key)
     }
 
     /// Raw pairs whose key starts with `prefix`, through the engine (any

@@ -1,4 +1,4 @@
-//! Framing of the write-ahead log: one record per group. Pure (no IO).
+//! Framing of the store's log (its segments): one record per group. Pure (no IO).
 //!
 //! ```text
 //! record := len (u32 LE, of payload) ‖ crc32 (u32 LE, of len ‖ payload) ‖ payload
@@ -70,10 +70,27 @@ fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(bytes);
 }
 
-/// What a log holds: the groups of its valid prefix, and that prefix's length.
+/// Where each write's value lies in the record of `group` that starts at
+/// `at` in its file (`None` for a remove): the value log points there
+/// instead of copying the value.
+pub(super) fn value_offsets(group: &[Write], at: u64) -> impl Iterator<Item = Option<u64>> + '_ {
+    let mut pos = at + HEADER as u64;
+    group.iter().map(move |w| {
+        let value = match w {
+            Write::Put(k, _) => Some(pos + 9 + k.len() as u64),
+            Write::Remove(_) => None,
+        };
+        pos += encoded_len(w) as u64;
+        value
+    })
+}
+
+/// What a log holds: the groups of its valid prefix with where each
+/// record starts, and that prefix's length.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(super) struct Decoded {
     pub groups: Vec<Vec<Write>>,
+    pub starts: Vec<usize>,
     pub valid_len: usize,
 }
 
@@ -82,6 +99,7 @@ pub(super) fn decode(log: &[u8]) -> Decoded {
     let mut at = 0;
     while let Some((group, len)) = record(&log[at..]) {
         decoded.groups.push(group);
+        decoded.starts.push(at);
         at += len;
     }
     decoded.valid_len = at;
@@ -147,8 +165,24 @@ mod tests {
 
     #[test]
     fn records_decode_to_the_groups_written() {
+        let (log, ends) = written();
+        let starts = vec![0, ends[0], ends[1]];
+        assert_eq!(decode(&log), Decoded { groups: groups(), starts, valid_len: log.len() });
+    }
+
+    #[test]
+    fn value_offsets_point_at_each_put_value_in_its_record() {
         let (log, _) = written();
-        assert_eq!(decode(&log), Decoded { groups: groups(), valid_len: log.len() });
+        let decoded = decode(&log);
+        for (group, &start) in decoded.groups.iter().zip(&decoded.starts) {
+            for (w, at) in group.iter().zip(value_offsets(group, start as u64)) {
+                match (w, at) {
+                    (Write::Put(_, v), Some(at)) => assert_eq!(&log[at as usize..at as usize + v.len()], v),
+                    (Write::Remove(_), None) => {}
+                    other => panic!("{other:?}"),
+                }
+            }
+        }
     }
 
     #[test]
