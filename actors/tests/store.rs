@@ -580,6 +580,69 @@ fn reopen_tampered(dir: &std::path::Path, tamper: impl FnOnce(&mut Vec<u8>)) -> 
 }
 
 #[test]
+fn a_log_no_crash_could_leave_is_refused_not_replayed_out_of_order() {
+    let dir = killed_after_wal_commits();
+    let refused = |tamper: &dyn Fn(&std::path::Path)| {
+        let copy = tempfile::tempdir().unwrap();
+        copy_dir(dir.path(), copy.path());
+        tamper(copy.path());
+        match Store::open(copy.path()) {
+            Err(StoreError::Io(e)) => e,
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("opened"),
+        }
+    };
+    let seg = |dir: &std::path::Path, n: u64| dir.join(format!("log/{n:016x}"));
+    // A damaged record with records in a later segment: damage, not a crash.
+    let e = refused(&|d| {
+        let mut log = std::fs::read(seg(d, 1)).unwrap();
+        let third = wal_records(&log)[2];
+        std::fs::write(seg(d, 2), &log[..third]).unwrap();
+        log[third + 9] ^= 1;
+        std::fs::write(seg(d, 1), &log).unwrap();
+    });
+    assert!(e.contains("damaged record"), "{e}");
+    // replay-from naming a segment that is not there.
+    let e = refused(&|d| std::fs::write(d.join("log/replay-from"), "0000000000000007\n").unwrap());
+    assert!(e.contains("missing"), "{e}");
+    // Records both in an old `wal` and in a segment.
+    let e = refused(&|d| std::fs::copy(seg(d, 1), d.join("wal")).map(drop).unwrap());
+    assert!(e.contains("both wal and log segments"), "{e}");
+}
+
+#[test]
+fn a_pointer_past_its_segment_is_a_corrupt_record_not_an_allocation() {
+    let store = five_events();
+    let key = Store::raw_event_key("s", 2);
+    let pointer = |segment: u64, offset: u64, len: u32| {
+        let mut p = segment.to_be_bytes().to_vec();
+        p.extend_from_slice(&offset.to_be_bytes());
+        p.extend_from_slice(&len.to_be_bytes());
+        p
+    };
+    let good = store.raw_db().get(&key).unwrap().unwrap().to_vec();
+    let segment = u64::from_be_bytes(good[..8].try_into().unwrap());
+    // Checked against the segment's length before a buffer is allocated.
+    let cases = [
+        (pointer(segment, 0, u32::MAX), "past the segment's end"),
+        (pointer(segment, u64::MAX, 40), "past any file"),
+        (pointer(segment + 9, 0, 40), "No such file"),
+    ];
+    for (bad, says) in cases {
+        store.raw_db().insert(&key, bad).unwrap();
+        match store.read("s", 1).next() {
+            Some(Err(StoreError::Corrupt { stream, seq, what })) => {
+                assert_eq!((stream.as_str(), seq), ("s", 2), "{what}");
+                assert!(what.contains("log segment") && what.contains(says), "{what}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    store.raw_db().insert(&key, good).unwrap();
+    assert_eq!(verify_chain(store.read("s", 0)), []);
+}
+
+#[test]
 fn a_store_from_before_log_segments_opens_as_is_and_keeps_its_inline_values() {
     // A store of the earlier layout: one `wal` file, values inline in sled.
     let dir = killed_after_wal_commits();

@@ -33,15 +33,17 @@
 //! # Recovery (open)
 //! 1. sled recovers its own files: everything up to the last checkpoint,
 //!    and possibly some of what followed.
-//! 2. The log's records are read in order up to the first one that is torn,
-//!    fails its checksum or does not parse; those groups are inserted into
-//!    sled again in order (puts and removes: replaying them is idempotent).
+//! 2. The log's records are synced, then read in order up to the first one
+//!    that is torn, fails its checksum or does not parse; those groups are
+//!    inserted into sled again in order (puts and removes: replaying them is
+//!    idempotent).
 //!    Only groups behind a barrier ever reached sled, so sled holds no part
 //!    of a group the log lacks, and every acknowledged commit is in the log
 //!    or behind a checkpoint: a commit is recovered whole or not at all, and
 //!    every `durable` one is.
 //! 3. A checkpoint starts a new segment. Stream heads are read from the data as
-//!    commits need them; the event encoding is unchanged, so a data
+//!    commits need them. The event encoding and hash chain are unchanged
+//!    (sled now holds a pointer to the bytes instead of the bytes), so a data
 //!    directory written before the log existed opens as is.
 
 mod codec;

@@ -18,12 +18,13 @@
 //!    in the segment (`segment ‖ offset ‖ len`, big-endian), read back with
 //!    `pread`. sled 0.34 logs every insert and rewrites a leaf whole every
 //!    few updates to it, with values inline: leaves of pointers keep those
-//!    rewrites small (the disk bytes per send fell from ~29 KiB to the
-//!    figures in the README). Event values are never shorter than 33 bytes
-//!    (a hash and a body), so a 20-byte value under an event key is a
-//!    pointer and anything else is inline: stores written before the value
-//!    log open as they are. Other values (kv entries, snapshots) are small
-//!    or overwritten, and stay inline.
+//!    rewrites small (the disk bytes per send in the README). Every event
+//!    installed from a segment is a pointer; a store written before the
+//!    value log has its events inline, and those are never 20 bytes long
+//!    (a 32-byte hash and a body), so the length tells them apart and such a
+//!    store opens as it is. Other values (kv entries, snapshots) are small
+//!    or overwritten, and stay inline. A store written by this version
+//!    cannot be read by an earlier one.
 //! 4. A checkpoint, when the segment passes [`CHECKPOINT_BYTES`], on open
 //!    and on close: `Db::flush`, fsync of every file of sled's and of its
 //!    directories, then a new segment is started and `log/replay-from`
@@ -34,10 +35,14 @@
 //!    end in the same state.
 //! 5. Open: sled recovers; a store's `wal` file from before segments is
 //!    replayed into sled (values inline) and removed at the checkpoint; the
-//!    segments from `replay-from` on are replayed in order up to the first
-//!    torn or checksum-bad record; then a checkpoint, which starts a new
-//!    segment when the last one is not empty (so nothing is ever appended
-//!    after a torn record).
+//!    segments from `replay-from` on are synced (a crash may have left an
+//!    unsynced tail, which must be durable before sled points into it) and
+//!    replayed in order up to the first torn or checksum-bad record; then a
+//!    checkpoint, which starts a new segment when the last one is not empty
+//!    (so nothing is ever appended after a torn record). A log that no crash
+//!    of this engine could leave (a missing or skipped segment, records
+//!    after a damaged one, records in both `wal` and segments) is refused
+//!    rather than replayed out of order.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -84,7 +89,14 @@ struct Log {
 /// The segment files, for reading values through pointers.
 struct Segments {
     dir: PathBuf,
-    readers: Mutex<HashMap<u64, Arc<File>>>,
+    readers: Mutex<HashMap<u64, Arc<Reader>>>,
+}
+
+/// An open segment and the length it was last seen to have: a pointer
+/// past it is checked against the file before anything is allocated.
+struct Reader {
+    file: File,
+    len: AtomicU64,
 }
 
 impl Segments {
@@ -108,6 +120,7 @@ impl Segments {
         Ok(found)
     }
 
+    /// The segment `replay-from` names; 0 before the first checkpoint.
     fn replay_from(&self) -> Result<u64, StoreError> {
         match std::fs::read_to_string(self.dir.join(REPLAY_FROM)) {
             Ok(text) => u64::from_str_radix(text.trim(), 16)
@@ -127,33 +140,70 @@ impl Segments {
         File::open(&self.dir)?.sync_all()
     }
 
-    fn reader(&self, segment: u64) -> Result<Arc<File>, StoreError> {
-        let mut readers = self.readers.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(f) = readers.get(&segment) {
-            return Ok(f.clone());
+    fn reader(&self, segment: u64) -> std::io::Result<Arc<Reader>> {
+        if let Some(r) = lock(&self.readers).get(&segment) {
+            return Ok(r.clone());
         }
+        let file = File::open(self.path(segment))?;
+        let len = AtomicU64::new(file.metadata()?.len());
+        let mut readers = lock(&self.readers);
         if readers.len() >= READERS_KEPT {
             readers.clear();
         }
-        let f = Arc::new(File::open(self.path(segment)).map_err(io("open log segment"))?);
-        readers.insert(segment, f.clone());
-        Ok(f)
+        Ok(readers.entry(segment).or_insert_with(|| Arc::new(Reader { file, len })).clone())
     }
 
     /// The value stored under `key` as sled holds it: inline, or the bytes
-    /// a pointer names.
+    /// a pointer names. A pointer that names no bytes of a segment is
+    /// reported as a corrupt record of its stream.
     fn resolve(&self, key: &[u8], value: &[u8]) -> Result<Vec<u8>, StoreError> {
         if key.first() != Some(&codec::EVENT) || value.len() != POINTER_LEN {
             return Ok(value.to_vec());
         }
         let num = |r: std::ops::Range<usize>| value[r].iter().fold(0u64, |n, &b| n << 8 | u64::from(b));
-        let (segment, offset, len) = (num(0..8), num(8..16), num(16..20) as usize);
-        let mut bytes = vec![0; len];
-        self.reader(segment)?
-            .read_exact_at(&mut bytes, offset)
-            .map_err(|e| StoreError::Io(format!("read value at {offset} in log segment {segment:016x}: {e}")))?;
+        let (segment, offset, len) = (num(0..8), num(8..16), num(16..20));
+        let corrupt = |what: String| {
+            let (stream, seq) =
+                codec::parse_event_key(key).unwrap_or_else(|_| (String::from_utf8_lossy(key).into(), 0));
+            StoreError::Corrupt {
+                stream,
+                seq,
+                what: format!("value at {offset}+{len} in log segment {segment:016x}: {what}"),
+            }
+        };
+        let reader = self.reader(segment).map_err(|e| corrupt(e.to_string()))?;
+        let end = offset.checked_add(len).ok_or_else(|| corrupt("past any file".into()))?;
+        if end > reader.len.load(Relaxed) {
+            // The segment may have grown since it was opened.
+            let now = reader.file.metadata().map_err(|e| corrupt(e.to_string()))?.len();
+            reader.len.store(now, Relaxed);
+            if end > now {
+                return Err(corrupt(format!("past the segment's end ({now})")));
+            }
+        }
+        let mut bytes = vec![0; len as usize];
+        reader.file.read_exact_at(&mut bytes, offset).map_err(|e| corrupt(e.to_string()))?;
         Ok(bytes)
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Which segments an open replays, given `replay-from` (0 when absent) and
+/// the segment numbers found: those from it on, which must be consecutive
+/// and start at the one it names. Anything else is not a log this engine
+/// wrote, and guessing could replay groups out of order.
+fn to_replay(from: u64, found: &[u64]) -> Result<Vec<u64>, String> {
+    let replay: Vec<u64> = found.iter().copied().filter(|&s| s >= from).collect();
+    if from > 0 && replay.first() != Some(&from) {
+        return Err(format!("{REPLAY_FROM} names segment {from:016x}, which is missing"));
+    }
+    if let Some(w) = replay.windows(2).find(|w| w[1] != w[0] + 1) {
+        return Err(format!("log segments {:016x} to {:016x} are missing", w[0] + 1, w[1] - 1));
+    }
+    Ok(replay)
 }
 
 fn pointer(segment: u64, offset: u64, len: usize) -> [u8; POINTER_LEN] {
@@ -212,17 +262,40 @@ impl SledEngine {
             config = config.cache_capacity(bytes);
         }
         let db = open_waiting_for_lock(&config)?;
-        if let Some(legacy) = read_if_present(&dir.join(LEGACY_WAL))? {
-            replay(&db, &legacy, None, "write-ahead log")?;
-        }
+        let legacy = read_if_present(&dir.join(LEGACY_WAL))?.unwrap_or_default();
+        replay(&db, &legacy, None, "write-ahead log")?;
         let segments = Arc::new(Segments { dir: dir.join(LOG_DIR), readers: Mutex::default() });
         std::fs::create_dir_all(&segments.dir).map_err(io("create log directory"))?;
         let from = segments.replay_from()?;
         let found = segments.list().map_err(io("list log segments"))?;
-        for &segment in found.iter().filter(|&&s| s >= from) {
-            let bytes = read_if_present(&segments.path(segment))?.unwrap_or_default();
+        let bad_log = |what: String| StoreError::Io(format!("{}: {what}; refusing to open", segments.dir.display()));
+        let replayed = to_replay(from, &found).map_err(bad_log)?;
+        let mut lens = Vec::with_capacity(replayed.len());
+        for &segment in &replayed {
+            lens.push(std::fs::metadata(segments.path(segment)).map_err(io("open log segment"))?.len());
+        }
+        if !legacy.is_empty() && lens.iter().any(|&len| len > 0) {
+            // Only a binary from before segments, run after this one, leaves both.
+            return Err(bad_log(format!("both {LEGACY_WAL} and log segments hold records")));
+        }
+        let mut synced = 0;
+        for (i, &segment) in replayed.iter().enumerate() {
+            let path = segments.path(segment);
+            // What a crash left unsynced at the tail becomes durable before
+            // sled points into it (and before replay-from passes it).
+            File::open(&path).and_then(|f| f.sync_data()).map_err(io("sync log segment"))?;
+            synced += 1;
+            let bytes = read_if_present(&path)?.unwrap_or_default();
             if !replay(&db, &bytes, Some(segment), "log segment")? {
-                break; // a prefix of the groups: nothing after a bad record
+                // Only the last segment with records can end torn: a bad
+                // record with records after it is damage, not a crash.
+                if let Some(j) = lens[i + 1..].iter().position(|&len| len > 0) {
+                    let later = replayed[i + 1 + j];
+                    return Err(bad_log(format!(
+                        "segment {segment:016x} has a damaged record and segment {later:016x} after it holds records"
+                    )));
+                }
+                break;
             }
         }
         let segment = found.last().copied().unwrap_or(1).max(from);
@@ -236,7 +309,7 @@ impl SledEngine {
             log: Mutex::new(Log { file, segment, len, pending: Vec::new(), buf: Vec::new() }),
             checkpoint_bytes: CHECKPOINT_BYTES,
             bytes: AtomicU64::new(0),
-            barriers: AtomicU64::new(0),
+            barriers: AtomicU64::new(synced),
         };
         // Also makes the segment's own directory entry durable.
         engine.checkpoint(&mut engine.lock())?;
@@ -256,7 +329,7 @@ impl SledEngine {
     }
 
     fn lock(&self) -> MutexGuard<'_, Log> {
-        self.log.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.log)
     }
 
     /// Step 4 of the module doc. The caller holds the log, so no group is
@@ -325,7 +398,7 @@ fn insert_all(db: &sled::Db, group: &[Write], record: Option<(u64, u64)>) -> Res
         let at = offsets.next().flatten();
         match w {
             Write::Put(k, v) => match (record, at) {
-                (Some((segment, _)), Some(at)) if k.first() == Some(&codec::EVENT) && v.len() > POINTER_LEN => {
+                (Some((segment, _)), Some(at)) if k.first() == Some(&codec::EVENT) => {
                     db.insert(k.as_slice(), &pointer(segment, at, v.len())[..])?
                 }
                 _ => db.insert(k.as_slice(), v.as_slice())?,
@@ -419,5 +492,30 @@ impl Engine for SledEngine {
 
     fn barriers(&self) -> u64 {
         self.barriers.load(Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_open_replays_consecutive_segments_from_the_one_replay_from_names() {
+        assert_eq!(to_replay(0, &[]), Ok(vec![]));
+        assert_eq!(to_replay(0, &[1]), Ok(vec![1]), "before the first replay-from");
+        assert_eq!(to_replay(3, &[1, 2, 3, 4]), Ok(vec![3, 4]));
+        assert_eq!(to_replay(3, &[3]), Ok(vec![3]));
+        assert!(to_replay(3, &[1, 2]).unwrap_err().contains("which is missing"));
+        assert!(to_replay(3, &[1, 2, 4]).unwrap_err().contains("which is missing"));
+        assert!(to_replay(3, &[3, 5]).unwrap_err().contains("0000000000000004 to 0000000000000004 are missing"));
+    }
+
+    #[test]
+    fn a_pointer_is_what_its_fields_say() {
+        let p = pointer(0x0102, 0x0304, 0x0506);
+        assert_eq!(p.len(), POINTER_LEN);
+        assert_eq!(p[..8], 0x0102u64.to_be_bytes());
+        assert_eq!(p[8..16], 0x0304u64.to_be_bytes());
+        assert_eq!(p[16..], 0x0506u32.to_be_bytes());
     }
 }
