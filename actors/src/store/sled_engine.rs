@@ -53,6 +53,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::engine::{Engine, KvIter, Write};
+use super::writer::lock;
 use super::{codec, wal, StoreError};
 
 /// A segment is closed by a checkpoint past this size: it bounds the replay
@@ -157,7 +158,7 @@ impl Segments {
     /// a pointer names. A pointer that names no bytes of a segment is
     /// reported as a corrupt record of its stream.
     fn resolve(&self, key: &[u8], value: &[u8]) -> Result<Vec<u8>, StoreError> {
-        if key.first() != Some(&codec::EVENT) || value.len() != POINTER_LEN {
+        if !pointed(key) || value.len() != POINTER_LEN {
             return Ok(value.to_vec());
         }
         let num = |r: std::ops::Range<usize>| value[r].iter().fold(0u64, |n, &b| n << 8 | u64::from(b));
@@ -187,10 +188,6 @@ impl Segments {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// Which segments an open replays, given `replay-from` (0 when absent) and
 /// the segment numbers found: those from it on, which must be consecutive
 /// and start at the one it names. Anything else is not a log this engine
@@ -204,6 +201,12 @@ fn to_replay(from: u64, found: &[u64]) -> Result<Vec<u64>, String> {
         return Err(format!("log segments {:016x} to {:016x} are missing", w[0] + 1, w[1] - 1));
     }
     Ok(replay)
+}
+
+/// Whether sled holds `key`'s value as a pointer when it came from a
+/// segment (step 3 of the module doc): the one rule for writes and reads.
+fn pointed(key: &[u8]) -> bool {
+    key.first() == Some(&codec::EVENT)
 }
 
 fn pointer(segment: u64, offset: u64, len: usize) -> [u8; POINTER_LEN] {
@@ -262,7 +265,7 @@ impl SledEngine {
             config = config.cache_capacity(bytes);
         }
         let db = open_waiting_for_lock(&config)?;
-        let legacy = read_if_present(&dir.join(LEGACY_WAL))?.unwrap_or_default();
+        let legacy = read_or_empty(&dir.join(LEGACY_WAL))?;
         replay(&db, &legacy, None, "write-ahead log")?;
         let segments = Arc::new(Segments { dir: dir.join(LOG_DIR), readers: Mutex::default() });
         std::fs::create_dir_all(&segments.dir).map_err(io("create log directory"))?;
@@ -283,9 +286,11 @@ impl SledEngine {
             let path = segments.path(segment);
             // What a crash left unsynced at the tail becomes durable before
             // sled points into it (and before replay-from passes it).
-            File::open(&path).and_then(|f| f.sync_data()).map_err(io("sync log segment"))?;
+            let mut file = File::open(&path).map_err(io("open log segment"))?;
+            file.sync_data().map_err(io("sync log segment"))?;
             synced += 1;
-            let bytes = read_if_present(&path)?.unwrap_or_default();
+            let mut bytes = Vec::new();
+            file.read_to_end(&mut bytes).map_err(io("read log segment"))?;
             if !replay(&db, &bytes, Some(segment), "log segment")? {
                 // Only the last segment with records can end torn: a bad
                 // record with records after it is damage, not a crash.
@@ -361,11 +366,12 @@ fn io(what: &'static str) -> impl Fn(std::io::Error) -> StoreError {
     move |e| StoreError::Io(format!("{what}: {e}"))
 }
 
-fn read_if_present(path: &Path) -> Result<Option<Vec<u8>>, StoreError> {
+/// A file's bytes, none when it does not exist (a store's old `wal`).
+fn read_or_empty(path: &Path) -> Result<Vec<u8>, StoreError> {
     let mut bytes = Vec::new();
     match File::open(path) {
-        Ok(mut f) => f.read_to_end(&mut bytes).map(|_| Some(bytes)).map_err(io("read log")),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Ok(mut f) => f.read_to_end(&mut bytes).map(|_| bytes).map_err(io("read log")),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(bytes),
         Err(e) => Err(io("open log")(e)),
     }
 }
@@ -398,7 +404,7 @@ fn insert_all(db: &sled::Db, group: &[Write], record: Option<(u64, u64)>) -> Res
         let at = offsets.next().flatten();
         match w {
             Write::Put(k, v) => match (record, at) {
-                (Some((segment, _)), Some(at)) if k.first() == Some(&codec::EVENT) => {
+                (Some((segment, _)), Some(at)) if pointed(k) => {
                     db.insert(k.as_slice(), &pointer(segment, at, v.len())[..])?
                 }
                 _ => db.insert(k.as_slice(), v.as_slice())?,
