@@ -62,7 +62,7 @@ impl<T> Wire<T> {
             return Ok(());
         }
         verify_object(tag, &self.map()?, key)?;
-        crate::verified::MEMO.insert(memo);
+        crate::verified::MEMO.insert(memo, ());
         Ok(())
     }
 }

@@ -4,7 +4,7 @@
 //! Verification is strict: non-canonical encodings and small-order keys or
 //! points are rejected.
 
-use crate::encoding::{b64_decode_array, b64_encode, jcs};
+use crate::encoding::{b64_decode_array, b64_encode, jcs, jcs_object_without};
 use crate::RelayError;
 use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use serde_json::{Map, Value};
@@ -41,27 +41,26 @@ impl Tag {
 
 /// The bytes an object's signature covers: every member but `signature`.
 pub fn signed_bytes(tag: Tag, object: &Map<String, Value>) -> Result<Vec<u8>, RelayError> {
-    struct WithoutSignature<'a>(&'a Map<String, Value>);
-    impl serde::Serialize for WithoutSignature<'_> {
-        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-            s.collect_map(self.0.iter().filter(|(k, _)| k.as_str() != "signature"))
-        }
-    }
     let mut out = Vec::with_capacity(256);
     out.extend_from_slice(tag.as_str().as_bytes());
     out.push(b'\n');
-    out.extend_from_slice(&jcs(&WithoutSignature(object))?);
+    out.extend_from_slice(&jcs_object_without(object, "signature")?);
     Ok(out)
 }
 
 /// Parses a base64url Ed25519 public key, rejecting small-order (weak) keys.
+/// A key accepted before is not decompressed again (`verified.rs`).
 pub fn parse_public_key(field: &str, b64: &str) -> Result<VerifyingKey, RelayError> {
     let bytes: [u8; 32] = b64_decode_array(field, b64)?;
+    if let Some(key) = crate::verified::KEYS.get(&bytes) {
+        return Ok(key);
+    }
     let key = VerifyingKey::from_bytes(&bytes)
         .map_err(|_| RelayError::invalid_params(format!("{field}: not an Ed25519 public key")))?;
     if key.is_weak() {
         return Err(RelayError::invalid_signature(format!("{field}: small-order key")));
     }
+    crate::verified::KEYS.insert(bytes, key);
     Ok(key)
 }
 
@@ -134,8 +133,12 @@ mod tests {
         // The identity point: a small-order key that plain verification accepts.
         let mut id = [0u8; 32];
         id[0] = 1;
-        let e = parse_public_key("k", &b64_encode(&id)).unwrap_err();
-        assert_eq!(e.code, crate::ErrorCode::InvalidSignature);
+        // Twice: a refusal is never remembered as a key.
+        for _ in 0..2 {
+            let e = parse_public_key("k", &b64_encode(&id)).unwrap_err();
+            assert_eq!(e.code, crate::ErrorCode::InvalidSignature);
+        }
+        assert!(crate::verified::KEYS.get(&id).is_none());
     }
 
     #[test]

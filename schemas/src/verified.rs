@@ -1,31 +1,42 @@
-//! A memo of signed objects already verified: `Wire::verify` of the same
-//! bytes under the same tag and key succeeds again without the JSON parse,
-//! the JCS and the Ed25519 check (~40 µs). A local send verifies its
-//! envelope at the sender and again at the recipient, and a device's
-//! certificate is checked with every message it sends.
+//! Memos of pure work on public bytes, process-wide.
 //!
-//! Sound because verification is a pure function of (tag, key, raw bytes):
-//! the memo key is blake3 of all three, and only successes are kept.
-//! Bounded: sharded sets, each cleared whole when it reaches its capacity
-//! (a miss only costs a verification again). Shards keep the lock short
-//! and uncontended across worker threads.
+//! - [`MEMO`]: signed objects already verified. `Wire::verify` of the same
+//!   bytes under the same tag and key succeeds again without the JSON
+//!   parse, the JCS and the Ed25519 check (~40 µs). A local send verifies
+//!   its envelope at the sender and again at the recipient, and a device's
+//!   certificate is checked with every message it sends. Sound because
+//!   verification is a pure function of (tag, key, raw bytes): the memo
+//!   key is blake3 of all three, and only successes are kept.
+//! - [`KEYS`]: public keys already parsed. An Ed25519 key is a compressed
+//!   point; parsing it takes a field square root (~5 µs), and every send
+//!   parses the same keys again (its certificate's account and device keys
+//!   at the recipient, the route's at a cross-relay destination). Keyed by
+//!   the 32 bytes themselves; only keys that parsed and are not weak are
+//!   kept.
+//!
+//! Bounded: sharded maps, each cleared whole when it reaches its capacity
+//! (a miss only costs the work again). Shards keep the lock short and
+//! uncontended across worker threads.
 
 use crate::sign::Tag;
 use ed25519_dalek::VerifyingKey;
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::Mutex;
 
 const SHARDS: usize = 16;
 const PER_SHARD: usize = 4096;
 
-type Shard = Mutex<Option<HashSet<[u8; 32]>>>;
+type Shard<V> = Mutex<Option<HashMap<[u8; 32], V>>>;
 
-pub(crate) struct Memo {
-    shards: [Shard; SHARDS],
+pub(crate) struct Memo<V> {
+    shards: [Shard<V>; SHARDS],
 }
 
-/// The process-wide memo `Wire::verify` consults.
-pub(crate) static MEMO: Memo = Memo::new();
+/// Signatures `Wire::verify` found good, by [`key`].
+pub(crate) static MEMO: Memo<()> = Memo::new();
+
+/// Public keys `parse_public_key` accepted, by their bytes.
+pub(crate) static KEYS: Memo<VerifyingKey> = Memo::new();
 
 /// The memo key of one verification.
 pub(crate) fn key(tag: Tag, key: &VerifyingKey, raw: &str) -> [u8; 32] {
@@ -37,26 +48,30 @@ pub(crate) fn key(tag: Tag, key: &VerifyingKey, raw: &str) -> [u8; 32] {
     *h.finalize().as_bytes()
 }
 
-impl Memo {
+impl<V: Copy> Memo<V> {
     const fn new() -> Self {
         Memo { shards: [const { Mutex::new(None) }; SHARDS] }
     }
 
-    fn shard(&self, k: &[u8; 32]) -> std::sync::MutexGuard<'_, Option<HashSet<[u8; 32]>>> {
+    fn shard(&self, k: &[u8; 32]) -> std::sync::MutexGuard<'_, Option<HashMap<[u8; 32], V>>> {
         self.shards[k[0] as usize % SHARDS].lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(crate) fn contains(&self, k: &[u8; 32]) -> bool {
-        self.shard(k).as_ref().is_some_and(|s| s.contains(k))
+    pub(crate) fn get(&self, k: &[u8; 32]) -> Option<V> {
+        self.shard(k).as_ref().and_then(|s| s.get(k).copied())
     }
 
-    pub(crate) fn insert(&self, k: [u8; 32]) {
+    pub(crate) fn contains(&self, k: &[u8; 32]) -> bool {
+        self.get(k).is_some()
+    }
+
+    pub(crate) fn insert(&self, k: [u8; 32], v: V) {
         let mut shard = self.shard(&k);
-        let set = shard.get_or_insert_with(HashSet::new);
-        if set.len() >= PER_SHARD {
-            set.clear();
+        let map = shard.get_or_insert_with(HashMap::new);
+        if map.len() >= PER_SHARD {
+            map.clear();
         }
-        set.insert(k);
+        map.insert(k, v);
     }
 }
 
@@ -97,15 +112,24 @@ mod tests {
     }
 
     #[test]
+    fn a_parsed_key_is_remembered_by_its_bytes_and_read_back_the_same() {
+        let k = SigningKey::from_bytes(&[24; 32]).verifying_key();
+        let b64 = crate::encoding::b64_encode(k.as_bytes());
+        assert_eq!(crate::sign::parse_public_key("k", &b64).unwrap(), k);
+        assert_eq!(KEYS.get(k.as_bytes()), Some(k));
+        assert_eq!(crate::sign::parse_public_key("k", &b64).unwrap(), k);
+    }
+
+    #[test]
     fn a_full_shard_starts_over_instead_of_growing() {
-        let memo = Memo::new();
+        let memo = Memo::<()>::new();
         for i in 0..(PER_SHARD * SHARDS * 2) as u32 {
             let mut k = [0u8; 32];
             k[..4].copy_from_slice(&i.to_le_bytes());
-            memo.insert(k);
+            memo.insert(k, ());
         }
         for s in &memo.shards {
-            assert!(s.lock().unwrap().as_ref().map_or(0, HashSet::len) <= PER_SHARD);
+            assert!(s.lock().unwrap().as_ref().map_or(0, HashMap::len) <= PER_SHARD);
         }
     }
 }

@@ -18,7 +18,9 @@
 use proptest::prelude::*;
 use proptest::test_runner::Config;
 use relay_schemas::client::{Account, Device};
-use relay_schemas::encoding::{b64_decode, b64_decode_array, b64_decoded_len, b64_encode, jcs, jcs_digest};
+use relay_schemas::encoding::{
+    b64_decode, b64_decode_array, b64_decoded_len, b64_encode, jcs, jcs_digest, jcs_object_without,
+};
 use relay_schemas::ids::{account_id_of, check_account_id, check_id, check_message_id, check_relay_id};
 use relay_schemas::methods::*;
 use relay_schemas::objects::*;
@@ -53,6 +55,9 @@ fn arb_number() -> impl Strategy<Value = Number> {
         any::<u64>().prop_map(Number::from),
         any::<i64>().prop_map(Number::from),
         (0u64..10_000).prop_map(Number::from),
+        // Either side of the largest integer a double holds exactly.
+        prop::sample::select(vec![(1i64 << 53) - 1, 1 << 53, (1 << 53) + 1, -(1 << 53), -(1 << 53) - 1])
+            .prop_map(Number::from),
         any::<f64>().prop_filter_map("finite", Number::from_f64),
         prop::sample::select(vec![
             0.0,
@@ -521,6 +526,21 @@ proptest! {
         let mut want = String::new();
         reference_jcs(&v, &mut want);
         prop_assert_eq!(String::from_utf8(jcs(&v).unwrap()).unwrap(), want);
+    }
+
+    /// The relay's own JCS writer (every value whose numbers are integers
+    /// within ±2^53; the rest falls back to the library) writes exactly what
+    /// the `serde_json_canonicalizer` crate writes, and a signed object's
+    /// bytes are JCS of the object without its `signature`.
+    #[test]
+    fn canonical_json_is_byte_identical_to_serde_json_canonicalizer(v in arb_json(), mut o in arb_object(), sig in any::<bool>()) {
+        prop_assert_eq!(jcs(&v).unwrap(), serde_json_canonicalizer::to_vec(&v).unwrap());
+        if sig {
+            o.insert("signature".into(), Value::String("c2ln".into()));
+        }
+        let mut without = o.clone();
+        without.remove("signature");
+        prop_assert_eq!(jcs_object_without(&o, "signature").unwrap(), serde_json_canonicalizer::to_vec(&without).unwrap());
     }
 }
 

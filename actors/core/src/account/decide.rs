@@ -436,9 +436,7 @@ pub enum ReceiveDecision {
 /// Computed over the params as they go on the wire (their raw objects
 /// included), exactly as the destination computes it from the body.
 pub fn deliver_digest(p: &DeliverParams) -> Result<String, RelayError> {
-    let wire = serde_json::to_vec(p).map_err(|e| RelayError::internal(e.to_string()))?;
-    let value: serde_json::Value = serde_json::from_slice(&wire).map_err(|e| RelayError::internal(e.to_string()))?;
-    Ok(blake3::hash(&jcs(&value)?).to_hex().to_string())
+    Ok(blake3::hash(&jcs(p)?).to_hex().to_string())
 }
 
 /// The seed's receiving validation rules, at the destination. `prior` is
