@@ -50,12 +50,12 @@ pub fn jcs_value(value: &Value) -> Result<Vec<u8>, RelayError> {
 /// JCS of an object without some of its members (a signed object without
 /// its `signature`), without copying it.
 pub fn jcs_object_without(object: &Map<String, Value>, skip: &str) -> Result<Vec<u8>, RelayError> {
+    let kept = object.iter().filter(|(k, _)| k.as_str() != skip);
     let mut out = Vec::with_capacity(256);
-    match canonical::object(&mut out, object.iter().filter(|(k, _)| k.as_str() != skip)) {
+    match canonical::object(&mut out, kept.clone()) {
         Ok(()) => Ok(out),
         Err(canonical::Es6Number) => {
-            let kept: Map<String, Value> =
-                object.iter().filter(|(k, _)| k.as_str() != skip).map(|(k, v)| (k.clone(), v.clone())).collect();
+            let kept: Map<String, Value> = kept.map(|(k, v)| (k.clone(), v.clone())).collect();
             serde_json_canonicalizer::to_vec(&kept).map_err(|e| cannot(&e))
         }
     }

@@ -584,10 +584,7 @@ impl Store {
     /// just after reporting it durable).
     #[doc(hidden)]
     pub fn raw_db(&self) -> &sled::Db {
-        let sh = &self.inner.shared;
-        while sh.applied.load(SeqCst) < sh.durable.borrow().upto && sh.failed().is_none() {
-            std::thread::yield_now();
-        }
+        self.wait_installed();
         let engine: &dyn std::any::Any = &*self.inner.shared.engine;
         engine.downcast_ref::<SledEngine>().expect("raw_db needs a sled store").db()
     }
@@ -598,8 +595,17 @@ impl Store {
     /// values inline.
     #[doc(hidden)]
     pub fn raw_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        self.raw_db();
+        self.wait_installed();
         self.inner.shared.engine.get(key)
+    }
+
+    /// Returns once every durable commit is installed in the engine (the
+    /// writer installs a group just after reporting it durable).
+    fn wait_installed(&self) {
+        let sh = &self.inner.shared;
+        while sh.applied.load(SeqCst) < sh.durable.borrow().upto && sh.failed().is_none() {
+            std::thread::yield_now();
+        }
     }
 
     /// Raw pairs whose key starts with `prefix`, through the engine (any

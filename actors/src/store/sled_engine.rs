@@ -161,8 +161,7 @@ impl Segments {
         if !pointed(key) || value.len() != POINTER_LEN {
             return Ok(value.to_vec());
         }
-        let num = |r: std::ops::Range<usize>| value[r].iter().fold(0u64, |n, &b| n << 8 | u64::from(b));
-        let (segment, offset, len) = (num(0..8), num(8..16), num(16..20));
+        let (segment, offset, len) = parse_pointer(value);
         let corrupt = |what: String| {
             let (stream, seq) =
                 codec::parse_event_key(key).unwrap_or_else(|_| (String::from_utf8_lossy(key).into(), 0));
@@ -215,6 +214,12 @@ fn pointer(segment: u64, offset: u64, len: usize) -> [u8; POINTER_LEN] {
     p[8..16].copy_from_slice(&offset.to_be_bytes());
     p[16..].copy_from_slice(&u32::try_from(len).expect("a value larger than 4 GiB").to_be_bytes());
     p
+}
+
+/// (segment, offset, len) of a [`pointer`]; `value` is `POINTER_LEN` long.
+fn parse_pointer(value: &[u8]) -> (u64, u64, u64) {
+    let be = |r: std::ops::Range<usize>| value[r].iter().fold(0u64, |n, &b| n << 8 | u64::from(b));
+    (be(0..8), be(8..16), be(16..POINTER_LEN))
 }
 
 /// How long an open waits for sled's file lock before reporting it held.
@@ -523,5 +528,6 @@ mod tests {
         assert_eq!(p[..8], 0x0102u64.to_be_bytes());
         assert_eq!(p[8..16], 0x0304u64.to_be_bytes());
         assert_eq!(p[16..], 0x0506u32.to_be_bytes());
+        assert_eq!(parse_pointer(&p), (0x0102, 0x0304, 0x0506));
     }
 }

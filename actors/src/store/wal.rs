@@ -76,8 +76,9 @@ fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
 pub(super) fn value_offsets(group: &[Write], at: u64) -> impl Iterator<Item = Option<u64>> + '_ {
     let mut pos = at + HEADER as u64;
     group.iter().map(move |w| {
+        // A put's value is the last thing its encoding holds.
         let value = match w {
-            Write::Put(k, _) => Some(pos + 9 + k.len() as u64),
+            Write::Put(_, v) => Some(pos + (encoded_len(w) - v.len()) as u64),
             Write::Remove(_) => None,
         };
         pos += encoded_len(w) as u64;
