@@ -19,7 +19,12 @@ use relay_actors::store::{verify_chain, JetStreamConfig, JetStreamEngine, ModelE
 use serde_json::value::RawValue;
 
 const STREAMS: [&str; 3] = ["account/a", "account/b", "delivery/a/m1"];
-const KEYS: [&[u8]; 4] = [b"due/1", b"due/2", b"i/a/s/m1", b"t/a/1"];
+/// kv keys, and blob keys (`l/…`: values the sled engine keeps in its log).
+const KEYS: [&[u8]; 6] = [b"due/1", b"due/2", b"i/a/v", b"t/a/1", b"l/a/m1", b"l/a/m2"];
+
+fn is_blob(key: &[u8]) -> bool {
+    key.starts_with(b"l/")
+}
 
 #[derive(Clone, Debug)]
 struct Commit {
@@ -115,7 +120,11 @@ impl State {
         }
         let streams: Vec<String> = store.streams().map(|s| s.unwrap()).collect();
         assert_eq!(streams, state.events.keys().cloned().collect::<Vec<_>>());
-        state.kv = store.kv_scan_prefix(b"").map(|kv| kv.unwrap()).collect();
+        state.kv = store.kv_scan_prefix(b"").chain(store.blob_scan_prefix(b"")).map(|kv| kv.unwrap()).collect();
+        for key in KEYS {
+            let got = if is_blob(key) { store.blob_get(key) } else { store.kv_get(key) };
+            assert_eq!(got.unwrap().as_ref(), state.kv.get(key), "{}", String::from_utf8_lossy(key));
+        }
         state
     }
 }
@@ -152,6 +161,14 @@ fn run_commit(store: &Store, c: &Commit, serial: &mut u64) -> Written {
     for &(k, v) in &c.kv {
         let key = KEYS[k].to_vec();
         match v {
+            Some(v) if is_blob(&key) => {
+                batch.blob_put(&key, &[v]);
+                written.kv.push((key, Some(vec![v])));
+            }
+            None if is_blob(&key) => {
+                batch.blob_remove(&key);
+                written.kv.push((key, None));
+            }
             Some(v) => {
                 batch.kv_put(&key, &[v]);
                 written.kv.push((key, Some(vec![v])));

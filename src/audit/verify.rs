@@ -9,9 +9,11 @@
 //! equal to the state rebuilt from events `1..=snapshot.seq` (an account
 //! snapshot from before the ledger left the state: its `sends`/`receipts`
 //! equal to the ledger those events give). For an account, its idempotency
-//! ledger in the kv space (`i/{account_id}/…`) must be exactly the one its
-//! events give, unless the relay has not upgraded the account yet (no
-//! `i/{account_id}/v`: it writes the ledger at the account's next load).
+//! ledger in the store must be exactly the one its events give, in the
+//! layout its `i/{account_id}/v` names (the hashed keys of `ledger.rs`, or
+//! the readable kv keys `i/{account_id}/…` of version 1), unless the relay
+//! has not upgraded the account yet (no version: it writes the ledger at the
+//! account's next load).
 //! Snapshots of streams without events are reported too. Deleting a
 //! stream's *last* events leaves a shorter valid chain; no log can show
 //! that by itself.
@@ -301,19 +303,29 @@ pub fn verify_stream(store: &Store, stream: &str, report: &mut Report) {
     report.findings.extend(findings);
 }
 
-/// Differences between an account's ledger in the kv space and the one its
-/// events give (nothing for an account the relay has not upgraded yet).
+/// Differences between an account's ledger in the store and the one its
+/// events give, in whichever layout its version names (nothing for an
+/// account the relay has not upgraded yet).
 fn check_ledger(store: &Store, account: &AccountFold) -> Vec<String> {
     let id = &account.state.account_id;
-    match store.kv_get(&ledger::version_key(id)) {
-        Ok(Some(v)) if v == ledger::VERSION => {}
+    let v1 = match store.kv_get(&ledger::version_key(id)) {
+        Ok(Some(v)) if v == ledger::VERSION => false,
+        Ok(Some(v)) if v == ledger::V1 => true,
         Ok(Some(v)) => return vec![format!("unknown ledger version {:?}", String::from_utf8_lossy(&v))],
         Ok(None) => return vec![],
         Err(e) => return vec![format!("unreadable: {e}")],
-    }
-    let mut expected: BTreeMap<Vec<u8>, ledger::Entry> = account.ledger.entries().map(|e| (e.key(id), e)).collect();
+    };
+    let entries: Vec<_> = match v1 {
+        true => store
+            .kv_scan_prefix(&ledger::v1::prefix(id))
+            .filter(|kv| !matches!(kv, Ok((k, _)) if *k == ledger::version_key(id)))
+            .collect(),
+        false => store.blob_scan_prefix(&ledger::prefix(id)).collect(),
+    };
+    let key = |e: &ledger::Entry| if v1 { e.v1_key(id) } else { e.key(id) };
+    let mut expected: BTreeMap<Vec<u8>, ledger::Entry> = account.ledger.entries().map(|e| (key(&e), e)).collect();
     let mut found = Vec::new();
-    for item in store.kv_scan_prefix(format!("i/{id}/").as_bytes()) {
+    for item in entries {
         let (key, value) = match item {
             Ok(kv) => kv,
             Err(e) => {
@@ -321,26 +333,36 @@ fn check_ledger(store: &Store, account: &AccountFold) -> Vec<String> {
                 break;
             }
         };
-        if key == ledger::version_key(id) {
-            continue;
-        }
-        let name = String::from_utf8_lossy(&key).into_owned();
-        let same = match expected.remove(&key) {
+        let entry = match expected.remove(&key) {
             None => {
-                found.push(format!("{name}: no event gives this entry"));
+                found.push(format!("{}: no event gives this entry", key_name(id, &key)));
                 continue;
             }
-            Some(ledger::Entry::Send { entry, .. }) => serde_json::from_slice::<SendEntry>(&value).ok() == Some(entry),
-            Some(ledger::Entry::Receipt { entry, .. }) => {
-                serde_json::from_slice::<ReceiptEntry>(&value).ok() == Some(entry)
+            Some(entry) => entry,
+        };
+        let same = match &entry {
+            ledger::Entry::Send { entry, .. } => {
+                serde_json::from_slice::<SendEntry>(&value).ok().as_ref() == Some(entry)
+            }
+            ledger::Entry::Receipt { entry, .. } => {
+                serde_json::from_slice::<ReceiptEntry>(&value).ok().as_ref() == Some(entry)
             }
         };
         if !same {
-            found.push(format!("{name}: differs from the entry its events give"));
+            found.push(format!("{}: differs from the entry its events give", entry.name()));
         }
     }
-    found.extend(expected.keys().map(|k| format!("{}: missing", String::from_utf8_lossy(k))));
+    found.extend(expected.values().map(|e| format!("{}: missing", e.name())));
     found
+}
+
+/// A ledger key as the audit prints it: a hashed key's hash in hex.
+fn key_name(id: &str, key: &[u8]) -> String {
+    let prefix = ledger::prefix(id);
+    match key.strip_prefix(prefix.as_slice()) {
+        Some(hash) => format!("{}{}", String::from_utf8_lossy(&prefix), hex::encode(hash)),
+        None => String::from_utf8_lossy(key).into_owned(),
+    }
 }
 
 /// Snapshots whose stream has no events at all.
@@ -478,41 +500,64 @@ mod tests {
     }
 
     /// Account `a` with two sends, the first delivered, written as the actor
-    /// writes them: the ledger entries and its version with the events.
-    fn account_with_a_ledger(store: &Store) -> Ledger {
+    /// writes them: the ledger entries and its version with the events
+    /// (with `v1`, as the previous layout had them).
+    fn account_with_a_ledger(store: &Store, v1: bool) -> Ledger {
         let events = [sent("m1"), sent("m2"), accepted("m1")];
         let mut ledger = Ledger::default();
         let mut b = store.batch();
         b.append("account/a", Head::default(), events.iter().map(new_event).collect());
         events.iter().for_each(|e| ledger.apply("a", e));
         for entry in ledger.entries() {
-            b.kv_put(&entry.key("a"), &entry.value().unwrap());
+            match v1 {
+                true => b.kv_put(&entry.v1_key("a"), &entry.value().unwrap()),
+                false => b.blob_put(&entry.key("a"), &entry.value().unwrap()),
+            }
         }
-        b.kv_put(&ledger::version_key("a"), ledger::VERSION);
+        b.kv_put(&ledger::version_key("a"), if v1 { ledger::V1 } else { ledger::VERSION });
         store.commit_durable_blocking(b).unwrap();
         ledger
     }
 
     #[test]
-    fn the_ledger_in_the_kv_space_must_be_the_one_the_events_give() {
+    fn the_ledger_in_the_store_must_be_the_one_the_events_give() {
         let store = Store::temporary().unwrap();
-        account_with_a_ledger(&store);
+        account_with_a_ledger(&store, false);
         assert!(run(&store).is_empty(), "{:?}", run(&store));
         let mut b = store.batch();
         let mut changed: SendEntry =
-            serde_json::from_slice(&store.kv_get(&ledger::send_key("a", "m1")).unwrap().unwrap()).unwrap();
+            serde_json::from_slice(&store.blob_get(&ledger::send_key("a", "m1")).unwrap().unwrap()).unwrap();
         changed.status = DeliveryStatus::delivering(10);
-        b.kv_put(&ledger::send_key("a", "m1"), &serde_json::to_vec(&changed).unwrap());
-        b.kv_remove(&ledger::send_key("a", "m2"));
-        b.kv_put(&ledger::send_key("a", "m3"), b"{}");
+        b.blob_put(&ledger::send_key("a", "m1"), &serde_json::to_vec(&changed).unwrap());
+        b.blob_remove(&ledger::send_key("a", "m2"));
+        b.blob_put(&ledger::send_key("a", "m3"), b"{}");
         store.commit_durable_blocking(b).unwrap();
         let found = run(&store);
+        let m3 = hex::encode(&ledger::send_key("a", "m3")[b"l/a/".len()..]);
         assert_eq!(
             found,
             [
-                "stream \"account/a\" seq 3: ledger: i/a/s/m1: differs from the entry its events give",
+                "stream \"account/a\" seq 3: ledger: sent m1: differs from the entry its events give".to_owned(),
+                format!("stream \"account/a\" seq 3: ledger: l/a/{m3}: no event gives this entry"),
+                "stream \"account/a\" seq 3: ledger: sent m2: missing".to_owned(),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_ledger_in_the_v1_layout_is_checked_in_that_layout() {
+        let store = Store::temporary().unwrap();
+        account_with_a_ledger(&store, true);
+        assert!(run(&store).is_empty(), "{:?}", run(&store));
+        let mut b = store.batch();
+        b.kv_remove(&ledger::v1::send_key("a", "m2"));
+        b.kv_put(&ledger::v1::send_key("a", "m3"), b"{}");
+        store.commit_durable_blocking(b).unwrap();
+        assert_eq!(
+            run(&store),
+            [
                 "stream \"account/a\" seq 3: ledger: i/a/s/m3: no event gives this entry",
-                "stream \"account/a\" seq 3: ledger: i/a/s/m2: missing",
+                "stream \"account/a\" seq 3: ledger: sent m2: missing",
             ]
         );
     }
@@ -529,7 +574,7 @@ mod tests {
     #[test]
     fn a_snapshot_holding_the_ledger_is_checked_against_the_ledger_the_events_give() {
         let store = Store::temporary().unwrap();
-        let ledger = account_with_a_ledger(&store);
+        let ledger = account_with_a_ledger(&store, false);
         let head = store.head("account/a").unwrap();
         let mut state = AccountState::new("a");
         [sent("m1"), sent("m2"), accepted("m1")].iter().for_each(|e| state.apply(e));

@@ -206,7 +206,8 @@ impl AccountActor {
             head = ev.head();
             since_snapshot += 1;
         }
-        let last_ticket = if head.seq > 0 && store.kv_get(&ledger::version_key(account_id))?.is_none() {
+        let version = store.kv_get(&ledger::version_key(account_id))?;
+        let last_ticket = if head.seq > 0 && version.as_deref() != Some(ledger::VERSION) {
             Some(super::upgrade::ledger(&store, &stream, account_id, snapshot.as_ref())?)
         } else {
             None
@@ -267,7 +268,7 @@ impl AccountActor {
             };
             let entry = ledger::written(account, e, current.as_ref());
             if let Some(w) = &entry {
-                batch.kv_put(&w.key(account), &w.value().map_err(|e| internal(&e))?);
+                batch.blob_put(&w.key(account), &w.value().map_err(|e| internal(&e))?);
             }
             written.push(entry);
             new_events.push(NewEvent::new(e.event_type(), AccountEvent::VERSION, now, e).map_err(|e| internal(&e))?);

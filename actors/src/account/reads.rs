@@ -20,19 +20,19 @@ pub struct StoreReads<'a> {
 }
 
 impl StoreReads<'_> {
-    fn json<T: DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>, RelayError> {
-        let Some(bytes) = self.store.kv_get(key).map_err(|e| internal(&e))? else { return Ok(None) };
+    fn ledger<T: DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>, RelayError> {
+        let Some(bytes) = self.store.blob_get(key).map_err(|e| internal(&e))? else { return Ok(None) };
         serde_json::from_slice(&bytes).map(Some).map_err(|e| internal(&e))
     }
 }
 
 impl Reads for StoreReads<'_> {
     fn send_entry(&self, message_id: &str) -> Result<Option<SendEntry>, RelayError> {
-        self.json(&ledger::send_key(self.account_id, message_id))
+        self.ledger(&ledger::send_key(self.account_id, message_id))
     }
 
     fn receipt_entry(&self, from: &str, message_id: &str) -> Result<Option<ReceiptEntry>, RelayError> {
-        self.json(&ledger::receipt_key(self.account_id, from, message_id))
+        self.ledger(&ledger::receipt_key(self.account_id, from, message_id))
     }
 
     fn timeline_after(&self, after: u64) -> impl Iterator<Item = Result<(u64, IndexEntry), RelayError>> {

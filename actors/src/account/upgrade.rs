@@ -1,4 +1,4 @@
-//! Data written before the idempotency ledger left the account state
+//! Data written before the idempotency ledger took its current layout
 //! (`ledger.rs`): its ledger is rebuilt once, on the account's first load.
 
 use super::ledger::{self, Ledger, ReceiptEntry, SendEntry};
@@ -13,11 +13,13 @@ struct LegacySnapshot {
     receipts: Option<BTreeMap<String, ReceiptEntry>>,
 }
 
-/// Writes the ledger of an account whose events were written before the
-/// ledger moved to the kv space (it has no `i/{account_id}/v`): from an old
-/// snapshot's maps and the events after it, or else from all its events,
-/// in one batch with the marker. Streams written since keep their ledger
-/// with their events, so this runs once per old account.
+/// Writes the ledger of an account whose ledger is not in the current
+/// layout: one written before the ledger left the state (no
+/// `i/{account_id}/v`), from an old snapshot's maps and the events after
+/// it, or else from all its events; one in the [`ledger::V1`] layout from
+/// all its events, its kv entries removed. One batch, with the version.
+/// Streams written since keep their ledger with their events, so this runs
+/// once per old account.
 pub(super) fn ledger(
     store: &Store,
     stream: &str,
@@ -33,9 +35,12 @@ pub(super) fn ledger(
         ledger.apply(account_id, &crate::upcast::account_event(&ev?)?);
     }
     let mut batch = store.batch();
+    for item in store.kv_scan_prefix(&ledger::v1::prefix(account_id)) {
+        batch.kv_remove(&item?.0);
+    }
     for entry in ledger.entries() {
         let value = entry.value().map_err(|e| StoreError::Invalid(format!("ledger entry: {e}")))?;
-        batch.kv_put(&entry.key(account_id), &value);
+        batch.blob_put(&entry.key(account_id), &value);
     }
     batch.kv_put(&ledger::version_key(account_id), ledger::VERSION);
     tracing::debug!(%stream, sends = ledger.sends.len(), receipts = ledger.receipts.len(), "ledger upgraded");

@@ -8,9 +8,14 @@
 //! | `b'e' ‖ stream ‖ 0x00 ‖ seq (u64 BE)` | `hash (32) ‖ body (JSON)`          |
 //! | `b's' ‖ stream`                      | `seq (u64 BE) ‖ hash (32) ‖ state` |
 //! | `b'k' ‖ key`                         | value                              |
+//! | `b'b' ‖ key`                         | value (a blob: see below)          |
 //!
 //! Big-endian seqs make key order equal seq order, and the 0x00 separator
 //! (stream ids never contain it) keeps stream `a` from overlapping `ab`.
+//!
+//! Blobs are kv entries that the sled engine, as it does events, keeps in
+//! its log with a pointer in sled (`sled_engine.rs`): values read by key
+//! alone, which sled's leaves should not carry (the idempotency ledger).
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -20,6 +25,7 @@ use super::{Hash, Snapshot, StoreError, StoredEvent};
 pub(super) const EVENT: u8 = b'e';
 pub(super) const SNAPSHOT: u8 = b's';
 pub(super) const KV: u8 = b'k';
+pub(super) const BLOB: u8 = b'b';
 
 /// Stream ids are non-empty ASCII without 0x00 (the key separator).
 pub(super) fn check_stream(stream: &str) -> Result<(), StoreError> {
@@ -76,11 +82,16 @@ pub(super) fn snapshot_key(stream: &str) -> Vec<u8> {
     key
 }
 
-pub(super) fn kv_key(key: &[u8]) -> Vec<u8> {
+/// `key` in the key space `space` ([`KV`] or [`BLOB`]).
+pub(super) fn spaced(space: u8, key: &[u8]) -> Vec<u8> {
     let mut k = Vec::with_capacity(key.len() + 1);
-    k.push(KV);
+    k.push(space);
     k.extend_from_slice(key);
     k
+}
+
+pub(super) fn kv_key(key: &[u8]) -> Vec<u8> {
+    spaced(KV, key)
 }
 
 /// The hashed body, as written. Field order is part of the format.

@@ -22,9 +22,11 @@
 //!    installed from a segment is a pointer; a store written before the
 //!    value log has its events inline, and those are never 20 bytes long
 //!    (a 32-byte hash and a body), so the length tells them apart and such a
-//!    store opens as it is. Other values (kv entries, snapshots) are small
-//!    or overwritten, and stay inline. A store written by this version
-//!    cannot be read by an earlier one.
+//!    store opens as it is. Blobs (`codec.rs`: kv entries read by key
+//!    alone, the idempotency ledger) are pointers by the same rule; no store
+//!    from before the value log has any. Other values (kv entries scanned by
+//!    range, snapshots) are small or overwritten, and stay inline. A store
+//!    written by this version cannot be read by an earlier one.
 //! 4. A checkpoint, when the segment passes [`CHECKPOINT_BYTES`], on open
 //!    and on close: `Db::flush`, fsync of every file of sled's and of its
 //!    directories, then a new segment is started and `log/replay-from`
@@ -205,7 +207,7 @@ fn to_replay(from: u64, found: &[u64]) -> Result<Vec<u64>, String> {
 /// Whether sled holds `key`'s value as a pointer when it came from a
 /// segment (step 3 of the module doc): the one rule for writes and reads.
 fn pointed(key: &[u8]) -> bool {
-    key.first() == Some(&codec::EVENT)
+    matches!(key.first(), Some(&codec::EVENT | &codec::BLOB))
 }
 
 fn pointer(segment: u64, offset: u64, len: usize) -> [u8; POINTER_LEN] {

@@ -2,14 +2,26 @@
 //! every received message, kept until its `retention_until` for idempotent
 //! retries and `message.delivery.status`.
 //!
-//! It lives in the kv space, not in the actor, so an account's memory and
-//! snapshot do not grow with its history:
+//! It lives in the store, not in the actor, so an account's memory and
+//! snapshot do not grow with its history. Entries are blobs (values the
+//! store keeps in its log, with a pointer in sled's leaves), under keys of
+//! one length per account:
 //!
-//! - `i/{account_id}/s/{message_id}` → [`SendEntry`]
-//! - `i/{account_id}/r/{from}/{message_id}` → [`ReceiptEntry`]
-//! - `i/{account_id}/v` → [`VERSION`]: the ledger holds every entry the
-//!   account's events give (absent for accounts written before the ledger
-//!   left the state; see `AccountActor::load`).
+//! - `l/{account_id}/` ‖ 16 bytes of `blake3("s", message_id)` → [`SendEntry`]
+//! - `l/{account_id}/` ‖ 16 bytes of `blake3("r", from, message_id)` →
+//!   [`ReceiptEntry`]
+//! - kv `i/{account_id}/v` → [`VERSION`]: the ledger holds every entry the
+//!   account's events give, in this layout. An account without it, or with
+//!   [`V1`] (entries as kv `i/{account_id}/s/{message_id}` and
+//!   `i/{account_id}/r/{from}/{message_id}`), is rebuilt from its events on
+//!   its first load (see `AccountActor::load`).
+//!
+//! Why hashed keys: sled 0.34 rewrites a whole leaf every few inserts to it,
+//! so the bytes its leaves carry per entry are what a send costs on disk.
+//! A message id is up to the client, and a receipt's key held two ids; 16
+//! bytes of a hash make every key short and the same length. Two ids of one
+//! account meeting in 128 bits is not a risk (a birthday bound of 2^64
+//! entries; aiming at another's key is a second preimage).
 //!
 //! An entry is written in the same atomic batch as the event that creates or
 //! changes it, so it is always exactly what the events say. [`written`] is
@@ -22,7 +34,10 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// The ledger format of an account (the value of its `i/{account_id}/v`).
-pub const VERSION: &[u8] = b"1";
+pub const VERSION: &[u8] = b"2";
+
+/// The earlier format: entries as kv pairs under readable keys ([`v1`]).
+pub const V1: &[u8] = b"1";
 
 /// The acceptance result of one `message.send`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -44,19 +59,53 @@ pub struct ReceiptEntry {
     pub sequence: u64,
 }
 
+/// The blob keys of one account's entries start with this.
+pub fn prefix(account_id: &str) -> Vec<u8> {
+    format!("l/{account_id}/").into_bytes()
+}
+
+fn hashed(account_id: &str, kind: &[u8], ids: &[&str]) -> Vec<u8> {
+    let mut h = blake3::Hasher::new();
+    h.update(kind);
+    for id in ids {
+        // Length-prefixed, so no two lists of ids hash the same bytes.
+        h.update(&(id.len() as u64).to_le_bytes());
+        h.update(id.as_bytes());
+    }
+    let mut key = prefix(account_id);
+    key.extend_from_slice(&h.finalize().as_bytes()[..16]);
+    key
+}
+
 pub fn send_key(account_id: &str, message_id: &str) -> Vec<u8> {
-    format!("i/{account_id}/s/{message_id}").into_bytes()
+    hashed(account_id, b"s", &[message_id])
 }
 
 pub fn receipt_key(account_id: &str, from: &str, message_id: &str) -> Vec<u8> {
-    format!("i/{account_id}/r/{from}/{message_id}").into_bytes()
+    hashed(account_id, b"r", &[from, message_id])
 }
 
 pub fn version_key(account_id: &str) -> Vec<u8> {
     format!("i/{account_id}/v").into_bytes()
 }
 
-/// One ledger entry and its kv key.
+/// The kv keys of the [`V1`] layout (upgrading and auditing old data).
+pub mod v1 {
+    /// Every v1 entry of an account (and its version key) starts with this.
+    pub fn prefix(account_id: &str) -> Vec<u8> {
+        format!("i/{account_id}/").into_bytes()
+    }
+
+    pub fn send_key(account_id: &str, message_id: &str) -> Vec<u8> {
+        format!("i/{account_id}/s/{message_id}").into_bytes()
+    }
+
+    pub fn receipt_key(account_id: &str, from: &str, message_id: &str) -> Vec<u8> {
+        format!("i/{account_id}/r/{from}/{message_id}").into_bytes()
+    }
+}
+
+/// One ledger entry and its key.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Entry {
     Send { message_id: String, entry: SendEntry },
@@ -64,10 +113,27 @@ pub enum Entry {
 }
 
 impl Entry {
+    /// Its blob key.
     pub fn key(&self, account_id: &str) -> Vec<u8> {
         match self {
             Entry::Send { message_id, .. } => send_key(account_id, message_id),
             Entry::Receipt { from, message_id, .. } => receipt_key(account_id, from, message_id),
+        }
+    }
+
+    /// Its kv key in the [`V1`] layout.
+    pub fn v1_key(&self, account_id: &str) -> Vec<u8> {
+        match self {
+            Entry::Send { message_id, .. } => v1::send_key(account_id, message_id),
+            Entry::Receipt { from, message_id, .. } => v1::receipt_key(account_id, from, message_id),
+        }
+    }
+
+    /// How the audit names it.
+    pub fn name(&self) -> String {
+        match self {
+            Entry::Send { message_id, .. } => format!("sent {message_id}"),
+            Entry::Receipt { from, message_id, .. } => format!("received {message_id} from {from}"),
         }
     }
 
@@ -160,7 +226,7 @@ impl Ledger {
         self.sends.is_empty() && self.receipts.is_empty()
     }
 
-    /// Folds one event, exactly as the kv projection is written.
+    /// Folds one event, exactly as the store's projection is written.
     pub fn apply(&mut self, account_id: &str, event: &AccountEvent) {
         let current = changes(event).and_then(|m| self.sends.get(m));
         match written(account_id, event, current) {
@@ -174,7 +240,7 @@ impl Ledger {
         }
     }
 
-    /// Every entry, as written to the kv space.
+    /// Every entry, as written to the store.
     pub fn entries(&self) -> impl Iterator<Item = Entry> + '_ {
         let sends = self.sends.iter().map(|(m, e)| Entry::Send { message_id: m.clone(), entry: e.clone() });
         let receipts = self.receipts.iter().filter_map(|(k, e)| {

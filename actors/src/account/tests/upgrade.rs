@@ -42,20 +42,18 @@ fn load(store: &Store) -> Result<AccountActor, crate::store::StoreError> {
     AccountActor::load(sup.account_env(), Arc::new(sup), &alice().id)
 }
 
-/// The ledger entries the kv space holds for Alice.
+/// The ledger entries the store holds for Alice, once her ledger's
+/// version is the current one.
 fn stored_ledger(store: &Store) -> Vec<(Vec<u8>, Vec<u8>)> {
-    let prefix = format!("i/{}/", alice().id);
-    store.kv_scan_prefix(prefix.as_bytes()).map(Result::unwrap).collect()
+    let version = store.kv_get(&ledger::version_key(&alice().id)).unwrap();
+    assert_eq!(version.as_deref(), Some(ledger::VERSION));
+    store.blob_scan_prefix(&ledger::prefix(&alice().id)).map(Result::unwrap).collect()
 }
 
 fn expected_ledger(events: &[AccountEvent]) -> Vec<(Vec<u8>, Vec<u8>)> {
     let id = alice().id;
-    let mut kv: Vec<(Vec<u8>, Vec<u8>)> = given(&alice(), events)
-        .ledger
-        .entries()
-        .map(|e| (e.key(&id), e.value().unwrap()))
-        .chain([(ledger::version_key(&id), ledger::VERSION.to_vec())])
-        .collect();
+    let mut kv: Vec<(Vec<u8>, Vec<u8>)> =
+        given(&alice(), events).ledger.entries().map(|e| (e.key(&id), e.value().unwrap())).collect();
     kv.sort();
     kv
 }
@@ -64,7 +62,7 @@ fn expected_ledger(events: &[AccountEvent]) -> Vec<(Vec<u8>, Vec<u8>)> {
 fn an_old_log_without_a_snapshot_gets_its_ledger_from_all_its_events_at_load() {
     let events = busy_alice_events();
     let store = old_store(&events, None);
-    assert!(stored_ledger(&store).is_empty());
+    assert_eq!(store.kv_get(&ledger::version_key(&alice().id)).unwrap(), None);
     let actor = load(&store).unwrap();
     assert_eq!(stored_ledger(&store), expected_ledger(&events));
     assert_eq!(actor.state().last_sequence, busy_alice().last_sequence);
@@ -91,8 +89,29 @@ fn an_upgraded_ledger_is_not_rewritten_at_the_next_load() {
     load(&store).unwrap();
     // Were it rebuilt from the events, this entry would come back.
     let mut b = store.batch();
-    b.kv_remove(&ledger::send_key(&alice().id, &mid(1)));
+    b.blob_remove(&ledger::send_key(&alice().id, &mid(1)));
     store.commit_durable_blocking(b).unwrap();
     load(&store).unwrap();
     assert_eq!(stored_ledger(&store).len(), expected_ledger(&events).len() - 1);
+}
+
+#[test]
+fn a_ledger_in_the_v1_layout_moves_to_hashed_blob_keys_at_load() {
+    let events = busy_alice_events();
+    let store = old_store(&events, None);
+    let id = alice().id;
+    // As version 1 wrote it: readable kv keys, the values inline.
+    let mut b = store.batch();
+    for entry in given(&alice(), &events).ledger.entries() {
+        b.kv_put(&entry.v1_key(&id), &entry.value().unwrap());
+    }
+    b.kv_put(&ledger::version_key(&id), ledger::V1);
+    store.commit_durable_blocking(b).unwrap();
+    let v1 = store.kv_scan_prefix(&ledger::v1::prefix(&id)).count();
+    assert!(v1 > 2, "a busy ledger: {v1}");
+
+    load(&store).unwrap();
+    assert_eq!(stored_ledger(&store), expected_ledger(&events));
+    let left: Vec<_> = store.kv_scan_prefix(&ledger::v1::prefix(&id)).map(|kv| kv.unwrap().0).collect();
+    assert_eq!(left, [ledger::version_key(&id)], "only the version is left of the v1 entries");
 }
