@@ -319,9 +319,16 @@ fn account_event(story: &mut Story, account: &str, ev: &StoredEvent) {
     let (from, mid) = (story.from.clone(), story.message_id.clone());
     let r = EventRef::of(ev);
     match event.origin() {
-        AccountEvent::MessageSent { message_id, to, digest, accepted_at, deadline, retention_until, record }
-            if *message_id == mid && account == from =>
-        {
+        AccountEvent::MessageSent {
+            message_id,
+            to,
+            digest,
+            accepted_at,
+            deadline,
+            retention_until,
+            record,
+            status,
+        } if *message_id == mid && account == from => {
             story.acceptance = Some(Acceptance {
                 accepted_at: *accepted_at,
                 deadline: *deadline,
@@ -334,6 +341,11 @@ fn account_event(story: &mut Story, account: &str, ev: &StoredEvent) {
             story.final_status.get_or_insert_with(|| DeliveryStatus::delivering(*accepted_at));
             if let Some(rec) = record {
                 story.timeline_records.push(timeline_ref(account, rec, "sent", ev));
+            }
+            // Settled at acceptance (a local recipient): its outcome is here.
+            if let Some(status) = status {
+                story.status_reports.push(StatusReport { at: ev.at, status: status.clone(), event: r.clone() });
+                story.final_status = Some(status.clone());
             }
         }
         AccountEvent::SelfDelivered { message_id, digest, accepted_at, retention_until, record }

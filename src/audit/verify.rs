@@ -488,6 +488,7 @@ mod tests {
             deadline: 20,
             retention_until: 30,
             record: None,
+            status: None,
         }
     }
 

@@ -541,6 +541,29 @@ async fn audit_message_tells_two_failed_attempts_then_target_accepted() {
     assert!(export.contains("\"type\":\"attempt_failed\"") && export.contains("\"type\":\"route_refreshed\""));
 }
 
+/// A send whose recipient took it at once is one `message_sent` carrying its
+/// outcome: its story tells the acceptance, that outcome as the status
+/// report and the final status the relay answered, and no delivery.
+#[test]
+fn a_send_settled_at_acceptance_tells_its_outcome_from_its_one_event() {
+    let f = fixture();
+    let (from, message_id, live) = &f.statuses[3];
+    assert_eq!(from, &f.accounts[1], "bob's message to alice, served here alone");
+    let (code, out, err) = audit_dir(&f.data_dir, &["message", from, message_id, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let story: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(live["status"], "target_accepted", "{live}");
+    assert_eq!(&story["final_status"], live, "{out}");
+    assert_eq!(story["status_reports"].as_array().map(Vec::len), Some(1), "{out}");
+    assert_eq!(&story["status_reports"][0]["status"], live, "{out}");
+    assert!(story["acceptance"].is_object() && story["delivery"].is_null(), "{out}");
+    let events = replay_json(&f.data_dir, &["--stream", &account_stream(from), "--events"]);
+    let sent: Vec<&Value> = events.iter().filter_map(|e| e["event"].get("message_sent")).collect();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(&sent[0]["status"], live, "the acceptance carries the outcome");
+    assert!(events.iter().all(|e| e["event"].get("delivery_updated").is_none()), "no second event");
+}
+
 // ---- an older event version --------------------------------------------------
 
 /// A delivery log written when `attempt_failed` had no `may_switch` /
@@ -714,6 +737,7 @@ fn generate_a_large_log() {
                         deadline: at + 5400,
                         retention_until: at + 30 * 86400,
                         record: None,
+                        status: None,
                     });
                     let unavailable = || RelayError::unavailable("relay-a: cannot connect");
                     let delivery = [

@@ -351,7 +351,19 @@ impl AccountActor {
             ) => Some(Notice::Delivery { message_id: message_id.clone(), status: entry.status.clone() }),
             _ => None,
         };
-        timeline.into_iter().chain(delivery)
+        // Settled at acceptance: the sender's devices hear `delivering` and
+        // then the outcome, as when a `delivery_updated` follows.
+        let accepted = match (e.origin(), written) {
+            (
+                AccountEvent::MessageSent { status: Some(_), accepted_at, .. },
+                Some(ledger::Entry::Send { message_id, .. }),
+            ) => Some(Notice::Delivery {
+                message_id: message_id.clone(),
+                status: DeliveryStatus::delivering(*accepted_at),
+            }),
+            _ => None,
+        };
+        timeline.into_iter().chain(accepted).chain(delivery)
     }
 
     /// The ledger's result of this account's `message.send` of `message_id`.

@@ -421,6 +421,7 @@ pub fn send(
         deadline,
         retention_until,
         record: sent_record,
+        status: None,
     };
     Ok(SendDecision::Sent { event, status: DeliveryStatus::delivering(accepted_at), deliver, deadline })
 }
@@ -593,7 +594,7 @@ pub fn settle(
     status: &DeliveryStatus,
     ctx: Ctx,
 ) -> Result<SettleDecision, RelayError> {
-    let AccountEvent::MessageSent { message_id, digest, accepted_at, .. } = sent else {
+    let AccountEvent::MessageSent { digest, accepted_at, .. } = sent else {
         return Err(RelayError::internal("only a message_sent settles"));
     };
     if let Some(entry) = prior {
@@ -601,8 +602,11 @@ pub fn settle(
         return Ok(SettleDecision::Duplicate(entry.status.clone()));
     }
     let status = DeliveryStatus { accepted_at: *accepted_at, ..status.clone() };
-    let updated = AccountEvent::DeliveryUpdated { message_id: message_id.clone(), status: status.clone() };
-    Ok(SettleDecision::Settled { events: vec![restamp(state, sent.clone()), updated], status })
+    let mut settled = restamp(state, sent.clone());
+    if let AccountEvent::MessageSent { status: s, .. } = &mut settled {
+        *s = Some(status.clone());
+    }
+    Ok(SettleDecision::Settled { events: vec![settled], status })
 }
 
 /// A `message_sent` decided earlier and written now: other records may

@@ -61,6 +61,13 @@ pub enum AccountEvent {
         deadline: u64,
         retention_until: u64,
         record: Option<Box<Record>>,
+        /// The delivery's final status when it ended before the acceptance
+        /// was written (a recipient on this relay took or refused it at
+        /// once: `decide::settle`): acceptance and outcome in one event, no
+        /// delivery stream. Absent: `delivering`, and a `delivery_updated`
+        /// follows (and in every event written before this field).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        status: Option<DeliveryStatus>,
     },
     /// Account self-delivery: one record, `target_accepted` at once.
     SelfDelivered {

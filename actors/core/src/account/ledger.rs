@@ -158,19 +158,26 @@ pub fn changes(event: &AccountEvent) -> Option<&str> {
 /// (see [`changes`]); a status update for an unknown message writes nothing.
 pub fn written(account_id: &str, event: &AccountEvent, current: Option<&SendEntry>) -> Option<Entry> {
     match event.origin() {
-        AccountEvent::MessageSent { message_id, to, digest, accepted_at, deadline, retention_until, record } => {
-            Some(Entry::Send {
-                message_id: message_id.clone(),
-                entry: SendEntry {
-                    digest: digest.clone(),
-                    to: to.clone(),
-                    deadline: *deadline,
-                    retention_until: *retention_until,
-                    status: DeliveryStatus::delivering(*accepted_at),
-                    sequence: record.as_ref().map(|r| r.sequence),
-                },
-            })
-        }
+        AccountEvent::MessageSent {
+            message_id,
+            to,
+            digest,
+            accepted_at,
+            deadline,
+            retention_until,
+            record,
+            status,
+        } => Some(Entry::Send {
+            message_id: message_id.clone(),
+            entry: SendEntry {
+                digest: digest.clone(),
+                to: to.clone(),
+                deadline: *deadline,
+                retention_until: *retention_until,
+                status: status.clone().unwrap_or_else(|| DeliveryStatus::delivering(*accepted_at)),
+                sequence: record.as_ref().map(|r| r.sequence),
+            },
+        }),
         AccountEvent::SelfDelivered { message_id, digest, accepted_at, retention_until, record } => Some(Entry::Send {
             message_id: message_id.clone(),
             entry: SendEntry {

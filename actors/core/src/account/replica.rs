@@ -390,12 +390,14 @@ fn decide_item(
             Some(_) => vec![],
             None => vec![restamped(&item.event, next_sequence)],
         },
-        AccountEvent::MessageSent { message_id, accepted_at, deadline, .. } => {
+        AccountEvent::MessageSent { message_id, accepted_at, deadline, status: settled, .. } => {
             if send_entry(message_id)?.is_some() {
                 return Ok((vec![], None));
             }
             let mut events = vec![restamped(&item.event, next_sequence)];
             match (&item.status, &item.deliver) {
+                // Settled in the event itself: its final status came along.
+                _ if settled.is_some() => {}
                 (Some(s), _) if s.status.is_terminal() => {
                     events.push(AccountEvent::DeliveryUpdated { message_id: message_id.clone(), status: s.clone() });
                 }

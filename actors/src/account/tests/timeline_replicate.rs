@@ -341,6 +341,28 @@ fn a_send_the_partner_settled_takes_its_status_and_begins_no_delivery() {
 }
 
 #[test]
+fn a_send_settled_at_acceptance_replicates_as_its_one_event_with_its_status() {
+    let mut a = at_a();
+    let b = other_home_of(&mut a);
+    let sent = send_event(&a, &alice_to_bob(1));
+    let settled = DeliveryStatus::target_accepted(NOW);
+    let Ok(decide::SettleDecision::Settled { events, .. }) = decide::settle(&a.state, None, &sent, &settled, at(NOW))
+    else {
+        panic!("expected the send settled")
+    };
+    events.iter().for_each(|e| a.apply(e));
+    let applied = pull(&b, &serve(&mut a, 2, Some(2)), NOW);
+    assert!(applied.forwarded.is_empty());
+    let came = replicated(&applied);
+    assert!(
+        matches!(came[..], [AccountEvent::MessageSent { status: Some(ref st), .. }] if *st == settled),
+        "one event, no status update after it: {came:?}"
+    );
+    let b = given(&alice(), &[b.events.clone(), applied.events].concat());
+    assert_eq!(b.sent(&mid(1)).status, settled);
+}
+
+#[test]
 fn a_partners_failure_is_not_taken_while_this_home_delivers_the_message_itself() {
     let mut a = at_a();
     let mut b = other_home_of(&mut a);
