@@ -442,7 +442,9 @@ impl delivery::Ports for Supervisor {
         use account::Reads;
         let stream = account::stream_id(from);
         let reads = account::StoreReads { store: &self.inner.store, account_id: from, stream: &stream };
-        let entry = reads.send_entry(message_id).ok().flatten();
+        // Read without loading the account: its ledger may still be in the
+        // version 1 layout until its first load moves it.
+        let entry = reads.send_entry(message_id).ok().flatten().or_else(|| reads.v1_send_entry(message_id));
         entry.is_some_and(|e| e.status.status == relay_schemas::Status::TargetAccepted)
     }
 

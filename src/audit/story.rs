@@ -5,7 +5,8 @@
 //! 1. `account/{from}` (when the sender is at home here): the acceptance
 //!    (`message_sent` or `self_delivered`: time, deadline, digest of the
 //!    `message.send` params, the sent record) and every status reported to
-//!    the sender (`delivery_updated`);
+//!    the sender (`delivery_updated`, or the `status` a `message_sent` settled
+//!    at acceptance carries);
 //! 2. `delivery/{from}/{message_id}`: the acceptance as the delivery keeps it
 //!    (deadline, digest of the `message.deliver` params), every attempt
 //!    (time, target relays, route revision, then its failure with the error

@@ -304,27 +304,39 @@ pub fn verify_stream(store: &Store, stream: &str, report: &mut Report) {
 }
 
 /// Differences between an account's ledger in the store and the one its
-/// events give, in whichever layout its version names (nothing for an
-/// account the relay has not upgraded yet).
+/// events give, in whichever layout its markers name (nothing for an
+/// account the relay has not moved yet: it rebuilds that ledger at the
+/// account's next load).
 fn check_ledger(store: &Store, account: &AccountFold) -> Vec<String> {
     let id = &account.state.account_id;
-    let v1 = match store.kv_get(&ledger::version_key(id)) {
-        Ok(Some(v)) if v == ledger::VERSION => false,
-        Ok(Some(v)) if v == ledger::V1 => true,
-        Ok(Some(v)) => return vec![format!("unknown ledger version {:?}", String::from_utf8_lossy(&v))],
-        Ok(None) => return vec![],
-        Err(e) => return vec![format!("unreadable: {e}")],
+    let marker = |key: Vec<u8>| store.kv_get(&key).map_err(|e| vec![format!("unreadable: {e}")]);
+    let (current, old) = match (marker(ledger::version_key(id)), marker(ledger::v1::version_key(id))) {
+        (Ok(c), Ok(o)) => (c, o),
+        (Err(e), _) | (_, Err(e)) => return e,
     };
+    let v1 = match ledger::layout(current.as_deref(), old.as_deref()) {
+        Ok(ledger::Layout::Current) => false,
+        Ok(ledger::Layout::V1) => true,
+        Ok(ledger::Layout::Rebuild) => return vec![],
+        Err(what) => return vec![what],
+    };
+    let mut found = Vec::new();
     let entries: Vec<_> = match v1 {
         true => store
             .kv_scan_prefix(&ledger::v1::prefix(id))
-            .filter(|kv| !matches!(kv, Ok((k, _)) if *k == ledger::version_key(id)))
+            .filter(|kv| !matches!(kv, Ok((k, _)) if *k == ledger::v1::version_key(id)))
             .collect(),
-        false => store.blob_scan_prefix(&ledger::prefix(id)).collect(),
+        false => {
+            // A move removes every version 1 key with the marker.
+            let left = store.kv_scan_prefix(&ledger::v1::prefix(id)).count();
+            if left > 0 {
+                found.push(format!("{left} version 1 keys left beside the current ledger"));
+            }
+            store.blob_scan_prefix(&ledger::prefix(id)).collect()
+        }
     };
     let key = |e: &ledger::Entry| if v1 { e.v1_key(id) } else { e.key(id) };
     let mut expected: BTreeMap<Vec<u8>, ledger::Entry> = account.ledger.entries().map(|e| (key(&e), e)).collect();
-    let mut found = Vec::new();
     for item in entries {
         let (key, value) = match item {
             Ok(kv) => kv,
@@ -515,7 +527,10 @@ mod tests {
                 false => b.blob_put(&entry.key("a"), &entry.value().unwrap()),
             }
         }
-        b.kv_put(&ledger::version_key("a"), if v1 { ledger::V1 } else { ledger::VERSION });
+        match v1 {
+            true => b.kv_put(&ledger::v1::version_key("a"), ledger::v1::VERSION),
+            false => b.kv_put(&ledger::version_key("a"), ledger::VERSION),
+        }
         store.commit_durable_blocking(b).unwrap();
         ledger
     }
@@ -542,6 +557,19 @@ mod tests {
                 format!("stream \"account/a\" seq 3: ledger: l/a/{m3}: no event gives this entry"),
                 "stream \"account/a\" seq 3: ledger: sent m2: missing".to_owned(),
             ]
+        );
+    }
+
+    #[test]
+    fn version_1_keys_left_beside_a_moved_ledger_are_reported() {
+        let store = Store::temporary().unwrap();
+        account_with_a_ledger(&store, false);
+        let mut b = store.batch();
+        b.kv_put(&ledger::v1::send_key("a", "m1"), b"{}");
+        store.commit_durable_blocking(b).unwrap();
+        assert_eq!(
+            run(&store),
+            ["stream \"account/a\" seq 3: ledger: 1 version 1 keys left beside the current ledger"]
         );
     }
 

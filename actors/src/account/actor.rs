@@ -206,11 +206,18 @@ impl AccountActor {
             head = ev.head();
             since_snapshot += 1;
         }
-        let version = store.kv_get(&ledger::version_key(account_id))?;
-        let last_ticket = if head.seq > 0 && version.as_deref() != Some(ledger::VERSION) {
-            Some(super::upgrade::ledger(&store, &stream, account_id, snapshot.as_ref())?)
-        } else {
-            None
+        let current = store.kv_get(&ledger::version_key(account_id))?;
+        let v1 = store.kv_get(&ledger::v1::version_key(account_id))?;
+        let layout = ledger::layout(current.as_deref(), v1.as_deref()).map_err(|what| StoreError::Corrupt {
+            stream: stream.clone(),
+            seq: head.seq,
+            what,
+        })?;
+        let last_ticket = match layout {
+            ledger::Layout::Current => None,
+            // A new stream's first events write the current marker.
+            _ if head.seq == 0 => None,
+            layout => Some(super::upgrade::ledger(&store, &stream, account_id, snapshot.as_ref(), layout)?),
         };
         // The route book may have missed the account's latest route if the
         // relay stopped between the two writes.

@@ -20,6 +20,13 @@ pub struct StoreReads<'a> {
 }
 
 impl StoreReads<'_> {
+    /// The send entry of an account whose ledger is still in the version 1
+    /// layout (not loaded since the upgrade); `None` otherwise.
+    pub fn v1_send_entry(&self, message_id: &str) -> Option<SendEntry> {
+        let bytes = self.store.kv_get(&ledger::v1::send_key(self.account_id, message_id)).ok()??;
+        serde_json::from_slice(&bytes).ok()
+    }
+
     fn ledger<T: DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>, RelayError> {
         let Some(bytes) = self.store.blob_get(key).map_err(|e| internal(&e))? else { return Ok(None) };
         serde_json::from_slice(&bytes).map(Some).map_err(|e| internal(&e))

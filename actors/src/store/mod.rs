@@ -599,9 +599,10 @@ impl Store {
     }
 
     /// The raw sled handle, for tests that corrupt records on purpose and
-    /// the audit; panics for other engines. It holds events as pointers
-    /// into the log ([`Store::raw_get`] reads their bytes); values written
-    /// through it are inline and bypass the log: only for a store nobody
+    /// the audit; panics for other engines. It holds events and blobs as
+    /// pointers into the log ([`Store::raw_get`] reads their bytes); values
+    /// written through it are inline and bypass the log (a 20-byte one under
+    /// an event or blob key reads as a pointer): only for a store nobody
     /// else is writing to. Returns once every
     /// durable commit is installed in sled (the writer installs a group
     /// just after reporting it durable).

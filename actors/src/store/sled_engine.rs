@@ -166,7 +166,7 @@ impl Segments {
         let (segment, offset, len) = parse_pointer(value);
         let corrupt = |what: String| {
             let (stream, seq) =
-                codec::parse_event_key(key).unwrap_or_else(|_| (String::from_utf8_lossy(key).into(), 0));
+                codec::parse_event_key(key).unwrap_or_else(|_| (format!("key {}", hex::encode(key)), 0));
             StoreError::Corrupt {
                 stream,
                 seq,

@@ -51,8 +51,9 @@ pub enum AccountEvent {
         id: String,
     },
     /// A cross-account `message.send` accepted; its delivery stream is
-    /// created in the same batch. `record` is the sent record, present only
-    /// when `sender_boxes` were given.
+    /// created in the same batch unless `status` says the delivery ended
+    /// already. `record` is the sent record, present only when
+    /// `sender_boxes` were given.
     MessageSent {
         message_id: String,
         to: String,

@@ -10,11 +10,17 @@
 //! - `l/{account_id}/` ‖ 16 bytes of `blake3("s", message_id)` → [`SendEntry`]
 //! - `l/{account_id}/` ‖ 16 bytes of `blake3("r", from, message_id)` →
 //!   [`ReceiptEntry`]
-//! - kv `i/{account_id}/v` → [`VERSION`]: the ledger holds every entry the
-//!   account's events give, in this layout. An account without it, or with
-//!   [`V1`] (entries as kv `i/{account_id}/s/{message_id}` and
-//!   `i/{account_id}/r/{from}/{message_id}`), is rebuilt from its events on
-//!   its first load (see `AccountActor::load`).
+//! - kv `l/{account_id}/v` → [`VERSION`]: the ledger holds every entry the
+//!   account's events give, in this layout.
+//!
+//! An older ledger is moved on the account's first load (see [`layout`] and
+//! `AccountActor::load`): version 1 (kv entries `i/{account_id}/s/{message_id}`
+//! and `i/{account_id}/r/{from}/{message_id}`, marked by `i/{account_id}/v`)
+//! by renaming its entries, none (written before the ledger left the state)
+//! by rebuilding it from the events. The old entries and marker go in the
+//! same batch, so an earlier binary run on this store again finds no ledger
+//! of its own and rebuilds one from the events, and this one, back again,
+//! finds that marker and rebuilds from the events in turn.
 //!
 //! Why hashed keys: sled 0.34 rewrites a whole leaf every few inserts to it,
 //! so the bytes its leaves carry per entry are what a send costs on disk.
@@ -33,11 +39,8 @@ use relay_schemas::DeliveryStatus;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-/// The ledger format of an account (the value of its `i/{account_id}/v`).
+/// The ledger format of an account (the value of its [`version_key`]).
 pub const VERSION: &[u8] = b"2";
-
-/// The earlier format: entries as kv pairs under readable keys ([`v1`]).
-pub const V1: &[u8] = b"1";
 
 /// The acceptance result of one `message.send`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -85,13 +88,48 @@ pub fn receipt_key(account_id: &str, from: &str, message_id: &str) -> Vec<u8> {
     hashed(account_id, b"r", &[from, message_id])
 }
 
+/// The kv key marking a ledger in this layout.
 pub fn version_key(account_id: &str) -> Vec<u8> {
-    format!("i/{account_id}/v").into_bytes()
+    format!("l/{account_id}/v").into_bytes()
 }
 
-/// The kv keys of the [`V1`] layout (upgrading and auditing old data).
+/// Where an account's ledger is, from the values of its two markers
+/// ([`version_key`], [`v1::version_key`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// Complete, in this layout.
+    Current,
+    /// Complete in the v1 layout: its entries are renamed.
+    V1,
+    /// To be rebuilt from the events: none written (a stream from before
+    /// the ledger left the state), or v1 entries written by an earlier
+    /// binary after this one had moved them (both markers: an earlier
+    /// binary does not know a settled `message_sent`'s status).
+    Rebuild,
+}
+
+/// The layout the markers name; `Err` for a marker this version does not
+/// know (a later version's), which must not be rewritten.
+pub fn layout(current: Option<&[u8]>, v1: Option<&[u8]>) -> Result<Layout, String> {
+    let unknown = |v: &[u8]| Err(format!("unknown ledger version {:?}", String::from_utf8_lossy(v)));
+    match (current, v1) {
+        (Some(c), _) if c != VERSION => unknown(c),
+        (_, Some(o)) if o != v1::VERSION => unknown(o),
+        (Some(_), None) => Ok(Layout::Current),
+        (None, Some(_)) => Ok(Layout::V1),
+        (Some(_), Some(_)) | (None, None) => Ok(Layout::Rebuild),
+    }
+}
+
+/// The kv layout of version 1 (moving and auditing old data).
 pub mod v1 {
-    /// Every v1 entry of an account (and its version key) starts with this.
+    pub const VERSION: &[u8] = b"1";
+
+    pub fn version_key(account_id: &str) -> Vec<u8> {
+        format!("i/{account_id}/v").into_bytes()
+    }
+
+    /// Every v1 entry of an account, and its marker, starts with this.
     pub fn prefix(account_id: &str) -> Vec<u8> {
         format!("i/{account_id}/").into_bytes()
     }
@@ -102,6 +140,22 @@ pub mod v1 {
 
     pub fn receipt_key(account_id: &str, from: &str, message_id: &str) -> Vec<u8> {
         format!("i/{account_id}/r/{from}/{message_id}").into_bytes()
+    }
+
+    /// The current key of the entry under v1 key `key` (the marker and
+    /// anything else: `None`). Unambiguous: account and message ids hold
+    /// no `/` (PROTOCOL: hex, and `[A-Za-z0-9_-]`).
+    pub fn renamed(account_id: &str, key: &[u8]) -> Option<Vec<u8>> {
+        let rest = key.strip_prefix(prefix(account_id).as_slice())?;
+        let rest = std::str::from_utf8(rest).ok()?;
+        match rest.split_once('/')? {
+            ("s", message_id) if !message_id.contains('/') => Some(super::send_key(account_id, message_id)),
+            ("r", ids) => {
+                let (from, message_id) = ids.split_once('/')?;
+                (!message_id.contains('/')).then(|| super::receipt_key(account_id, from, message_id))
+            }
+            _ => None,
+        }
     }
 }
 
@@ -121,7 +175,7 @@ impl Entry {
         }
     }
 
-    /// Its kv key in the [`V1`] layout.
+    /// Its kv key in the v1 layout.
     pub fn v1_key(&self, account_id: &str) -> Vec<u8> {
         match self {
             Entry::Send { message_id, .. } => v1::send_key(account_id, message_id),
@@ -255,5 +309,34 @@ impl Ledger {
             Some(Entry::Receipt { from: from.into(), message_id: message_id.into(), entry: e.clone() })
         });
         sends.chain(receipts)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_markers_name_the_layout_and_a_later_version_is_refused() {
+        let (v2, v1) = (Some(VERSION), Some(v1::VERSION));
+        assert_eq!(layout(v2, None), Ok(Layout::Current));
+        assert_eq!(layout(None, v1), Ok(Layout::V1));
+        assert_eq!(layout(None, None), Ok(Layout::Rebuild));
+        assert_eq!(layout(v2, v1), Ok(Layout::Rebuild), "an earlier binary wrote after the move");
+        assert!(layout(Some(b"3"), None).is_err());
+        assert!(layout(None, Some(b"3")).is_err());
+    }
+
+    #[test]
+    fn a_v1_key_is_renamed_to_the_hashed_key_of_the_same_entry() {
+        let (a, b) = ("0123456789abcdef0123456789abcdef", "fedcba9876543210fedcba9876543210");
+        let m = "msg-0000000000000001";
+        assert_eq!(v1::renamed(a, &v1::send_key(a, m)), Some(send_key(a, m)));
+        assert_eq!(v1::renamed(a, &v1::receipt_key(a, b, m)), Some(receipt_key(a, b, m)));
+        assert_eq!(v1::renamed(a, &v1::version_key(a)), None);
+        assert_eq!(v1::renamed(b, &v1::send_key(a, m)), None, "another account's");
+        assert_eq!(v1::renamed(a, format!("i/{a}/s/x/y").as_bytes()), None);
+        assert_ne!(send_key(a, m), receipt_key(a, b, m));
+        assert_eq!(send_key(a, m).len(), receipt_key(a, b, m).len());
     }
 }

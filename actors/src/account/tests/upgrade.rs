@@ -95,23 +95,77 @@ fn an_upgraded_ledger_is_not_rewritten_at_the_next_load() {
     assert_eq!(stored_ledger(&store).len(), expected_ledger(&events).len() - 1);
 }
 
+/// Alice's ledger as version 1 wrote it: readable kv keys, values inline,
+/// the marker (with `drop_first`, less its first entry).
+fn put_v1_ledger(store: &Store, events: &[AccountEvent], drop_first: bool) {
+    let id = alice().id;
+    let mut b = store.batch();
+    for entry in given(&alice(), events).ledger.entries().skip(usize::from(drop_first)) {
+        b.kv_put(&entry.v1_key(&id), &entry.value().unwrap());
+    }
+    b.kv_put(&ledger::v1::version_key(&id), ledger::v1::VERSION);
+    store.commit_durable_blocking(b).unwrap();
+}
+
+fn v1_keys(store: &Store) -> Vec<Vec<u8>> {
+    store.kv_scan_prefix(&ledger::v1::prefix(&alice().id)).map(|kv| kv.unwrap().0).collect()
+}
+
 #[test]
 fn a_ledger_in_the_v1_layout_moves_to_hashed_blob_keys_at_load() {
     let events = busy_alice_events();
     let store = old_store(&events, None);
-    let id = alice().id;
-    // As version 1 wrote it: readable kv keys, the values inline.
-    let mut b = store.batch();
-    for entry in given(&alice(), &events).ledger.entries() {
-        b.kv_put(&entry.v1_key(&id), &entry.value().unwrap());
-    }
-    b.kv_put(&ledger::version_key(&id), ledger::V1);
-    store.commit_durable_blocking(b).unwrap();
-    let v1 = store.kv_scan_prefix(&ledger::v1::prefix(&id)).count();
-    assert!(v1 > 2, "a busy ledger: {v1}");
+    put_v1_ledger(&store, &events, false);
+    assert!(v1_keys(&store).len() > 2, "a busy ledger");
 
     load(&store).unwrap();
     assert_eq!(stored_ledger(&store), expected_ledger(&events));
-    let left: Vec<_> = store.kv_scan_prefix(&ledger::v1::prefix(&id)).map(|kv| kv.unwrap().0).collect();
-    assert_eq!(left, [ledger::version_key(&id)], "only the version is left of the v1 entries");
+    assert_eq!(v1_keys(&store), Vec::<Vec<u8>>::new(), "its entries and marker are gone");
+}
+
+#[test]
+fn a_v1_ledger_moves_by_renaming_its_entries_not_by_reading_the_events() {
+    let events = busy_alice_events();
+    let store = old_store(&events, None);
+    // One entry fewer than the events give: a rename keeps it so.
+    put_v1_ledger(&store, &events, true);
+    load(&store).unwrap();
+    assert_eq!(stored_ledger(&store).len(), expected_ledger(&events).len() - 1);
+}
+
+#[test]
+fn a_v1_ledger_written_again_by_an_earlier_binary_is_rebuilt_from_the_events() {
+    let events = busy_alice_events();
+    let store = old_store(&events, None);
+    load(&store).unwrap();
+    // An earlier binary, run on this store, wrote its own (here short) ledger.
+    put_v1_ledger(&store, &events, true);
+    load(&store).unwrap();
+    assert_eq!(stored_ledger(&store), expected_ledger(&events));
+    assert_eq!(v1_keys(&store), Vec::<Vec<u8>>::new());
+}
+
+#[test]
+fn a_ledger_of_an_unknown_later_version_is_refused_not_rewritten() {
+    let events = busy_alice_events();
+    let store = old_store(&events, None);
+    let mut b = store.batch();
+    b.kv_put(&ledger::version_key(&alice().id), b"3");
+    store.commit_durable_blocking(b).unwrap();
+    let err = load(&store).err().expect("refused");
+    assert!(err.to_string().contains("unknown ledger version \"3\""), "{err}");
+    assert_eq!(store.kv_get(&ledger::version_key(&alice().id)).unwrap().as_deref(), Some(&b"3"[..]));
+}
+
+#[test]
+fn a_sender_not_loaded_since_the_upgrade_is_read_in_its_v1_ledger() {
+    let events = busy_alice_events();
+    let store = old_store(&events, None);
+    put_v1_ledger(&store, &events, false);
+    let (message_id, entry) = given(&alice(), &events).ledger.sends.into_iter().next().expect("a send");
+    let stream = stream_id(&alice().id);
+    let reads = crate::account::StoreReads { store: &store, account_id: &alice().id, stream: &stream };
+    assert_eq!(reads.v1_send_entry(&message_id), Some(entry));
+    load(&store).unwrap();
+    assert_eq!(reads.v1_send_entry(&message_id), None, "moved at load");
 }
