@@ -10,16 +10,16 @@
 //! snapshot from before the ledger left the state: its `sends`/`receipts`
 //! equal to the ledger those events give). For an account, its idempotency
 //! ledger in the store must be exactly the one its events give, in the
-//! layout its `i/{account_id}/v` names (the hashed keys of `ledger.rs`, or
-//! the readable kv keys `i/{account_id}/…` of version 1), unless the relay
-//! has not upgraded the account yet (no version: it writes the ledger at the
+//! layout its markers name (`ledger::layout`: the hashed keys of
+//! `ledger.rs`, or the readable kv keys `i/{account_id}/…` of version 1),
+//! unless the relay has not moved it yet (it rebuilds that ledger at the
 //! account's next load).
 //! Snapshots of streams without events are reported too. Deleting a
 //! stream's *last* events leaves a shorter valid chain; no log can show
 //! that by itself.
 
 use super::{first_difference, AccountFold, AuditError, Folded};
-use relay_actors::account::{ledger, ReceiptEntry, SendEntry};
+use relay_actors::account::{ledger, stored_layout, ReceiptEntry, SendEntry};
 use relay_actors::store::{verify_chain, ChainProblem, Hash, Store, StoreError};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -309,16 +309,12 @@ pub fn verify_stream(store: &Store, stream: &str, report: &mut Report) {
 /// account's next load).
 fn check_ledger(store: &Store, account: &AccountFold) -> Vec<String> {
     let id = &account.state.account_id;
-    let marker = |key: Vec<u8>| store.kv_get(&key).map_err(|e| vec![format!("unreadable: {e}")]);
-    let (current, old) = match (marker(ledger::version_key(id)), marker(ledger::v1::version_key(id))) {
-        (Ok(c), Ok(o)) => (c, o),
-        (Err(e), _) | (_, Err(e)) => return e,
-    };
-    let v1 = match ledger::layout(current.as_deref(), old.as_deref()) {
-        Ok(ledger::Layout::Current) => false,
-        Ok(ledger::Layout::V1) => true,
-        Ok(ledger::Layout::Rebuild) => return vec![],
-        Err(what) => return vec![what],
+    let v1 = match stored_layout(store, id) {
+        Ok(Ok(ledger::Layout::Current)) => false,
+        Ok(Ok(ledger::Layout::V1)) => true,
+        Ok(Ok(ledger::Layout::Rebuild)) => return vec![],
+        Ok(Err(what)) => return vec![what],
+        Err(e) => return vec![format!("unreadable: {e}")],
     };
     let mut found = Vec::new();
     let entries: Vec<_> = match v1 {

@@ -206,9 +206,7 @@ impl AccountActor {
             head = ev.head();
             since_snapshot += 1;
         }
-        let current = store.kv_get(&ledger::version_key(account_id))?;
-        let v1 = store.kv_get(&ledger::v1::version_key(account_id))?;
-        let layout = ledger::layout(current.as_deref(), v1.as_deref()).map_err(|what| StoreError::Corrupt {
+        let layout = super::stored_layout(&store, account_id)?.map_err(|what| StoreError::Corrupt {
             stream: stream.clone(),
             seq: head.seq,
             what,

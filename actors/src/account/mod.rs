@@ -17,6 +17,7 @@ pub use events::{AccountEvent, PushSubscription, Record};
 pub use ledger::{Ledger, ReceiptEntry, SendEntry};
 pub(crate) use reads::StoreReads;
 pub use state::AccountState;
+pub use upgrade::stored_layout;
 
 use crate::clock::SharedClock;
 use crate::metrics::Metrics;

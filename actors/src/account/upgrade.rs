@@ -16,6 +16,14 @@ struct LegacySnapshot {
     receipts: Option<BTreeMap<String, ReceiptEntry>>,
 }
 
+/// The layout an account's stored markers name (`ledger::layout`); the
+/// inner `Err` names a marker this version does not know.
+pub fn stored_layout(store: &Store, account_id: &str) -> Result<Result<ledger::Layout, String>, StoreError> {
+    let current = store.kv_get(&ledger::version_key(account_id))?;
+    let v1 = store.kv_get(&ledger::v1::version_key(account_id))?;
+    Ok(ledger::layout(current.as_deref(), v1.as_deref()))
+}
+
 /// Moves an account's ledger to the current layout (`ledger::layout`), in
 /// one batch with the current marker: version 1 by renaming its entries
 /// (values unchanged), a ledger to rebuild from an old snapshot's maps and
@@ -30,13 +38,14 @@ pub(super) fn ledger(
     snapshot: Option<&Snapshot>,
     layout: ledger::Layout,
 ) -> Result<Ticket, StoreError> {
+    let old: Vec<Pair> = store.kv_scan_prefix(&ledger::v1::prefix(account_id)).collect::<Result<_, _>>()?;
     let renamed = match layout {
-        ledger::Layout::V1 => renamed(store, account_id)?,
+        ledger::Layout::V1 => renamed(account_id, &old),
         _ => None,
     };
     let mut batch = store.batch();
-    for item in store.kv_scan_prefix(&ledger::v1::prefix(account_id)) {
-        batch.kv_remove(&item?.0);
+    for (key, _) in &old {
+        batch.kv_remove(key);
     }
     let from_events = renamed.is_none();
     let entries = match renamed {
@@ -54,20 +63,20 @@ pub(super) fn ledger(
     store.commit(batch)
 }
 
-/// A version 1 ledger's entries under their current keys, values
-/// unchanged; `None` if a key under its prefix is neither an entry nor the
-/// marker (never written: the events decide then).
-fn renamed(store: &Store, account_id: &str) -> Result<Option<Vec<Pair>>, StoreError> {
-    let mut entries = Vec::new();
-    for item in store.kv_scan_prefix(&ledger::v1::prefix(account_id)) {
-        let (key, value) = item?;
-        match ledger::v1::renamed(account_id, &key) {
-            Some(current) => entries.push((current, value)),
-            None if key == ledger::v1::version_key(account_id) => {}
-            None => return Ok(None),
+/// A version 1 ledger's entries (`old`: its keys and values) under their
+/// current keys, values unchanged; `None` if a key is neither an entry nor
+/// the marker (never written: the events decide then).
+fn renamed(account_id: &str, old: &[Pair]) -> Option<Vec<Pair>> {
+    let marker = ledger::v1::version_key(account_id);
+    let mut entries = Vec::with_capacity(old.len());
+    for (key, value) in old {
+        match ledger::v1::renamed(account_id, key) {
+            Some(current) => entries.push((current, value.clone())),
+            None if *key == marker => {}
+            None => return None,
         }
     }
-    Ok(Some(entries))
+    Some(entries)
 }
 
 /// The ledger the account's events give (after an old snapshot's maps).

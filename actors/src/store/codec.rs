@@ -94,6 +94,10 @@ pub(super) fn kv_key(key: &[u8]) -> Vec<u8> {
     spaced(KV, key)
 }
 
+pub(super) fn blob_key(key: &[u8]) -> Vec<u8> {
+    spaced(BLOB, key)
+}
+
 /// The hashed body, as written. Field order is part of the format.
 #[derive(Serialize)]
 struct BodyOut<'a> {

@@ -511,7 +511,7 @@ impl Store {
 
     /// A blob ([`Batch::blob_put`]): with sled, one `pread` from the log.
     pub fn blob_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        self.get(&codec::spaced(codec::BLOB, key))
+        self.get(&codec::blob_key(key))
     }
 
     /// Blobs whose key starts with `prefix`, in key order (the audit).
@@ -755,11 +755,11 @@ impl Batch {
     /// leaves carry is what a send costs in disk bytes. Read back with
     /// [`Store::blob_get`]; a key space of its own, apart from `kv_put`'s.
     pub fn blob_put(&mut self, key: &[u8], value: &[u8]) {
-        self.kv_write(Write::Put(codec::spaced(codec::BLOB, key), value.to_vec()));
+        self.kv_write(Write::Put(codec::blob_key(key), value.to_vec()));
     }
 
     pub fn blob_remove(&mut self, key: &[u8]) {
-        self.kv_write(Write::Remove(codec::spaced(codec::BLOB, key)));
+        self.kv_write(Write::Remove(codec::blob_key(key)));
     }
 
     fn kv_write(&mut self, w: Write) {
