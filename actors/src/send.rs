@@ -27,7 +27,7 @@ use crate::delivery::{self, AttemptOutcome};
 use crate::supervisor::Supervisor;
 use relay_schemas::methods::SendParams;
 use relay_schemas::objects::RelayRef;
-use relay_schemas::{DeliveryStatus, RelayError, UnixSecs};
+use relay_schemas::{DeliveryStatus, ErrorCode, RelayError, UnixSecs};
 use tokio::sync::oneshot;
 
 /// A `message.send` answered by the sender's account.
@@ -90,6 +90,18 @@ impl Supervisor {
         let outcome = self.receive(&to, receipt).await;
         crate::crash::point(&self.store(), "send.after_receipt").await;
         delivery::count_attempt(self.metrics(), &outcome);
+        // The recipient holds other params under this message id: a send of
+        // another content under the same id, racing this one, was received
+        // first (or a retry after a crash differs from the original). Nothing
+        // is written here, so this request is refused as the sender's ledger
+        // would refuse it once the other settles: settling it as `failed`
+        // could let it win the sender's ledger while the recipient holds the
+        // other content.
+        if let AttemptOutcome::Rejected(e) = &outcome {
+            if e.code == ErrorCode::StateConflict {
+                return Err(e.clone());
+            }
+        }
         let accepted_at = UnixSecs(acceptance.status.accepted_at);
         let env = acceptance.deliver.envelope.clone();
         let cmd = match final_status(&outcome, accepted_at) {

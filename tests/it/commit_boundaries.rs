@@ -36,9 +36,10 @@ async fn terminal(c: &Client, user: &User, message_id: &str) -> Value {
 
 /// Local send, crash after the receipt (commit 1) and before the
 /// acceptance (commit 2): the client got no answer; the recipient holds the
-/// record; the sender knows nothing of the message. The unchanged retry is
-/// accepted, the recipient answers its duplicate, the sender settles:
-/// `target_accepted`, one record on each side.
+/// record; the sender knows nothing of the message. A send of other params
+/// under that id gets the recipient's `state_conflict` and writes nothing.
+/// The unchanged retry is accepted, the recipient answers its duplicate,
+/// the sender settles: `target_accepted`, one record on each side.
 #[actix_rt::test]
 async fn a_crash_between_receipt_and_acceptance_is_repaired_by_the_unchanged_retry() {
     let dir = tempfile::tempdir().unwrap();
@@ -65,6 +66,15 @@ async fn a_crash_between_receipt_and_acceptance_is_repaired_by_the_unchanged_ret
     assert_eq!(records_of(&c, &bob, &m).await, 1, "the receipt was durable");
     let unknown = c.err("message.delivery.status", alice.token(0), &json!({ "message_id": m })).await;
     assert_eq!(unknown, "not_found", "the acceptance was not written");
+
+    // Other params under the id the recipient holds are refused as they
+    // are, and write nothing at the sender: the unchanged retry still gets
+    // its own answer below, not this one's.
+    let mut other = params.clone();
+    other["recipient_boxes"][0]["box"] = json!(relay_schemas::encoding::b64_encode(b"another box"));
+    assert_eq!(c.err("message.send", alice.token(0), &other).await, "state_conflict");
+    let still = c.err("message.delivery.status", alice.token(0), &json!({ "message_id": m })).await;
+    assert_eq!(still, "not_found", "the refused send wrote nothing at the sender");
 
     let retry = c.ok("message.send", alice.token(0), &params).await;
     assert_eq!(retry["status"], "target_accepted", "{retry}");
