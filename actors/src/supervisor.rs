@@ -236,8 +236,7 @@ impl Supervisor {
 
     /// Whether an account is registered on this relay (it has events).
     pub fn account_exists(&self, account_id: &str) -> Result<bool, RelayError> {
-        let head = self.store().head(&account::stream_id(account_id)).map_err(|e| internal(&e))?;
-        Ok(head.seq > 0)
+        self.store().has_events(&account::stream_id(account_id)).map_err(|e| internal(&e))
     }
 
     /// Adds an arbiter (thread) that account actors may live on. Each HTTP

@@ -246,6 +246,27 @@ fn concurrent_commits_share_flushes() {
 }
 
 #[test]
+fn a_stream_has_events_from_its_first_commit_on_whether_durable_or_reopened() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path()).unwrap();
+        assert!(!store.has_events("account/a").unwrap());
+        let mut batch = store.batch();
+        batch.append("account/a", Head::default(), events(1..=2));
+        // Seen at once (the overlay), before the writer made it durable.
+        store.commit(batch).unwrap();
+        assert!(store.has_events("account/a").unwrap());
+        assert!(!store.has_events("account/b").unwrap());
+        assert!(!store.has_events("account").unwrap(), "a prefix of a stream's id is not that stream");
+        assert!(matches!(store.has_events("bad\u{0}id"), Err(StoreError::Invalid(_))));
+        assert!(matches!(store.has_events(""), Err(StoreError::Invalid(_))));
+    }
+    let store = Store::open(dir.path()).unwrap();
+    assert!(store.has_events("account/a").unwrap(), "from the engine after a reopen");
+    assert!(!store.has_events("account/b").unwrap());
+}
+
+#[test]
 fn reopen_after_drop_keeps_events_snapshot_and_kv() {
     let dir = tempfile::tempdir().unwrap();
     let (head, snap) = {

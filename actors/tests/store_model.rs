@@ -111,6 +111,7 @@ impl State {
             let events: Vec<_> =
                 store.read(stream, 0).map(|e| e.unwrap()).map(|e| (e.seq, e.data.get().to_owned())).collect();
             assert_eq!(store.head(stream).unwrap().seq, events.last().map_or(0, |e| e.0), "{stream}");
+            assert_eq!(store.has_events(stream).unwrap(), !events.is_empty(), "{stream}");
             if !events.is_empty() {
                 state.events.insert(stream.to_owned(), events);
             }

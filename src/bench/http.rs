@@ -1,9 +1,12 @@
-//! A minimal blocking HTTP/1.1 keep-alive client over `std::net::TcpStream`:
-//! the bench should measure the relay, not a client library.
+//! A minimal HTTP/1.1 keep-alive client: blocking over `std::net::TcpStream`
+//! for setup, and asynchronous over tokio's for the measured window (one
+//! thread drives every connection, as `wrk` does). The bench should measure
+//! the relay, not a client library or its own threads.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// `http://host:port[/...]` → `host:port`.
 pub fn host_port(url: &str) -> Result<String, String> {
@@ -27,11 +30,87 @@ pub fn rpc_request(method: &str, token: Option<&str>, body: &[u8]) -> Vec<u8> {
     req
 }
 
+/// A whole reply found at the start of the bytes received: its status, its
+/// body and how many bytes it took.
+#[derive(Debug, PartialEq)]
+struct Reply {
+    status: u16,
+    body: Vec<u8>,
+    used: usize,
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// The reply at the start of `buf`, or `None` while it is incomplete.
+fn parse_reply(buf: &[u8]) -> Result<Option<Reply>, String> {
+    let Some(end) = find(buf, b"\r\n\r\n") else {
+        return Ok(None);
+    };
+    let head = std::str::from_utf8(&buf[..end]).map_err(|_| "reply head is not UTF-8".to_string())?;
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().unwrap_or("");
+    let status: u16 = status_line
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("bad status line {status_line:?}"))?;
+    let (mut len, mut chunked) = (0, false);
+    for line in lines {
+        let (name, value) = line.split_once(':').unwrap_or((line, ""));
+        if name.eq_ignore_ascii_case("content-length") {
+            len = value.trim().parse().map_err(|_| "bad content-length".to_string())?;
+        } else if name.eq_ignore_ascii_case("transfer-encoding") && value.to_ascii_lowercase().contains("chunked") {
+            chunked = true;
+        }
+    }
+    let start = end + 4;
+    if !chunked {
+        return Ok(buf.get(start..start + len).map(|b| Reply { status, body: b.to_vec(), used: start + len }));
+    }
+    // Chunks up to the last (size 0), no trailers.
+    let (mut at, mut body) = (start, Vec::new());
+    loop {
+        let Some(eol) = find(&buf[at..], b"\r\n") else {
+            return Ok(None);
+        };
+        let size = std::str::from_utf8(&buf[at..at + eol]).unwrap_or("");
+        let n = usize::from_str_radix(size.trim().split(';').next().unwrap_or(""), 16)
+            .map_err(|_| "bad chunk size".to_string())?;
+        let data = at + eol + 2;
+        let Some(chunk) = buf.get(data..data + n + 2) else {
+            return Ok(None);
+        };
+        at = data + n + 2;
+        if n == 0 {
+            return Ok(Some(Reply { status, body, used: at }));
+        }
+        body.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// Bytes received and not yet taken by a reply.
+#[derive(Default)]
+struct Received(Vec<u8>);
+
+impl Received {
+    /// The next reply if it is all here, removing its bytes.
+    fn take(&mut self) -> Result<Option<(u16, Vec<u8>)>, String> {
+        let Some(r) = parse_reply(&self.0)? else {
+            return Ok(None);
+        };
+        self.0.drain(..r.used);
+        Ok(Some((r.status, r.body)))
+    }
+}
+
+const READ_CHUNK: usize = 64 * 1024;
+
 pub struct Conn {
     addr: String,
-    reader: BufReader<TcpStream>,
-    writer: TcpStream,
-    line: String,
+    stream: TcpStream,
+    received: Received,
 }
 
 impl Conn {
@@ -39,69 +118,27 @@ impl Conn {
         let s = TcpStream::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?;
         let _ = s.set_nodelay(true);
         let _ = s.set_read_timeout(Some(Duration::from_secs(60)));
-        let r = s.try_clone().map_err(|e| e.to_string())?;
-        Ok(Conn { addr: addr.to_string(), reader: BufReader::new(r), writer: s, line: String::new() })
+        Ok(Conn { addr: addr.to_string(), stream: s, received: Received::default() })
     }
 
     /// Sends a pre-built request and reads the reply: (status, body).
     pub fn roundtrip(&mut self, request: &[u8]) -> Result<(u16, Vec<u8>), String> {
-        self.writer.write_all(request).map_err(|e| format!("{}: write: {e}", self.addr))?;
-        self.read_reply()
+        self.stream.write_all(request).map_err(|e| format!("{}: write: {e}", self.addr))?;
+        let mut chunk = vec![0; READ_CHUNK];
+        loop {
+            if let Some(reply) = self.received.take()? {
+                return Ok(reply);
+            }
+            match self.stream.read(&mut chunk).map_err(|e| format!("{}: read: {e}", self.addr))? {
+                0 => return Err(format!("{}: connection closed", self.addr)),
+                n => self.received.0.extend_from_slice(&chunk[..n]),
+            }
+        }
     }
 
     pub fn get(&mut self, path: &str) -> Result<(u16, Vec<u8>), String> {
         let req = format!("GET {path} HTTP/1.1\r\nHost: bench\r\n\r\n");
         self.roundtrip(req.as_bytes())
-    }
-
-    fn read_reply(&mut self) -> Result<(u16, Vec<u8>), String> {
-        let err = |e: std::io::Error| e.to_string();
-        self.line.clear();
-        if self.reader.read_line(&mut self.line).map_err(err)? == 0 {
-            return Err(format!("{}: connection closed", self.addr));
-        }
-        let status: u16 = self
-            .line
-            .split(' ')
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| format!("bad status line {:?}", self.line))?;
-        let mut len = 0;
-        let mut chunked = false;
-        loop {
-            self.line.clear();
-            if self.reader.read_line(&mut self.line).map_err(err)? == 0 {
-                return Err("connection closed in headers".into());
-            }
-            if self.line == "\r\n" {
-                break;
-            }
-            let l = self.line.to_ascii_lowercase();
-            if let Some(v) = l.strip_prefix("content-length:") {
-                len = v.trim().parse().map_err(|_| "bad content-length".to_string())?;
-            } else if l.starts_with("transfer-encoding:") && l.contains("chunked") {
-                chunked = true;
-            }
-        }
-        if !chunked {
-            let mut body = vec![0; len];
-            self.reader.read_exact(&mut body).map_err(err)?;
-            return Ok((status, body));
-        }
-        let mut body = Vec::new();
-        loop {
-            self.line.clear();
-            self.reader.read_line(&mut self.line).map_err(err)?;
-            let n = usize::from_str_radix(self.line.trim().split(';').next().unwrap_or(""), 16)
-                .map_err(|_| "bad chunk size".to_string())?;
-            let mut chunk = vec![0; n + 2];
-            self.reader.read_exact(&mut chunk).map_err(err)?;
-            if n == 0 {
-                break;
-            }
-            body.extend_from_slice(&chunk[..n]);
-        }
-        Ok((status, body))
     }
 
     /// A setup call that must succeed: the JSON reply.
@@ -117,5 +154,64 @@ impl Conn {
             return Err(format!("{method}: HTTP {status}: {}", String::from_utf8_lossy(&reply)));
         }
         serde_json::from_slice(&reply).map_err(|e| format!("{method}: {e}"))
+    }
+}
+
+/// The measured window's connection: the same protocol on tokio's socket.
+pub struct AsyncConn {
+    addr: String,
+    stream: tokio::net::TcpStream,
+    received: Received,
+}
+
+impl AsyncConn {
+    pub async fn open(addr: &str) -> Result<AsyncConn, String> {
+        let s = tokio::net::TcpStream::connect(addr).await.map_err(|e| format!("connect {addr}: {e}"))?;
+        let _ = s.set_nodelay(true);
+        Ok(AsyncConn { addr: addr.to_string(), stream: s, received: Received::default() })
+    }
+
+    pub async fn roundtrip(&mut self, request: &[u8]) -> Result<(u16, Vec<u8>), String> {
+        self.stream.write_all(request).await.map_err(|e| format!("{}: write: {e}", self.addr))?;
+        loop {
+            if let Some(reply) = self.received.take()? {
+                return Ok(reply);
+            }
+            self.received.0.reserve(READ_CHUNK);
+            match self.stream.read_buf(&mut self.received.0).await.map_err(|e| format!("{}: read: {e}", self.addr))? {
+                0 => return Err(format!("{}: connection closed", self.addr)),
+                _ => continue,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reply_is_taken_only_when_all_of_it_has_arrived() {
+        let reply = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\nx: y\r\n\r\nhello";
+        for cut in 0..reply.len() {
+            assert_eq!(parse_reply(&reply[..cut]).unwrap(), None, "cut at {cut}");
+        }
+        // The next reply's first bytes are left for it.
+        let r = parse_reply(&[&reply[..], b"HTTP/1.1 404"].concat()).unwrap().unwrap();
+        assert_eq!((r.status, r.body.as_slice(), r.used), (200, &b"hello"[..], reply.len()));
+    }
+
+    #[test]
+    fn a_chunked_reply_is_joined_up_to_its_last_chunk() {
+        let whole = b"HTTP/1.1 201 Created\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n";
+        assert_eq!(parse_reply(&whole[..whole.len() - 1]).unwrap(), None);
+        let r = parse_reply(whole).unwrap().unwrap();
+        assert_eq!((r.status, r.body.as_slice(), r.used), (201, &b"abcde"[..], whole.len()));
+    }
+
+    #[test]
+    fn a_bad_status_line_is_an_error() {
+        assert!(parse_reply(b"garbage\r\n\r\n").is_err());
+        assert!(parse_reply(b"HTTP/1.1 200 OK\r\ncontent-length: x\r\n\r\n").is_err());
     }
 }

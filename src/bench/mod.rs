@@ -339,12 +339,14 @@ fn bench(args: BenchArgs) -> Result<(String, u64), String> {
     let before: Vec<_> = targets.iter().map(|t| report::scrape(&t.addr)).collect();
     let disk_before = own.iter().map(|p| report::disk_write_bytes(p.child.id())).collect();
     let cpu_before = own.iter().map(|p| report::cpu_seconds(p.child.id())).collect();
+    let load_cpu_before = report::cpu_seconds(std::process::id());
     let bar = progress(sends.len() as u64, "sends");
     let mut outcome = load::run(&targets, &sends, args.concurrency, args.duration, args.rate, &|n| bar.set_position(n));
     bar.finish_and_clear();
     let after: Vec<_> = targets.iter().map(|t| report::scrape(&t.addr)).collect();
     let disk_after = own.iter().map(|p| report::disk_write_bytes(p.child.id())).collect();
     let cpu_after = own.iter().map(|p| report::cpu_seconds(p.child.id())).collect();
+    let load_cpu = (load_cpu_before, report::cpu_seconds(std::process::id()));
     let rss = own.iter().map(|p| report::rss_bytes(p.child.id())).collect();
     let rss_peak = own.iter().map(|p| report::rss_peak_bytes(p.child.id())).collect();
     let mut notify = match listener {
@@ -387,6 +389,7 @@ fn bench(args: BenchArgs) -> Result<(String, u64), String> {
         disk_after,
         cpu_before,
         cpu_after,
+        load_cpu,
     });
     if let (Some(p), Some(t)) = (args.population, seed_time) {
         r["population"] = json!(p);

@@ -141,6 +141,7 @@ pub fn run(args: &BenchArgs, n: usize, run_id: u64) -> Result<(String, u64), Str
         disk_after,
         cpu_before,
         cpu_after,
+        load_cpu: (None, None),
     });
     let round = |v: f64, per_unit: f64| (v * per_unit).round() / per_unit;
     r["pending"] = json!(pending);

@@ -126,6 +126,9 @@ pub struct Inputs<'a> {
     /// Their CPU seconds (user + system) before and after, same order.
     pub cpu_before: Vec<Option<f64>>,
     pub cpu_after: Vec<Option<f64>>,
+    /// The bench process's own CPU seconds before and after: the load
+    /// generator (with `--ws`, its listeners too), which shares the cores.
+    pub load_cpu: (Option<f64>, Option<f64>),
 }
 
 pub fn build(i: Inputs) -> Value {
@@ -228,6 +231,8 @@ pub fn build(i: Inputs) -> Value {
     // steadier than sends/s on a shared machine.
     r["relay_cpu_s"] = json!(cpu_s.map(round));
     r["relay_cpu_us_per_send"] = json!(per_send(cpu_s.map(|s| s * 1e6)).map(f64::round));
+    let load_cpu_s = i.load_cpu.0.zip(i.load_cpu.1).map(|(b, a)| a - b);
+    r["load_cpu_us_per_send"] = json!(per_send(load_cpu_s.map(|s| s * 1e6)).map(f64::round));
     r
 }
 
@@ -294,6 +299,7 @@ pub fn table(r: &Value) -> String {
             format!("{} / {}", num("log_writes_per_send"), num("actor_hops_per_send")),
         ),
         ("per send: relay CPU".into(), format!("{} µs", num("relay_cpu_us_per_send"))),
+        ("per send: load generator CPU".into(), format!("{} µs", num("load_cpu_us_per_send"))),
         (
             "per send: bytes to log / to disk".into(),
             format!("{} B / {} B", num("log_bytes_per_send"), num("disk_bytes_per_send")),

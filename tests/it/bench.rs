@@ -38,6 +38,7 @@ fn check(r: &Value, relays: u64) {
         "actor_hops_per_send",
         "disk_bytes_per_send",
         "relay_cpu_us_per_send",
+        "load_cpu_us_per_send",
     ] {
         let v = r[k].as_f64().unwrap_or_else(|| panic!("{k} is not a number: {r:#}"));
         assert!(v.is_finite() && v >= 0.0, "{k} = {v}");

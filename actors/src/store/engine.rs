@@ -37,6 +37,12 @@ pub type KvIter = Box<dyn DoubleEndedIterator<Item = Result<(Vec<u8>, Vec<u8>), 
 pub trait Engine: Any + Send + Sync {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
 
+    /// Whether `key` has a value, without reading it (an event pointer is
+    /// not followed into the log).
+    fn contains(&self, key: &[u8]) -> Result<bool, StoreError> {
+        Ok(self.get(key)?.is_some())
+    }
+
     /// Pairs with `start <= key < end` (no upper bound when `end` is `None`).
     fn range(&self, start: &[u8], end: Option<&[u8]>) -> KvIter;
 

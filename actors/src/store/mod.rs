@@ -308,6 +308,18 @@ impl Store {
         }
     }
 
+    /// Whether `stream` has any event: its first (events are never removed,
+    /// and seq 1 is a stream's first), looked up without reading it. A
+    /// point lookup where `head` scans backwards and reads the last event.
+    pub fn has_events(&self, stream: &str) -> Result<bool, StoreError> {
+        codec::check_stream(stream)?;
+        let first = codec::event_key(stream, 1);
+        match self.inner.shared.overlay.contains(&first) {
+            Some(known) => Ok(known),
+            None => self.engine().contains(&first),
+        }
+    }
+
     /// The last event's seq and hash (from the stream's last key).
     pub fn head(&self, stream: &str) -> Result<Head, StoreError> {
         codec::check_stream(stream)?;

@@ -61,6 +61,11 @@ impl Overlay {
         self.read().get(key).map(|e| e.value.clone())
     }
 
+    /// `Some(whether it has a value)` when the overlay knows the key.
+    pub fn contains(&self, key: &[u8]) -> Option<bool> {
+        self.read().get(key).map(|e| e.value.is_some())
+    }
+
     /// A copy of the changes in `start..end`, in key order.
     pub fn range(&self, start: &[u8], end: Option<&[u8]>) -> Vec<Change> {
         let end = end.map_or(Bound::Unbounded, Bound::Excluded);

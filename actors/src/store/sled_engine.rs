@@ -448,6 +448,10 @@ impl Engine for SledEngine {
         self.db.get(key)?.map(|v| self.segments.resolve(key, &v)).transpose()
     }
 
+    fn contains(&self, key: &[u8]) -> Result<bool, StoreError> {
+        Ok(self.db.contains_key(key)?)
+    }
+
     fn range(&self, start: &[u8], end: Option<&[u8]>) -> KvIter {
         let iter = match end {
             Some(end) => self.db.range(start..end),
