@@ -115,6 +115,29 @@ fn append_with_stale_head_is_rejected_and_writes_nothing() {
     assert_eq!(store.kv_get(b"index/x").unwrap(), None);
 }
 
+/// After a reopen no head is in memory: a stream taken for new (expected
+/// empty) is checked by a lookup of its first event, and one that has
+/// events is refused with the head it has.
+#[test]
+fn after_a_reopen_a_stream_taken_for_new_is_checked_against_its_stored_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let current = append_n(&Store::open(dir.path()).unwrap(), "s", 2);
+    let store = Store::open(dir.path()).unwrap();
+    let mut batch = store.batch();
+    batch.append("s", Head::default(), events(1..=1));
+    match store.commit(batch) {
+        Err(StoreError::HeadMismatch { stream, expected, found }) => {
+            assert_eq!((stream.as_str(), expected, found), ("s", Head::default(), current));
+        }
+        other => panic!("expected a head mismatch, got {other:?}"),
+    }
+    let mut batch = store.batch();
+    batch.append("s2", Head::default(), events(1..=1));
+    store.commit(batch).unwrap();
+    assert_eq!(store.head("s2").unwrap().seq, 1);
+    assert_eq!(store.head("s").unwrap(), current);
+}
+
 #[test]
 fn appends_to_one_stream_in_a_batch_must_chain() {
     let store = Store::temporary().unwrap();

@@ -57,7 +57,7 @@ pub struct BenchArgs {
     pub duration: Option<Duration>,
     /// Offered load in sends per second (open loop): send i is due at
     /// i / RATE and its latency counts from then, so a relay that falls
-    /// behind shows it. Without it each thread sends as fast as replies come.
+    /// behind shows it. Without it each client sends as fast as replies come.
     #[arg(long, conflicts_with = "pending")]
     pub rate: Option<f64>,
     /// Target existing relays instead of starting them: `URL[,URL2]`.

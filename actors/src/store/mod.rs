@@ -425,7 +425,11 @@ impl Store {
             read_at = sh.head_trims.load(SeqCst);
             drop(st);
             for i in missing {
-                read[i] = Some(self.head(&batch.heads[i].stream)?);
+                let check = &batch.heads[i];
+                // A new stream (a delivery's, say) is checked by a point
+                // lookup; the backwards scan only to name what was found.
+                let new = check.expected == Head::default() && !self.has_events(&check.stream)?;
+                read[i] = Some(if new { Head::default() } else { self.head(&check.stream)? });
             }
         };
         for (check, read) in batch.heads.iter().zip(&read) {
