@@ -2,7 +2,7 @@
 //! connection per relay, writing pre-built requests one at a time: as fast
 //! as replies come (closed loop), or each at its due time under `--rate`
 //! (open loop). One thread drives every client on tokio's current-thread
-//! runtime: a thread per client cost ~45 µs of CPU per send on this 2-core
+//! runtime: a thread per client cost 44–47 µs of CPU per send on this 2-core
 //! machine (a wake-up and a context switch per reply), CPU the relay under
 //! test shares.
 
