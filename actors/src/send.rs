@@ -90,15 +90,19 @@ impl Supervisor {
         let outcome = self.receive(&to, receipt).await;
         crate::crash::point(&self.store(), "send.after_receipt").await;
         delivery::count_attempt(self.metrics(), &outcome);
-        // The recipient holds other params under this message id: a send of
-        // another content under the same id, racing this one, was received
-        // first (or a retry after a crash differs from the original). Nothing
+        // The recipient holds other deliver params under this message id: a
+        // send of another content under the same id, racing this one, was
+        // received first, or a retry after a crash differs from the original
+        // (in content, or in the sender's route the params carry). Nothing
         // is written here, so this request is refused as the sender's ledger
         // would refuse it once the other settles: settling it as `failed`
         // could let it win the sender's ledger while the recipient holds the
-        // other content.
+        // other content. The refusal rests on the recipient's receipt, which
+        // may not be durable yet: it is answered once it is.
         if let AttemptOutcome::Rejected(e) = &outcome {
             if e.code == ErrorCode::StateConflict {
+                let store = self.store();
+                store.durable(store.committed()).await.map_err(|e| RelayError::internal(e.to_string()))?;
                 return Err(e.clone());
             }
         }

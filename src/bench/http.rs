@@ -106,6 +106,8 @@ impl Received {
 }
 
 const READ_CHUNK: usize = 64 * 1024;
+/// How long a connect or a reply may take before it counts as an error.
+const TIMEOUT: Duration = Duration::from_secs(60);
 
 pub struct Conn {
     addr: String,
@@ -117,7 +119,7 @@ impl Conn {
     pub fn open(addr: &str) -> Result<Conn, String> {
         let s = TcpStream::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?;
         let _ = s.set_nodelay(true);
-        let _ = s.set_read_timeout(Some(Duration::from_secs(60)));
+        let _ = s.set_read_timeout(Some(TIMEOUT));
         Ok(Conn { addr: addr.to_string(), stream: s, received: Received::default() })
     }
 
@@ -166,12 +168,24 @@ pub struct AsyncConn {
 
 impl AsyncConn {
     pub async fn open(addr: &str) -> Result<AsyncConn, String> {
-        let s = tokio::net::TcpStream::connect(addr).await.map_err(|e| format!("connect {addr}: {e}"))?;
+        let connect = tokio::net::TcpStream::connect(addr);
+        let s = tokio::time::timeout(TIMEOUT, connect).await.map_err(|_| format!("connect {addr}: timed out"))?;
+        let s = s.map_err(|e| format!("connect {addr}: {e}"))?;
         let _ = s.set_nodelay(true);
         Ok(AsyncConn { addr: addr.to_string(), stream: s, received: Received::default() })
     }
 
+    /// Sends a pre-built request and reads the reply, within `TIMEOUT` (as
+    /// the blocking client's read timeout): a relay that stops answering
+    /// gives errors, not a bench that never ends.
     pub async fn roundtrip(&mut self, request: &[u8]) -> Result<(u16, Vec<u8>), String> {
+        let addr = self.addr.clone();
+        tokio::time::timeout(TIMEOUT, self.exchange(request))
+            .await
+            .map_err(|_| format!("{addr}: no reply in {TIMEOUT:?}"))?
+    }
+
+    async fn exchange(&mut self, request: &[u8]) -> Result<(u16, Vec<u8>), String> {
         self.stream.write_all(request).await.map_err(|e| format!("{}: write: {e}", self.addr))?;
         loop {
             if let Some(reply) = self.received.take()? {

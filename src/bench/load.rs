@@ -95,16 +95,14 @@ async fn client(
                 }
             },
         };
-        // Open loop: a send waited for (the client busy with an earlier
-        // reply) counts from its due time: that is the relay's queueing, not
-        // ours to hide. One whose due time this client slept to counts from
-        // when it woke: the timer's lateness (up to a millisecond) is ours.
+        // Open loop: latency counts from the due time, whatever made the
+        // send late (the client busy with an earlier reply, or its wake-up
+        // delayed on cores the relay shares): not ours to hide.
         let t0 = match due(start, rate, index) {
-            Some(at) if at > Instant::now() => {
+            Some(at) => {
                 tokio::time::sleep_until(at.into()).await;
-                Instant::now()
+                at
             }
-            Some(at) => at,
             None => Instant::now(),
         };
         let r = conn.roundtrip(&s.request).await;
