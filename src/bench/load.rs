@@ -1,16 +1,17 @@
 //! The measured window: `concurrency` clients, each with one keep-alive
 //! connection per relay, writing pre-built requests one at a time: as fast
 //! as replies come (closed loop), or each at its due time under `--rate`
-//! (open loop). One thread drives every client on tokio's current-thread
-//! runtime: a thread per client cost 44–47 µs of CPU per send on this 2-core
-//! machine (a wake-up and a context switch per reply), CPU the relay under
-//! test shares.
+//! (open loop, released by a pacer thread). One thread drives every client
+//! on tokio's current-thread runtime: a thread per client cost 44–47 µs of
+//! CPU per send on this 2-core machine (a wake-up and a context switch per
+//! reply), CPU the relay under test shares.
 
 use super::http::AsyncConn;
 use super::plan::Send;
 use super::Target;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
 
 #[derive(Default)]
 pub struct Outcome {
@@ -70,10 +71,35 @@ fn due(start: Instant, rate: Option<f64>, index: usize) -> Option<Instant> {
     rate.filter(|r| *r > 0.0).map(|r| start + Duration::from_secs_f64(index as f64 / r))
 }
 
+/// Under `--rate`: lets each send go at its due time, from a thread of its
+/// own. `thread::sleep` wakes within a fraction of a millisecond; tokio's
+/// timer only at the next whole millisecond, which every latency (counted
+/// from the due time) would carry.
+fn pace(
+    (start, rate, deadline): (Instant, f64, Option<Instant>),
+    sends: usize,
+    gates: Vec<mpsc::UnboundedSender<()>>,
+    stop: &AtomicBool,
+) {
+    for index in 0..sends {
+        let Some(at) = due(start, Some(rate), index) else { return };
+        let wake = deadline.map_or(at, |d| at.min(d));
+        if let Some(wait) = wake.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+        if stop.load(Ordering::Relaxed) || deadline.is_some_and(|d| Instant::now() >= d) {
+            return;
+        }
+        // A client that stopped has dropped its gate: nothing to release.
+        let _ = gates[index % gates.len()].send(());
+    }
+}
+
 async fn client(
     targets: &[Target],
     sends: &[(usize, &Send)],
     (start, rate, deadline): (Instant, Option<f64>, Option<Instant>),
+    mut gate: Option<mpsc::UnboundedReceiver<()>>,
     done: &AtomicU64,
     stop: &AtomicBool,
 ) -> Outcome {
@@ -95,15 +121,18 @@ async fn client(
                 }
             },
         };
-        // Open loop: latency counts from the due time, whatever made the
-        // send late (the client busy with an earlier reply, or its wake-up
-        // delayed on cores the relay shares): not ours to hide.
-        let t0 = match due(start, rate, index) {
-            Some(at) => {
-                tokio::time::sleep_until(at.into()).await;
+        // Open loop: the pacer lets the send go at its due time, and the
+        // latency counts from then, whatever made the send later (the client
+        // busy with an earlier reply, its wake-up delayed on cores the relay
+        // shares): not ours to hide.
+        let t0 = match (due(start, rate, index), gate.as_mut()) {
+            (Some(at), Some(gate)) => {
+                if gate.recv().await.is_none() {
+                    break;
+                }
                 at
             }
-            None => Instant::now(),
+            _ => Instant::now(),
         };
         let r = conn.roundtrip(&s.request).await;
         let us = t0.elapsed().as_micros() as u64;
@@ -158,11 +187,23 @@ pub fn run(
     let start = Instant::now();
     let deadline = duration.map(|d| start + d);
     let mut total = Outcome::default();
+    let (gates, mut opened): (Vec<_>, Vec<_>) = match rate.filter(|r| *r > 0.0) {
+        Some(_) => (0..concurrency).map(|_| mpsc::unbounded_channel()).map(|(tx, rx)| (tx, Some(rx))).unzip(),
+        None => (Vec::new(), (0..concurrency).map(|_| None).collect()),
+    };
     std::thread::scope(|scope| {
-        let driver = scope.spawn(|| {
+        if let Some(r) = rate.filter(|r| *r > 0.0) {
+            let stop = &stop;
+            scope.spawn(move || pace((start, r, deadline), sends.len(), gates, stop));
+        }
+        let (done, stop) = (&done, &stop);
+        let driver = scope.spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build();
             let rt = rt.map_err(|e| format!("the load's runtime: {e}"))?;
-            let clients = shards.iter().map(|shard| client(targets, shard, (start, rate, deadline), &done, &stop));
+            let clients = shards
+                .iter()
+                .zip(opened.iter_mut())
+                .map(|(shard, gate)| client(targets, shard, (start, rate, deadline), gate.take(), done, stop));
             Ok::<_, String>(rt.block_on(futures_util::future::join_all(clients)))
         });
         while !driver.is_finished() {

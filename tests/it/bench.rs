@@ -108,6 +108,15 @@ fn bench_ws_correlates_a_notification_to_every_accepted_send() {
 }
 
 #[test]
+fn bench_rate_paces_the_sends_and_stops_at_the_duration() {
+    // 400/s for 1 s: sends due at 0, 1/400, … 399/400 s; none after.
+    let r = run(&["--rate", "400", "--duration", "1s", "--messages", "1000", "--accounts", "2", "--concurrency", "4"]);
+    assert_eq!(r["errors"], 0, "{r:#}");
+    let sent = r["sent"].as_u64().unwrap();
+    assert!((1..=400).contains(&sent), "paced to the rate and cut at the duration: {r:#}");
+}
+
+#[test]
 fn bench_without_ws_reports_no_notification_figures() {
     let r = run(&["--messages", "10", "--accounts", "2", "--concurrency", "2"]);
     assert_eq!(r["config"]["websocket"], false, "{r:#}");
