@@ -102,7 +102,7 @@ impl Supervisor {
         if let AttemptOutcome::Rejected(e) = &outcome {
             if e.code == ErrorCode::StateConflict {
                 let store = self.store();
-                store.durable(store.committed()).await.map_err(|e| RelayError::internal(e.to_string()))?;
+                store.durable(store.committed()).await.map_err(|e| crate::internal(&e))?;
                 return Err(e.clone());
             }
         }

@@ -110,6 +110,20 @@ async fn client(
             stop.store(true, Ordering::Relaxed);
             break;
         }
+        // Open loop: the pacer lets the send go at its due time, and the
+        // latency counts from then, whatever made the send later (the client
+        // busy with an earlier reply, its wake-up delayed on cores the relay
+        // shares): not ours to hide. Every send takes its release, even one
+        // whose connection then fails, so the next is not let go early.
+        let t0 = match (due(start, rate, index), gate.as_mut()) {
+            (Some(at), Some(gate)) => {
+                if gate.recv().await.is_none() {
+                    break;
+                }
+                at
+            }
+            _ => Instant::now(),
+        };
         let conn = match &mut conns[s.relay] {
             Some(c) => c,
             slot => match AsyncConn::open(&targets[s.relay].addr).await {
@@ -120,19 +134,6 @@ async fn client(
                     continue;
                 }
             },
-        };
-        // Open loop: the pacer lets the send go at its due time, and the
-        // latency counts from then, whatever made the send later (the client
-        // busy with an earlier reply, its wake-up delayed on cores the relay
-        // shares): not ours to hide.
-        let t0 = match (due(start, rate, index), gate.as_mut()) {
-            (Some(at), Some(gate)) => {
-                if gate.recv().await.is_none() {
-                    break;
-                }
-                at
-            }
-            _ => Instant::now(),
         };
         let r = conn.roundtrip(&s.request).await;
         let us = t0.elapsed().as_micros() as u64;
@@ -187,12 +188,13 @@ pub fn run(
     let start = Instant::now();
     let deadline = duration.map(|d| start + d);
     let mut total = Outcome::default();
-    let (gates, mut opened): (Vec<_>, Vec<_>) = match rate.filter(|r| *r > 0.0) {
+    let paced = rate.filter(|r| *r > 0.0);
+    let (gates, mut opened): (Vec<_>, Vec<_>) = match paced {
         Some(_) => (0..concurrency).map(|_| mpsc::unbounded_channel()).map(|(tx, rx)| (tx, Some(rx))).unzip(),
         None => (Vec::new(), (0..concurrency).map(|_| None).collect()),
     };
     std::thread::scope(|scope| {
-        if let Some(r) = rate.filter(|r| *r > 0.0) {
+        if let Some(r) = paced {
             let stop = &stop;
             scope.spawn(move || pace((start, r, deadline), sends.len(), gates, stop));
         }
