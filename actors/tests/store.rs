@@ -742,6 +742,56 @@ fn event_values_read_back_through_pointers_across_segments_and_reopens() {
 }
 
 #[test]
+fn a_checkpoint_runs_beside_the_writer_and_commits_go_on_while_it_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let (held, checkpoints) = mpsc::channel();
+    let (release, go) = mpsc::channel::<()>();
+    let go = std::sync::Mutex::new(go);
+    let engine = relay_actors::store::SledEngine::open(dir.path(), None)
+        .unwrap()
+        .with_checkpoint_bytes(2_000)
+        .with_checkpoint_hold(move || {
+            held.send(()).unwrap();
+            let _ = go.lock().unwrap().recv();
+        });
+    let store = Store::with_engine(std::sync::Arc::new(engine)).unwrap();
+    let replay_from = || std::fs::read_to_string(dir.path().join("log/replay-from")).unwrap();
+    let segments = || std::fs::read_dir(dir.path().join("log")).unwrap().count();
+    let opened_at = replay_from();
+    let mut appended = 0;
+    while checkpoints.try_recv().is_err() {
+        append_n(&store, "a", 1);
+        appended += 1;
+        assert!(appended < 100, "2,000 bytes of log start a checkpoint");
+    }
+    let during = segments();
+
+    // The checkpoint is held open: commits are still made durable, into
+    // the new segment, which grows past the limit meanwhile.
+    append_n(&store, "a", 2 * appended);
+    assert_eq!(replay_from(), opened_at, "replay-from moves only when sled is flushed");
+    assert_eq!(segments(), during, "no second checkpoint while one runs");
+
+    // Released, it names the new segment; the next one starts once the
+    // writer finds the first ended.
+    release.send(()).unwrap();
+    let mut after = 0;
+    while checkpoints.try_recv().is_err() {
+        append_n(&store, "a", 1);
+        after += 1;
+        assert!(after < 1_000, "a second checkpoint once the first ended");
+    }
+    assert_ne!(replay_from(), opened_at);
+    assert!(segments() > during);
+    drop(release);
+    drop(store);
+
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(read_all(&store, "a").len() as u64, 3 * appended + after);
+    assert_eq!(verify_chain(store.read("a", 0)), []);
+}
+
+#[test]
 fn wal_replay_ignores_a_torn_final_record_and_stops_at_a_checksum_bad_one() {
     let dir = killed_after_wal_commits();
 

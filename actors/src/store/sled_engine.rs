@@ -28,9 +28,12 @@
 //!    range, snapshots) are small or overwritten, and stay inline. A store
 //!    written by this version cannot be read by an earlier one.
 //! 4. A checkpoint, when the segment passes [`CHECKPOINT_BYTES`], on open
-//!    and on close: `Db::flush`, fsync of every file of sled's and of its
-//!    directories, then a new segment is started and `log/replay-from`
-//!    names it (written aside, synced, renamed). Segments are never deleted
+//!    and on close: a new segment is started (its directory entry synced),
+//!    then `Db::flush`, fsync of every file of sled's and of its
+//!    directories, then `log/replay-from` names the new segment (written
+//!    aside, synced, renamed). Past the size, only the new segment is
+//!    started on the writer; the rest runs on a thread beside it, so
+//!    commits do not wait for it. Segments are never deleted
 //!    (events are never deleted either); one before `replay-from` is only
 //!    read through pointers. A crash before the rename replays segments
 //!    whose effects sled already has: puts and removes replayed in order
@@ -77,7 +80,10 @@ pub struct SledEngine {
     log: Mutex<Log>,
     checkpoint_bytes: u64,
     bytes: AtomicU64,
-    barriers: AtomicU64,
+    barriers: Arc<AtomicU64>,
+    /// The checkpoint running beside the writer (`checkpoint_beside`).
+    checkpointing: Mutex<Option<std::thread::JoinHandle<Result<(), StoreError>>>>,
+    hold: Option<Arc<dyn Fn() + Send + Sync>>,
 }
 
 struct Log {
@@ -321,7 +327,9 @@ impl SledEngine {
             log: Mutex::new(Log { file, segment, len, pending: Vec::new(), buf: Vec::new() }),
             checkpoint_bytes: CHECKPOINT_BYTES,
             bytes: AtomicU64::new(0),
-            barriers: AtomicU64::new(synced),
+            barriers: Arc::new(AtomicU64::new(synced)),
+            checkpointing: Mutex::default(),
+            hold: None,
         };
         // Also makes the segment's own directory entry durable.
         engine.checkpoint(&mut engine.lock())?;
@@ -344,20 +352,13 @@ impl SledEngine {
         lock(&self.log)
     }
 
-    /// Step 4 of the module doc. The caller holds the log, so no group is
-    /// between the log and sled.
+    /// Step 4 of the module doc, on the caller's thread (open and close).
+    /// The caller holds the log, so no group is between the log and sled.
     fn checkpoint(&self, log: &mut Log) -> Result<(), StoreError> {
         debug_assert!(log.pending.is_empty());
-        self.db.flush()?;
-        let mut synced = sync_tree(&self.dir).map_err(io("sync sled's files"))?;
-        if log.len > 0 {
-            let next = log.segment + 1;
-            let path = self.segments.path(next);
-            log.file = OpenOptions::new().append(true).create_new(true).open(&path).map_err(io("start log segment"))?;
-            (log.segment, log.len) = (next, 0);
-        }
-        self.segments.set_replay_from(log.segment).map_err(io("write replay-from"))?;
-        synced += 2;
+        self.finish_checkpoint(true)?;
+        let mut synced = self.rotate(log)?;
+        synced += settle(&self.db, &self.dir, &self.segments, log.segment)?;
         let legacy = self.dir.join(LEGACY_WAL);
         if legacy.exists() {
             std::fs::remove_file(&legacy).map_err(io("remove the old write-ahead log"))?;
@@ -367,6 +368,86 @@ impl SledEngine {
         self.barriers.fetch_add(synced, Relaxed);
         Ok(())
     }
+
+    /// Step 4 beside the writer: the segment is closed at once and the rest
+    /// (sled's flush and a dozen fsyncs) runs on a thread of its own, so commits meanwhile wait for nothing but their own barrier.
+    /// Every group of the closed segments is already in sled, which is all
+    /// the flush needs; groups installed while it runs are in the new
+    /// segment, which replay-from names, so they are replayed if the flush
+    /// missed them. While one runs, the segment just grows past the limit.
+    fn checkpoint_beside(&self, log: &mut Log) -> Result<(), StoreError> {
+        debug_assert!(log.pending.is_empty());
+        if !self.finish_checkpoint(false)? {
+            return Ok(());
+        }
+        self.barriers.fetch_add(self.rotate(log)?, Relaxed);
+        let (db, dir, segments, barriers) =
+            (self.db.clone(), self.dir.clone(), self.segments.clone(), self.barriers.clone());
+        let (from, hold) = (log.segment, self.hold.clone());
+        let job = std::thread::Builder::new()
+            .name("store-checkpoint".into())
+            .spawn(move || {
+                if let Some(hold) = hold {
+                    hold();
+                }
+                barriers.fetch_add(settle(&db, &dir, &segments, from)?, Relaxed);
+                Ok(())
+            })
+            .map_err(io("start the checkpoint thread"))?;
+        *lock(&self.checkpointing) = Some(job);
+        Ok(())
+    }
+
+    /// Collects the checkpoint running beside the writer, if it ended or
+    /// `wait`; its error is the store's. Whether none runs now.
+    fn finish_checkpoint(&self, wait: bool) -> Result<bool, StoreError> {
+        let mut running = lock(&self.checkpointing);
+        match running.take() {
+            Some(job) if wait || job.is_finished() => {
+                job.join().map_err(|_| StoreError::Io("the checkpoint thread panicked".into()))??;
+                Ok(true)
+            }
+            Some(job) => {
+                *running = Some(job);
+                Ok(false)
+            }
+            None => Ok(true),
+        }
+    }
+
+    /// Starts a new segment when the current one holds records. Its
+    /// directory entry is synced before any record in it can be
+    /// acknowledged: a power cut must not take the file with it. Returns
+    /// the fsyncs made.
+    fn rotate(&self, log: &mut Log) -> Result<u64, StoreError> {
+        if log.len == 0 {
+            return Ok(0);
+        }
+        let next = log.segment + 1;
+        let path = self.segments.path(next);
+        log.file = OpenOptions::new().append(true).create_new(true).open(&path).map_err(io("start log segment"))?;
+        File::open(&self.segments.dir).and_then(|d| d.sync_all()).map_err(io("sync log directory"))?;
+        (log.segment, log.len) = (next, 0);
+        Ok(1)
+    }
+
+    /// Runs `hold` at the start of each checkpoint beside the writer (tests
+    /// that hold one open while commits go on).
+    #[doc(hidden)]
+    pub fn with_checkpoint_hold(mut self, hold: impl Fn() + Send + Sync + 'static) -> SledEngine {
+        self.hold = Some(Arc::new(hold));
+        self
+    }
+}
+
+/// The rest of a checkpoint once `from` is the current segment and every
+/// group before it is in sled: sled's files made durable, then replay-from
+/// moved to `from`. Returns the fsyncs made.
+fn settle(db: &sled::Db, dir: &Path, segments: &Segments, from: u64) -> Result<u64, StoreError> {
+    db.flush()?;
+    let synced = sync_tree(dir).map_err(io("sync sled's files"))?;
+    segments.set_replay_from(from).map_err(io("write replay-from"))?;
+    Ok(synced + 2)
 }
 
 fn io(what: &'static str) -> impl Fn(std::io::Error) -> StoreError {
@@ -494,7 +575,7 @@ impl Engine for SledEngine {
             insert_all(&self.db, &group, Some((segment, at)))?;
         }
         if log.len > self.checkpoint_bytes {
-            self.checkpoint(log)?;
+            self.checkpoint_beside(log)?;
         }
         Ok(())
     }
