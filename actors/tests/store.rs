@@ -792,6 +792,42 @@ fn a_checkpoint_runs_beside_the_writer_and_commits_go_on_while_it_does() {
 }
 
 #[test]
+fn a_checkpoint_that_fails_beside_the_writer_fails_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let (held, checkpoints) = mpsc::channel();
+    let aside = dir.path().join("log/replay-from.new");
+    let engine = relay_actors::store::SledEngine::open(dir.path(), None)
+        .unwrap()
+        .with_checkpoint_hold(move || {
+            // A directory where replay-from is written aside: the checkpoint's last step fails.
+            std::fs::create_dir(&aside).unwrap();
+            held.send(()).unwrap();
+        })
+        .with_checkpoint_bytes(2_000);
+    let store = Store::with_engine(std::sync::Arc::new(engine)).unwrap();
+    let mut appended = 0;
+    while checkpoints.try_recv().is_err() {
+        append_n(&store, "a", 1);
+        appended += 1;
+        assert!(appended < 100, "2,000 bytes of log start a checkpoint");
+    }
+    // The commits after it fail once the writer has collected it.
+    let failed = within(WAIT, {
+        let store = store.clone();
+        move || {
+            (0..1_000).find_map(|_| {
+                let head = store.head("a").unwrap();
+                let mut batch = store.batch();
+                batch.append("a", head, events(head.seq + 1..=head.seq + 1));
+                store.commit_durable_blocking(batch).err()
+            })
+        }
+    });
+    let error = failed.expect("a commit fails after the checkpoint failed");
+    assert!(error.to_string().contains("write replay-from"), "{error}");
+}
+
+#[test]
 fn wal_replay_ignores_a_torn_final_record_and_stops_at_a_checksum_bad_one() {
     let dir = killed_after_wal_commits();
 

@@ -375,12 +375,10 @@ impl SledEngine {
     /// group of the closed segments is already in sled, which is all the
     /// flush needs; groups installed while it runs are in the new segment,
     /// which replay-from names, so they are replayed if the flush missed
-    /// them. While one runs, the segment just grows past the limit.
+    /// them. The caller starts one only when none runs: meanwhile the
+    /// segment just grows past the limit.
     fn checkpoint_beside(&self, log: &mut Log) -> Result<(), StoreError> {
         debug_assert!(log.pending.is_empty());
-        if !self.finish_checkpoint(false)? {
-            return Ok(());
-        }
         self.barriers.fetch_add(self.rotate(log)?, Relaxed);
         let (db, dir, segments, barriers) =
             (self.db.clone(), self.dir.clone(), self.segments.clone(), self.barriers.clone());
@@ -582,7 +580,9 @@ impl Engine for SledEngine {
         for (group, at) in log.pending.drain(..) {
             insert_all(&self.db, &group, Some((segment, at)))?;
         }
-        if log.len > self.checkpoint_bytes {
+        // A checkpoint that ended is collected at once: its error, if any,
+        // is the store's from this group on.
+        if self.finish_checkpoint(false)? && log.len > self.checkpoint_bytes {
             self.checkpoint_beside(log)?;
         }
         Ok(())
