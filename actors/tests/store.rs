@@ -741,29 +741,42 @@ fn event_values_read_back_through_pointers_across_segments_and_reopens() {
     }
 }
 
+/// A store whose log checkpoints past 2,000 bytes; `hold` runs as each
+/// checkpoint beside the writer starts.
+fn checkpointing_often(dir: &std::path::Path, hold: impl Fn() + Send + Sync + 'static) -> Store {
+    let engine = relay_actors::store::SledEngine::open(dir, None)
+        .unwrap()
+        .with_checkpoint_bytes(2_000)
+        .with_checkpoint_hold(hold);
+    Store::with_engine(std::sync::Arc::new(engine)).unwrap()
+}
+
+/// Appends to stream `a` one event at a time until `started` hears of a
+/// checkpoint, at most `limit` events (else fails with `why`); how many.
+fn append_until_a_checkpoint(store: &Store, started: &mpsc::Receiver<()>, limit: u64, why: &str) -> u64 {
+    let mut appended = 0;
+    while started.try_recv().is_err() {
+        append_n(store, "a", 1);
+        appended += 1;
+        assert!(appended < limit, "{why}");
+    }
+    appended
+}
+
 #[test]
 fn a_checkpoint_runs_beside_the_writer_and_commits_go_on_while_it_does() {
     let dir = tempfile::tempdir().unwrap();
     let (held, checkpoints) = mpsc::channel();
     let (release, go) = mpsc::channel::<()>();
     let go = std::sync::Mutex::new(go);
-    let engine = relay_actors::store::SledEngine::open(dir.path(), None)
-        .unwrap()
-        .with_checkpoint_bytes(2_000)
-        .with_checkpoint_hold(move || {
-            held.send(()).unwrap();
-            let _ = go.lock().unwrap().recv();
-        });
-    let store = Store::with_engine(std::sync::Arc::new(engine)).unwrap();
+    let store = checkpointing_often(dir.path(), move || {
+        held.send(()).unwrap();
+        let _ = go.lock().unwrap().recv();
+    });
     let replay_from = || std::fs::read_to_string(dir.path().join("log/replay-from")).unwrap();
     let segments = || std::fs::read_dir(dir.path().join("log")).unwrap().count();
     let opened_at = replay_from();
-    let mut appended = 0;
-    while checkpoints.try_recv().is_err() {
-        append_n(&store, "a", 1);
-        appended += 1;
-        assert!(appended < 100, "2,000 bytes of log start a checkpoint");
-    }
+    let appended = append_until_a_checkpoint(&store, &checkpoints, 100, "2,000 bytes of log start a checkpoint");
     let during = segments();
 
     // The checkpoint is held open: commits are still made durable, into
@@ -775,12 +788,7 @@ fn a_checkpoint_runs_beside_the_writer_and_commits_go_on_while_it_does() {
     // Released, it names the new segment; the next one starts once the
     // writer finds the first ended.
     release.send(()).unwrap();
-    let mut after = 0;
-    while checkpoints.try_recv().is_err() {
-        append_n(&store, "a", 1);
-        after += 1;
-        assert!(after < 1_000, "a second checkpoint once the first ended");
-    }
+    let after = append_until_a_checkpoint(&store, &checkpoints, 1_000, "a second checkpoint once the first ended");
     assert_ne!(replay_from(), opened_at);
     assert!(segments() > during);
     drop(release);
@@ -796,21 +804,12 @@ fn a_checkpoint_that_fails_beside_the_writer_fails_the_store() {
     let dir = tempfile::tempdir().unwrap();
     let (held, checkpoints) = mpsc::channel();
     let aside = dir.path().join("log/replay-from.new");
-    let engine = relay_actors::store::SledEngine::open(dir.path(), None)
-        .unwrap()
-        .with_checkpoint_hold(move || {
-            // A directory where replay-from is written aside: the checkpoint's last step fails.
-            std::fs::create_dir(&aside).unwrap();
-            held.send(()).unwrap();
-        })
-        .with_checkpoint_bytes(2_000);
-    let store = Store::with_engine(std::sync::Arc::new(engine)).unwrap();
-    let mut appended = 0;
-    while checkpoints.try_recv().is_err() {
-        append_n(&store, "a", 1);
-        appended += 1;
-        assert!(appended < 100, "2,000 bytes of log start a checkpoint");
-    }
+    let store = checkpointing_often(dir.path(), move || {
+        // A directory where replay-from is written aside: the checkpoint's last step fails.
+        std::fs::create_dir(&aside).unwrap();
+        held.send(()).unwrap();
+    });
+    append_until_a_checkpoint(&store, &checkpoints, 100, "2,000 bytes of log start a checkpoint");
     // The commits after it fail once the writer has collected it.
     let failed = within(WAIT, {
         let store = store.clone();
