@@ -30,10 +30,44 @@ impl Push {
         Push::Notify { method: notifications::TIMELINE_CHANGED, params: params_value(&params) }
     }
 
+    /// The sequence a `message.timeline.changed` push announces.
+    pub fn timeline_sequence(&self) -> Option<u64> {
+        match self {
+            Push::Notify { method, params } if *method == notifications::TIMELINE_CHANGED => {
+                params["sequence"].as_u64()
+            }
+            _ => None,
+        }
+    }
+
     pub fn delivery_changed(message_id: &str, status: &DeliveryStatus) -> Self {
         let params =
             DeliveryChanged { message_id: message_id.to_owned(), status: status.status, error: status.error.clone() };
         Push::Notify { method: notifications::DELIVERY_CHANGED, params: params_value(&params) }
+    }
+}
+
+/// The latest timeline sequence a connection has announced to its device.
+/// A connection registers for pushes before it reads the device's backlog
+/// (so that no record falls between the two): a record appended in between
+/// is announced by the backlog and again by a push queued behind it, which
+/// tells the device nothing new. Pushes of one account come in sequence
+/// order, so one at or below the last announced is never news.
+#[derive(Debug, Default)]
+pub struct Announced(Option<u64>);
+
+impl Announced {
+    /// Whether `push` is news to the device; a timeline change that is,
+    /// is remembered.
+    pub fn news(&mut self, push: &Push) -> bool {
+        match push.timeline_sequence() {
+            Some(seq) if self.0.is_some_and(|last| seq <= last) => false,
+            Some(seq) => {
+                self.0 = Some(seq);
+                true
+            }
+            None => true,
+        }
     }
 }
 
@@ -161,6 +195,24 @@ impl Notifier {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_record_announced_with_the_backlog_is_not_announced_again_by_its_queued_push() {
+        let n = Notifier::new(8);
+        let mut phone = n.attach("acct", "phone");
+        // Record 3 lands after the registration, before the backlog is read.
+        n.timeline_changed("acct", 3, &["phone".into()]);
+        let backlog = Push::timeline_changed("acct", 3);
+        let mut announced = Announced::default();
+        assert!(announced.news(&backlog));
+        assert!(!announced.news(&phone.rx.try_recv().unwrap()), "record 3 again");
+        n.timeline_changed("acct", 4, &["phone".into()]);
+        assert!(announced.news(&phone.rx.try_recv().unwrap()), "record 4 is news");
+        assert!(!announced.news(&Push::timeline_changed("acct", 2)));
+        // Other notifications are never held back.
+        let status = Push::delivery_changed("m-1", &DeliveryStatus::delivering(1));
+        assert!(announced.news(&status) && announced.news(&status));
+    }
 
     #[test]
     fn timeline_notification_reaches_only_devices_in_the_visible_set() {

@@ -38,7 +38,7 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use actix_ws::{AggregatedMessage, CloseCode, CloseReason, Session};
 use futures_util::future::LocalBoxFuture;
 use relay_actors::account::{AccountCmd, Reply};
-use relay_actors::notify::{Attached, Push};
+use relay_actors::notify::{Announced, Attached, Push};
 use relay_actors::sessions;
 use relay_schemas::{RelayError, UnixSecs};
 use serde::Deserialize;
@@ -73,6 +73,7 @@ struct Attachment {
     token: String,
     session: sessions::Session,
     attached: Attached,
+    announced: Announced,
 }
 
 pub async fn upgrade(
@@ -221,10 +222,7 @@ impl Connection {
                     self.finish(done).await
                 }
                 push = Self::next_push(&mut self.attachment), if open => match push {
-                    Some(Push::Notify { method, params }) => {
-                        self.text(json!({ "method": method, "params": params }).to_string()).await
-                    }
-                    Some(Push::Close { reason }) => Next::Close(close(SLOW_OR_REVOKED, &reason)),
+                    Some(push) => self.push(push).await,
                     None => Next::Close(close(SLOW_OR_REVOKED, SLOW_CONSUMER)),
                 },
                 _ = ping.tick() => {
@@ -356,13 +354,24 @@ impl Connection {
         attached: Attached,
         latest: Option<u64>,
     ) -> Next {
-        let account = session.account_id.clone();
-        self.attachment = Some(Attachment { token, session, attached });
-        match latest.map(|l| Push::timeline_changed(&account, l)) {
-            Some(Push::Notify { method, params }) => {
+        let backlog = latest.map(|l| Push::timeline_changed(&session.account_id, l));
+        self.attachment = Some(Attachment { token, session, attached, announced: Announced::default() });
+        match backlog {
+            Some(push) => self.push(push).await,
+            None => Next::Continue,
+        }
+    }
+
+    /// Carries out a push: a notification the device has not had yet is
+    /// written, a close closes.
+    async fn push(&mut self, push: Push) -> Next {
+        let news = self.attachment.as_mut().is_some_and(|a| a.announced.news(&push));
+        match push {
+            Push::Close { reason } => Next::Close(close(SLOW_OR_REVOKED, &reason)),
+            Push::Notify { method, params } if news => {
                 self.text(json!({ "method": method, "params": params }).to_string()).await
             }
-            _ => Next::Continue,
+            Push::Notify { .. } => Next::Continue,
         }
     }
 
