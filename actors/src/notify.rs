@@ -52,7 +52,8 @@ impl Push {
 /// (so that no record falls between the two): a record appended in between
 /// is announced by the backlog and again by a push queued behind it, which
 /// tells the device nothing new. Pushes of one account come in sequence
-/// order, so one at or below the last announced is never news.
+/// order (the account's outbox), and a device told of N syncs through N:
+/// a push at or below the last announced is never news.
 #[derive(Debug, Default)]
 pub struct Announced(Option<u64>);
 
