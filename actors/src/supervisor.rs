@@ -440,7 +440,8 @@ impl delivery::Ports for Supervisor {
     fn delivered_by_other_home(&self, from: &str, message_id: &str) -> bool {
         use account::Reads;
         let stream = account::stream_id(from);
-        let reads = account::StoreReads { store: &self.inner.store, account_id: from, stream: &stream };
+        let reads =
+            account::StoreReads { store: &self.inner.store, account_id: from, stream: &stream, unfinished: None };
         // Read without loading the account: its ledger may still be in the
         // version 1 layout until its first load moves it.
         let entry = reads.send_entry(message_id).ok().flatten().or_else(|| reads.v1_send_entry(message_id));

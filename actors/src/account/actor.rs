@@ -7,7 +7,7 @@ use super::command::{self, Acceptance, Decision, Effect, Reply as Decided};
 use super::decide::{self, Ctx};
 use super::events::{AccountEvent, PushSubscription};
 use super::ledger::{self, SendEntry};
-use super::reads::StoreReads;
+use super::reads::{StoreReads, UnfinishedSends};
 use super::session::{Challenges, Grant};
 use super::state::AccountState;
 use super::{replica, stream_id, timeline, Reads};
@@ -160,6 +160,8 @@ pub struct AccountActor {
     /// Notifications of what was written, in write order with the commit
     /// that wrote it; published, in that order, once that commit is durable.
     outbox: VecDeque<(Ticket, Notice)>,
+    /// Its sends under way, as last read or written (memory only).
+    unfinished: UnfinishedSends,
 }
 
 /// A notification owed to connected devices for a write.
@@ -235,6 +237,7 @@ impl AccountActor {
             pending: Arc::new(AtomicUsize::new(0)),
             passivated: false,
             outbox: VecDeque::new(),
+            unfinished: UnfinishedSends::default(),
         })
     }
 
@@ -290,6 +293,11 @@ impl AccountActor {
         let news = events.iter().any(replica::offered).then(|| self.partners());
         self.head = head;
         self.last_ticket = Some(ticket);
+        for w in written.iter().flatten() {
+            if let ledger::Entry::Send { message_id, entry } = w {
+                self.unfinished.record(message_id, Some(entry));
+            }
+        }
         for (e, w) in events.iter().zip(&written) {
             self.state.apply(e);
             for mut n in Self::notices(e, w.as_ref()) {
@@ -371,10 +379,19 @@ impl AccountActor {
         timeline.into_iter().chain(accepted).chain(delivery)
     }
 
+    /// What a decision of this account reads besides its state.
+    fn reads(&self) -> StoreReads<'_> {
+        StoreReads {
+            store: &self.env.store,
+            account_id: &self.state.account_id,
+            stream: &self.stream,
+            unfinished: Some(&self.unfinished),
+        }
+    }
+
     /// The ledger's result of this account's `message.send` of `message_id`.
     fn send_entry(&self, message_id: &str) -> Result<Option<SendEntry>, RelayError> {
-        StoreReads { store: &self.env.store, account_id: &self.state.account_id, stream: &self.stream }
-            .send_entry(message_id)
+        self.reads().send_entry(message_id)
     }
 
     /// Writes a snapshot of the current state. A failed snapshot only costs
@@ -441,7 +458,12 @@ impl AccountActor {
     fn handle_cmd(&mut self, cmd: &AccountCmd) -> Result<Reply, RelayError> {
         let policy = self.env.policy.clone();
         let ctx = Ctx::new(self.env.clock.now(), &policy).with_random(rand::random());
-        let reads = StoreReads { store: &self.env.store, account_id: &self.state.account_id, stream: &self.stream };
+        let reads = StoreReads {
+            store: &self.env.store,
+            account_id: &self.state.account_id,
+            stream: &self.stream,
+            unfinished: Some(&self.unfinished),
+        };
         let Decision { events, reply, effects } = command::decide(&self.state, &mut self.challenges, cmd, &reads, ctx)?;
         let begun = effects.iter().filter_map(|e| match e {
             Effect::BeginDelivery(b) | Effect::Forward(b) => Some(&**b),

@@ -11,12 +11,57 @@ use crate::store::Store;
 use relay_schemas::methods::DeliverParams;
 use relay_schemas::RelayError;
 use serde::de::DeserializeOwned;
+use std::cell::RefCell;
+use std::collections::HashMap;
 
 pub struct StoreReads<'a> {
     pub store: &'a Store,
     pub account_id: &'a str,
     /// The account's stream.
     pub stream: &'a str,
+    /// The account actor's memo of its unfinished sends; `None` for a read
+    /// from outside the actor.
+    pub unfinished: Option<&'a UnfinishedSends>,
+}
+
+/// The send entries of an account's sends still under way, as its actor
+/// last read or wrote them, absent ones included: the steps of one send
+/// (its decision, the settle's or report's decision, and the write of its
+/// entry) read the ledger once, not three times. Sound because the actor
+/// is the only writer of its account's ledger while it is resident (an
+/// upgrade of the ledger's layout runs before it starts), and it records
+/// each entry it writes once the commit is made: what the memo holds is
+/// what the store holds, durable or not. A send leaves the memo when its
+/// entry becomes terminal (a later retry reads the store), and the memo
+/// is cleared whole at [`UnfinishedSends::CAPACITY`], so it stays small
+/// whatever ids clients send.
+#[derive(Debug, Default)]
+pub struct UnfinishedSends(RefCell<HashMap<String, Option<SendEntry>>>);
+
+impl UnfinishedSends {
+    pub const CAPACITY: usize = 256;
+
+    fn get(&self, message_id: &str) -> Option<Option<SendEntry>> {
+        self.0.borrow().get(message_id).cloned()
+    }
+
+    /// Records the ledger's entry of `message_id` as read or just written.
+    pub fn record(&self, message_id: &str, entry: Option<&SendEntry>) {
+        let mut known = self.0.borrow_mut();
+        if entry.is_some_and(|e| e.status.status.is_terminal()) {
+            known.remove(message_id);
+            return;
+        }
+        if known.len() >= Self::CAPACITY && !known.contains_key(message_id) {
+            *known = HashMap::new();
+        }
+        known.insert(message_id.to_owned(), entry.cloned());
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.0.borrow().len()
+    }
 }
 
 impl StoreReads<'_> {
@@ -35,7 +80,14 @@ impl StoreReads<'_> {
 
 impl Reads for StoreReads<'_> {
     fn send_entry(&self, message_id: &str) -> Result<Option<SendEntry>, RelayError> {
-        self.ledger(&ledger::send_key(self.account_id, message_id))
+        if let Some(known) = self.unfinished.and_then(|u| u.get(message_id)) {
+            return Ok(known);
+        }
+        let entry = self.ledger(&ledger::send_key(self.account_id, message_id))?;
+        if let Some(unfinished) = self.unfinished {
+            unfinished.record(message_id, entry.as_ref());
+        }
+        Ok(entry)
     }
 
     fn receipt_entry(&self, from: &str, message_id: &str) -> Result<Option<ReceiptEntry>, RelayError> {
@@ -77,5 +129,42 @@ impl Reads for StoreReads<'_> {
             DeliveryEvent::Accepted { params, .. } => Ok(Some(*params)),
             _ => Err(RelayError::internal("a delivery stream that does not begin with its acceptance")),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use relay_schemas::DeliveryStatus;
+
+    fn entry(status: DeliveryStatus) -> SendEntry {
+        SendEntry { digest: "d".into(), to: "bob".into(), deadline: 2, retention_until: 3, status, sequence: None }
+    }
+
+    #[test]
+    fn the_memo_of_unfinished_sends_forgets_a_send_once_its_entry_is_terminal() {
+        let memo = UnfinishedSends::default();
+        memo.record("m1", None);
+        assert_eq!(memo.get("m1"), Some(None), "known absent");
+        let delivering = entry(DeliveryStatus::delivering(1));
+        memo.record("m1", Some(&delivering));
+        assert_eq!(memo.get("m1"), Some(Some(delivering)));
+        memo.record("m1", Some(&entry(DeliveryStatus::target_accepted(1))));
+        assert_eq!(memo.get("m1"), None, "a finished send is read from the store");
+        memo.record("m2", Some(&entry(DeliveryStatus::target_accepted(1))));
+        assert_eq!(memo.get("m2"), None);
+    }
+
+    #[test]
+    fn the_memo_of_unfinished_sends_is_bounded_whatever_ids_are_sent() {
+        let memo = UnfinishedSends::default();
+        for n in 0..UnfinishedSends::CAPACITY * 3 + 7 {
+            memo.record(&format!("m{n}"), None);
+            assert!(memo.len() <= UnfinishedSends::CAPACITY);
+        }
+        // Past the capacity it starts over; an id it holds is updated in place.
+        assert_eq!(memo.len(), 7);
+        memo.record("m0", None);
+        assert_eq!(memo.len(), 8);
     }
 }

@@ -164,7 +164,8 @@ fn a_sender_not_loaded_since_the_upgrade_is_read_in_its_v1_ledger() {
     put_v1_ledger(&store, &events, false);
     let (message_id, entry) = given(&alice(), &events).ledger.sends.into_iter().next().expect("a send");
     let stream = stream_id(&alice().id);
-    let reads = crate::account::StoreReads { store: &store, account_id: &alice().id, stream: &stream };
+    let reads =
+        crate::account::StoreReads { store: &store, account_id: &alice().id, stream: &stream, unfinished: None };
     assert_eq!(reads.v1_send_entry(&message_id), Some(entry));
     load(&store).unwrap();
     assert_eq!(reads.v1_send_entry(&message_id), None, "moved at load");
