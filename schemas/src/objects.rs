@@ -15,12 +15,30 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use std::ops::Deref;
+use std::sync::Arc;
 
 /// A protocol object as received: the typed view and the original JSON text.
-#[derive(Clone, Debug)]
-pub struct Wire<T> {
+/// Immutable and shared: a send hands its envelope, certificate and route
+/// from the request to the acceptance, the receipt, the timeline record and
+/// the delivery, and a clone is a reference count, not a copy of the text
+/// and of its typed view.
+pub struct Wire<T>(Arc<Received<T>>);
+
+struct Received<T> {
     raw: Box<RawValue>,
     body: T,
+}
+
+impl<T> Clone for Wire<T> {
+    fn clone(&self) -> Self {
+        Wire(Arc::clone(&self.0))
+    }
+}
+
+impl<T: std::fmt::Debug> std::fmt::Debug for Wire<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Wire").field("raw", &self.0.raw).field("body", &self.0.body).finish()
+    }
 }
 
 impl<T: DeserializeOwned> Wire<T> {
@@ -29,7 +47,7 @@ impl<T: DeserializeOwned> Wire<T> {
     pub fn from_raw(raw: Box<RawValue>) -> Result<Self, serde_json::Error> {
         crate::ijson::check(raw.get())?;
         let body = serde_json::from_str(raw.get())?;
-        Ok(Wire { raw, body })
+        Ok(Wire(Arc::new(Received { raw, body })))
     }
 
     pub fn parse(json: &str) -> Result<Self, serde_json::Error> {
@@ -46,18 +64,19 @@ impl<T: DeserializeOwned> Wire<T> {
 impl<T> Wire<T> {
     /// The original JSON text.
     pub fn raw(&self) -> &RawValue {
-        &self.raw
+        &self.0.raw
     }
 
     /// The object as a JSON map (for signatures and canonical JSON).
     pub fn map(&self) -> Result<Map<String, Value>, RelayError> {
-        serde_json::from_str(self.raw.get()).map_err(|e| RelayError::invalid_params(format!("not a JSON object: {e}")))
+        serde_json::from_str(self.0.raw.get())
+            .map_err(|e| RelayError::invalid_params(format!("not a JSON object: {e}")))
     }
 
     /// Verifies the object's signature; an identical object (same bytes,
     /// tag and key) verified before is not verified again (`verified.rs`).
     pub fn verify(&self, tag: Tag, key: &VerifyingKey) -> Result<(), RelayError> {
-        let memo = crate::verified::key(tag, key, self.raw.get());
+        let memo = crate::verified::key(tag, key, self.0.raw.get());
         if crate::verified::MEMO.contains(&memo) {
             return Ok(());
         }
@@ -70,7 +89,7 @@ impl<T> Wire<T> {
 impl<T> Deref for Wire<T> {
     type Target = T;
     fn deref(&self) -> &T {
-        &self.body
+        &self.0.body
     }
 }
 
@@ -78,9 +97,9 @@ impl<T> Deref for Wire<T> {
 /// whitespace do not make two objects different, as under JCS).
 impl<T> PartialEq for Wire<T> {
     fn eq(&self, other: &Self) -> bool {
-        self.raw.get() == other.raw.get()
+        self.0.raw.get() == other.0.raw.get()
             || matches!(
-                (serde_json::from_str::<Value>(self.raw.get()), serde_json::from_str::<Value>(other.raw.get())),
+                (serde_json::from_str::<Value>(self.0.raw.get()), serde_json::from_str::<Value>(other.0.raw.get())),
                 (Ok(a), Ok(b)) if a == b
             )
     }
@@ -95,7 +114,7 @@ impl<'de, T: DeserializeOwned> Deserialize<'de> for Wire<T> {
 
 impl<T> Serialize for Wire<T> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        self.raw.serialize(s)
+        self.0.raw.serialize(s)
     }
 }
 
@@ -512,6 +531,18 @@ mod tests {
         assert_eq!(i.raw().get(), text);
         assert_eq!(serde_json::to_string(&i).unwrap(), text);
         assert_eq!(i.invite_id, "i");
+    }
+
+    #[test]
+    fn a_cloned_wire_object_shares_its_bytes_and_typed_view() {
+        let text = r#"{"invite_id":"i","issuer":"a","issued_at":1,"expires_at":2,"signature":"s"}"#;
+        let i: Wire<ContactInvite> = Wire::parse(text).unwrap();
+        let j = i.clone();
+        assert!(std::ptr::eq(i.raw(), j.raw()), "a clone copies no text");
+        assert!(std::ptr::eq(&*i, &*j), "nor the typed view");
+        assert_eq!(i, j);
+        assert_eq!(format!("{j:?}"), format!("{i:?}"));
+        assert!(format!("{i:?}").starts_with("Wire { raw: "), "{i:?}");
     }
 
     #[test]
