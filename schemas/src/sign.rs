@@ -104,13 +104,17 @@ mod tests {
 
     /// `.cargo/config.toml` compiles curve25519-dalek's AVX-512 IFMA backend
     /// (picked at run time, AVX2 and portable code as fallbacks): Ed25519
-    /// verification is the largest single cost of a send. A RUSTFLAGS
+    /// verification is one of the largest costs of a send. A RUSTFLAGS
     /// environment variable replaces the config's flags and drops it.
     #[test]
     #[cfg(target_arch = "x86_64")]
+    // The build's configuration is the constant under test.
+    #[allow(clippy::assertions_on_constants)]
     fn ed25519_is_built_with_the_avx512_backend_on_x86_64() {
-        let backends = if cfg!(curve25519_dalek_backend = "avx512") { "avx512, avx2" } else { "avx2" };
-        assert_eq!(backends, "avx512, avx2", "built without .cargo/config.toml's rustflags (is RUSTFLAGS set?)");
+        assert!(
+            cfg!(curve25519_dalek_backend = "avx512"),
+            "built without .cargo/config.toml's rustflags (is RUSTFLAGS set?)"
+        );
     }
 
     #[test]
