@@ -63,7 +63,7 @@ struct MethodLabels {
 pub(crate) fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, RelayError> {
     let text = object_text(body)?;
     relay_schemas::ijson::check(text).map_err(invalid)?;
-    serde_json::from_str(text).map_err(invalid)
+    relay_schemas::ijson::parse_checked(|| serde_json::from_str(text)).map_err(invalid)
 }
 
 /// The body as text, if it can be a JSON object.
@@ -86,7 +86,7 @@ pub(crate) fn parse_with_digest<T: DeserializeOwned>(body: &[u8]) -> Result<(T, 
     let text = object_text(body)?;
     let value = relay_schemas::ijson::value(text).map_err(invalid)?;
     let digest = hex::encode(jcs_digest(&value)?);
-    let params = serde_json::from_str(text).map_err(invalid)?;
+    let params = relay_schemas::ijson::parse_checked(|| serde_json::from_str(text)).map_err(invalid)?;
     Ok((params, digest))
 }
 

@@ -50,7 +50,15 @@ pub fn jcs_value(value: &Value) -> Result<Vec<u8>, RelayError> {
 /// JCS of an object without some of its members (a signed object without
 /// its `signature`), without copying it.
 pub fn jcs_object_without(object: &Map<String, Value>, skip: &str) -> Result<Vec<u8>, RelayError> {
-    let kept = object.iter().filter(|(k, _)| k.as_str() != skip);
+    jcs_members(object.iter().filter(|(k, _)| k.as_str() != skip))
+}
+
+/// JCS of an object, without copying it into a [`Value`].
+pub fn jcs_object(object: &Map<String, Value>) -> Result<Vec<u8>, RelayError> {
+    jcs_members(object.iter())
+}
+
+fn jcs_members<'a>(kept: impl Iterator<Item = (&'a String, &'a Value)> + Clone) -> Result<Vec<u8>, RelayError> {
     let mut out = Vec::with_capacity(256);
     match canonical::object(&mut out, kept.clone()) {
         Ok(()) => Ok(out),

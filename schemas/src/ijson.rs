@@ -8,6 +8,7 @@
 
 use serde::de::{DeserializeSeed, Error, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
+use std::cell::Cell;
 use std::collections::HashSet;
 use std::fmt;
 
@@ -103,9 +104,47 @@ pub fn value(json: &str) -> Result<Value, serde_json::Error> {
     run::<true>(json).map(|v| v.unwrap_or(Value::Null))
 }
 
+thread_local! {
+    static WITHIN_CHECKED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `parse` over a text that passed [`check`] (or [`value`]) whole:
+/// the [`crate::Wire`]s it reads skip their own check, which would only
+/// repeat it. Sound because both checks are local to each object and
+/// number, so every part of a checked text passes them too.
+pub fn parse_checked<R>(parse: impl FnOnce() -> R) -> R {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            WITHIN_CHECKED.set(self.0);
+        }
+    }
+    let _reset = Reset(WITHIN_CHECKED.replace(true));
+    parse()
+}
+
+/// Whether the current thread is inside [`parse_checked`].
+pub(crate) fn within_checked_text() -> bool {
+    WITHIN_CHECKED.get()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parse_checked_marks_only_what_runs_inside_it_even_after_a_panic() {
+        assert!(!within_checked_text());
+        parse_checked(|| {
+            assert!(within_checked_text());
+            parse_checked(|| assert!(within_checked_text()));
+            assert!(within_checked_text(), "a nested call restores the outer mark");
+        });
+        assert!(!within_checked_text());
+        let panicked = std::panic::catch_unwind(|| parse_checked(|| panic!("a parse that panics")));
+        assert!(panicked.is_err());
+        assert!(!within_checked_text(), "the mark does not outlive a panic");
+    }
 
     #[test]
     fn repeated_members_are_refused_at_any_depth() {

@@ -209,6 +209,48 @@ pub struct DeliverParams {
     pub authorization: Option<Authorization>,
 }
 
+impl DeliverParams {
+    /// RFC 8785 (JCS) bytes of the params as they go on the wire, what the
+    /// deliver digest hashes: `encoding::jcs(self)`, written from each
+    /// object's own canonical bytes ([`Wire::jcs`]) instead of parsing
+    /// every object again. Members in JCS order, optional ones only when
+    /// present, as serde writes them; a new member must be added here too
+    /// (the destructuring below stops the build until it is).
+    pub fn jcs(&self) -> Result<Vec<u8>, crate::RelayError> {
+        let DeliverParams { envelope, recipient_boxes, sender_device_certificate, sender_route, authorization } = self;
+        let mut out = Vec::with_capacity(2048);
+        out.push(b'{');
+        if let Some(a) = authorization {
+            let (variant, wire) = match a {
+                Authorization::ContactGrant(w) => ("contact_grant", w.jcs()?),
+                Authorization::ContactInvite(w) => ("contact_invite", w.jcs()?),
+            };
+            out.extend_from_slice(b"\"authorization\":{\"");
+            out.extend_from_slice(variant.as_bytes());
+            out.extend_from_slice(b"\":");
+            out.extend_from_slice(wire);
+            out.extend_from_slice(b"},");
+        }
+        out.extend_from_slice(b"\"envelope\":");
+        out.extend_from_slice(envelope.jcs()?);
+        out.extend_from_slice(b",\"recipient_boxes\":[");
+        for (i, b) in recipient_boxes.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(b.jcs()?);
+        }
+        out.extend_from_slice(b"],\"sender_device_certificate\":");
+        out.extend_from_slice(sender_device_certificate.jcs()?);
+        if let Some(r) = sender_route {
+            out.extend_from_slice(b",\"sender_route\":");
+            out.extend_from_slice(r.jcs()?);
+        }
+        out.push(b'}');
+        Ok(out)
+    }
+}
+
 #[derive(Clone, Debug, Deserialize)]
 pub struct MessageIdParams {
     pub message_id: String,

@@ -5,7 +5,7 @@
 //! forwarded byte-for-byte. Checks that need an account's state (is the
 //! certificate on file? was the grant revoked?) live in the account core.
 
-use crate::encoding::{b64_decode, b64_decoded_len};
+use crate::encoding::{b64_decode, b64_decoded_len, jcs_object};
 use crate::ids::{account_id_of, check_account_id, check_id, check_message_id, check_relay_id};
 use crate::sign::{parse_public_key, verify_object, Tag};
 use crate::{ErrorCode, RelayError, UnixSecs};
@@ -15,7 +15,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use std::ops::Deref;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// A protocol object as received: the typed view and the original JSON text.
 /// Immutable and shared: a send hands its envelope, certificate and route
@@ -27,6 +27,8 @@ pub struct Wire<T>(Arc<Received<T>>);
 struct Received<T> {
     raw: Box<RawValue>,
     body: T,
+    /// [`Wire::jcs`], once worked out.
+    jcs: OnceLock<Box<[u8]>>,
 }
 
 impl<T> Clone for Wire<T> {
@@ -45,9 +47,11 @@ impl<T: DeserializeOwned> Wire<T> {
     /// Parses the typed view, after the I-JSON checks ([`crate::ijson`]):
     /// the bytes kept must mean one thing to every parser.
     pub fn from_raw(raw: Box<RawValue>) -> Result<Self, serde_json::Error> {
-        crate::ijson::check(raw.get())?;
+        if !crate::ijson::within_checked_text() {
+            crate::ijson::check(raw.get())?;
+        }
         let body = serde_json::from_str(raw.get())?;
-        Ok(Wire(Arc::new(Received { raw, body })))
+        Ok(Wire(Arc::new(Received { raw, body, jcs: OnceLock::new() })))
     }
 
     pub fn parse(json: &str) -> Result<Self, serde_json::Error> {
@@ -80,9 +84,29 @@ impl<T> Wire<T> {
         if crate::verified::MEMO.contains(&memo) {
             return Ok(());
         }
-        verify_object(tag, &self.map()?, key)?;
+        let map = self.map()?;
+        verify_object(tag, &map, key)?;
         crate::verified::MEMO.insert(memo, ());
+        // The parse is done: the canonical bytes now cost only their writing.
+        if self.0.jcs.get().is_none() {
+            if let Ok(bytes) = jcs_object(&map) {
+                let _ = self.0.jcs.set(bytes.into());
+            }
+        }
         Ok(())
+    }
+
+    /// RFC 8785 (JCS) bytes of the whole object, its signature included,
+    /// worked out once per object (a [`Wire::verify`] that parsed it leaves
+    /// them behind). A send's deliver digest is made of its objects' bytes
+    /// (`DeliverParams::jcs`), and the sender's certificate and route are
+    /// the same objects, held by the account, for every send.
+    pub fn jcs(&self) -> Result<&[u8], RelayError> {
+        if let Some(bytes) = self.0.jcs.get() {
+            return Ok(bytes);
+        }
+        let bytes = jcs_object(&self.map()?)?;
+        Ok(self.0.jcs.get_or_init(|| bytes.into()))
     }
 }
 

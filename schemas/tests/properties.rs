@@ -1218,3 +1218,60 @@ fn a_signed_object_with_a_repeated_known_member_is_invalid_params() {
         assert_eq!(e.code, ErrorCode::InvalidParams, "{kind:?}: {e}");
     }
 }
+
+proptest! {
+    #![proptest_config(config(128))]
+
+    /// The deliver digest's bytes written from each object's own canonical
+    /// bytes (`DeliverParams::jcs`) are the JCS of the whole params, however
+    /// the objects are spelled, with their unknown members, with or without
+    /// the optional members, and whether an object's bytes were left by its
+    /// verification or worked out on demand.
+    #[test]
+    fn deliver_params_jcs_is_the_jcs_of_the_whole_params(
+        made in arb_made(),
+        seed in any::<u64>(),
+        boxes in 0usize..3,
+        route in any::<bool>(),
+        authorization in 0u8..3,
+        verify_first in any::<bool>(),
+    ) {
+        let rng = &mut Lcg(seed);
+        // Integers keep their spelling: the typed view takes no `1e9`.
+        let mut spell = |v: &Value| {
+            let mut text = String::new();
+            respell_with(v, rng, false, &mut text);
+            text
+        };
+        let envelope = spell(&made.object(Kind::Envelope));
+        let boxes: Vec<String> = (0..boxes)
+            .map(|i| spell(&relay_schemas::client::key_box(&format!("d{i}"), &[i as u8; 40])))
+            .collect();
+        let certificate = spell(&made.object(Kind::Certificate));
+        let route = route.then(|| spell(&made.object(Kind::Route)));
+        let authorization = match authorization {
+            1 => Some(format!("{{\"contact_grant\":{}}}", spell(&made.object(Kind::Grant)))),
+            2 => Some(format!("{{\"contact_invite\":{}}}", spell(&made.object(Kind::Invite)))),
+            _ => None,
+        };
+        let mut body = format!("{{\"envelope\":{envelope},\"recipient_boxes\":[{}]", boxes.join(","));
+        body += &format!(",\"sender_device_certificate\":{certificate}");
+        if let Some(r) = &route {
+            body += &format!(",\"sender_route\":{r}");
+        }
+        if let Some(a) = &authorization {
+            body += &format!(",\"authorization\":{a}");
+        }
+        body.push('}');
+        let p: DeliverParams = serde_json::from_str(&body).map_err(|e| TestCaseError::fail(format!("{e}: {body}")))?;
+        if verify_first {
+            p.envelope.verify(Tag::Envelope, &made.device().key.verifying_key()).expect("a valid envelope");
+        }
+        let whole: Value = serde_json::from_str(&body).unwrap();
+        prop_assert_eq!(
+            String::from_utf8(p.jcs().unwrap()).unwrap(),
+            String::from_utf8(jcs(&whole).unwrap()).unwrap()
+        );
+        prop_assert_eq!(p.jcs().unwrap(), jcs(&p).unwrap(), "the params as serde writes them");
+    }
+}

@@ -9,7 +9,6 @@ use super::events::{AccountEvent, PushSubscription, Record};
 use super::ledger::{ReceiptEntry, SendEntry};
 use super::state::{contact_key, AccountState};
 use crate::policy::Policy;
-use relay_schemas::encoding::jcs;
 use relay_schemas::methods::{ContactRevokeParams, DeliverParams, PushSubscribeParams, RegisterParams, SendParams};
 use relay_schemas::objects::{
     check_boxes, Authorization, DeviceCertificate, DeviceRevocation, KeyBox, MessageEnvelope, Route,
@@ -437,7 +436,7 @@ pub enum ReceiveDecision {
 /// Computed over the params as they go on the wire (their raw objects
 /// included), exactly as the destination computes it from the body.
 pub fn deliver_digest(p: &DeliverParams) -> Result<String, RelayError> {
-    Ok(blake3::hash(&jcs(p)?).to_hex().to_string())
+    Ok(blake3::hash(&p.jcs()?).to_hex().to_string())
 }
 
 /// The seed's receiving validation rules, at the destination. `prior` is
