@@ -3,6 +3,7 @@
 use super::Fixture;
 use criterion::{criterion_group, Criterion, Throughput};
 use relay_schemas::encoding::{jcs, jcs_digest};
+use relay_schemas::methods::DeliverParams;
 use std::hint::black_box;
 
 fn canonical(c: &mut Criterion) {
@@ -17,6 +18,21 @@ fn canonical(c: &mut Criterion) {
             jcs_digest(&v).unwrap()
         })
     });
+    // The digest step of `message.deliver` (and of every local send's
+    // receipt): JCS of the whole typed params, as before, against
+    // `DeliverParams::jcs` joining each object's canonical bytes, which
+    // the relay's signature checks leave behind (after the first
+    // iteration, here). Parsing is outside both.
+    let f = Fixture::new();
+    let mut deliver = f.send_params(1, 1024);
+    let deliver_map = deliver.as_object_mut().unwrap();
+    deliver_map.remove("sender_boxes");
+    deliver_map.insert("sender_device_certificate".into(), f.alice.certificate(&f.phone, super::NOW, None));
+    deliver_map.insert("sender_route".into(), f.alice.route(1, &[("relay-a", "https://a.example")], super::NOW));
+    let p: DeliverParams = serde_json::from_slice(&serde_json::to_vec(&deliver).unwrap()).unwrap();
+    assert_eq!(p.jcs().unwrap(), jcs(&p).unwrap(), "both ways give the same bytes");
+    g.bench_function("deliver_digest_whole_params_1KiB", |b| b.iter(|| blake3::hash(&jcs(black_box(&p)).unwrap())));
+    g.bench_function("deliver_digest_from_pieces_1KiB", |b| b.iter(|| blake3::hash(&black_box(&p).jcs().unwrap())));
     g.finish();
 }
 
