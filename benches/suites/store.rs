@@ -1,7 +1,9 @@
-//! Event appends with durable group commit: many writers share one flush.
+//! Event appends with durable group commit: many writers share one flush;
+//! and a ledger lookup that misses, in sled's tree and through the filter
+//! in front of it.
 
 use criterion::{criterion_group, Criterion, Throughput};
-use relay_actors::store::{Head, NewEvent, Store};
+use relay_actors::store::{Head, NewEvent, SledEngine, Store};
 use serde_json::value::RawValue;
 use std::sync::Arc;
 
@@ -54,4 +56,46 @@ fn store(c: &mut Criterion) {
     eprintln!("store stats: {stats:?}");
 }
 
-criterion_group!(benches, store);
+/// The lookup every new `message.send` and receipt makes first: its
+/// ledger entry, which is not there. 100,000 entries in the store, as
+/// ledger keys are (16 bytes of a hash under the account's prefix).
+fn blob_miss(c: &mut Criterion) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Arc::new(SledEngine::open(dir.path(), None).unwrap());
+    let store = Store::with_engine(engine.clone()).unwrap();
+    let key = |n: u64| {
+        let mut k = b"l/acct-0000000000000000000000000000000000000000/".to_vec();
+        k.extend_from_slice(&blake3::hash(&n.to_le_bytes()).as_bytes()[..16]);
+        k
+    };
+    for round in 0..100u64 {
+        let mut batch = store.batch();
+        for n in round * 1_000..(round + 1) * 1_000 {
+            batch.blob_put(&key(n), &[0; 20]);
+        }
+        store.commit_durable_blocking(batch).unwrap();
+    }
+    let sled_key = |n: u64| [&b"b"[..], &key(n)].concat();
+    assert!(store.raw_db().get(sled_key(7)).unwrap().is_some(), "the key layout is the store's");
+    while !engine.blob_filter().0 {
+        std::thread::yield_now();
+    }
+    let db = store.raw_db();
+    let mut g = c.benchmark_group("store");
+    let mut n = 1u64 << 40;
+    g.bench_function("ledger_miss_sled_tree", |b| {
+        b.iter(|| {
+            n += 1;
+            assert!(db.get(sled_key(n)).unwrap().is_none())
+        })
+    });
+    g.bench_function("ledger_miss_through_filter", |b| {
+        b.iter(|| {
+            n += 1;
+            assert!(store.blob_get(&key(n)).unwrap().is_none())
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, store, blob_miss);

@@ -48,6 +48,7 @@
 
 mod codec;
 mod engine;
+mod filter;
 mod jetstream;
 mod model;
 mod overlay;
@@ -308,11 +309,16 @@ impl Store {
         }
     }
 
-    /// Whether `stream` has any event: its first (events are never removed,
-    /// and seq 1 is a stream's first), looked up without reading it. A
-    /// point lookup where `head` scans backwards and reads the last event.
+    /// Whether `stream` has any event. Events are never removed, so a head
+    /// kept in memory past seq 0 says yes (an account that just received,
+    /// asked again by every message to it); else its first event (seq 1)
+    /// is looked up without reading it, a point lookup where `head` scans
+    /// backwards and reads the last event.
     pub fn has_events(&self, stream: &str) -> Result<bool, StoreError> {
         codec::check_stream(stream)?;
+        if self.inner.shared.lock().heads.get(stream).is_some_and(|(head, _)| head.seq > 0) {
+            return Ok(true);
+        }
         let first = codec::event_key(stream, 1);
         match self.inner.shared.overlay.contains(&first) {
             Some(known) => Ok(known),

@@ -48,16 +48,23 @@
 //!    of this engine could leave (a missing or skipped segment, records
 //!    after a damaged one, records in both `wal` and segments) is refused
 //!    rather than replayed out of order.
+//! 6. A blob lookup that misses (a new message's ledger entry) is answered
+//!    by a filter of the blob keys sled holds (`filter.rs`) when it can: the
+//!    keys replayed and installed go in as sled gets them, those already in
+//!    sled by a scan that starts when the open ends and runs beside the
+//!    writer. Until it ends, every lookup goes to sled.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write as _};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
 
 use super::engine::{Engine, KvIter, Write};
+use super::filter::{KeyFilter, FILTER_BYTES};
 use super::writer::lock;
 use super::{codec, wal, StoreError};
 
@@ -82,8 +89,12 @@ pub struct SledEngine {
     bytes: AtomicU64,
     barriers: Arc<AtomicU64>,
     /// The checkpoint running beside the writer (`checkpoint_beside`).
-    checkpointing: Mutex<Option<std::thread::JoinHandle<Result<(), StoreError>>>>,
+    checkpointing: Mutex<Option<JoinHandle<Result<(), StoreError>>>>,
     hold: Option<Arc<dyn Fn() + Send + Sync>>,
+    /// The blob keys sled holds (step 6), and the scan that fills it with
+    /// those it held at open: told to stop and joined on drop.
+    blobs: Arc<KeyFilter>,
+    scan: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
 }
 
 struct Log {
@@ -278,8 +289,9 @@ impl SledEngine {
             config = config.cache_capacity(bytes);
         }
         let db = open_waiting_for_lock(&config)?;
+        let blobs = Arc::new(KeyFilter::new(FILTER_BYTES));
         let legacy = read_or_empty(&dir.join(LEGACY_WAL))?;
-        replay(&db, &legacy, None, "write-ahead log")?;
+        replay(&db, &blobs, &legacy, None, "write-ahead log")?;
         let segments = Arc::new(Segments { dir: dir.join(LOG_DIR), readers: Mutex::default() });
         std::fs::create_dir_all(&segments.dir).map_err(io("create log directory"))?;
         let from = segments.replay_from()?;
@@ -304,7 +316,7 @@ impl SledEngine {
             synced += 1;
             let mut bytes = Vec::new();
             file.read_to_end(&mut bytes).map_err(io("read log segment"))?;
-            if !replay(&db, &bytes, Some(segment), "log segment")? {
+            if !replay(&db, &blobs, &bytes, Some(segment), "log segment")? {
                 // Only the last segment with records can end torn: a bad
                 // record with records after it is damage, not a crash.
                 if let Some(j) = lens[i + 1..].iter().position(|&len| len > 0) {
@@ -320,7 +332,7 @@ impl SledEngine {
         let path = segments.path(segment);
         let file = OpenOptions::new().append(true).create(true).open(&path).map_err(io("open log segment"))?;
         let len = file.metadata().map_err(io("open log segment"))?.len();
-        let engine = SledEngine {
+        let mut engine = SledEngine {
             db,
             dir: dir.to_path_buf(),
             segments,
@@ -330,10 +342,53 @@ impl SledEngine {
             barriers: Arc::new(AtomicU64::new(synced)),
             checkpointing: Mutex::default(),
             hold: None,
+            blobs,
+            scan: None,
         };
         // Also makes the segment's own directory entry durable.
         engine.checkpoint(&mut engine.lock())?;
+        engine.scan = Some(engine.scan_blob_keys()?);
         Ok(engine)
+    }
+
+    /// Step 6: puts the blob keys sled holds into the filter, on a thread
+    /// of its own, then lets the filter answer. Keys installed meanwhile go
+    /// in as they are installed; a key the scan passes is in sled already.
+    /// A scan that fails leaves the filter unasked: lookups go to sled.
+    fn scan_blob_keys(&self) -> Result<(Arc<AtomicBool>, JoinHandle<()>), StoreError> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (db, blobs, stopped) = (self.db.clone(), self.blobs.clone(), stop.clone());
+        let job = std::thread::Builder::new()
+            .name("store-filter".into())
+            .spawn(move || {
+                for key in db.scan_prefix([codec::BLOB]).keys() {
+                    if stopped.load(Relaxed) {
+                        return;
+                    }
+                    match key {
+                        Ok(key) => blobs.insert(&key),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "scanning the blob keys failed; every blob lookup goes to sled");
+                            return;
+                        }
+                    }
+                }
+                blobs.set_ready();
+            })
+            .map_err(io("start the filter's scan"))?;
+        Ok((stop, job))
+    }
+
+    /// Whether the blob filter answers lookups yet (step 6), and how many
+    /// it answered "absent" (tests, benches).
+    #[doc(hidden)]
+    pub fn blob_filter(&self) -> (bool, u64) {
+        (self.blobs.is_ready(), self.blobs.skipped())
+    }
+
+    /// A blob key the filter knows sled lacks (step 6).
+    fn surely_lacks(&self, key: &[u8]) -> bool {
+        key.first() == Some(&codec::BLOB) && !self.blobs.may_contain(key)
     }
 
     /// Closes segments past `bytes` instead of [`CHECKPOINT_BYTES`] (tests
@@ -439,6 +494,17 @@ impl SledEngine {
     }
 }
 
+impl Drop for SledEngine {
+    /// The scan holds a handle on sled: it ends before the engine is gone,
+    /// so sled's files are released when the store closes.
+    fn drop(&mut self) {
+        if let Some((stop, job)) = self.scan.take() {
+            stop.store(true, Relaxed);
+            let _ = job.join();
+        }
+    }
+}
+
 /// The rest of a checkpoint once `from` is the current segment and every
 /// group before it is in sled: sled's files made durable, then replay-from
 /// moved to `from`. Returns the fsyncs made.
@@ -465,10 +531,16 @@ fn read_or_empty(path: &Path) -> Result<Vec<u8>, StoreError> {
 
 /// Inserts the valid prefix of a log's records into sled, event values as
 /// pointers when the log is a segment. Returns whether the log was whole.
-fn replay(db: &sled::Db, bytes: &[u8], segment: Option<u64>, what: &str) -> Result<bool, StoreError> {
+fn replay(
+    db: &sled::Db,
+    blobs: &KeyFilter,
+    bytes: &[u8],
+    segment: Option<u64>,
+    what: &str,
+) -> Result<bool, StoreError> {
     let decoded = wal::decode(bytes);
     for (group, &start) in decoded.groups.iter().zip(&decoded.starts) {
-        insert_all(db, group, segment.map(|s| (s, start as u64)))?;
+        insert_all(db, blobs, group, segment.map(|s| (s, start as u64)))?;
     }
     let whole = decoded.valid_len == bytes.len();
     if !whole {
@@ -482,13 +554,18 @@ fn replay(db: &sled::Db, bytes: &[u8], segment: Option<u64>, what: &str) -> Resu
     Ok(whole)
 }
 
-/// Inserts `group` into sled; `record` is (segment, offset) of its record
-/// when event values are to be pointers into it.
-fn insert_all(db: &sled::Db, group: &[Write], record: Option<(u64, u64)>) -> Result<(), StoreError> {
+/// Inserts `group` into sled, its blob keys into `blobs` first; `record`
+/// is (segment, offset) of its record when event values are to be pointers
+/// into it.
+fn insert_all(db: &sled::Db, blobs: &KeyFilter, group: &[Write], record: Option<(u64, u64)>) -> Result<(), StoreError> {
     let offsets = record.map(|(_, at)| wal::value_offsets(group, at));
     let mut offsets = offsets.into_iter().flatten();
     for w in group {
         let at = offsets.next().flatten();
+        match w {
+            Write::Put(k, _) if k.first() == Some(&codec::BLOB) => blobs.insert(k),
+            _ => {}
+        }
         match w {
             Write::Put(k, v) => match (record, at) {
                 (Some((segment, _)), Some(at)) if pointed(k) => {
@@ -532,11 +609,14 @@ fn sync_tree(dir: &Path) -> std::io::Result<u64> {
 
 impl Engine for SledEngine {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        if self.surely_lacks(key) {
+            return Ok(None);
+        }
         self.db.get(key)?.map(|v| self.segments.resolve(key, &v)).transpose()
     }
 
     fn contains(&self, key: &[u8]) -> Result<bool, StoreError> {
-        Ok(self.db.contains_key(key)?)
+        Ok(!self.surely_lacks(key) && self.db.contains_key(key)?)
     }
 
     fn range(&self, start: &[u8], end: Option<&[u8]>) -> KvIter {
@@ -578,7 +658,7 @@ impl Engine for SledEngine {
         let log = &mut *guard;
         let segment = log.segment;
         for (group, at) in log.pending.drain(..) {
-            insert_all(&self.db, &group, Some((segment, at)))?;
+            insert_all(&self.db, &self.blobs, &group, Some((segment, at)))?;
         }
         // A checkpoint that ended is collected at once: its error, if any,
         // is the store's from this group on.
