@@ -96,6 +96,28 @@ async fn unknown_method_fails_with_not_found() {
     assert_eq!(c.err("Route.Get", None, &json!({"account_id": alice.id()})).await, "not_found");
 }
 
+/// Each method has a path of its own, matched before the `{method}`
+/// pattern (`src/http/mod.rs`): whichever of the two answers, the answer
+/// is the same, for a percent-encoded name and for a request that is not a
+/// POST alike.
+#[actix_rt::test]
+async fn a_method_answers_alike_by_its_own_path_and_by_the_name_pattern() {
+    let (_d, _r, c) = start();
+    let alice = User::register(&c, RELAY, 1, false).await;
+    let p = json!({ "account_id": alice.id() });
+    let plain = c.call("route.get", None, &p).await;
+    assert_eq!(plain.0, 200, "{}", plain.1);
+    assert_eq!(c.call("route%2Eget", None, &p).await, plain);
+    assert_eq!(c.err("route%2Egot", None, &p).await, "not_found");
+    for (known, unknown) in
+        [("/v1/rpc/route.get", "/v1/rpc/no.such"), ("/v1/relay/message.deliver", "/v1/relay/no.such")]
+    {
+        let (status, body) = c.get(known).await;
+        assert_eq!((status, body.clone()), c.get(unknown).await, "GET {known} against GET {unknown}");
+        assert!((400..500).contains(&status), "{status} {body}");
+    }
+}
+
 // ---- account.register ----------------------------------------------------------
 
 #[actix_rt::test]
