@@ -311,14 +311,19 @@ impl Store {
 
     /// Whether `stream` has any event. Events are never removed, so a head
     /// kept in memory past seq 0 says yes (an account that just received,
-    /// asked again by every message to it); else its first event (seq 1)
-    /// is looked up without reading it, a point lookup where `head` scans
-    /// backwards and reads the last event.
+    /// asked again by every message to it); else [`Store::has_first_event`].
     pub fn has_events(&self, stream: &str) -> Result<bool, StoreError> {
         codec::check_stream(stream)?;
         if self.inner.shared.lock().heads.get(stream).is_some_and(|(head, _)| head.seq > 0) {
             return Ok(true);
         }
+        self.has_first_event(stream)
+    }
+
+    /// Whether `stream`'s first event (seq 1) is there, looked up without
+    /// reading it: a point lookup where `head` scans backwards and reads
+    /// the last event. `stream` is checked by the caller.
+    fn has_first_event(&self, stream: &str) -> Result<bool, StoreError> {
         let first = codec::event_key(stream, 1);
         match self.inner.shared.overlay.contains(&first) {
             Some(known) => Ok(known),
@@ -434,7 +439,10 @@ impl Store {
                 let check = &batch.heads[i];
                 // A new stream (a delivery's, say) is checked by a point
                 // lookup; the backwards scan only to name what was found.
-                let new = check.expected == Head::default() && !self.has_events(&check.stream)?;
+                // Its id was checked by `append`, and its head is not kept
+                // (just seen under the lock): `has_events` would only take
+                // the lock again.
+                let new = check.expected == Head::default() && !self.has_first_event(&check.stream)?;
                 read[i] = Some(if new { Head::default() } else { self.head(&check.stream)? });
             }
         };

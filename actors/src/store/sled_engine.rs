@@ -563,16 +563,17 @@ fn insert_all(db: &sled::Db, blobs: &KeyFilter, group: &[Write], record: Option<
     for w in group {
         let at = offsets.next().flatten();
         match w {
-            Write::Put(k, _) if k.first() == Some(&codec::BLOB) => blobs.insert(k),
-            _ => {}
-        }
-        match w {
-            Write::Put(k, v) => match (record, at) {
-                (Some((segment, _)), Some(at)) if pointed(k) => {
-                    db.insert(k.as_slice(), &pointer(segment, at, v.len())[..])?
+            Write::Put(k, v) => {
+                if k.first() == Some(&codec::BLOB) {
+                    blobs.insert(k);
                 }
-                _ => db.insert(k.as_slice(), v.as_slice())?,
-            },
+                match (record, at) {
+                    (Some((segment, _)), Some(at)) if pointed(k) => {
+                        db.insert(k.as_slice(), &pointer(segment, at, v.len())[..])?
+                    }
+                    _ => db.insert(k.as_slice(), v.as_slice())?,
+                }
+            }
             Write::Remove(k) => db.remove(k.as_slice())?,
         };
     }
