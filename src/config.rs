@@ -256,7 +256,8 @@ pub struct StoreSection {
     pub engine: StoreEngine,
     /// sled's page cache, in bytes (its own default is 1 GiB).
     pub cache_bytes: u64,
-    /// Flushes start at most this often; a lone commit is flushed at once.
+    /// Flushes start at most this often; a lone commit someone waits for is
+    /// flushed at once, one nobody waits for yet within this long.
     #[serde(deserialize_with = "duration")]
     pub group_commit_window: Duration,
 }

@@ -3,7 +3,8 @@
 //! delivery's report, and the write of the entry) take it from the account
 //! actor's memo of its unfinished sends. What the memo answers must be what
 //! the store holds: a retry, racing or late, is answered from the one entry
-//! written, and the account writes one `message_sent`.
+//! written, and the account writes one `message_sent`. A local send's two
+//! commits also share one barrier.
 
 use relay_actors::account::{ledger, AccountCmd, Reply};
 use relay_actors::delivery::transport::{AttemptOutcome, LocalFuture, RouteLookup, Transport};
@@ -209,4 +210,25 @@ async fn racing_retries_of_a_local_send_settle_it_once() {
     assert_eq!((&a, &a), (&b, &c));
     assert_eq!(w.events_of_alice("message_sent"), 1);
     assert_eq!(w.status(mid).await, a);
+}
+
+/// The receipt is answered at once and nobody asks for it to be durable:
+/// the acceptance, asked for by the sender's answer, covers it. So the two
+/// commits of a local send take one barrier, not one each.
+#[actix_rt::test]
+async fn a_local_sends_receipt_rides_in_its_acceptances_group() {
+    let w = world(false).await;
+    let store = w.sup.store();
+    let window = Duration::from_secs(1);
+    store.set_group_commit_window(window);
+    // Past a window since the registrations' last group, a receipt asked
+    // for (the regression this catches) would start a group of its own at
+    // once; the acceptance, a moment later, then a second one.
+    tokio::time::sleep(window + Duration::from_millis(100)).await;
+    let before = store.stats();
+    let status = w.send("msg-0000000000000004").await;
+    assert_eq!(status.status, Status::TargetAccepted, "{status:?}");
+    let after = store.stats();
+    assert_eq!(after.commits - before.commits, 2, "a local send is two commits: {after:?}");
+    assert_eq!(after.flushes - before.flushes, 1, "and one group: {after:?}");
 }

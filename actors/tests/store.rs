@@ -233,6 +233,43 @@ async fn durable_resolves_after_commit() {
     assert!(store.stats().flushes >= 1);
 }
 
+/// A commit nobody waits for yet (a local send's receipt) takes no barrier
+/// of its own: it rides in the group of the next commit someone asks for.
+/// The window is an hour, so nothing but the ask can start a group here.
+#[actix_rt::test]
+async fn a_commit_nobody_asks_for_rides_in_the_group_of_the_next_one_asked_for() {
+    let store = Store::temporary().unwrap();
+    store.set_group_commit_window(Duration::from_secs(3600));
+    let commit = |stream: &str| {
+        let mut batch = store.batch();
+        batch.append(stream, Head::default(), events(1..=1));
+        store.commit(batch).unwrap()
+    };
+    let receipt = commit("receipt");
+    // Bounded look for a barrier that must not come: unasked, it would
+    // wait the whole window.
+    let early = tokio::time::timeout(Duration::from_millis(100), store.when_durable(receipt)).await;
+    assert!(early.is_err(), "a commit nobody asked for took a barrier of its own");
+    assert_eq!(store.stats().flushes, 0);
+    let acceptance = commit("acceptance");
+    tokio::time::timeout(WAIT, store.durable(acceptance)).await.expect("the asked commit was not written").unwrap();
+    tokio::time::timeout(WAIT, store.when_durable(receipt)).await.expect("the receipt was left behind").unwrap();
+    let stats = store.stats();
+    assert_eq!((stats.commits, stats.flushes), (2, 1), "both commits in one group: {stats:?}");
+}
+
+/// ...and one nobody ever asks for is still written, a window later.
+#[actix_rt::test]
+async fn a_commit_nobody_asks_for_is_written_within_the_window() {
+    let store = Store::temporary().unwrap();
+    store.set_group_commit_window(Duration::from_millis(50));
+    let mut batch = store.batch();
+    batch.append("alone", Head::default(), events(1..=1));
+    let ticket = store.commit(batch).unwrap();
+    tokio::time::timeout(WAIT, store.when_durable(ticket)).await.expect("an unasked commit was never written").unwrap();
+    assert_eq!(store.stats().flushes, 1);
+}
+
 #[test]
 fn concurrent_commits_share_flushes() {
     let dir = tempfile::tempdir().unwrap();

@@ -427,7 +427,15 @@ impl AccountActor {
         if answer == Answer::AtOnce && !publish {
             return Box::pin(async move { reply });
         }
-        let wait = ticket.map(|t| self.env.store.durable(t));
+        // Answered at once, the caller asks for a later commit that covers
+        // this one (`Answer::AtOnce`); the notifications need not hurry it.
+        let store = &self.env.store;
+        let wait = ticket.map(|t| {
+            if answer != Answer::AtOnce {
+                store.ask_durable(t);
+            }
+            store.when_durable(t)
+        });
         let pending = self.pending.clone();
         pending.fetch_add(1, Ordering::SeqCst);
         let durable = async move {

@@ -279,8 +279,10 @@ impl Store {
     }
 
     /// Sets the group-commit window: groups start at most this often
-    /// (default 500 µs). A lone commit is written at once; under load the
-    /// rest of the window is spent gathering. Zero writes back to back.
+    /// (default 500 µs). A lone commit someone asks for is written at once;
+    /// under load the rest of the window is spent gathering; a commit
+    /// nobody asks for waits at most a window for one that is asked for
+    /// (`writer.rs`). Zero writes back to back.
     pub fn set_group_commit_window(&self, window: std::time::Duration) {
         self.inner.shared.window_us.store(window.as_micros().min(u64::MAX as u128) as u64, SeqCst);
     }
@@ -479,8 +481,28 @@ impl Store {
     }
 
     /// Resolves once a barrier covering `ticket` completed; `Err` if a
-    /// write or barrier failed or the store closed before that.
+    /// write or barrier failed or the store closed before that. Asks for
+    /// the barrier: the writer starts a group for it at once.
     pub fn durable(&self, ticket: Ticket) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
+        self.ask_durable(ticket);
+        self.when_durable(ticket)
+    }
+
+    /// Asks the writer for a barrier covering `ticket` now rather than
+    /// after the group-commit window (`writer.rs`); [`Store::durable`]
+    /// asks and waits.
+    pub fn ask_durable(&self, ticket: Ticket) {
+        let sh = &self.inner.shared;
+        if sh.durable.borrow().upto < ticket.0 {
+            sh.want(ticket.0);
+        }
+    }
+
+    /// Like [`Store::durable`], without asking: for a wait that answers no
+    /// one (notifications owed for a commit that a later one, asked for,
+    /// makes durable). A commit nobody asks for is written within the
+    /// group-commit window.
+    pub fn when_durable(&self, ticket: Ticket) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
         let mut rx = self.inner.shared.durable.clone();
         async move {
             loop {
