@@ -174,11 +174,13 @@ impl Shared {
         taken: u64,
         after_group: bool,
     ) -> MutexGuard<'a, CommitState> {
+        if after_group && !st.queue.is_empty() {
+            return st;
+        }
+        // Set once the queue holds commits: only the writer empties it.
         let mut unasked_since: Option<Instant> = None;
-        let busy = after_group && !st.queue.is_empty();
-        while !st.closing && !busy {
+        while !st.closing {
             if st.queue.is_empty() {
-                unasked_since = None;
                 st.writer_idle = true;
                 st = self.wake.wait(st).unwrap_or_else(|e| e.into_inner());
                 continue;
