@@ -142,7 +142,13 @@ pub(crate) async fn run(
         // Sibling shards call under the relay's own id, signed with its key.
         peer_keys.insert(cfg.relay.id.clone(), key.verifying_key());
     }
-    let peer_keys = relay_rpc::PeerKeys::new(&cfg.relay.id, peer_keys, policy.clock_tolerance);
+    let rates = cfg.rates();
+    let window_cap = relay_rpc::replay_window_cap(
+        peer_keys.len(),
+        u64::from(rates.peer.0) + u64::from(rates.peer_lookup.0),
+        policy.clock_tolerance,
+    );
+    let peer_keys = relay_rpc::PeerKeys::new(&cfg.relay.id, peer_keys, policy.clock_tolerance, window_cap);
     let observer = web::Data::from(peers.observer().clone());
     let sup = Supervisor::new(store.clone(), policy, clock, Arc::new(peers.clone()));
     observer.register(sup.metrics());

@@ -1,55 +1,52 @@
 //! The relay methods of PROTOCOL §5 (`POST /v1/relay/{method}`), called by
 //! peers. Every request is authenticated first: the `Relay-Id` must be a
 //! configured peer, `Relay-Timestamp` within the clock tolerance, and
-//! `Relay-Signature` the peer key's signature of the request digest.
+//! `Relay-Signature` the peer key's signature of the request digest, not
+//! seen before in its window ([`relay_core::peer_auth`]).
 //! Each method's handler is its own file in [`crate::method`].
 
 use crate::rpc::Relay;
 use ed25519_dalek::VerifyingKey;
 use relay_actors::account::{AccountCmd, Reply};
+pub use relay_core::peer_auth::RelayHeaders;
+use relay_core::peer_auth::{self, ReplayWindow};
 use relay_schemas::ids::check_account_id;
-use relay_schemas::sign::{relay_request_bytes, verify_bytes};
 use relay_schemas::{Method, RelayError};
 use std::collections::HashMap;
+use std::sync::Mutex;
 
-/// The request headers of a relay call.
-pub struct RelayHeaders<'a> {
-    pub relay_id: Option<&'a str>,
-    pub timestamp: Option<&'a str>,
-    pub signature: Option<&'a str>,
-}
-
-/// Who may call: configured peers and their keys.
+/// Who may call (the rule is [`peer_auth`]'s), and the signatures seen in
+/// the current window. Verification runs outside the lock; the lock covers
+/// one set lookup and insert.
 pub struct PeerKeys {
-    own_id: String,
-    keys: HashMap<String, VerifyingKey>,
-    clock_tolerance: u64,
+    keys: peer_auth::PeerKeys,
+    replays: Mutex<ReplayWindow>,
 }
 
 impl PeerKeys {
-    pub fn new(own_id: &str, keys: HashMap<String, VerifyingKey>, clock_tolerance: u64) -> Self {
-        PeerKeys { own_id: own_id.into(), keys, clock_tolerance }
+    /// `window_cap`: signatures remembered at most (see [`replay_window_cap`]).
+    pub fn new(own_id: &str, keys: HashMap<String, VerifyingKey>, clock_tolerance: u64, window_cap: usize) -> Self {
+        PeerKeys {
+            keys: peer_auth::PeerKeys::new(own_id, keys, clock_tolerance),
+            replays: Mutex::new(ReplayWindow::new(clock_tolerance, window_cap)),
+        }
     }
 
-    /// The calling peer's id, or `unauthorized`.
+    /// The calling peer's id; `unauthorized`, or `rate_limited` for a
+    /// signature already received in its window.
     pub fn authenticate(&self, h: &RelayHeaders, method: &str, body: &[u8], now: u64) -> Result<String, RelayError> {
-        let deny = |why: &str| RelayError::unauthorized(format!("relay authentication: {why}"));
-        let id = h.relay_id.ok_or_else(|| deny("Relay-Id missing"))?;
-        let key = self.keys.get(id).ok_or_else(|| deny("not a configured peer"))?;
-        // Digits only: `u64::from_str` would also take a leading `+`.
-        let ts: u64 = h
-            .timestamp
-            .filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()))
-            .and_then(|t| t.parse().ok())
-            .ok_or_else(|| deny("Relay-Timestamp missing or malformed"))?;
-        if ts.abs_diff(now) > self.clock_tolerance {
-            return Err(deny("Relay-Timestamp outside clock tolerance"));
-        }
-        let sig = h.signature.ok_or_else(|| deny("Relay-Signature missing"))?;
-        verify_bytes(key, &relay_request_bytes(method, &self.own_id, ts, body), sig)
-            .map_err(|_| deny("bad signature"))?;
-        Ok(id.to_owned())
+        let a = self.keys.authenticate(h, method, body, now)?;
+        self.replays.lock().unwrap_or_else(|p| p.into_inner()).admit(&a, now)?;
+        Ok(a.peer)
     }
+}
+
+/// Signatures the replay window holds at most: what `peers` peers may send
+/// in one window at their configured rates (each remembered signature costs
+/// 20–40 bytes), and never fewer than 65,536.
+pub fn replay_window_cap(peers: usize, requests_per_second: u64, clock_tolerance: u64) -> usize {
+    let per_window = requests_per_second.saturating_mul(clock_tolerance.saturating_add(1));
+    usize::try_from(per_window.saturating_mul(peers.max(1) as u64)).unwrap_or(usize::MAX).max(65_536)
 }
 
 impl Relay {

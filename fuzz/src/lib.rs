@@ -150,7 +150,7 @@ fn peers() -> &'static PeerKeys {
     static P: OnceLock<PeerKeys> = OnceLock::new();
     P.get_or_init(|| {
         let keys: HashMap<String, VerifyingKey> = [("relay-b".to_string(), peer_key().verifying_key())].into();
-        PeerKeys::new("relay-a", keys, TOLERANCE)
+        PeerKeys::new("relay-a", keys, TOLERANCE, 1024)
     })
 }
 

@@ -201,13 +201,62 @@ impl RelayError {
     }
 
     /// A remote error as the source must record it: codes this version does
-    /// not define become `bad_gateway` (seed error table).
+    /// not define become `bad_gateway` (seed error table). A peer's text is
+    /// kept on every attempt and shown by `relay audit`, so what is kept is
+    /// bounded here, at the source: the message to [`REMOTE_MESSAGE_BYTES`]
+    /// with control characters replaced, and of `data` only the members
+    /// PROTOCOL defines (`route`, `retry_after`, `limit`), each bounded.
     pub fn from_remote(code: &str, message: &str, data: Option<Value>) -> Self {
         match ErrorCode::parse(code) {
-            Some(code) => RelayError { code, message: message.to_owned(), data },
-            None => RelayError::new(ErrorCode::BadGateway, format!("peer answered unrecognized code {code:?}")),
+            Some(code) => RelayError { code, message: remote_text(message), data: data.and_then(remote_data) },
+            None => RelayError::new(
+                ErrorCode::BadGateway,
+                format!("peer answered unrecognized code {:?}", remote_text(code)),
+            ),
         }
     }
+}
+
+/// Bytes of a peer's error message a relay keeps (PROTOCOL §2 *RelayError*
+/// is "human text"; anything longer is a peer making this relay hold it).
+pub const REMOTE_MESSAGE_BYTES: usize = 512;
+
+/// Bytes of a peer's `data.route` kept: a signed route is bounded by
+/// `limits.max_object_bytes` (16 KiB by default) on every relay; this is
+/// room for a peer configured with four times that, and no more.
+pub const REMOTE_ROUTE_BYTES: usize = 64 << 10;
+
+/// `text` cut to [`REMOTE_MESSAGE_BYTES`] at a character boundary, with
+/// every control character (C0, DEL, C1) replaced by U+FFFD: nothing a peer
+/// writes can move a terminal's cursor or start a line of its own.
+pub fn remote_text(text: &str) -> String {
+    let mut kept = String::with_capacity(text.len().min(REMOTE_MESSAGE_BYTES));
+    for c in text.chars().map(|c| if c.is_control() { '\u{fffd}' } else { c }) {
+        if kept.len() + c.len_utf8() > REMOTE_MESSAGE_BYTES {
+            break;
+        }
+        kept.push(c);
+    }
+    kept
+}
+
+/// The members of a peer's `data` this relay acts on, each bounded; `None`
+/// when none is left.
+fn remote_data(data: Value) -> Option<Value> {
+    let Value::Object(mut map) = data else { return None };
+    let mut kept = serde_json::Map::new();
+    if let Some(v) = map.remove("retry_after").filter(Value::is_u64) {
+        kept.insert("retry_after".into(), v);
+    }
+    if let Some(Value::String(limit)) = map.remove("limit") {
+        kept.insert("limit".into(), Value::String(remote_text(&limit).chars().take(64).collect()));
+    }
+    if let Some(route) = map.remove("route") {
+        if serde_json::to_vec(&route).is_ok_and(|b| b.len() <= REMOTE_ROUTE_BYTES) {
+            kept.insert("route".into(), route);
+        }
+    }
+    (!kept.is_empty()).then_some(Value::Object(kept))
 }
 
 /// A peer's `{"error":…}` answer as read: the code stays text, as it may
@@ -272,6 +321,32 @@ mod tests {
         assert_eq!(e.code, ErrorCode::BadGateway);
         assert_eq!(RelayError::remote_handling("teapot"), DeliveryHandling::End);
         assert_eq!(RelayError::remote_handling("bad_gateway"), DeliveryHandling::Retry);
+    }
+
+    #[test]
+    fn a_peers_error_text_is_kept_bounded_and_without_control_characters() {
+        let long = format!("\u{1b}[2J\u{1b}]0;owned\u{7}line\nforged\u{9b}{}", "é".repeat(4 << 20));
+        let e = RelayError::from_remote("forbidden", &long, None);
+        assert_eq!(e.code, ErrorCode::Forbidden);
+        assert!(e.message.len() <= REMOTE_MESSAGE_BYTES, "{} bytes kept", e.message.len());
+        assert!(!e.message.chars().any(char::is_control), "{:?}", &e.message[..40]);
+        assert!(e.message.starts_with("\u{fffd}[2J"));
+        let e = RelayError::from_remote(&"x".repeat(1 << 20), "", None);
+        assert!(e.message.len() < REMOTE_MESSAGE_BYTES + 64, "{} bytes kept", e.message.len());
+    }
+
+    #[test]
+    fn a_peers_error_data_keeps_only_the_members_the_protocol_defines() {
+        let big = "a".repeat(REMOTE_ROUTE_BYTES + 1);
+        let data = serde_json::json!({"retry_after": 7, "limit": "limits.max_devices", "junk": big});
+        let e = RelayError::from_remote("rate_limited", "wait", Some(data));
+        assert_eq!(e.data, Some(serde_json::json!({"retry_after": 7, "limit": "limits.max_devices"})));
+        let e = RelayError::from_remote("route_stale", "newer", Some(serde_json::json!({"route": {"pad": big}})));
+        assert_eq!(e.data, None, "an oversized route is dropped, not kept");
+        let e = RelayError::from_remote("route_stale", "newer", Some(serde_json::json!({"route": {"revision": 2}})));
+        assert_eq!(e.data, Some(serde_json::json!({"route": {"revision": 2}})));
+        let e = RelayError::from_remote("rate_limited", "wait", Some(serde_json::json!({"retry_after": "soon"})));
+        assert_eq!(e.data, None);
     }
 
     #[test]

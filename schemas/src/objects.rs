@@ -238,6 +238,19 @@ impl Wire<DeviceRevocation> {
     }
 }
 
+/// A route's `relays[].url`: where other relays POST to this one, so an
+/// `http://` or `https://` URL with a host, at most 2048 bytes, and nothing
+/// a log line or a terminal would read as more than a URL (no whitespace or
+/// control characters).
+fn check_relay_url(url: &str) -> Result<(), RelayError> {
+    let rest = url.strip_prefix("https://").or_else(|| url.strip_prefix("http://"));
+    let host_present = rest.is_some_and(|r| !r.is_empty() && !r.starts_with(['/', '?', '#', ':']));
+    if url.len() > 2048 || !host_present || url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(invalid("route.relays[].url: expected an http:// or https:// URL with a host, at most 2048 bytes"));
+    }
+    Ok(())
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RelayRef {
     pub id: String,
@@ -263,9 +276,7 @@ impl Wire<Route> {
         }
         for r in &self.relays {
             check_relay_id("route.relays[].id", &r.id)?;
-            if r.url.is_empty() || r.url.len() > 2048 {
-                return Err(invalid("route.relays[].url: expected 1-2048 characters"));
-            }
+            check_relay_url(&r.url)?;
         }
         if self.relays.len() == 2 && self.relays[0].id == self.relays[1].id {
             return Err(invalid("route.relays: duplicate relay id"));
@@ -567,6 +578,29 @@ mod tests {
         assert_eq!(i, j);
         assert_eq!(format!("{j:?}"), format!("{i:?}"));
         assert!(format!("{i:?}").starts_with("Wire { raw: "), "{i:?}");
+    }
+
+    #[test]
+    fn a_routes_relay_url_must_be_an_http_or_https_url() {
+        for ok in ["http://127.0.0.1:8080", "https://relay.example/base", "https://[::1]:443/"] {
+            assert!(check_relay_url(ok).is_ok(), "{ok}");
+        }
+        let long = format!("https://{}", "a".repeat(2048));
+        for bad in [
+            "",
+            "relay.example",
+            "ftp://relay.example",
+            "javascript:alert(1)",
+            "file:///etc/passwd",
+            "https://",
+            "https:///path",
+            "http://relay.example/\u{1b}[2J",
+            "http://relay.example/a b",
+            "http://relay.example/\nforged line",
+            long.as_str(),
+        ] {
+            assert_eq!(check_relay_url(bad).unwrap_err().code, ErrorCode::InvalidParams, "{bad:?}");
+        }
     }
 
     #[test]

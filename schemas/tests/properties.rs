@@ -894,7 +894,8 @@ fn arb_made() -> impl Strategy<Value = Made> {
         (NOW - 10_000)..(NOW + TOLERANCE),
         prop::option::of((NOW + 1)..(NOW + 1_000_000)),
         prop::collection::vec(any::<u8>(), 1..64),
-        prop::collection::vec(("[a-z0-9.-]{1,64}", "[ -~]{1,40}"), 1..=2),
+        // A route's relay URL is http(s) with a host, without spaces (objects.rs).
+        prop::collection::vec(("[a-z0-9.-]{1,64}", "https?://[a-z0-9.-][!-~]{0,36}"), 1..=2),
         prop::option::of(("x-[a-z]{1,8}", arb_json())),
     )
         .prop_map(|(account_seed, device_seed, device_id, id, revision, issued, expires, ciphertext, relays, extra)| {

@@ -2,6 +2,7 @@
 //! functions and prints. Exit codes: 0 clean, 1 findings or unreadable data,
 //! 2 cannot audit (relay running, no store, bad arguments).
 
+use super::terminal::{safe, SafeWriter};
 use super::{export, open_store, parse_time, replay, story, verify, AuditError};
 use crate::config::Config;
 use clap::{Args, Subcommand};
@@ -74,7 +75,7 @@ pub fn run(args: AuditArgs) -> u8 {
     match run_inner(args) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("relay audit: {e}");
+            eprintln!("relay audit: {}", safe(&e.to_string()));
             e.exit_code()
         }
     }
@@ -141,7 +142,7 @@ fn run_inner(args: AuditArgs) -> Result<u8, AuditError> {
 
 fn run_on(store: &relay_actors::store::Store, label: &str, command: &AuditCommand) -> Result<u8, AuditError> {
     let stdout = std::io::stdout();
-    let mut out = std::io::BufWriter::new(stdout.lock());
+    let mut out = SafeWriter::new(std::io::BufWriter::new(stdout.lock()));
     let code = match command {
         AuditCommand::Verify { stream } => run_verify(store, label, stream.as_deref(), &mut out)?,
         AuditCommand::Replay { stream, until, events } => {
@@ -174,7 +175,7 @@ fn run_on(store: &relay_actors::store::Store, label: &str, command: &AuditComman
             let since = since.as_deref().map(parse_time).transpose()?;
             let done = export::export(store, stream.as_deref(), since, &mut out)?;
             for what in &done.unreadable {
-                eprintln!("relay audit export: skipped unreadable record: {what}");
+                eprintln!("relay audit export: skipped unreadable record: {}", safe(&what.to_string()));
             }
             u8::from(!done.unreadable.is_empty())
         }

@@ -11,12 +11,15 @@
 //!   projection) against the one its events give;
 //! - [`replay`]: one stream's state rebuilt from its events only;
 //! - [`story`]: the whole story of one message on this relay;
-//! - [`export`]: events as JSON lines (`schemas/json/audit/export-line.schema.json`).
+//! - [`export`]: events as JSON lines (`schemas/json/audit/export-line.schema.json`);
+//! - [`terminal`]: what every output passes through, so that text a stranger
+//!   wrote cannot drive the terminal it is read on.
 
 pub mod cli;
 pub mod export;
 pub mod replay;
 pub mod story;
+pub mod terminal;
 pub mod verify;
 
 use relay_actors::account::{AccountEvent, AccountState, Ledger};

@@ -58,7 +58,7 @@ fn peers() -> PeerKeys {
         .into_iter()
         .map(|(id, i)| (id.to_string(), peer_key(i).verifying_key()))
         .collect();
-    PeerKeys::new(OWN, keys, TOLERANCE)
+    PeerKeys::new(OWN, keys, TOLERANCE, 1024)
 }
 
 fn arb_header() -> impl Strategy<Value = Option<String>> {

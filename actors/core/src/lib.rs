@@ -12,6 +12,7 @@
 //! - [`delivery`]: a delivery's events and state, the seed's error table
 //!   and deadlines, and the retry timetable;
 //! - [`lease`]: shard ownership in cluster mode (lease, epoch, renewal);
+//! - [`peer_auth`]: relay request authentication and its replay window;
 //! - [`push`]: the Web Push queue's coalescing and retry rules;
 //! - [`shard`]: which cluster shard an account (or a session token) is in;
 //! - [`clock`] and [`policy`]: injected time and configured limits.
@@ -20,6 +21,7 @@ pub mod account;
 pub mod clock;
 pub mod delivery;
 pub mod lease;
+pub mod peer_auth;
 pub mod policy;
 pub mod push;
 pub mod shard;

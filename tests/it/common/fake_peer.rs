@@ -31,6 +31,8 @@ pub enum Reply {
     /// Commits the message (as `Accept` would), then closes the connection
     /// without answering: a lost response.
     Drop,
+    /// HTTP status and these body bytes, as a hostile peer would write them.
+    Raw(u16, Vec<u8>),
 }
 
 impl Reply {
@@ -254,6 +256,7 @@ fn decide(state: &Mutex<State>, path: &str, headers: Vec<(String, String)>, body
                 }
                 Reply::Error(status, code, data) => Action::Respond(status, error_body(&code, data.as_ref())),
                 Reply::Hang(d) => Action::Hang(d),
+                Reply::Raw(status, body) => Action::Respond(status, body),
             }
         }
         _ => Action::Respond(404, error_body("not_found", None)),
