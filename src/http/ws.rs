@@ -292,7 +292,7 @@ impl Connection {
         let Some(held) = held else { return };
         // Frames after our Close are not taken (RFC 6455 §5.5.1), only its answer.
         let look = Duration::from_millis(20);
-        while !answered && !(ended && held.settled()) {
+        while !(answered || (ended && held.settled())) {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 held.abort();
