@@ -24,9 +24,12 @@
 //! pings (see [`super::flow`]). While that budget is exhausted the
 //! connection starts no request and takes no notification; a client that
 //! does not answer the flow ping within `write_timeout` is a slow consumer.
-//! Once closed, the kernel gives up on a client that still reads nothing
-//! after `write_timeout` (`TCP_USER_TIMEOUT`), so the bytes actix-http still
-//! holds for it are freed too.
+//! `idle_timeout` runs on its own timer and also bounds every write, so it
+//! holds whatever the write side is doing. The close is bounded too: a
+//! client that neither answers the close nor takes every byte sent within
+//! `write_timeout` (one reading at a crawl) has its socket aborted, which
+//! frees what actix-http and the kernel still hold for it; one that reads
+//! nothing at all is also given up by the kernel (`TCP_USER_TIMEOUT`).
 
 use super::flow::Flow;
 use super::{bearer, error_response};
