@@ -284,11 +284,19 @@ impl Connection {
         // actix-http still holds the socket: take a descriptor of our own
         // now, as the close frame can end the body before the bytes leave.
         // (No await between the look and the dup: no other task runs.)
+        // Only a stream with nothing ready proves it: frames read before
+        // the body ended are still handed out.
         let mut ended = false;
-        match stream.recv().now_or_never() {
-            Some(None) => ended = true,
-            Some(Some(Ok(AggregatedMessage::Close(_)))) => answered = true,
-            _ => {}
+        while !answered {
+            match stream.recv().now_or_never() {
+                None => break,
+                Some(None | Some(Err(_))) => {
+                    ended = true;
+                    break;
+                }
+                Some(Some(Ok(AggregatedMessage::Close(_)))) => answered = true,
+                Some(Some(Ok(_))) => {}
+            }
         }
         let held = if ended || answered { None } else { self.socket.and_then(|s| s.hold()) };
         let _ = timeout_at(deadline.into(), self.session.close(reason)).await;
