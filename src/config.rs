@@ -165,14 +165,27 @@ pub struct PushSection {
     /// The `TTL` header: how long a push service keeps an undelivered push.
     #[serde(deserialize_with = "duration")]
     pub ttl: Duration,
-    /// Connect and whole-request timeout of one push.
+    /// Whole-request timeout of one push (connect, send, answer and its body).
     #[serde(deserialize_with = "duration")]
     pub timeout: Duration,
+    /// Time to open the TCP connection and, apart, to finish the TLS
+    /// handshake with a push service: short, so an endpoint that does not
+    /// answer gives its slot back soon.
+    #[serde(deserialize_with = "duration")]
+    pub connect_timeout: Duration,
     /// Devices whose push may wait at once; past that new ones are dropped
     /// (counted as `outcome="dropped"`).
     pub queue: usize,
     /// Pushes in flight at once.
     pub concurrency: usize,
+    /// Pushes of one account in flight at once (of `concurrency`): the
+    /// devices of one account cannot take every slot; accounts with pushes
+    /// due are served round-robin.
+    pub per_account: usize,
+    /// Pushes to one endpoint origin (scheme, host, port) in flight at once:
+    /// a push service that holds connections and never answers holds at
+    /// most this many slots.
+    pub per_origin: usize,
     /// Attempts of one push on 429/5xx/no answer before it is given up.
     pub max_attempts: u32,
     /// The wait before a retry without `Retry-After`, doubled per attempt.
@@ -187,7 +200,8 @@ pub struct PushSection {
     /// Accept endpoints whose host is `localhost` or a loopback, private,
     /// link-local or unique-local address (tests, a push service on a
     /// private network). Off: a subscriber cannot make the relay probe the
-    /// operator's own network.
+    /// operator's own network: checked on the endpoint's text at subscribe
+    /// and on every address the sender connects to.
     pub allow_private_endpoints: bool,
 }
 
@@ -200,8 +214,11 @@ impl Default for PushSection {
             min_interval: Duration::from_secs(10),
             ttl: Duration::from_secs(24 * 3600),
             timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(3),
             queue: 10_000,
             concurrency: 16,
+            per_account: 4,
+            per_origin: 8,
             max_attempts: 5,
             backoff: Duration::from_secs(2),
             max_retry_after: Duration::from_secs(3600),
@@ -709,6 +726,9 @@ impl Config {
         let p = &self.push;
         if p.queue == 0 || p.concurrency == 0 || p.max_attempts == 0 || p.timeout.is_zero() || p.ttl.is_zero() {
             return Err((None, "push.queue, concurrency, max_attempts, timeout and ttl must be positive".into()));
+        }
+        if p.per_account == 0 || p.per_origin == 0 || p.connect_timeout.is_zero() {
+            return Err((None, "push.per_account, per_origin and connect_timeout must be positive".into()));
         }
         if let Some(sub) = &p.subject {
             if !(sub.starts_with("mailto:") || sub.starts_with("https://")) {

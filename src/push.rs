@@ -8,7 +8,9 @@
 //! the handle starts again should it die (a panic): the sender is part of
 //! the relay, not a side task. The sender keeps the pure queue of
 //! `relay_actors::push` (bounded, coalescing per device, one push per
-//! device per `push.min_interval`), and per push:
+//! device per `push.min_interval`, at most `push.per_account` slots per
+//! account and `push.per_origin` per endpoint origin, accounts served
+//! round-robin), and per push:
 //!
 //! 1. encrypts the payload `{"type":"timeline.changed","account_id",
 //!    "sequence"}` for the subscription with RFC 8291 `aes128gcm`
@@ -16,8 +18,11 @@
 //! 2. signs a VAPID JWT (RFC 8292: ES256 by the relay's P-256 key, `aud` the
 //!    endpoint's origin, `exp` 12 h ahead, `sub` = `push.subject`) and sends
 //!    `Authorization: vapid t=…, k=…`;
-//! 3. POSTs it with `TTL` (`push.ttl`), `Urgency: high`, a timeout
-//!    (`push.timeout`) and no redirects followed;
+//! 3. POSTs it with `TTL` (`push.ttl`), `Urgency: high`, the whole attempt
+//!    within `push.timeout` (connecting within `push.connect_timeout`),
+//!    no redirects followed, and only to public addresses: the connector
+//!    ([`Egress`]) checks each address after resolution, unless
+//!    `push.allow_private_endpoints`;
 //! 4. by the answer ([`relay_actors::push::judge`]): 2xx sent; 404/410 the
 //!    subscription is dropped (an account event); 429/5xx/no answer retried
 //!    at `Retry-After` (else a doubling backoff) up to `push.max_attempts`;
@@ -138,15 +143,89 @@ fn encrypt(job: &PushJob, payload: &[u8]) -> Result<Vec<u8>, String> {
 }
 
 /// The sender's HTTP client: TLS (rustls with the webpki roots: push
-/// services are https), `timeout` for connecting and for the whole
-/// request, at most `limit` connections, no redirects followed (a push
+/// services are https), connecting through [`Egress`] within
+/// `connect_timeout` (TCP, then the TLS handshake), the whole request within
+/// `timeout`, at most `limit` connections, no redirects followed (a push
 /// service answers; it does not send the relay elsewhere).
-fn http_client(timeout: Duration, limit: usize) -> awc::Client {
+fn http_client(connect_timeout: Duration, timeout: Duration, limit: usize, allow_private: bool) -> awc::Client {
     awc::Client::builder()
         .timeout(timeout)
         .disable_redirects()
-        .connector(awc::Connector::new().timeout(timeout).limit(limit))
+        .connector(
+            awc::Connector::new()
+                .connector(Egress { allow_private })
+                .timeout(connect_timeout)
+                .handshake_timeout(connect_timeout)
+                .limit(limit),
+        )
         .finish()
+}
+
+/// The push sender's TCP connector. A subscriber names the endpoint, so
+/// it could aim the relay at the operator's own network: the endpoint's
+/// text is checked at `push.subscribe`, but a host can be spelt in ways a
+/// strict parse does not read as an address (`127.1`, `2130706433`,
+/// `0x7f000001`, `0177.0.0.1`, `0` all reach loopback through
+/// getaddrinfo) and a name can resolve to a private address. So the check
+/// that holds is here, on the addresses about to be connected to, after
+/// resolution: unless `push.allow_private_endpoints`, only public unicast
+/// addresses ([`relay_schemas::methods::is_public_address`]) are tried.
+#[derive(Clone, Copy)]
+struct Egress {
+    allow_private: bool,
+}
+
+/// Why [`Egress`] refused: no address of the host may be connected to.
+#[derive(Debug)]
+struct NotPublic(String);
+
+impl std::fmt::Display for NotPublic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "push endpoint host {} has no public address (push.allow_private_endpoints is off)", self.0)
+    }
+}
+
+impl std::error::Error for NotPublic {}
+
+impl actix_web::dev::Service<actix_tls::connect::ConnectInfo<awc::http::Uri>> for Egress {
+    type Response = actix_tls::connect::Connection<awc::http::Uri, actix_web::rt::net::TcpStream>;
+    type Error = actix_tls::connect::ConnectError;
+    type Future = futures_util::future::LocalBoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    actix_web::dev::always_ready!();
+
+    fn call(&self, req: actix_tls::connect::ConnectInfo<awc::http::Uri>) -> Self::Future {
+        use actix_tls::connect::{ConnectError, Connection};
+        let allow_private = self.allow_private;
+        let (host, port, preset) = (req.hostname().to_owned(), req.port(), req.addrs().collect::<Vec<_>>());
+        let uri = req.request().clone();
+        Box::pin(async move {
+            let bare = host.trim_start_matches('[').trim_end_matches(']');
+            let found: Vec<std::net::SocketAddr> = if !preset.is_empty() {
+                preset
+            } else if let Ok(ip) = bare.parse::<std::net::IpAddr>() {
+                vec![(ip, port).into()]
+            } else {
+                // getaddrinfo, as any client would: it reads `127.1` as 127.0.0.1.
+                tokio::net::lookup_host((bare, port)).await.map_err(|e| ConnectError::Resolver(Box::new(e)))?.collect()
+            };
+            let allowed: Vec<_> = found
+                .into_iter()
+                .filter(|a| allow_private || relay_schemas::methods::is_public_address(a.ip()))
+                .collect();
+            if allowed.is_empty() {
+                return Err(ConnectError::Resolver(Box::new(NotPublic(host))));
+            }
+            let mut last = None;
+            for addr in allowed {
+                match actix_web::rt::net::TcpStream::connect(addr).await {
+                    Ok(stream) => return Ok(Connection::new(uri, stream)),
+                    Err(e) => last = Some(e),
+                }
+            }
+            Err(ConnectError::Io(last.unwrap_or_else(|| std::io::Error::other("no address"))))
+        })
+    }
 }
 
 /// The push settings the sender works with.
@@ -155,11 +234,16 @@ pub struct Settings {
     pub min_interval: Duration,
     pub ttl: Duration,
     pub timeout: Duration,
+    pub connect_timeout: Duration,
     pub queue: usize,
     pub concurrency: usize,
+    pub per_account: usize,
+    pub per_origin: usize,
     pub max_attempts: u32,
     pub backoff: Duration,
     pub max_retry_after: Duration,
+    /// `push.allow_private_endpoints`: the connector may reach any address.
+    pub allow_private: bool,
 }
 
 impl Settings {
@@ -169,13 +253,22 @@ impl Settings {
             min_interval: p.min_interval,
             ttl: p.ttl,
             timeout: p.timeout,
+            connect_timeout: p.connect_timeout,
             queue: p.queue,
             concurrency: p.concurrency,
+            per_account: p.per_account,
+            per_origin: p.per_origin,
             max_attempts: p.max_attempts,
             backoff: p.backoff,
             max_retry_after: p.max_retry_after,
+            allow_private: p.allow_private_endpoints,
         }
     }
+}
+
+/// The sender's pure queue with the settings' bounds and shares.
+fn queue(s: &Settings) -> PushQueue {
+    PushQueue::new(s.queue, s.min_interval.as_millis() as u64).with_shares(s.per_account, s.per_origin)
 }
 
 /// The sender's metrics.
@@ -216,7 +309,7 @@ pub struct PushSender {
 
 impl PushSender {
     fn new(sup: Supervisor, vapid: Arc<Vapid>, settings: Settings, metrics: PushMetrics) -> Self {
-        let queue = PushQueue::new(settings.queue, settings.min_interval.as_millis() as u64);
+        let queue = queue(&settings);
         PushSender { sup, vapid, settings, queue, client: None, timer: None, metrics }
     }
 
@@ -225,8 +318,9 @@ impl PushSender {
     }
 
     fn client(&mut self) -> awc::Client {
-        let (t, n) = (self.settings.timeout, self.settings.concurrency);
-        self.client.get_or_insert_with(|| http_client(t, n)).clone()
+        let s = &self.settings;
+        let (c, t, n, p) = (s.connect_timeout, s.timeout, s.concurrency, s.allow_private);
+        self.client.get_or_insert_with(|| http_client(c, t, n, p)).clone()
     }
 
     /// Starts every due push there is room for, then arms the timer.
@@ -279,20 +373,23 @@ impl PushSender {
             .insert_header(("Content-Encoding", "aes128gcm"))
             .insert_header(("Content-Type", "application/octet-stream"))
             .insert_header(("Authorization", auth));
-        // awc's timeout ends with the response head: the body read has its
-        // own, or a service stalling its body would hold this device's slot
-        // (and one of `push.concurrency`) forever.
+        // awc's timeout ends with the response head: the whole attempt,
+        // body read included, runs under `push.timeout`, or a service
+        // stalling its body would hold this device's slot (and one of
+        // `push.concurrency`) for longer.
         let limit = self.settings.timeout;
         let answer = async move {
-            match request.send_body(body).await {
-                Ok(mut resp) => {
+            let deadline = tokio::time::Instant::now() + limit;
+            match tokio::time::timeout_at(deadline, request.send_body(body)).await {
+                Ok(Ok(mut resp)) => {
                     let retry_after =
                         resp.headers().get("Retry-After").and_then(|v| v.to_str().ok()).map(str::to_owned);
                     // Read (a little of) the body so the connection can be reused.
-                    let _ = tokio::time::timeout(limit, resp.body().limit(4096)).await;
+                    let _ = tokio::time::timeout_at(deadline, resp.body().limit(4096)).await;
                     (Some(resp.status().as_u16()), retry_after, None)
                 }
-                Err(e) => (None, None, Some(e.to_string())),
+                Ok(Err(e)) => (None, None, Some(e.to_string())),
+                Err(_) => (None, None, Some(format!("no answer within {limit:?}"))),
             }
         };
         ctx.spawn(answer.into_actor(self).map(move |(status, retry_after, error), act, ctx| {
@@ -371,7 +468,7 @@ impl actix::Supervised for PushSender {
     /// devices catch up from their cursor when they next connect).
     fn restarting(&mut self, _ctx: &mut Context<Self>) {
         self.metrics.restarts.inc();
-        self.queue = PushQueue::new(self.settings.queue, self.settings.min_interval.as_millis() as u64);
+        self.queue = queue(&self.settings);
         self.timer = None;
         self.client = None;
     }
@@ -459,13 +556,44 @@ mod tests {
             byte[0]
         });
         let started = std::time::Instant::now();
-        let result = http_client(Duration::from_millis(500), 4)
+        let result = http_client(Duration::from_millis(500), Duration::from_secs(5), 4, true)
             .post(format!("https://127.0.0.1:{port}/push"))
             .send_body("x")
             .await;
         assert!(result.is_err());
         assert!(started.elapsed() < Duration::from_secs(1), "timed out after {:?}", started.elapsed());
         assert_eq!(first.join().unwrap(), 0x16, "a TLS handshake record");
+    }
+
+    /// Whatever the spelling of a loopback host, the connector resolves it
+    /// and refuses before any connection is made; with
+    /// `allow_private_endpoints` it connects.
+    #[actix_rt::test]
+    async fn the_push_connector_never_connects_to_a_non_public_address() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        listener.set_nonblocking(true).unwrap();
+        let client = http_client(Duration::from_millis(500), Duration::from_secs(2), 4, false);
+        for host in [
+            "127.0.0.1",
+            "127.1",
+            "2130706433",
+            "0x7f000001",
+            "0177.0.0.1",
+            "0x7f.1",
+            "127.0.1",
+            "0",
+            "localhost",
+            "[::ffff:127.0.0.1]",
+        ] {
+            let result = client.post(format!("https://{host}:{port}/push")).send_body("x").await;
+            let error = result.expect_err(host).to_string();
+            assert!(listener.accept().is_err(), "{host}: the relay connected ({error})");
+        }
+        // The same connector with private endpoints allowed does connect.
+        let allowed = http_client(Duration::from_millis(500), Duration::from_millis(500), 4, true);
+        let _ = allowed.post(format!("https://127.1:{port}/push")).send_body("x").await;
+        assert!(listener.accept().is_ok(), "allow_private_endpoints connects");
     }
 
     #[test]

@@ -381,8 +381,10 @@ impl PushSubscribeParams {
     /// Unless `allow_private`, a host that names this machine or a private
     /// network directly (`localhost`, loopback, RFC 1918, link-local,
     /// unique-local or unspecified addresses) is refused: a subscriber must
-    /// not make the relay probe its operator's network. (A name resolving
-    /// to such an address is not looked up here: filter egress for that.)
+    /// not make the relay probe its operator's network. This reads the text
+    /// only (a clear early error): other spellings of an address and names
+    /// resolving to one are refused by the push sender's connector, which
+    /// checks every address it would connect to ([`is_public_address`]).
     pub fn check(&self, allow_http: bool, allow_private: bool) -> Result<(), crate::RelayError> {
         use crate::RelayError;
         let e = &self.endpoint;
@@ -447,6 +449,59 @@ fn is_private_host(authority: &str) -> bool {
     }
 }
 
+/// Whether the push sender may connect to `ip` (unless
+/// `push.allow_private_endpoints`): a globally routed unicast address. Refused:
+/// loopback, RFC 1918, link-local, unspecified / "this network" (0.0.0.0/8),
+/// broadcast, multicast, reserved (240/4), documentation, benchmarking
+/// (198.18/15), IETF protocol assignments (192.0.0/24), shared CGNAT space
+/// (100.64/10); for IPv6 the same through IPv4-mapped, IPv4-compatible and
+/// NAT64 (64:ff9b::/96) forms, unique-local, site-local and link-local,
+/// multicast and documentation (2001:db8::/32). This is checked on the
+/// address the sender is about to connect to, after name resolution: the
+/// endpoint's text can spell an address many ways (`127.1`, `2130706433`,
+/// `0x7f000001`, `0177.0.0.1`, `0`) and a name can resolve to anything.
+pub fn is_public_address(ip: std::net::IpAddr) -> bool {
+    use std::net::{IpAddr, Ipv4Addr};
+    fn v4(ip: Ipv4Addr) -> bool {
+        let [a, b, c, _] = ip.octets();
+        !(a == 0
+            || ip.is_loopback()
+            || ip.is_private()
+            || ip.is_link_local()
+            || ip.is_broadcast()
+            || ip.is_multicast()
+            || a >= 240
+            || ip.is_documentation()
+            || (a == 100 && (b & 0xc0) == 64)
+            || (a == 198 && (b & 0xfe) == 18)
+            || (a == 192 && b == 0 && c == 0))
+    }
+    match ip {
+        IpAddr::V4(ip) => v4(ip),
+        IpAddr::V6(ip) => {
+            let s = ip.segments();
+            if let Some(mapped) = ip.to_ipv4_mapped() {
+                return v4(mapped);
+            }
+            let embedded = Ipv4Addr::new((s[6] >> 8) as u8, s[6] as u8, (s[7] >> 8) as u8, s[7] as u8);
+            // ::a.b.c.d (IPv4-compatible, deprecated) and 64:ff9b::a.b.c.d (NAT64) reach an IPv4 host.
+            if s[..6] == [0; 6] && !ip.is_loopback() && !ip.is_unspecified() {
+                return v4(embedded);
+            }
+            if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+                return v4(embedded);
+            }
+            !(ip.is_loopback()
+                || ip.is_unspecified()
+                || ip.is_multicast()
+                || (s[0] & 0xfe00) == 0xfc00 // unique local fc00::/7
+                || (s[0] & 0xffc0) == 0xfe80 // link-local fe80::/10
+                || (s[0] & 0xffc0) == 0xfec0 // site-local fec0::/10 (deprecated)
+                || (s[0] == 0x2001 && s[1] == 0x0db8)) // documentation
+        }
+    }
+}
+
 /// The payload of a Web Push message, before RFC 8291 encryption: which
 /// account's timeline changed and its new last sequence. Never content or
 /// sender (PROTOCOL §9).
@@ -467,7 +522,7 @@ impl PushPayload {
 
 #[cfg(test)]
 mod tests {
-    use super::{is_private_host, Caller, Method};
+    use super::{is_private_host, is_public_address, Caller, Method};
 
     #[test]
     fn every_method_is_found_by_its_wire_name_and_named_after_it() {
@@ -515,6 +570,57 @@ mod tests {
             ["fcm.googleapis.com", "updates.push.services.mozilla.com:443", "8.8.8.8", "[2001:db8::1]", "100.128.0.1"]
         {
             assert!(!is_private_host(h), "{h}");
+        }
+    }
+
+    #[test]
+    fn the_push_sender_connects_only_to_public_unicast_addresses() {
+        for a in [
+            "127.0.0.1",
+            "127.0.1.1",
+            "0.0.0.0",
+            "0.1.2.3",
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "100.64.0.1",
+            "100.127.255.255",
+            "192.0.2.1",
+            "198.51.100.7",
+            "203.0.113.9",
+            "198.18.0.1",
+            "192.0.0.8",
+            "224.0.0.1",
+            "239.255.255.250",
+            "240.0.0.1",
+            "255.255.255.255",
+            "::1",
+            "::",
+            "::ffff:127.0.0.1",
+            "::ffff:10.0.0.1",
+            "::127.0.0.1",
+            "64:ff9b::a00:1",
+            "64:ff9b::7f00:1",
+            "fc00::1",
+            "fd12:3456::1",
+            "fe80::1",
+            "fec0::1",
+            "ff02::1",
+            "2001:db8::1",
+        ] {
+            assert!(!is_public_address(a.parse().unwrap()), "{a}");
+        }
+        for a in [
+            "8.8.8.8",
+            "142.250.185.74",
+            "100.128.0.1",
+            "198.20.0.1",
+            "2a00:1450:4001:82b::200a",
+            "::ffff:8.8.8.8",
+            "64:ff9b::808:808",
+        ] {
+            assert!(is_public_address(a.parse().unwrap()), "{a}");
         }
     }
 }

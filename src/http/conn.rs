@@ -12,7 +12,7 @@ use actix_web::rt::net::TcpStream;
 use std::any::Any;
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -84,7 +84,9 @@ impl Drop for Slot {
 }
 
 /// The connection's socket. Only used while a request of that connection
-/// is being handled, when actix-http certainly still holds it open.
+/// is being handled, or while its response body is alive (the WebSocket
+/// task checks that), when actix-http certainly still holds it open.
+#[derive(Clone, Copy)]
 pub struct Socket(RawFd);
 
 impl Socket {
@@ -106,6 +108,80 @@ impl Socket {
         };
         if r != 0 {
             tracing::debug!(error = %std::io::Error::last_os_error(), "TCP_USER_TIMEOUT");
+        }
+    }
+
+    /// A descriptor of the caller's own for this socket (see [`Held`]).
+    /// Call only while actix-http holds the socket open.
+    pub fn hold(&self) -> Option<Held> {
+        // SAFETY: dup of a descriptor actix-http holds open; the new one is ours to close.
+        let fd = unsafe { libc::fcntl(self.0, libc::F_DUPFD_CLOEXEC, 0) };
+        // SAFETY: `fd` is a fresh descriptor nobody else owns.
+        (fd >= 0).then(|| Held(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }))
+    }
+}
+
+/// A connection's socket, by a descriptor of its own: valid whatever
+/// actix-http does meanwhile (its number cannot be reused for another
+/// connection while held), closed when dropped. The WebSocket task holds
+/// one only while it closes, to see whether the client took what was sent
+/// and to drop a connection that does not.
+pub struct Held(std::os::fd::OwnedFd);
+
+impl Held {
+    /// The kernel's TCP state (`TCP_ESTABLISHED` = 1, …) and the bytes sent
+    /// and not yet acknowledged or not yet sent (`SIOCOUTQ`).
+    fn state(&self) -> Option<(u8, i32)> {
+        let fd = self.0.as_raw_fd();
+        // SAFETY: getsockopt/ioctl on our own descriptor into locals of the right size.
+        unsafe {
+            let mut info: libc::tcp_info = std::mem::zeroed();
+            let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+            let r = libc::getsockopt(
+                fd,
+                libc::IPPROTO_TCP,
+                libc::TCP_INFO,
+                &mut info as *mut libc::tcp_info as *mut libc::c_void,
+                &mut len,
+            );
+            let mut outq: libc::c_int = 0;
+            let q = libc::ioctl(fd, libc::TIOCOUTQ, &mut outq);
+            (r == 0 && q == 0).then_some((info.tcpi_state, outq))
+        }
+    }
+
+    /// Nothing is left for the client to take: it closed its side, or the
+    /// relay's side is closed (FIN sent) and every byte was acknowledged.
+    pub fn settled(&self) -> bool {
+        const ESTABLISHED: u8 = 1;
+        const FIN_WAIT1: u8 = 4;
+        const FIN_WAIT2: u8 = 5;
+        match self.state() {
+            Some((state, outq)) => {
+                let peer_open = matches!(state, ESTABLISHED | FIN_WAIT1 | FIN_WAIT2);
+                !peer_open || (state != ESTABLISHED && outq == 0)
+            }
+            None => true,
+        }
+    }
+
+    /// Drops the connection now: what is still queued for the client is
+    /// discarded (an RST instead of a FIN after the queue), and actix-http,
+    /// whose next read or write on it fails, lets it go and frees its
+    /// buffers.
+    pub fn abort(&self) {
+        let fd = self.0.as_raw_fd();
+        let linger = libc::linger { l_onoff: 1, l_linger: 0 };
+        // SAFETY: setsockopt/shutdown on our own descriptor, with a local of the option's size.
+        unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                &linger as *const libc::linger as *const libc::c_void,
+                std::mem::size_of::<libc::linger>() as libc::socklen_t,
+            );
+            libc::shutdown(fd, libc::SHUT_RDWR);
         }
     }
 }

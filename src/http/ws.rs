@@ -24,9 +24,12 @@
 //! pings (see [`super::flow`]). While that budget is exhausted the
 //! connection starts no request and takes no notification; a client that
 //! does not answer the flow ping within `write_timeout` is a slow consumer.
-//! Once closed, the kernel gives up on a client that still reads nothing
-//! after `write_timeout` (`TCP_USER_TIMEOUT`), so the bytes actix-http still
-//! holds for it are freed too.
+//! `idle_timeout` runs on its own timer and also bounds every write, so it
+//! holds whatever the write side is doing. The close is bounded too: a
+//! client that neither answers the close nor takes every byte sent within
+//! `write_timeout` (one reading at a crawl) has its socket aborted, which
+//! frees what actix-http and the kernel still hold for it; one that reads
+//! nothing at all is also given up by the kernel (`TCP_USER_TIMEOUT`).
 
 use super::flow::Flow;
 use super::{bearer, error_response};
@@ -47,6 +50,7 @@ use serde_json::{json, Value};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::time::timeout_at;
 
 #[derive(Deserialize)]
 struct Request<'a> {
@@ -90,14 +94,16 @@ pub async fn upgrade(
         },
         None => None,
     };
-    if let Some(socket) = req.conn_data::<super::conn::Socket>() {
+    let socket = req.conn_data::<super::conn::Socket>().copied();
+    if let Some(socket) = socket {
         socket.set_user_timeout(ws.write_timeout);
     }
     let (response, session, stream) = actix_ws::handle(&req, body)?;
     let stream =
         stream.max_frame_size(ws.max_frame_bytes).aggregate_continuations().max_continuation_size(ws.max_frame_bytes);
     let ip = req.peer_addr().map(|a| a.ip());
-    actix_web::rt::spawn(Connection::new(relay.into_inner(), ws.get_ref().clone(), session, ip).run(stream, attach));
+    let conn = Connection::new(relay.into_inner(), ws.get_ref().clone(), session, ip, socket);
+    actix_web::rt::spawn(conn.run(stream, attach));
     Ok(response)
 }
 
@@ -145,6 +151,12 @@ struct Connection {
     queued_bytes: usize,
     /// The request being answered (one at a time: answers keep request order).
     running: Option<LocalBoxFuture<'static, Done>>,
+    /// When the client was last heard from (or reading was paused).
+    last_heard: Instant,
+    /// The socket, to drop a connection that does not take its close.
+    socket: Option<super::conn::Socket>,
+    /// The client sent its Close (the close handshake is its answer).
+    client_closed: bool,
 }
 
 enum Next {
@@ -153,7 +165,13 @@ enum Next {
 }
 
 impl Connection {
-    fn new(relay: Arc<Relay>, ws: Websocket, session: Session, ip: Option<std::net::IpAddr>) -> Self {
+    fn new(
+        relay: Arc<Relay>,
+        ws: Websocket,
+        session: Session,
+        ip: Option<std::net::IpAddr>,
+        socket: Option<super::conn::Socket>,
+    ) -> Self {
         let flow = Flow::new(ws.max_unread_bytes as u64);
         Connection {
             relay,
@@ -165,6 +183,9 @@ impl Connection {
             queued: VecDeque::new(),
             queued_bytes: 0,
             running: None,
+            last_heard: Instant::now(),
+            socket,
+            client_closed: false,
         }
     }
 
@@ -177,7 +198,7 @@ impl Connection {
         }
         let mut ping = actix_web::rt::time::interval(self.ws.ping_interval);
         ping.tick().await;
-        let mut last_heard = Instant::now();
+        self.last_heard = Instant::now();
         let attach_by = Instant::now() + self.ws.attach_timeout;
         let reason = loop {
             if let Next::Close(reason) = next {
@@ -196,15 +217,16 @@ impl Connection {
             let reading = !self.flow.open() || self.has_room();
             if !reading {
                 // Silence we do not listen to is not idleness.
-                last_heard = Instant::now();
+                self.last_heard = Instant::now();
             }
+            let idle_at = self.last_heard + self.ws.idle_timeout;
             let open = self.flow.open();
             let expiry = self.session_expiry();
             let unattached = self.attachment.is_none().then_some(attach_by);
             let stalled = self.flow.deadline(self.ws.write_timeout);
             next = tokio::select! {
                 frame = stream.recv(), if reading => {
-                    last_heard = Instant::now();
+                    self.last_heard = Instant::now();
                     match frame {
                         Some(Ok(AggregatedMessage::Text(text))) => self.read_request(text.into_bytes()),
                         Some(Ok(AggregatedMessage::Binary(_))) => Next::Close(close(1003, "binary frames are not part of the protocol")),
@@ -213,7 +235,11 @@ impl Connection {
                             self.flow.pong(&b, Instant::now());
                             self.probe().await
                         }
-                        Some(Ok(AggregatedMessage::Close(_))) | None => Next::Close(None),
+                        Some(Ok(AggregatedMessage::Close(_))) => {
+                            self.client_closed = true;
+                            Next::Close(None)
+                        }
+                        None => Next::Close(None),
                         Some(Err(e)) => Next::Close(close(1009, &format!("bad frame: {e}"))),
                     }
                 }
@@ -225,13 +251,10 @@ impl Connection {
                     Some(push) => self.push(push).await,
                     None => Next::Close(close(SLOW_OR_REVOKED, SLOW_CONSUMER)),
                 },
-                _ = ping.tick() => {
-                    if last_heard.elapsed() >= self.ws.idle_timeout {
-                        Next::Close(close(1001, "idle timeout"))
-                    } else {
-                        self.control(true, b"").await
-                    }
-                }
+                _ = ping.tick() => self.control(true, b"").await,
+                // On a timer of its own (and bounding every write, see
+                // `write_by`): the idle rule holds whatever the writes do.
+                _ = sleep_until(Some(idle_at)) => Next::Close(close(1001, "idle timeout")),
                 _ = sleep_until(expiry) => Next::Close(close(SESSION_ENDED, "session expired")),
                 _ = sleep_until(unattached) => {
                     Next::Close(close(POLICY, "no session attached within websocket.attach_timeout"))
@@ -242,8 +265,60 @@ impl Connection {
         if let Some(a) = self.attachment.take() {
             self.relay.supervisor().notifier().detach(&a.session.account_id, a.attached.id);
         }
-        // The close frame waits behind what the client has not read: bounded.
-        let _ = timeout(self.ws.write_timeout, self.session.close(reason)).await;
+        self.shut(stream, reason).await;
+    }
+
+    /// The close: the close frame, then the client's answer, both within
+    /// `write_timeout`. The close frame waits behind whatever the client has
+    /// not read yet (in actix-ws's channel, actix-http's buffer, the
+    /// kernel's), and a client reading at a crawl could keep all of it, and
+    /// its socket, for ever after this task ended. So unless the client
+    /// answers the close (its Close frame, or its side of the connection
+    /// closed) or has taken every byte by then, the connection is dropped:
+    /// what is queued for it is discarded and the socket freed.
+    async fn shut(self, mut stream: actix_ws::AggregatedMessageStream, reason: Option<CloseReason>) {
+        use futures_util::FutureExt;
+        let deadline = Instant::now() + self.ws.write_timeout;
+        let mut answered = self.client_closed;
+        // While the stream has not ended, the response body lives, so
+        // actix-http still holds the socket: take a descriptor of our own
+        // now, as the close frame can end the body before the bytes leave.
+        // (No await between the look and the dup: no other task runs.)
+        // Only a stream with nothing ready proves it: frames read before
+        // the body ended are still handed out.
+        let mut ended = false;
+        while !answered {
+            match stream.recv().now_or_never() {
+                None => break,
+                Some(None | Some(Err(_))) => {
+                    ended = true;
+                    break;
+                }
+                Some(Some(Ok(AggregatedMessage::Close(_)))) => answered = true,
+                Some(Some(Ok(_))) => {}
+            }
+        }
+        let held = if ended || answered { None } else { self.socket.and_then(|s| s.hold()) };
+        let _ = timeout_at(deadline.into(), self.session.close(reason)).await;
+        let Some(held) = held else { return };
+        // Frames after our Close are not taken (RFC 6455 §5.5.1), only its answer.
+        let look = Duration::from_millis(20);
+        while !(answered || (ended && held.settled())) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                held.abort();
+                return;
+            }
+            if ended {
+                actix_web::rt::time::sleep(left.min(look)).await;
+                continue;
+            }
+            match timeout(left.min(look), stream.recv()).await {
+                Ok(Some(Ok(AggregatedMessage::Close(_)))) => answered = true,
+                Ok(None) => ended = true,
+                Ok(Some(_)) | Err(_) => {}
+            }
+        }
     }
 
     async fn running(running: &mut Option<LocalBoxFuture<'static, Done>>) -> Done {
@@ -379,12 +454,33 @@ impl Connection {
     /// budget, and sends a flow ping when one is due.
     async fn text(&mut self, frame: String) -> Next {
         let bytes = frame.len();
-        match timeout(self.ws.write_timeout, self.session.text(frame)).await {
+        let (by, idle) = self.write_by();
+        match timeout_at(by.into(), self.session.text(frame)).await {
             Ok(Ok(())) => self.flow.wrote(bytes, Instant::now()),
             Ok(Err(_)) => return Next::Close(None),
-            Err(_) => return Next::Close(close(SLOW_OR_REVOKED, SLOW_CONSUMER)),
+            Err(_) => return Next::Close(Self::late(idle)),
         }
         self.probe().await
+    }
+
+    /// When a write must have been taken: within `write_timeout`, and not
+    /// past the idle deadline (true: the idle deadline comes first).
+    fn write_by(&self) -> (Instant, bool) {
+        let (idle_at, by) = (self.last_heard + self.ws.idle_timeout, Instant::now() + self.ws.write_timeout);
+        if idle_at < by {
+            (idle_at, true)
+        } else {
+            (by, false)
+        }
+    }
+
+    /// The close reason of a write not taken by [`Self::write_by`].
+    fn late(idle: bool) -> Option<CloseReason> {
+        if idle {
+            close(1001, "idle timeout")
+        } else {
+            close(SLOW_OR_REVOKED, SLOW_CONSUMER)
+        }
     }
 
     async fn probe(&mut self) -> Next {
@@ -396,6 +492,7 @@ impl Connection {
 
     /// A ping (or the pong answering the client's ping), within `write_timeout`.
     async fn control(&mut self, ping: bool, payload: &[u8]) -> Next {
+        let (by, idle) = self.write_by();
         let write = async {
             if ping {
                 self.session.ping(payload).await
@@ -403,10 +500,10 @@ impl Connection {
                 self.session.pong(payload).await
             }
         };
-        match timeout(self.ws.write_timeout, write).await {
+        match timeout_at(by.into(), write).await {
             Ok(Ok(())) => Next::Continue,
             Ok(Err(_)) => Next::Close(None),
-            Err(_) => Next::Close(close(SLOW_OR_REVOKED, SLOW_CONSUMER)),
+            Err(_) => Next::Close(Self::late(idle)),
         }
     }
 }

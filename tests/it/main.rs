@@ -17,6 +17,8 @@ mod cross_relay;
 mod delivery_crash;
 mod fake_peer;
 mod hostile_peer;
+mod hostile_push;
+mod hostile_ws;
 mod idempotency;
 mod limits;
 mod methods;

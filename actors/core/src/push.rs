@@ -2,13 +2,15 @@
 //! is decided by the account ([`crate::account::decide::push_targets`]);
 //! this module holds what happens to a wake-up after that: a bounded
 //! queue that coalesces per device, at most one push per device per
-//! `min_interval`, and the retry rules by the push service's answer. Time
+//! `min_interval`, fair shares of the sender's slots (per account and per
+//! endpoint origin, accounts served round-robin), and the retry rules by
+//! the push service's answer. Time
 //! comes in as arguments (milliseconds); the HTTP shell (encryption,
 //! VAPID, the request) is in the binary (`src/push.rs`).
 
 use crate::account::PushSubscription;
 use relay_schemas::{UnixMillis, UnixSecs};
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 
 /// One wake-up owed to a device: its account's timeline reached `sequence`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,13 +53,27 @@ pub enum Offered {
 /// Wake-ups waiting, per device at most one, each with its due time.
 /// Bounded by `cap` devices waiting; a device whose push is in flight
 /// counts apart (at most the sender's concurrency).
+///
+/// Slots are shared fairly: one account has at most `per_account` pushes in
+/// flight and one endpoint origin at most `per_origin`, and of the wake-ups
+/// due the next one taken is of the account with the fewest in flight (the
+/// earliest due among those): accounts are served round-robin. So the many
+/// devices of one account, or endpoints that hold a connection and never
+/// answer, cannot keep another account's push waiting for more than the
+/// time one slot takes to come free.
 #[derive(Debug)]
 pub struct PushQueue {
     cap: usize,
     min_interval_ms: u64,
+    per_account: usize,
+    per_origin: usize,
     waiting: HashMap<Key, (UnixMillis, PushJob)>,
     due: BTreeSet<(UnixMillis, Key)>,
-    in_flight: HashSet<Key>,
+    /// Devices with a push in flight, and that push's endpoint origin.
+    in_flight: HashMap<Key, String>,
+    /// Pushes in flight per account and per origin (absent: none).
+    account_flying: HashMap<String, usize>,
+    origin_flying: HashMap<String, usize>,
     /// When each device's last push was accepted by its push service.
     last_sent: HashMap<Key, UnixMillis>,
 }
@@ -67,10 +83,57 @@ impl PushQueue {
         PushQueue {
             cap: cap.max(1),
             min_interval_ms,
+            per_account: usize::MAX,
+            per_origin: usize::MAX,
             waiting: HashMap::new(),
             due: BTreeSet::new(),
-            in_flight: HashSet::new(),
+            in_flight: HashMap::new(),
+            account_flying: HashMap::new(),
+            origin_flying: HashMap::new(),
             last_sent: HashMap::new(),
+        }
+    }
+
+    /// At most `per_account` pushes of one account and `per_origin` to one
+    /// endpoint origin in flight at once (each at least 1).
+    pub fn with_shares(mut self, per_account: usize, per_origin: usize) -> Self {
+        self.per_account = per_account.max(1);
+        self.per_origin = per_origin.max(1);
+        self
+    }
+
+    /// Pushes of `account` in flight.
+    pub fn account_in_flight(&self, account: &str) -> usize {
+        self.account_flying.get(account).copied().unwrap_or(0)
+    }
+
+    /// Whether a wake-up for `key` to `endpoint` may start now as far as
+    /// the shares go (its device has none in flight, its account and its
+    /// origin are under their share).
+    fn may_start(&self, key: &Key, endpoint: &str) -> bool {
+        !self.in_flight.contains_key(key)
+            && self.account_in_flight(&key.0) < self.per_account
+            && self.origin_flying.get(&origin_of(endpoint)).copied().unwrap_or(0) < self.per_origin
+    }
+
+    fn take_off(&mut self, job: &PushJob) {
+        let key = job.key();
+        let origin = origin_of(&job.subscription.endpoint);
+        *self.account_flying.entry(key.0.clone()).or_default() += 1;
+        *self.origin_flying.entry(origin.clone()).or_default() += 1;
+        self.in_flight.insert(key, origin);
+    }
+
+    /// `key`'s push came back (answered or not): its slot is free.
+    fn land(&mut self, key: &Key) {
+        let Some(origin) = self.in_flight.remove(key) else { return };
+        for (map, name) in [(&mut self.account_flying, &key.0), (&mut self.origin_flying, &origin)] {
+            if let Some(n) = map.get_mut(name) {
+                *n -= 1;
+                if *n == 0 {
+                    map.remove(name);
+                }
+            }
         }
     }
 
@@ -92,7 +155,7 @@ impl PushQueue {
     /// its last one, and not while one is in flight (then the interval is
     /// counted from now, and moved on once that one is answered).
     fn earliest(&self, key: &Key, now_ms: UnixMillis) -> UnixMillis {
-        if self.in_flight.contains(key) {
+        if self.in_flight.contains_key(key) {
             return now_ms.plus(self.min_interval_ms);
         }
         match self.last_sent.get(key) {
@@ -129,18 +192,39 @@ impl PushQueue {
         Offered::Queued
     }
 
-    /// The next due time, if any wake-up waits.
-    pub fn next_due(&self) -> Option<UnixMillis> {
-        self.due.iter().find(|(_, k)| !self.in_flight.contains(k)).map(|(due, _)| *due)
+    /// Whether the waiting wake-up of `key` may start as far as the shares go.
+    fn startable(&self, key: &Key) -> bool {
+        self.waiting.get(key).is_some_and(|(_, job)| self.may_start(key, &job.subscription.endpoint))
     }
 
-    /// Takes the earliest wake-up due at `now_ms` (none in flight for its
-    /// device), marking it in flight.
+    /// The next due time of a wake-up that may start then, if any: one held
+    /// back by its device's, account's or origin's push in flight waits for
+    /// that push's answer, not for a time.
+    pub fn next_due(&self) -> Option<UnixMillis> {
+        self.due.iter().find(|(_, k)| self.startable(k)).map(|(due, _)| *due)
+    }
+
+    /// Takes a wake-up due at `now_ms` that may start (see [`Self::next_due`]),
+    /// marking it in flight: of the account with the fewest pushes in
+    /// flight, the earliest due.
     pub fn pop_due(&mut self, now_ms: UnixMillis) -> Option<PushJob> {
-        let (due, key) = self.due.iter().find(|(due, k)| *due <= now_ms && !self.in_flight.contains(k))?.clone();
+        let mut best: Option<(usize, &(UnixMillis, Key))> = None;
+        for entry in self.due.iter().take_while(|(due, _)| *due <= now_ms) {
+            if !self.startable(&entry.1) {
+                continue;
+            }
+            let flying = self.account_in_flight(&entry.1 .0);
+            if best.is_none_or(|(least, _)| flying < least) {
+                best = Some((flying, entry));
+                if flying == 0 {
+                    break; // none can have fewer; the earliest of those
+                }
+            }
+        }
+        let (due, key) = best?.1.clone();
         self.due.remove(&(due, key.clone()));
         let (_, job) = self.waiting.remove(&key)?;
-        self.in_flight.insert(key);
+        self.take_off(&job);
         Some(job)
     }
 
@@ -148,7 +232,7 @@ impl PushQueue {
     /// waits `min_interval` from now.
     pub fn sent(&mut self, job: &PushJob, now_ms: UnixMillis) {
         let key = job.key();
-        self.in_flight.remove(&key);
+        self.land(&key);
         self.last_sent.insert(key.clone(), now_ms);
         let next = now_ms.plus(self.min_interval_ms);
         if let Some((due, waiting)) = self.waiting.get(&key).cloned() {
@@ -168,7 +252,7 @@ impl PushQueue {
     /// sequence, this one's attempts, the later of the two due times.
     pub fn retry(&mut self, job: PushJob, at_ms: UnixMillis) {
         let key = job.key();
-        self.in_flight.remove(&key);
+        self.land(&key);
         let merged = match self.waiting.get(&key).cloned() {
             Some((due, newer)) => (due.max(at_ms), PushJob { attempt: job.attempt, ..newer }),
             None => (at_ms, job),
@@ -178,7 +262,32 @@ impl PushQueue {
 
     /// `job` ended without being sent (gone, rejected, given up).
     pub fn done(&mut self, job: &PushJob) {
-        self.in_flight.remove(&job.key());
+        self.land(&job.key());
+    }
+}
+
+/// The origin of a push endpoint, as the per-origin share counts it:
+/// scheme and host lowercased, a trailing dot and the scheme's default
+/// port dropped (`https://Push.Example:443/x` and `https://push.example./y`
+/// are one origin). Text that is no URL is its own origin.
+pub fn origin_of(endpoint: &str) -> String {
+    let lower = endpoint.to_ascii_lowercase();
+    let Some((scheme, rest)) = lower.split_once("://") else { return lower };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let authority = authority.rsplit_once('@').map_or(authority, |(_, a)| a);
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((h, p)) if !p.contains(']') && p.bytes().all(|b| b.is_ascii_digit()) => (h, Some(p)),
+        _ => (authority, None),
+    };
+    let host = host.trim_end_matches('.');
+    let default = match scheme {
+        "https" => Some("443"),
+        "http" => Some("80"),
+        _ => None,
+    };
+    match port {
+        Some(p) if Some(p) != default && !p.is_empty() => format!("{scheme}://{host}:{p}"),
+        _ => format!("{scheme}://{host}"),
     }
 }
 
@@ -253,17 +362,86 @@ mod tests {
     use relay_schemas::UnixMillis as Ms;
 
     fn job(device: &str, sequence: u64) -> PushJob {
+        job_of("acct", device, &format!("https://push.invalid/{device}"), sequence)
+    }
+
+    fn job_of(account: &str, device: &str, endpoint: &str, sequence: u64) -> PushJob {
         PushJob {
-            account_id: "acct".into(),
+            account_id: account.into(),
             device_id: device.into(),
             sequence,
-            subscription: PushSubscription {
-                endpoint: format!("https://push.invalid/{device}"),
-                p256dh: "k".into(),
-                auth: "a".into(),
-            },
+            subscription: PushSubscription { endpoint: endpoint.into(), p256dh: "k".into(), auth: "a".into() },
             attempt: 0,
         }
+    }
+
+    /// The account of every job `pop_due` gives at `now` until it gives none.
+    fn drain(q: &mut PushQueue, now: Ms) -> Vec<(String, String)> {
+        std::iter::from_fn(|| q.pop_due(now)).map(|j| (j.account_id, j.device_id)).collect()
+    }
+
+    #[test]
+    fn one_account_holds_at_most_its_share_of_the_slots_and_another_account_is_not_kept_waiting() {
+        let mut q = PushQueue::new(1000, 10_000).with_shares(4, 100);
+        // 64 devices of one account, due first; then one device of another.
+        for d in 0..64 {
+            q.offer(job_of("flood", &format!("d{d}"), &format!("https://hole{d}.example/p"), 1), Ms(0));
+        }
+        q.offer(job_of("alice", "phone", "https://push.example/a", 1), Ms(70));
+        let started = drain(&mut q, Ms(100));
+        assert_eq!(started.len(), 5, "four of the flood, then alice: {started:?}");
+        assert_eq!(started.iter().filter(|(a, _)| a == "flood").count(), 4);
+        assert!(started.contains(&("alice".into(), "phone".into())));
+        assert_eq!(q.account_in_flight("flood"), 4);
+        assert_eq!(q.next_due(), None, "the rest of the flood waits for an answer, not for a time");
+        // An answer frees one of the flood's slots: the next of the flood starts.
+        let first = q.pop_due(Ms(100));
+        assert!(first.is_none());
+        let gone = job_of("flood", "d0", "https://hole0.example/p", 1);
+        q.done(&gone);
+        assert_eq!(q.next_due(), Some(Ms(0)));
+        assert_eq!(drain(&mut q, Ms(200)).len(), 1);
+        assert_eq!(q.account_in_flight("flood"), 4);
+    }
+
+    #[test]
+    fn accounts_with_wake_ups_due_are_served_round_robin() {
+        let mut q = PushQueue::new(1000, 10_000).with_shares(8, 100);
+        // a's ten devices are due before b's and c's.
+        for d in 0..10 {
+            q.offer(job_of("a", &format!("a{d}"), &format!("https://a.example/{d}"), 1), Ms(d));
+        }
+        for d in 0..3 {
+            q.offer(job_of("b", &format!("b{d}"), &format!("https://b.example/{d}"), 1), Ms(20 + d));
+            q.offer(job_of("c", &format!("c{d}"), &format!("https://c.example/{d}"), 1), Ms(30 + d));
+        }
+        let order: Vec<String> = drain(&mut q, Ms(100)).into_iter().take(9).map(|(a, _)| a).collect();
+        assert_eq!(order, ["a", "b", "c", "a", "b", "c", "a", "b", "c"]);
+    }
+
+    #[test]
+    fn one_endpoint_origin_holds_at_most_its_share_of_the_slots() {
+        let mut q = PushQueue::new(1000, 10_000).with_shares(100, 3);
+        for a in 0..6 {
+            // The same origin spelt three ways.
+            let endpoint = ["https://Hole.example:443/x", "https://hole.example./y", "https://hole.example/z"][a % 3];
+            q.offer(job_of(&format!("acct{a}"), "phone", endpoint, 1), Ms(0));
+        }
+        q.offer(job_of("other", "phone", "https://hole.example:8443/z", 1), Ms(5));
+        let started = drain(&mut q, Ms(10));
+        assert_eq!(started.len(), 4, "three to the origin, one to another port: {started:?}");
+        assert!(started.contains(&("other".into(), "phone".into())));
+        assert_eq!(q.len(), 3);
+    }
+
+    #[test]
+    fn an_endpoint_origin_is_its_scheme_host_and_non_default_port() {
+        assert_eq!(origin_of("https://FCM.googleapis.com:443/fcm/send/x"), "https://fcm.googleapis.com");
+        assert_eq!(origin_of("https://push.example./a?b"), "https://push.example");
+        assert_eq!(origin_of("http://127.0.0.1:8080/push/a"), "http://127.0.0.1:8080");
+        assert_eq!(origin_of("https://[2001:db8::1]:443/p"), "https://[2001:db8::1]");
+        assert_eq!(origin_of("https://[2001:db8::1]/p"), "https://[2001:db8::1]");
+        assert_eq!(origin_of("https://[2001:db8::1]:8443/p"), "https://[2001:db8::1]:8443");
     }
 
     #[test]

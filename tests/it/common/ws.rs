@@ -308,6 +308,16 @@ impl RawWs {
         })
     }
 
+    /// Reads at most `n` bytes (within `wait`) and discards them: a reader at
+    /// a crawl. Ok(0) is the end of the stream; a reset is an error.
+    pub fn read_discard(&mut self, n: usize, wait: std::time::Duration) -> std::io::Result<usize> {
+        use std::io::Read;
+        self.buf.clear();
+        self.stream.set_read_timeout(Some(wait)).unwrap();
+        let mut chunk = vec![0u8; n];
+        self.stream.read(&mut chunk)
+    }
+
     /// Reads everything until the relay's close frame (bounded by `wait`):
     /// the text frames before it, and the close code and reason.
     pub fn drain(&mut self, wait: std::time::Duration) -> (Vec<Value>, Option<(u16, String)>) {
