@@ -130,6 +130,7 @@ pub(crate) async fn run(
         cfg.delivery.attempt_timeout,
         clock.clone(),
         policy.clock_tolerance,
+        policy.max_object_bytes,
         place.clone(),
     );
     let mut peer_keys: std::collections::HashMap<_, _> = cfg
