@@ -178,7 +178,8 @@ async fn main() -> Result<(), String> {
     let started = Instant::now();
     let senders: Vec<_> = (0..a.connections)
         .map(|i| {
-            let (host, token, body, requests) = (host.clone(), tokens[i % tokens.len()].clone(), body.clone(), a.requests);
+            let (host, token, body, requests) =
+                (host.clone(), tokens[i % tokens.len()].clone(), body.clone(), a.requests);
             std::thread::spawn(move || -> Result<(TcpStream, usize), String> {
                 let mut s = TcpStream::connect(&host).map_err(|e| format!("connect {host}: {e}"))?;
                 s.set_write_timeout(Some(Duration::from_secs(1))).map_err(|e| e.to_string())?;

@@ -187,3 +187,27 @@ async fn a_deliver_with_an_oversized_sender_certificate_or_route_is_payload_too_
     let (status, body) = call(deliver(3, &cert, &route)).await;
     assert_eq!((status, body["status"].as_str()), (200, Some("target_accepted")), "{body}");
 }
+
+/// A push subscription is one per device (so at most `max_devices` per
+/// account) and its own size is bounded: an endpoint of at most 2048 bytes
+/// (`invalid_params` past it) and keys of fixed sizes; other members are
+/// not kept. (This held before issue 38; kept as a guard beside the bounds
+/// it relies on.)
+#[actix_rt::test]
+async fn a_push_subscription_is_bounded_in_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let relay = RelayProc::start(dir.path(), "relay-a", "");
+    let c = Client::new(&relay.url);
+    let bob = User::register(&c, "relay-a", 10, false).await;
+    let endpoint = |len: usize| {
+        let base = "https://push.example.net/";
+        format!("{base}{}", "x".repeat(len - base.len()))
+    };
+    let mut params = common::push_service::Subscriber::new(endpoint(2048)).params();
+    c.ok("push.subscribe", bob.token(0), &params).await;
+    params["endpoint"] = json!(endpoint(2049));
+    assert_eq!(c.err("push.subscribe", bob.token(0), &params).await, "invalid_params");
+    params["endpoint"] = json!(endpoint(64));
+    params["keys"]["auth"] = json!(relay_schemas::encoding::b64_encode(&[7; 1024]));
+    assert_eq!(c.err("push.subscribe", bob.token(0), &params).await, "invalid_params");
+}
