@@ -75,10 +75,10 @@ impl PeerClient {
         peers: &[Peer],
         timeout: Duration,
         clock: SharedClock,
-        clock_tolerance: u64,
-        max_object_bytes: usize,
+        policy: &relay_actors::Policy,
         siblings: Option<crate::cluster::ShardPlace>,
     ) -> Self {
+        let (clock_tolerance, max_object_bytes) = (policy.clock_tolerance, policy.max_object_bytes);
         let peers: HashMap<_, _> = peers.iter().map(|p| (p.id.clone(), p.clone())).collect();
         let observer = Arc::new(PeerObserver::new(peers.keys().cloned()));
         let inner = Inner {
