@@ -379,9 +379,10 @@ impl Wire<MessageEnvelope> {
         let len = b64_decoded_len(&self.ciphertext)
             .ok_or_else(|| invalid("envelope.ciphertext: not base64url without padding"))?;
         if len > max_ciphertext_bytes {
-            return Err(RelayError::payload_too_large(format!(
-                "envelope.ciphertext: {len} bytes, limit {max_ciphertext_bytes}"
-            )));
+            return Err(RelayError::over_limit(
+                "limits.max_ciphertext_bytes",
+                format!("envelope.ciphertext: {len} bytes, limit {max_ciphertext_bytes}"),
+            ));
         }
         if b64_decode("envelope.ciphertext", &self.ciphertext)?.is_empty() {
             return Err(invalid("envelope.ciphertext: empty"));
@@ -409,7 +410,8 @@ pub fn check_boxes(field: &str, boxes: &[Wire<KeyBox>], max_boxes: usize) -> Res
         return Err(invalid(format!("{field}: at least one box")));
     }
     if boxes.len() > max_boxes {
-        return Err(RelayError::payload_too_large(format!("{field}: {} boxes, limit {max_boxes}", boxes.len())));
+        let why = format!("{field}: {} boxes, limit {max_boxes}", boxes.len());
+        return Err(RelayError::over_limit("limits.max_boxes", why));
     }
     let mut seen = std::collections::HashSet::with_capacity(boxes.len());
     for b in boxes {

@@ -211,3 +211,22 @@ async fn a_push_subscription_is_bounded_in_size() {
     params["keys"]["auth"] = json!(relay_schemas::encoding::b64_encode(&[7; 1024]));
     assert_eq!(c.err("push.subscribe", bob.token(0), &params).await, "invalid_params");
 }
+
+/// Every size refusal says which bound it met (PROTOCOL §1: `data.limit`
+/// names the setting): the ciphertext, box count and body bounds too.
+#[actix_rt::test]
+async fn every_size_refusal_names_its_setting() {
+    let dir = tempfile::tempdir().unwrap();
+    let relay = RelayProc::start(dir.path(), "relay-a", "");
+    let c = Client::new(&relay.url);
+    let alice = User::register(&c, "relay-a", 11, false).await;
+    let bob = User::register(&c, "relay-a", 12, true).await;
+    let env = alice.devices[0].envelope(alice.id(), bob.id(), &mid(1), now(), &[7; 65537]);
+    let big_ciphertext = json!({"envelope": env, "recipient_boxes": [key_box("phone", b"box")]});
+    assert_over(&c.err_body("message.send", alice.token(0), &big_ciphertext).await, "limits.max_ciphertext_bytes");
+    let mut many_boxes = alice.send_params(&bob, &mid(2), false);
+    many_boxes["recipient_boxes"] = json!((0..65).map(|i| key_box(&format!("d{i}"), b"box")).collect::<Vec<_>>());
+    assert_over(&c.err_body("message.send", alice.token(0), &many_boxes).await, "limits.max_boxes");
+    let body = format!("{{\"pad\":\"{}\"}}", "a".repeat(1 << 20)).into_bytes();
+    assert_over(&c.raw_err_body("message.send", alice.token(0), body).await, "limits.max_body_bytes");
+}
