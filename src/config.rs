@@ -348,6 +348,16 @@ pub struct Limits {
     pub message_retention: Duration,
     pub max_ciphertext_bytes: usize,
     pub max_boxes: usize,
+    /// Bytes of canonical JSON one signed object (certificate, revocation,
+    /// route, registration, grant, invite) may have; larger ones get
+    /// `payload_too_large` (PROTOCOL §1).
+    pub max_object_bytes: usize,
+    /// Device certificates one account may hold, revoked ones included
+    /// (PROTOCOL §1); one more `device.add` gets `payload_too_large`.
+    pub max_devices: usize,
+    /// Grants and invites one account may revoke (`contact.revoke`): the
+    /// ids are kept for good; one more gets `payload_too_large`.
+    pub max_revoked_contacts: usize,
     /// Largest accepted request body; larger ones get `payload_too_large`.
     pub max_body_bytes: usize,
     /// Requests per second one session may make (sustained), and its burst;
@@ -384,6 +394,9 @@ impl Default for Limits {
             message_retention: Duration::from_secs(30 * 24 * 3600),
             max_ciphertext_bytes: 65536,
             max_boxes: 64,
+            max_object_bytes: relay_schemas::objects::MAX_OBJECT_BYTES,
+            max_devices: 32,
+            max_revoked_contacts: 1024,
             max_body_bytes: 1 << 20,
             session_rate: 100,
             session_burst: 200,
@@ -749,6 +762,15 @@ impl Config {
             l.anonymous_rate,
             l.anonymous_burst,
         ];
+        for (key, value) in [
+            ("limits.max_object_bytes", l.max_object_bytes),
+            ("limits.max_devices", l.max_devices),
+            ("limits.max_revoked_contacts", l.max_revoked_contacts),
+        ] {
+            if value == 0 {
+                return Err(bad(key, format!("{key} must be positive")));
+            }
+        }
         if rates.contains(&0)
             || l.max_in_flight_per_destination == 0
             || l.max_resident_accounts == 0
@@ -783,6 +805,9 @@ impl Config {
             message_retention: self.limits.message_retention.as_secs(),
             max_ciphertext_bytes: self.limits.max_ciphertext_bytes,
             max_boxes: self.limits.max_boxes,
+            max_object_bytes: self.limits.max_object_bytes,
+            max_devices: self.limits.max_devices,
+            max_revoked_contacts: self.limits.max_revoked_contacts,
             session_ttl: self.sessions.ttl.as_secs(),
             challenge_ttl: self.sessions.challenge_ttl.as_secs(),
             retry_timetable_ms: self.delivery.retry_timetable.iter().copied().map(ms).collect(),
@@ -849,6 +874,21 @@ key_file = "data/relay-a/relay.key"
         assert_eq!(p.attempt_timeout_ms, 10_000);
         assert_eq!(cfg.store.cache_bytes, StoreSection::default().cache_bytes);
         assert_eq!(cfg.store.group_commit_window, StoreSection::default().group_commit_window);
+    }
+
+    #[test]
+    fn the_size_bounds_have_protocol_defaults_and_must_be_positive() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = Config::load(&write(dir.path(), MINIMAL)).unwrap().policy();
+        assert_eq!((p.max_object_bytes, p.max_devices, p.max_revoked_contacts), (16384, 32, 1024));
+        let set = format!("{MINIMAL}\n[limits]\nmax_object_bytes = 4096\nmax_devices = 3\nmax_revoked_contacts = 9\n");
+        let p = Config::load(&write(dir.path(), &set)).unwrap().policy();
+        assert_eq!((p.max_object_bytes, p.max_devices, p.max_revoked_contacts), (4096, 3, 9));
+        for key in ["max_object_bytes", "max_devices", "max_revoked_contacts"] {
+            let body = format!("{MINIMAL}\n[limits]\n{key} = 0\n");
+            let err = Config::load(&write(dir.path(), &body)).unwrap_err().to_string();
+            assert!(err.contains(&format!("limits.{key} must be positive")), "{err}");
+        }
     }
 
     #[test]

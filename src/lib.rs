@@ -129,7 +129,7 @@ pub(crate) async fn run(
         &cfg.peers,
         cfg.delivery.attempt_timeout,
         clock.clone(),
-        policy.clock_tolerance,
+        &policy,
         place.clone(),
     );
     let mut peer_keys: std::collections::HashMap<_, _> = cfg

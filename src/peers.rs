@@ -44,6 +44,8 @@ struct Inner {
     timeout: Duration,
     clock: SharedClock,
     clock_tolerance: u64,
+    /// A peer's routes are signed objects like a client's (PROTOCOL §1).
+    max_object_bytes: usize,
     /// In a cluster of several shards: the other shards of this relay,
     /// reached at their owners' internal addresses under our own id.
     siblings: Option<crate::cluster::ShardPlace>,
@@ -73,13 +75,23 @@ impl PeerClient {
         peers: &[Peer],
         timeout: Duration,
         clock: SharedClock,
-        clock_tolerance: u64,
+        policy: &relay_actors::Policy,
         siblings: Option<crate::cluster::ShardPlace>,
     ) -> Self {
+        let (clock_tolerance, max_object_bytes) = (policy.clock_tolerance, policy.max_object_bytes);
         let peers: HashMap<_, _> = peers.iter().map(|p| (p.id.clone(), p.clone())).collect();
         let observer = Arc::new(PeerObserver::new(peers.keys().cloned()));
-        let inner =
-            Inner { observer, relay_id: relay_id.into(), key, peers, timeout, clock, clock_tolerance, siblings };
+        let inner = Inner {
+            observer,
+            relay_id: relay_id.into(),
+            key,
+            peers,
+            timeout,
+            clock,
+            clock_tolerance,
+            max_object_bytes,
+            siblings,
+        };
         PeerClient { inner: Arc::new(inner) }
     }
 
@@ -288,7 +300,8 @@ impl PeerClient {
             }) as Asked<'_>
         });
         let answers = futures_util::future::join_all(calls.chain(sibling)).await;
-        let now = self.inner.clock.now();
+        let (now, tolerance, max_bytes) =
+            (self.inner.clock.now(), self.inner.clock_tolerance, self.inner.max_object_bytes);
         RouteLookup::from_answers(answers.into_iter().map(|(id, answer)| {
             // Why a peer gave no definitive answer, said once per peer
             // (the call's own message often starts with the peer id).
@@ -297,7 +310,7 @@ impl PeerClient {
                 Ok(bytes) => std::str::from_utf8(&bytes)
                     .ok()
                     .and_then(|s| Wire::<Route>::parse(s).ok())
-                    .filter(|r| r.account_id == account_id && r.check(now, self.inner.clock_tolerance).is_ok())
+                    .filter(|r| r.account_id == account_id && r.check(now, tolerance, max_bytes).is_ok())
                     .map_or_else(|| PeerRoute::NoAnswer(format!("{id} answered an invalid route")), PeerRoute::Found),
                 Err(CallError::Answered { error, .. })
                     if matches!(error.code, ErrorCode::NotFound | ErrorCode::RouteNotFound) =>

@@ -14,7 +14,10 @@ use std::hint::black_box;
 
 fn validate(body: &str) {
     let p: DeliverParams = serde_json::from_str(body).unwrap();
-    let key = p.sender_device_certificate.check(relay_schemas::UnixSecs(NOW), 300).unwrap();
+    let key = p
+        .sender_device_certificate
+        .check(relay_schemas::UnixSecs(NOW), 300, relay_schemas::objects::MAX_OBJECT_BYTES)
+        .unwrap();
     p.envelope.check_constraints(65536).unwrap();
     p.envelope.verify(Tag::Envelope, &key).unwrap();
 }
@@ -47,7 +50,10 @@ fn envelope(c: &mut Criterion) {
     // The Ed25519 check alone, on the envelope's signed bytes: the part of
     // a first sight that no memo or parser change removes.
     let p: DeliverParams = serde_json::from_str(&again).unwrap();
-    let key = p.sender_device_certificate.check(relay_schemas::UnixSecs(NOW), 300).unwrap();
+    let key = p
+        .sender_device_certificate
+        .check(relay_schemas::UnixSecs(NOW), 300, relay_schemas::objects::MAX_OBJECT_BYTES)
+        .unwrap();
     let signed = relay_schemas::sign::signed_bytes(Tag::Envelope, &p.envelope.map().unwrap()).unwrap();
     g.bench_function("verify_strict_only", |b| {
         b.iter(|| {

@@ -82,17 +82,17 @@ pub fn check_object(kind: &str, text: &str) -> Result<(Value, Vec<u8>), RelayErr
     match kind {
         "route" => {
             let o = wire::<Route>(text)?;
-            o.check(NOW, TOLERANCE)?;
+            o.check(NOW, TOLERANCE, MAX_OBJECT_BYTES)?;
             Ok((typed(&o), signed_bytes(Tag::Route, &o.map()?)?))
         }
         "certificate" => {
             let o = wire::<DeviceCertificate>(text)?;
-            o.check(NOW, TOLERANCE)?;
+            o.check(NOW, TOLERANCE, MAX_OBJECT_BYTES)?;
             Ok((typed(&o), signed_bytes(Tag::DeviceCertificate, &o.map()?)?))
         }
         "revocation" => {
             let o = wire::<DeviceRevocation>(text)?;
-            o.check(&alice)?;
+            o.check(&alice, MAX_OBJECT_BYTES)?;
             Ok((typed(&o), signed_bytes(Tag::DeviceRevocation, &o.map()?)?))
         }
         "envelope" => {
@@ -104,13 +104,13 @@ pub fn check_object(kind: &str, text: &str) -> Result<(Value, Vec<u8>), RelayErr
         "grant" => {
             let o = wire::<ContactGrant>(text)?;
             let (t, bytes) = (typed(&o), signed_bytes(Tag::ContactGrant, &o.map()?)?);
-            Authorization::ContactGrant(o).check(&w.alice.id, &w.bob.id, &bob, NOW, TOLERANCE)?;
+            Authorization::ContactGrant(o).check(&w.alice.id, &w.bob.id, &bob, NOW, TOLERANCE, MAX_OBJECT_BYTES)?;
             Ok((t, bytes))
         }
         "invite" => {
             let o = wire::<ContactInvite>(text)?;
             let (t, bytes) = (typed(&o), signed_bytes(Tag::ContactInvite, &o.map()?)?);
-            Authorization::ContactInvite(o).check(&w.alice.id, &w.bob.id, &bob, NOW, TOLERANCE)?;
+            Authorization::ContactInvite(o).check(&w.alice.id, &w.bob.id, &bob, NOW, TOLERANCE, MAX_OBJECT_BYTES)?;
             Ok((t, bytes))
         }
         _ => unreachable!(),

@@ -189,6 +189,12 @@ impl RelayError {
     pub fn payload_too_large(m: impl Into<String>) -> Self {
         Self::new(ErrorCode::PayloadTooLarge, m)
     }
+    /// `payload_too_large` past the size setting `limit`, named in
+    /// `data.limit` by its configuration key (PROTOCOL §1 *Size bounds*),
+    /// so the caller knows which bound it met.
+    pub fn over_limit(limit: &str, m: impl Into<String>) -> Self {
+        Self::payload_too_large(m).with_data(serde_json::json!({ "limit": limit }))
+    }
     pub fn unavailable(m: impl Into<String>) -> Self {
         Self::new(ErrorCode::TemporarilyUnavailable, m)
     }

@@ -166,6 +166,14 @@ pub struct DevicesResult<'a> {
     pub revocations: Vec<&'a Wire<DeviceRevocation>>,
 }
 
+/// An `account.devices.get` result as read from another relay (the
+/// account's home), to be checked before it is passed on.
+#[derive(Clone, Debug, Deserialize)]
+pub struct DevicesAnswer {
+    pub certificates: Vec<Wire<DeviceCertificate>>,
+    pub revocations: Vec<Wire<DeviceRevocation>>,
+}
+
 #[derive(Clone, Debug, Deserialize)]
 pub struct SettingsUpdateParams {
     pub public_discovery: bool,

@@ -17,6 +17,14 @@ use serde_json::{Map, Value};
 use std::ops::Deref;
 use std::sync::{Arc, OnceLock};
 
+/// PROTOCOL §1 *Size bounds*: the default of `limits.max_object_bytes`, the
+/// most bytes of canonical JSON one signed object (certificate, revocation,
+/// route, registration, grant, invite) may have.
+pub const MAX_OBJECT_BYTES: usize = 16 * 1024;
+
+/// The setting an oversized signed object is refused under (`data.limit`).
+pub const MAX_OBJECT_BYTES_SETTING: &str = "limits.max_object_bytes";
+
 /// A protocol object as received: the typed view and the original JSON text.
 /// Immutable and shared: a send hands its envelope, certificate and route
 /// from the request to the acceptance, the receipt, the timeline record and
@@ -108,6 +116,23 @@ impl<T> Wire<T> {
         let bytes = jcs_object(&self.map()?)?;
         Ok(self.0.jcs.get_or_init(|| bytes.into()))
     }
+
+    /// PROTOCOL §1 *Size bounds*: a signed object is at most `max` bytes of
+    /// canonical JSON, its signature and unknown members included, so what
+    /// one stranger can make a relay keep, and answer to others, is bounded.
+    /// Every signed object's check starts here: an oversized one costs no
+    /// signature verification. The JCS bytes are kept for the digests that
+    /// need them anyway.
+    pub fn check_size(&self, what: &str, max: usize) -> Result<(), RelayError> {
+        let len = self.jcs()?.len();
+        if len > max {
+            return Err(RelayError::over_limit(
+                MAX_OBJECT_BYTES_SETTING,
+                format!("{what}: {len} bytes of canonical JSON, limit {max}"),
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl<T> Deref for Wire<T> {
@@ -198,7 +223,8 @@ pub struct DeviceCertificate {
 impl Wire<DeviceCertificate> {
     /// Signature and identity binding; returns the device key. Whether the
     /// account lists this certificate is the account's business.
-    pub fn check(&self, now: UnixSecs, tolerance: u64) -> Result<VerifyingKey, RelayError> {
+    pub fn check(&self, now: UnixSecs, tolerance: u64, max_bytes: usize) -> Result<VerifyingKey, RelayError> {
+        self.check_size("device_certificate", max_bytes)?;
         let account_key = bound_account_key(&self.account_id, &self.account_key)?;
         check_id("device_id", &self.device_id)?;
         let device_key = parse_public_key("device_key", &self.device_key)?;
@@ -231,7 +257,8 @@ pub struct DeviceRevocation {
 }
 
 impl Wire<DeviceRevocation> {
-    pub fn check(&self, account_key: &VerifyingKey) -> Result<(), RelayError> {
+    pub fn check(&self, account_key: &VerifyingKey, max_bytes: usize) -> Result<(), RelayError> {
+        self.check_size("revocation", max_bytes)?;
         check_account_id("account_id", &self.account_id)?;
         check_id("device_id", &self.device_id)?;
         self.verify(Tag::DeviceRevocation, account_key)
@@ -268,8 +295,9 @@ pub struct Route {
 }
 
 impl Wire<Route> {
-    /// Signature, identity binding and shape; returns the account key.
-    pub fn check(&self, now: UnixSecs, tolerance: u64) -> Result<VerifyingKey, RelayError> {
+    /// Size, signature, identity binding and shape; returns the account key.
+    pub fn check(&self, now: UnixSecs, tolerance: u64, max_bytes: usize) -> Result<VerifyingKey, RelayError> {
+        self.check_size("route", max_bytes)?;
         let key = bound_account_key(&self.account_id, &self.account_key)?;
         if !(1..=2).contains(&self.relays.len()) {
             return Err(invalid("route.relays: expected 1 or 2 relays"));
@@ -308,7 +336,8 @@ impl Wire<Registration> {
     /// Signed by the route's `account_key`, for this account (any relay,
     /// any time: the proof an account's other home kept of its own
     /// registration).
-    pub fn check_signed(&self, route: &Wire<Route>) -> Result<(), RelayError> {
+    pub fn check_signed(&self, route: &Wire<Route>, max_bytes: usize) -> Result<(), RelayError> {
+        self.check_size("registration", max_bytes)?;
         let key = bound_account_key(&route.account_id, &route.account_key)?;
         if self.account_id != route.account_id {
             return Err(invalid("registration.account_id does not match the route"));
@@ -318,11 +347,19 @@ impl Wire<Registration> {
 
     /// Signed by the route's `account_key`, for this account and relay,
     /// issued within `tolerance` of `now` either way.
-    pub fn check(&self, route: &Wire<Route>, relay_id: &str, now: UnixSecs, tolerance: u64) -> Result<(), RelayError> {
+    pub fn check(
+        &self,
+        route: &Wire<Route>,
+        relay_id: &str,
+        now: UnixSecs,
+        tolerance: u64,
+        max_bytes: usize,
+    ) -> Result<(), RelayError> {
+        self.check_size("registration", max_bytes)?;
         if self.relay_id != relay_id {
             return Err(invalid(format!("registration.relay_id must be this relay ({relay_id})")));
         }
-        self.check_signed(route)?;
+        self.check_signed(route, max_bytes)?;
         if self.issued_at.abs_diff(now.0) > tolerance {
             return Err(invalid("registration.issued_at is not within the clock tolerance of this relay"));
         }
@@ -353,9 +390,10 @@ impl Wire<MessageEnvelope> {
         let len = b64_decoded_len(&self.ciphertext)
             .ok_or_else(|| invalid("envelope.ciphertext: not base64url without padding"))?;
         if len > max_ciphertext_bytes {
-            return Err(RelayError::payload_too_large(format!(
-                "envelope.ciphertext: {len} bytes, limit {max_ciphertext_bytes}"
-            )));
+            return Err(RelayError::over_limit(
+                "limits.max_ciphertext_bytes",
+                format!("envelope.ciphertext: {len} bytes, limit {max_ciphertext_bytes}"),
+            ));
         }
         if b64_decode("envelope.ciphertext", &self.ciphertext)?.is_empty() {
             return Err(invalid("envelope.ciphertext: empty"));
@@ -383,7 +421,8 @@ pub fn check_boxes(field: &str, boxes: &[Wire<KeyBox>], max_boxes: usize) -> Res
         return Err(invalid(format!("{field}: at least one box")));
     }
     if boxes.len() > max_boxes {
-        return Err(RelayError::payload_too_large(format!("{field}: {} boxes, limit {max_boxes}", boxes.len())));
+        let why = format!("{field}: {} boxes, limit {max_boxes}", boxes.len());
+        return Err(RelayError::over_limit("limits.max_boxes", why));
     }
     let mut seen = std::collections::HashSet::with_capacity(boxes.len());
     for b in boxes {
@@ -432,8 +471,18 @@ pub enum Authorization {
 }
 
 impl Authorization {
+    /// The credential's size bound (PROTOCOL §1), which a source checks
+    /// without the recipient's key before it keeps the credential.
+    pub fn check_size(&self, max_bytes: usize) -> Result<(), RelayError> {
+        match self {
+            Authorization::ContactGrant(g) => g.check_size("authorization.contact_grant", max_bytes),
+            Authorization::ContactInvite(i) => i.check_size("authorization.contact_invite", max_bytes),
+        }
+    }
+
     /// Checks the credential lets `sender` deliver to `recipient`, whose
-    /// account key is `recipient_key`. Any failure is `forbidden`: invalid
+    /// account key is `recipient_key`. An oversized one is
+    /// `payload_too_large`; any other failure is `forbidden`: invalid
     /// credentials never fall back to public discovery. Revocation is checked
     /// by the caller, which knows the recipient's revoked ids.
     pub fn check(
@@ -443,7 +492,9 @@ impl Authorization {
         recipient_key: &VerifyingKey,
         now: UnixSecs,
         tolerance: u64,
+        max_bytes: usize,
     ) -> Result<(), RelayError> {
+        self.check_size(max_bytes)?;
         let forbid = |why: &str| RelayError::forbidden(format!("authorization: {why}"));
         match self {
             Authorization::ContactGrant(g) => {
@@ -601,6 +652,28 @@ mod tests {
         ] {
             assert_eq!(check_relay_url(bad).unwrap_err().code, ErrorCode::InvalidParams, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_signed_objects_size_bound_is_on_its_canonical_json_and_names_the_setting() {
+        let alice = crate::client::Account::from_seed([3; 32]);
+        let route = alice.route(1, &[("relay-a", "https://a.example")], 1000);
+        let w: Wire<Route> = Wire::from_value(&route).unwrap();
+        let len = w.jcs().unwrap().len();
+        assert!(w.check(UnixSecs(1000), 300, len).is_ok(), "exactly the limit is accepted");
+        let e = w.check(UnixSecs(1000), 300, len - 1).unwrap_err();
+        assert_eq!(e.code, ErrorCode::PayloadTooLarge);
+        assert_eq!(e.data.unwrap()["limit"], MAX_OBJECT_BYTES_SETTING);
+        // Whitespace is not canonical JSON: the same route spread out is no larger.
+        let spread = serde_json::to_string_pretty(&route).unwrap().replace('\n', "\n        ");
+        let spread: Wire<Route> = Wire::parse(&spread).unwrap();
+        assert!(spread.raw().get().len() > len + 100);
+        assert!(spread.check(UnixSecs(1000), 300, len).is_ok());
+        // A signed unknown member counts: valid signature, still refused, before it is verified.
+        let padded = alice.with_member(Tag::Route, &route, "x-pad", Value::String("a".repeat(MAX_OBJECT_BYTES)));
+        let padded: Wire<Route> = Wire::from_value(&padded).unwrap();
+        assert!(padded.verify(Tag::Route, &alice.key.verifying_key()).is_ok());
+        assert_eq!(padded.check(UnixSecs(1000), 300, MAX_OBJECT_BYTES).unwrap_err().code, ErrorCode::PayloadTooLarge);
     }
 
     #[test]

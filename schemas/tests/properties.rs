@@ -960,17 +960,17 @@ impl Made {
         match kind {
             Kind::Route => {
                 let w = wire::<Route>(text)?;
-                w.check(UnixSecs(NOW), TOLERANCE)?;
+                w.check(UnixSecs(NOW), TOLERANCE, MAX_OBJECT_BYTES)?;
                 Ok(typed(&w))
             }
             Kind::Certificate => {
                 let w = wire::<DeviceCertificate>(text)?;
-                w.check(UnixSecs(NOW), TOLERANCE)?;
+                w.check(UnixSecs(NOW), TOLERANCE, MAX_OBJECT_BYTES)?;
                 Ok(typed(&w))
             }
             Kind::Revocation => {
                 let w = wire::<DeviceRevocation>(text)?;
-                w.check(&ak)?;
+                w.check(&ak, MAX_OBJECT_BYTES)?;
                 if w.account_id != a.id {
                     return Err(RelayError::forbidden("another account's revocation"));
                 }
@@ -985,13 +985,27 @@ impl Made {
             Kind::Grant => {
                 let w = wire::<ContactGrant>(text)?;
                 let t = typed(&w);
-                Authorization::ContactGrant(w).check(&self.grantee(), &a.id, &ak, UnixSecs(NOW), TOLERANCE)?;
+                Authorization::ContactGrant(w).check(
+                    &self.grantee(),
+                    &a.id,
+                    &ak,
+                    UnixSecs(NOW),
+                    TOLERANCE,
+                    MAX_OBJECT_BYTES,
+                )?;
                 Ok(t)
             }
             Kind::Invite => {
                 let w = wire::<ContactInvite>(text)?;
                 let t = typed(&w);
-                Authorization::ContactInvite(w).check(&self.grantee(), &a.id, &ak, UnixSecs(NOW), TOLERANCE)?;
+                Authorization::ContactInvite(w).check(
+                    &self.grantee(),
+                    &a.id,
+                    &ak,
+                    UnixSecs(NOW),
+                    TOLERANCE,
+                    MAX_OBJECT_BYTES,
+                )?;
                 Ok(t)
             }
         }

@@ -45,7 +45,7 @@ pub(crate) async fn read_body(body: web::Payload, limit: usize, within: BodyTime
     match actix_web::rt::time::timeout(within.0, body.to_bytes_limited(limit)).await {
         Ok(Ok(Ok(b))) => Ok(b),
         Ok(Ok(Err(e))) => Err(RelayError::invalid_params(format!("request body: {e}"))),
-        Ok(Err(_)) => Err(RelayError::payload_too_large("request body over limits.max_body_bytes")),
+        Ok(Err(_)) => Err(RelayError::over_limit("limits.max_body_bytes", "request body over limits.max_body_bytes")),
         Err(_) => Err(RelayError::unavailable(format!(
             "request body not received within http.body_timeout ({})",
             humantime::format_duration(within.0)

@@ -5,9 +5,10 @@
 
 use crate::peers::CallError;
 use crate::rpc::{parse, Relay};
+use relay_actors::account::decide;
 use relay_actors::account::AccountCmd;
 use relay_schemas::ids::check_account_id;
-use relay_schemas::methods::AccountIdParams;
+use relay_schemas::methods::{AccountIdParams, DevicesAnswer};
 use relay_schemas::{ErrorCode, Method, RelayError};
 
 caller!(AccountDevicesGet, Session);
@@ -41,8 +42,14 @@ async fn remote_devices(relay: &Relay, account_id: &str, body: &[u8]) -> Result<
         };
         match asked {
             Ok(bytes) => {
-                return String::from_utf8(bytes.to_vec())
-                    .map_err(|_| RelayError::new(ErrorCode::BadGateway, "non-UTF-8 answer"))
+                let text = String::from_utf8(bytes.to_vec())
+                    .map_err(|_| RelayError::new(ErrorCode::BadGateway, "non-UTF-8 answer"))?;
+                let answer: DevicesAnswer = parse(text.as_bytes()).map_err(|e| {
+                    RelayError::new(ErrorCode::BadGateway, format!("the home relay's answer: {}", e.message))
+                })?;
+                // Passed on only within this relay's own bounds.
+                decide::check_devices_answer(&answer, &relay.supervisor().policy())?;
+                return Ok(text);
             }
             Err(CallError::Answered { error, .. }) => return Err(error),
             Err(CallError::NotSent(e) | CallError::Unknown(e)) => last = e,

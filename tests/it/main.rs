@@ -16,6 +16,7 @@ mod commit_boundaries;
 mod cross_relay;
 mod delivery_crash;
 mod fake_peer;
+mod hostile_account;
 mod hostile_peer;
 mod hostile_push;
 mod hostile_ws;

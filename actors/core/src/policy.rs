@@ -4,6 +4,11 @@
 
 use relay_schemas::RelayId;
 
+/// The configuration keys a `payload_too_large` names in `data.limit`
+/// (PROTOCOL §1), for the bounds the cores apply.
+pub const MAX_DEVICES_SETTING: &str = "limits.max_devices";
+pub const MAX_REVOKED_CONTACTS_SETTING: &str = "limits.max_revoked_contacts";
+
 #[derive(Clone, Debug)]
 pub struct Policy {
     /// This relay's `relay_id`; a route must list it for the relay to serve
@@ -17,6 +22,16 @@ pub struct Policy {
     pub message_retention: u64,
     pub max_ciphertext_bytes: usize,
     pub max_boxes: usize,
+    /// Bytes of canonical JSON one signed object (certificate, revocation,
+    /// route, registration, grant, invite) may have (PROTOCOL §1).
+    pub max_object_bytes: usize,
+    /// Device certificates one account may hold, revoked ones included
+    /// (PROTOCOL §1): its device list, and every answer and per-device
+    /// budget built from it, stay bounded.
+    pub max_devices: usize,
+    /// Contact credentials (grants and invites) one account may revoke: the
+    /// revoked ids are kept for good and held by every loaded account.
+    pub max_revoked_contacts: usize,
     /// Seconds a session token lives.
     pub session_ttl: u64,
     /// Seconds a session challenge may be answered.
@@ -62,6 +77,9 @@ impl Policy {
             message_retention: 30 * 24 * 3600,
             max_ciphertext_bytes: 65536,
             max_boxes: 64,
+            max_object_bytes: relay_schemas::objects::MAX_OBJECT_BYTES,
+            max_devices: 32,
+            max_revoked_contacts: 1024,
             session_ttl: 24 * 3600,
             challenge_ttl: 5 * 60,
             retry_timetable_ms: vec![0, 30_000, 300_000, 1_500_000, 3_600_000],

@@ -430,8 +430,8 @@ impl DeliveryActor {
     fn learn_route(&self, outcome: &AttemptOutcome) {
         let Some(route) = outcome.error().and_then(|e| e.data.as_ref()).and_then(|d| d.get("route")) else { return };
         let Ok(route) = Wire::<Route>::from_value(route) else { return };
-        let tolerance = self.env.policy.clock_tolerance;
-        if route.account_id == self.state.to && route.check(self.env.clock.now(), tolerance).is_ok() {
+        let (tolerance, max_bytes) = (self.env.policy.clock_tolerance, self.env.policy.max_object_bytes);
+        if route.account_id == self.state.to && route.check(self.env.clock.now(), tolerance, max_bytes).is_ok() {
             if let Err(e) = self.env.routes.offer(&route) {
                 tracing::warn!(stream = %self.stream, error = %e, "cannot keep route from data.route");
             }

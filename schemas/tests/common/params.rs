@@ -71,8 +71,8 @@ pub fn call(method: &str, body: &[u8]) -> Result<(), RelayError> {
     match method {
         "account.register" => checked(body, |p: RegisterParams| {
             check_account_id("route.account_id", &p.route.account_id)?;
-            p.route.check(UnixSecs(NOW), TOLERANCE)?;
-            p.device_certificate.check(UnixSecs(NOW), TOLERANCE).map(drop)
+            p.route.check(UnixSecs(NOW), TOLERANCE, MAX_OBJECT_BYTES)?;
+            p.device_certificate.check(UnixSecs(NOW), TOLERANCE, MAX_OBJECT_BYTES).map(drop)
         }),
         "session.challenge" => checked(body, |p: ChallengeParams| {
             check_account_id("account_id", &p.account_id)?;
@@ -83,15 +83,17 @@ pub fn call(method: &str, body: &[u8]) -> Result<(), RelayError> {
             check_id("device_id", &p.device_id)?;
             b64_decode("signature", &p.signature).map(drop)
         }),
-        "device.add" => {
-            checked(body, |p: DeviceAddParams| p.device_certificate.check(UnixSecs(NOW), TOLERANCE).map(drop))
-        }
-        "device.revoke" => checked(body, |p: DeviceRevokeParams| p.revocation.check(&bob)),
+        "device.add" => checked(body, |p: DeviceAddParams| {
+            p.device_certificate.check(UnixSecs(NOW), TOLERANCE, MAX_OBJECT_BYTES).map(drop)
+        }),
+        "device.revoke" => checked(body, |p: DeviceRevokeParams| p.revocation.check(&bob, MAX_OBJECT_BYTES)),
         "account.devices.get" | "route.get" => {
             checked(body, |p: AccountIdParams| check_account_id("account_id", &p.account_id))
         }
         "account.settings.update" => checked(body, |_: SettingsUpdateParams| Ok(())),
-        "route.update" => checked(body, |p: RouteUpdateParams| p.route.check(UnixSecs(NOW), TOLERANCE).map(drop)),
+        "route.update" => {
+            checked(body, |p: RouteUpdateParams| p.route.check(UnixSecs(NOW), TOLERANCE, MAX_OBJECT_BYTES).map(drop))
+        }
         "contact.revoke" => checked(body, |p: ContactRevokeParams| match (&p.grant_id, &p.invite_id) {
             (Some(g), None) => check_id("grant_id", g),
             (None, Some(i)) => check_id("invite_id", i),
@@ -104,17 +106,17 @@ pub fn call(method: &str, body: &[u8]) -> Result<(), RelayError> {
                 check_boxes("sender_boxes", b, MAX_BOXES)?;
             }
             if let Some(a) = &p.authorization {
-                a.check(&p.envelope.from, &p.envelope.to, &bob, UnixSecs(NOW), TOLERANCE)?;
+                a.check(&p.envelope.from, &p.envelope.to, &bob, UnixSecs(NOW), TOLERANCE, MAX_OBJECT_BYTES)?;
             }
             Ok(())
         }),
         "message.deliver" => checked(body, |p: DeliverParams| {
             p.envelope.check_constraints(MAX_CIPHERTEXT)?;
             check_boxes("recipient_boxes", &p.recipient_boxes, MAX_BOXES)?;
-            let device_key = p.sender_device_certificate.check(UnixSecs(NOW), TOLERANCE)?;
+            let device_key = p.sender_device_certificate.check(UnixSecs(NOW), TOLERANCE, MAX_OBJECT_BYTES)?;
             p.envelope.verify(Tag::Envelope, &device_key)?;
             if let Some(a) = &p.authorization {
-                a.check(&p.envelope.from, &p.envelope.to, &bob, UnixSecs(NOW), TOLERANCE)?;
+                a.check(&p.envelope.from, &p.envelope.to, &bob, UnixSecs(NOW), TOLERANCE, MAX_OBJECT_BYTES)?;
             }
             Ok(())
         }),

@@ -368,7 +368,7 @@ pub fn decide<S>(
         }
         AccountCmd::ContactRevoke { device, params } => {
             session(device)?;
-            Decision::write(decide::revoke_contact(state, params)?, Reply::ok())
+            Decision::write(decide::revoke_contact(state, params, ctx)?, Reply::ok())
         }
         AccountCmd::MessageSend { device, params, digest, route } => {
             session(device)?;

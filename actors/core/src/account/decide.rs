@@ -8,8 +8,10 @@
 use super::events::{AccountEvent, PushSubscription, Record};
 use super::ledger::{ReceiptEntry, SendEntry};
 use super::state::{contact_key, AccountState};
-use crate::policy::Policy;
-use relay_schemas::methods::{ContactRevokeParams, DeliverParams, PushSubscribeParams, RegisterParams, SendParams};
+use crate::policy::{Policy, MAX_DEVICES_SETTING, MAX_REVOKED_CONTACTS_SETTING};
+use relay_schemas::methods::{
+    ContactRevokeParams, DeliverParams, DevicesAnswer, PushSubscribeParams, RegisterParams, SendParams,
+};
 use relay_schemas::objects::{
     check_boxes, Authorization, DeviceCertificate, DeviceRevocation, KeyBox, MessageEnvelope, Route,
 };
@@ -158,17 +160,17 @@ pub fn delivery_status(entry: Option<&SendEntry>, now: UnixSecs) -> Result<Deliv
 /// them before any actor exists for the account, so a stranger's garbage
 /// costs no memory; [`register`] runs them again.
 pub fn check_register(p: &RegisterParams, ctx: Ctx) -> Result<(), RelayError> {
-    let tolerance = ctx.policy.clock_tolerance;
-    p.route.check(ctx.now, tolerance)?;
+    let (tolerance, max_bytes) = (ctx.policy.clock_tolerance, ctx.policy.max_object_bytes);
+    p.route.check(ctx.now, tolerance, max_bytes)?;
     if !p.route.lists_relay(&ctx.policy.relay_id) {
         return Err(RelayError::invalid_params(format!("route must list this relay ({})", ctx.policy.relay_id)));
     }
     let cert = &p.device_certificate;
-    cert.check(ctx.now, tolerance)?;
+    cert.check(ctx.now, tolerance, max_bytes)?;
     if cert.account_id != p.route.account_id || cert.account_key != p.route.account_key {
         return Err(RelayError::invalid_params("device_certificate names another account"));
     }
-    p.registration.check(&p.route, &ctx.policy.relay_id, ctx.now, tolerance)?;
+    p.registration.check(&p.route, &ctx.policy.relay_id, ctx.now, tolerance, max_bytes)?;
     let unsigned = p.settings.as_ref().and_then(|s| s.public_discovery);
     if unsigned.is_some_and(|d| d != p.registration.public_discovery) {
         return Err(RelayError::invalid_params("settings.public_discovery disagrees with the signed registration"));
@@ -226,13 +228,17 @@ pub fn register(
     }])
 }
 
+/// `device.add` (and a device added at the account's other home, as
+/// replicated): a new certificate while the account holds fewer than
+/// `max_devices`, revoked ones included (PROTOCOL §1); the same certificate
+/// again is a no-op even on a full account.
 pub fn add_device(
     state: &AccountState,
     cert: &Wire<DeviceCertificate>,
     ctx: Ctx,
 ) -> Result<Vec<AccountEvent>, RelayError> {
     let route = registered(state)?;
-    cert.check(ctx.now, ctx.policy.clock_tolerance)?;
+    cert.check(ctx.now, ctx.policy.clock_tolerance, ctx.policy.max_object_bytes)?;
     if cert.account_id != state.account_id || cert.account_key != route.account_key {
         return Err(RelayError::forbidden("device_certificate names another account"));
     }
@@ -242,6 +248,10 @@ pub fn add_device(
     match state.certificate(&cert.device_id) {
         Some(existing) if existing == cert => Ok(vec![]),
         Some(_) => Err(RelayError::state_conflict("device_id already has another certificate")),
+        None if state.devices.len() >= ctx.policy.max_devices => Err(RelayError::over_limit(
+            MAX_DEVICES_SETTING,
+            format!("the account holds {} device certificates, limit {}", state.devices.len(), ctx.policy.max_devices),
+        )),
         None => Ok(vec![AccountEvent::DeviceAdded { device_certificate: cert.clone() }]),
     }
 }
@@ -249,11 +259,11 @@ pub fn add_device(
 pub fn revoke_device(
     state: &AccountState,
     rev: &Wire<DeviceRevocation>,
-    _ctx: Ctx,
+    ctx: Ctx,
 ) -> Result<Vec<AccountEvent>, RelayError> {
     registered(state)?;
     let key = state.account_key().ok_or_else(|| RelayError::internal("account key unreadable"))?;
-    rev.check(key)?;
+    rev.check(key, ctx.policy.max_object_bytes)?;
     if rev.account_id != state.account_id {
         return Err(RelayError::forbidden("revocation names another account"));
     }
@@ -264,6 +274,26 @@ pub fn revoke_device(
         return Ok(vec![]);
     }
     Ok(vec![AccountEvent::DeviceRevoked { revocation: rev.clone() }])
+}
+
+/// An `account.devices.get` answer read from the account's home relay,
+/// before this relay passes it on: held to this relay's own bounds
+/// (PROTOCOL §1), so a peer cannot make it answer more than it would
+/// itself. Revocations name devices of the list, so as many at most.
+pub fn check_devices_answer(answer: &DevicesAnswer, policy: &Policy) -> Result<(), RelayError> {
+    let max = policy.max_devices;
+    let most = answer.certificates.len().max(answer.revocations.len());
+    if most > max {
+        let what = format!("the home relay answered {most} certificates or revocations, limit {max}");
+        return Err(RelayError::over_limit(MAX_DEVICES_SETTING, what));
+    }
+    for c in &answer.certificates {
+        c.check_size("certificates[]", policy.max_object_bytes)?;
+    }
+    for r in &answer.revocations {
+        r.check_size("revocations[]", policy.max_object_bytes)?;
+    }
+    Ok(())
 }
 
 pub fn update_settings(
@@ -282,7 +312,7 @@ pub fn update_settings(
 /// revision with other content is `state_conflict`; a lower one is stale.
 pub fn update_route(state: &AccountState, route: &Wire<Route>, ctx: Ctx) -> Result<Vec<AccountEvent>, RelayError> {
     let current = registered(state)?;
-    route.check(ctx.now, ctx.policy.clock_tolerance)?;
+    route.check(ctx.now, ctx.policy.clock_tolerance, ctx.policy.max_object_bytes)?;
     if route.account_id != state.account_id || route.account_key != current.account_key {
         return Err(RelayError::forbidden("route names another account"));
     }
@@ -300,18 +330,46 @@ pub fn update_route(state: &AccountState, route: &Wire<Route>, ctx: Ctx) -> Resu
     Ok(vec![AccountEvent::RouteUpdated { route: route.clone() }])
 }
 
-pub fn revoke_contact(state: &AccountState, p: &ContactRevokeParams) -> Result<Vec<AccountEvent>, RelayError> {
+pub fn revoke_contact(
+    state: &AccountState,
+    p: &ContactRevokeParams,
+    ctx: Ctx,
+) -> Result<Vec<AccountEvent>, RelayError> {
     registered(state)?;
     let (kind, id) = match (&p.grant_id, &p.invite_id) {
         (Some(g), None) => ("grant", g),
         (None, Some(i)) => ("invite", i),
         _ => return Err(RelayError::invalid_params("exactly one of grant_id or invite_id")),
     };
+    revoke_contact_id(state, kind, id, ctx)
+}
+
+/// One more revoked grant or invite id (`kind` is `grant` or `invite`),
+/// from `contact.revoke` or replicated from the other home: the relay
+/// cannot tell an issued id from an invented one, and keeps revoked ids
+/// for good, so an account revokes at most `max_revoked_contacts`. An id
+/// revoked already is a no-op, even on a full list.
+pub fn revoke_contact_id(
+    state: &AccountState,
+    kind: &str,
+    id: &str,
+    ctx: Ctx,
+) -> Result<Vec<AccountEvent>, RelayError> {
+    if !matches!(kind, "grant" | "invite") {
+        return Err(RelayError::invalid_params(format!("unknown contact credential kind {kind:?}")));
+    }
     relay_schemas::ids::check_id(&format!("{kind}_id"), id)?;
     if state.revoked_contacts.contains(&contact_key(kind, id)) {
         return Ok(vec![]);
     }
-    Ok(vec![AccountEvent::ContactRevoked { kind: kind.into(), id: id.clone() }])
+    let max = ctx.policy.max_revoked_contacts;
+    if state.revoked_contacts.len() >= max {
+        return Err(RelayError::over_limit(
+            MAX_REVOKED_CONTACTS_SETTING,
+            format!("the account revoked {} grants and invites, limit {max}", state.revoked_contacts.len()),
+        ));
+    }
+    Ok(vec![AccountEvent::ContactRevoked { kind: kind.into(), id: id.to_owned() }])
 }
 
 /// `message.timeline.ack`: moves the device's cursor forward only. Acking
@@ -360,6 +418,11 @@ pub fn send(
     check_boxes("recipient_boxes", &p.recipient_boxes, ctx.policy.max_boxes)?;
     if let Some(sb) = &p.sender_boxes {
         check_boxes("sender_boxes", sb, ctx.policy.max_boxes)?;
+    }
+    // Kept with the delivery and sent on: bounded here, though only the
+    // recipient's home can verify it.
+    if let Some(auth) = &p.authorization {
+        auth.check_size(ctx.policy.max_object_bytes)?;
     }
     if env.from != state.account_id {
         return Err(RelayError::forbidden("envelope.from is not the session's account"));
@@ -470,7 +533,7 @@ pub fn receive(
     served_here(state, ctx)?;
     // Rule 2: certificate binding and signatures.
     let cert = &p.sender_device_certificate;
-    let device_key = cert.check(ctx.now, ctx.policy.clock_tolerance)?;
+    let device_key = cert.check(ctx.now, ctx.policy.clock_tolerance, ctx.policy.max_object_bytes)?;
     if cert.account_id != env.from || cert.device_id != env.from_device_id {
         return Err(RelayError::invalid_signature(
             "sender_device_certificate does not match envelope.from / from_device_id",
@@ -514,7 +577,11 @@ pub fn may_deliver(
 ) -> Result<(), RelayError> {
     let forbid = |why: &str| RelayError::forbidden(format!("who may deliver: {why}"));
     let route = sender_route.ok_or_else(|| forbid("sender_route is missing"))?;
-    route.check(ctx.now, ctx.policy.clock_tolerance).map_err(|e| forbid(&format!("sender_route: {}", e.message)))?;
+    // Oversized is a size refusal (PROTOCOL §1), whoever sent it.
+    route.check_size("sender_route", ctx.policy.max_object_bytes)?;
+    route
+        .check(ctx.now, ctx.policy.clock_tolerance, ctx.policy.max_object_bytes)
+        .map_err(|e| forbid(&format!("sender_route: {}", e.message)))?;
     if route.account_id != envelope.from {
         return Err(forbid("sender_route is not the route of envelope.from"));
     }
@@ -562,7 +629,7 @@ fn check_authorization(
         };
     };
     let key = state.account_key().ok_or_else(|| RelayError::internal("account key unreadable"))?;
-    auth.check(sender, &state.account_id, key, ctx.now, ctx.policy.clock_tolerance)?;
+    auth.check(sender, &state.account_id, key, ctx.now, ctx.policy.clock_tolerance, ctx.policy.max_object_bytes)?;
     let (kind, id) = auth.revocation_key();
     if state.revoked_contacts.contains(&contact_key(kind, id)) {
         return Err(RelayError::forbidden(format!("authorization: {kind} was revoked")));
@@ -701,6 +768,155 @@ pub fn push_targets<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use relay_schemas::client::{Account, Device};
+    use relay_schemas::objects::MAX_OBJECT_BYTES_SETTING;
+    use serde_json::{json, Value};
+
+    const NOW: u64 = 1_764_400_000;
+
+    fn policy(max_devices: usize, max_revoked_contacts: usize) -> Policy {
+        Policy { max_devices, max_revoked_contacts, ..Policy::with_relay_id("relay-a") }
+    }
+
+    fn wire<T: serde::de::DeserializeOwned>(v: &Value) -> Wire<T> {
+        Wire::from_value(v).unwrap()
+    }
+
+    fn alice() -> Account {
+        Account::from_seed([1; 32])
+    }
+
+    fn device(i: u8) -> Device {
+        Device::from_seed(&format!("device-{i}"), [i + 10; 32])
+    }
+
+    fn register_value(cert: &Value) -> Value {
+        let route = alice().route(1, &[("relay-a", "https://a.example")], NOW);
+        alice().register_params(&route, cert, "relay-a", false, NOW)
+    }
+
+    /// Alice registered with device 0, then devices 1..n added.
+    fn alice_with(n: u8, ctx: Ctx) -> AccountState {
+        let mut state = AccountState::new(&alice().id);
+        let p: RegisterParams =
+            serde_json::from_str(&register_value(&alice().certificate(&device(0), NOW, None)).to_string()).unwrap();
+        for e in register(&state, &p, "digest", None, ctx).unwrap() {
+            state.apply(&e);
+        }
+        for i in 1..n {
+            for e in add_device(&state, &wire(&alice().certificate(&device(i), NOW, None)), ctx).unwrap() {
+                state.apply(&e);
+            }
+        }
+        state
+    }
+
+    /// A valid certificate of device `i` whose canonical JSON is `bytes`
+    /// long: padded with a signed unknown member.
+    fn padded_certificate(i: u8, bytes: usize) -> Value {
+        let cert = alice().certificate(&device(i), NOW, None);
+        let base = wire::<DeviceCertificate>(&alice().with_member(Tag::DeviceCertificate, &cert, "x-pad", json!("")))
+            .jcs()
+            .unwrap()
+            .len();
+        alice().with_member(Tag::DeviceCertificate, &cert, "x-pad", json!("a".repeat(bytes - base)))
+    }
+
+    fn limit_of(e: &RelayError) -> &str {
+        assert_eq!(e.code, ErrorCode::PayloadTooLarge, "{e:?}");
+        e.data.as_ref().and_then(|d| d["limit"].as_str()).unwrap_or_else(|| panic!("no data.limit in {e:?}"))
+    }
+
+    #[test]
+    fn a_device_add_past_max_devices_is_payload_too_large_naming_the_setting() {
+        let policy = policy(3, 1024);
+        let ctx = Ctx::new(UnixSecs(NOW), &policy);
+        let state = alice_with(3, ctx);
+        let e = add_device(&state, &wire(&alice().certificate(&device(3), NOW, None)), ctx).unwrap_err();
+        assert_eq!(limit_of(&e), "limits.max_devices");
+        // A certificate on file already is still the no-op it always was.
+        let again = add_device(&state, &wire(&alice().certificate(&device(1), NOW, None)), ctx).unwrap();
+        assert!(again.is_empty());
+    }
+
+    #[test]
+    fn revoked_certificates_count_toward_max_devices() {
+        let policy = policy(3, 1024);
+        let ctx = Ctx::new(UnixSecs(NOW), &policy);
+        let mut state = alice_with(3, ctx);
+        for e in revoke_device(&state, &wire(&alice().revocation("device-2", NOW)), ctx).unwrap() {
+            state.apply(&e);
+        }
+        let e = add_device(&state, &wire(&alice().certificate(&device(3), NOW, None)), ctx).unwrap_err();
+        assert_eq!(limit_of(&e), "limits.max_devices");
+    }
+
+    #[test]
+    fn a_certificate_over_max_object_bytes_is_refused_by_device_add_and_account_register() {
+        let policy = Policy::with_relay_id("relay-a");
+        let ctx = Ctx::new(UnixSecs(NOW), &policy);
+        let state = alice_with(1, ctx);
+        let at_limit = padded_certificate(1, policy.max_object_bytes);
+        assert_eq!(add_device(&state, &wire(&at_limit), ctx).unwrap().len(), 1, "exactly the limit is accepted");
+        let over = padded_certificate(1, policy.max_object_bytes + 1);
+        let e = add_device(&state, &wire(&over), ctx).unwrap_err();
+        assert_eq!(limit_of(&e), MAX_OBJECT_BYTES_SETTING);
+        let p: RegisterParams =
+            serde_json::from_str(&register_value(&padded_certificate(0, 20_000)).to_string()).unwrap();
+        let e = register(&AccountState::new(&alice().id), &p, "digest", None, ctx).unwrap_err();
+        assert_eq!(limit_of(&e), MAX_OBJECT_BYTES_SETTING);
+    }
+
+    #[test]
+    fn a_route_over_max_object_bytes_is_refused_by_route_update_and_by_a_deliverer() {
+        let policy = Policy::with_relay_id("relay-a");
+        let ctx = Ctx::new(UnixSecs(NOW), &policy);
+        let state = alice_with(1, ctx);
+        let route = alice().route(2, &[("relay-a", "https://a.example")], NOW);
+        let big: Wire<Route> = wire(&alice().with_member(Tag::Route, &route, "x-pad", json!("a".repeat(20_000))));
+        assert_eq!(limit_of(&update_route(&state, &big, ctx).unwrap_err()), MAX_OBJECT_BYTES_SETTING);
+        let env: Wire<MessageEnvelope> =
+            wire(&device(0).envelope(&alice().id, &"b".repeat(32), "message-000000000001", NOW, b"x"));
+        let e = may_deliver(Some(&big), None, "relay-a", &env, ctx).unwrap_err();
+        assert_eq!(limit_of(&e), MAX_OBJECT_BYTES_SETTING, "a size refusal, not forbidden");
+    }
+
+    #[test]
+    fn contact_revoke_past_max_revoked_contacts_is_payload_too_large_and_a_revoked_id_stays_a_no_op() {
+        let policy = policy(32, 2);
+        let ctx = Ctx::new(UnixSecs(NOW), &policy);
+        let mut state = alice_with(1, ctx);
+        let grant = |id: &str| ContactRevokeParams { grant_id: Some(id.into()), invite_id: None };
+        for id in ["g1", "g2"] {
+            for e in revoke_contact(&state, &grant(id), ctx).unwrap() {
+                state.apply(&e);
+            }
+        }
+        let e = revoke_contact(&state, &grant("g3"), ctx).unwrap_err();
+        assert_eq!(limit_of(&e), "limits.max_revoked_contacts");
+        let invite = ContactRevokeParams { grant_id: None, invite_id: Some("i1".into()) };
+        assert_eq!(limit_of(&revoke_contact(&state, &invite, ctx).unwrap_err()), "limits.max_revoked_contacts");
+        assert!(revoke_contact(&state, &grant("g1"), ctx).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_devices_answer_from_a_peer_is_held_to_this_relays_bounds() {
+        let policy = policy(2, 1024);
+        let certs: Vec<Value> = (0..3).map(|i| alice().certificate(&device(i), NOW, None)).collect();
+        let answer = |certs: &[Value], revs: &[Value]| -> DevicesAnswer {
+            serde_json::from_str(&json!({"certificates": certs, "revocations": revs}).to_string()).unwrap()
+        };
+        assert!(check_devices_answer(&answer(&certs[..2], &[]), &policy).is_ok());
+        let e = check_devices_answer(&answer(&certs, &[]), &policy).unwrap_err();
+        assert_eq!(limit_of(&e), "limits.max_devices");
+        let big = padded_certificate(0, policy.max_object_bytes + 1);
+        let e = check_devices_answer(&answer(&[big], &[]), &policy).unwrap_err();
+        assert_eq!(limit_of(&e), MAX_OBJECT_BYTES_SETTING);
+        let rev = alice().revocation("device-0", NOW);
+        let big_rev = alice().with_member(Tag::DeviceRevocation, &rev, "x-pad", json!("a".repeat(20_000)));
+        let e = check_devices_answer(&answer(&certs[..1], &[big_rev]), &policy).unwrap_err();
+        assert_eq!(limit_of(&e), MAX_OBJECT_BYTES_SETTING);
+    }
 
     fn entry(retention_until: u64) -> SendEntry {
         let status = DeliveryStatus::target_accepted(10);

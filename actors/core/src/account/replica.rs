@@ -31,7 +31,7 @@
 use super::decide::{self, Ctx};
 use super::events::AccountEvent;
 use super::ledger::{Ledger, SendEntry};
-use super::state::{contact_key, AccountState};
+use super::state::AccountState;
 use super::timeline::fits_page;
 use super::Reads;
 use crate::delivery::core::{decide_forwarded, Begun};
@@ -314,7 +314,7 @@ fn arriving(
     ctx: Ctx,
 ) -> Result<(), RelayError> {
     let route = route.ok_or_else(|| RelayError::forbidden("the partner sent no route of the account"))?;
-    route.check(ctx.now, ctx.policy.clock_tolerance)?;
+    route.check(ctx.now, ctx.policy.clock_tolerance, ctx.policy.max_object_bytes)?;
     if route.account_id != state.account_id {
         return Err(RelayError::forbidden("the partner's route names another account"));
     }
@@ -354,16 +354,17 @@ fn decide_item(
             // Whichever relay it was made at: the account key's own signed
             // request, never public objects alone (the page's route, checked
             // in `arriving`, says this relay is a home now).
-            route.check(ctx.now, ctx.policy.clock_tolerance)?;
+            let max_bytes = ctx.policy.max_object_bytes;
+            route.check(ctx.now, ctx.policy.clock_tolerance, max_bytes)?;
             if route.account_id != state.account_id {
                 return Err(RelayError::forbidden("route names another account"));
             }
             let registration = registration.as_ref().ok_or_else(|| RelayError::forbidden("no signed registration"))?;
-            registration.check_signed(route)?;
+            registration.check_signed(route, max_bytes)?;
             if registration.public_discovery != *public_discovery {
                 return Err(RelayError::forbidden("settings disagree with the signed registration"));
             }
-            device_certificate.check(ctx.now, ctx.policy.clock_tolerance)?;
+            device_certificate.check(ctx.now, ctx.policy.clock_tolerance, max_bytes)?;
             if device_certificate.account_key != route.account_key {
                 return Err(RelayError::forbidden("device_certificate names another account"));
             }
@@ -376,10 +377,8 @@ fn decide_item(
             false => vec![],
         },
         AccountEvent::RouteUpdated { route } => decide::update_route(state, route, ctx)?,
-        AccountEvent::ContactRevoked { kind, id } => match state.revoked_contacts.contains(&contact_key(kind, id)) {
-            true => vec![],
-            false => vec![item.event.clone()],
-        },
+        // Under this home's own cap, like a `contact.revoke` made here.
+        AccountEvent::ContactRevoked { kind, id } => decide::revoke_contact_id(state, kind, id, ctx)?,
         AccountEvent::MessageReceived { from, message_id, .. } => match reads.receipt_entry(from, message_id)? {
             // Accepted here too (both homes were tried in parallel), or a
             // reset sending it again: one record per message.

@@ -40,13 +40,13 @@ fn settings_update_is_a_no_op_when_unchanged() {
 fn contact_revoke_is_idempotent_and_keyed_by_kind_and_id() {
     let s = given_alice([]);
     let p = ContactRevokeParams { grant_id: Some("grant-bob".into()), invite_id: None };
-    let events = then_events(decide::revoke_contact(&s, &p));
+    let events = then_events(decide::revoke_contact(&s, &p, at(NOW)));
     assert_eq!(events.len(), 1);
     let s = given_alice(events);
-    then_no_events(decide::revoke_contact(&s, &p));
+    then_no_events(decide::revoke_contact(&s, &p, at(NOW)));
     // An invite with the same id is another credential.
     let invite = ContactRevokeParams { grant_id: None, invite_id: Some("grant-bob".into()) };
-    assert_eq!(then_events(decide::revoke_contact(&s, &invite)).len(), 1);
+    assert_eq!(then_events(decide::revoke_contact(&s, &invite, at(NOW))).len(), 1);
     let both = ContactRevokeParams { grant_id: Some("a".into()), invite_id: Some("b".into()) };
-    then_error(decide::revoke_contact(&s, &both), ErrorCode::InvalidParams);
+    then_error(decide::revoke_contact(&s, &both, at(NOW)), ErrorCode::InvalidParams);
 }

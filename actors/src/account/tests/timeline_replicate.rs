@@ -547,3 +547,57 @@ fn an_untimed_setting_from_before_still_replicates_in_stream_order() {
     let b = other_home_of(&mut a);
     assert!(b.public_discovery);
 }
+
+// ---- this home's bounds (PROTOCOL §1) ------------------------------------------
+
+#[test]
+fn devices_replicated_past_this_homes_max_devices_are_refused_and_the_rest_applies() {
+    // Alice has three devices at a; b allows two.
+    let mut a = at_a();
+    a.apply(&device_added(&alice(), &tablet()));
+    let policy_b = Policy { max_devices: 2, ..Policy::with_relay_id(OTHER) };
+    let page = serve(&mut a, 0, None);
+    let applied =
+        replica::apply(&Given::new(&alice().id), RELAY, &page, None, &Given::new(&alice().id), under(&policy_b, NOW))
+            .unwrap();
+    let [(seq, e)] = applied.refused.as_slice() else { panic!("{:?}", applied.refused) };
+    assert_eq!(*seq, 3, "the tablet, third certificate");
+    assert_eq!(e.code, ErrorCode::PayloadTooLarge);
+    assert_eq!(e.data.as_ref().unwrap()["limit"], "limits.max_devices");
+    let b = given(&alice(), &applied.events);
+    assert_eq!(b.devices.len(), 2);
+    assert!(b.device_valid("laptop", UnixSecs(NOW)) && !b.device_valid("tablet", UnixSecs(NOW)));
+}
+
+#[test]
+fn contact_revocations_replicated_past_this_homes_cap_are_refused() {
+    let mut a = at_a();
+    for id in ["g1", "g2", "g3"] {
+        a.apply(&contact_revoked("grant", id));
+    }
+    let mut b = other_home_of(&mut at_a());
+    let policy_b = Policy { max_revoked_contacts: 2, ..Policy::with_relay_id(OTHER) };
+    let page = serve(&mut a, 2, Some(2));
+    let applied = replica::apply(&b, RELAY, &page, None, &b, under(&policy_b, NOW)).unwrap();
+    let [(_, e)] = applied.refused.as_slice() else { panic!("{:?}", applied.refused) };
+    assert_eq!(e.data.as_ref().unwrap()["limit"], "limits.max_revoked_contacts");
+    applied.events.iter().for_each(|e| b.apply(e));
+    assert_eq!(b.revoked_contacts.len(), 2);
+}
+
+#[test]
+fn a_replicated_registration_with_an_oversized_certificate_brings_nothing() {
+    let padded =
+        alice().with_member(Tag::DeviceCertificate, &cert(&alice(), &phone()), "x-pad", json!("a".repeat(20_000)));
+    let mut params = register_value(&alice(), &phone(), &[RELAY, OTHER], None);
+    params["device_certificate"] = padded;
+    // Made at a home with a larger bound; b keeps the default.
+    let policy_a = Policy { max_object_bytes: 1 << 20, ..Policy::with_relay_id(RELAY) };
+    let p: RegisterParams = parse(&params);
+    let events =
+        decide::register(&AccountState::new(&alice().id), &p, &digest(&params), None, under(&policy_a, NOW)).unwrap();
+    let page = history_page(&given(&alice(), &events));
+    let applied = pull(&Given::new(&alice().id), &page, NOW);
+    assert!(applied.events.is_empty(), "{:?}", applied.events);
+    assert_eq!(applied.refused[0].1.data.as_ref().unwrap()["limit"], "limits.max_object_bytes");
+}
