@@ -207,14 +207,14 @@ impl Replicator {
             tracing::debug!(account = account_id, partner, after, items, next = page.next, "replication page");
             let (next, has_more) = (page.next, page.has_more);
             if had_items {
-                let known = self.sup.routes().get(account_id).ok().flatten();
+                let known = self.known_route(account_id).await?;
                 let cmd = AccountCmd::ReplicaApply { partner: partner.to_owned(), page: Box::new(page), known };
-                if let Reply::Replica(Outcome::Applied { items: applied, refused }) =
-                    self.sup.ask(account_id, cmd).await?
-                {
-                    if !refused.is_empty() {
-                        tracing::warn!(account = account_id, partner, ?refused, "replicated items refused");
+                let applied = self.sup.ask(account_id, cmd).await.inspect_err(|e| {
+                    if e.code != ErrorCode::InternalError {
+                        tracing::warn!(account = account_id, partner, error = %e.message, "replicated page refused");
                     }
+                })?;
+                if let Reply::Replica(Outcome::Applied { items: applied }) = applied {
                     let known = items.saturating_sub(applied);
                     self.items.get_or_create(&OutcomeLabels { outcome: "applied" }).inc_by(applied as u64);
                     self.items.get_or_create(&OutcomeLabels { outcome: "known" }).inc_by(known as u64);
@@ -228,6 +228,20 @@ impl Replicator {
             after = next;
         }
         Ok(true)
+    }
+}
+
+impl Replicator {
+    /// The highest route of `account_id` the page's must not be older than.
+    /// For an account served here, its own (the account decides); for one
+    /// a page would bring here, what the route book knows or the peers
+    /// say now, as `account.register` asks (PROTOCOL §5): a relay the
+    /// account left cannot bring it back on its old route.
+    async fn known_route(&self, account_id: &str) -> Result<Option<Wire<Route>>, RelayError> {
+        if self.sup.account_exists(account_id)? {
+            return Ok(self.sup.routes().get(account_id).ok().flatten());
+        }
+        Ok(self.sup.resolve_route(account_id, true).await)
     }
 }
 

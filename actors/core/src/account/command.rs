@@ -475,7 +475,7 @@ pub fn decide<S>(
         }
         AccountCmd::ReplicaApply { partner, page, known } => {
             let applied = replica::apply(state, partner, page, known.as_ref(), reads, ctx)?;
-            let reply = Reply::Replica(Outcome::Applied { items: applied.applied, refused: applied.refused });
+            let reply = Reply::Replica(Outcome::Applied { items: applied.applied });
             // A revocation made at the other home ends the device here too.
             let revoked = applied.events.iter().filter_map(|e| match e.origin() {
                 AccountEvent::DeviceRevoked { revocation } => Some(revocation.device_id.clone()),

@@ -231,8 +231,19 @@ pub fn add_device(
     cert: &Wire<DeviceCertificate>,
     ctx: Ctx,
 ) -> Result<Vec<AccountEvent>, RelayError> {
-    let route = registered(state)?;
+    registered(state)?;
     cert.check(ctx.now, ctx.policy.clock_tolerance)?;
+    add_signed_device(state, cert)
+}
+
+/// `device.add` past the certificate's own checks (its signature, and its
+/// validity window now, or, for one replicated from the account's other
+/// home, at the time it was added there).
+pub fn add_signed_device(
+    state: &AccountState,
+    cert: &Wire<DeviceCertificate>,
+) -> Result<Vec<AccountEvent>, RelayError> {
+    let route = registered(state)?;
     if cert.account_id != state.account_id || cert.account_key != route.account_key {
         return Err(RelayError::forbidden("device_certificate names another account"));
     }
@@ -496,6 +507,7 @@ pub fn receive(
         accepted_at,
         retention_until,
         record: record(state, env, &p.recipient_boxes, visible, retention_until),
+        sender_certificate: Some(Box::new(cert.clone())),
     };
     Ok(ReceiveDecision::Accepted { event: Box::new(event), status: DeliveryStatus::target_accepted(accepted_at) })
 }

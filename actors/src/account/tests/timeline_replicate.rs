@@ -53,7 +53,6 @@ fn pull(b: &Given, page: &Page, now: u64) -> Applied {
 /// served it).
 fn other_home_of(a: &mut Given) -> Given {
     let applied = pull(&Given::new(&alice().id), &serve(a, 0, None), NOW);
-    assert!(applied.refused.is_empty(), "{:?}", applied.refused);
     given(&alice(), &applied.events)
 }
 
@@ -231,9 +230,8 @@ fn an_account_arrives_only_with_the_account_keys_signed_registration() {
     if let AccountEvent::Registered { registration, .. } = &mut page.items[0].event {
         *registration = None;
     }
-    let applied = pull(&Given::new(&alice().id), &page, NOW);
-    assert!(applied.events.is_empty(), "{:?}", applied.events);
-    assert_eq!(applied.refused.len(), 2, "the registration, then everything after it");
+    let b = Given::new(&alice().id);
+    then_error(replica::apply(&b, RELAY, &page, None, &b, at_b(NOW)), ErrorCode::Forbidden);
 }
 
 #[test]
@@ -241,7 +239,6 @@ fn a_home_added_by_a_route_update_gets_the_account() {
     let mut a = given_alice([route_updated(&route(&alice(), 2, &[RELAY, OTHER]))]);
     let page = serve(&mut a, 0, None);
     let applied = pull(&Given::new(&alice().id), &page, NOW);
-    assert!(applied.refused.is_empty(), "{:?}", applied.refused);
     let b = given(&alice(), &applied.events);
     assert_eq!(b.route().map(|r| r.revision), Some(2));
     assert!(b.device_valid("laptop", UnixSecs(NOW)));
@@ -462,7 +459,6 @@ fn account_objects_made_at_one_home_hold_at_the_other() {
         a.apply(&e);
     }
     let applied = pull(&b, &serve(&mut a, 2, Some(2)), NOW);
-    assert!(applied.refused.is_empty(), "{:?}", applied.refused);
     let b = given(&alice(), &[b.events.clone(), applied.events].concat());
     assert!(b.device_valid("tablet", UnixSecs(NOW)));
     assert!(!b.device_valid("laptop", UnixSecs(NOW)), "a revocation made at one home holds at the other");
@@ -546,4 +542,232 @@ fn an_untimed_setting_from_before_still_replicates_in_stream_order() {
     a.apply(&public_discovery(true));
     let b = other_home_of(&mut a);
     assert!(b.public_discovery);
+}
+
+// ---- a partner's items are claims (PROTOCOL §5 *What a partner home may replicate*) ----
+
+/// `a`'s next page for `b` (after what `b` pulled), with `edit` applied to
+/// its last item's event: what a hostile partner would serve.
+fn hostile_page(a: &mut Given, b: &Given, edit: impl FnOnce(&mut Item)) -> Page {
+    let pulled = b.replica(RELAY).pulled;
+    let mut page = serve(a, pulled, Some(pulled));
+    edit(page.items.last_mut().expect("an item to edit"));
+    page
+}
+
+fn record_mut(event: &mut AccountEvent) -> &mut Record {
+    match event {
+        AccountEvent::MessageReceived { record, .. } | AccountEvent::SelfDelivered { record, .. } => record,
+        AccountEvent::MessageSent { record: Some(record), .. } => record,
+        e => panic!("no record in {e:?}"),
+    }
+}
+
+/// A page with a settings change, then `a`'s received record from bob.
+fn settings_then_received(a: &mut Given) -> Given {
+    let b = other_home_of(a);
+    a.apply(&discovery_at(true, NOW));
+    let received = receive_event(a, &bob_to_alice(1));
+    a.apply(&received);
+    b
+}
+
+/// Refused, and nothing of the page is applied (not the settings change
+/// before the bad item either).
+fn then_page_refused(b: &Given, page: &Page, now: u64, code: ErrorCode) -> RelayError {
+    assert!(page.items.len() >= 2, "a page with a good item before the bad one");
+    then_error(replica::apply(b, RELAY, page, None, b, at_b(now)), code)
+}
+
+#[test]
+fn a_received_record_naming_another_account_as_to_with_a_forged_signature_refuses_the_whole_page() {
+    let mut a = at_a();
+    let b = settings_then_received(&mut a);
+    let page = hostile_page(&mut a, &b, |item| {
+        let env = &mut record_mut(&mut item.event).envelope;
+        let mut v: Value = serde_json::from_str(env.raw().get()).unwrap();
+        v["to"] = json!(carol().id);
+        v["signature"] = json!(relay_schemas::encoding::b64_encode(&[0u8; 64]));
+        *env = wire(&v);
+    });
+    then_page_refused(&b, &page, NOW, ErrorCode::Forbidden);
+}
+
+#[test]
+fn a_received_record_must_verify_under_its_senders_certificate() {
+    let mut a = at_a();
+    let b = settings_then_received(&mut a);
+    // Signed by carol's phone, claimed as bob's.
+    let page = hostile_page(&mut a, &b, |item| {
+        let forged = envelope(&carol_phone(), &bob(), &alice(), 1, NOW);
+        record_mut(&mut item.event).envelope = wire(&forged);
+    });
+    then_page_refused(&b, &page, NOW, ErrorCode::Forbidden);
+}
+
+#[test]
+fn a_received_record_without_its_senders_certificate_refuses_the_page() {
+    let mut a = at_a();
+    let b = settings_then_received(&mut a);
+    let page = hostile_page(&mut a, &b, |item| {
+        if let AccountEvent::MessageReceived { sender_certificate, .. } = &mut item.event {
+            *sender_certificate = None;
+        }
+    });
+    then_page_refused(&b, &page, NOW, ErrorCode::Forbidden);
+}
+
+#[test]
+fn a_received_record_checked_and_accepted_keeps_this_homes_times() {
+    let mut a = at_a();
+    let b = settings_then_received(&mut a);
+    let page = hostile_page(&mut a, &b, |item| {
+        if let AccountEvent::MessageReceived { accepted_at, retention_until, .. } = &mut item.event {
+            (*accepted_at, *retention_until) = (NOW + 1_000_000_000, u64::MAX);
+        }
+    });
+    let applied = pull(&b, &page, NOW);
+    let came = replicated(&applied);
+    let Some(AccountEvent::MessageReceived { accepted_at, retention_until, .. }) = came.last() else {
+        panic!("{came:?}")
+    };
+    let tolerance = POLICY_B.clock_tolerance;
+    assert_eq!((*accepted_at, *retention_until), (NOW + tolerance, NOW + tolerance + retention()));
+}
+
+#[test]
+fn a_sent_record_must_name_this_account_as_from() {
+    let mut a = at_a();
+    let b = other_home_of(&mut a);
+    a.apply(&discovery_at(true, NOW));
+    let sent = send_event(&a, &alice_to_bob(1));
+    a.apply(&sent);
+    let page = hostile_page(&mut a, &b, |item| {
+        record_mut(&mut item.event).envelope = wire(&envelope(&bob_phone(), &bob(), &bob(), 1, NOW));
+    });
+    then_page_refused(&b, &page, NOW, ErrorCode::Forbidden);
+}
+
+/// Alice's laptop → Bob, delivering at `a`, as `a` serves it.
+fn laptop_send_delivering(a: &mut Given, created_at: u64) -> crate::account::replica::Item {
+    let v = send_value(envelope(&laptop(), &alice(), &bob(), 1, created_at), &["bob-phone"], Some(&["phone"]));
+    let sent = then_sent(when_send(a, "laptop", &v, at(created_at.max(NOW))));
+    a.apply(&sent.event);
+    a.deliveries.insert(mid(1), sent.deliver.clone());
+    let (_, page) = replicate(a, OTHER, 0, 100, None).unwrap();
+    page.items.into_iter().last().unwrap()
+}
+
+#[test]
+fn a_sent_record_from_a_device_revoked_here_before_its_created_at_refuses_the_page() {
+    let mut a = at_a();
+    let mut b = other_home_of(&mut a);
+    // This home revoked the laptop (at NOW - 10); the partner has not heard.
+    b.apply(&device_revoked(&alice(), "laptop"));
+    let sent = laptop_send_delivering(&mut a, NOW);
+    let settings = Item { sequence: 90, event: discovery_at(true, NOW), status: None, deliver: None };
+    let page = Page { items: vec![settings, Item { sequence: 91, ..sent }], next: 91, has_more: false, route: None };
+    let e = then_page_refused(&b, &page, NOW, ErrorCode::Forbidden);
+    assert!(e.message.contains("not valid here at created_at"), "{e:?}");
+}
+
+#[test]
+fn a_send_from_a_device_revoked_here_since_is_kept_but_not_delivered_from_here() {
+    let mut a = at_a();
+    let mut b = other_home_of(&mut a);
+    let sent = laptop_send_delivering(&mut a, NOW - 60);
+    // Revoked after the message was created (at NOW - 10).
+    b.apply(&device_revoked(&alice(), "laptop"));
+    let page = Page { items: vec![Item { sequence: 91, ..sent }], next: 91, has_more: false, route: None };
+    let applied = pull(&b, &page, NOW);
+    assert!(applied.forwarded.is_empty(), "no delivery under this relay's name: {:?}", applied.forwarded);
+    assert!(matches!(replicated(&applied)[..], [AccountEvent::MessageSent { .. }]), "{:?}", applied.events);
+}
+
+#[test]
+fn a_forwarded_deadline_is_recomputed_here_never_taken_from_the_page() {
+    let mut a = at_a();
+    let b = other_home_of(&mut a);
+    let mut sent = laptop_send_delivering(&mut a, NOW - 60);
+    if let AccountEvent::MessageSent { deadline, .. } = &mut sent.event {
+        *deadline = NOW + 1_000_000_000;
+    }
+    let page = Page { items: vec![Item { sequence: 91, ..sent }], next: 91, has_more: false, route: None };
+    let applied = pull(&b, &page, NOW);
+    let [begun] = &applied.forwarded[..] else { panic!("one delivery: {:?}", applied.forwarded) };
+    assert_eq!(begun.state.deadline, UnixSecs(NOW - 60 + age_limit()));
+    let Some(AccountEvent::MessageSent { deadline, .. }) = replicated(&applied).first().copied() else { panic!() };
+    assert_eq!(*deadline, NOW - 60 + age_limit(), "the stored event too");
+}
+
+#[test]
+fn a_forwarded_delivery_created_beyond_the_clock_tolerance_refuses_the_page() {
+    let mut a = at_a();
+    let b = other_home_of(&mut a);
+    // Created "later" than b's clock allows (a's clock is far ahead).
+    let sent = laptop_send_delivering(&mut a, NOW + 3_600);
+    let settings = Item { sequence: 90, event: discovery_at(true, NOW), status: None, deliver: None };
+    let page = Page { items: vec![settings, Item { sequence: 91, ..sent }], next: 91, has_more: false, route: None };
+    then_page_refused(&b, &page, NOW, ErrorCode::InvalidParams);
+}
+
+#[test]
+fn a_replicated_settings_time_is_clamped_to_now_plus_the_clock_tolerance() {
+    let mut a = at_a();
+    let b = other_home_of(&mut a);
+    a.apply(&discovery_at(true, NOW + 1_000_000_000));
+    let applied = pull(&b, &serve(&mut a, 2, Some(2)), NOW);
+    let b = given(&alice(), &[b.events.clone(), applied.events].concat());
+    assert!(b.public_discovery);
+    assert_eq!(b.settings_at, NOW + POLICY_B.clock_tolerance);
+    // A later real change at the other home still wins here.
+    let later = Item { sequence: 95, event: discovery_at(false, NOW + 400), status: None, deliver: None };
+    let page = Page { items: vec![later], next: 95, has_more: false, route: None };
+    let applied = pull(&b, &page, NOW + 400);
+    let b = given(&alice(), &[b.events.clone(), applied.events].concat());
+    assert!(!b.public_discovery, "the far-future time pinned nothing");
+}
+
+#[test]
+fn a_replicated_registration_must_name_a_relay_of_the_route_it_registered() {
+    let mut page = history_page(&at_a());
+    if let AccountEvent::Registered { registration: Some(r), .. } = &mut page.items[0].event {
+        **r = wire(&alice().registration("relay-c", false, NOW));
+    }
+    let b = Given::new(&alice().id);
+    let e = then_error(replica::apply(&b, RELAY, &page, None, &b, at_b(NOW)), ErrorCode::Forbidden);
+    assert!(e.message.contains("relay_id"), "{e:?}");
+}
+
+#[test]
+fn a_replicated_registration_issued_beyond_the_clock_tolerance_is_refused() {
+    let mut page = history_page(&at_a());
+    if let AccountEvent::Registered { registration: Some(r), .. } = &mut page.items[0].event {
+        **r = wire(&alice().registration(RELAY, false, NOW + 3_600));
+    }
+    let b = Given::new(&alice().id);
+    then_error(replica::apply(&b, RELAY, &page, None, &b, at_b(NOW)), ErrorCode::InvalidParams);
+}
+
+#[test]
+fn history_with_a_device_certificate_expired_since_still_replicates() {
+    let old = alice().certificate(&tablet(), ISSUED, Some(NOW + 10));
+    let mut a = at_a();
+    a.apply(&device_added_cert(&old));
+    let applied = pull(&Given::new(&alice().id), &serve(&mut a, 0, None), NOW + 100);
+    let b = given(&alice(), &applied.events);
+    assert!(b.certificate("tablet").is_some(), "on file, as at the other home");
+    assert!(!b.device_valid("tablet", UnixSecs(NOW + 100)));
+}
+
+#[test]
+fn a_route_revision_older_than_this_homes_in_history_offered_again_is_known() {
+    let mut a = at_a();
+    a.apply(&route_updated(&route(&alice(), 2, &[RELAY, OTHER])));
+    let mut b = other_home_of(&mut a);
+    b.apply(&route_updated(&route(&alice(), 3, &[RELAY, OTHER])));
+    a.apply(&AccountEvent::ReplicaReset { partner: OTHER.into() });
+    let again = serve(&mut a, 3, Some(3));
+    let applied = replica::apply(&b, RELAY, &again, None, &b, at_b(NOW)).unwrap();
+    assert!(replicated(&applied).is_empty(), "{:?}", applied.events);
 }
