@@ -65,7 +65,8 @@ struct Slot {
 pub struct Replicator {
     sup: Supervisor,
     /// `relay_replication_items_total{outcome}`: items pulled from partners,
-    /// `applied` (new here) or `known` (this relay had them already).
+    /// `applied` (new here), `known` (this relay had them already) or
+    /// `refused` (their page broke a rule here, PROTOCOL §5).
     items: Family<OutcomeLabels, Counter>,
     peers: PeerClient,
     settings: Settings,
@@ -212,6 +213,7 @@ impl Replicator {
                 let applied = self.sup.ask(account_id, cmd).await.inspect_err(|e| {
                     if e.code != ErrorCode::InternalError {
                         tracing::warn!(account = account_id, partner, error = %e.message, "replicated page refused");
+                        self.items.get_or_create(&OutcomeLabels { outcome: "refused" }).inc_by(items as u64);
                     }
                 })?;
                 if let Reply::Replica(Outcome::Applied { items: applied }) = applied {

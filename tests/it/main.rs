@@ -16,6 +16,7 @@ mod commit_boundaries;
 mod cross_relay;
 mod delivery_crash;
 mod fake_peer;
+mod hostile_partner;
 mod idempotency;
 mod limits;
 mod methods;
