@@ -31,6 +31,8 @@ struct Homes {
     alice: User,
     bob: Account,
     bob_phone: Device,
+    /// Bob's one route (a relay refuses another route of the same revision).
+    bob_route: Value,
     _dir: tempfile::TempDir,
 }
 
@@ -44,8 +46,9 @@ async fn homes(limits: &str) -> Homes {
     let alice = User::register_two_homes(&c, 1, [("relay-a", &relay.url), ("relay-f", &partner.url)], false).await;
     let bob = Account::from_seed([2; 32]);
     let bob_phone = Device::from_seed("phone", [102; 32]);
-    bobs_home.set_route(&bob.id, bob.route(1, &[("relay-g", &bobs_home.url)], now()));
-    Homes { relay, c, partner, bobs_home, alice, bob, bob_phone, _dir: dir }
+    let bob_route = bob.route(1, &[("relay-g", &bobs_home.url)], now());
+    bobs_home.set_route(&bob.id, bob_route.clone());
+    Homes { relay, c, partner, bobs_home, alice, bob, bob_phone, bob_route, _dir: dir }
 }
 
 fn alice_route(h: &Homes) -> Value {
@@ -180,7 +183,7 @@ async fn strangers_delivery(h: &Homes, n: u64) -> (u16, Value) {
     let env = h.bob_phone.envelope(&h.bob.id, h.alice.id(), &mid(n), now(), b"ciphertext bytes");
     let p = json!({"envelope": env, "recipient_boxes": [key_box("phone", b"box")],
         "sender_device_certificate": h.bob.certificate(&h.bob_phone, now() - 60, None),
-        "sender_route": h.bob.route(1, &[("relay-g", &h.bobs_home.url)], now())});
+        "sender_route": h.bob_route});
     h.c.relay_call("relay-a", "relay-g", &h.bobs_home.signing_key(), "message.deliver", &p).await
 }
 
@@ -208,8 +211,11 @@ async fn a_replicated_settings_time_in_the_far_future_is_clamped_and_pins_nothin
     })
     .await;
     h.partner.set_page(h.alice.id(), page(vec![pinned, settings_item(2, false, now())]));
+    // A new message each time: one accepted proves discovery is still on.
+    let n = std::cell::Cell::new(100);
     eventually("public discovery off again at relay-a", LIMIT, || async {
-        match strangers_delivery(&h, 2).await {
+        n.set(n.get() + 1);
+        match strangers_delivery(&h, n.get()).await {
             (403, e) if e["error"]["code"] == "forbidden" => Ok(()),
             (_, v) => Err(v.to_string()),
         }
