@@ -148,7 +148,8 @@ pub enum AccountCmd<S> {
         params: ReplicateParams,
     },
     /// A page pulled from `partner`'s `timeline.replicate`, to apply.
-    /// `known`: the account's route in this relay's route book.
+    /// `known`: the account's highest route this relay knows (for an
+    /// account not here yet, also what its peers answered just now).
     ReplicaApply {
         partner: String,
         page: Box<Page>,

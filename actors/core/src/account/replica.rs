@@ -15,13 +15,19 @@
 //! reset (`acked` back to 0) sends history again. Settings and devices
 //! come before messages within a page.
 //!
-//! Applying ([`apply`]): each item is decided as the command that wrote it
-//! would be here: account objects are verified again under the account
-//! key, messages are deduplicated by the ledger (one record per message
-//! whichever home accepted it, and a reset re-delivers nothing), records
-//! take this relay's next sequence. A sent message still delivering is
-//! delivered from here too, by this relay's own delivery state with the
-//! original `accepted_at` and deadline ([`forwarded`]).
+//! Applying ([`apply`]): each item is the partner's claim, decided as the
+//! command that wrote it would be here (PROTOCOL §5 *What a partner home
+//! may replicate*), and one that fails refuses the whole page: account
+//! objects are verified again under the account key, a received record
+//! under its sender's certificate ([`check_received`]), a sent one under
+//! a device valid here at its `created_at` ([`check_sent`]); times are
+//! this relay's ([`sent_times`], [`clamped_time`]). Messages are
+//! deduplicated by the ledger (one record per message whichever home
+//! accepted it, and a reset re-delivers nothing), records take this
+//! relay's next sequence. A sent message still delivering is delivered
+//! from here too, from a device valid now, by this relay's own delivery
+//! state with the original `accepted_at` and the deadline recomputed here
+//! ([`decide_forwarded`]).
 //!
 //! Timeline order both homes agree on: each home numbers its records in
 //! the order it stored them (`sequence`, the sync cursor), and a record's
