@@ -128,6 +128,26 @@ async fn a_replicated_received_record_with_a_forged_envelope_for_another_account
 }
 
 #[actix_rt::test]
+async fn a_replicated_record_kept_without_its_certificate_is_checked_against_the_senders_home() {
+    let h = homes("").await;
+    let envelope = h.bob_phone.envelope(&h.bob.id, h.alice.id(), &mid(1), now(), b"ciphertext bytes");
+    let cert = h.bob.certificate(&h.bob_phone, now() - 60, None);
+    // As a partner stores a record it accepted before it kept certificates.
+    let mut item = received_item(1, &h.bob.id, envelope, Value::Null);
+    item["event"]["message_received"].as_object_mut().unwrap().remove("sender_certificate");
+    h.bobs_home.set_devices(&h.bob.id, json!({"certificates": [cert], "revocations": []}));
+    h.partner.set_page(h.alice.id(), page(vec![item]));
+    eventually("the record at relay-a", LIMIT, || async {
+        match h.alice.sync_all(&h.c, 0).await.len() {
+            1 => Ok(()),
+            n => Err(format!("{n} records")),
+        }
+    })
+    .await;
+    assert!(!h.bobs_home.requests_of("account.devices.get").is_empty(), "bob's home was asked for his devices");
+}
+
+#[actix_rt::test]
 async fn a_replicated_send_from_a_device_this_relay_revoked_is_not_delivered() {
     let mut h = homes("").await;
     h.alice.add_device(&h.c, "laptop", 111).await;

@@ -241,7 +241,8 @@ pub struct Applied {
 /// Applies a page pulled from `partner`. `known`: the account's highest
 /// route this relay knows or learned from its peers just now, which the
 /// page's route must not be older than when the page brings the account
-/// here.
+/// here. `senders`: certificates for received records that carry none,
+/// from the senders' own homes (see [`check_received`]).
 ///
 /// PROTOCOL §5 *What a partner home may replicate*: every item is the
 /// partner's claim, checked as the request that wrote it would be here.
@@ -253,6 +254,7 @@ pub fn apply(
     partner: &str,
     page: &Page,
     known: Option<&Wire<Route>>,
+    senders: &[Wire<DeviceCertificate>],
     reads: &impl Reads,
     ctx: Ctx,
 ) -> Result<Applied, RelayError> {
@@ -268,7 +270,7 @@ pub fn apply(
     let mut page_ledger = Ledger::default();
     for item in page.items.iter().filter(|i| i.sequence > pulled) {
         let decided = if scratch.is_registered() || matches!(item.event, AccountEvent::Registered { .. }) {
-            decide_item(&scratch, item, reads, &page_ledger, ctx)
+            decide_item(&scratch, item, senders, reads, &page_ledger, ctx)
         } else {
             Err(RelayError::forbidden("the partner offered no registration of the account"))
         };
@@ -321,13 +323,17 @@ fn refused(item: &Item, e: RelayError) -> RelayError {
 
 /// A received record is the claim that a device of its sender signed
 /// this envelope for this account: it must name this account as `to`,
-/// and verify under the sender's certificate (kept with the record at the
-/// home that accepted it).
+/// and verify under the sender's certificate: the one kept with the
+/// record at the home that accepted it, or, for a record accepted before
+/// certificates were kept, one of `senders` (the sender's home's list).
+/// A certificate is signed by the sender's account key, so neither the
+/// partner nor the sender's home can make one up for a real sender.
 pub fn check_received(
     state: &AccountState,
     from: &str,
     record: &Record,
     sender_certificate: Option<&Wire<DeviceCertificate>>,
+    senders: &[Wire<DeviceCertificate>],
 ) -> Result<(), RelayError> {
     let env = &record.envelope;
     if env.to != *state.account_id {
@@ -336,7 +342,9 @@ pub fn check_received(
     if env.from != from {
         return Err(RelayError::invalid_params("a received record's envelope is from another sender"));
     }
+    let of_device = |c: &&Wire<DeviceCertificate>| c.account_id == env.from && c.device_id == env.from_device_id;
     let cert = sender_certificate
+        .or_else(|| senders.iter().find(of_device))
         .ok_or_else(|| RelayError::forbidden("a received record without its sender's certificate"))?;
     let key = cert.check_signed().map_err(|e| RelayError::forbidden(format!("sender certificate: {}", e.message)))?;
     if cert.account_id != env.from || cert.device_id != env.from_device_id {
@@ -415,6 +423,7 @@ fn arriving(
 fn decide_item(
     state: &AccountState,
     item: &Item,
+    senders: &[Wire<DeviceCertificate>],
     reads: &impl Reads,
     page_ledger: &Ledger,
     ctx: Ctx,
@@ -469,7 +478,7 @@ fn decide_item(
             false => vec![item.event.clone()],
         },
         AccountEvent::MessageReceived { from, message_id, record, sender_certificate, .. } => {
-            check_received(state, from, record, sender_certificate.as_deref())?;
+            check_received(state, from, record, sender_certificate.as_deref(), senders)?;
             if record.envelope.message_id != *message_id {
                 return Err(RelayError::invalid_params("a received record of another message"));
             }

@@ -46,7 +46,7 @@ fn seqs(page: &Page) -> Vec<u64> {
 
 /// `relay-b` applies a page pulled from this relay.
 fn pull(b: &Given, page: &Page, now: u64) -> Applied {
-    replica::apply(b, RELAY, page, None, b, at_b(now)).unwrap()
+    replica::apply(b, RELAY, page, None, &[], b, at_b(now)).unwrap()
 }
 
 /// `relay-b` with everything `a` has, pulled and applied (and `a` having
@@ -208,10 +208,10 @@ fn history_page(a: &Given) -> Page {
 fn a_page_whose_route_does_not_name_this_relay_brings_nothing() {
     let single = given_alice([]);
     let b = Given::new(&alice().id);
-    let r = replica::apply(&b, RELAY, &history_page(&single), None, &b, at_b(NOW));
+    let r = replica::apply(&b, RELAY, &history_page(&single), None, &[], &b, at_b(NOW));
     then_route_error(r, &route(&alice(), 1, &[RELAY]));
     let without_route = Page { route: None, ..history_page(&single) };
-    then_error(replica::apply(&b, RELAY, &without_route, None, &b, at_b(NOW)), ErrorCode::Forbidden);
+    then_error(replica::apply(&b, RELAY, &without_route, None, &[], &b, at_b(NOW)), ErrorCode::Forbidden);
 }
 
 #[test]
@@ -219,7 +219,7 @@ fn a_page_older_than_a_route_known_here_brings_nothing() {
     let page = history_page(&at_a());
     let b = Given::new(&alice().id);
     let newer = wire(&route(&alice(), 3, &[RELAY]));
-    let e = then_rejected(replica::apply(&b, RELAY, &page, Some(&newer), &b, at_b(NOW)));
+    let e = then_rejected(replica::apply(&b, RELAY, &page, Some(&newer), &[], &b, at_b(NOW)));
     assert_eq!(e.code, ErrorCode::RouteStale);
 }
 
@@ -231,7 +231,7 @@ fn an_account_arrives_only_with_the_account_keys_signed_registration() {
         *registration = None;
     }
     let b = Given::new(&alice().id);
-    then_error(replica::apply(&b, RELAY, &page, None, &b, at_b(NOW)), ErrorCode::Forbidden);
+    then_error(replica::apply(&b, RELAY, &page, None, &[], &b, at_b(NOW)), ErrorCode::Forbidden);
 }
 
 #[test]
@@ -254,6 +254,7 @@ fn a_revocation_from_the_other_home_ends_the_device_here() {
         partner: RELAY.into(),
         page: Box::new(page),
         known: None,
+        senders: vec![],
     };
     let d = crate::account::command::decide(&b, &mut Default::default(), &cmd, &b, at_b(NOW)).unwrap();
     assert!(
@@ -268,7 +269,7 @@ fn a_revocation_from_the_other_home_ends_the_device_here() {
 #[test]
 fn a_partner_the_route_does_not_name_may_not_replicate_into_an_account() {
     let b = other_home_of(&mut at_a());
-    let r = replica::apply(&b, "relay-c", &Page::default(), None, &b, at_b(NOW));
+    let r = replica::apply(&b, "relay-c", &Page::default(), None, &[], &b, at_b(NOW));
     then_route_error(r, &route(&alice(), 1, &[RELAY, OTHER]));
 }
 
@@ -529,7 +530,7 @@ fn settings_changed_at_both_homes_apart_end_the_same_at_both_the_later_winning()
             replica::serve(&b, RELAY, &p, &b, at_b(NOW)).unwrap().1
         };
         let at_b_now = pull(&b, &to_b, NOW + 3);
-        let at_a_now = replica::apply(&a, OTHER, &b_page, None, &a, at(NOW + 3)).unwrap();
+        let at_a_now = replica::apply(&a, OTHER, &b_page, None, &[], &a, at(NOW + 3)).unwrap();
         let b = given(&alice(), &[b.events.clone(), at_b_now.events].concat());
         let a = given(&alice(), &[a.events.clone(), at_a_now.events].concat());
         assert_eq!((a.public_discovery, b.public_discovery), (expected, expected), "{a_change:?} / {b_change:?}");
@@ -576,7 +577,7 @@ fn settings_then_received(a: &mut Given) -> Given {
 /// before the bad item either).
 fn then_page_refused(b: &Given, page: &Page, now: u64, code: ErrorCode) -> RelayError {
     assert!(page.items.len() >= 2, "a page with a good item before the bad one");
-    then_error(replica::apply(b, RELAY, page, None, b, at_b(now)), code)
+    then_error(replica::apply(b, RELAY, page, None, &[], b, at_b(now)), code)
 }
 
 #[test]
@@ -615,6 +616,24 @@ fn a_received_record_without_its_senders_certificate_refuses_the_page() {
         }
     });
     then_page_refused(&b, &page, NOW, ErrorCode::Forbidden);
+}
+
+#[test]
+fn a_received_record_kept_without_a_certificate_verifies_under_one_from_the_senders_home() {
+    let mut a = at_a();
+    let b = settings_then_received(&mut a);
+    // Accepted before certificates were kept with received records.
+    let page = hostile_page(&mut a, &b, |item| {
+        if let AccountEvent::MessageReceived { sender_certificate, .. } = &mut item.event {
+            *sender_certificate = None;
+        }
+    });
+    let from_bobs_home = [wire(&cert(&bob(), &bob_laptop())), wire(&cert(&bob(), &bob_phone()))];
+    let applied = replica::apply(&b, RELAY, &page, None, &from_bobs_home, &b, at_b(NOW)).unwrap();
+    assert!(matches!(replicated(&applied)[..], [_, AccountEvent::MessageReceived { .. }]), "{:?}", applied.events);
+    // Another account's certificate for that device name proves nothing.
+    let carols = [wire(&carol().certificate(&bob_phone(), ISSUED, None))];
+    then_error(replica::apply(&b, RELAY, &page, None, &carols, &b, at_b(NOW)), ErrorCode::Forbidden);
 }
 
 #[test]
@@ -735,7 +754,7 @@ fn a_replicated_registration_must_name_a_relay_of_the_route_it_registered() {
         **r = wire(&alice().registration("relay-c", false, NOW));
     }
     let b = Given::new(&alice().id);
-    let e = then_error(replica::apply(&b, RELAY, &page, None, &b, at_b(NOW)), ErrorCode::Forbidden);
+    let e = then_error(replica::apply(&b, RELAY, &page, None, &[], &b, at_b(NOW)), ErrorCode::Forbidden);
     assert!(e.message.contains("relay_id"), "{e:?}");
 }
 
@@ -746,7 +765,7 @@ fn a_replicated_registration_issued_beyond_the_clock_tolerance_is_refused() {
         **r = wire(&alice().registration(RELAY, false, NOW + 3_600));
     }
     let b = Given::new(&alice().id);
-    then_error(replica::apply(&b, RELAY, &page, None, &b, at_b(NOW)), ErrorCode::InvalidParams);
+    then_error(replica::apply(&b, RELAY, &page, None, &[], &b, at_b(NOW)), ErrorCode::InvalidParams);
 }
 
 #[test]
@@ -768,6 +787,6 @@ fn a_route_revision_older_than_this_homes_in_history_offered_again_is_known() {
     b.apply(&route_updated(&route(&alice(), 3, &[RELAY, OTHER])));
     a.apply(&AccountEvent::ReplicaReset { partner: OTHER.into() });
     let again = serve(&mut a, 3, Some(3));
-    let applied = replica::apply(&b, RELAY, &again, None, &b, at_b(NOW)).unwrap();
+    let applied = replica::apply(&b, RELAY, &again, None, &[], &b, at_b(NOW)).unwrap();
     assert!(replicated(&applied).is_empty(), "{:?}", applied.events);
 }
