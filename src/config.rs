@@ -371,6 +371,14 @@ pub struct Limits {
     /// flood of lookups cannot spend what the peer's deliveries need).
     pub peer_lookup_rate: u32,
     pub peer_lookup_burst: u32,
+    /// The same for each peer's `account.devices.get`, which a peer passes
+    /// on for its clients (their own budget: a stranger's loop of them
+    /// cannot spend what the peer's deliveries need).
+    pub peer_read_rate: u32,
+    pub peer_read_burst: u32,
+    /// The same for each partner home's `timeline.replicate` pulls.
+    pub peer_replicate_rate: u32,
+    pub peer_replicate_burst: u32,
     /// The same for the methods without a session (`account.register`,
     /// `session.challenge`, `session.open`, `route.get`), per client address.
     pub anonymous_rate: u32,
@@ -404,6 +412,16 @@ impl Default for Limits {
             peer_burst: 4000,
             peer_lookup_rate: 200,
             peer_lookup_burst: 400,
+            // A caller keeps a remote device list briefly, so one peer asks
+            // once per account per few seconds: lookups' budget fits.
+            peer_read_rate: 200,
+            peer_read_burst: 400,
+            // One pull per two-home account per `replication.interval`
+            // (10s), and one per change: 10 000 shared accounts at 1 000/s,
+            // a whole round of 5 000 in one burst; a pull refused is retried
+            // next round.
+            peer_replicate_rate: 1000,
+            peer_replicate_burst: 5000,
             anonymous_rate: 20,
             anonymous_burst: 100,
             max_resident_accounts: 100_000,
@@ -615,6 +633,8 @@ impl Config {
             session: (l.session_rate, l.session_burst),
             peer: (l.peer_rate, l.peer_burst),
             peer_lookup: (l.peer_lookup_rate, l.peer_lookup_burst),
+            peer_read: (l.peer_read_rate, l.peer_read_burst),
+            peer_replicate: (l.peer_replicate_rate, l.peer_replicate_burst),
             anonymous: (l.anonymous_rate, l.anonymous_burst),
         }
     }
@@ -759,6 +779,10 @@ impl Config {
             l.peer_burst,
             l.peer_lookup_rate,
             l.peer_lookup_burst,
+            l.peer_read_rate,
+            l.peer_read_burst,
+            l.peer_replicate_rate,
+            l.peer_replicate_burst,
             l.anonymous_rate,
             l.anonymous_burst,
         ];

@@ -35,6 +35,7 @@ pub mod observe;
 pub mod peers;
 pub mod push;
 pub mod relay_rpc;
+pub mod remote_reads;
 pub mod replication;
 pub mod rpc;
 

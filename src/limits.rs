@@ -14,6 +14,12 @@ pub struct RateLimits {
     /// Route lookups per peer: their own budget, so a flood of lookups
     /// cannot spend the budget a peer's deliveries need.
     lookups: DefaultKeyedRateLimiter<String>,
+    /// Reads a peer passes on for its clients (`account.devices.get`): a
+    /// stranger's loop of them spends this, not the delivery budget.
+    reads: DefaultKeyedRateLimiter<String>,
+    /// `timeline.replicate` pulls of a partner home: replication rounds of
+    /// many accounts neither starve nor are starved by deliveries.
+    replicate: DefaultKeyedRateLimiter<String>,
     /// Session-less calls per client address.
     anonymous: DefaultKeyedRateLimiter<IpAddr>,
     clock: DefaultClock,
@@ -28,6 +34,8 @@ pub struct Rates {
     pub session: (u32, u32),
     pub peer: (u32, u32),
     pub peer_lookup: (u32, u32),
+    pub peer_read: (u32, u32),
+    pub peer_replicate: (u32, u32),
     pub anonymous: (u32, u32),
 }
 
@@ -42,6 +50,8 @@ impl RateLimits {
             sessions: RateLimiter::keyed(quota(r.session.0, r.session.1)),
             peers: RateLimiter::keyed(quota(r.peer.0, r.peer.1)),
             lookups: RateLimiter::keyed(quota(r.peer_lookup.0, r.peer_lookup.1)),
+            reads: RateLimiter::keyed(quota(r.peer_read.0, r.peer_read.1)),
+            replicate: RateLimiter::keyed(quota(r.peer_replicate.0, r.peer_replicate.1)),
             anonymous: RateLimiter::keyed(quota(r.anonymous.0, r.anonymous.1)),
             clock: DefaultClock::default(),
         }
@@ -71,9 +81,16 @@ impl RateLimits {
         self.check(&self.sessions, &format!("{account_id}/{device_id}"), "session")
     }
 
-    /// One relay call of `method` from peer `peer_id`.
+    /// One relay call of `method` from peer `peer_id`, charged to the
+    /// budget of its kind: lookups, proxied reads, replication, or
+    /// everything else (deliveries).
     pub fn peer(&self, peer_id: &str, method: &str) -> Result<(), RelayError> {
-        let limiter = if method == "route.get" { &self.lookups } else { &self.peers };
+        let limiter = match method {
+            "route.get" => &self.lookups,
+            "account.devices.get" => &self.reads,
+            "timeline.replicate" => &self.replicate,
+            _ => &self.peers,
+        };
         self.check(limiter, &peer_id.to_owned(), "relay")
     }
 
@@ -89,7 +106,7 @@ mod tests {
     use super::*;
 
     fn rates(session: (u32, u32), peer: (u32, u32)) -> Rates {
-        Rates { session, peer, peer_lookup: (1, 2), anonymous: (1, 2) }
+        Rates { session, peer, peer_lookup: (1, 2), peer_read: (1, 2), peer_replicate: (1, 2), anonymous: (1, 2) }
     }
 
     #[test]
@@ -122,6 +139,21 @@ mod tests {
         l.peer("relay-b", "route.get").unwrap();
         assert_eq!(l.peer("relay-b", "route.get").unwrap_err().code, ErrorCode::RateLimited);
         l.peer("relay-b", "message.deliver").unwrap();
+    }
+
+    #[test]
+    fn proxied_reads_and_replication_of_a_peer_do_not_spend_its_delivery_budget() {
+        let l = RateLimits::new(rates((100, 100), (1, 2)));
+        for method in ["account.devices.get", "timeline.replicate"] {
+            l.peer("relay-b", method).unwrap();
+            l.peer("relay-b", method).unwrap();
+            assert_eq!(l.peer("relay-b", method).unwrap_err().code, ErrorCode::RateLimited, "{method}");
+        }
+        l.peer("relay-b", "message.deliver").unwrap();
+        l.peer("relay-b", "message.deliver").unwrap();
+        assert_eq!(l.peer("relay-b", "message.deliver").unwrap_err().code, ErrorCode::RateLimited);
+        // And a flood of deliveries leaves reads and replication their own.
+        l.peer("relay-c", "message.deliver").unwrap();
     }
 
     #[test]

@@ -25,13 +25,14 @@ use crate::peers::{CallError, PeerClient};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use relay_actors::account::events::AccountEvent;
 use relay_actors::account::replica::{Outcome, Page};
 use relay_actors::account::{AccountCmd, ReplicaSink, Reply};
 use relay_actors::Supervisor;
-use relay_schemas::methods::ReplicateParams;
-use relay_schemas::objects::Route;
+use relay_schemas::methods::{AccountIdParams, ReplicateParams};
+use relay_schemas::objects::{DeviceCertificate, Route};
 use relay_schemas::{ErrorCode, Method, RelayError, Wire};
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, Semaphore};
@@ -65,7 +66,8 @@ struct Slot {
 pub struct Replicator {
     sup: Supervisor,
     /// `relay_replication_items_total{outcome}`: items pulled from partners,
-    /// `applied` (new here) or `known` (this relay had them already).
+    /// `applied` (new here), `known` (this relay had them already) or
+    /// `refused` (their page broke a rule here, PROTOCOL §5).
     items: Family<OutcomeLabels, Counter>,
     peers: PeerClient,
     settings: Settings,
@@ -207,14 +209,17 @@ impl Replicator {
             tracing::debug!(account = account_id, partner, after, items, next = page.next, "replication page");
             let (next, has_more) = (page.next, page.has_more);
             if had_items {
-                let known = self.sup.routes().get(account_id).ok().flatten();
-                let cmd = AccountCmd::ReplicaApply { partner: partner.to_owned(), page: Box::new(page), known };
-                if let Reply::Replica(Outcome::Applied { items: applied, refused }) =
-                    self.sup.ask(account_id, cmd).await?
-                {
-                    if !refused.is_empty() {
-                        tracing::warn!(account = account_id, partner, ?refused, "replicated items refused");
+                let known = self.known_route(account_id).await?;
+                let senders = self.senders_of(&page).await;
+                let cmd =
+                    AccountCmd::ReplicaApply { partner: partner.to_owned(), page: Box::new(page), known, senders };
+                let applied = self.sup.ask(account_id, cmd).await.inspect_err(|e| {
+                    if e.code != ErrorCode::InternalError {
+                        tracing::warn!(account = account_id, partner, error = %e.message, "replicated page refused");
+                        self.items.get_or_create(&OutcomeLabels { outcome: "refused" }).inc_by(items as u64);
                     }
+                })?;
+                if let Reply::Replica(Outcome::Applied { items: applied }) = applied {
                     let known = items.saturating_sub(applied);
                     self.items.get_or_create(&OutcomeLabels { outcome: "applied" }).inc_by(applied as u64);
                     self.items.get_or_create(&OutcomeLabels { outcome: "known" }).inc_by(known as u64);
@@ -228,6 +233,65 @@ impl Replicator {
             after = next;
         }
         Ok(true)
+    }
+}
+
+impl Replicator {
+    /// The highest route of `account_id` the page's must not be older than.
+    /// For an account served here, its own (the account decides); for one
+    /// a page would bring here, what the route book knows or the peers
+    /// say now, as `account.register` asks (PROTOCOL §5): a relay the
+    /// account left cannot bring it back on its old route.
+    async fn known_route(&self, account_id: &str) -> Result<Option<Wire<Route>>, RelayError> {
+        if self.sup.account_exists(account_id)? {
+            return Ok(self.sup.routes().get(account_id).ok().flatten());
+        }
+        Ok(self.sup.resolve_route(account_id, true).await)
+    }
+
+    /// Certificates for the page's received records that carry none (the
+    /// partner accepted them before certificates were kept with them): the
+    /// senders' device lists, from this relay or the senders' homes, as
+    /// `account.devices.get` reads them. A sender not found leaves its
+    /// record unverifiable, and the page is refused.
+    async fn senders_of(&self, page: &Page) -> Vec<Wire<DeviceCertificate>> {
+        let unkept: BTreeSet<&str> = page
+            .items
+            .iter()
+            .filter_map(|i| match &i.event {
+                AccountEvent::MessageReceived { from, sender_certificate: None, .. } => Some(from.as_str()),
+                _ => None,
+            })
+            .collect();
+        // At most one lookup per item of the page (bounded by its limit),
+        // and only for records written before this relay kept certificates.
+        let mut certs = Vec::new();
+        for from in unkept {
+            certs.extend(self.devices_of(from).await.unwrap_or_default());
+        }
+        certs
+    }
+
+    async fn devices_of(&self, account_id: &str) -> Option<Vec<Wire<DeviceCertificate>>> {
+        #[derive(serde::Deserialize)]
+        struct Devices {
+            certificates: Vec<Wire<DeviceCertificate>>,
+        }
+        let read = |json: &[u8]| serde_json::from_slice::<Devices>(json).ok().map(|d| d.certificates);
+        if self.sup.account_exists(account_id).ok()? {
+            return match self.sup.ask(account_id, AccountCmd::AccountDevicesGet).await.ok()? {
+                Reply::Json(json) => read(json.as_bytes()),
+                _ => None,
+            };
+        }
+        let body = serde_json::to_vec(&AccountIdParams { account_id: account_id.to_owned() }).ok()?;
+        let route = self.sup.resolve_route(account_id, false).await?;
+        for home in &route.relays {
+            if let Ok(bytes) = self.peers.call(&home.id, Method::RelayAccountDevicesGet, body.clone()).await {
+                return read(&bytes);
+            }
+        }
+        None
     }
 }
 

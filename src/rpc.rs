@@ -41,6 +41,8 @@ pub struct Relay {
     limits: RateLimits,
     push: PushInfo,
     replicator: Option<std::sync::Arc<crate::replication::Replicator>>,
+    /// Remote homes' device lists, kept briefly for clients asking again.
+    remote_reads: crate::remote_reads::RemoteReads,
     requests: Family<RequestLabels, Counter>,
     latency: Family<MethodLabels, Histogram>,
 }
@@ -112,7 +114,8 @@ impl Relay {
             r.register("request_seconds", "Request latency by method", latency.clone());
         }
         let push = PushInfo::default();
-        Relay { sup, max_body_bytes, peers, peer_keys, limits, push, replicator: None, requests, latency }
+        let remote_reads = Default::default();
+        Relay { sup, max_body_bytes, peers, peer_keys, limits, push, replicator: None, remote_reads, requests, latency }
     }
 
     /// The push methods' settings.
@@ -155,6 +158,10 @@ impl Relay {
 
     pub fn peer_keys(&self) -> &PeerKeys {
         &self.peer_keys
+    }
+
+    pub(crate) fn remote_reads(&self) -> &crate::remote_reads::RemoteReads {
+        &self.remote_reads
     }
 
     pub(crate) fn peers(&self) -> &PeerClient {

@@ -185,7 +185,8 @@ async fn a_result_replicated_from_the_other_home_ends_the_delivery_without_askin
     let event = AccountEvent::DeliveryUpdated { message_id: mid.clone(), status };
     let item = Item { sequence: 7, event, status: None, deliver: None };
     let page = Page { items: vec![item], next: 7, has_more: false, route: Some(route) };
-    let cmd = AccountCmd::ReplicaApply { partner: "relay-a2".into(), page: Box::new(page), known: None };
+    let cmd =
+        AccountCmd::ReplicaApply { partner: "relay-a2".into(), page: Box::new(page), known: None, senders: vec![] };
     w.sup.ask(&w.alice.id, cmd).await.unwrap();
     assert_eq!(w.status(&mid).await.status, Status::TargetAccepted, "the account learned it");
 

@@ -368,9 +368,15 @@ fn account_event(story: &mut Story, account: &str, ev: &StoredEvent) {
             story.status_reports.push(StatusReport { at: ev.at, status: status.clone(), event: r.clone() });
             story.final_status = Some(status.clone());
         }
-        AccountEvent::MessageReceived { from: sender, message_id, digest, accepted_at, retention_until, record }
-            if *message_id == mid && *sender == from =>
-        {
+        AccountEvent::MessageReceived {
+            from: sender,
+            message_id,
+            digest,
+            accepted_at,
+            retention_until,
+            record,
+            ..
+        } if *message_id == mid && *sender == from => {
             story.receipts.push(Receipt {
                 account: account.to_owned(),
                 accepted_at: *accepted_at,

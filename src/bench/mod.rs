@@ -189,6 +189,8 @@ fn start_relays(
             "[relay]\nid = \"{id}\"\npublic_url = \"http://127.0.0.1:{port}\"\nlisten = \"127.0.0.1:{port}\"\n\
              data_dir = {:?}\nkey_file = {:?}\n\n{peers}[limits]\nsession_rate = 1000000\nsession_burst = 1000000\n\
              peer_rate = 1000000\npeer_burst = 1000000\n\
+             peer_read_rate = 1000000\npeer_read_burst = 1000000\n\
+             peer_replicate_rate = 1000000\npeer_replicate_burst = 1000000\n\
              anonymous_rate = 1000000\nanonymous_burst = 1000000\n\n[http]\nmax_connections_per_ip = 1000000\n\n{}",
             data.display().to_string(),
             key_file.display().to_string(),

@@ -23,7 +23,16 @@ pub(crate) async fn handle(relay: &Relay, token: Option<&str>, body: &[u8]) -> R
     if relay.supervisor().account_exists(&p.account_id)? {
         return relay.local(&p.account_id, ErrorCode::NotFound, AccountCmd::AccountDevicesGet).await;
     }
-    remote_devices(relay, &p.account_id, body).await
+    // Asked of its home at most once per few seconds, whoever asks.
+    let now = relay.supervisor().clock().now_ms();
+    if let Some(answer) = relay.remote_reads().get(&p.account_id, now) {
+        return Ok(answer);
+    }
+    // Only device lists are kept: an error (a busy or unreachable home)
+    // is asked about again next time.
+    let answer = remote_devices(relay, &p.account_id, body).await?;
+    relay.remote_reads().put(&p.account_id, answer.clone(), relay.supervisor().clock().now_ms());
+    Ok(answer)
 }
 
 /// For an account served elsewhere: asked of its home relay (the first of

@@ -701,6 +701,7 @@ fn generate_a_large_log() {
                         boxes: vec![wire(key_box("phone", &[9; 80]))],
                         visible: vec!["phone".into()],
                     }),
+                    sender_certificate: None,
                 }
             };
             if round == 0 {

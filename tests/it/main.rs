@@ -17,6 +17,7 @@ mod cross_relay;
 mod delivery_crash;
 mod fake_peer;
 mod hostile_account;
+mod hostile_partner;
 mod hostile_peer;
 mod hostile_push;
 mod hostile_ws;

@@ -6,8 +6,11 @@
 //! It serves `POST /v1/relay/route.get` (a route per account, which may
 //! change after a number of deliveries to that account) and
 //! `POST /v1/relay/message.deliver` (answers from a script per
-//! `message_id`, then a default), and records every request it got
-//! (arrival time, headers, body bytes) before answering.
+//! `message_id`, then a default), `account.devices.get` (a set answer per
+//! account) and `timeline.replicate` (a partner home's scripted page per
+//! account), and records every request it got (arrival time, headers,
+//! body bytes) before answering. [`FakePeer::signing_key`] signs as it, for
+//! requests it would send.
 
 use relay_schemas::ErrorCode;
 use serde_json::{json, Value};
@@ -108,6 +111,10 @@ struct State {
     routes: HashMap<String, Vec<(usize, RouteReply)>>,
     /// message_id → accepted_at of the first commit.
     committed: HashMap<String, u64>,
+    /// `account.devices.get` answers per account.
+    devices: HashMap<String, Value>,
+    /// `timeline.replicate` pages per account.
+    pages: HashMap<String, Value>,
 }
 
 enum Action {
@@ -121,6 +128,7 @@ pub struct FakePeer {
     pub url: String,
     /// A valid key for the source's `[[peers]]` entry (the fake does not sign).
     pub public_key: String,
+    key_seed: u8,
     state: Arc<Mutex<State>>,
     stop: Arc<AtomicBool>,
     addr: std::net::SocketAddr,
@@ -141,7 +149,31 @@ impl FakePeer {
         let stop = Arc::new(AtomicBool::new(false));
         let st = state.clone();
         super::http::serve_each(listener, stop.clone(), move |conn| serve(conn, &st));
-        FakePeer { id: id.to_string(), url: format!("http://{addr}"), public_key, state, stop, addr }
+        FakePeer { id: id.to_string(), url: format!("http://{addr}"), public_key, key_seed, state, stop, addr }
+    }
+
+    /// The key behind [`FakePeer::public_key`]: signs relay requests as this
+    /// fake (`Client::relay_call`), as the peer it stands in for would.
+    pub fn signing_key(&self) -> ed25519_dalek::SigningKey {
+        ed25519_dalek::SigningKey::from_bytes(&[self.key_seed; 32])
+    }
+
+    /// `account.devices.get` for `account_id` answers `answer` (200).
+    pub fn set_devices(&self, account_id: &str, answer: Value) {
+        lock(&self.state).devices.insert(account_id.to_string(), answer);
+    }
+
+    /// `timeline.replicate` for `account_id` answers `page` to a request
+    /// whose `after` is before the page's `next`, and an empty page (`next`
+    /// = `after`) once the caller has passed it: a partner home with these
+    /// items to offer.
+    pub fn set_page(&self, account_id: &str, page: Value) {
+        lock(&self.state).pages.insert(account_id.to_string(), page);
+    }
+
+    /// The requests of relay `method` so far.
+    pub fn requests_of(&self, method: &str) -> Vec<Request> {
+        self.requests().into_iter().filter(|r| r.method == method).collect()
     }
 
     /// The `[[peers]]` entry naming this fake.
@@ -257,6 +289,24 @@ fn decide(state: &Mutex<State>, path: &str, headers: Vec<(String, String)>, body
                 Reply::Error(status, code, data) => Action::Respond(status, error_body(&code, data.as_ref())),
                 Reply::Hang(d) => Action::Hang(d),
                 Reply::Raw(status, body) => Action::Respond(status, body),
+            }
+        }
+        "account.devices.get" => match st.devices.get(&req.account().unwrap_or_default()) {
+            Some(answer) => Action::Respond(200, serde_json::to_vec(answer).unwrap()),
+            None => Action::Respond(404, error_body("not_found", None)),
+        },
+        "timeline.replicate" => {
+            let v = req.json();
+            let after = v["after"].as_u64().unwrap_or(0);
+            match st.pages.get(&req.account().unwrap_or_default()) {
+                Some(page) if after < page["next"].as_u64().unwrap_or(0) => {
+                    Action::Respond(200, serde_json::to_vec(page).unwrap())
+                }
+                Some(_) => {
+                    let empty = json!({"items": [], "next": after, "has_more": false});
+                    Action::Respond(200, serde_json::to_vec(&empty).unwrap())
+                }
+                None => Action::Respond(404, error_body("not_found", None)),
             }
         }
         _ => Action::Respond(404, error_body("not_found", None)),

@@ -19,7 +19,7 @@ use crate::delivery::core::{decide_acceptance, delivered_here_first, Begun};
 use crate::delivery::AttemptOutcome;
 use relay_schemas::encoding::b64_encode;
 use relay_schemas::methods::*;
-use relay_schemas::objects::Route;
+use relay_schemas::objects::{DeviceCertificate, Route};
 use relay_schemas::{DeliveryStatus, ErrorCode, RelayError, UnixSecs, Wire};
 
 /// Every command an account takes. `device` is the session's device, taken
@@ -148,11 +148,16 @@ pub enum AccountCmd<S> {
         params: ReplicateParams,
     },
     /// A page pulled from `partner`'s `timeline.replicate`, to apply.
-    /// `known`: the account's route in this relay's route book.
+    /// `known`: the account's highest route this relay knows (for an
+    /// account not here yet, also what its peers answered just now).
     ReplicaApply {
         partner: String,
         page: Box<Page>,
         known: Option<Wire<Route>>,
+        /// Certificates of senders of the page's received records that
+        /// carry none (accepted before certificates were kept with them),
+        /// as the senders' homes answered `account.devices.get`.
+        senders: Vec<Wire<DeviceCertificate>>,
     },
     /// `partner` answered `route_stale` with this route: the account moved.
     ReplicaMoved {
@@ -473,9 +478,9 @@ pub fn decide<S>(
             let (events, page) = replica::serve(state, peer, params, reads, ctx)?;
             Decision::write(events, json(&page)?)
         }
-        AccountCmd::ReplicaApply { partner, page, known } => {
-            let applied = replica::apply(state, partner, page, known.as_ref(), reads, ctx)?;
-            let reply = Reply::Replica(Outcome::Applied { items: applied.applied, refused: applied.refused });
+        AccountCmd::ReplicaApply { partner, page, known, senders } => {
+            let applied = replica::apply(state, partner, page, known.as_ref(), senders, reads, ctx)?;
+            let reply = Reply::Replica(Outcome::Applied { items: applied.applied });
             // A revocation made at the other home ends the device here too.
             let revoked = applied.events.iter().filter_map(|e| match e.origin() {
                 AccountEvent::DeviceRevoked { revocation } => Some(revocation.device_id.clone()),

@@ -237,8 +237,20 @@ pub fn add_device(
     cert: &Wire<DeviceCertificate>,
     ctx: Ctx,
 ) -> Result<Vec<AccountEvent>, RelayError> {
-    let route = registered(state)?;
+    registered(state)?;
     cert.check(ctx.now, ctx.policy.clock_tolerance, ctx.policy.max_object_bytes)?;
+    add_signed_device(state, cert, ctx.policy)
+}
+
+/// `device.add` past the certificate's own checks (its size and signature,
+/// and its validity window now, or, for one replicated from the account's
+/// other home, at the time it was added there).
+pub fn add_signed_device(
+    state: &AccountState,
+    cert: &Wire<DeviceCertificate>,
+    policy: &Policy,
+) -> Result<Vec<AccountEvent>, RelayError> {
+    let route = registered(state)?;
     if cert.account_id != state.account_id || cert.account_key != route.account_key {
         return Err(RelayError::forbidden("device_certificate names another account"));
     }
@@ -248,9 +260,9 @@ pub fn add_device(
     match state.certificate(&cert.device_id) {
         Some(existing) if existing == cert => Ok(vec![]),
         Some(_) => Err(RelayError::state_conflict("device_id already has another certificate")),
-        None if state.devices.len() >= ctx.policy.max_devices => Err(RelayError::over_limit(
+        None if state.devices.len() >= policy.max_devices => Err(RelayError::over_limit(
             MAX_DEVICES_SETTING,
-            format!("the account holds {} device certificates, limit {}", state.devices.len(), ctx.policy.max_devices),
+            format!("the account holds {} device certificates, limit {}", state.devices.len(), policy.max_devices),
         )),
         None => Ok(vec![AccountEvent::DeviceAdded { device_certificate: cert.clone() }]),
     }
@@ -559,6 +571,7 @@ pub fn receive(
         accepted_at,
         retention_until,
         record: record(state, env, &p.recipient_boxes, visible, retention_until),
+        sender_certificate: Some(Box::new(cert.clone())),
     };
     Ok(ReceiveDecision::Accepted { event: Box::new(event), status: DeliveryStatus::target_accepted(accepted_at) })
 }

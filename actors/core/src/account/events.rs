@@ -85,6 +85,12 @@ pub enum AccountEvent {
         accepted_at: u64,
         retention_until: u64,
         record: Box<Record>,
+        /// The sending device's certificate the envelope verified under:
+        /// the account's other home checks the record against it before
+        /// taking it (PROTOCOL §5 *What a partner home may replicate*).
+        /// Absent in events written before it was kept.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sender_certificate: Option<Box<Wire<DeviceCertificate>>>,
     },
     /// The delivery of a sent message changed status (terminal states only
     /// ever once).

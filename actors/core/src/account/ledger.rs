@@ -243,7 +243,7 @@ pub fn written(account_id: &str, event: &AccountEvent, current: Option<&SendEntr
                 sequence: Some(record.sequence),
             },
         }),
-        AccountEvent::MessageReceived { from, message_id, digest, accepted_at, retention_until, record } => {
+        AccountEvent::MessageReceived { from, message_id, digest, accepted_at, retention_until, record, .. } => {
             Some(Entry::Receipt {
                 from: from.clone(),
                 message_id: message_id.clone(),

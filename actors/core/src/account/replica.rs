@@ -15,13 +15,19 @@
 //! reset (`acked` back to 0) sends history again. Settings and devices
 //! come before messages within a page.
 //!
-//! Applying ([`apply`]): each item is decided as the command that wrote it
-//! would be here: account objects are verified again under the account
-//! key, messages are deduplicated by the ledger (one record per message
-//! whichever home accepted it, and a reset re-delivers nothing), records
-//! take this relay's next sequence. A sent message still delivering is
-//! delivered from here too, by this relay's own delivery state with the
-//! original `accepted_at` and deadline ([`forwarded`]).
+//! Applying ([`apply`]): each item is the partner's claim, decided as the
+//! command that wrote it would be here (PROTOCOL §5 *What a partner home
+//! may replicate*), and one that fails refuses the whole page: account
+//! objects are verified again under the account key, a received record
+//! under its sender's certificate ([`check_received`]), a sent one under
+//! a device valid here at its `created_at` ([`check_sent`]); times are
+//! this relay's ([`sent_times`], [`clamped_time`]). Messages are
+//! deduplicated by the ledger (one record per message whichever home
+//! accepted it, and a reset re-delivers nothing), records take this
+//! relay's next sequence. A sent message still delivering is delivered
+//! from here too, from a device valid now, by this relay's own delivery
+//! state with the original `accepted_at` and the deadline recomputed here
+//! ([`decide_forwarded`]).
 //!
 //! Timeline order both homes agree on: each home numbers its records in
 //! the order it stored them (`sequence`, the sync cursor), and a record's
@@ -29,14 +35,15 @@
 //! envelope.message_id)`, the same at both homes.
 
 use super::decide::{self, Ctx};
-use super::events::AccountEvent;
+use super::events::{AccountEvent, Record};
 use super::ledger::{Ledger, SendEntry};
 use super::state::AccountState;
 use super::timeline::fits_page;
 use super::Reads;
 use crate::delivery::core::{decide_forwarded, Begun};
 use relay_schemas::methods::{DeliverParams, ReplicateParams};
-use relay_schemas::objects::Route;
+use relay_schemas::objects::{DeviceCertificate, MessageEnvelope, Registration, Route};
+use relay_schemas::sign::Tag;
 use relay_schemas::{DeliveryStatus, ErrorCode, RelayError, Status, UnixSecs, Wire};
 use serde::{Deserialize, Serialize};
 
@@ -214,9 +221,8 @@ fn item(sequence: u64, event: AccountEvent, reads: &impl Reads) -> Result<Item, 
 pub enum Outcome {
     /// `ReplicaCursor`: this relay's cursor in the partner's stream.
     Cursor(u64),
-    /// `ReplicaApply`: how many items wrote something here, and the items
-    /// refused with why.
-    Applied { items: usize, refused: Vec<(u64, RelayError)> },
+    /// `ReplicaApply`: how many items wrote something here.
+    Applied { items: usize },
 }
 
 /// What applying a page decided.
@@ -227,21 +233,28 @@ pub struct Applied {
     pub events: Vec<AccountEvent>,
     /// Deliveries this relay takes on for sent messages still delivering.
     pub forwarded: Vec<Begun>,
-    /// Items refused (their sequence and why); the cursor passes them.
-    pub refused: Vec<(u64, RelayError)>,
     /// How many of the page's items wrote something here (the others were
     /// known already).
     pub applied: usize,
 }
 
 /// Applies a page pulled from `partner`. `known`: the account's highest
-/// route this relay knows otherwise (its route book), which the page's
-/// route must not be older than when the page brings the account here.
+/// route this relay knows or learned from its peers just now, which the
+/// page's route must not be older than when the page brings the account
+/// here. `senders`: certificates for received records that carry none,
+/// from the senders' own homes (see [`check_received`]).
+///
+/// PROTOCOL §5 *What a partner home may replicate*: every item is the
+/// partner's claim, checked as the request that wrote it would be here.
+/// One item that fails refuses the page (`invalid_params` / `forbidden`),
+/// and nothing of it is written: the cursor stays, so an honest partner's
+/// page comes again and a hostile one's never lands.
 pub fn apply(
     state: &AccountState,
     partner: &str,
     page: &Page,
     known: Option<&Wire<Route>>,
+    senders: &[Wire<DeviceCertificate>],
     reads: &impl Reads,
     ctx: Ctx,
 ) -> Result<Applied, RelayError> {
@@ -257,21 +270,16 @@ pub fn apply(
     let mut page_ledger = Ledger::default();
     for item in page.items.iter().filter(|i| i.sequence > pulled) {
         let decided = if scratch.is_registered() || matches!(item.event, AccountEvent::Registered { .. }) {
-            decide_item(&scratch, item, reads, &page_ledger, ctx)
+            decide_item(&scratch, item, senders, reads, &page_ledger, ctx)
         } else {
             Err(RelayError::forbidden("the partner offered no registration of the account"))
         };
-        let (events, begun) = match decided {
-            Ok(d) => d,
-            // This relay could not decide (a store read failed): nothing of
-            // the page is written, and the same page comes again.
-            Err(e) if e.code == ErrorCode::InternalError => return Err(e),
-            // The item breaks a rule here: the cursor passes it.
-            Err(e) => {
-                out.refused.push((item.sequence, e));
-                continue;
-            }
-        };
+        let (events, begun) = decided.map_err(|e| match e.code {
+            // This relay could not decide (a store read failed): the same
+            // page comes again.
+            ErrorCode::InternalError => e,
+            _ => refused(item, e),
+        })?;
         out.applied += usize::from(!events.is_empty());
         for event in events {
             page_ledger.apply(&state.account_id, &event);
@@ -301,6 +309,92 @@ pub fn apply(
         out.events.push(AccountEvent::ReplicaPulled { partner: partner.to_owned(), through: page.next });
     }
     Ok(out)
+}
+
+/// The page is refused for `item`: `forbidden` or `invalid_params` (as
+/// the item's own rule said, other codes as `forbidden`), naming the item;
+/// an item past this home's size bounds stays `payload_too_large` with the
+/// setting in `data.limit` (PROTOCOL §1).
+fn refused(item: &Item, e: RelayError) -> RelayError {
+    let why = format!("replicated item {} ({}) refused: {}", item.sequence, item.event.event_type(), e.message);
+    match e.code {
+        ErrorCode::InvalidParams => RelayError::invalid_params(why),
+        ErrorCode::PayloadTooLarge => RelayError { message: why, ..e },
+        _ => RelayError::forbidden(why),
+    }
+}
+
+/// A received record is the claim that a device of its sender signed
+/// this envelope for this account: it must name this account as `to`,
+/// and verify under the sender's certificate: the one kept with the
+/// record at the home that accepted it, or, for a record accepted before
+/// certificates were kept, one of `senders` (the sender's home's list).
+/// A certificate is signed by the sender's account key, so neither the
+/// partner nor the sender's home can make one up for a real sender.
+pub fn check_received(
+    state: &AccountState,
+    from: &str,
+    record: &Record,
+    sender_certificate: Option<&Wire<DeviceCertificate>>,
+    senders: &[Wire<DeviceCertificate>],
+    max_bytes: usize,
+) -> Result<(), RelayError> {
+    let env = &record.envelope;
+    if env.to != *state.account_id {
+        return Err(RelayError::forbidden("a received record's envelope names another account as to"));
+    }
+    if env.from != from {
+        return Err(RelayError::invalid_params("a received record's envelope is from another sender"));
+    }
+    let of_device = |c: &&Wire<DeviceCertificate>| c.account_id == env.from && c.device_id == env.from_device_id;
+    let cert = sender_certificate
+        .or_else(|| senders.iter().find(of_device))
+        .ok_or_else(|| RelayError::forbidden("a received record without its sender's certificate"))?;
+    let key = cert
+        .check_signed(max_bytes)
+        .map_err(|e| RelayError::forbidden(format!("sender certificate: {}", e.message)))?;
+    if cert.account_id != env.from || cert.device_id != env.from_device_id {
+        return Err(RelayError::forbidden("the sender certificate is not the envelope's sending device"));
+    }
+    env.verify(Tag::Envelope, &key).map_err(|e| RelayError::forbidden(format!("envelope: {}", e.message)))
+}
+
+/// An envelope this account sent (a sent or self-delivered record, or a
+/// delivery to take on): it must name this account as `from`, and come
+/// from a device valid in this home's own state at its `created_at`
+/// (certificate on file, not revoked, not expired then), whose key it
+/// verifies under.
+pub fn check_sent(state: &AccountState, env: &Wire<MessageEnvelope>, ctx: Ctx) -> Result<(), RelayError> {
+    if env.from != *state.account_id {
+        return Err(RelayError::forbidden("a sent envelope names another account as from"));
+    }
+    if env.created_at > ctx.now.plus(ctx.policy.clock_tolerance).0 {
+        return Err(RelayError::invalid_params("a sent envelope's created_at is beyond the clock tolerance"));
+    }
+    let at = UnixSecs(env.created_at);
+    let key = state.device_key_at(&env.from_device_id, at, ctx.policy.clock_tolerance).ok_or_else(|| {
+        RelayError::forbidden(format!("device {} was not valid here at created_at", env.from_device_id))
+    })?;
+    env.verify(Tag::Envelope, key).map_err(|e| RelayError::forbidden(format!("envelope: {}", e.message)))
+}
+
+/// A sent message's times as this relay would have fixed them (PROTOCOL
+/// §6): `accepted_at` no later than now plus the clock tolerance, and the
+/// deadline and retention recomputed from `created_at`, that
+/// `accepted_at` and this relay's limits, never taken from the page.
+/// `(accepted_at, deadline, retention_until)`.
+pub fn sent_times(created_at: u64, accepted_at: u64, ctx: Ctx) -> (u64, u64, u64) {
+    let accepted_at = accepted_at.min(ctx.now.plus(ctx.policy.clock_tolerance).0);
+    let retention_until = accepted_at.saturating_add(ctx.policy.message_retention);
+    let deadline = created_at.saturating_add(ctx.policy.delivery_age_limit).min(retention_until);
+    (accepted_at, deadline, retention_until)
+}
+
+/// A time in an unsigned event (`settings_updated.at`): never later than
+/// now plus the clock tolerance, so a partner cannot date a change into
+/// the future and pin it against every later one.
+pub fn clamped_time(at: u64, ctx: Ctx) -> u64 {
+    at.min(ctx.now.plus(ctx.policy.clock_tolerance).0)
 }
 
 /// A page that would bring the account here: the partner's current route
@@ -335,6 +429,7 @@ fn arriving(
 fn decide_item(
     state: &AccountState,
     item: &Item,
+    senders: &[Wire<DeviceCertificate>],
     reads: &impl Reads,
     page_ledger: &Ledger,
     ctx: Ctx,
@@ -360,58 +455,88 @@ fn decide_item(
                 return Err(RelayError::forbidden("route names another account"));
             }
             let registration = registration.as_ref().ok_or_else(|| RelayError::forbidden("no signed registration"))?;
-            registration.check_signed(route, max_bytes)?;
+            check_registration(registration, route, ctx)?;
             if registration.public_discovery != *public_discovery {
                 return Err(RelayError::forbidden("settings disagree with the signed registration"));
             }
-            device_certificate.check(ctx.now, ctx.policy.clock_tolerance, max_bytes)?;
+            check_replicated_certificate(device_certificate, ctx)?;
             if device_certificate.account_key != route.account_key {
                 return Err(RelayError::forbidden("device_certificate names another account"));
             }
             vec![item.event.clone()]
         }
-        AccountEvent::DeviceAdded { device_certificate } => decide::add_device(state, device_certificate, ctx)?,
+        AccountEvent::DeviceAdded { device_certificate } => {
+            check_replicated_certificate(device_certificate, ctx)?;
+            decide::add_signed_device(state, device_certificate, ctx.policy)?
+        }
         AccountEvent::DeviceRevoked { revocation } => decide::revoke_device(state, revocation, ctx)?,
-        AccountEvent::SettingsUpdated { public_discovery, at } => match later_setting(state, *public_discovery, *at) {
-            true => vec![item.event.clone()],
-            false => vec![],
-        },
+        AccountEvent::SettingsUpdated { public_discovery, at } => {
+            let at = at.map(|at| clamped_time(at, ctx));
+            match later_setting(state, *public_discovery, at) {
+                true => vec![AccountEvent::SettingsUpdated { public_discovery: *public_discovery, at }],
+                false => vec![],
+            }
+        }
+        // A revision older than this home's: history offered again, known.
+        AccountEvent::RouteUpdated { route } if state.route().is_some_and(|r| route.revision < r.revision) => vec![],
         AccountEvent::RouteUpdated { route } => decide::update_route(state, route, ctx)?,
         // Under this home's own cap, like a `contact.revoke` made here.
         AccountEvent::ContactRevoked { kind, id } => decide::revoke_contact_id(state, kind, id, ctx)?,
-        AccountEvent::MessageReceived { from, message_id, .. } => match reads.receipt_entry(from, message_id)? {
-            // Accepted here too (both homes were tried in parallel), or a
-            // reset sending it again: one record per message.
-            Some(_) => vec![],
-            None => vec![restamped(&item.event, next_sequence)],
-        },
-        AccountEvent::SelfDelivered { message_id, .. } => match send_entry(message_id)? {
-            Some(_) => vec![],
-            None => vec![restamped(&item.event, next_sequence)],
-        },
-        AccountEvent::MessageSent { message_id, accepted_at, deadline, status: settled, .. } => {
+        AccountEvent::MessageReceived { from, message_id, record, sender_certificate, .. } => {
+            check_received(state, from, record, sender_certificate.as_deref(), senders, ctx.policy.max_object_bytes)?;
+            if record.envelope.message_id != *message_id {
+                return Err(RelayError::invalid_params("a received record of another message"));
+            }
+            match reads.receipt_entry(from, message_id)? {
+                // Accepted here too (both homes were tried in parallel), or a
+                // reset sending it again: one record per message.
+                Some(_) => vec![],
+                None => vec![restamped(&item.event, next_sequence, ctx)],
+            }
+        }
+        AccountEvent::SelfDelivered { message_id, record, .. } => {
+            check_sent(state, &record.envelope, ctx)?;
+            if record.envelope.to != *state.account_id || record.envelope.message_id != *message_id {
+                return Err(RelayError::invalid_params("a self-delivered record of another message"));
+            }
+            match send_entry(message_id)? {
+                Some(_) => vec![],
+                None => vec![restamped(&item.event, next_sequence, ctx)],
+            }
+        }
+        AccountEvent::MessageSent { message_id, to, record, status: settled, .. } => {
+            for env in envelopes_of(record.as_deref(), item.deliver.as_deref()) {
+                check_sent(state, env, ctx)?;
+                if env.message_id != *message_id || env.to != *to {
+                    return Err(RelayError::invalid_params("a sent record or delivery of another message"));
+                }
+            }
             if send_entry(message_id)?.is_some() {
                 return Ok((vec![], None));
             }
-            let mut events = vec![restamped(&item.event, next_sequence)];
+            let created_at = envelopes_of(record.as_deref(), item.deliver.as_deref()).map(|e| e.created_at).next();
+            let sent = restamped_sent(&item.event, next_sequence, created_at, ctx);
+            let AccountEvent::MessageSent { accepted_at, deadline, .. } = &sent else { unreachable!() };
+            let (accepted_at, deadline) = (*accepted_at, *deadline);
+            let mut events = vec![sent];
             match (&item.status, &item.deliver) {
                 // Settled in the event itself: its final status came along.
                 _ if settled.is_some() => {}
                 (Some(s), _) if s.status.is_terminal() => {
                     events.push(AccountEvent::DeliveryUpdated { message_id: message_id.clone(), status: s.clone() });
                 }
-                (_, Some(params)) if UnixSecs(*deadline) > ctx.now => {
-                    let env = &params.envelope;
-                    if env.from != *state.account_id || env.message_id != *message_id {
-                        return Err(RelayError::forbidden("delivery params of another message"));
-                    }
+                // Delivered from here too, under this relay's signature: as
+                // `message.send` would, only from a device valid now.
+                (_, Some(params))
+                    if UnixSecs(deadline) > ctx.now && state.device_valid(&params.envelope.from_device_id, ctx.now) =>
+                {
                     let digest = decide::deliver_digest(params)?;
-                    let times = (UnixSecs(*accepted_at), UnixSecs(*deadline));
+                    let times = (UnixSecs(accepted_at), UnixSecs(deadline));
                     let begun = decide_forwarded(params.clone(), digest, times, ctx.now.millis(), ctx.policy);
                     return Ok((events, Some(begun)));
                 }
-                // Past its deadline, or no params: the partner's result
-                // comes with its status update.
+                // Past its deadline, from a device no longer valid here, or
+                // no params: the partner's result comes with its status update.
                 _ => {}
             }
             events
@@ -431,6 +556,37 @@ fn decide_item(
     Ok((events, None))
 }
 
+/// A replicated registration, checked as `account.register` checks one
+/// (PROTOCOL §2 *Registration*) but for where and when it was made: signed
+/// by the account key for this account, naming a relay of the route it
+/// registered (the home it was made at), and issued no later than now plus
+/// the clock tolerance. (It may be old: a home added later gets the
+/// account's history, its registration included.)
+pub fn check_registration(registration: &Wire<Registration>, route: &Wire<Route>, ctx: Ctx) -> Result<(), RelayError> {
+    registration.check_signed(route, ctx.policy.max_object_bytes).map_err(|e| match e.code {
+        ErrorCode::PayloadTooLarge => e,
+        _ => RelayError::forbidden(format!("registration: {}", e.message)),
+    })?;
+    if !route.lists_relay(&registration.relay_id) {
+        return Err(RelayError::forbidden("registration.relay_id is not a relay of the route it registered"));
+    }
+    if registration.issued_at > ctx.now.plus(ctx.policy.clock_tolerance).0 {
+        return Err(RelayError::invalid_params("registration.issued_at is beyond the clock tolerance"));
+    }
+    Ok(())
+}
+
+/// A device certificate from the account's history: signed by the account
+/// key and issued no later than now plus the tolerance. It may have
+/// expired since (then it is on file, and invalid, as at the other home).
+fn check_replicated_certificate(cert: &Wire<DeviceCertificate>, ctx: Ctx) -> Result<(), RelayError> {
+    cert.check_signed(ctx.policy.max_object_bytes)?;
+    if cert.issued_at > ctx.now.plus(ctx.policy.clock_tolerance).0 {
+        return Err(RelayError::invalid_params("device_certificate: issued_at is in the future"));
+    }
+    Ok(())
+}
+
 /// Whether a settings change made at the other home replaces this home's:
 /// the later change wins, and at the same second the more private value
 /// (`public_discovery: false`), so both homes end with the same settings
@@ -447,13 +603,44 @@ fn later_setting(state: &AccountState, public_discovery: bool, at: Option<u64>) 
     }
 }
 
-/// A record-writing event with its record renumbered for this home.
-fn restamped(event: &AccountEvent, sequence: u64) -> AccountEvent {
+/// The envelopes a sent item carries: its record's, its delivery's.
+fn envelopes_of<'a>(
+    record: Option<&'a Record>,
+    deliver: Option<&'a DeliverParams>,
+) -> impl Iterator<Item = &'a Wire<MessageEnvelope>> {
+    record.map(|r| &r.envelope).into_iter().chain(deliver.map(|p| &p.envelope))
+}
+
+/// A `message_sent` restamped for this home: `created_at` is its
+/// envelope's (from its record or its delivery), which its deadline is
+/// recomputed from.
+fn restamped_sent(event: &AccountEvent, sequence: u64, created_at: Option<u64>, ctx: Ctx) -> AccountEvent {
+    let mut event = event.clone();
+    if let AccountEvent::MessageSent { record, accepted_at, deadline, retention_until, .. } = &mut event {
+        // Without an envelope no delivery begins here from it: its
+        // deadline only ever gets shorter (never past retention).
+        let (a, d, r) = sent_times(created_at.unwrap_or(*accepted_at), *accepted_at, ctx);
+        (*accepted_at, *retention_until) = (a, r);
+        *deadline = if created_at.is_some() { d } else { (*deadline).min(d) };
+        if let Some(rec) = record {
+            (rec.sequence, rec.expires_at) = (sequence, r);
+        }
+    }
+    event
+}
+
+/// A received or self-delivered record's event renumbered for this home,
+/// its times as this relay fixes them ([`sent_times`]): `accepted_at` no
+/// later than now plus the tolerance, retention from this relay's limits.
+fn restamped(event: &AccountEvent, sequence: u64, ctx: Ctx) -> AccountEvent {
     let mut event = event.clone();
     match &mut event {
-        AccountEvent::MessageSent { record: Some(r), .. }
-        | AccountEvent::SelfDelivered { record: r, .. }
-        | AccountEvent::MessageReceived { record: r, .. } => r.sequence = sequence,
+        AccountEvent::SelfDelivered { record, accepted_at, retention_until, .. }
+        | AccountEvent::MessageReceived { record, accepted_at, retention_until, .. } => {
+            let (a, _, r) = sent_times(record.envelope.created_at, *accepted_at, ctx);
+            (*accepted_at, *retention_until) = (a, r);
+            (record.sequence, record.expires_at) = (sequence, r);
+        }
         _ => {}
     }
     event

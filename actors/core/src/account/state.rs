@@ -201,6 +201,21 @@ impl AccountState {
         device.key.as_ref()
     }
 
+    /// A device valid at `at` (an envelope's `created_at`), not only now:
+    /// its certificate on file, issued by then (within `tolerance`) and
+    /// not expired then, and no revocation dated at or before then.
+    pub fn device_key_at(&self, device_id: &str, at: UnixSecs, tolerance: u64) -> Option<&VerifyingKey> {
+        let device = self.devices.get(device_id)?;
+        let cert = &device.certificate;
+        if cert.issued_at > at.plus(tolerance).0 || cert.is_expired(at) {
+            return None;
+        }
+        if self.revocations.get(device_id).is_some_and(|r| r.revoked_at <= at.0) {
+            return None;
+        }
+        device.key.as_ref()
+    }
+
     pub fn certificate(&self, device_id: &str) -> Option<&Wire<DeviceCertificate>> {
         self.devices.get(device_id).map(|d| &d.certificate)
     }

@@ -46,14 +46,13 @@ fn seqs(page: &Page) -> Vec<u64> {
 
 /// `relay-b` applies a page pulled from this relay.
 fn pull(b: &Given, page: &Page, now: u64) -> Applied {
-    replica::apply(b, RELAY, page, None, b, at_b(now)).unwrap()
+    replica::apply(b, RELAY, page, None, &[], b, at_b(now)).unwrap()
 }
 
 /// `relay-b` with everything `a` has, pulled and applied (and `a` having
 /// served it).
 fn other_home_of(a: &mut Given) -> Given {
     let applied = pull(&Given::new(&alice().id), &serve(a, 0, None), NOW);
-    assert!(applied.refused.is_empty(), "{:?}", applied.refused);
     given(&alice(), &applied.events)
 }
 
@@ -209,10 +208,10 @@ fn history_page(a: &Given) -> Page {
 fn a_page_whose_route_does_not_name_this_relay_brings_nothing() {
     let single = given_alice([]);
     let b = Given::new(&alice().id);
-    let r = replica::apply(&b, RELAY, &history_page(&single), None, &b, at_b(NOW));
+    let r = replica::apply(&b, RELAY, &history_page(&single), None, &[], &b, at_b(NOW));
     then_route_error(r, &route(&alice(), 1, &[RELAY]));
     let without_route = Page { route: None, ..history_page(&single) };
-    then_error(replica::apply(&b, RELAY, &without_route, None, &b, at_b(NOW)), ErrorCode::Forbidden);
+    then_error(replica::apply(&b, RELAY, &without_route, None, &[], &b, at_b(NOW)), ErrorCode::Forbidden);
 }
 
 #[test]
@@ -220,7 +219,7 @@ fn a_page_older_than_a_route_known_here_brings_nothing() {
     let page = history_page(&at_a());
     let b = Given::new(&alice().id);
     let newer = wire(&route(&alice(), 3, &[RELAY]));
-    let e = then_rejected(replica::apply(&b, RELAY, &page, Some(&newer), &b, at_b(NOW)));
+    let e = then_rejected(replica::apply(&b, RELAY, &page, Some(&newer), &[], &b, at_b(NOW)));
     assert_eq!(e.code, ErrorCode::RouteStale);
 }
 
@@ -231,9 +230,8 @@ fn an_account_arrives_only_with_the_account_keys_signed_registration() {
     if let AccountEvent::Registered { registration, .. } = &mut page.items[0].event {
         *registration = None;
     }
-    let applied = pull(&Given::new(&alice().id), &page, NOW);
-    assert!(applied.events.is_empty(), "{:?}", applied.events);
-    assert_eq!(applied.refused.len(), 2, "the registration, then everything after it");
+    let b = Given::new(&alice().id);
+    then_error(replica::apply(&b, RELAY, &page, None, &[], &b, at_b(NOW)), ErrorCode::Forbidden);
 }
 
 #[test]
@@ -241,7 +239,6 @@ fn a_home_added_by_a_route_update_gets_the_account() {
     let mut a = given_alice([route_updated(&route(&alice(), 2, &[RELAY, OTHER]))]);
     let page = serve(&mut a, 0, None);
     let applied = pull(&Given::new(&alice().id), &page, NOW);
-    assert!(applied.refused.is_empty(), "{:?}", applied.refused);
     let b = given(&alice(), &applied.events);
     assert_eq!(b.route().map(|r| r.revision), Some(2));
     assert!(b.device_valid("laptop", UnixSecs(NOW)));
@@ -257,6 +254,7 @@ fn a_revocation_from_the_other_home_ends_the_device_here() {
         partner: RELAY.into(),
         page: Box::new(page),
         known: None,
+        senders: vec![],
     };
     let d = crate::account::command::decide(&b, &mut Default::default(), &cmd, &b, at_b(NOW)).unwrap();
     assert!(
@@ -271,7 +269,7 @@ fn a_revocation_from_the_other_home_ends_the_device_here() {
 #[test]
 fn a_partner_the_route_does_not_name_may_not_replicate_into_an_account() {
     let b = other_home_of(&mut at_a());
-    let r = replica::apply(&b, "relay-c", &Page::default(), None, &b, at_b(NOW));
+    let r = replica::apply(&b, "relay-c", &Page::default(), None, &[], &b, at_b(NOW));
     then_route_error(r, &route(&alice(), 1, &[RELAY, OTHER]));
 }
 
@@ -462,7 +460,6 @@ fn account_objects_made_at_one_home_hold_at_the_other() {
         a.apply(&e);
     }
     let applied = pull(&b, &serve(&mut a, 2, Some(2)), NOW);
-    assert!(applied.refused.is_empty(), "{:?}", applied.refused);
     let b = given(&alice(), &[b.events.clone(), applied.events].concat());
     assert!(b.device_valid("tablet", UnixSecs(NOW)));
     assert!(!b.device_valid("laptop", UnixSecs(NOW)), "a revocation made at one home holds at the other");
@@ -533,7 +530,7 @@ fn settings_changed_at_both_homes_apart_end_the_same_at_both_the_later_winning()
             replica::serve(&b, RELAY, &p, &b, at_b(NOW)).unwrap().1
         };
         let at_b_now = pull(&b, &to_b, NOW + 3);
-        let at_a_now = replica::apply(&a, OTHER, &b_page, None, &a, at(NOW + 3)).unwrap();
+        let at_a_now = replica::apply(&a, OTHER, &b_page, None, &[], &a, at(NOW + 3)).unwrap();
         let b = given(&alice(), &[b.events.clone(), at_b_now.events].concat());
         let a = given(&alice(), &[a.events.clone(), at_a_now.events].concat());
         assert_eq!((a.public_discovery, b.public_discovery), (expected, expected), "{a_change:?} / {b_change:?}");
@@ -550,39 +547,37 @@ fn an_untimed_setting_from_before_still_replicates_in_stream_order() {
 
 // ---- this home's bounds (PROTOCOL §1) ------------------------------------------
 
+/// A page is refused whole (PROTOCOL §5): an item past this home's bounds
+/// applies nothing, and the partner's cursor stays where it was.
 #[test]
-fn devices_replicated_past_this_homes_max_devices_are_refused_and_the_rest_applies() {
+fn devices_replicated_past_this_homes_max_devices_refuse_the_page() {
     // Alice has three devices at a; b allows two.
     let mut a = at_a();
     a.apply(&device_added(&alice(), &tablet()));
     let policy_b = Policy { max_devices: 2, ..Policy::with_relay_id(OTHER) };
     let page = serve(&mut a, 0, None);
-    let applied =
-        replica::apply(&Given::new(&alice().id), RELAY, &page, None, &Given::new(&alice().id), under(&policy_b, NOW))
-            .unwrap();
-    let [(seq, e)] = applied.refused.as_slice() else { panic!("{:?}", applied.refused) };
-    assert_eq!(*seq, 3, "the tablet, third certificate");
+    let b = Given::new(&alice().id);
+    let e = replica::apply(&b, RELAY, &page, None, &[], &b, under(&policy_b, NOW)).unwrap_err();
     assert_eq!(e.code, ErrorCode::PayloadTooLarge);
     assert_eq!(e.data.as_ref().unwrap()["limit"], "limits.max_devices");
-    let b = given(&alice(), &applied.events);
-    assert_eq!(b.devices.len(), 2);
-    assert!(b.device_valid("laptop", UnixSecs(NOW)) && !b.device_valid("tablet", UnixSecs(NOW)));
+    // The same page under a's own bound applies.
+    let applied = replica::apply(&b, RELAY, &page, None, &[], &b, at_b(NOW)).unwrap();
+    assert_eq!(given(&alice(), &applied.events).devices.len(), 3);
 }
 
 #[test]
-fn contact_revocations_replicated_past_this_homes_cap_are_refused() {
+fn contact_revocations_replicated_past_this_homes_cap_refuse_the_page() {
     let mut a = at_a();
     for id in ["g1", "g2", "g3"] {
         a.apply(&contact_revoked("grant", id));
     }
-    let mut b = other_home_of(&mut at_a());
+    let b = other_home_of(&mut at_a());
     let policy_b = Policy { max_revoked_contacts: 2, ..Policy::with_relay_id(OTHER) };
     let page = serve(&mut a, 2, Some(2));
-    let applied = replica::apply(&b, RELAY, &page, None, &b, under(&policy_b, NOW)).unwrap();
-    let [(_, e)] = applied.refused.as_slice() else { panic!("{:?}", applied.refused) };
+    let e = replica::apply(&b, RELAY, &page, None, &[], &b, under(&policy_b, NOW)).unwrap_err();
+    assert_eq!(e.code, ErrorCode::PayloadTooLarge);
     assert_eq!(e.data.as_ref().unwrap()["limit"], "limits.max_revoked_contacts");
-    applied.events.iter().for_each(|e| b.apply(e));
-    assert_eq!(b.revoked_contacts.len(), 2);
+    assert!(b.revoked_contacts.is_empty());
 }
 
 #[test]
@@ -597,7 +592,254 @@ fn a_replicated_registration_with_an_oversized_certificate_brings_nothing() {
     let events =
         decide::register(&AccountState::new(&alice().id), &p, &digest(&params), None, under(&policy_a, NOW)).unwrap();
     let page = history_page(&given(&alice(), &events));
-    let applied = pull(&Given::new(&alice().id), &page, NOW);
-    assert!(applied.events.is_empty(), "{:?}", applied.events);
-    assert_eq!(applied.refused[0].1.data.as_ref().unwrap()["limit"], "limits.max_object_bytes");
+    let b = Given::new(&alice().id);
+    let e = replica::apply(&b, RELAY, &page, None, &[], &b, at_b(NOW)).unwrap_err();
+    assert_eq!(e.code, ErrorCode::PayloadTooLarge);
+    assert_eq!(e.data.as_ref().unwrap()["limit"], "limits.max_object_bytes");
+}
+
+// ---- a partner's items are claims (PROTOCOL §5 *What a partner home may replicate*) ----
+
+/// `a`'s next page for `b` (after what `b` pulled), with `edit` applied to
+/// its last item's event: what a hostile partner would serve.
+fn hostile_page(a: &mut Given, b: &Given, edit: impl FnOnce(&mut Item)) -> Page {
+    let pulled = b.replica(RELAY).pulled;
+    let mut page = serve(a, pulled, Some(pulled));
+    edit(page.items.last_mut().expect("an item to edit"));
+    page
+}
+
+fn record_mut(event: &mut AccountEvent) -> &mut Record {
+    match event {
+        AccountEvent::MessageReceived { record, .. } | AccountEvent::SelfDelivered { record, .. } => record,
+        AccountEvent::MessageSent { record: Some(record), .. } => record,
+        e => panic!("no record in {e:?}"),
+    }
+}
+
+/// A page with a settings change, then `a`'s received record from bob.
+fn settings_then_received(a: &mut Given) -> Given {
+    let b = other_home_of(a);
+    a.apply(&discovery_at(true, NOW));
+    let received = receive_event(a, &bob_to_alice(1));
+    a.apply(&received);
+    b
+}
+
+/// Refused, and nothing of the page is applied (not the settings change
+/// before the bad item either).
+fn then_page_refused(b: &Given, page: &Page, now: u64, code: ErrorCode) -> RelayError {
+    assert!(page.items.len() >= 2, "a page with a good item before the bad one");
+    then_error(replica::apply(b, RELAY, page, None, &[], b, at_b(now)), code)
+}
+
+#[test]
+fn a_received_record_naming_another_account_as_to_with_a_forged_signature_refuses_the_whole_page() {
+    let mut a = at_a();
+    let b = settings_then_received(&mut a);
+    let page = hostile_page(&mut a, &b, |item| {
+        let env = &mut record_mut(&mut item.event).envelope;
+        let mut v: Value = serde_json::from_str(env.raw().get()).unwrap();
+        v["to"] = json!(carol().id);
+        v["signature"] = json!(relay_schemas::encoding::b64_encode(&[0u8; 64]));
+        *env = wire(&v);
+    });
+    then_page_refused(&b, &page, NOW, ErrorCode::Forbidden);
+}
+
+#[test]
+fn a_received_record_must_verify_under_its_senders_certificate() {
+    let mut a = at_a();
+    let b = settings_then_received(&mut a);
+    // Signed by carol's phone, claimed as bob's.
+    let page = hostile_page(&mut a, &b, |item| {
+        let forged = envelope(&carol_phone(), &bob(), &alice(), 1, NOW);
+        record_mut(&mut item.event).envelope = wire(&forged);
+    });
+    then_page_refused(&b, &page, NOW, ErrorCode::Forbidden);
+}
+
+#[test]
+fn a_received_record_without_its_senders_certificate_refuses_the_page() {
+    let mut a = at_a();
+    let b = settings_then_received(&mut a);
+    let page = hostile_page(&mut a, &b, |item| {
+        if let AccountEvent::MessageReceived { sender_certificate, .. } = &mut item.event {
+            *sender_certificate = None;
+        }
+    });
+    then_page_refused(&b, &page, NOW, ErrorCode::Forbidden);
+}
+
+#[test]
+fn a_received_record_kept_without_a_certificate_verifies_under_one_from_the_senders_home() {
+    let mut a = at_a();
+    let b = settings_then_received(&mut a);
+    // Accepted before certificates were kept with received records.
+    let page = hostile_page(&mut a, &b, |item| {
+        if let AccountEvent::MessageReceived { sender_certificate, .. } = &mut item.event {
+            *sender_certificate = None;
+        }
+    });
+    let from_bobs_home = [wire(&cert(&bob(), &bob_laptop())), wire(&cert(&bob(), &bob_phone()))];
+    let applied = replica::apply(&b, RELAY, &page, None, &from_bobs_home, &b, at_b(NOW)).unwrap();
+    assert!(matches!(replicated(&applied)[..], [_, AccountEvent::MessageReceived { .. }]), "{:?}", applied.events);
+    // Another account's certificate for that device name proves nothing.
+    let carols = [wire(&carol().certificate(&bob_phone(), ISSUED, None))];
+    then_error(replica::apply(&b, RELAY, &page, None, &carols, &b, at_b(NOW)), ErrorCode::Forbidden);
+}
+
+#[test]
+fn a_received_record_checked_and_accepted_keeps_this_homes_times() {
+    let mut a = at_a();
+    let b = settings_then_received(&mut a);
+    let page = hostile_page(&mut a, &b, |item| {
+        if let AccountEvent::MessageReceived { accepted_at, retention_until, .. } = &mut item.event {
+            (*accepted_at, *retention_until) = (NOW + 1_000_000_000, u64::MAX);
+        }
+    });
+    let applied = pull(&b, &page, NOW);
+    let came = replicated(&applied);
+    let Some(AccountEvent::MessageReceived { accepted_at, retention_until, .. }) = came.last() else {
+        panic!("{came:?}")
+    };
+    let tolerance = POLICY_B.clock_tolerance;
+    assert_eq!((*accepted_at, *retention_until), (NOW + tolerance, NOW + tolerance + retention()));
+}
+
+#[test]
+fn a_sent_record_must_name_this_account_as_from() {
+    let mut a = at_a();
+    let b = other_home_of(&mut a);
+    a.apply(&discovery_at(true, NOW));
+    let sent = send_event(&a, &alice_to_bob(1));
+    a.apply(&sent);
+    let page = hostile_page(&mut a, &b, |item| {
+        record_mut(&mut item.event).envelope = wire(&envelope(&bob_phone(), &bob(), &bob(), 1, NOW));
+    });
+    then_page_refused(&b, &page, NOW, ErrorCode::Forbidden);
+}
+
+/// Alice's laptop → Bob, delivering at `a`, as `a` serves it.
+fn laptop_send_delivering(a: &mut Given, created_at: u64) -> crate::account::replica::Item {
+    let v = send_value(envelope(&laptop(), &alice(), &bob(), 1, created_at), &["bob-phone"], Some(&["phone"]));
+    let sent = then_sent(when_send(a, "laptop", &v, at(created_at.max(NOW))));
+    a.apply(&sent.event);
+    a.deliveries.insert(mid(1), sent.deliver.clone());
+    let (_, page) = replicate(a, OTHER, 0, 100, None).unwrap();
+    page.items.into_iter().last().unwrap()
+}
+
+#[test]
+fn a_sent_record_from_a_device_revoked_here_before_its_created_at_refuses_the_page() {
+    let mut a = at_a();
+    let mut b = other_home_of(&mut a);
+    // This home revoked the laptop (at NOW - 10); the partner has not heard.
+    b.apply(&device_revoked(&alice(), "laptop"));
+    let sent = laptop_send_delivering(&mut a, NOW);
+    let settings = Item { sequence: 90, event: discovery_at(true, NOW), status: None, deliver: None };
+    let page = Page { items: vec![settings, Item { sequence: 91, ..sent }], next: 91, has_more: false, route: None };
+    let e = then_page_refused(&b, &page, NOW, ErrorCode::Forbidden);
+    assert!(e.message.contains("not valid here at created_at"), "{e:?}");
+}
+
+#[test]
+fn a_send_from_a_device_revoked_here_since_is_kept_but_not_delivered_from_here() {
+    let mut a = at_a();
+    let mut b = other_home_of(&mut a);
+    let sent = laptop_send_delivering(&mut a, NOW - 60);
+    // Revoked after the message was created (at NOW - 10).
+    b.apply(&device_revoked(&alice(), "laptop"));
+    let page = Page { items: vec![Item { sequence: 91, ..sent }], next: 91, has_more: false, route: None };
+    let applied = pull(&b, &page, NOW);
+    assert!(applied.forwarded.is_empty(), "no delivery under this relay's name: {:?}", applied.forwarded);
+    assert!(matches!(replicated(&applied)[..], [AccountEvent::MessageSent { .. }]), "{:?}", applied.events);
+}
+
+#[test]
+fn a_forwarded_deadline_is_recomputed_here_never_taken_from_the_page() {
+    let mut a = at_a();
+    let b = other_home_of(&mut a);
+    let mut sent = laptop_send_delivering(&mut a, NOW - 60);
+    if let AccountEvent::MessageSent { deadline, .. } = &mut sent.event {
+        *deadline = NOW + 1_000_000_000;
+    }
+    let page = Page { items: vec![Item { sequence: 91, ..sent }], next: 91, has_more: false, route: None };
+    let applied = pull(&b, &page, NOW);
+    let [begun] = &applied.forwarded[..] else { panic!("one delivery: {:?}", applied.forwarded) };
+    assert_eq!(begun.state.deadline, UnixSecs(NOW - 60 + age_limit()));
+    let Some(AccountEvent::MessageSent { deadline, .. }) = replicated(&applied).first().copied() else { panic!() };
+    assert_eq!(*deadline, NOW - 60 + age_limit(), "the stored event too");
+}
+
+#[test]
+fn a_forwarded_delivery_created_beyond_the_clock_tolerance_refuses_the_page() {
+    let mut a = at_a();
+    let b = other_home_of(&mut a);
+    // Created "later" than b's clock allows (a's clock is far ahead).
+    let sent = laptop_send_delivering(&mut a, NOW + 3_600);
+    let settings = Item { sequence: 90, event: discovery_at(true, NOW), status: None, deliver: None };
+    let page = Page { items: vec![settings, Item { sequence: 91, ..sent }], next: 91, has_more: false, route: None };
+    then_page_refused(&b, &page, NOW, ErrorCode::InvalidParams);
+}
+
+#[test]
+fn a_replicated_settings_time_is_clamped_to_now_plus_the_clock_tolerance() {
+    let mut a = at_a();
+    let b = other_home_of(&mut a);
+    a.apply(&discovery_at(true, NOW + 1_000_000_000));
+    let applied = pull(&b, &serve(&mut a, 2, Some(2)), NOW);
+    let b = given(&alice(), &[b.events.clone(), applied.events].concat());
+    assert!(b.public_discovery);
+    assert_eq!(b.settings_at, NOW + POLICY_B.clock_tolerance);
+    // A later real change at the other home still wins here.
+    let later = Item { sequence: 95, event: discovery_at(false, NOW + 400), status: None, deliver: None };
+    let page = Page { items: vec![later], next: 95, has_more: false, route: None };
+    let applied = pull(&b, &page, NOW + 400);
+    let b = given(&alice(), &[b.events.clone(), applied.events].concat());
+    assert!(!b.public_discovery, "the far-future time pinned nothing");
+}
+
+#[test]
+fn a_replicated_registration_must_name_a_relay_of_the_route_it_registered() {
+    let mut page = history_page(&at_a());
+    if let AccountEvent::Registered { registration: Some(r), .. } = &mut page.items[0].event {
+        **r = wire(&alice().registration("relay-c", false, NOW));
+    }
+    let b = Given::new(&alice().id);
+    let e = then_error(replica::apply(&b, RELAY, &page, None, &[], &b, at_b(NOW)), ErrorCode::Forbidden);
+    assert!(e.message.contains("relay_id"), "{e:?}");
+}
+
+#[test]
+fn a_replicated_registration_issued_beyond_the_clock_tolerance_is_refused() {
+    let mut page = history_page(&at_a());
+    if let AccountEvent::Registered { registration: Some(r), .. } = &mut page.items[0].event {
+        **r = wire(&alice().registration(RELAY, false, NOW + 3_600));
+    }
+    let b = Given::new(&alice().id);
+    then_error(replica::apply(&b, RELAY, &page, None, &[], &b, at_b(NOW)), ErrorCode::InvalidParams);
+}
+
+#[test]
+fn history_with_a_device_certificate_expired_since_still_replicates() {
+    let old = alice().certificate(&tablet(), ISSUED, Some(NOW + 10));
+    let mut a = at_a();
+    a.apply(&device_added_cert(&old));
+    let applied = pull(&Given::new(&alice().id), &serve(&mut a, 0, None), NOW + 100);
+    let b = given(&alice(), &applied.events);
+    assert!(b.certificate("tablet").is_some(), "on file, as at the other home");
+    assert!(!b.device_valid("tablet", UnixSecs(NOW + 100)));
+}
+
+#[test]
+fn a_route_revision_older_than_this_homes_in_history_offered_again_is_known() {
+    let mut a = at_a();
+    a.apply(&route_updated(&route(&alice(), 2, &[RELAY, OTHER])));
+    let mut b = other_home_of(&mut a);
+    b.apply(&route_updated(&route(&alice(), 3, &[RELAY, OTHER])));
+    a.apply(&AccountEvent::ReplicaReset { partner: OTHER.into() });
+    let again = serve(&mut a, 3, Some(3));
+    let applied = replica::apply(&b, RELAY, &again, None, &[], &b, at_b(NOW)).unwrap();
+    assert!(replicated(&applied).is_empty(), "{:?}", applied.events);
 }
