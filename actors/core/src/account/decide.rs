@@ -571,7 +571,11 @@ pub fn receive(
         accepted_at,
         retention_until,
         record: record(state, env, &p.recipient_boxes, visible, retention_until),
-        sender_certificate: Some(Box::new(cert.clone())),
+        // Only an account with another home replicates its records (and only
+        // there is the certificate read); a single home saves the bytes on
+        // every receipt. Records kept without it are checked against the
+        // sender's home's list if the account gains a second home later.
+        sender_certificate: state.route().filter(|r| r.relays.len() > 1).map(|_| Box::new(cert.clone())),
     };
     Ok(ReceiveDecision::Accepted { event: Box::new(event), status: DeliveryStatus::target_accepted(accepted_at) })
 }

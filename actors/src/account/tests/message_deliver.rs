@@ -22,6 +22,22 @@ fn receive_accepts_a_valid_delivery_with_target_accepted_at_the_destination_time
     }
 }
 
+/// PROTOCOL §5 *What a partner home may replicate*: the other home checks
+/// a received record against the certificate it verified under, so an
+/// account with two homes keeps it; one with a single home has no partner
+/// to show it to.
+#[test]
+fn a_receipt_keeps_the_senders_certificate_only_for_an_account_with_another_home() {
+    let kept = |s: &Given| match then_accepted(when_receive(s, &bob_to_alice(1), at(NOW))).0 {
+        AccountEvent::MessageReceived { sender_certificate, .. } => sender_certificate,
+        e => panic!("expected MessageReceived, got {e:?}"),
+    };
+    assert!(kept(&given_alice([])).is_none());
+    let two_homes = given_alice([route_updated(&route(&alice(), 2, &[RELAY, "relay-b"]))]);
+    let kept_cert = kept(&two_homes).expect("kept for the other home");
+    assert_eq!(*kept_cert, parse::<Wire<DeviceCertificate>>(&cert(&bob(), &bob_phone())));
+}
+
 // Rule 1.
 
 #[test]
