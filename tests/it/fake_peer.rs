@@ -11,7 +11,7 @@
 
 use crate::common;
 
-use common::client::{mid, now, Client, User};
+use common::client::{mid, now, relay_post, Client, User};
 use common::cluster::{write_key, Cluster};
 use common::fake_peer::{FakePeer, Reply, Request};
 use common::relay::RelayProc;
@@ -598,18 +598,6 @@ async fn with_two_home_relays_an_unknown_receipt_at_one_is_confirmed_before_endi
 }
 
 // ---- PROTOCOL §3: relay RPC authentication at a real relay ---------------------------
-
-async fn relay_post(url: &str, method: &str, headers: &[(&str, String)], body: &[u8]) -> (u16, Value) {
-    let http = awc::Client::builder().timeout(Duration::from_secs(10)).finish();
-    let mut req = http.post(format!("{url}/v1/relay/{method}")).content_type("application/json");
-    for (n, v) in headers {
-        req = req.insert_header((*n, v.as_str()));
-    }
-    let mut resp = req.send_body(body.to_vec()).await.expect("request");
-    let bytes = resp.body().await.expect("body");
-    let v = serde_json::from_slice(&bytes).unwrap_or_else(|_| panic!("non-JSON {:?}", String::from_utf8_lossy(&bytes)));
-    (resp.status().as_u16(), v)
-}
 
 fn relay_headers(id: &str, ts: u64, sig: String) -> Vec<(&str, String)> {
     vec![("Relay-Id", id.to_string()), ("Relay-Timestamp", ts.to_string()), ("Relay-Signature", sig)]

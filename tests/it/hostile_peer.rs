@@ -7,7 +7,7 @@
 
 use crate::common;
 
-use common::client::{mid, now, resign, Client, User};
+use common::client::{mid, now, relay_post, resign, Client, User};
 use common::cluster::{write_key, Cluster};
 use common::fake_peer::{FakePeer, Reply};
 use common::relay::{audit, RelayProc};
@@ -159,17 +159,6 @@ async fn a_route_naming_anything_but_an_http_or_https_url_is_invalid_params() {
     }
     let route = c.ok("route.get", alice.token(0), &json!({"account_id": alice.id()})).await;
     assert_eq!(route["revision"], 1, "nothing changed: {route}");
-}
-
-async fn relay_post(url: &str, method: &str, headers: &[(&str, String)], body: &[u8]) -> (u16, Value) {
-    let http = awc::Client::builder().timeout(Duration::from_secs(10)).finish();
-    let mut req = http.post(format!("{url}/v1/relay/{method}")).content_type("application/json");
-    for (n, v) in headers {
-        req = req.insert_header((*n, v.as_str()));
-    }
-    let mut resp = req.send_body(body.to_vec()).await.expect("request");
-    let bytes = resp.body().await.expect("body");
-    (resp.status().as_u16(), serde_json::from_slice(&bytes).expect("a JSON answer"))
 }
 
 /// Issue 38 item 9: a captured signed relay request verified again for

@@ -368,3 +368,17 @@ pub fn resign(tag: relay_schemas::sign::Tag, object: &Value, key: &ed25519_dalek
 pub fn message_ids(records: &[Value]) -> Vec<String> {
     records.iter().map(|r| r["envelope"]["message_id"].as_str().unwrap().to_string()).collect()
 }
+
+/// POST `body` to relay method `method` at `url` with `headers` (the relay
+/// authentication ones, signed or not): (HTTP status, JSON answer).
+pub async fn relay_post(url: &str, method: &str, headers: &[(&str, String)], body: &[u8]) -> (u16, Value) {
+    let http = awc::Client::builder().timeout(Duration::from_secs(10)).finish();
+    let mut req = http.post(format!("{url}/v1/relay/{method}")).content_type("application/json");
+    for (n, v) in headers {
+        req = req.insert_header((*n, v.as_str()));
+    }
+    let mut resp = req.send_body(body.to_vec()).await.expect("request");
+    let bytes = resp.body().await.expect("body");
+    let v = serde_json::from_slice(&bytes).unwrap_or_else(|_| panic!("non-JSON {:?}", String::from_utf8_lossy(&bytes)));
+    (resp.status().as_u16(), v)
+}
