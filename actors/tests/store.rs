@@ -183,6 +183,47 @@ fn batch_spanning_two_streams_and_kv_is_atomic() {
     block_on_bounded(store.durable(ticket)).unwrap();
 }
 
+/// PROTOCOL §10: a stream's deleted prefix leaves a marker with the last
+/// deleted event's seq and hash; the chain goes on from it.
+#[test]
+fn a_pruned_prefix_leaves_a_marker_and_the_chain_continues_from_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let head = append_n(&store, "account/a", 5);
+    let third = read_all(&store, "account/a")[2].head();
+    let mut batch = store.batch();
+    batch.prune("account/a", 0, third, relay_schemas::UnixSecs(42), b"state@3".to_vec());
+    store.commit_durable_blocking(batch).unwrap();
+
+    let left = read_all(&store, "account/a");
+    assert_eq!(left.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![4, 5]);
+    assert_eq!(left[0].prev, third.hash, "the first kept event links to the marker");
+    let marker = store.pruned("account/a").unwrap().expect("a marker");
+    assert_eq!((marker.head, marker.at, marker.state.as_slice()), (third, 42, &b"state@3"[..]));
+    assert_eq!(store.head("account/a").unwrap(), head, "pruning leaves the head");
+    assert!(store.has_events("account/a").unwrap());
+
+    // The chain goes on, and a later prune starts after the marker.
+    let head = append_n(&store, "account/a", 1);
+    let mut batch = store.batch();
+    batch.prune("account/a", 3, head, relay_schemas::UnixSecs(43), Vec::new());
+    store.commit_durable_blocking(batch).unwrap();
+    drop(store);
+    let store = Store::open(dir.path()).unwrap();
+    assert!(read_all(&store, "account/a").is_empty());
+    assert_eq!(store.head("account/a").unwrap(), head, "a stream pruned whole keeps its head in the marker");
+    assert!(store.has_events("account/a").unwrap(), "a stream pruned whole still exists");
+    let markers: Vec<_> = store.pruned_markers().collect::<Result<_, _>>().unwrap();
+    assert_eq!(markers.len(), 1);
+    assert_eq!((markers[0].0.as_str(), markers[0].1.head), ("account/a", head));
+    // Its next event must chain on the marker's head, not start a new stream.
+    let mut batch = store.batch();
+    batch.append("account/a", Head::default(), events(1..=1));
+    assert!(matches!(store.commit(batch), Err(StoreError::HeadMismatch { .. })));
+    append_n(&store, "account/a", 1);
+    assert_eq!(read_all(&store, "account/a")[0].seq, 7);
+}
+
 #[test]
 fn streams_lists_every_stream_with_events_once() {
     let store = Store::temporary().unwrap();

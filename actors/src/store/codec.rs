@@ -9,9 +9,14 @@
 //! | `b's' ‖ stream`                      | `seq (u64 BE) ‖ hash (32) ‖ state` |
 //! | `b'k' ‖ key`                         | value                              |
 //! | `b'b' ‖ key`                         | value (a blob: see below)          |
+//! | `b'p' ‖ stream`                      | `seq ‖ hash (32) ‖ at ‖ state`     |
 //!
 //! Big-endian seqs make key order equal seq order, and the 0x00 separator
 //! (stream ids never contain it) keeps stream `a` from overlapping `ab`.
+//!
+//! A `b'p'` entry is a stream's pruned marker ([`super::Pruned`]): the seq
+//! and chain hash of the last event deleted from the stream's prefix, when
+//! (u64 BE seconds), and the state folded through it (may be empty).
 //!
 //! Blobs are kv entries that the sled engine, as it does events, keeps in
 //! its log with a pointer in sled (`sled_engine.rs`): values read by key
@@ -20,12 +25,13 @@
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use super::{Hash, Snapshot, StoreError, StoredEvent};
+use super::{Hash, Head, Pruned, Snapshot, StoreError, StoredEvent};
 
 pub(super) const EVENT: u8 = b'e';
 pub(super) const SNAPSHOT: u8 = b's';
 pub(super) const KV: u8 = b'k';
 pub(super) const BLOB: u8 = b'b';
+pub(super) const PRUNED: u8 = b'p';
 
 /// Stream ids are non-empty ASCII without 0x00 (the key separator).
 pub(super) fn check_stream(stream: &str) -> Result<(), StoreError> {
@@ -80,6 +86,37 @@ pub(super) fn snapshot_key(stream: &str) -> Vec<u8> {
     let mut key = vec![SNAPSHOT];
     key.extend_from_slice(stream.as_bytes());
     key
+}
+
+pub(super) fn pruned_key(stream: &str) -> Vec<u8> {
+    spaced(PRUNED, stream.as_bytes())
+}
+
+pub(super) fn encode_pruned(p: &Pruned) -> Vec<u8> {
+    let mut v = Vec::with_capacity(48 + p.state.len());
+    v.extend_from_slice(&p.head.seq.to_be_bytes());
+    v.extend_from_slice(&p.head.hash);
+    v.extend_from_slice(&p.at.to_be_bytes());
+    v.extend_from_slice(&p.state);
+    v
+}
+
+pub(super) fn decode_pruned(stream: &str, value: &[u8]) -> Result<Pruned, StoreError> {
+    if value.len() < 48 {
+        return Err(StoreError::Corrupt {
+            stream: stream.to_owned(),
+            seq: 0,
+            what: format!("pruned marker of {} bytes", value.len()),
+        });
+    }
+    let be = |at: usize| {
+        let mut n = [0; 8];
+        n.copy_from_slice(&value[at..at + 8]);
+        u64::from_be_bytes(n)
+    };
+    let mut hash = [0; 32];
+    hash.copy_from_slice(&value[8..40]);
+    Ok(Pruned { head: Head { seq: be(0), hash }, at: be(40), state: value[48..].to_vec() })
 }
 
 /// `key` in the key space `space` ([`KV`] or [`BLOB`]).

@@ -190,6 +190,19 @@ pub struct Snapshot {
     pub state: Vec<u8>,
 }
 
+/// What is left of a stream's deleted prefix (retention, PROTOCOL §10): the
+/// position of the last deleted event, so the chain is checked on from its
+/// hash; when it was deleted; and the stream's state folded through it
+/// (opaque to the store; empty where the stream keeps none), so replay
+/// starts there. A stream deleted whole keeps its marker and no events.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pruned {
+    pub head: Head,
+    /// Unix seconds.
+    pub at: u64,
+    pub state: Vec<u8>,
+}
+
 /// Durability ticket: a commit's position in the global write order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Ticket(pub u64);
@@ -311,7 +324,7 @@ impl Store {
         }
     }
 
-    /// Whether `stream` has any event. Events are never removed, so a head
+    /// Whether `stream` has ever had an event (a pruned stream has). A head
     /// kept in memory past seq 0 says yes (an account that just received,
     /// asked again by every message to it); else [`Store::has_first_event`].
     pub fn has_events(&self, stream: &str) -> Result<bool, StoreError> {
@@ -322,25 +335,32 @@ impl Store {
         self.has_first_event(stream)
     }
 
-    /// Whether `stream`'s first event (seq 1) is there, looked up without
-    /// reading it: a point lookup where `head` scans backwards and reads
-    /// the last event. `stream` is checked by the caller.
+    /// Whether `stream`'s first event (seq 1) or its pruned marker is
+    /// there, looked up without reading it: point lookups where `head`
+    /// scans backwards and reads the last event. `stream` is checked by
+    /// the caller.
     fn has_first_event(&self, stream: &str) -> Result<bool, StoreError> {
-        let first = codec::event_key(stream, 1);
-        match self.inner.shared.overlay.contains(&first) {
-            Some(known) => Ok(known),
-            None => self.engine().contains(&first),
+        for key in [codec::event_key(stream, 1), codec::pruned_key(stream)] {
+            let known = match self.inner.shared.overlay.contains(&key) {
+                Some(known) => known,
+                None => self.engine().contains(&key)?,
+            };
+            if known {
+                return Ok(true);
+            }
         }
+        Ok(false)
     }
 
-    /// The last event's seq and hash (from the stream's last key).
+    /// The last event's seq and hash (from the stream's last key); a
+    /// stream pruned whole has its marker's.
     pub fn head(&self, stream: &str) -> Result<Head, StoreError> {
         codec::check_stream(stream)?;
         let Some((start, end)) = codec::event_range(stream, 0) else {
             return Ok(Head::default());
         };
         let Some(last) = self.scan(&start, Some(&end), true).next() else {
-            return Ok(Head::default());
+            return Ok(self.pruned(stream)?.map(|p| p.head).unwrap_or_default());
         };
         let (key, value) = last?;
         let (_, seq) = codec::parse_event_key(&key)?;
@@ -371,7 +391,32 @@ impl Store {
         }))
     }
 
-    /// Every stream id that has events, in key order (for audit).
+    /// The marker of `stream`'s deleted prefix, if any ([`Pruned`]).
+    pub fn pruned(&self, stream: &str) -> Result<Option<Pruned>, StoreError> {
+        codec::check_stream(stream)?;
+        match self.get(&codec::pruned_key(stream))? {
+            Some(v) => codec::decode_pruned(stream, &v).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Every pruned marker, in stream order (for audit and checkpoints: a
+    /// stream deleted whole has its marker and no events).
+    pub fn pruned_markers(&self) -> impl Iterator<Item = Result<(String, Pruned), StoreError>> + Send + 'static {
+        self.scan_space(codec::PRUNED, b"", b"").map(|kv| {
+            let (key, value) = kv?;
+            let stream = String::from_utf8(key).map_err(|_| StoreError::Corrupt {
+                stream: String::new(),
+                seq: 0,
+                what: "marker key".into(),
+            })?;
+            let pruned = codec::decode_pruned(&stream, &value)?;
+            Ok((stream, pruned))
+        })
+    }
+
+    /// Every stream id that has events, in key order (for audit; streams
+    /// pruned whole are in [`Store::pruned_markers`]).
     pub fn streams(&self) -> impl Iterator<Item = Result<String, StoreError>> + Send + 'static {
         let store = self.clone();
         let mut from = vec![codec::EVENT];
@@ -779,6 +824,38 @@ impl Batch {
         self.writes.extend(records.into_iter().map(|(key, value)| Write::Put(key, value)));
         self.heads[idx].next = cur;
         Ok(cur)
+    }
+
+    /// Deletes `stream`'s events after `after` (its current marker's seq,
+    /// or 0) through `through` (an event of the stream: its seq and hash),
+    /// and writes the marker of the deleted prefix with `state` folded
+    /// through it. Only the stream's writer, or a sweep of a stream whose
+    /// writer is gone for good, prunes; the head is unchanged (a stream
+    /// pruned through its head keeps it in the marker).
+    pub fn prune(&mut self, stream: &str, after: u64, through: Head, at: UnixSecs, state: Vec<u8>) {
+        if let Err(e) = codec::check_stream(stream) {
+            self.error.get_or_insert(e);
+            return;
+        }
+        if through.seq <= after {
+            self.error
+                .get_or_insert(StoreError::Invalid(format!("prune {stream:?} through {} after {after}", through.seq)));
+            return;
+        }
+        for seq in after + 1..=through.seq {
+            self.kv_write(Write::Remove(codec::event_key(stream, seq)));
+        }
+        let marker = Pruned { head: through, at: at.0, state };
+        self.kv_write(Write::Put(codec::pruned_key(stream), codec::encode_pruned(&marker)));
+    }
+
+    /// Removes `stream`'s snapshot (a stream deleted whole).
+    pub fn remove_snapshot(&mut self, stream: &str) {
+        if let Err(e) = codec::check_stream(stream) {
+            self.error.get_or_insert(e);
+            return;
+        }
+        self.kv_write(Write::Remove(codec::snapshot_key(stream)));
     }
 
     pub fn put_snapshot(&mut self, stream: &str, snap: Snapshot) {
