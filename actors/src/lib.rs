@@ -23,6 +23,7 @@
 //! - [`push`]: the Web Push sender's pure core (its queue, coalescing and
 //!   retry rules); the HTTP shell is in the binary;
 //! - [`metrics`]: Prometheus metrics of the core;
+//! - [`retention`]: the sweep that deletes what is past its retention;
 //! - [`routes`]: the route book (best known signed route per account);
 //! - [`clock`] and [`policy`]: injected time and configured limits.
 
@@ -32,6 +33,7 @@ pub mod delivery;
 pub mod metrics;
 pub mod nats_server;
 pub mod notify;
+pub mod retention;
 pub mod routes;
 pub mod send;
 pub mod sessions;

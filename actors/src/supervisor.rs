@@ -51,6 +51,9 @@ struct Inner {
     push: Arc<OnceLock<Arc<dyn crate::push::PushSink>>>,
     /// The replicator between an account's two home relays, when running.
     replica: Arc<OnceLock<Arc<dyn account::ReplicaSink>>>,
+    /// Who writes a signed checkpoint before the sweep prunes (none: the
+    /// sweep prunes without one, as in tests of the store alone).
+    checkpointer: OnceLock<Arc<dyn crate::retention::Checkpointer>>,
     /// Route lookups at the peers in progress, with who waits for each:
     /// one fetch per account however many ask (single flight).
     lookups: Mutex<HashMap<String, Vec<oneshot::Sender<RouteLookup>>>>,
@@ -91,10 +94,17 @@ impl Supervisor {
                 scheduler: OnceLock::new(),
                 push: Arc::default(),
                 replica: Arc::default(),
+                checkpointer: OnceLock::new(),
                 lookups: Mutex::default(),
                 misses: DashMap::new(),
             }),
         }
+    }
+
+    /// Installs the checkpoint writer the sweep calls before pruning.
+    /// Later calls are ignored.
+    pub fn set_checkpointer(&self, checkpointer: Arc<dyn crate::retention::Checkpointer>) {
+        let _ = self.inner.checkpointer.set(checkpointer);
     }
 
     /// Starts the timer actor on the current arbiter and restores the timers
