@@ -35,7 +35,7 @@
 //! audit, upgrading old data).
 
 use super::events::AccountEvent;
-use relay_schemas::DeliveryStatus;
+use relay_schemas::{DeliveryStatus, ErrorCode, RelayError};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -60,6 +60,40 @@ pub struct ReceiptEntry {
     pub accepted_at: u64,
     pub retention_until: u64,
     pub sequence: u64,
+}
+
+impl SendEntry {
+    /// What the retention sweep leaves of an entry past its retention
+    /// (PROTOCOL §10) until no retry of the message could be taken as new
+    /// (`retention::tombstone_until`): its retention and nothing it said
+    /// (no digest, no recipient, no status), so a retry or a status query
+    /// is answered `message_expired` rather than taken as a new message.
+    pub fn swept(retention_until: u64) -> Self {
+        let expired = RelayError::new(ErrorCode::MessageExpired, "result retention has ended");
+        SendEntry {
+            digest: String::new(),
+            to: String::new(),
+            deadline: 0,
+            retention_until,
+            status: DeliveryStatus::failed(0, expired),
+            sequence: None,
+        }
+    }
+
+    pub fn is_swept(&self) -> bool {
+        self.digest.is_empty()
+    }
+}
+
+impl ReceiptEntry {
+    /// A received message's entry past retention: see [`SendEntry::swept`].
+    pub fn swept(retention_until: u64) -> Self {
+        ReceiptEntry { digest: String::new(), accepted_at: 0, retention_until, sequence: 0 }
+    }
+
+    pub fn is_swept(&self) -> bool {
+        self.digest.is_empty()
+    }
 }
 
 /// The blob keys of one account's entries start with this.
