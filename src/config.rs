@@ -346,6 +346,10 @@ pub struct Limits {
     pub delivery_age_limit: Duration,
     #[serde(deserialize_with = "duration")]
     pub message_retention: Duration,
+    /// How often the retention sweep runs: what is past its retention is
+    /// deleted within this after it (PROTOCOL §10).
+    #[serde(deserialize_with = "duration")]
+    pub retention_sweep: Duration,
     pub max_ciphertext_bytes: usize,
     pub max_boxes: usize,
     /// Bytes of canonical JSON one signed object (certificate, revocation,
@@ -400,6 +404,7 @@ impl Default for Limits {
             clock_tolerance: Duration::from_secs(300),
             delivery_age_limit: Duration::from_secs(90 * 60),
             message_retention: Duration::from_secs(30 * 24 * 3600),
+            retention_sweep: Duration::from_secs(3600),
             max_ciphertext_bytes: 65536,
             max_boxes: 64,
             max_object_bytes: relay_schemas::objects::MAX_OBJECT_BYTES,
@@ -752,6 +757,9 @@ impl Config {
                 None,
                 "http.max_connections, max_connections_per_ip and body_timeout must be positive".into(),
             ));
+        }
+        if self.limits.retention_sweep.is_zero() {
+            return Err((None, "limits.retention_sweep must be positive".into()));
         }
         if self.sessions.max_per_device == 0 || self.sessions.sweep_interval.is_zero() {
             return Err((None, "sessions.max_per_device and sessions.sweep_interval must be positive".into()));

@@ -162,6 +162,7 @@ pub(crate) async fn run(
     }
     let limits = limits::RateLimits::new(cfg.rates());
     actix_web::rt::spawn(sweep_sessions(sup.clone(), cfg.sessions.sweep_interval));
+    actix_web::rt::spawn(relay_actors::retention::run(sup.clone(), cfg.limits.retention_sweep));
     let push_info = rpc::PushInfo {
         vapid_public_key: vapid.public_key().to_owned(),
         allow_http: cfg.push.allow_http_endpoints,

@@ -9,18 +9,39 @@ use crate::rpc::Relay;
 use ed25519_dalek::VerifyingKey;
 use relay_actors::account::{AccountCmd, Reply};
 pub use relay_core::peer_auth::RelayHeaders;
-use relay_core::peer_auth::{self, ReplayWindow};
+use relay_core::peer_auth::{self, Admission, Authenticated, ReplayWindow};
 use relay_schemas::ids::check_account_id;
 use relay_schemas::{Method, RelayError};
 use std::collections::HashMap;
 use std::sync::Mutex;
 
 /// Who may call (the rule is [`peer_auth`]'s), and the signatures seen in
-/// the current window. Verification runs outside the lock; the lock covers
-/// one set lookup and insert.
+/// the current window with their small answers. Verification runs outside
+/// the lock; the lock covers one map lookup and insert.
 pub struct PeerKeys {
     keys: peer_auth::PeerKeys,
-    replays: Mutex<ReplayWindow>,
+    replays: Mutex<ReplayWindow<Answer>>,
+}
+
+/// What a relay method answered: the result's JSON, or the error.
+pub type Answer = Result<String, RelayError>;
+
+/// A relay request that passed authentication.
+#[derive(Debug)]
+pub enum Admitted {
+    /// New: carry it out, then [`PeerKeys::answered`] with `request`.
+    New { peer: String, request: Authenticated },
+    /// The same signed request again: answer what the first got.
+    Again { peer: String, answer: Answer },
+}
+
+impl Admitted {
+    /// The calling peer.
+    pub fn peer(&self) -> &str {
+        match self {
+            Admitted::New { peer, .. } | Admitted::Again { peer, .. } => peer,
+        }
+    }
 }
 
 impl PeerKeys {
@@ -32,12 +53,30 @@ impl PeerKeys {
         }
     }
 
-    /// The calling peer's id; `unauthorized`, or `rate_limited` for a
-    /// signature already received in its window.
-    pub fn authenticate(&self, h: &RelayHeaders, method: &str, body: &[u8], now: u64) -> Result<String, RelayError> {
+    /// The calling peer and whether its request is new; `unauthorized`,
+    /// or `rate_limited` for a signature already received in its window
+    /// whose answer is not kept.
+    pub fn authenticate(&self, h: &RelayHeaders, method: &str, body: &[u8], now: u64) -> Result<Admitted, RelayError> {
         let a = self.keys.authenticate(h, method, body, now)?;
-        self.replays.lock().unwrap_or_else(|p| p.into_inner()).admit(&a, now)?;
-        Ok(a.peer)
+        Ok(match self.window().admit(&a, now)? {
+            Admission::New => Admitted::New { peer: a.peer.clone(), request: a },
+            Admission::Again(answer) => Admitted::Again { peer: a.peer, answer },
+        })
+    }
+
+    /// `request` was answered `answer`: its duplicates get the same.
+    pub fn answered(&self, request: &Authenticated, answer: &Answer) {
+        let bytes = match answer {
+            Ok(json) => json.len(),
+            Err(e) => e.message.len() + e.data.as_ref().map_or(0, |d| d.to_string().len()),
+        };
+        if bytes <= peer_auth::MAX_KEPT_ANSWER {
+            self.window().answered(request, answer.clone(), bytes);
+        }
+    }
+
+    fn window(&self) -> std::sync::MutexGuard<'_, ReplayWindow<Answer>> {
+        self.replays.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

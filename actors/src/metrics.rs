@@ -58,6 +58,8 @@ pub struct Metrics {
     pub websocket_connections: Gauge,
     /// Expired sessions dropped by the sweep.
     pub sessions_swept: Counter,
+    pub retention_swept: Counter,
+    pub retention_pruned: Counter,
 }
 
 impl Default for Metrics {
@@ -80,6 +82,8 @@ impl Default for Metrics {
             actor_messages: Counter::default(),
             websocket_connections: Gauge::default(),
             sessions_swept: Counter::default(),
+            retention_swept: Counter::default(),
+            retention_pruned: Counter::default(),
         };
         {
             let mut r = m.registry.lock().unwrap_or_else(|e| e.into_inner());
@@ -106,6 +110,8 @@ impl Default for Metrics {
             r.register("actor_messages", "Messages handed to account and delivery actors", m.actor_messages.clone());
             r.register("websocket_connections", "Open client WebSocket connections", m.websocket_connections.clone());
             r.register("sessions_swept", "Expired sessions dropped from memory and store", m.sessions_swept.clone());
+        r.register("retention_swept", "Messages whose traces the retention sweep deleted", m.retention_swept.clone());
+        r.register("retention_pruned", "Events deleted from stream prefixes past retention", m.retention_pruned.clone());
         }
         m
     }

@@ -357,6 +357,28 @@ impl Supervisor {
         Err(RelayError::unavailable("account actor unavailable"))
     }
 
+    /// Hands an account its due retention index entries and waits until
+    /// their deletion is durable (`retention::pass`).
+    pub(crate) async fn sweep_account(
+        &self,
+        account_id: &str,
+        due: Vec<(relay_core::retention::IndexEntry, Vec<u8>)>,
+    ) -> Result<account::sweep::Swept, RelayError> {
+        for _ in 0..3 {
+            let addr = self.account_addr(account_id)?;
+            match addr.send(account::actor::Sweep(due.clone())).await {
+                Ok(Ok(swept)) => return swept,
+                Ok(Err(account::actor::Passivated)) | Err(MailboxError::Closed) => continue,
+                Err(MailboxError::Timeout) => return Err(RelayError::unavailable("account busy")),
+            }
+        }
+        Err(RelayError::unavailable("account actor unavailable"))
+    }
+
+    pub(crate) fn checkpointer(&self) -> Option<Arc<dyn crate::retention::Checkpointer>> {
+        self.inner.checkpointer.get().cloned()
+    }
+
     /// Starts (or joins) the delivery actor of `stream` for an attempt now;
     /// `watch` gets the status after that attempt.
     pub fn start_delivery(&self, stream: &str, watch: Option<oneshot::Sender<DeliveryStatus>>) {

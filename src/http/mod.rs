@@ -10,7 +10,7 @@ pub mod ws;
 
 use crate::config::Websocket;
 use crate::observe::{shown_id, Direction, PeerObserver};
-use crate::relay_rpc::RelayHeaders;
+use crate::relay_rpc::{Admitted, RelayHeaders};
 use crate::rpc::Relay;
 use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
@@ -120,8 +120,13 @@ async fn relay_call_named(
         signature: header("Relay-Signature"),
     };
     let now = relay.supervisor().clock().now();
-    let peer = match relay.peer_keys().authenticate(&headers, method, &body, now.0) {
-        Ok(peer) => peer,
+    let (peer, request) = match relay.peer_keys().authenticate(&headers, method, &body, now.0) {
+        Ok(Admitted::New { peer, request }) => (peer, request),
+        // The same signed request again: nothing is carried out twice.
+        Ok(Admitted::Again { peer, answer }) => {
+            observer.count(&peer, Direction::In, answer.as_ref().map_or_else(|e| e.code.as_str(), |_| "ok"));
+            return relay_answer(answer);
+        }
         Err(e) => {
             let claimed = headers.relay_id.unwrap_or("");
             observer.count(claimed, Direction::In, e.code.as_str());
@@ -136,8 +141,13 @@ async fn relay_call_named(
     // The peer is up: deliveries to it need not wait for their next slot.
     relay.supervisor().peer_seen(&peer);
     let result = relay.call_relay(method, &peer, &body).await;
+    relay.peer_keys().answered(&request, &result);
     observer.count(&peer, Direction::In, result.as_ref().map_or_else(|e| e.code.as_str(), |_| "ok"));
-    match result {
+    relay_answer(result)
+}
+
+fn relay_answer(answer: crate::relay_rpc::Answer) -> HttpResponse {
+    match answer {
         Ok(json) => HttpResponse::Ok().content_type("application/json").body(json),
         Err(e) => error_response(&e),
     }

@@ -31,6 +31,7 @@ mod properties;
 mod push;
 mod readme;
 mod restart;
+mod retention;
 mod secrets;
 mod security;
 mod smoke;

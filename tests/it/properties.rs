@@ -169,7 +169,7 @@ proptest! {
         match got {
             Ok(peer) => {
                 prop_assert!(key_matches && exact && in_time, "accepted {:?}", p);
-                prop_assert_eq!(&peer, &p.relay_id);
+                prop_assert_eq!(peer.peer(), p.relay_id.as_str());
             }
             Err(e) => {
                 prop_assert!(!(key_matches && exact && in_time), "refused {:?}: {}", p, e);

@@ -24,6 +24,7 @@ pub mod lease;
 pub mod peer_auth;
 pub mod policy;
 pub mod push;
+pub mod retention;
 pub mod shard;
 
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock};

@@ -5,17 +5,22 @@
 //! The signature covers method, target, timestamp and body, so a captured
 //! request verifies again anywhere in its timestamp's window: `2 ×
 //! clock_tolerance`. [`ReplayWindow`] remembers the signatures it admitted
-//! until their timestamp leaves the window, and refuses the same one again.
-//! Ed25519 is deterministic, so an honest source that sends the very same
-//! request twice in one second also repeats its signature: the second copy
-//! is answered `rate_limited` (retry after a second, when the source signs
-//! a fresh timestamp) rather than `unauthorized`, which would end a delivery.
+//! until their timestamp leaves the window, with the answer each got when
+//! it is small: the same signature again is not carried out a second time
+//! (it spends no budget and changes nothing) but answered what the first
+//! was. Ed25519 is deterministic, so an honest source that sends the very
+//! same request twice in one second (a retry after a crash, a duplicate
+//! it sends on purpose) repeats its signature too, and must get the
+//! original answer. A copy whose answer is not kept (still being worked
+//! out, or too large to keep) is answered `rate_limited` (retry after a
+//! second, when the source signs a fresh timestamp) rather than
+//! `unauthorized`, which would end a delivery.
 
 use ed25519_dalek::VerifyingKey;
 use relay_schemas::encoding::b64_decode_array;
 use relay_schemas::sign::{relay_request_bytes, verify_bytes};
 use relay_schemas::{ErrorCode, RelayError};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 
 /// The request headers of a relay call.
 pub struct RelayHeaders<'a> {
@@ -83,21 +88,54 @@ impl PeerKeys {
 }
 
 /// The signatures admitted whose timestamp is still inside the window,
-/// bucketed by timestamp so that what leaves the window goes in one step.
-/// Its size is bounded by `cap`: what the peers' rate limits admit in one
-/// window. A window that is full answers `rate_limited` (it holds only
-/// requests from configured peers, which are over their budget anyway).
+/// bucketed by timestamp so that what leaves the window goes in one step,
+/// each with its answer `A` once known and kept. Its size is bounded by
+/// `cap` signatures (what the peers' rate limits admit in one window; a
+/// full window answers `rate_limited`: it holds only requests from
+/// configured peers, which are over their budget anyway) and by
+/// `answer_bytes` bytes of kept answers.
 #[derive(Debug)]
-pub struct ReplayWindow {
+pub struct ReplayWindow<A> {
     tolerance: u64,
     cap: usize,
     len: usize,
-    by_timestamp: BTreeMap<u64, HashSet<[u8; 16]>>,
+    answer_bytes: usize,
+    kept_bytes: usize,
+    by_timestamp: BTreeMap<u64, HashMap<[u8; 16], Option<(A, usize)>>>,
 }
 
-impl ReplayWindow {
+/// What [`ReplayWindow::admit`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Admission<A> {
+    /// Not seen in the window: carry it out, then [`ReplayWindow::answered`].
+    New,
+    /// Seen and answered: answer this again.
+    Again(A),
+}
+
+/// Bytes of answers a window keeps at most: duplicates are rare, so this
+/// only has to hold the answers of a burst of them.
+pub const ANSWER_BYTES: usize = 8 << 20;
+/// An answer larger than this is not kept (a page, a device list): its
+/// duplicate is told to retry instead.
+pub const MAX_KEPT_ANSWER: usize = 4096;
+
+impl<A: Clone> ReplayWindow<A> {
     pub fn new(clock_tolerance: u64, cap: usize) -> Self {
-        ReplayWindow { tolerance: clock_tolerance, cap: cap.max(1), len: 0, by_timestamp: BTreeMap::new() }
+        ReplayWindow {
+            tolerance: clock_tolerance,
+            cap: cap.max(1),
+            len: 0,
+            answer_bytes: ANSWER_BYTES,
+            kept_bytes: 0,
+            by_timestamp: BTreeMap::new(),
+        }
+    }
+
+    /// The same with room for `bytes` of answers.
+    pub fn with_answer_bytes(mut self, bytes: usize) -> Self {
+        self.answer_bytes = bytes;
+        self
     }
 
     /// Signatures remembered now.
@@ -109,23 +147,47 @@ impl ReplayWindow {
         self.len == 0
     }
 
-    /// Admits `a` once; the same signature again while its timestamp is in
-    /// the window is `rate_limited`.
-    pub fn admit(&mut self, a: &Authenticated, now: u64) -> Result<(), RelayError> {
+    /// Admits `a` once; the same signature again while its timestamp is
+    /// in the window gets the first one's answer if it was kept, else
+    /// `rate_limited`.
+    pub fn admit(&mut self, a: &Authenticated, now: u64) -> Result<Admission<A>, RelayError> {
         // A timestamp older than `now - tolerance` is refused before it gets
         // here, so what is remembered for it can go.
         let live = self.by_timestamp.split_off(&now.saturating_sub(self.tolerance));
-        let gone = std::mem::replace(&mut self.by_timestamp, live);
-        self.len -= gone.values().map(HashSet::len).sum::<usize>();
-        if self.by_timestamp.get(&a.timestamp).is_some_and(|s| s.contains(&a.signature_digest)) {
-            return Err(refused("relay request replayed: this signed request was already received"));
+        for seen in std::mem::replace(&mut self.by_timestamp, live).into_values() {
+            self.len -= seen.len();
+            self.kept_bytes -= seen.values().flatten().map(|(_, n)| n).sum::<usize>();
+        }
+        if let Some(seen) = self.by_timestamp.get(&a.timestamp).and_then(|s| s.get(&a.signature_digest)) {
+            return match seen {
+                Some((answer, _)) => Ok(Admission::Again(answer.clone())),
+                None => Err(refused("relay request replayed: this signed request was already received")),
+            };
         }
         if self.len >= self.cap {
             return Err(refused("relay request window full"));
         }
-        self.by_timestamp.entry(a.timestamp).or_default().insert(a.signature_digest);
+        self.by_timestamp.entry(a.timestamp).or_default().insert(a.signature_digest, None);
         self.len += 1;
-        Ok(())
+        Ok(Admission::New)
+    }
+
+    /// `a`, admitted as new, was answered `answer` of `bytes` bytes: keep
+    /// it for its duplicates if it is small and there is room.
+    pub fn answered(&mut self, a: &Authenticated, answer: A, bytes: usize) {
+        if bytes > MAX_KEPT_ANSWER || self.kept_bytes + bytes > self.answer_bytes {
+            return;
+        }
+        if let Some(slot @ None) = self.by_timestamp.get_mut(&a.timestamp).and_then(|s| s.get_mut(&a.signature_digest))
+        {
+            *slot = Some((answer, bytes));
+            self.kept_bytes += bytes;
+        }
+    }
+
+    /// Bytes of answers kept now.
+    pub fn kept_bytes(&self) -> usize {
+        self.kept_bytes
     }
 }
 
@@ -157,30 +219,51 @@ mod tests {
     }
 
     #[test]
-    fn a_relay_request_is_admitted_once_within_its_timestamps_window() {
+    fn a_relay_request_is_carried_out_once_within_its_timestamps_window() {
         let (keys, peer) = keys();
         let mut w = ReplayWindow::new(TOL, 1000);
         let now = 1_000_000;
         let req = signed(&peer, now, b"{}");
         let a = auth(&keys, &req, b"{}", now).unwrap();
-        w.admit(&a, now).unwrap();
+        assert_eq!(w.admit(&a, now).unwrap(), Admission::New);
+        // While its answer is not known, a copy is told to retry.
+        let e = w.admit(&a, now).unwrap_err();
+        assert_eq!((e.code, e.data.unwrap()["retry_after"].clone()), (ErrorCode::RateLimited, 1.into()));
+        w.answered(&a, "first answer", 12);
         for later in [now, now + 1, now + TOL] {
             let again = auth(&keys, &req, b"{}", later).unwrap();
-            let e = w.admit(&again, later).unwrap_err();
-            assert_eq!(e.code, ErrorCode::RateLimited, "at +{}", later - now);
-            assert_eq!(e.data.unwrap()["retry_after"], 1);
+            assert_eq!(w.admit(&again, later).unwrap(), Admission::Again("first answer"), "at +{}", later - now);
         }
         // Past the window the key check refuses it; the window forgot it.
         assert_eq!(auth(&keys, &req, b"{}", now + TOL + 1).unwrap_err().code, ErrorCode::Unauthorized);
         w.admit(&auth(&keys, &signed(&peer, now + TOL + 1, b"{}"), b"{}", now + TOL + 1).unwrap(), now + TOL + 1)
             .unwrap();
         assert_eq!(w.len(), 1, "the old signature left with its timestamp");
+        assert_eq!(w.kept_bytes(), 0, "and its answer with it");
+    }
+
+    #[test]
+    fn a_large_answer_is_not_kept_and_kept_answers_are_bounded() {
+        let (keys, peer) = keys();
+        let mut w = ReplayWindow::new(TOL, 1000).with_answer_bytes(100);
+        let now = 1_000_000;
+        let page = auth(&keys, &signed(&peer, now, b"{\"page\":1}"), b"{\"page\":1}", now).unwrap();
+        w.admit(&page, now).unwrap();
+        w.answered(&page, "a page", MAX_KEPT_ANSWER + 1);
+        assert_eq!(w.admit(&page, now).unwrap_err().code, ErrorCode::RateLimited, "a large answer is not kept");
+        for n in 0..3 {
+            let body = format!("{{\"n\":{n}}}");
+            let a = auth(&keys, &signed(&peer, now, body.as_bytes()), body.as_bytes(), now).unwrap();
+            w.admit(&a, now).unwrap();
+            w.answered(&a, "small", 40);
+        }
+        assert_eq!(w.kept_bytes(), 80, "the third answer found no room");
     }
 
     #[test]
     fn another_body_or_timestamp_is_another_request() {
         let (keys, peer) = keys();
-        let mut w = ReplayWindow::new(TOL, 1000);
+        let mut w = ReplayWindow::<()>::new(TOL, 1000);
         let now = 1_000_000;
         for (ts, body) in [(now, &b"{}"[..]), (now, b"{\"a\":1}"), (now + 1, b"{}"), (now - 1, b"{}")] {
             w.admit(&auth(&keys, &signed(&peer, ts, body), body, now).unwrap(), now).unwrap();
@@ -191,7 +274,7 @@ mod tests {
     #[test]
     fn the_replay_window_holds_at_most_its_cap() {
         let (keys, peer) = keys();
-        let mut w = ReplayWindow::new(TOL, 3);
+        let mut w = ReplayWindow::<()>::new(TOL, 3);
         let now = 1_000_000;
         for n in 0..3 {
             let body = format!("{{\"n\":{n}}}");

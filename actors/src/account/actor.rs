@@ -10,7 +10,7 @@ use super::ledger::{self, SendEntry};
 use super::reads::{StoreReads, UnfinishedSends};
 use super::session::{Challenges, Grant};
 use super::state::AccountState;
-use super::{replica, stream_id, timeline, Reads};
+use super::{replica, stream_id, sweep, timeline, Reads};
 use super::{Env, Ports};
 use crate::delivery::{self, core::Begun};
 use crate::internal;
@@ -18,6 +18,7 @@ use crate::policy::Policy;
 use crate::sessions::Session;
 use crate::store::{Batch, Head, NewEvent, Snapshot, StoreError, Ticket};
 use actix::prelude::*;
+use relay_core::retention::{self, IndexEntry};
 use relay_schemas::{DeliveryStatus, RelayError, UnixMillis, UnixSecs};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -188,14 +189,20 @@ impl AccountActor {
         let stream = stream_id(account_id);
         let store = env.store.clone();
         let snapshot = store.load_snapshot(&stream)?;
-        let (mut state, mut head) = match &snapshot {
-            Some(snap) => {
-                let state: AccountState = serde_json::from_slice(&snap.state).map_err(|e| StoreError::Corrupt {
+        // A prefix pruned past the snapshot: its marker holds the state there.
+        let start = match (store.pruned(&stream)?, &snapshot) {
+            (Some(m), Some(s)) if m.head.seq <= s.seq => Some((s.state.clone(), Head { seq: s.seq, hash: s.hash })),
+            (Some(m), _) => Some((m.state, m.head)),
+            (None, s) => s.as_ref().map(|s| (s.state.clone(), Head { seq: s.seq, hash: s.hash })),
+        };
+        let (mut state, mut head) = match start {
+            Some((bytes, head)) => {
+                let state: AccountState = serde_json::from_slice(&bytes).map_err(|e| StoreError::Corrupt {
                     stream: stream.clone(),
-                    seq: snap.seq,
+                    seq: head.seq,
                     what: format!("snapshot: {e}"),
                 })?;
-                (state, Head { seq: snap.seq, hash: snap.hash })
+                (state, head)
             }
             None => (AccountState::new(account_id), Head::default()),
         };
@@ -277,6 +284,10 @@ impl AccountActor {
             let entry = ledger::written(account, e, current.as_ref());
             if let Some(w) = &entry {
                 batch.blob_put(&w.key(account), &w.value().map_err(|e| internal(&e))?);
+            }
+            // The message's traces are found by the sweep when they are due.
+            if let Some(t) = retention::traces(account, e) {
+                batch.kv_put(&retention::index_key(t.retention_until, account, first + i as u64), retention::DUE);
             }
             written.push(entry);
             new_events.push(NewEvent::new(e.event_type(), AccountEvent::VERSION, now, e).map_err(|e| internal(&e))?);
@@ -658,6 +669,53 @@ impl Handler<Ask> for AccountActor {
             self.leave(ctx);
         }
         Box::pin(async move { Ok(reply.await) })
+    }
+}
+
+/// A retention sweep's turn for this account: `due`, its index entries
+/// past their time with their values. Answers once the deletions are
+/// durable. Does not count as activity: sweeping keeps no actor resident.
+#[derive(Message)]
+#[rtype(result = "Result<Result<sweep::Swept, RelayError>, Passivated>")]
+pub struct Sweep(pub Vec<(IndexEntry, Vec<u8>)>);
+
+impl Handler<Sweep> for AccountActor {
+    type Result = ResponseFuture<Result<Result<sweep::Swept, RelayError>, Passivated>>;
+
+    fn handle(&mut self, msg: Sweep, ctx: &mut Self::Context) -> Self::Result {
+        if self.passivated {
+            return Box::pin(async { Err(Passivated) });
+        }
+        let store = self.env.store.clone();
+        let sweep = sweep::Sweep {
+            store: &store,
+            state: &self.state,
+            stream: &self.stream,
+            now: self.env.clock.now(),
+            policy: &self.env.policy,
+        };
+        let mut batch = store.batch();
+        let done = sweep.run(&mut batch, &msg.0).and_then(|swept| {
+            if batch.is_empty() {
+                return Ok((swept, None));
+            }
+            let ticket = store.commit(batch).map_err(|e| internal(&e))?;
+            self.last_ticket = Some(ticket);
+            Ok((swept, Some(ticket)))
+        });
+        if self.head.seq == 0 {
+            self.leave(ctx);
+        }
+        Box::pin(async move {
+            Ok(match done {
+                Ok((swept, Some(ticket))) => match store.durable(ticket).await {
+                    Ok(()) => Ok(swept),
+                    Err(e) => Err(RelayError::unavailable(format!("store: {e}"))),
+                },
+                Ok((swept, None)) => Ok(swept),
+                Err(e) => Err(e),
+            })
+        })
     }
 }
 

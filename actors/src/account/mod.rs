@@ -6,6 +6,7 @@
 
 pub mod actor;
 mod reads;
+pub mod sweep;
 mod upgrade;
 
 // The rules live in the core crate; their paths stay `account::decide` etc.

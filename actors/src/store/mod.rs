@@ -573,6 +573,13 @@ impl Store {
         Ticket(self.inner.shared.lock().last_ticket)
     }
 
+    /// Commits not yet durable: how far the writer is behind (the
+    /// retention sweep waits while it is far behind).
+    pub fn backlog(&self) -> u64 {
+        let last = self.inner.shared.lock().last_ticket;
+        last.saturating_sub(self.inner.shared.durable.borrow().upto)
+    }
+
     /// Commit and wait until durable, blocking the thread (CLI, tests; not
     /// on an async executor thread).
     pub fn commit_durable_blocking(&self, batch: Batch) -> Result<(), StoreError> {

@@ -455,7 +455,7 @@ pub fn send(
 
     // Events and statuses carry the protocol's plain seconds.
     let accepted_at = ctx.now.0;
-    let retention_until = accepted_at + ctx.policy.message_retention;
+    let retention_until = crate::retention::retention_until(accepted_at, ctx.policy);
     if env.to == state.account_id {
         // Self-delivery: receiving rules for our own account; no authorization.
         let visible = visible_devices(state, &p.recipient_boxes, ctx.now);
@@ -563,7 +563,7 @@ pub fn receive(
     }
     // Events and statuses carry the protocol's plain seconds.
     let accepted_at = ctx.now.0;
-    let retention_until = accepted_at + ctx.policy.message_retention;
+    let retention_until = crate::retention::retention_until(accepted_at, ctx.policy);
     let event = AccountEvent::MessageReceived {
         from: env.from.clone(),
         message_id: env.message_id.clone(),

@@ -1,0 +1,230 @@
+//! Retention: what a relay keeps of a message, and until when (PROTOCOL
+//! §10; seed *Delivery Result Retention Rules*).
+//!
+//! A message's traces on an account are its event in the account's stream,
+//! its timeline record's index entry, its ledger entry (the idempotency
+//! result and, for a send, its status) and, for a cross-account send, its
+//! delivery stream. All of them are kept at least until the
+//! `retention_until` fixed at acceptance (that second included) and go in
+//! one sweep after it. Only the event stays longer when an older message
+//! before it in the stream is still retained: a stream loses a prefix,
+//! never a middle, so its chain stays checkable from its `pruned` marker.
+//!
+//! The sweep finds what is due through an index written with each message
+//! (`r/` ‖ `retention_until` ‖ account ‖ event seq), so a turn reads only
+//! entries already due, never the accounts themselves.
+//!
+//! A swept ledger entry leaves its swept form ([`crate::account::ledger::SendEntry::swept`])
+//! until [`tombstone_until`]: until then a retry of the message could
+//! still pass the age check and be taken as new, so it is answered
+//! `message_expired` instead (the seed allows either; answering it keeps a
+//! short retention from turning a client's late retry into a second
+//! delivery).
+
+use crate::account::events::AccountEvent;
+use crate::account::ledger;
+use crate::policy::Policy;
+use relay_schemas::UnixSecs;
+
+/// Every retention index key starts with this (a kv key).
+pub const INDEX_PREFIX: &[u8] = b"r/";
+
+/// The value of a first-stage entry: the message's traces are due.
+pub const DUE: &[u8] = b"";
+/// What starts the value of a second-stage entry, followed by the blob key
+/// of the swept ledger entry to remove.
+pub const SWEPT: u8 = b'l';
+
+/// `retention_until` of a message accepted at `accepted_at`: fixed then,
+/// with the retention configured then (later configuration never changes
+/// a stored one).
+pub fn retention_until(accepted_at: u64, policy: &Policy) -> u64 {
+    accepted_at.saturating_add(policy.message_retention)
+}
+
+/// A result is kept through `retention_until`, that second included.
+pub fn is_past(retention_until: u64, now: UnixSecs) -> bool {
+    retention_until < now.0
+}
+
+/// Until when a swept entry answers retries with `message_expired`: past
+/// this no retry can pass the age check (`created_at` ≤ `accepted_at` +
+/// tolerance ≤ `retention_until` + tolerance, and a message is taken only
+/// within `delivery_age_limit` of its `created_at`).
+pub fn tombstone_until(retention_until: u64, policy: &Policy) -> u64 {
+    retention_until.saturating_add(policy.clock_tolerance).saturating_add(policy.delivery_age_limit)
+}
+
+/// The index key of the message in event `seq` of `account_id`'s stream.
+pub fn index_key(until: u64, account_id: &str, seq: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(INDEX_PREFIX.len() + account_id.len() + 17);
+    k.extend_from_slice(INDEX_PREFIX);
+    k.extend_from_slice(&until.to_be_bytes());
+    k.extend_from_slice(account_id.as_bytes());
+    k.push(b'/');
+    k.extend_from_slice(&seq.to_be_bytes());
+    k
+}
+
+/// The first index key not yet due at `now` (entries sort by time).
+pub fn due_end(now: UnixSecs) -> Vec<u8> {
+    let mut k = INDEX_PREFIX.to_vec();
+    k.extend_from_slice(&now.0.to_be_bytes());
+    k
+}
+
+/// An index entry: `(until, account_id, seq)`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IndexEntry {
+    pub until: u64,
+    pub account_id: String,
+    pub seq: u64,
+}
+
+pub fn parse_index_key(key: &[u8]) -> Option<IndexEntry> {
+    let rest = key.strip_prefix(INDEX_PREFIX)?;
+    let (until, rest) = rest.split_at_checked(8)?;
+    let (account, seq) = rest.split_at_checked(rest.len().checked_sub(9)?)?;
+    let seq = seq.strip_prefix(b"/")?;
+    Some(IndexEntry {
+        until: u64::from_be_bytes(until.try_into().ok()?),
+        account_id: String::from_utf8(account.to_vec()).ok()?,
+        seq: u64::from_be_bytes(seq.try_into().ok()?),
+    })
+}
+
+/// What a message event leaves besides itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Traces {
+    pub retention_until: u64,
+    /// Its ledger entry's blob key.
+    pub ledger_key: Vec<u8>,
+    /// Its timeline record's sequence, when it has one.
+    pub record: Option<u64>,
+    /// A cross-account send's message id: its delivery stream goes too.
+    pub delivery: Option<String>,
+    /// A send's entry (else a receipt's).
+    pub sent: bool,
+}
+
+/// The traces of the message `event` accepted, if it accepted one
+/// (replicated ones included).
+pub fn traces(account_id: &str, event: &AccountEvent) -> Option<Traces> {
+    let entry = ledger::written(account_id, event, None)?;
+    let (retention_until, delivery, sent) = match &entry {
+        ledger::Entry::Send { message_id, entry } => {
+            let cross = matches!(event.origin(), AccountEvent::MessageSent { .. });
+            (entry.retention_until, cross.then(|| message_id.clone()), true)
+        }
+        ledger::Entry::Receipt { entry, .. } => (entry.retention_until, None, false),
+    };
+    let record = event.record().map(|r| r.sequence);
+    Some(Traces { retention_until, ledger_key: entry.key(account_id), record, delivery, sent })
+}
+
+/// Whether `event` may leave its stream's prefix at `now`: a message's
+/// once past its retention; every other event (device, settings, cursors,
+/// statuses, replication) at once, its effect kept in the marker's state.
+/// `replicated_through`: the lowest seq every partner home has acknowledged
+/// (`None` without partners): an account event it has not seen stays.
+pub fn may_prune(account_id: &str, seq: u64, event: &AccountEvent, now: UnixSecs, replicated_through: Option<u64>) -> bool {
+    match traces(account_id, event) {
+        Some(t) => is_past(t.retention_until, now),
+        None => replicated_through.is_none_or(|through| seq <= through),
+    }
+}
+
+/// What the sweep does with a message's ledger entry: leave its swept form
+/// until `until` (a second-stage index entry removes it then), or remove it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LedgerSweep {
+    Swept { until: u64 },
+    Remove,
+}
+
+pub fn ledger_sweep(retention_until: u64, now: UnixSecs, policy: &Policy) -> LedgerSweep {
+    let until = tombstone_until(retention_until, policy);
+    if until >= now.0 {
+        LedgerSweep::Swept { until }
+    } else {
+        LedgerSweep::Remove
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::account::events::AccountEvent;
+
+    fn policy() -> Policy {
+        let mut p = Policy::with_relay_id("relay-a");
+        p.message_retention = 100;
+        p.clock_tolerance = 5;
+        p.delivery_age_limit = 50;
+        p
+    }
+
+    fn received(retention_until: u64) -> AccountEvent {
+        let env = serde_json::json!({"message_id": "m1", "from": "alice", "from_device_id": "d", "to": "bob",
+                                     "created_at": 1, "ciphertext": "AA", "signature": "s"});
+        let v = serde_json::json!({"message_received": {
+            "from": "alice", "message_id": "m1", "digest": "d", "accepted_at": 10,
+            "retention_until": retention_until,
+            "record": {"sequence": 7, "expires_at": retention_until, "envelope": env, "boxes": [], "visible": []}}});
+        serde_json::from_str(&v.to_string()).unwrap()
+    }
+
+    #[test]
+    fn a_result_is_kept_through_its_retention_that_second_included() {
+        assert!(!is_past(110, UnixSecs(110)));
+        assert!(is_past(110, UnixSecs(111)));
+    }
+
+    #[test]
+    fn later_configuration_never_shortens_a_promised_retention() {
+        // Accepted under a 100 s retention; the relay now keeps 1 s.
+        let event = received(retention_until(10, &policy()));
+        let mut shorter = policy();
+        shorter.message_retention = 1;
+        let t = traces("bob", &event).unwrap();
+        assert_eq!(t.retention_until, 110, "the retention stored at acceptance counts");
+        assert!(!may_prune("bob", 3, &event, UnixSecs(100), None));
+        assert!(may_prune("bob", 3, &event, UnixSecs(111), None));
+    }
+
+    #[test]
+    fn a_received_message_leaves_its_record_and_its_receipt_and_no_delivery() {
+        let t = traces("bob", &received(110)).unwrap();
+        assert_eq!(t.record, Some(7));
+        assert_eq!(t.ledger_key, ledger::receipt_key("bob", "alice", "m1"));
+        assert_eq!(t.delivery, None);
+        assert!(!t.sent);
+    }
+
+    #[test]
+    fn account_state_events_leave_no_traces_and_may_leave_the_prefix_once_partners_have_them() {
+        let event = AccountEvent::SettingsUpdated { public_discovery: true, at: Some(5) };
+        assert_eq!(traces("bob", &event), None);
+        assert!(may_prune("bob", 4, &event, UnixSecs(0), None));
+        assert!(may_prune("bob", 4, &event, UnixSecs(0), Some(4)));
+        assert!(!may_prune("bob", 5, &event, UnixSecs(0), Some(4)), "a partner has not seen it");
+    }
+
+    #[test]
+    fn a_swept_entry_answers_until_no_retry_could_pass_the_age_check() {
+        // 110 + tolerance 5 + age limit 50.
+        assert_eq!(tombstone_until(110, &policy()), 165);
+        assert_eq!(ledger_sweep(110, UnixSecs(111), &policy()), LedgerSweep::Swept { until: 165 });
+        assert_eq!(ledger_sweep(110, UnixSecs(166), &policy()), LedgerSweep::Remove);
+    }
+
+    #[test]
+    fn index_keys_sort_by_time_and_parse_back() {
+        let a = index_key(5, "bob", 9);
+        let b = index_key(6, "alice", 1);
+        assert!(a < b);
+        assert!(a < due_end(UnixSecs(6)) && b >= due_end(UnixSecs(6)), "due at 6: only entries past by then");
+        assert_eq!(parse_index_key(&a), Some(IndexEntry { until: 5, account_id: "bob".into(), seq: 9 }));
+        assert_eq!(parse_index_key(b"r/short"), None);
+    }
+}

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Retention soak (issue 39): one relay (release build) under an open-loop
+# load for a while, with a short retention and a frequent sweep; every 10 s
+# the data dir's size and the relay's RSS are sampled. Prints the samples,
+# then the plateau (mean over the last half) and the slope over the last
+# half (bytes per minute; ~0 when disk and memory follow what is retained).
+#
+#   scripts/retention-soak.sh [RATE] [DURATION] [RETENTION] [SWEEP]
+#   defaults: 2000 10m 2m 30s
+#
+# Run it once more with RETENTION=30d for the same load without deletion
+# (the throughput to compare with).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rate=${1:-2000}
+duration=${2:-10m}
+retention=${3:-2m}
+sweep=${4:-30s}
+
+cargo build --release --locked --quiet
+relay=target/release/relay
+work=$(mktemp -d)
+trap 'kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -rf "$work"' EXIT
+
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+cat >"$work/relay.toml" <<EOF
+[relay]
+id = "relay-a"
+public_url = "http://127.0.0.1:$port"
+listen = "127.0.0.1:$port"
+data_dir = "$work/data"
+key_file = "$work/data/relay.key"
+[limits]
+message_retention = "$retention"
+retention_sweep = "$sweep"
+session_rate = 1000000
+session_burst = 1000000
+anonymous_rate = 1000000
+anonymous_burst = 1000000
+EOF
+RUST_LOG=warn "$relay" serve --config "$work/relay.toml" >"$work/relay.log" 2>&1 &
+pid=$!
+for _ in $(seq 100); do
+  curl -fs "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break
+  sleep 0.1
+done
+
+secs=$(python3 -c "import re,sys; d='$duration'; n,u=re.fullmatch(r'(\d+)(s|m|h)',d).groups(); print(int(n)*{'s':1,'m':60,'h':3600}[u])")
+messages=$(( rate * (secs + 5) ))
+samples="$work/samples.csv"
+echo "t_s,data_bytes,rss_kb" >"$samples"
+(
+  start=$(date +%s)
+  while kill -0 "$pid" 2>/dev/null; do
+    t=$(( $(date +%s) - start ))
+    size=$(du -sb "$work/data" | cut -f1)
+    rss=$(awk '/^VmRSS/ {print $2}' "/proc/$pid/status")
+    echo "$t,$size,$rss" >>"$samples"
+    sleep 10
+  done
+) &
+sampler=$!
+cpu0=$(awk '{print $14+$15}' "/proc/$pid/stat")
+"$relay" bench --relays "http://127.0.0.1:$port" --relay-ids relay-a --accounts 64 --concurrency 64 \
+  --messages "$messages" --rate "$rate" --duration "$duration" --payload 256 | tee "$work/bench.txt"
+cpu1=$(awk '{print $14+$15}' "/proc/$pid/stat")
+kill "$sampler" 2>/dev/null || true
+cat "$samples"
+python3 - "$samples" "$rate" "$secs" "$cpu0" "$cpu1" <<'EOF'
+import csv, sys
+rows = [(int(r["t_s"]), int(r["data_bytes"]), int(r["rss_kb"])) for r in csv.DictReader(open(sys.argv[1]))]
+rate, secs, ticks = float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[5]) - int(sys.argv[4])
+half = [r for r in rows if r[0] >= rows[-1][0] / 2]
+def slope(col):
+    xs = [r[0] / 60 for r in half]; ys = [r[col] for r in half]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    den = sum((x - mx) ** 2 for x in xs) or 1
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den
+plateau_disk = sum(r[1] for r in half) / len(half)
+plateau_rss = sum(r[2] for r in half) / len(half) * 1024
+print(f"plateau over the last half: data dir {plateau_disk/1e6:.1f} MB, RSS {plateau_rss/1e6:.1f} MB")
+print(f"slope over the last half: data dir {slope(1)/1e6:+.2f} MB/min, RSS {slope(2)*1024/1e6:+.2f} MB/min")
+print(f"relay CPU: {ticks / 100:.1f} s, {ticks * 10_000 / (rate * secs):.0f} µs per offered send")
+EOF
