@@ -47,6 +47,7 @@
 //!    directory written before the log existed opens as is.
 
 mod codec;
+mod compact;
 mod engine;
 mod filter;
 mod jetstream;
@@ -68,6 +69,7 @@ use std::thread::JoinHandle;
 use relay_schemas::UnixSecs;
 use serde_json::value::RawValue;
 
+pub use compact::{LogSpace, SegmentSpace};
 pub use engine::{Engine, KvIter, Write};
 pub use jetstream::{
     fence_violations, server_addrs, FenceViolation, JetStreamConfig, JetStreamEngine, CHUNK_BYTES, SNAPSHOT_BYTES,
@@ -634,6 +636,16 @@ impl Store {
     /// durable, for metrics. Later calls are ignored.
     pub fn set_group_observer(&self, observe: impl Fn(&GroupReport) + Send + Sync + 'static) {
         let _ = self.inner.shared.observer.set(Box::new(observe));
+    }
+
+    /// Reclaims the log's dead space now (`sled_engine.rs`, step 7): every
+    /// segment but the newest whose live share is low is compacted and
+    /// removed behind a checkpoint. Commits wait meanwhile; the writer
+    /// otherwise does this a bounded step per group. For tests and
+    /// benches; blocks the thread.
+    #[doc(hidden)]
+    pub fn compact_now(&self) -> Result<(), StoreError> {
+        self.inner.shared.engine.compact_now()
     }
 
     pub fn stats(&self) -> StoreStats {
