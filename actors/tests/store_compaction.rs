@@ -29,7 +29,7 @@ fn blob(n: u32) -> Vec<u8> {
 /// A blob's value in generation `generation`: 1,000 bytes, its own.
 fn value(n: u32, generation: u8) -> Vec<u8> {
     let mut v = format!("{n}/{generation}/").into_bytes();
-    v.resize(1_000, b'a' + (n % 26) as u8 ^ generation);
+    v.resize(1_000, (b'a' + (n % 26) as u8) ^ generation);
     v
 }
 
@@ -459,4 +459,99 @@ fn a_kill_after_the_checkpoint_before_the_removal_loses_nothing() {
 #[test]
 fn a_kill_during_the_removal_loses_nothing() {
     killed_at("compact.during_remove");
+}
+
+// ---- Figures (run by hand: `--ignored --nocapture`) ----
+
+fn dir_bytes(dir: &Path, skip_log: bool) -> u64 {
+    let mut n = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        if skip_log && entry.file_name() == "log" {
+            continue;
+        }
+        let meta = entry.metadata().unwrap();
+        n += if meta.is_dir() { dir_bytes(&entry.path(), false) } else { meta.len() };
+    }
+    n
+}
+
+/// Latencies of `n` durable one-entry commits, one after another: (max, p99).
+fn commit_pauses(store: &Store, n: u32, tag: u8) -> (Duration, Duration) {
+    let mut took: Vec<Duration> = (0..n)
+        .map(|i| {
+            let mut batch = store.batch();
+            batch.kv_put(&[b't', tag], &i.to_be_bytes());
+            let started = Instant::now();
+            store.commit_durable_blocking(batch).unwrap();
+            started.elapsed()
+        })
+        .collect();
+    took.sort_unstable();
+    (took[took.len() - 1], took[took.len() * 99 / 100])
+}
+
+/// 40,000 blobs of 1 KB in 4 MiB segments, 90 % removed: the log's and
+/// sled's sizes at each stage, and commit latencies while the writer
+/// compacts a step per group, against the same commits with nothing to
+/// compact.
+#[test]
+#[ignore = "figures for the README: run by hand with --nocapture"]
+fn figures_compaction_space_and_commit_pauses() {
+    const N: u32 = 40_000;
+    let dir = tempfile::tempdir().unwrap();
+    let (store, engine) = small_store(dir.path(), 4 << 20);
+    let sizes = |what: &str| {
+        println!("{what}: log/ {} KiB, sled {} KiB", log_bytes(dir.path()) >> 10, dir_bytes(dir.path(), true) >> 10);
+    };
+    for chunk in (0..N).collect::<Vec<_>>().chunks(100) {
+        let mut batch = store.batch();
+        chunk.iter().for_each(|&n| batch.blob_put(&blob(n), &value(n, 0)));
+        store.commit_durable_blocking(batch).unwrap();
+    }
+    sizes("40,000 blobs written");
+    let (max, p99) = commit_pauses(&store, 2_000, 0);
+    println!("baseline, nothing to compact: commit max {max:?}, p99 {p99:?}");
+    for chunk in (0..N).filter(|n| n % 10 != 0).collect::<Vec<_>>().chunks(100) {
+        let mut batch = store.batch();
+        chunk.iter().for_each(|&n| batch.blob_remove(&blob(n)));
+        store.commit_durable_blocking(batch).unwrap();
+    }
+    sizes("90 % removed");
+    println!(
+        "longest step so far {:?}, {} KiB copied",
+        engine.log_space().longest_step,
+        engine.log_space().compacted_bytes >> 10
+    );
+    counted(&engine);
+    let before = engine.log_space().compacted_bytes;
+    let started = Instant::now();
+    let (max, p99) = commit_pauses(&store, 2_000, 1);
+    println!(
+        "while compacting ({} KiB copied in {:?}): commit max {max:?}, p99 {p99:?}, longest step {:?}",
+        (engine.log_space().compacted_bytes - before) >> 10,
+        started.elapsed(),
+        engine.log_space().longest_step,
+    );
+    sizes("after 2,000 more commits");
+    for round in 0..3u32 {
+        for chunk in (N + round * 4_000..N + (round + 1) * 4_000).collect::<Vec<_>>().chunks(100) {
+            let mut batch = store.batch();
+            chunk.iter().for_each(|&n| batch.blob_put(&blob(n), &value(n, 0)));
+            store.commit_durable_blocking(batch).unwrap();
+        }
+        let mut batch = store.batch();
+        (N + round * 4_000..N + (round + 1) * 4_000).for_each(|n| batch.blob_remove(&blob(n)));
+        store.commit_durable_blocking(batch).unwrap();
+        sizes(&format!("round {round}: 4,000 more written and removed"));
+    }
+    let started = Instant::now();
+    store.compact_now().unwrap();
+    println!("compact_now took {:?}", started.elapsed());
+    sizes("after compact_now");
+    drop(store);
+    drop(engine);
+    let store = Store::open(dir.path()).unwrap();
+    sizes("reopened");
+    drop(store);
 }

@@ -84,6 +84,9 @@ pub struct LogSpace {
     pub compacted_bytes: u64,
     /// Segments removed since the open.
     pub removed_segments: u64,
+    /// The longest compaction step the writer took between two groups
+    /// (the most it delayed a group).
+    pub longest_step: std::time::Duration,
 }
 
 /// (segment, value length) of a pointer under `key`, if `value` is one.
@@ -195,6 +198,10 @@ impl Accounts {
     }
 }
 
+/// A record being walked: its writes, their values' offsets, and the next
+/// write to look at.
+type Record = (Vec<Write>, Vec<Option<u64>>, usize);
+
 /// A victim's records, read in order; each put whose value sled still
 /// points at here is copied out.
 pub(super) struct Walk {
@@ -203,9 +210,7 @@ pub(super) struct Walk {
     file: File,
     /// Where the next record starts.
     next: u64,
-    /// The record being walked: its writes, their values' offsets, and
-    /// the next write to look at.
-    record: Option<(Vec<Write>, Vec<Option<u64>>, usize)>,
+    record: Option<Record>,
 }
 
 impl Walk {
@@ -253,7 +258,7 @@ impl Walk {
         }
     }
 
-    fn read_record(&mut self) -> std::io::Result<Option<(Vec<Write>, Vec<Option<u64>>, usize)>> {
+    fn read_record(&mut self) -> std::io::Result<Option<Record>> {
         let mut header = [0; wal::HEADER];
         if self.next + wal::HEADER as u64 > self.len {
             return Ok(None);

@@ -142,6 +142,8 @@ pub struct SledEngine {
     scans: Vec<(Arc<AtomicBool>, JoinHandle<()>)>,
     /// Value bytes compaction copied.
     compacted: AtomicU64,
+    /// The longest step the writer took between groups, in µs.
+    longest_step_us: AtomicU64,
 }
 
 struct Log {
@@ -455,6 +457,7 @@ impl SledEngine {
             accounts: Arc::new(Mutex::new(Accounts::new(accounts))),
             scans: Vec::new(),
             compacted: AtomicU64::new(0),
+            longest_step_us: AtomicU64::new(0),
         };
         // Also makes the segment's own directory entry durable.
         engine.checkpoint(&mut engine.lock())?;
@@ -526,6 +529,7 @@ impl SledEngine {
             segments: accounts.space(),
             compacted_bytes: self.compacted.load(Relaxed),
             removed_segments: self.segments.removed.load(Relaxed),
+            longest_step: std::time::Duration::from_micros(self.longest_step_us.load(Relaxed)),
         }
     }
 
@@ -960,7 +964,10 @@ impl Engine for SledEngine {
         if self.finish_checkpoint(false)? && (log.len > self.checkpoint_bytes || drained >= self.checkpoint_bytes / 4) {
             self.checkpoint_beside(log)?;
         }
-        self.compact_step(log, Budget::TURN)?;
+        let started = std::time::Instant::now();
+        if self.compact_step(log, Budget::TURN)? {
+            self.longest_step_us.fetch_max(started.elapsed().as_micros() as u64, Relaxed);
+        }
         Ok(())
     }
 
