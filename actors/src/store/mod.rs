@@ -28,7 +28,9 @@
 //!    told Ok for what was not synced, and no commit is taken after it.
 //! 6. Every 64 MiB of log, and on open and close, a checkpoint: sled's
 //!    flush, fsync of its files and directories, then a new segment starts
-//!    and the next open replays from there.
+//!    and the next open replays from there. Older segments whose values are
+//!    mostly dead are compacted between groups and removed behind a later
+//!    checkpoint (`sled_engine.rs`, step 7).
 //!
 //! # Recovery (open)
 //! 1. sled recovers its own files: everything up to the last checkpoint,
