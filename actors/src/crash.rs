@@ -12,6 +12,17 @@
 //!   are durable, the request has not left;
 //! - `deliver.before_outcome`: the target answered the attempt, its outcome
 //!   is not written.
+//!
+//! And in the value log's compaction (`store/sled_engine.rs`, step 7),
+//! reached by the writer or `Store::compact_now`:
+//!
+//! - `compact.before_install`: a compaction record is synced, not in sled;
+//! - `compact.before_checkpoint`: a victim's last copies are in sled, no
+//!   checkpoint has flushed them;
+//! - `compact.before_remove`: that checkpoint moved replay-from, no victim
+//!   is removed;
+//! - `compact.during_remove`: the first of its victims is removed, the
+//!   others and the directory's sync are not.
 
 use crate::store::Store;
 use std::sync::OnceLock;
@@ -35,4 +46,13 @@ pub async fn point(store: &Store, name: &str) {
     let _ = store.durable(store.committed()).await;
     eprintln!("crash point {name}: aborting");
     std::process::abort();
+}
+
+/// A crash point inside the store's engine, where what precedes it is
+/// durable by the engine's own order of writes: aborts if armed.
+pub fn engine_point(name: &str) {
+    if is_armed(name) {
+        eprintln!("crash point {name}: aborting");
+        std::process::abort();
+    }
 }

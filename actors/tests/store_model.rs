@@ -9,22 +9,43 @@
 //! and over the JetStream engine on a single nats-server (skipped when none
 //! is installed, except under `CI=true`), where the cut is a close, a
 //! `kill -9` of the server and a reopen under a newer fencing epoch.
+//!
+//! Histories remove kv entries and blobs and compact the store
+//! (`Store::compact_now`, a no-op on the model): on sled, whose segments
+//! are kept small here, compaction moves the live blobs and events and
+//! removes segments, and the store must still equal the model after every
+//! reopen, removed keys included.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use proptest::prelude::*;
 use relay_actors::nats_server::NatsServer;
-use relay_actors::store::{verify_chain, JetStreamConfig, JetStreamEngine, ModelEngine, NewEvent, Snapshot, Store};
+use relay_actors::store::{
+    verify_chain, JetStreamConfig, JetStreamEngine, ModelEngine, NewEvent, SledEngine, Snapshot, Store,
+};
 use serde_json::value::RawValue;
 
 const STREAMS: [&str; 3] = ["account/a", "account/b", "delivery/a/m1"];
 /// kv keys, and blob keys (`l/…`: values the sled engine keeps in its log).
-const KEYS: [&[u8]; 6] = [b"due/1", b"due/2", b"i/a/v", b"t/a/1", b"l/a/m1", b"l/a/m2"];
+const KEYS: [&[u8]; 8] = [b"due/1", b"due/2", b"i/a/v", b"t/a/1", b"l/a/m1", b"l/a/m2", b"l/a/m3", b"l/b/m1"];
 
 fn is_blob(key: &[u8]) -> bool {
     key.starts_with(b"l/")
 }
+
+/// A kv entry's value is one byte; a blob's is longer, so that its
+/// segments on sled are mostly its values and compaction has work.
+fn value_of(key: &[u8], v: u8) -> Vec<u8> {
+    if is_blob(key) {
+        vec![v; 100 + usize::from(v)]
+    } else {
+        vec![v]
+    }
+}
+
+/// sled's segments close past this here, so histories cross many.
+const SMALL_SEGMENTS: u64 = 1_024;
 
 #[derive(Clone, Debug)]
 struct Commit {
@@ -46,6 +67,8 @@ enum Op {
     /// Power cut keeping this many groups written after the last barrier;
     /// then reopen.
     PowerCut(usize),
+    /// Reclaim the log's dead space now.
+    Compact,
 }
 
 fn commit() -> impl Strategy<Value = Commit> {
@@ -67,6 +90,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => Just(Op::Durable),
         2 => Just(Op::Check),
         1 => (0..3usize).prop_map(Op::PowerCut),
+        1 => Just(Op::Compact),
     ]
 }
 
@@ -163,8 +187,8 @@ fn run_commit(store: &Store, c: &Commit, serial: &mut u64) -> Written {
         let key = KEYS[k].to_vec();
         match v {
             Some(v) if is_blob(&key) => {
-                batch.blob_put(&key, &[v]);
-                written.kv.push((key, Some(vec![v])));
+                batch.blob_put(&key, &value_of(&key, v));
+                written.kv.push((key.clone(), Some(value_of(&key, v))));
             }
             None if is_blob(&key) => {
                 batch.blob_remove(&key);
@@ -198,7 +222,10 @@ impl Backend {
     fn open(&self) -> Store {
         match self {
             Backend::Model(engine) => Store::with_engine(engine.clone()).unwrap(),
-            Backend::Sled(dir) => Store::open(dir.path()).unwrap(),
+            Backend::Sled(dir) => Store::with_engine(Arc::new(
+                SledEngine::open(dir.path(), None).unwrap().with_checkpoint_bytes(SMALL_SEGMENTS),
+            ))
+            .unwrap(),
             Backend::JetStream(cfg, epoch) => {
                 Store::with_engine(Arc::new(JetStreamEngine::open(cfg.clone(), *epoch).unwrap())).unwrap()
             }
@@ -251,6 +278,10 @@ fn run(ops: Vec<Op>, mut backend: Backend) {
                 acked = since.len();
             }
             Op::Check => assert_eq!(State::read(&store), expected(&base, &since), "read your writes"),
+            Op::Compact => {
+                store.compact_now().unwrap();
+                assert_eq!(State::read(&store), expected(&base, &since), "compaction changes nothing readable");
+            }
             Op::PowerCut(keep) => {
                 match &mut backend {
                     Backend::Model(engine) => {

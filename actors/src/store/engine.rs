@@ -67,6 +67,14 @@ pub trait Engine: Any + Send + Sync {
         Ok(())
     }
 
+    /// Reclaims the space of values no longer referenced now rather than
+    /// bit by bit between groups (tests, benches). Any thread may call it:
+    /// the engine orders it with the writer's calls. Nothing to do for an
+    /// engine without a value log.
+    fn compact_now(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     /// Bytes this engine wrote for groups and barriers so far (its own
     /// log; what the engine underneath adds is not seen here).
     fn bytes_written(&self) -> u64;

@@ -28,7 +28,9 @@
 //!    told Ok for what was not synced, and no commit is taken after it.
 //! 6. Every 64 MiB of log, and on open and close, a checkpoint: sled's
 //!    flush, fsync of its files and directories, then a new segment starts
-//!    and the next open replays from there.
+//!    and the next open replays from there. Older segments whose values are
+//!    mostly dead are compacted between groups and removed behind a later
+//!    checkpoint (`sled_engine.rs`, step 7).
 //!
 //! # Recovery (open)
 //! 1. sled recovers its own files: everything up to the last checkpoint,
@@ -47,6 +49,7 @@
 //!    directory written before the log existed opens as is.
 
 mod codec;
+mod compact;
 mod engine;
 mod filter;
 mod jetstream;
@@ -68,6 +71,7 @@ use std::thread::JoinHandle;
 use relay_schemas::UnixSecs;
 use serde_json::value::RawValue;
 
+pub use compact::{LogSpace, SegmentSpace};
 pub use engine::{Engine, KvIter, Write};
 pub use jetstream::{
     fence_violations, server_addrs, FenceViolation, JetStreamConfig, JetStreamEngine, CHUNK_BYTES, SNAPSHOT_BYTES,
@@ -686,6 +690,16 @@ impl Store {
     /// durable, for metrics. Later calls are ignored.
     pub fn set_group_observer(&self, observe: impl Fn(&GroupReport) + Send + Sync + 'static) {
         let _ = self.inner.shared.observer.set(Box::new(observe));
+    }
+
+    /// Reclaims the log's dead space now (`sled_engine.rs`, step 7): every
+    /// segment but the newest whose live share is low is compacted and
+    /// removed behind a checkpoint. Commits wait meanwhile; the writer
+    /// otherwise does this a bounded step per group. For tests and
+    /// benches; blocks the thread.
+    #[doc(hidden)]
+    pub fn compact_now(&self) -> Result<(), StoreError> {
+        self.inner.shared.engine.compact_now()
     }
 
     pub fn stats(&self) -> StoreStats {

@@ -33,9 +33,9 @@
 //!    directories, then `log/replay-from` names the new segment (written
 //!    aside, synced, renamed). Past the size, only the new segment is
 //!    started on the writer; the rest runs on a thread beside it, so
-//!    commits do not wait for it. Segments are never deleted
-//!    (events are never deleted either); one before `replay-from` is only
-//!    read through pointers. A crash before the rename replays segments
+//!    commits do not wait for it. A segment before `replay-from` is only
+//!    read through pointers, and removed by compaction (step 7) once none
+//!    points into it. A crash before the rename replays segments
 //!    whose effects sled already has: puts and removes replayed in order
 //!    end in the same state.
 //! 5. Open: sled recovers; a store's `wal` file from before segments is
@@ -53,6 +53,46 @@
 //!    keys replayed and installed go in as sled gets them, those already in
 //!    sled by a scan that starts when the open ends and runs beside the
 //!    writer. Until it ends, every lookup goes to sled.
+//! 7. **Compaction**: retention removes events and blobs, so old segments
+//!    fill with dead values. The engine knows each segment's live bytes,
+//!    the value bytes sled's pointers name (`compact.rs`: `install` learns
+//!    what each insert or remove replaced from sled's return value; what
+//!    sled held at open is counted by a scan beside the writer, and nothing
+//!    is compacted before it ends). A victim is a segment before
+//!    `replay-from` (never replayed, so no replay points into it again)
+//!    with no live bytes, or with dead bytes over half its length and at
+//!    least `CHECKPOINT_BYTES / 64` (1 MiB: a copy must pay for itself);
+//!    the lowest live share first. On the writer thread:
+//!    1. After each group's install, one step within `Budget::TURN` (256
+//!       lookups in sled, 256 KiB copied, 64 records read: the pause it
+//!       adds to the next group) walks the victim's records in order. A
+//!       put whose key sled still points at that very place is live: it is
+//!       copied as a put of the same key with the same bytes.
+//!    2. The copies go to the log as one ordinary record, appended at that
+//!       point, where every record before it is installed in sled and none
+//!       after it: each copy is its key's value as of its place in the log.
+//!       Every write after it, such as a commit's `Remove` of that key
+//!       (applied next, or already in the overlay), comes after it in the
+//!       log, in sled and in any replay, so a removal is never undone by a
+//!       copy of the old value: the copy just dies with it.
+//!    3. The record rides in the next group's barrier and is installed
+//!       before that group, as any group is (the pointers then name the
+//!       copies; the old ones count as dead).
+//!    4. When the walk reaches the victim's end (or a torn record, after
+//!       which nothing was ever installed) and its last copies are in sled,
+//!       no pointer names it: a pointer only ever names the record it was
+//!       installed from. It waits for a checkpoint that starts after that:
+//!       its flush makes sled's state without such pointers durable, and
+//!       once replay-from is synced the victim is removed, then the log's
+//!       directory synced. Victims holding a quarter of `CHECKPOINT_BYTES`
+//!       start a checkpoint early.
+//!
+//!    A crash before the copies' record is synced loses only copies; one
+//!    before the checkpoint moved replay-from either replays the copies or
+//!    finds their pointers durable, with the victim still there; one after
+//!    it finds no pointer into the victim, and a victim left behind has no
+//!    live bytes at the next open. A read that took a pointer just before
+//!    its value moved and its file went asks sled again.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -63,6 +103,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
+use super::compact::{Accounts, Budget, LogSpace, Walk, SCAN_CHUNK};
 use super::engine::{Engine, KvIter, Write};
 use super::filter::{KeyFilter, FILTER_BYTES};
 use super::writer::lock;
@@ -76,7 +117,7 @@ pub const CHECKPOINT_BYTES: u64 = 64 << 20;
 const LEGACY_WAL: &str = "wal";
 const LOG_DIR: &str = "log";
 const REPLAY_FROM: &str = "replay-from";
-const POINTER_LEN: usize = 20;
+pub(super) const POINTER_LEN: usize = 20;
 /// Open segment files kept for reads; past it the cache starts over.
 const READERS_KEPT: usize = 128;
 
@@ -91,25 +132,53 @@ pub struct SledEngine {
     /// The checkpoint running beside the writer (`checkpoint_beside`).
     checkpointing: Mutex<Option<JoinHandle<Result<(), StoreError>>>>,
     hold: Option<Arc<dyn Fn() + Send + Sync>>,
-    /// The blob keys sled holds (step 6), and the scan that fills it with
-    /// those it held at open: told to stop and joined on drop.
+    /// The blob keys sled holds (step 6).
     blobs: Arc<KeyFilter>,
-    scan: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
+    /// Live bytes per segment (step 7); `install` holds it while it
+    /// inserts, the open's scan while it counts a chunk. Taken after `log`.
+    accounts: Arc<Mutex<Accounts>>,
+    /// The scans beside the writer that started when the open ended (the
+    /// blob filter's, the live bytes'): told to stop and joined on drop.
+    scans: Vec<(Arc<AtomicBool>, JoinHandle<()>)>,
+    /// Value bytes compaction copied.
+    compacted: AtomicU64,
+    /// The longest step the writer took between groups, in µs.
+    longest_step_us: AtomicU64,
 }
 
 struct Log {
     file: File,
     segment: u64,
     len: u64,
-    /// Groups in the segment, not yet in sled, with where their record starts.
-    pending: Vec<(Vec<Write>, u64)>,
+    /// Groups in the log, not yet in sled, in log order.
+    pending: Vec<Pending>,
     buf: Vec<u8>,
+    /// The victim being compacted (step 7).
+    walk: Option<Walk>,
+    /// Victims (segment, length) walked whole with their last copies in
+    /// sled: removed by the next checkpoint that starts.
+    drained: Vec<(u64, u64)>,
+}
+
+struct Pending {
+    group: Vec<Write>,
+    /// Where its record starts.
+    segment: u64,
+    at: u64,
+    /// A compaction group, and the victim it finishes, if it does.
+    compaction: bool,
+    drains: Option<(u64, u64)>,
 }
 
 /// The segment files, for reading values through pointers.
 struct Segments {
     dir: PathBuf,
     readers: Mutex<HashMap<u64, Arc<Reader>>>,
+    /// What `replay-from` names on disk (synced): segments before it are
+    /// never replayed, so compaction may take them.
+    replay_from: AtomicU64,
+    /// Segments removed after compaction.
+    removed: AtomicU64,
 }
 
 /// An open segment and the length it was last seen to have: a pointer
@@ -157,7 +226,31 @@ impl Segments {
         f.write_all(format!("{segment:016x}\n").as_bytes())?;
         f.sync_all()?;
         std::fs::rename(&aside, self.dir.join(REPLAY_FROM))?;
-        File::open(&self.dir)?.sync_all()
+        File::open(&self.dir)?.sync_all()?;
+        self.replay_from.store(segment, Relaxed);
+        Ok(())
+    }
+
+    /// Removes compacted `victims` (step 7, after a checkpoint), then
+    /// syncs the directory. Returns the fsyncs made.
+    fn remove(&self, victims: &[(u64, u64)]) -> std::io::Result<u64> {
+        if victims.is_empty() {
+            return Ok(0);
+        }
+        crate::crash::engine_point("compact.before_remove");
+        for (i, &(segment, _)) in victims.iter().enumerate() {
+            lock(&self.readers).remove(&segment);
+            match std::fs::remove_file(self.path(segment)) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+            self.removed.fetch_add(1, Relaxed);
+            if i == 0 {
+                crate::crash::engine_point("compact.during_remove");
+            }
+        }
+        File::open(&self.dir)?.sync_all()?;
+        Ok(1)
     }
 
     fn reader(&self, segment: u64) -> std::io::Result<Arc<Reader>> {
@@ -223,11 +316,11 @@ fn to_replay(from: u64, found: &[u64]) -> Result<Vec<u64>, String> {
 
 /// Whether sled holds `key`'s value as a pointer when it came from a
 /// segment (step 3 of the module doc): the one rule for writes and reads.
-fn pointed(key: &[u8]) -> bool {
+pub(super) fn pointed(key: &[u8]) -> bool {
     matches!(key.first(), Some(&codec::EVENT | &codec::BLOB))
 }
 
-fn pointer(segment: u64, offset: u64, len: usize) -> [u8; POINTER_LEN] {
+pub(super) fn pointer(segment: u64, offset: u64, len: usize) -> [u8; POINTER_LEN] {
     let mut p = [0; POINTER_LEN];
     p[..8].copy_from_slice(&segment.to_be_bytes());
     p[8..16].copy_from_slice(&offset.to_be_bytes());
@@ -236,7 +329,7 @@ fn pointer(segment: u64, offset: u64, len: usize) -> [u8; POINTER_LEN] {
 }
 
 /// (segment, offset, len) of a [`pointer`]; `value` is `POINTER_LEN` long.
-fn parse_pointer(value: &[u8]) -> (u64, u64, u64) {
+pub(super) fn parse_pointer(value: &[u8]) -> (u64, u64, u64) {
     let be = |r: std::ops::Range<usize>| value[r].iter().fold(0u64, |n, &b| n << 8 | u64::from(b));
     (be(0..8), be(8..16), be(16..POINTER_LEN))
 }
@@ -292,10 +385,20 @@ impl SledEngine {
         let blobs = Arc::new(KeyFilter::new(FILTER_BYTES));
         let legacy = read_or_empty(&dir.join(LEGACY_WAL))?;
         replay(&db, &blobs, &legacy, None, "write-ahead log")?;
-        let segments = Arc::new(Segments { dir: dir.join(LOG_DIR), readers: Mutex::default() });
+        let segments = Arc::new(Segments {
+            dir: dir.join(LOG_DIR),
+            readers: Mutex::default(),
+            replay_from: AtomicU64::new(0),
+            removed: AtomicU64::new(0),
+        });
         std::fs::create_dir_all(&segments.dir).map_err(io("create log directory"))?;
         let from = segments.replay_from()?;
+        segments.replay_from.store(from, Relaxed);
         let found = segments.list().map_err(io("list log segments"))?;
+        let mut accounts = Vec::with_capacity(found.len());
+        for &segment in &found {
+            accounts.push((segment, std::fs::metadata(segments.path(segment)).map_err(io("open log segment"))?.len()));
+        }
         let bad_log = |what: String| StoreError::Io(format!("{}: {what}; refusing to open", segments.dir.display()));
         let replayed = to_replay(from, &found).map_err(bad_log)?;
         let mut lens = Vec::with_capacity(replayed.len());
@@ -336,18 +439,30 @@ impl SledEngine {
             db,
             dir: dir.to_path_buf(),
             segments,
-            log: Mutex::new(Log { file, segment, len, pending: Vec::new(), buf: Vec::new() }),
+            log: Mutex::new(Log {
+                file,
+                segment,
+                len,
+                pending: Vec::new(),
+                buf: Vec::new(),
+                walk: None,
+                drained: Vec::new(),
+            }),
             checkpoint_bytes: CHECKPOINT_BYTES,
             bytes: AtomicU64::new(0),
             barriers: Arc::new(AtomicU64::new(synced)),
             checkpointing: Mutex::default(),
             hold: None,
             blobs,
-            scan: None,
+            accounts: Arc::new(Mutex::new(Accounts::new(accounts))),
+            scans: Vec::new(),
+            compacted: AtomicU64::new(0),
+            longest_step_us: AtomicU64::new(0),
         };
         // Also makes the segment's own directory entry durable.
         engine.checkpoint(&mut engine.lock())?;
-        engine.scan = Some(engine.scan_blob_keys()?);
+        engine.scans.push(engine.scan_blob_keys()?);
+        engine.scans.push(engine.count_live_bytes()?);
         Ok(engine)
     }
 
@@ -377,6 +492,45 @@ impl SledEngine {
             })
             .map_err(io("start the filter's scan"))?;
         Ok((stop, job))
+    }
+
+    /// Step 7: counts the value bytes that the pointers sled held at open
+    /// name, chunk by chunk beside the writer (`compact.rs`). A scan that
+    /// fails leaves compaction off until the next open.
+    fn count_live_bytes(&self) -> Result<(Arc<AtomicBool>, JoinHandle<()>), StoreError> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (db, accounts, stopped) = (self.db.clone(), self.accounts.clone(), stop.clone());
+        let job = std::thread::Builder::new()
+            .name("store-live-bytes".into())
+            .spawn(move || {
+                while !stopped.load(Relaxed) {
+                    match lock(&accounts).scan_chunk(&db, SCAN_CHUNK) {
+                        Ok(false) => {}
+                        Ok(true) => return,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "counting the log's live bytes failed; no compaction until reopened");
+                            return;
+                        }
+                    }
+                }
+            })
+            .map_err(io("start the live bytes' scan"))?;
+        Ok((stop, job))
+    }
+
+    /// The log's space per segment (live value bytes and file length),
+    /// whether the open's count has ended, value bytes compaction copied
+    /// and segments it removed (tests, benches).
+    #[doc(hidden)]
+    pub fn log_space(&self) -> LogSpace {
+        let accounts = lock(&self.accounts);
+        LogSpace {
+            counted: accounts.is_counted(),
+            segments: accounts.space(),
+            compacted_bytes: self.compacted.load(Relaxed),
+            removed_segments: self.segments.removed.load(Relaxed),
+            longest_step: std::time::Duration::from_micros(self.longest_step_us.load(Relaxed)),
+        }
     }
 
     /// Whether the blob filter answers lookups yet (step 6), and how many
@@ -412,8 +566,9 @@ impl SledEngine {
     fn checkpoint(&self, log: &mut Log) -> Result<(), StoreError> {
         debug_assert!(log.pending.is_empty());
         self.finish_checkpoint(true)?;
+        let victims = std::mem::take(&mut log.drained);
         let mut synced = self.rotate(log)?;
-        synced += settle(&self.db, &self.dir, &self.segments, log.segment)?;
+        synced += settle(&self.db, &self.dir, &self.segments, log.segment, &victims)?;
         let legacy = self.dir.join(LEGACY_WAL);
         if legacy.exists() {
             std::fs::remove_file(&legacy).map_err(io("remove the old write-ahead log"))?;
@@ -438,13 +593,16 @@ impl SledEngine {
         let (db, dir, segments, barriers) =
             (self.db.clone(), self.dir.clone(), self.segments.clone(), self.barriers.clone());
         let (from, hold) = (log.segment, self.hold.clone());
+        // Drained before this checkpoint's flush, which so has no pointer
+        // into them (step 7).
+        let victims = std::mem::take(&mut log.drained);
         let job = std::thread::Builder::new()
             .name("store-checkpoint".into())
             .spawn(move || {
                 if let Some(hold) = hold {
                     hold();
                 }
-                barriers.fetch_add(settle(&db, &dir, &segments, from)?, Relaxed);
+                barriers.fetch_add(settle(&db, &dir, &segments, from, &victims)?, Relaxed);
                 Ok(())
             })
             .map_err(io("start the checkpoint thread"))?;
@@ -481,8 +639,103 @@ impl SledEngine {
         let path = self.segments.path(next);
         log.file = OpenOptions::new().append(true).create_new(true).open(&path).map_err(io("start log segment"))?;
         File::open(&self.segments.dir).and_then(|d| d.sync_all()).map_err(io("sync log directory"))?;
+        let mut accounts = lock(&self.accounts);
+        accounts.set_len(log.segment, log.len);
+        accounts.set_len(next, 0);
+        drop(accounts);
         (log.segment, log.len) = (next, 0);
         Ok(1)
+    }
+
+    /// Puts the pending groups into sled in log order, telling the live
+    /// bytes what each insert replaced. The caller made them durable.
+    fn install_pending(&self, log: &mut Log) -> Result<(), StoreError> {
+        if log.pending.iter().any(|p| p.compaction) {
+            crate::crash::engine_point("compact.before_install");
+        }
+        let mut drained = false;
+        let mut accounts = lock(&self.accounts);
+        for p in std::mem::take(&mut log.pending) {
+            insert_all(&self.db, &self.blobs, &p.group, Some((p.segment, p.at)), Some(&mut accounts))?;
+            if let Some(victim) = p.drains {
+                accounts.forget(victim.0);
+                log.drained.push(victim);
+                drained = true;
+            }
+        }
+        accounts.set_len(log.segment, log.len);
+        drop(accounts);
+        if drained {
+            crate::crash::engine_point("compact.before_checkpoint");
+        }
+        Ok(())
+    }
+
+    /// Value bytes below which a segment's dead bytes are not worth a copy
+    /// (step 7): 1 MiB at the default checkpoint size.
+    fn min_dead(&self) -> u64 {
+        self.checkpoint_bytes / 64
+    }
+
+    /// One step of compaction (step 7) within `budget`, on the writer, with
+    /// every group so far installed: walks the victim (choosing one if
+    /// none is being walked) and appends what is still live in it to the
+    /// log as one record, pending until the next barrier. Whether it found
+    /// a victim to walk.
+    fn compact_step(&self, log: &mut Log, budget: Budget) -> Result<bool, StoreError> {
+        debug_assert!(log.pending.is_empty());
+        if log.walk.is_none() {
+            let before = self.segments.replay_from.load(Relaxed);
+            let Some(victim) = lock(&self.accounts).victim(before, self.min_dead()) else {
+                return Ok(false);
+            };
+            match Walk::open(&self.segments.path(victim), victim) {
+                Ok(walk) => log.walk = Some(walk),
+                // Removed already (a crash after its removal, before the
+                // directory's sync, may list it again).
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    lock(&self.accounts).forget(victim);
+                    return Ok(true);
+                }
+                Err(e) => return Err(io("open a segment to compact")(e)),
+            }
+        }
+        let Some(walk) = log.walk.as_mut() else { unreachable!() };
+        let mut group = Vec::new();
+        let done = walk.step(&self.db, budget, &mut group)?;
+        let drains = done.then_some((walk.segment, walk.len));
+        if done {
+            log.walk = None;
+        }
+        if group.is_empty() {
+            // Nothing to install first: drained as it is.
+            if let Some(victim) = drains {
+                lock(&self.accounts).forget(victim.0);
+                log.drained.push(victim);
+                crate::crash::engine_point("compact.before_checkpoint");
+            }
+            return Ok(true);
+        }
+        log.buf.clear();
+        wal::encode(&group, &mut log.buf);
+        log.file.write_all(&log.buf).map_err(io("append to log"))?;
+        let copied: usize = group.iter().map(|w| if let Write::Put(_, v) = w { v.len() } else { 0 }).sum();
+        self.compacted.fetch_add(copied as u64, Relaxed);
+        log.pending.push(Pending { group, segment: log.segment, at: log.len, compaction: true, drains });
+        log.len += log.buf.len() as u64;
+        self.bytes.fetch_add(log.buf.len() as u64, Relaxed);
+        Ok(true)
+    }
+
+    /// Syncs the log and installs what is pending (a compaction group at
+    /// most, or a group the writer applied and has not yet installed).
+    fn sync_and_install(&self, log: &mut Log) -> Result<(), StoreError> {
+        if log.pending.is_empty() {
+            return Ok(());
+        }
+        log.file.sync_data().map_err(io("sync log"))?;
+        self.barriers.fetch_add(1, Relaxed);
+        self.install_pending(log)
     }
 
     /// Runs `hold` at the start of each checkpoint beside the writer (tests
@@ -498,8 +751,10 @@ impl Drop for SledEngine {
     /// The scan holds a handle on sled: it ends before the engine is gone,
     /// so sled's files are released when the store closes.
     fn drop(&mut self) {
-        if let Some((stop, job)) = self.scan.take() {
+        for (stop, _) in &self.scans {
             stop.store(true, Relaxed);
+        }
+        for (_, job) in self.scans.drain(..) {
             let _ = job.join();
         }
     }
@@ -507,12 +762,20 @@ impl Drop for SledEngine {
 
 /// The rest of a checkpoint once `from` is the current segment and every
 /// group before it is in sled: sled's files made durable, then replay-from
-/// moved to `from`. Returns the fsyncs made.
-fn settle(db: &sled::Db, dir: &Path, segments: &Segments, from: u64) -> Result<u64, StoreError> {
+/// moved to `from`, then the compacted `victims` removed. Returns the
+/// fsyncs made.
+fn settle(
+    db: &sled::Db,
+    dir: &Path,
+    segments: &Segments,
+    from: u64,
+    victims: &[(u64, u64)],
+) -> Result<u64, StoreError> {
     db.flush()?;
     let synced = sync_tree(dir).map_err(io("sync sled's files"))?;
     segments.set_replay_from(from).map_err(io("write replay-from"))?;
-    Ok(synced + 2)
+    let removed = segments.remove(victims).map_err(io("remove compacted log segments"))?;
+    Ok(synced + 2 + removed)
 }
 
 fn io(what: &'static str) -> impl Fn(std::io::Error) -> StoreError {
@@ -540,7 +803,7 @@ fn replay(
 ) -> Result<bool, StoreError> {
     let decoded = wal::decode(bytes);
     for (group, &start) in decoded.groups.iter().zip(&decoded.starts) {
-        insert_all(db, blobs, group, segment.map(|s| (s, start as u64)))?;
+        insert_all(db, blobs, group, segment.map(|s| (s, start as u64)), None)?;
     }
     let whole = decoded.valid_len == bytes.len();
     if !whole {
@@ -556,28 +819,61 @@ fn replay(
 
 /// Inserts `group` into sled, its blob keys into `blobs` first; `record`
 /// is (segment, offset) of its record when event values are to be pointers
-/// into it.
-fn insert_all(db: &sled::Db, blobs: &KeyFilter, group: &[Write], record: Option<(u64, u64)>) -> Result<(), StoreError> {
+/// into it. `accounts` is told what each write replaced (after the open).
+fn insert_all(
+    db: &sled::Db,
+    blobs: &KeyFilter,
+    group: &[Write],
+    record: Option<(u64, u64)>,
+    mut accounts: Option<&mut Accounts>,
+) -> Result<(), StoreError> {
     let offsets = record.map(|(_, at)| wal::value_offsets(group, at));
     let mut offsets = offsets.into_iter().flatten();
     for w in group {
         let at = offsets.next().flatten();
-        match w {
+        let (old, new) = match w {
             Write::Put(k, v) => {
                 if k.first() == Some(&codec::BLOB) {
                     blobs.insert(k);
                 }
                 match (record, at) {
                     (Some((segment, _)), Some(at)) if pointed(k) => {
-                        db.insert(k.as_slice(), &pointer(segment, at, v.len())[..])?
+                        let p = pointer(segment, at, v.len());
+                        (db.insert(k.as_slice(), &p[..])?, Some(p))
                     }
-                    _ => db.insert(k.as_slice(), v.as_slice())?,
+                    _ => (db.insert(k.as_slice(), v.as_slice())?, None),
                 }
             }
-            Write::Remove(k) => db.remove(k.as_slice())?,
+            Write::Remove(k) => (db.remove(k.as_slice())?, None),
         };
+        if let Some(accounts) = accounts.as_deref_mut() {
+            accounts.note(w.key(), old.as_deref(), new.as_ref().map(|p| &p[..]));
+        }
     }
     Ok(())
+}
+
+/// The value sled holds as `value` under `key`, read through its pointer.
+/// A pointer read from sled just before compaction moved the value and
+/// removed its segment names a file that is gone: sled is asked again, and
+/// a key removed meanwhile is absent.
+fn read_current(
+    db: &sled::Db,
+    segments: &Segments,
+    key: &[u8],
+    mut value: sled::IVec,
+) -> Result<Option<Vec<u8>>, StoreError> {
+    for _ in 0..3 {
+        match segments.resolve(key, &value) {
+            Ok(bytes) => return Ok(Some(bytes)),
+            Err(e) => match db.get(key)? {
+                Some(now) if now != value => value = now,
+                Some(_) => return Err(e),
+                None => return Ok(None),
+            },
+        }
+    }
+    segments.resolve(key, &value).map(Some)
 }
 
 /// fsync of every file and directory under `dir` except the log's (its
@@ -613,7 +909,10 @@ impl Engine for SledEngine {
         if self.surely_lacks(key) {
             return Ok(None);
         }
-        self.db.get(key)?.map(|v| self.segments.resolve(key, &v)).transpose()
+        match self.db.get(key)? {
+            Some(v) => read_current(&self.db, &self.segments, key, v),
+            None => Ok(None),
+        }
     }
 
     fn contains(&self, key: &[u8]) -> Result<bool, StoreError> {
@@ -625,11 +924,10 @@ impl Engine for SledEngine {
             Some(end) => self.db.range(start..end),
             None => self.db.range(start..),
         };
-        let segments = self.segments.clone();
-        Box::new(iter.map(move |kv| {
-            let (k, v) = kv?;
-            let v = segments.resolve(&k, &v)?;
-            Ok((k.to_vec(), v))
+        let (db, segments) = (self.db.clone(), self.segments.clone());
+        Box::new(iter.filter_map(move |kv| match kv {
+            Err(e) => Some(Err(e.into())),
+            Ok((k, v)) => read_current(&db, &segments, &k, v).transpose().map(|v| Ok((k.to_vec(), v?))),
         }))
     }
 
@@ -639,7 +937,8 @@ impl Engine for SledEngine {
         log.buf.clear();
         wal::encode(&group, &mut log.buf);
         log.file.write_all(&log.buf).map_err(io("append to log"))?;
-        log.pending.push((group, log.len));
+        let (segment, at) = (log.segment, log.len);
+        log.pending.push(Pending { group, segment, at, compaction: false, drains: None });
         log.len += log.buf.len() as u64;
         self.bytes.fetch_add(log.buf.len() as u64, Relaxed);
         Ok(())
@@ -657,20 +956,42 @@ impl Engine for SledEngine {
     fn install(&self) -> Result<(), StoreError> {
         let mut guard = self.lock();
         let log = &mut *guard;
-        let segment = log.segment;
-        for (group, at) in log.pending.drain(..) {
-            insert_all(&self.db, &self.blobs, &group, Some((segment, at)))?;
-        }
+        self.install_pending(log)?;
         // A checkpoint that ended is collected at once: its error, if any,
-        // is the store's from this group on.
-        if self.finish_checkpoint(false)? && log.len > self.checkpoint_bytes {
+        // is the store's from this group on. Drained victims waiting for
+        // one start it early once they hold a quarter of a segment.
+        let drained: u64 = log.drained.iter().map(|&(_, len)| len).sum();
+        if self.finish_checkpoint(false)? && (log.len > self.checkpoint_bytes || drained >= self.checkpoint_bytes / 4) {
             self.checkpoint_beside(log)?;
+        }
+        let started = std::time::Instant::now();
+        if self.compact_step(log, Budget::TURN)? {
+            self.longest_step_us.fetch_max(started.elapsed().as_micros() as u64, Relaxed);
         }
         Ok(())
     }
 
     fn close(&self) -> Result<(), StoreError> {
-        self.checkpoint(&mut self.lock())
+        let mut log = self.lock();
+        self.sync_and_install(&mut log)?;
+        self.checkpoint(&mut log)
+    }
+
+    /// Step 7 at once, under the log's lock (the writer waits): what the
+    /// writer applied is synced and installed, the live bytes counted to
+    /// the end, a checkpoint makes every segment but the new one a
+    /// candidate, each victim is walked whole, and a last checkpoint
+    /// removes them.
+    fn compact_now(&self) -> Result<(), StoreError> {
+        let mut guard = self.lock();
+        let log = &mut *guard;
+        self.sync_and_install(log)?;
+        while !lock(&self.accounts).scan_chunk(&self.db, SCAN_CHUNK)? {}
+        self.checkpoint(log)?;
+        while self.compact_step(log, Budget::UNBOUNDED)? {
+            self.sync_and_install(log)?;
+        }
+        self.checkpoint(log)
     }
 
     fn bytes_written(&self) -> u64 {

@@ -14,7 +14,7 @@
 
 use super::engine::Write;
 
-const HEADER: usize = 8;
+pub(super) const HEADER: usize = 8;
 const PUT: u8 = 1;
 const REMOVE: u8 = 2;
 
@@ -107,8 +107,13 @@ pub(super) fn decode(log: &[u8]) -> Decoded {
     decoded
 }
 
+/// A record's whole length from its header (what to read to decode it).
+pub(super) fn record_len(header: &[u8; HEADER]) -> usize {
+    HEADER + u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize
+}
+
 /// The group at the start of `bytes` and the record's length, if whole and sound.
-fn record(bytes: &[u8]) -> Option<(Vec<Write>, usize)> {
+pub(super) fn record(bytes: &[u8]) -> Option<(Vec<Write>, usize)> {
     let len32 = u32::from_le_bytes(bytes.get(..4)?.try_into().ok()?);
     let len = len32 as usize;
     let crc = u32::from_le_bytes(bytes.get(4..HEADER)?.try_into().ok()?);
