@@ -47,8 +47,62 @@ pub struct Pass {
     pub turns: u64,
 }
 
-/// Runs a pass every `every`, the first at once.
+/// The kv key marking that every message in the store has its index
+/// entry (stores written before the index get theirs once, [`backfill`]).
+pub const INDEXED_KEY: &[u8] = b"retention/indexed";
+/// Index entries one backfill commit writes at most.
+const BACKFILL_BATCH: usize = 4096;
+
+/// Writes the index entries of every message a store written before the
+/// index holds, once (then [`INDEXED_KEY`]); the number written. Reads
+/// every account stream: a store from before retention is read whole one
+/// time, beside the relay's traffic. Racing an account's own writes is
+/// harmless: an entry is a pure function of its event, and the sweep takes
+/// an entry whose event is already gone as done.
+pub fn backfill(store: &crate::store::Store) -> Result<u64, String> {
+    if store.kv_get(INDEXED_KEY).map_err(|e| e.to_string())?.is_some() {
+        return Ok(0);
+    }
+    let mut written = 0;
+    let mut batch = store.batch();
+    let mut in_batch = 0;
+    for stream in store.streams() {
+        let stream = stream.map_err(|e| e.to_string())?;
+        let Some(account) = stream.strip_prefix("account/") else { continue };
+        for ev in store.read(&stream, 0) {
+            let ev = ev.map_err(|e| e.to_string())?;
+            let event = crate::upcast::account_event(&ev).map_err(|e| e.to_string())?;
+            if let Some(t) = retention::traces(account, &event) {
+                batch.kv_put(&retention::index_key(t.retention_until, account, ev.seq), retention::DUE);
+                (written, in_batch) = (written + 1, in_batch + 1);
+            }
+            if in_batch == BACKFILL_BATCH {
+                store.commit_durable_blocking(std::mem::take(&mut batch)).map_err(|e| e.to_string())?;
+                in_batch = 0;
+            }
+        }
+    }
+    batch.kv_put(INDEXED_KEY, b"1");
+    store.commit_durable_blocking(batch).map_err(|e| e.to_string())?;
+    Ok(written)
+}
+
+/// Runs a pass every `every`, the first at once (after the backfill of a
+/// store from before the index).
 pub async fn run(sup: Supervisor, every: Duration) {
+    let store = sup.store();
+    match tokio::task::spawn_blocking(move || backfill(&store)).await {
+        Ok(Ok(0)) => {}
+        Ok(Ok(n)) => tracing::info!(entries = n, "retention index written for the messages already stored"),
+        Ok(Err(e)) => {
+            tracing::error!(error = %e, "retention index backfill failed: nothing is swept");
+            return;
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "retention index backfill failed: nothing is swept");
+            return;
+        }
+    }
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -130,4 +184,40 @@ fn due_entries(
         }
     }
     Ok(due)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::account::AccountEvent;
+    use crate::store::{Head, NewEvent, Store};
+    use relay_schemas::UnixSecs;
+
+    fn received(message_id: &str, retention_until: u64) -> AccountEvent {
+        let env = serde_json::json!({"message_id": message_id, "from": "alice", "from_device_id": "d", "to": "bob",
+                                     "created_at": 1, "ciphertext": "AA", "signature": "s"});
+        let v = serde_json::json!({"message_received": {
+            "from": "alice", "message_id": message_id, "digest": "d", "accepted_at": 10,
+            "retention_until": retention_until,
+            "record": {"sequence": 1, "expires_at": retention_until, "envelope": env, "boxes": [], "visible": []}}});
+        serde_json::from_str(&v.to_string()).unwrap()
+    }
+
+    /// A store written before the index: its messages get their entries
+    /// once, so they are swept like every later one.
+    #[test]
+    fn messages_stored_before_the_index_are_indexed_once() {
+        let store = Store::temporary().unwrap();
+        let mut batch = store.batch();
+        let settings = AccountEvent::SettingsUpdated { public_discovery: true, at: None };
+        let events = [settings, received("m1", 110), received("m2", 120)];
+        let encoded = events.iter().map(|e| NewEvent::new(e.event_type(), 3, UnixSecs(10), e).unwrap()).collect();
+        batch.append("account/bob", Head::default(), encoded);
+        store.commit_durable_blocking(batch).unwrap();
+
+        assert_eq!(backfill(&store).unwrap(), 2);
+        let keys: Vec<_> = store.kv_scan_prefix(retention::INDEX_PREFIX).map(|kv| kv.unwrap().0).collect();
+        assert_eq!(keys, [retention::index_key(110, "bob", 2), retention::index_key(120, "bob", 3)]);
+        assert_eq!(backfill(&store).unwrap(), 0, "once");
+    }
 }

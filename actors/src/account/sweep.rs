@@ -10,6 +10,7 @@ use crate::policy::Policy;
 use crate::store::{Batch, Store, StoredEvent};
 use relay_core::retention::{self, IndexEntry, LedgerSweep, Traces};
 use relay_schemas::{RelayError, UnixSecs};
+use std::collections::HashSet;
 
 /// Events one sweep turn of an account reads from its stream's prefix at
 /// most: bounded work per turn (the next turn goes on from the marker).
@@ -43,6 +44,7 @@ impl Sweep<'_> {
     pub fn run(&self, batch: &mut Batch, due: &[(IndexEntry, Vec<u8>)]) -> Result<Swept, RelayError> {
         let account = self.state.account_id.as_str();
         let mut swept = Swept::default();
+        let mut done = HashSet::new();
         for (entry, value) in due {
             if let Some((&retention::SWEPT, ledger_key)) = value.split_first() {
                 // Second stage: the swept entry has answered long enough.
@@ -65,15 +67,17 @@ impl Sweep<'_> {
             };
             if self.traces(batch, entry.seq, &traces)? {
                 swept.messages += 1;
+                done.insert(entry.seq);
             }
         }
-        swept.pruned = self.prefix(batch, &mut swept)?;
+        swept.pruned = self.prefix(batch, &mut swept, &done)?;
         Ok(swept)
     }
 
     /// Deletes the prefix of events that may go, folding them into the
     /// marker's state; the number of events deleted.
-    fn prefix(&self, batch: &mut Batch, swept: &mut Swept) -> Result<u64, RelayError> {
+    /// `done`: the events whose traces this turn already deleted.
+    fn prefix(&self, batch: &mut Batch, swept: &mut Swept, done: &HashSet<u64>) -> Result<u64, RelayError> {
         let account = self.state.account_id.as_str();
         let marker = self.store.pruned(self.stream).map_err(|e| internal(&e))?;
         let after = marker.as_ref().map_or(0, |m| m.head.seq);
@@ -93,7 +97,7 @@ impl Sweep<'_> {
             if !retention::may_prune(account, ev.seq, &event, self.now, through) {
                 break;
             }
-            if let Some(traces) = retention::traces(account, &event) {
+            if let Some(traces) = retention::traces(account, &event).filter(|_| !done.contains(&ev.seq)) {
                 if !self.traces(batch, ev.seq, &traces)? {
                     break;
                 }
@@ -183,4 +187,113 @@ impl Sweep<'_> {
 
 fn decode(ev: &StoredEvent) -> Result<AccountEvent, RelayError> {
     crate::upcast::account_event(ev).map_err(|e| internal(&e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::account::ledger;
+    use crate::store::{Head, NewEvent};
+    use serde_json::json;
+
+    fn record(message_id: &str, sequence: u64, until: u64) -> serde_json::Value {
+        let env = json!({"message_id": message_id, "from": "alice", "from_device_id": "d", "to": "bob",
+                         "created_at": 1, "ciphertext": "AA", "signature": "s"});
+        json!({"sequence": sequence, "expires_at": until, "envelope": env, "boxes": [], "visible": []})
+    }
+
+    fn received(message_id: &str, sequence: u64, until: u64) -> AccountEvent {
+        let v = json!({"message_received": {"from": "alice", "message_id": message_id, "digest": "d",
+            "accepted_at": 10, "retention_until": until, "record": record(message_id, sequence, until)}});
+        serde_json::from_str(&v.to_string()).unwrap()
+    }
+
+    fn sent_delivering(message_id: &str, until: u64) -> AccountEvent {
+        let v = json!({"message_sent": {"message_id": message_id, "to": "carol", "digest": "d",
+            "accepted_at": 10, "deadline": until, "retention_until": until, "record": null}});
+        serde_json::from_str(&v.to_string()).unwrap()
+    }
+
+    /// `bob`'s stream holding `events` with their ledger entries and index
+    /// entries, as the account actor writes them; its state folded.
+    fn stream(events: &[AccountEvent]) -> (Store, AccountState) {
+        let store = Store::temporary().unwrap();
+        let mut batch = store.batch();
+        let mut state = AccountState::new("bob");
+        for (i, e) in events.iter().enumerate() {
+            if let Some(w) = ledger::written("bob", e, None) {
+                batch.blob_put(&w.key("bob"), &w.value().unwrap());
+            }
+            if let Some(t) = retention::traces("bob", e) {
+                batch.kv_put(&retention::index_key(t.retention_until, "bob", i as u64 + 1), retention::DUE);
+            }
+            if let Some(r) = e.record() {
+                batch.kv_put(&timeline::key("bob", r.sequence), b"{}");
+            }
+            state.apply(e);
+        }
+        let encoded = events.iter().map(|e| NewEvent::new(e.event_type(), 3, UnixSecs(10), e).unwrap()).collect();
+        batch.append("account/bob", Head::default(), encoded);
+        store.commit_durable_blocking(batch).unwrap();
+        (store, state)
+    }
+
+    fn sweep(store: &Store, state: &AccountState, now: u64) -> Swept {
+        let policy = Policy::with_relay_id("relay-a");
+        let due: Vec<_> = store
+            .kv_scan_prefix(retention::INDEX_PREFIX)
+            .map(|kv| kv.unwrap())
+            .filter_map(|(k, v)| retention::parse_index_key(&k).filter(|e| e.until < now).map(|e| (e, v)))
+            .collect();
+        let s = Sweep { store, state, stream: "account/bob", now: UnixSecs(now), policy: &policy };
+        let mut batch = store.batch();
+        let swept = s.run(&mut batch, &due).unwrap();
+        store.commit_durable_blocking(batch).unwrap();
+        swept
+    }
+
+    #[test]
+    fn a_streams_prefix_goes_up_to_the_first_message_still_retained() {
+        let settings = AccountEvent::SettingsUpdated { public_discovery: true, at: Some(5) };
+        let events = [settings, received("m1", 1, 110), received("m2", 2, 200), received("m3", 3, 120)];
+        let (store, state) = stream(&events);
+        let swept = sweep(&store, &state, 150);
+
+        // m1 and m3 are past: their traces go; m2 holds the prefix at seq 3.
+        assert_eq!(swept, Swept { messages: 2, pruned: 2 });
+        let left: Vec<u64> = store.read("account/bob", 0).map(|e| e.unwrap().seq).collect();
+        assert_eq!(left, [3, 4], "a prefix goes, never a middle: m3's event waits for m2");
+        let marker = store.pruned("account/bob").unwrap().unwrap();
+        assert_eq!(marker.head.seq, 2);
+        let folded: AccountState = serde_json::from_slice(&marker.state).unwrap();
+        assert!(folded.public_discovery && folded.last_sequence == 1, "the marker holds the state through it");
+        for (seq, gone) in [(1, true), (2, false), (3, true)] {
+            assert_eq!(store.kv_get(&timeline::key("bob", seq)).unwrap().is_none(), gone, "record {seq}");
+        }
+        let m1: ledger::ReceiptEntry =
+            serde_json::from_slice(&store.blob_get(&ledger::receipt_key("bob", "alice", "m1")).unwrap().unwrap())
+                .unwrap();
+        assert!(m1.is_swept() && m1.retention_until == 110, "{m1:?}");
+
+        // Later the swept entry goes too, and m2 takes the rest of the prefix.
+        let policy = Policy::with_relay_id("relay-a");
+        let later = retention::tombstone_until(200, &policy) + 1;
+        sweep(&store, &state, later);
+        assert!(store.blob_get(&ledger::receipt_key("bob", "alice", "m1")).unwrap().is_none());
+        assert_eq!(store.read("account/bob", 0).count(), 0);
+        assert_eq!(store.pruned("account/bob").unwrap().unwrap().head, store.head("account/bob").unwrap());
+        assert!(store.kv_scan_prefix(retention::INDEX_PREFIX).next().is_none(), "nothing left to sweep");
+    }
+
+    #[test]
+    fn a_send_still_delivering_past_its_retention_is_deferred_not_deleted() {
+        let (store, state) = stream(&[sent_delivering("m1", 110)]);
+        let swept = sweep(&store, &state, 150);
+        assert_eq!(swept, Swept { messages: 0, pruned: 0 });
+        assert_eq!(store.read("account/bob", 0).count(), 1);
+        let entry = store.blob_get(&ledger::send_key("bob", "m1")).unwrap().unwrap();
+        assert!(!serde_json::from_slice::<SendEntry>(&entry).unwrap().is_swept());
+        let keys: Vec<_> = store.kv_scan_prefix(retention::INDEX_PREFIX).map(|kv| kv.unwrap().0).collect();
+        assert_eq!(keys, [retention::index_key(150 + DEFER_SECS, "bob", 1)], "looked at again later");
+    }
 }
