@@ -110,8 +110,16 @@ impl Default for Metrics {
             r.register("actor_messages", "Messages handed to account and delivery actors", m.actor_messages.clone());
             r.register("websocket_connections", "Open client WebSocket connections", m.websocket_connections.clone());
             r.register("sessions_swept", "Expired sessions dropped from memory and store", m.sessions_swept.clone());
-        r.register("retention_swept", "Messages whose traces the retention sweep deleted", m.retention_swept.clone());
-        r.register("retention_pruned", "Events deleted from stream prefixes past retention", m.retention_pruned.clone());
+            r.register(
+                "retention_swept",
+                "Messages whose traces the retention sweep deleted",
+                m.retention_swept.clone(),
+            );
+            r.register(
+                "retention_pruned",
+                "Events deleted from stream prefixes past retention",
+                m.retention_pruned.clone(),
+            );
         }
         m
     }

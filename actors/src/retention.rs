@@ -126,9 +126,7 @@ pub async fn pass(sup: &Supervisor) -> Result<Pass, String> {
     loop {
         let now = sup.clock().now();
         let scan = store.clone();
-        let due = tokio::task::spawn_blocking(move || due_entries(&scan, now))
-            .await
-            .map_err(|e| e.to_string())??;
+        let due = tokio::task::spawn_blocking(move || due_entries(&scan, now)).await.map_err(|e| e.to_string())??;
         let Some((first, _)) = due.first() else { break };
         if first_seen.as_ref() == Some(first) {
             return Err(format!("account {} could not be swept; the rest waits", first.account_id));

@@ -28,16 +28,19 @@ fn sequences(records: &[Value]) -> Vec<u64> {
 }
 
 /// Waits until the sweep has taken `message_id`'s traces: gone from both
-/// timelines, its status `message_expired`.
+/// timelines, its status `message_expired`, and the relay's count of swept
+/// messages at 2 (alice's send, bob's receipt; a status past retention
+/// answers `message_expired` before the sweep too).
 async fn swept(c: &Client, alice: &User, bob: &User, message_id: &str) {
     eventually("the sweep took the message", LIMIT, || async {
         let (bob_sees, alice_sees) = (bob.sync_all(c, 0).await, alice.sync_all(c, 0).await);
-        let (code, st) = status(c, alice, message_id).await;
+        let (_, st) = status(c, alice, message_id).await;
+        let count = c.metric("relay_retention_swept_total").await.unwrap_or(0.0);
         let gone = bob_sees.is_empty() && alice_sees.is_empty() && st["error"]["code"] == "message_expired";
-        if gone {
-            Ok(code)
+        if gone && count >= 2.0 {
+            Ok(())
         } else {
-            Err(format!("bob {} records, alice {}, status {st}", bob_sees.len(), alice_sees.len()))
+            Err(format!("bob {} records, alice {}, status {st}, swept {count}", bob_sees.len(), alice_sees.len()))
         }
     })
     .await;
@@ -151,12 +154,15 @@ async fn a_finished_delivery_stream_is_deleted_once_its_status_is_past_retention
     })
     .await;
     drop(st);
+    // A status past retention answers `message_expired` before the sweep
+    // too: relay-a's own count says when its sweep took the send.
     eventually("swept at both ends", LIMIT, || async {
         let (_, st) = status(&ca, &alice, &mid(3)).await;
         let bob_sees = bob.sync_all(&cb, 0).await;
-        (st["error"]["code"] == "message_expired" && bob_sees.is_empty())
+        let swept = ca.metric("relay_retention_swept_total").await.unwrap_or(0.0);
+        (st["error"]["code"] == "message_expired" && bob_sees.is_empty() && swept >= 1.0)
             .then_some(())
-            .ok_or(format!("status {st}, bob {} records", bob_sees.len()))
+            .ok_or(format!("status {st}, bob {} records, relay-a swept {swept}", bob_sees.len()))
     })
     .await;
     a.terminate();

@@ -101,8 +101,11 @@ pub struct ReplayWindow<A> {
     len: usize,
     answer_bytes: usize,
     kept_bytes: usize,
-    by_timestamp: BTreeMap<u64, HashMap<[u8; 16], Option<(A, usize)>>>,
+    by_timestamp: BTreeMap<u64, Seen<A>>,
 }
+
+/// The signatures of one timestamp, each with its kept answer and its size.
+type Seen<A> = HashMap<[u8; 16], Option<(A, usize)>>;
 
 /// What [`ReplayWindow::admit`] found.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -127,7 +127,13 @@ pub fn traces(account_id: &str, event: &AccountEvent) -> Option<Traces> {
 /// statuses, replication) at once, its effect kept in the marker's state.
 /// `replicated_through`: the lowest seq every partner home has acknowledged
 /// (`None` without partners): an account event it has not seen stays.
-pub fn may_prune(account_id: &str, seq: u64, event: &AccountEvent, now: UnixSecs, replicated_through: Option<u64>) -> bool {
+pub fn may_prune(
+    account_id: &str,
+    seq: u64,
+    event: &AccountEvent,
+    now: UnixSecs,
+    replicated_through: Option<u64>,
+) -> bool {
     match traces(account_id, event) {
         Some(t) => is_past(t.retention_until, now),
         None => replicated_through.is_none_or(|through| seq <= through),
