@@ -327,6 +327,7 @@ pub fn extends_leaf(leaf: &Leaf, now: &StreamNow) -> Result<(), Break> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn h(bytes: &[u8]) -> Hash {
         *blake3::hash(bytes).as_bytes()
@@ -424,7 +425,8 @@ mod tests {
         let other = SigningKey::from_bytes(&[8; 32]).verifying_key();
         assert!(matches!(verify(&map, &other, "relay-a"), Err(CheckpointError::Signature(_))));
         assert!(matches!(verify(&map, &key().verifying_key(), "relay-b"), Err(CheckpointError::WrongRelay { .. })));
-        for (member, value) in [("events", json!(7)), ("issued_at", json!(1_700_000_001)), ("root", json!("00".repeat(32)))]
+        for (member, value) in
+            [("events", json!(7)), ("issued_at", json!(1_700_000_001)), ("root", json!("00".repeat(32)))]
         {
             let mut altered = map.clone();
             altered.insert(member.into(), value);
@@ -435,8 +437,6 @@ mod tests {
         crate::sign::sign_object(Tag::Route, &mut as_route, &key());
         assert!(matches!(verify(&as_route, &key().verifying_key(), "relay-a"), Err(CheckpointError::Signature(_))));
     }
-
-    use serde_json::json;
 
     #[test]
     fn a_checkpoint_needs_its_leaves_sorted_by_stream_each_once() {
