@@ -44,12 +44,22 @@ impl Leaf {
     /// `JCS([stream, last_sequence, last_chain_hash])`: what is hashed into
     /// the tree, and how the relay keeps a leaf (one per line).
     pub fn bytes(&self) -> Vec<u8> {
-        let value = Value::Array(vec![
-            Value::String(self.stream.clone()),
-            Value::from(self.seq),
-            Value::String(hex::encode(self.hash)),
-        ]);
-        jcs_value(&value).expect("an array of strings and an integer canonicalizes")
+        // Written directly (a checkpoint writes one per stream): serde_json
+        // escapes a string as RFC 8785 does, and an integer up to 2^53 is
+        // its decimal digits. Past that JCS writes the nearest double.
+        if self.seq > 1 << 53 {
+            let value = Value::Array(vec![
+                Value::String(self.stream.clone()),
+                Value::from(self.seq),
+                Value::String(hex::encode(self.hash)),
+            ]);
+            return jcs_value(&value).expect("an array of strings and an integer canonicalizes");
+        }
+        let mut out = Vec::with_capacity(self.stream.len() + 96);
+        out.push(b'[');
+        serde_json::to_writer(&mut out, &self.stream).expect("a string serializes into a Vec");
+        out.extend_from_slice(format!(",{},\"{}\"]", self.seq, hex::encode(self.hash)).as_bytes());
+        out
     }
 
     /// A leaf from its bytes, which must be exactly its canonical form.
@@ -359,6 +369,13 @@ mod tests {
         let expected = format!("[\"account/ab\",7,\"{}\"]", "ab".repeat(32));
         assert_eq!(l.bytes(), expected.as_bytes());
         assert_eq!(Leaf::parse(&l.bytes()).unwrap(), l);
+        // Written directly, the bytes are what the JCS writer gives, for
+        // any stream id and sequence.
+        for (stream, seq) in [("account/ab", 0), ("a\"b\\c\u{1}\u{7f}", 1 << 53), ("delivery/x/y", (1 << 53) + 1)] {
+            let l = Leaf { stream: stream.into(), seq, hash: [3; 32] };
+            let jcs = jcs_value(&json!([stream, seq, hex::encode([3u8; 32])])).unwrap();
+            assert_eq!(l.bytes(), jcs, "{stream:?} {seq}");
+        }
         // A kept leaf must be its canonical bytes: spacing, uppercase hex or a float are refused.
         for bad in [
             format!("[\"account/ab\", 7,\"{}\"]", "ab".repeat(32)),

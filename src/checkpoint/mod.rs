@@ -365,6 +365,44 @@ mod tests {
         assert_eq!(file_number(&files[0].path), Some(4));
     }
 
+    /// The cost of one checkpoint: `CHECKPOINT_STREAMS` (default 100,000)
+    /// streams of 3 events, half `account/…` and half `delivery/…`; prints
+    /// the time to compute and write it and the bytes kept per stream.
+    #[test]
+    #[ignore = "a measurement: cargo test -p relay --lib checkpoint_cost -- --ignored --nocapture"]
+    fn checkpoint_cost_for_many_streams() {
+        let n: usize = std::env::var("CHECKPOINT_STREAMS").ok().and_then(|v| v.parse().ok()).unwrap_or(100_000);
+        let store = Store::temporary().unwrap();
+        for chunk in (0..n).collect::<Vec<_>>().chunks(2_000) {
+            let mut batch = store.batch();
+            for &i in chunk {
+                let stream = match i % 2 {
+                    0 => format!("account/{:032x}", i),
+                    _ => format!("delivery/{:032x}/{:026}", i, i),
+                };
+                let events = (0..3).map(|k| NewEvent::new("noted", 1, UnixSecs(1), &k).unwrap()).collect();
+                batch.append(&stream, Head::default(), events);
+            }
+            store.commit_durable_blocking(batch).unwrap();
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let w = writer(&store, dir.path(), ManualClock::at_ms(1_700_000_000_000));
+        let started = std::time::Instant::now();
+        let (leaves, _) = leaves_of(&store).unwrap();
+        let read = started.elapsed();
+        let root = std::time::Instant::now();
+        relay_schemas::checkpoint::root_of(&leaves);
+        let hashed = root.elapsed();
+        let started = std::time::Instant::now();
+        let cp = w.write_now().unwrap();
+        let whole = started.elapsed();
+        let bytes = std::fs::metadata(&kept(&dir_in(dir.path())).unwrap()[0].path).unwrap().len();
+        println!(
+            "{n} streams: heads read in {read:?}, root in {hashed:?}, a whole checkpoint (read, root, sign, write, fsync) in {whole:?}; {bytes} bytes kept, {:.0} per stream",
+            bytes as f64 / cp.streams as f64
+        );
+    }
+
     #[test]
     fn checkpoint_files_are_private_to_the_relays_user() {
         use std::os::unix::fs::PermissionsExt;
