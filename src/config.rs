@@ -47,6 +47,8 @@ pub struct Config {
     pub push: PushSection,
     #[serde(default)]
     pub replication: ReplicationSection,
+    #[serde(default)]
+    pub audit: AuditSection,
     /// Cluster mode (`store.engine = "jetstream"`): `src/cluster.rs`.
     pub cluster: Option<ClusterSection>,
 }
@@ -142,6 +144,26 @@ pub struct ReplicationSection {
 impl Default for ReplicationSection {
     fn default() -> Self {
         ReplicationSection { interval: Duration::from_secs(10), page: 100, concurrency: 8, queue: 4096 }
+    }
+}
+
+/// Signed checkpoints and witnesses (PROTOCOL §10; `src/checkpoint/`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuditSection {
+    /// A signed checkpoint of the whole store is written at start, this
+    /// often, and before the retention sweep prunes anything.
+    #[serde(deserialize_with = "duration")]
+    pub checkpoint_interval: Duration,
+    /// Every peer's latest checkpoint is fetched this often (the first soon
+    /// after start) and kept in the witness log.
+    #[serde(deserialize_with = "duration")]
+    pub witness_interval: Duration,
+}
+
+impl Default for AuditSection {
+    fn default() -> Self {
+        AuditSection { checkpoint_interval: Duration::from_secs(3600), witness_interval: Duration::from_secs(3600) }
     }
 }
 
@@ -776,6 +798,12 @@ impl Config {
                 return Err(bad("push.subject", "push.subject must be a mailto: or https: URL (RFC 8292)"));
             }
         }
+        if self.audit.checkpoint_interval.is_zero() {
+            return Err(bad("audit.checkpoint_interval", "audit.checkpoint_interval must be positive"));
+        }
+        if self.audit.witness_interval.is_zero() {
+            return Err(bad("audit.witness_interval", "audit.witness_interval must be positive"));
+        }
         if self.store.cache_bytes == 0 {
             return Err(bad("store.cache_bytes", "store.cache_bytes must be positive"));
         }
@@ -906,6 +934,21 @@ key_file = "data/relay-a/relay.key"
         assert_eq!(p.attempt_timeout_ms, 10_000);
         assert_eq!(cfg.store.cache_bytes, StoreSection::default().cache_bytes);
         assert_eq!(cfg.store.group_commit_window, StoreSection::default().group_commit_window);
+        assert_eq!(cfg.audit.checkpoint_interval, Duration::from_secs(3600));
+        assert_eq!(cfg.audit.witness_interval, Duration::from_secs(3600));
+    }
+
+    #[test]
+    fn the_audit_intervals_are_read_and_must_be_positive() {
+        let dir = tempfile::tempdir().unwrap();
+        let body = format!("{MINIMAL}\n[audit]\ncheckpoint_interval = \"10m\"\nwitness_interval = \"250ms\"\n");
+        let a = Config::load(&write(dir.path(), &body)).unwrap().audit;
+        assert_eq!((a.checkpoint_interval, a.witness_interval), (Duration::from_secs(600), Duration::from_millis(250)));
+        for key in ["checkpoint_interval", "witness_interval"] {
+            let body = format!("{MINIMAL}\n[audit]\n{key} = \"0s\"\n");
+            let err = Config::load(&write(dir.path(), &body)).unwrap_err().to_string();
+            assert!(err.contains(&format!("audit.{key} must be positive")), "{err}");
+        }
     }
 
     #[test]

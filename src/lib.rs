@@ -14,6 +14,9 @@
 //! - [`relay_rpc`]: relay calls: peer authentication, dispatch to [`method`];
 //! - [`limits`]: per-session and per-peer rate limits;
 //! - [`peers`]: the signed relay-to-relay client (the delivery transport);
+//! - [`checkpoint`]: signed checkpoints of the store (written on a timer
+//!   and before pruning, answered by `audit.checkpoint`) and the witness
+//!   of the peers' checkpoints;
 //! - [`push`]: Web Push: the VAPID key and the supervised push sender;
 //! - [`http`]: the actix-web transport (`/v1/rpc`, `/v1/relay`, `/v1/ws`, `/healthz`);
 //! - [`fds`]: the open-file limit checked against the connection limits;
@@ -24,6 +27,7 @@
 
 pub mod audit;
 pub mod bench;
+pub mod checkpoint;
 pub mod cluster;
 pub mod config;
 pub mod fds;
@@ -169,8 +173,18 @@ pub(crate) async fn run(
         allow_private: cfg.push.allow_private_endpoints,
     };
     let replicator = replication::Replicator::start(sup.clone(), peers.clone(), cfg.replication_settings());
+    // A standalone relay checkpoints its store and witnesses its peers'
+    // (PROTOCOL §10); a cluster shard's store is JetStream's (not here).
+    let checkpoints = match &place {
+        None => Some(start_checkpoints(&cfg, &store, &key, &sup, &peers)?),
+        Some(_) => None,
+    };
     let relay = rpc::Relay::new(sup, cfg.limits.max_body_bytes, peers, peer_keys, limits);
-    let relay = web::Data::new(relay.with_push(push_info).with_replicator(replicator));
+    let mut relay = relay.with_push(push_info).with_replicator(replicator);
+    if let Some(checkpoints) = checkpoints {
+        relay = relay.with_checkpoints(checkpoints);
+    }
+    let relay = web::Data::new(relay);
 
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     // Several cores of one node cannot share one metrics address: each
@@ -300,6 +314,34 @@ pub(crate) async fn run(
     store.flush().map_err(|e| format!("final flush: {e}"))?;
     tracing::info!(relay = %r.id, "relay stopped");
     Ok(())
+}
+
+/// Starts the checkpoint writer (at once, every `audit.checkpoint_interval`,
+/// and for the retention sweep before it prunes) and the witness of the
+/// peers' checkpoints (every `audit.witness_interval`).
+fn start_checkpoints(
+    cfg: &config::Config,
+    store: &relay_actors::store::Store,
+    key: &ed25519_dalek::SigningKey,
+    sup: &Supervisor,
+    peers: &peers::PeerClient,
+) -> Result<Arc<checkpoint::Checkpoints>, String> {
+    let data_dir = &cfg.relay.data_dir;
+    let clock = sup.clock().clone();
+    let writer = checkpoint::Checkpoints::open(store.clone(), key.clone(), &cfg.relay.id, data_dir, clock.clone())?;
+    let writer = Arc::new(writer);
+    sup.set_checkpointer(writer.clone());
+    writer.start_timer(cfg.audit.checkpoint_interval);
+    let keys = cfg
+        .peers
+        .iter()
+        .map(|p| Ok((p.id.clone(), relay_schemas::sign::parse_public_key("peers.public_key", &p.public_key)?)))
+        .collect::<Result<Vec<_>, relay_schemas::RelayError>>()
+        .map_err(|e| e.message)?;
+    let tolerance = cfg.limits.clock_tolerance.as_secs();
+    let witness = checkpoint::witness::Witness::open(data_dir, keys, peers.clone(), clock, tolerance)?;
+    Arc::new(witness).start(cfg.audit.witness_interval);
+    Ok(writer)
 }
 
 /// Creates `relay.data_dir` if needed and checks that this process can

@@ -41,6 +41,8 @@ pub struct Relay {
     limits: RateLimits,
     push: PushInfo,
     replicator: Option<std::sync::Arc<crate::replication::Replicator>>,
+    /// The checkpoint writer (`audit.checkpoint`), when running.
+    checkpoints: Option<std::sync::Arc<crate::checkpoint::Checkpoints>>,
     /// Remote homes' device lists, kept briefly for clients asking again.
     remote_reads: crate::remote_reads::RemoteReads,
     requests: Family<RequestLabels, Counter>,
@@ -115,7 +117,19 @@ impl Relay {
         }
         let push = PushInfo::default();
         let remote_reads = Default::default();
-        Relay { sup, max_body_bytes, peers, peer_keys, limits, push, replicator: None, remote_reads, requests, latency }
+        Relay {
+            sup,
+            max_body_bytes,
+            peers,
+            peer_keys,
+            limits,
+            push,
+            replicator: None,
+            checkpoints: None,
+            remote_reads,
+            requests,
+            latency,
+        }
     }
 
     /// The push methods' settings.
@@ -128,6 +142,16 @@ impl Relay {
     pub fn with_replicator(mut self, replicator: std::sync::Arc<crate::replication::Replicator>) -> Self {
         self.replicator = Some(replicator);
         self
+    }
+
+    /// Answers `audit.checkpoint` with the latest of `checkpoints`.
+    pub fn with_checkpoints(mut self, checkpoints: std::sync::Arc<crate::checkpoint::Checkpoints>) -> Self {
+        self.checkpoints = Some(checkpoints);
+        self
+    }
+
+    pub(crate) fn checkpoints(&self) -> Option<&crate::checkpoint::Checkpoints> {
+        self.checkpoints.as_deref()
     }
 
     /// Has the replicator pull `account_id` from `peer` (a `notify`).

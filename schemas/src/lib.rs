@@ -12,12 +12,15 @@
 //! - [`objects`]: the core objects of PROTOCOL §2, kept byte-for-byte;
 //! - [`methods`]: every method ([`Method`]: wire name, who may call it),
 //!   its params and results, and the notifications;
+//! - [`checkpoint`]: signed checkpoints of a relay's store (PROTOCOL §10):
+//!   leaves, the Merkle root, signing, verification and the *extends* rule;
 //! - [`client`]: building and signing objects as a client does;
 //! - [`e2e`]: the client encryption profile `relay-e2e/v1` (PROTOCOL §8).
 //!
 //! JSON Schema files for all of these are in `schemas/json/`, and an
 //! OpenAPI 3.1 document for `/v1/rpc/{method}` in `schemas/openapi.json`.
 
+pub mod checkpoint;
 pub mod client;
 pub mod e2e;
 pub mod encoding;

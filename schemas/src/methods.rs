@@ -80,6 +80,7 @@ methods! {
         RelayAccountDevicesGet = "account.devices.get", Relay;
         MessageDeliveryPeerStatus = "message.delivery.peer_status", Relay;
         TimelineReplicate = "timeline.replicate", Relay;
+        AuditCheckpoint = "audit.checkpoint", Relay;
     }
 }
 

@@ -21,6 +21,7 @@ pub enum Tag {
     Session,
     Registration,
     RelayRequest,
+    Checkpoint,
 }
 
 impl Tag {
@@ -35,6 +36,7 @@ impl Tag {
             Tag::Session => "relay/v1/session",
             Tag::Registration => "relay/v1/registration",
             Tag::RelayRequest => "relay/v1/relay-request",
+            Tag::Checkpoint => "relay/v1/checkpoint",
         }
     }
 }

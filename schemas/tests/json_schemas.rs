@@ -56,8 +56,14 @@ const SESSION_METHODS: &[&str] = &[
     "push.unsubscribe",
 ];
 /// PROTOCOL §5 relay methods.
-const RELAY_METHODS: &[&str] =
-    &["message.deliver", "route.get", "account.devices.get", "message.delivery.peer_status", "timeline.replicate"];
+const RELAY_METHODS: &[&str] = &[
+    "message.deliver",
+    "route.get",
+    "account.devices.get",
+    "message.delivery.peer_status",
+    "timeline.replicate",
+    "audit.checkpoint",
+];
 /// PROTOCOL §2 core objects.
 const CORE_OBJECTS: &[&str] = &[
     "DeviceCertificate",
@@ -267,6 +273,14 @@ fn envelope() -> Value {
     json!({"message_id": MESSAGE_ID, "from": ACCOUNT_A, "from_device_id": "phone",
            "to": ACCOUNT_B, "created_at": 1764400000,
            "ciphertext": "eaPu3HZf9qR78POOdlWOWzHf_anwWmm5", "signature": SIG})
+}
+
+/// A checkpoint as the relay signs it (`relay_schemas::checkpoint`).
+fn checkpoint() -> Value {
+    use relay_schemas::checkpoint::{Checkpoint, Leaf};
+    let leaves = [Leaf { stream: format!("account/{ACCOUNT_A}"), seq: 4, hash: [7; 32] }];
+    let key = ed25519_dalek::SigningKey::from_bytes(&[5; 32]);
+    Value::Object(Checkpoint::issue("relay-a", 1764400000, &leaves, 4, &key).unwrap().to_map())
 }
 
 fn key_box(device: &str) -> Value {
@@ -588,6 +602,8 @@ fn method_schemas_accept_examples() {
     valid(&m("message.delivery.peer_status.result"), json!({"known": false}));
     valid(&m("timeline.replicate.params"), json!({"account_id": ACCOUNT_A, "after": 0, "limit": 100, "ack": 0}));
     valid(&m("timeline.replicate.result"), json!({"items": [], "next": 0, "has_more": false}));
+    valid(&m("audit.checkpoint.params"), json!({}));
+    valid(&m("audit.checkpoint.result"), checkpoint());
     valid(&m("healthz.result"), json!({"status": "ok"}));
     // notifications
     valid(
@@ -661,6 +677,14 @@ fn method_schemas_reject_violations() {
     );
     invalid(&m("message.delivery.peer_status.result"), json!({}));
     invalid(&m("timeline.replicate.params"), json!({"account_id": ACCOUNT_A, "after": 0}));
+    for (member, value) in [("root", json!("AB".repeat(32))), ("streams", json!(-1)), ("relay_id", json!("Relay A"))] {
+        let mut cp = checkpoint();
+        cp[member] = value;
+        invalid(&m("audit.checkpoint.result"), cp);
+    }
+    let mut unsigned = checkpoint();
+    unsigned.as_object_mut().unwrap().remove("signature");
+    invalid(&m("audit.checkpoint.result"), unsigned);
     invalid(&m("healthz.result"), json!({"status": "degraded"}));
     invalid(
         "notifications/message.delivery.changed.params.schema.json",

@@ -3,7 +3,7 @@
 //! 2 cannot audit (relay running, no store, bad arguments).
 
 use super::terminal::{safe, SafeWriter};
-use super::{export, open_store, parse_time, replay, story, verify, AuditError};
+use super::{checkpoint, export, open_store, parse_time, replay, story, verify, AuditError};
 use crate::config::Config;
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -31,6 +31,21 @@ pub enum AuditCommand {
         /// Only this stream (e.g. account/<id> or delivery/<from>/<message_id>).
         #[arg(long)]
         stream: Option<String>,
+        /// Instead: whether the store extends this signed checkpoint (JSON,
+        /// e.g. one from a peer's witness log); names each stream that does not.
+        #[arg(long, value_name = "FILE", conflicts_with = "stream")]
+        checkpoint: Option<PathBuf>,
+    },
+    /// Print the relay's latest signed checkpoint (JSON).
+    Checkpoint,
+    /// Print the peers' checkpoints this relay witnessed (JSON lines).
+    Witnesses {
+        /// Only this peer's.
+        #[arg(long)]
+        peer: Option<String>,
+        /// Only each peer's latest checkpoint, as it signed it.
+        #[arg(long)]
+        latest: bool,
     },
     /// Rebuild one stream's state from its events only and print it (JSON).
     Replay {
@@ -125,12 +140,32 @@ fn stream_account(stream: &str) -> Option<&str> {
 }
 
 fn run_inner(args: AuditArgs) -> Result<u8, AuditError> {
+    // Checkpoints and witnesses: the data dir's files (`checkpoint.rs`).
+    let code = {
+        let mut out = SafeWriter::new(std::io::stdout().lock());
+        let code = match &args.command {
+            AuditCommand::Checkpoint => Some(checkpoint::print_latest(&data_dir(&args)?, &mut out)?),
+            AuditCommand::Witnesses { peer, latest } => {
+                Some(checkpoint::print_witnesses(&data_dir(&args)?, peer.as_deref(), *latest, &mut out)?)
+            }
+            AuditCommand::Verify { checkpoint: Some(file), .. } => {
+                Some(checkpoint::run_verify(&data_dir(&args)?, args.config.as_deref(), file, &mut out)?)
+            }
+            _ => None,
+        };
+        out.flush()?;
+        code
+    };
+    if let Some(code) = code {
+        return Ok(code);
+    }
     let account = match &args.command {
-        AuditCommand::Verify { stream } | AuditCommand::Export { stream, .. } => {
+        AuditCommand::Verify { stream, .. } | AuditCommand::Export { stream, .. } => {
             stream.as_deref().and_then(stream_account)
         }
         AuditCommand::Replay { stream, .. } => stream_account(stream),
         AuditCommand::Message { from, .. } => Some(from.as_str()),
+        AuditCommand::Checkpoint | AuditCommand::Witnesses { .. } => None,
     }
     .map(str::to_owned);
     let mut code = 0;
@@ -144,7 +179,7 @@ fn run_on(store: &relay_actors::store::Store, label: &str, command: &AuditComman
     let stdout = std::io::stdout();
     let mut out = SafeWriter::new(std::io::BufWriter::new(stdout.lock()));
     let code = match command {
-        AuditCommand::Verify { stream } => run_verify(store, label, stream.as_deref(), &mut out)?,
+        AuditCommand::Verify { stream, .. } => run_verify(store, label, stream.as_deref(), &mut out)?,
         AuditCommand::Replay { stream, until, events } => {
             let mut print_event = |ev: &relay_actors::store::StoredEvent, data: &serde_json::Value| {
                 if *events {
@@ -179,6 +214,8 @@ fn run_on(store: &relay_actors::store::Store, label: &str, command: &AuditComman
             }
             u8::from(!done.unreadable.is_empty())
         }
+        // Answered in `run_inner`, without a store.
+        AuditCommand::Checkpoint | AuditCommand::Witnesses { .. } => 0,
     };
     out.flush()?;
     Ok(code)

@@ -11,10 +11,13 @@
 //!   projection) against the one its events give;
 //! - [`replay`]: one stream's state rebuilt from its events only;
 //! - [`story`]: the whole story of one message on this relay;
+//! - [`checkpoint`]: the latest signed checkpoint, whether the store
+//!   extends a checkpoint (its own, or one a peer witnessed), the witness log;
 //! - [`export`]: events as JSON lines (`schemas/json/audit/export-line.schema.json`);
 //! - [`terminal`]: what every output passes through, so that text a stranger
 //!   wrote cannot drive the terminal it is read on.
 
+pub mod checkpoint;
 pub mod cli;
 pub mod export;
 pub mod replay;

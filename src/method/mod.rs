@@ -27,6 +27,7 @@ macro_rules! caller {
 mod account_devices_get;
 mod account_register;
 mod account_settings_update;
+mod audit_checkpoint;
 mod contact_revoke;
 mod device_add;
 mod device_revoke;
@@ -74,9 +75,12 @@ pub(crate) async fn client(
         PushVapidKey => push_vapid_key::handle(relay, token, body).await,
         PushSubscribe => push_subscribe::handle(relay, token, body).await,
         PushUnsubscribe => push_unsubscribe::handle(relay, token, body).await,
-        MessageDeliver | RelayRouteGet | RelayAccountDevicesGet | MessageDeliveryPeerStatus | TimelineReplicate => {
-            Err(RelayError::not_found(format!("unknown method {:?}", method.as_str())))
-        }
+        MessageDeliver
+        | RelayRouteGet
+        | RelayAccountDevicesGet
+        | MessageDeliveryPeerStatus
+        | TimelineReplicate
+        | AuditCheckpoint => Err(RelayError::not_found(format!("unknown method {:?}", method.as_str()))),
     }
 }
 
@@ -89,6 +93,7 @@ pub(crate) async fn relay(relay: &Relay, method: Method, peer: &str, body: &[u8]
         RelayAccountDevicesGet => account_devices_get::handle_relay(relay, peer, body).await,
         MessageDeliveryPeerStatus => message_delivery_peer_status::handle_relay(relay, peer, body).await,
         TimelineReplicate => timeline_replicate::handle_relay(relay, peer, body).await,
+        AuditCheckpoint => audit_checkpoint::handle_relay(relay, peer, body).await,
         AccountRegister
         | SessionChallenge
         | SessionOpen

@@ -10,6 +10,7 @@ mod audit;
 mod bad_input;
 mod bench;
 mod browser;
+mod checkpoints;
 mod cli;
 mod cluster_mode;
 mod commit_boundaries;
