@@ -166,7 +166,6 @@ pub(crate) async fn run(
     }
     let limits = limits::RateLimits::new(cfg.rates());
     actix_web::rt::spawn(sweep_sessions(sup.clone(), cfg.sessions.sweep_interval));
-    actix_web::rt::spawn(relay_actors::retention::run(sup.clone(), cfg.limits.retention_sweep));
     let push_info = rpc::PushInfo {
         vapid_public_key: vapid.public_key().to_owned(),
         allow_http: cfg.push.allow_http_endpoints,
@@ -179,6 +178,8 @@ pub(crate) async fn run(
         None => Some(start_checkpoints(&cfg, &store, &key, &sup, &peers)?),
         Some(_) => None,
     };
+    // After the checkpoint writer is installed: the sweep asks it first.
+    actix_web::rt::spawn(relay_actors::retention::run(sup.clone(), cfg.limits.retention_sweep));
     let relay = rpc::Relay::new(sup, cfg.limits.max_body_bytes, peers, peer_keys, limits);
     let mut relay = relay.with_push(push_info).with_replicator(replicator);
     if let Some(checkpoints) = checkpoints {

@@ -119,6 +119,16 @@ async fn account_state_stays_when_its_stream_is_pruned_and_after_a_restart() {
     assert!(first_left.is_none_or(|seq| seq == marker.head.seq + 1), "{first_left:?} after {:?}", marker.head);
     assert!(store.read(&stream, 0).all(|e| e.unwrap().event_type != "registered"), "registration pruned");
     drop(store);
+    // PROTOCOL §10: a checkpoint is written before any pruning, so one
+    // kept covers alice's stream at least through what was pruned.
+    let covered = std::fs::read_dir(relay.data_dir.join("checkpoints")).unwrap().any(|f| {
+        let text = std::fs::read_to_string(f.unwrap().path()).unwrap();
+        text.lines().skip(1).any(|leaf| {
+            let leaf: Value = serde_json::from_str(leaf).unwrap();
+            leaf[0] == stream.as_str() && leaf[1].as_u64().unwrap() >= marker.head.seq
+        })
+    });
+    assert!(covered, "no checkpoint covers what was pruned");
 
     relay.restart();
     let c = Client::new(&relay.url);
