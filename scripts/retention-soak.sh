@@ -18,7 +18,7 @@ retention=${3:-2m}
 sweep=${4:-30s}
 
 cargo build --release --locked --quiet
-relay=target/release/relay
+relay=${CARGO_TARGET_DIR:-target}/release/relay
 work=$(mktemp -d)
 trap 'kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -rf "$work"' EXIT
 
@@ -48,14 +48,16 @@ done
 secs=$(python3 -c "import re,sys; d='$duration'; n,u=re.fullmatch(r'(\d+)(s|m|h)',d).groups(); print(int(n)*{'s':1,'m':60,'h':3600}[u])")
 messages=$(( rate * (secs + 5) ))
 samples="$work/samples.csv"
-echo "t_s,data_bytes,rss_kb" >"$samples"
+echo "t_s,data_bytes,rss_kb,sled_db_bytes,log_bytes" >"$samples"
 (
   start=$(date +%s)
   while kill -0 "$pid" 2>/dev/null; do
     t=$(( $(date +%s) - start ))
     size=$(du -sb "$work/data" | cut -f1)
     rss=$(awk '/^VmRSS/ {print $2}' "/proc/$pid/status")
-    echo "$t,$size,$rss" >>"$samples"
+    db=$(stat -c %s "$work/data/store/db" 2>/dev/null || echo 0)
+    log=$(du -sb "$work/data/store/log" 2>/dev/null | cut -f1)
+    echo "$t,$size,$rss,$db,${log:-0}" >>"$samples"
     sleep 10
   done
 ) &
@@ -68,7 +70,8 @@ kill "$sampler" 2>/dev/null || true
 cat "$samples"
 python3 - "$samples" "$rate" "$secs" "$cpu0" "$cpu1" <<'EOF'
 import csv, sys
-rows = [(int(r["t_s"]), int(r["data_bytes"]), int(r["rss_kb"])) for r in csv.DictReader(open(sys.argv[1]))]
+rows = [(int(r["t_s"]), int(r["data_bytes"]), int(r["rss_kb"]), int(r["sled_db_bytes"]), int(r["log_bytes"]))
+        for r in csv.DictReader(open(sys.argv[1]))]
 rate, secs, ticks = float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[5]) - int(sys.argv[4])
 half = [r for r in rows if r[0] >= rows[-1][0] / 2]
 def slope(col):
@@ -79,6 +82,7 @@ def slope(col):
 plateau_disk = sum(r[1] for r in half) / len(half)
 plateau_rss = sum(r[2] for r in half) / len(half) * 1024
 print(f"plateau over the last half: data dir {plateau_disk/1e6:.1f} MB, RSS {plateau_rss/1e6:.1f} MB")
-print(f"slope over the last half: data dir {slope(1)/1e6:+.2f} MB/min, RSS {slope(2)*1024/1e6:+.2f} MB/min")
+print(f"slope over the last half: data dir {slope(1)/1e6:+.2f} MB/min, RSS {slope(2)*1024/1e6:+.2f} MB/min, "
+      f"sled db {slope(3)/1e6:+.2f} MB/min, value log {slope(4)/1e6:+.2f} MB/min")
 print(f"relay CPU: {ticks / 100:.1f} s, {ticks * 10_000 / (rate * secs):.0f} µs per offered send")
 EOF
