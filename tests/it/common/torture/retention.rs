@@ -372,9 +372,11 @@ impl Watch {
             self.figures.no_answer += 1;
             return;
         };
-        let expired = code == 422 && st["error"]["code"] == "message_expired";
+        // A swept entry: 422 `message_expired` (or, had the relay swept it
+        // while its retention ran, the swept form's `failed` with that code).
+        let expired = st["error"]["code"] == "message_expired";
         match (code, expired) {
-            (200, _) => {
+            (200, false) => {
                 if st["accepted_at"].as_u64() != Some(k.accepted_at) {
                     self.flag(format!("at {id}"), format!("{id}: status {st}, answered accepted_at {}", k.accepted_at));
                 }
@@ -416,6 +418,15 @@ impl Watch {
                 ),
             ),
             (_, true) => {
+                if code != 422 {
+                    // Only a swept entry whose retention had not ended is
+                    // answered so (past it the relay answers 422).
+                    let v = format!(
+                        "{id}: DELETED EARLY: status answered HTTP {code} {st} at {t1} (the swept form), retention_until {}",
+                        k.until
+                    );
+                    self.flag(format!("form {id}"), v);
+                }
                 let seen = self.seen.entry(k.i).or_default();
                 if seen.expired_at.is_none() {
                     seen.expired_at = Some(t1);
