@@ -313,6 +313,9 @@ pub struct StoreView {
     pub leftover_due: usize,
     /// Attempts aimed at more than one relay (both homes of a recipient).
     pub multi_target_attempts: usize,
+    /// Each delivery stream's event types and seqs (after its pruned
+    /// marker's, if it has one).
+    pub held: BTreeMap<String, Vec<String>>,
 }
 
 /// Checks a stopped relay's delivery streams: one `accepted` first, attempt
@@ -337,11 +340,15 @@ pub fn inspect_deliveries(
             continue;
         }
         view.deliveries += 1;
+        if let Some(m) = store.pruned(&stream).map_err(|e| e.to_string())? {
+            view.held.entry(stream.clone()).or_default().push(format!("pruned through #{}", m.head.seq));
+        }
         let (mut to, mut attempts, mut ends) = (None::<String>, 0u64, 0);
         for (k, ev) in store.read(&stream, 0).enumerate() {
             let ev = ev.map_err(|e| e.to_string())?;
             let v: Value = serde_json::from_str(ev.data.get()).map_err(|e| e.to_string())?;
             let body = v.get(&ev.event_type).cloned().unwrap_or(v);
+            view.held.entry(stream.clone()).or_default().push(format!("{}#{}", ev.event_type, ev.seq));
             if ends > 0 {
                 bad.push(format!("{stream}: {} after finished", ev.event_type));
             }
@@ -1065,6 +1072,15 @@ pub async fn run(p: Params) -> Report {
         match inspect_deliveries(&r.data_dir, &home) {
             Ok((view, bad)) => {
                 report.violations.extend(bad.into_iter().map(|b| format!("{}: {b}", r.id)));
+                if p.retention.is_some() {
+                    // Every message is past its retention: PROTOCOL §10, "a
+                    // finished delivery's stream likewise".
+                    for (stream, events) in &view.held {
+                        report
+                            .violations
+                            .push(format!("{}: {stream} still holds {events:?} after every retention_until", r.id));
+                    }
+                }
                 report.stores.push((r.id.clone(), view));
             }
             Err(e) => report.violations.push(format!("{}: reading delivery streams: {e}", r.id)),

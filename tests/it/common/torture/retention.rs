@@ -85,10 +85,13 @@ pub struct Figures {
     /// Statuses and records still there past `retention_until` (allowed
     /// within a sweep interval).
     pub present_past: usize,
-    /// Messages seen answering `message_expired`, and records seen gone
-    /// (deletions observed), and during the load.
+    /// Messages seen answering `message_expired`, records seen gone
+    /// (deletions observed), and how many of both during the load.
     pub statuses_deleted: usize,
     pub records_deleted: usize,
+    /// Distinct records seen over the run (every one gone at the end, or
+    /// the run has a violation).
+    pub records_seen: usize,
     pub deleted_during_load: usize,
     /// The longest time from a message's `retention_until` to the first
     /// check that found it deleted (an upper bound of the sweep's lag, as
@@ -130,10 +133,11 @@ impl fmt::Display for Figures {
         )?;
         writeln!(
             f,
-            "  deletions observed: {} statuses message_expired, {} records gone ({} during the load); {} still there past retention_until; first seen deleted at most {} s after retention_until; {} reappeared; {} checks unanswered",
+            "  deletions observed: {} statuses message_expired, {} records gone ({} of these deletions during the load); {} distinct records seen in all, none left; {} still there past retention_until; first seen deleted at most {} s after retention_until; {} reappeared; {} checks unanswered",
             self.statuses_deleted,
             self.records_deleted,
             self.deleted_during_load,
+            self.records_seen,
             self.present_past,
             self.max_lag_secs,
             self.reappeared,
@@ -682,6 +686,7 @@ pub(super) async fn after_load(
             *report.final_statuses.entry(t["status"].as_str().unwrap_or("?").to_string()).or_default() += 1;
         }
     }
+    watch.figures.records_seen = watch.seqs.iter().map(BTreeMap::len).sum();
     report.violations.append(&mut watch.violations);
     report.retention = Some(watch.figures);
 }
