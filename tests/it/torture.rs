@@ -8,7 +8,11 @@
 //! - `graceful_sigterm_of_the_source_under_load_loses_and_duplicates_nothing`;
 //! - `torture_two_home_accounts_random_sigkills_lose_and_duplicate_nothing`
 //!   (CI): every account with two home relays (3 relays), 120 messages, 6
-//!   SIGKILLs of any relay; both homes must end the same.
+//!   SIGKILLs of any relay; both homes must end the same;
+//! - `crash_torture_with_short_retention_loses_nothing_within_retention_and_deletes_nothing_early`
+//!   (CI): retention 20 s, a sweep every second, 160 messages spread over
+//!   30 s, 8 SIGKILLs; nothing goes before its `retention_until`,
+//!   everything within a bounded wait after it, nothing twice.
 //!
 //! `TORTURE_SEED`, `TORTURE_MESSAGES` and `TORTURE_KILLS` override the
 //! seeded torture tests' parameters (a failing run prints them).
@@ -92,4 +96,27 @@ async fn torture_two_home_accounts_random_sigkills_lose_and_duplicate_nothing() 
     check(&report);
     assert!(report.two_homes, "ran in two-home mode");
     assert_eq!(report.kill_events, kills);
+}
+
+/// PROTOCOL §10 *Retention* under SIGKILLs: what a relay promised to keep
+/// is there until its `retention_until` (status with its `accepted_at`,
+/// the recipient's record, the sender's `sent` record), checked from each
+/// answer on during the load and after it; no record is made twice (a
+/// re-send while retained answers the status, after the sweep
+/// `message_expired`, and makes no record); once every message is past
+/// its retention, every status answers `message_expired` and every
+/// timeline is empty (bounded polling); the data dirs audit clean.
+#[actix_rt::test]
+async fn crash_torture_with_short_retention_loses_nothing_within_retention_and_deletes_nothing_early() {
+    let p = Params::ci_retention().with_env();
+    let (kills, expired_resends) = (p.kills, p.retention.as_ref().map_or(0, |r| r.expired_resends));
+    let report = run(p).await;
+    check(&report);
+    assert_eq!(report.kill_events, kills);
+    let r = report.retention.as_ref().expect("ran in retention mode");
+    assert_eq!(r.messages_seen_whole, report.accepted, "every message seen whole within its retention");
+    assert!(r.status_within_load > 0 && r.records_within_load > 0, "checked during the load: {r:?}");
+    assert_eq!(r.statuses_deleted, report.accepted, "every status seen deleted: {r:?}");
+    assert_eq!(r.resent_swept, expired_resends.min(report.accepted));
+    assert_eq!(r.watermarks, report.accounts);
 }

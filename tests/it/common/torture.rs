@@ -49,6 +49,17 @@
 //! `(created_at, message_id)` order (sequences and per-home acceptance
 //! times aside), and delivery attempts may aim at any of the recipient's
 //! two homes.
+//!
+//! Retention mode ([`Params::retention`], one home per account): the relays
+//! delete what is past a short `message_retention`, the load is spread so
+//! sweeps run while relays are still being killed, and a checker looks at
+//! the messages during the load and after it: nothing goes before its
+//! `retention_until`, everything goes after it, nothing is made twice
+//! (see the `retention` submodule).
+
+mod retention;
+
+pub use retention::{Figures as RetentionFigures, Retention};
 
 use super::client::{now, sync_pages, Client, User};
 use super::cluster::Cluster;
@@ -113,6 +124,9 @@ pub struct Params {
     /// accounts homed on (a,b) and (c,d) share no relay, so their messages
     /// cross between relays.
     pub two_homes: bool,
+    /// Retention mode (one home per account): see [`Retention`]. `None`:
+    /// the default retention (30 days), nothing is deleted within a run.
+    pub retention: Option<Retention>,
 }
 
 impl Params {
@@ -132,6 +146,33 @@ impl Params {
             resend_sample: 40,
             settle_limit: Duration::from_secs(90),
             two_homes: false,
+            retention: None,
+        }
+    }
+
+    /// The CI version of the retention mode: 2 relays, 160 messages spread
+    /// over 30 s, 8 SIGKILL stop events, retention 20 s, a sweep every
+    /// second. The first 20 s of the load are within every message's
+    /// retention; in its last third the sweeps delete the first messages
+    /// while relays are still being killed. Each message is checked from
+    /// its answer on (a round every 250 ms), so its checks fall mostly
+    /// within its 20 s, even on a loaded 2-core debug build where a
+    /// delivery across a kill takes a few seconds.
+    pub fn ci_retention() -> Params {
+        Params {
+            seed: 0x7e57_3939,
+            messages: 160,
+            kills: 8,
+            resend_sample: 20,
+            retention: Some(Retention {
+                secs: 20,
+                sweep_secs: 1,
+                span: Duration::from_secs(30),
+                sample: 12,
+                expired_resends: 30,
+                delete_limit: Duration::from_secs(30),
+            }),
+            ..Params::ci()
         }
     }
 
@@ -272,6 +313,9 @@ pub struct StoreView {
     pub leftover_due: usize,
     /// Attempts aimed at more than one relay (both homes of a recipient).
     pub multi_target_attempts: usize,
+    /// Each delivery stream's event types and seqs (after its pruned
+    /// marker's, if it has one).
+    pub held: BTreeMap<String, Vec<String>>,
 }
 
 /// Checks a stopped relay's delivery streams: one `accepted` first, attempt
@@ -296,11 +340,15 @@ pub fn inspect_deliveries(
             continue;
         }
         view.deliveries += 1;
+        if let Some(m) = store.pruned(&stream).map_err(|e| e.to_string())? {
+            view.held.entry(stream.clone()).or_default().push(format!("pruned through #{}", m.head.seq));
+        }
         let (mut to, mut attempts, mut ends) = (None::<String>, 0u64, 0);
         for (k, ev) in store.read(&stream, 0).enumerate() {
             let ev = ev.map_err(|e| e.to_string())?;
             let v: Value = serde_json::from_str(ev.data.get()).map_err(|e| e.to_string())?;
             let body = v.get(&ev.event_type).cloned().unwrap_or(v);
+            view.held.entry(stream.clone()).or_default().push(format!("{}#{}", ev.event_type, ev.seq));
             if ends > 0 {
                 bad.push(format!("{stream}: {} after finished", ev.event_type));
             }
@@ -400,6 +448,8 @@ pub struct Report {
     /// delivery of a message; not a violation).
     pub home_times_differ: usize,
     pub resent: usize,
+    /// Retention mode: what its checks did.
+    pub retention: Option<RetentionFigures>,
     pub audits: Vec<Audit>,
     /// Streams checked with `verify_chain` (in addition to the audit).
     pub chains_checked: usize,
@@ -441,6 +491,9 @@ impl fmt::Display for Report {
             "  final statuses {:?}; {} timeline records; {} re-sent duplicates",
             self.final_statuses, self.records, self.resent
         )?;
+        if let Some(r) = &self.retention {
+            write!(f, "{r}")?;
+        }
         if self.two_homes {
             writeln!(
                 f,
@@ -778,6 +831,7 @@ pub async fn run(p: Params) -> Report {
         false => assert!((2..=3).contains(&p.relays), "2 or 3 relays"),
         true => assert!((3..=4).contains(&p.relays), "two-home mode runs 3 or 4 relays"),
     }
+    assert!(!(p.two_homes && p.retention.is_some()), "retention mode runs one home per account");
     let t0 = Instant::now();
     let mut report =
         Report { seed: p.seed, two_homes: p.two_homes, relays: p.relays, messages: p.messages, ..Report::default() };
@@ -789,7 +843,12 @@ pub async fn run(p: Params) -> Report {
     let dir = tempfile::tempdir().unwrap();
     let ids = &RELAY_IDS[..p.relays];
     let cluster = Cluster::plan(dir.path(), ids);
-    let extra = if p.two_homes { format!("{FAST_TIMETABLE}{TWO_HOMES_CONFIG}") } else { FAST_TIMETABLE.to_string() };
+    // FAST_TIMETABLE ends in its `[limits]` section.
+    let extra = match (&p.retention, p.two_homes) {
+        (Some(r), _) => format!("{FAST_TIMETABLE}{}", r.limits()),
+        (None, true) => format!("{FAST_TIMETABLE}{TWO_HOMES_CONFIG}"),
+        (None, false) => FAST_TIMETABLE.to_string(),
+    };
     let procs: Vec<RelayProc> = ids.iter().map(|id| cluster.start(id, &extra)).collect();
     let urls: Vec<String> = ids.iter().map(|id| cluster.url(id).to_string()).collect();
     let rpc = clients(&urls);
@@ -845,6 +904,7 @@ pub async fn run(p: Params) -> Report {
     let mut rng = StdRng::seed_from_u64(p.seed);
     let plan = plan_messages(&p, &mut rng, &places);
     report.plan_mix = plan_mix(&plan, &places);
+    let watch = p.retention.as_ref().map(|r| retention::Watch::new(r, p.seed, &users, &plan));
     let users = Rc::new(users);
     let places = Rc::new(places);
 
@@ -862,6 +922,7 @@ pub async fn run(p: Params) -> Report {
     let next = Rc::new(RefCell::new(0usize));
     let results: Rc<RefCell<Vec<Option<Sent>>>> = Rc::new(RefCell::new(vec![None; plan.len()]));
     let plan = Rc::new(plan);
+    let span = p.retention.as_ref().map(|r| r.span);
     let tasks: Vec<_> = (0..p.senders.max(1))
         .map(|_| {
             let (next, results, plan, users, urls, places, progress) = (
@@ -883,6 +944,13 @@ pub async fn run(p: Params) -> Report {
                         i
                     };
                     let Some(m) = plan.get(i) else { return };
+                    if let Some(span) = span {
+                        let due = load_start + span.mul_f64(i as f64 / plan.len() as f64);
+                        if let Some(ahead) = due.checked_duration_since(Instant::now()) {
+                            // Waits for message i's moment in the retention mode's load timetable (spread over `span`).
+                            actix_rt::time::sleep(ahead).await;
+                        }
+                    }
                     let (sender, recipient) = (&users[m.from], &users[m.to]);
                     let sb: &[&str] = &["phone"];
                     let params =
@@ -899,12 +967,29 @@ pub async fn run(p: Params) -> Report {
             })
         })
         .collect();
+    // Retention mode: the checker, until the load ends.
+    let checking = Rc::new(std::cell::Cell::new(false));
+    let checker = watch.map(|w| {
+        let (rpc, places, results, done) = (clients(&urls), places.clone(), results.clone(), checking.clone());
+        actix_rt::spawn(retention::during_load(w, rpc, places, results, done))
+    });
     for t in futures_util::future::join_all(tasks).await {
         if let Err(e) = t {
             report.violations.push(format!("a sender task failed: {e}"));
         }
     }
     load_done.store(true, Ordering::SeqCst);
+    checking.set(true);
+    let watch = match checker {
+        Some(c) => match c.await {
+            Ok(w) => Some(w),
+            Err(e) => {
+                report.violations.push(format!("the retention checker failed: {e}"));
+                None
+            }
+        },
+        None => None,
+    };
     report.load_time = load_start.elapsed();
     match killer_thread.join() {
         Ok(k) => {
@@ -951,12 +1036,19 @@ pub async fn run(p: Params) -> Report {
         }
     }
 
-    // Every accepted delivery ends (bounded), with its accepted_at.
     let settle_start = Instant::now();
-    let final_status = settle(&rpc, &places, &sent, &p, &mut report).await;
-    report.settle_time = settle_start.elapsed();
-    check_timelines(&rpc, &places, &users, &sent, &final_status, &mut report).await;
-    resend_sample(&rpc, &places, &sent, &final_status, &p, &mut rng, &mut report).await;
+    if let (Some(r), Some(watch)) = (&p.retention, watch) {
+        // Retention mode: the checker goes on until everything is deleted.
+        retention::after_load(watch, r, &rpc, &places, &users, &sent, p.settle_limit, p.resend_sample, &mut report)
+            .await;
+        report.settle_time = settle_start.elapsed();
+    } else {
+        // Every accepted delivery ends (bounded), with its accepted_at.
+        let final_status = settle(&rpc, &places, &sent, &p, &mut report).await;
+        report.settle_time = settle_start.elapsed();
+        check_timelines(&rpc, &places, &users, &sent, &final_status, &mut report).await;
+        resend_sample(&rpc, &places, &sent, &final_status, &p, &mut rng, &mut report).await;
+    }
 
     // Stop every relay gracefully, then audit its data dir.
     let mut procs = Arc::try_unwrap(relays)
@@ -980,6 +1072,15 @@ pub async fn run(p: Params) -> Report {
         match inspect_deliveries(&r.data_dir, &home) {
             Ok((view, bad)) => {
                 report.violations.extend(bad.into_iter().map(|b| format!("{}: {b}", r.id)));
+                if p.retention.is_some() {
+                    // Every message is past its retention: PROTOCOL §10, "a
+                    // finished delivery's stream likewise".
+                    for (stream, events) in &view.held {
+                        report
+                            .violations
+                            .push(format!("{}: {stream} still holds {events:?} after every retention_until", r.id));
+                    }
+                }
                 report.stores.push((r.id.clone(), view));
             }
             Err(e) => report.violations.push(format!("{}: reading delivery streams: {e}", r.id)),

@@ -39,3 +39,22 @@ pub fn eventually_blocking<T>(what: &str, limit: Duration, mut check: impl FnMut
         std::thread::sleep(POLL);
     }
 }
+
+/// Like [`eventually`], for a caller that reports instead of panicking:
+/// the last `Err` once `limit` has passed.
+pub async fn poll<T, F, Fut>(limit: Duration, mut check: F) -> Result<T, String>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        match check().await {
+            Ok(v) => return Ok(v),
+            Err(seen) if Instant::now() >= deadline => return Err(format!("not within {limit:?}; last seen: {seen}")),
+            Err(_) => {}
+        }
+        // Waits for the relay processes (or a stand-in's threads) to change what `check` reads: the poll interval.
+        actix_rt::time::sleep(POLL).await;
+    }
+}
