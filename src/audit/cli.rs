@@ -209,14 +209,19 @@ fn run_verify(
             bar.set_message(format!("{events} events ({:.0}/s)", events as f64 / secs));
         }
     };
-    let report = verify::verify(store, stream, &mut progress)?;
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let report = verify::verify(store, stream, relay_schemas::UnixSecs(now), &mut progress)?;
     bar.finish_and_clear();
     for f in &report.findings {
         writeln!(out, "{f}")?;
     }
     let secs = started.elapsed().as_secs_f64();
+    let pruned = match report.pruned {
+        0 => String::new(),
+        n => format!(", {n} from their pruned marker ({} pruned whole)", report.pruned_whole),
+    };
     let summary = format!(
-        "{}: {} streams, {} events, {} snapshots verified in {:.2} s ({:.0} events/s); {} finding{}",
+        "{}: {} streams, {} events, {} snapshots verified in {:.2} s ({:.0} events/s){pruned}; {} finding{}",
         label,
         report.streams,
         report.events,

@@ -24,8 +24,8 @@ pub mod verify;
 
 use relay_actors::account::{AccountEvent, AccountState, Ledger};
 use relay_actors::delivery::{DeliveryEvent, DeliveryState};
-use relay_actors::store::{Store, StoreError, StoredEvent};
-use relay_actors::upcast;
+use relay_actors::store::{Pruned, Store, StoreError, StoredEvent};
+use relay_actors::upcast::{self, EventText};
 use relay_schemas::{UnixMillis, UnixSecs};
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
@@ -117,8 +117,8 @@ pub enum Decoded {
 
 /// Decodes an event of `stream` through the upcasters; `None` for a stream
 /// of no known kind.
-pub fn decode(ev: &StoredEvent) -> Option<Result<Decoded, StoreError>> {
-    match stream_kind(&ev.stream) {
+pub fn decode(ev: &impl EventText) -> Option<Result<Decoded, StoreError>> {
+    match stream_kind(ev.stream()) {
         StreamKind::Account { .. } => Some(upcast::account_event(ev).map(|e| Decoded::Account(Box::new(e)))),
         StreamKind::Delivery { .. } => Some(upcast::delivery_event(ev).map(|e| Decoded::Delivery(Box::new(e)))),
         StreamKind::Other => None,
@@ -152,14 +152,43 @@ impl Folded {
         }
     }
 
+    /// The state of `stream` folded through its pruned prefix, as the
+    /// marker keeps it (an account's: its `AccountState` as a snapshot holds
+    /// it; the ledger is not part of it). `Ok(None)`: the marker keeps no
+    /// state, as for a delivery stream deleted whole (nothing to rebuild).
+    /// `Err`: why the marker's state is not this stream's.
+    pub fn from_marker(stream: &str, marker: &Pruned) -> Result<Option<Folded>, String> {
+        if marker.state.is_empty() {
+            return match stream_kind(stream) {
+                StreamKind::Account { .. } => Err("keeps no state: an account's state is never deleted".into()),
+                _ => Ok(None),
+            };
+        }
+        match stream_kind(stream) {
+            StreamKind::Account { account_id } => {
+                let mut state: AccountState = serde_json::from_slice(&marker.state)
+                    .map_err(|e| format!("its state does not decode as an account's: {e}"))?;
+                if state.account_id != account_id {
+                    return Err(format!("its state is account {}'s", state.account_id));
+                }
+                state.rebuild_caches();
+                Ok(Some(Folded::Account(Box::new(AccountFold { state, ledger: Ledger::default() }))))
+            }
+            StreamKind::Delivery { .. } => serde_json::from_slice::<DeliveryState>(&marker.state)
+                .map(|s| Some(Folded::Delivery(Box::new(s))))
+                .map_err(|e| format!("its state does not decode as a delivery's: {e}")),
+            StreamKind::Other => Ok(None),
+        }
+    }
+
     /// Decodes `ev` (upcasting older versions) and applies it, as the actor's
     /// `load` does. Also returns the rule an event breaks that `apply` would
     /// silently accept (a delivery must start with `accepted`, nothing
     /// follows `finished`), as `Ok(Some(what))`.
-    pub fn apply(&mut self, ev: &StoredEvent) -> Result<Option<String>, StoreError> {
+    pub fn apply(&mut self, ev: &impl EventText) -> Result<Option<String>, StoreError> {
         let mismatch = || StoreError::Corrupt {
-            stream: ev.stream.clone(),
-            seq: ev.seq,
+            stream: ev.stream().to_owned(),
+            seq: ev.seq(),
             what: "event of the wrong stream kind".into(),
         };
         match (self, decode(ev)) {
@@ -170,12 +199,12 @@ impl Folded {
             }
             (Folded::Delivery(s), Some(Ok(Decoded::Delivery(e)))) => {
                 let first = matches!(*e, DeliveryEvent::Accepted { .. });
-                let anomaly = if ev.seq == 1 && !first {
-                    Some(format!("a delivery stream must start with accepted, not {}", ev.event_type))
-                } else if ev.seq > 1 && first {
+                let anomaly = if ev.seq() == 1 && !first {
+                    Some(format!("a delivery stream must start with accepted, not {}", ev.event_type()))
+                } else if ev.seq() > 1 && first {
                     Some("accepted again after the start of the delivery".to_string())
                 } else if s.finished.is_some() {
-                    Some(format!("{} after the delivery finished", ev.event_type))
+                    Some(format!("{} after the delivery finished", ev.event_type()))
                 } else {
                     None
                 };
@@ -233,6 +262,39 @@ impl Folded {
         }
         Ok((sorted(state), legacy))
     }
+}
+
+/// Every stream of the store in name order: those with events and those
+/// pruned whole (a marker and no events).
+pub fn all_streams(store: &Store) -> impl Iterator<Item = Result<String, StoreError>> + Send + 'static {
+    let mut markers = Vec::new();
+    let mut failed = None;
+    for item in store.pruned_markers() {
+        match item {
+            Ok((stream, _)) => markers.push(stream),
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
+        }
+    }
+    let mut markers = markers.into_iter().peekable();
+    let mut streams = store.streams().peekable();
+    let merged = std::iter::from_fn(move || match (streams.peek(), markers.peek()) {
+        (Some(Ok(s)), Some(m)) if m < s => markers.next().map(Ok),
+        (Some(Ok(s)), Some(m)) if m == s => {
+            markers.next();
+            streams.next()
+        }
+        (Some(_), _) => streams.next(),
+        (None, _) => markers.next().map(Ok),
+    });
+    failed.map(Err).into_iter().chain(merged)
+}
+
+/// What a stream's marker says, for people: `pruned through seq N at T`.
+pub fn pruned_text(marker: &Pruned) -> String {
+    format!("pruned through seq {} at {}", marker.head.seq, fmt_secs(UnixSecs(marker.at)))
 }
 
 /// `v` with every object's keys in sorted order (stable output whatever the
