@@ -9,7 +9,7 @@
 //! (one blob per send and receipt). Prints two messages to explain.
 //!
 //! ```text
-//! cargo run --release --example audit_log -- big-log 1000000
+//! cargo run --release -p relay-actors --example audit_log -- big-log 1000000
 //! target/release/relay audit --data-dir big-log verify
 //! ```
 //!
