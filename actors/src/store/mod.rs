@@ -467,6 +467,34 @@ impl Store {
         }))
     }
 
+    /// The events of every stream whose id is in `from..to` (`to`: `None`
+    /// for no end), in key order (stream, then seq), read as
+    /// [`Store::read_raw`] reads them: one pass over the key space, for
+    /// checking a whole store in parallel by ranges of stream ids (an id
+    /// without NUL never straddles such a bound). Each item names its
+    /// stream; the outer `Err` is a key that names none.
+    pub fn read_raw_range(
+        &self,
+        from: &str,
+        to: Option<&str>,
+    ) -> impl Iterator<Item = Result<(String, Result<RawEvent, StoreError>), StoreError>> + Send + 'static {
+        let start = codec::spaced(codec::EVENT, from.as_bytes());
+        let end = match to {
+            Some(to) => codec::spaced(codec::EVENT, to.as_bytes()),
+            None => vec![codec::EVENT + 1],
+        };
+        let mut current = String::new();
+        self.scan(&start, Some(&end), false).map(move |kv| {
+            let (key, value) = kv?;
+            let name = key.get(1..key.len().saturating_sub(9)).unwrap_or_default();
+            if name != current.as_bytes() {
+                current = codec::parse_event_key(&key)?.0;
+            }
+            let event = codec::raw_event(&current, &key, value);
+            Ok((current.clone(), event))
+        })
+    }
+
     /// The marker of `stream`'s deleted prefix, if any ([`Pruned`]).
     pub fn pruned(&self, stream: &str) -> Result<Option<Pruned>, StoreError> {
         codec::check_stream(stream)?;
