@@ -216,6 +216,47 @@ impl Folded {
         }
     }
 
+    /// Like [`Folded::apply`], decoding only what the fold reads
+    /// ([`verify::Depth::Fold`]): a timeline record's envelope, key boxes
+    /// and sender certificate, and (unless `params`: a snapshot holds them)
+    /// a delivery's params, are read past as JSON, not decoded into their
+    /// types. Gives the same state, ledger and rules as `apply`
+    /// (`the_fold_that_skips_record_bodies_gives_what_the_full_one_gives`).
+    pub fn apply_fold(&mut self, ev: &impl EventText, params: bool) -> Result<Option<String>, StoreError> {
+        let current = |upcasters: &[upcast::Upcaster], version: u32| {
+            (upcast::OLDEST_VERSION..=version).contains(&ev.version())
+                && !upcasters.iter().any(|u| u.event_type == ev.event_type() && u.from_version >= ev.version())
+        };
+        match self {
+            Folded::Account(a)
+                if matches!(ev.event_type(), "message_sent" | "self_delivered" | "message_received")
+                    && current(upcast::ACCOUNT_UPCASTERS, AccountEvent::VERSION) =>
+            {
+                let e = lite::account_event(ev)?;
+                a.state.apply(&e);
+                a.ledger.apply(&a.state.account_id, &e);
+                Ok(None)
+            }
+            Folded::Delivery(s)
+                if !params
+                    && ev.event_type() == "accepted"
+                    && current(upcast::DELIVERY_UPCASTERS, DeliveryEvent::VERSION) =>
+            {
+                // Its members checked; the state (never compared without a
+                // snapshot) keeps what the rules read: it has not finished.
+                lite::accepted(ev)?;
+                Ok(if ev.seq() > 1 {
+                    Some("accepted again after the start of the delivery".to_string())
+                } else if s.finished.is_some() {
+                    Some("accepted after the delivery finished".to_string())
+                } else {
+                    None
+                })
+            }
+            _ => self.apply(ev),
+        }
+    }
+
     /// The state as its snapshot would hold it, with object keys sorted.
     pub fn to_json(&self) -> Value {
         let v = match self {
@@ -396,5 +437,159 @@ mod tests {
         assert_eq!(parse_time("2023-11-14T22:13:20Z").unwrap(), 1_700_000_000);
         assert!(parse_time("yesterday").is_err());
         assert_eq!(fmt_secs(UnixSecs(1_700_000_000)), "2023-11-14T22:13:20Z");
+    }
+}
+
+/// The decoding of [`Folded::apply_fold`]: the members the folds read, the
+/// rest read past as JSON.
+mod lite {
+    use super::EventText;
+    use relay_actors::account::{AccountEvent, Record};
+    use relay_actors::store::StoreError;
+    use relay_schemas::objects::{MessageEnvelope, Wire};
+    use relay_schemas::DeliveryStatus;
+    use serde::de::IgnoredAny;
+    use serde::Deserialize;
+    use std::sync::OnceLock;
+
+    #[derive(Deserialize)]
+    #[serde(rename_all = "snake_case")]
+    enum Message {
+        MessageSent {
+            message_id: String,
+            to: String,
+            digest: String,
+            accepted_at: u64,
+            deadline: u64,
+            retention_until: u64,
+            record: Option<Box<LiteRecord>>,
+            #[serde(default)]
+            status: Option<DeliveryStatus>,
+        },
+        SelfDelivered {
+            message_id: String,
+            digest: String,
+            accepted_at: u64,
+            retention_until: u64,
+            record: Box<LiteRecord>,
+        },
+        MessageReceived {
+            from: String,
+            message_id: String,
+            digest: String,
+            accepted_at: u64,
+            retention_until: u64,
+            record: Box<LiteRecord>,
+            #[serde(default)]
+            #[allow(dead_code)]
+            sender_certificate: Option<IgnoredAny>,
+        },
+    }
+
+    /// A [`Record`] without its protocol objects.
+    #[derive(Deserialize)]
+    struct LiteRecord {
+        sequence: u64,
+        expires_at: u64,
+        #[allow(dead_code)]
+        envelope: IgnoredAny,
+        #[allow(dead_code)]
+        boxes: IgnoredAny,
+        visible: Vec<String>,
+    }
+
+    /// The stand-in for a record's envelope: no fold reads one.
+    fn no_envelope() -> Wire<MessageEnvelope> {
+        static EMPTY: OnceLock<Wire<MessageEnvelope>> = OnceLock::new();
+        EMPTY
+            .get_or_init(|| {
+                let empty = r#"{"message_id":"","from":"","from_device_id":"","to":"","created_at":0,"ciphertext":"","signature":""}"#;
+                Wire::parse(empty).expect("an empty envelope parses")
+            })
+            .clone()
+    }
+
+    fn record(r: LiteRecord) -> Box<Record> {
+        Box::new(Record {
+            sequence: r.sequence,
+            expires_at: r.expires_at,
+            envelope: no_envelope(),
+            boxes: Vec::new(),
+            visible: r.visible,
+        })
+    }
+
+    fn corrupt(ev: &impl EventText, what: String) -> StoreError {
+        StoreError::Corrupt { stream: ev.stream().to_owned(), seq: ev.seq(), what }
+    }
+
+    /// A `message_sent`, `self_delivered` or `message_received`, its record
+    /// standing in for the one stored (same sequence, expiry and devices).
+    pub fn account_event(ev: &impl EventText) -> Result<AccountEvent, StoreError> {
+        let m: Message = serde_json::from_str(ev.data())
+            .map_err(|e| corrupt(ev, format!("event {} v{}: {e}", ev.event_type(), ev.version())))?;
+        let e = match m {
+            Message::MessageSent {
+                message_id,
+                to,
+                digest,
+                accepted_at,
+                deadline,
+                retention_until,
+                record: r,
+                status,
+            } => AccountEvent::MessageSent {
+                message_id,
+                to,
+                digest,
+                accepted_at,
+                deadline,
+                retention_until,
+                record: r.map(|r| record(*r)),
+                status,
+            },
+            Message::SelfDelivered { message_id, digest, accepted_at, retention_until, record: r } => {
+                AccountEvent::SelfDelivered { message_id, digest, accepted_at, retention_until, record: record(*r) }
+            }
+            Message::MessageReceived { from, message_id, digest, accepted_at, retention_until, record: r, .. } => {
+                AccountEvent::MessageReceived {
+                    from,
+                    message_id,
+                    digest,
+                    accepted_at,
+                    retention_until,
+                    record: record(*r),
+                    sender_certificate: None,
+                }
+            }
+        };
+        if e.event_type() != ev.event_type() {
+            let what = format!("stored type {:?} but the data is a {:?} event", ev.event_type(), e.event_type());
+            return Err(corrupt(ev, what));
+        }
+        Ok(e)
+    }
+
+    #[derive(Deserialize)]
+    #[serde(rename_all = "snake_case")]
+    #[allow(dead_code)]
+    enum Accepted {
+        Accepted {
+            from: String,
+            message_id: String,
+            to: String,
+            accepted_at: u64,
+            deadline: u64,
+            digest: String,
+            params: IgnoredAny,
+            first_due_ms: u64,
+        },
+    }
+
+    /// An `accepted` delivery event, its params read past.
+    pub fn accepted(ev: &impl EventText) -> Result<(), StoreError> {
+        serde_json::from_str::<Accepted>(ev.data())
+            .map(drop)
+            .map_err(|e| corrupt(ev, format!("event {} v{}: {e}", ev.event_type(), ev.version())))
     }
 }

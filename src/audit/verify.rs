@@ -28,12 +28,12 @@
 
 use super::{first_difference, pruned_text, stream_kind, AccountFold, AuditError, Folded, StreamKind};
 use relay_actors::account::{ledger, stored_layout, ReceiptEntry, SendEntry};
-use relay_actors::store::{ChainCheck, ChainProblem, Hash, Pruned, Store, StoreError};
+use relay_actors::store::{ChainCheck, ChainProblem, Hash, Pruned, RawEvent, Store, StoreError};
 use relay_actors::upcast::Text;
 use relay_schemas::UnixSecs;
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::{mpsc, Mutex};
+use std::sync::mpsc;
 
 /// One broken link: stream, sequence, what is wrong.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -119,74 +119,152 @@ impl Report {
     }
 }
 
-/// Verifies every stream (or only `only`), calling `progress(events)` after
-/// each stream with the number of its events. `now` is the audit's clock:
+/// How much of each event's data `verify` decodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Depth {
+    /// What the folds, rules and checks read: every event through the
+    /// upcasters into its type, except the protocol objects of a timeline
+    /// record (envelope, key boxes, sender certificate) and a delivery's
+    /// params when no snapshot holds them, which only the hash chain
+    /// covers: no state, ledger or rule reads them.
+    Fold,
+    /// Every protocol object too, as the actors read them.
+    Full,
+}
+
+/// Verifies every stream (or only `only`), calling `progress(streams,
+/// events)` as parts of the store are done. `now` is the audit's clock:
 /// what retention may have swept from a ledger is what is past its
 /// `retention_until` by then. Findings are in stream order, then seq order.
 pub fn verify(
     store: &Store,
     only: Option<&str>,
     now: UnixSecs,
-    progress: &mut dyn FnMut(u64),
+    depth: Depth,
+    progress: &mut dyn FnMut(u64, u64),
 ) -> Result<Report, AuditError> {
     let mut report = Report::default();
+    let ctx = Ctx { store, now, depth };
     match only {
         Some(stream) => {
             if store.head(stream)?.seq == 0 && store.load_snapshot(stream).ok().flatten().is_none() {
                 return Err(AuditError::Usage(format!("no stream {stream:?} in this store")));
             }
-            verify_stream(store, stream, now, &mut report);
-            progress(report.events);
+            verify_stream(&ctx, stream, store.read_raw(stream, 0), &mut report);
+            progress(1, report.events);
         }
         None => {
             let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 8);
-            verify_all(store, threads, now, &mut report, progress);
+            verify_all(&ctx, threads, &mut report, progress)?;
             orphan_snapshots(store, &mut report);
         }
     }
     Ok(report)
 }
 
-/// Every stream, `threads` streams at a time (streams are independent);
-/// `progress` runs on the calling thread, the report keeps stream order.
-fn verify_all(store: &Store, threads: usize, now: UnixSecs, report: &mut Report, progress: &mut dyn FnMut(u64)) {
-    let source = Mutex::new(super::all_streams(store).enumerate());
-    let (tx, rx) = mpsc::channel::<(usize, Result<Report, Finding>)>();
-    let mut parts = Vec::new();
+/// What every stream's check needs.
+struct Ctx<'a> {
+    store: &'a Store,
+    now: UnixSecs,
+    depth: Depth,
+}
+
+/// The bounds that split the stream ids into parts checked in parallel:
+/// each kind's ids by their first two hex digits (no bound splits a stream).
+fn bounds() -> Vec<String> {
+    let hex = b"0123456789abcdef";
+    let mut out = Vec::new();
+    for kind in ["account/", "delivery/"] {
+        for a in hex {
+            for b in hex {
+                out.push(format!("{kind}{}{}", *a as char, *b as char));
+            }
+        }
+    }
+    out
+}
+
+/// Every stream, the parts of the key space [`bounds`] makes `threads` at a
+/// time, each read in one pass (streams are independent); `progress` runs
+/// on the calling thread, the report keeps stream order.
+fn verify_all(
+    ctx: &Ctx,
+    threads: usize,
+    report: &mut Report,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<(), AuditError> {
+    // Streams pruned whole have no events to come across: their markers.
+    let mut markers = Vec::new();
+    for item in ctx.store.pruned_markers() {
+        markers.push(item?.0);
+    }
+    let bounds = bounds();
+    let parts: Vec<(Option<&str>, Option<&str>)> = std::iter::once(None)
+        .chain(bounds.iter().map(|b| Some(b.as_str())))
+        .zip(bounds.iter().map(|b| Some(b.as_str())).chain(std::iter::once(None)))
+        .collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let (tx, rx) = mpsc::channel::<(usize, Report)>();
+    let mut done = Vec::new();
     std::thread::scope(|scope| {
         for _ in 0..threads {
-            let (tx, source) = (tx.clone(), &source);
+            let (tx, next, parts, markers) = (tx.clone(), &next, &parts, &markers);
             scope.spawn(move || loop {
-                let next = source.lock().unwrap_or_else(|e| e.into_inner()).next();
-                let Some((i, stream)) = next else { break };
-                let part = match stream {
-                    Ok(stream) => {
-                        let mut r = Report::default();
-                        verify_stream(store, &stream, now, &mut r);
-                        Ok(r)
-                    }
-                    // The key space itself is unreadable past here.
-                    Err(e) => Err(finding_from_error(e)),
-                };
-                if tx.send((i, part)).is_err() {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(&(from, to)) = parts.get(i) else { break };
+                let mut r = Report::default();
+                verify_part(ctx, from.unwrap_or(""), to, markers, &mut r);
+                if tx.send((i, r)).is_err() {
                     break;
                 }
             });
         }
         drop(tx);
-        for (i, part) in rx {
-            if let Ok(r) = &part {
-                progress(r.events);
-            }
-            parts.push((i, part));
+        for (i, r) in rx {
+            progress(r.streams, r.events);
+            done.push((i, r));
         }
     });
-    parts.sort_by_key(|(i, _)| *i);
-    for (_, part) in parts {
-        match part {
-            Ok(r) => report.add(r),
-            Err(f) => report.findings.push(f),
+    done.sort_by_key(|(i, _)| *i);
+    for (_, r) in done {
+        report.add(r);
+    }
+    Ok(())
+}
+
+/// The streams with ids in `from..to`: those with events in one pass over
+/// their keys, and those of `markers` (sorted) in the part that have none.
+fn verify_part(ctx: &Ctx, from: &str, to: Option<&str>, markers: &[String], report: &mut Report) {
+    let within = |s: &str| s >= from && to.is_none_or(|t| s < t);
+    let mut whole = markers.iter().filter(|m| within(m)).peekable();
+    let mut events = ctx.store.read_raw_range(from, to).peekable();
+    loop {
+        let stream = match events.peek() {
+            None => None,
+            Some(Ok((stream, _))) => Some(stream.clone()),
+            Some(Err(_)) => {
+                // A key that names no stream: reported, then passed.
+                if let Some(Err(e)) = events.next() {
+                    report.findings.push(finding_from_error(e));
+                }
+                continue;
+            }
+        };
+        // Markers of streams without events, before this one.
+        while let Some(m) = whole.next_if(|m| stream.as_ref().is_none_or(|s| *m < s)) {
+            verify_stream(ctx, m, std::iter::empty(), report);
         }
+        let Some(stream) = stream else { break };
+        if whole.peek().is_some_and(|m| **m == stream) {
+            whole.next();
+        }
+        let of_stream = std::iter::from_fn(|| {
+            events.next_if(|item| matches!(item, Ok((s, _)) if *s == stream)).map(|item| match item {
+                Ok((_, event)) => event,
+                Err(e) => Err(e),
+            })
+        });
+        verify_stream(ctx, &stream, of_stream, report);
     }
 }
 
@@ -212,8 +290,15 @@ fn finding_from_error(e: StoreError) -> Finding {
 /// The state and ledger at one point of the stream (for the snapshot).
 type Sound = Option<(serde_json::Value, Option<serde_json::Value>)>;
 
-/// Checks one stream's events, marker and snapshot, adding to `report`.
-pub fn verify_stream(store: &Store, stream: &str, now: UnixSecs, report: &mut Report) {
+/// Checks one stream's events (as `Store::read_raw` gives them), marker
+/// and snapshot, adding to `report`.
+fn verify_stream(
+    ctx: &Ctx,
+    stream: &str,
+    events: impl Iterator<Item = Result<RawEvent, StoreError>>,
+    report: &mut Report,
+) {
+    let (store, now) = (ctx.store, ctx.now);
     let mut findings = Vec::new();
     let finding = |seq: u64, problem: Problem| Finding { stream: stream.to_owned(), seq, problem };
     let snapshot = match store.load_snapshot(stream) {
@@ -265,7 +350,7 @@ pub fn verify_stream(store: &Store, stream: &str, now: UnixSecs, report: &mut Re
         }
     }
     let mut chain = ChainCheck::new(|_| start);
-    for item in store.read_raw(stream, 0) {
+    for item in events {
         count += 1;
         chain.raw(stream, &item);
         let Ok(ev) = item else {
@@ -283,7 +368,10 @@ pub fn verify_stream(store: &Store, stream: &str, now: UnixSecs, report: &mut Re
             ));
         }
         match folded.as_mut() {
-            Some(f) => match f.apply(&Text { stream, event: &ev }) {
+            Some(f) => match match ctx.depth {
+                Depth::Fold => f.apply_fold(&Text { stream, event: &ev }, snap_seq.is_some()),
+                Depth::Full => f.apply(&Text { stream, event: &ev }),
+            } {
                 Ok(None) => {}
                 Ok(Some(rule)) => findings.push(finding(ev.seq, Problem::Rule(rule))),
                 Err(e) => {
@@ -412,22 +500,26 @@ fn check_ledger(store: &Store, account: &AccountFold, marker: Option<&Pruned>, n
         Err(e) => return vec![format!("unreadable: {e}")],
     };
     let mut found = Vec::new();
-    let entries: Vec<_> = match v1 {
-        true => store
-            .kv_scan_prefix(&ledger::v1::prefix(id))
-            .filter(|kv| !matches!(kv, Ok((k, _)) if *k == ledger::v1::version_key(id)))
-            .collect(),
+    let entries: Box<dyn Iterator<Item = Result<(Vec<u8>, Vec<u8>), StoreError>>> = match v1 {
+        true => {
+            let version = ledger::v1::version_key(id);
+            Box::new(
+                store
+                    .kv_scan_prefix(&ledger::v1::prefix(id))
+                    .filter(move |kv| !matches!(kv, Ok((k, _)) if *k == version)),
+            )
+        }
         false => {
             // A move removes every version 1 key with the marker.
             let left = store.kv_scan_prefix(&ledger::v1::prefix(id)).count();
             if left > 0 {
                 found.push(format!("{left} version 1 keys left beside the current ledger"));
             }
-            store.blob_scan_prefix(&ledger::prefix(id)).collect()
+            Box::new(store.blob_scan_prefix(&ledger::prefix(id)))
         }
     };
     let key = |e: &ledger::Entry| if v1 { e.v1_key(id) } else { e.key(id) };
-    let mut expected: BTreeMap<Vec<u8>, ledger::Entry> = account.ledger.entries().map(|e| (key(&e), e)).collect();
+    let mut expected: HashMap<Vec<u8>, ledger::Entry> = account.ledger.entries().map(|e| (key(&e), e)).collect();
     let past = |until: u64| until <= now.0;
     for item in entries {
         let (key, value) = match item {
@@ -467,7 +559,10 @@ fn check_ledger(store: &Store, account: &AccountFold, marker: Option<&Pruned>, n
             _ => found.push(format!("{}: differs from the entry its events give", entry.name())),
         }
     }
-    found.extend(expected.values().filter(|e| !past(retention_until(e))).map(|e| format!("{}: missing", e.name())));
+    let mut missing: Vec<_> =
+        expected.into_values().filter(|e| !past(retention_until(e))).map(|e| (key(&e), e)).collect();
+    missing.sort_by(|a, b| a.0.cmp(&b.0));
+    found.extend(missing.into_iter().map(|(_, e)| format!("{}: missing", e.name())));
     found
 }
 
@@ -559,7 +654,12 @@ mod tests {
     }
 
     fn run(store: &Store) -> Vec<String> {
-        verify(store, None, UnixSecs(1), &mut |_| {}).unwrap().findings.iter().map(|f| f.to_string()).collect()
+        verify(store, None, UnixSecs(1), Depth::Fold, &mut |_, _| {})
+            .unwrap()
+            .findings
+            .iter()
+            .map(|f| f.to_string())
+            .collect()
     }
 
     #[test]
@@ -572,7 +672,7 @@ mod tests {
         state.apply(&AccountEvent::CursorMoved { device_id: "phone".into(), through: 2 });
         b.put_snapshot("account/a", Snapshot { seq: 2, hash: head.hash, state: serde_json::to_vec(&state).unwrap() });
         store.commit_durable_blocking(b).unwrap();
-        let report = verify(&store, None, UnixSecs(1), &mut |_| {}).unwrap();
+        let report = verify(&store, None, UnixSecs(1), Depth::Fold, &mut |_, _| {}).unwrap();
         assert_eq!((report.streams, report.events, report.snapshots), (1, 2, 1));
         assert!(report.is_clean(), "{:?}", report.findings);
     }
@@ -763,7 +863,12 @@ mod tests {
     }
 
     fn run_at(store: &Store, now: u64) -> Vec<String> {
-        verify(store, None, UnixSecs(now), &mut |_| {}).unwrap().findings.iter().map(|f| f.to_string()).collect()
+        verify(store, None, UnixSecs(now), Depth::Fold, &mut |_, _| {})
+            .unwrap()
+            .findings
+            .iter()
+            .map(|f| f.to_string())
+            .collect()
     }
 
     fn put_send(store: &Store, message_id: &str, entry: &SendEntry) {
@@ -853,8 +958,11 @@ mod tests {
         b.append("account/a", Head::default(), vec![cursor(1)]);
         b.append("account/b", Head::default(), vec![cursor(1), cursor(2)]);
         store.commit_durable_blocking(b).unwrap();
-        let report = verify(&store, Some("account/b"), UnixSecs(1), &mut |_| {}).unwrap();
+        let report = verify(&store, Some("account/b"), UnixSecs(1), Depth::Fold, &mut |_, _| {}).unwrap();
         assert_eq!((report.streams, report.events), (1, 2));
-        assert!(matches!(verify(&store, Some("account/zz"), UnixSecs(1), &mut |_| {}), Err(AuditError::Usage(_))));
+        assert!(matches!(
+            verify(&store, Some("account/zz"), UnixSecs(1), Depth::Fold, &mut |_, _| {}),
+            Err(AuditError::Usage(_))
+        ));
     }
 }

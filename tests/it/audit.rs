@@ -800,3 +800,66 @@ fn replaying_a_pruned_account_gives_the_state_before_pruning() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains(&format!("pruned through seq {through} at")), "{err}");
 }
+
+// ---- the fast verify ---------------------------------------------------------------
+
+/// `verify` decodes of a timeline record's envelope and boxes, and of a
+/// delivery's params without a snapshot, only what a fold reads: over a
+/// real relay's log, every stream's state, ledger and rules come out the
+/// same as from decoding every event whole.
+#[test]
+fn the_fold_that_skips_record_bodies_gives_what_the_full_one_gives() {
+    use relay::audit::Folded;
+    let f = fixture();
+    let folds = with_store(&f.data_dir, |store| {
+        let mut folds = 0;
+        for stream in store.streams().map(Result::unwrap) {
+            let (mut full, mut fold) = (Folded::new(&stream).unwrap(), Folded::new(&stream).unwrap());
+            for ev in store.read_raw(&stream, 0).map(Result::unwrap) {
+                let text = relay_actors::upcast::Text { stream: &stream, event: &ev };
+                let (a, b) = (full.apply(&text).unwrap(), fold.apply_fold(&text, false).unwrap());
+                assert_eq!(a, b, "{stream} seq {}: rules", ev.seq);
+                folds += 1;
+            }
+            if stream.starts_with("account/") {
+                assert_eq!(full.to_json(), fold.to_json(), "{stream}: state");
+            }
+            assert_eq!(full.ledger_json(), fold.ledger_json(), "{stream}: ledger");
+        }
+        folds
+    });
+    assert!(folds > 30, "{folds}");
+    // And both verify the log clean.
+    for args in [&["verify"][..], &["verify", "--full"]] {
+        let (code, out, err) = audit_dir(&f.data_dir, args);
+        assert_eq!(code, 0, "{args:?}: {out}{err}");
+    }
+}
+
+/// Without `--full`, a record's envelope is covered by the hash chain
+/// alone; with it, one that does not decode as an envelope is found.
+#[test]
+fn verify_full_decodes_every_protocol_object() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("odd");
+    let stream = "account/0123456789abcdef0123456789abcdef";
+    with_store(&data, |store| {
+        let record =
+            json!({"sequence": 1, "expires_at": 9, "envelope": {"not": "an envelope"}, "boxes": [], "visible": []});
+        let e = json!({"message_received": {"from": "fedcba9876543210fedcba9876543210", "message_id": mid(1),
+            "digest": "d", "accepted_at": 1, "retention_until": 9, "record": record}});
+        let ev = NewEvent {
+            event_type: "message_received".into(),
+            version: 3,
+            at: 1,
+            data: serde_json::value::to_raw_value(&e).unwrap(),
+        };
+        let mut batch = store.batch();
+        batch.append(stream, Head::default(), vec![ev]);
+        store.commit_durable_blocking(batch).unwrap();
+    });
+    assert_eq!(audit_dir(&data, &["verify"]).0, 0);
+    let (code, out, _) = audit_dir(&data, &["verify", "--full"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains(&format!("stream {stream:?} seq 1: undecodable event: event message_received v3")), "{out}");
+}
