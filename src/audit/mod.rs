@@ -454,7 +454,7 @@ mod lite {
 
     #[derive(Deserialize)]
     #[serde(rename_all = "snake_case")]
-    enum Message {
+    enum Lite {
         MessageSent {
             message_id: String,
             to: String,
@@ -526,32 +526,25 @@ mod lite {
     /// A `message_sent`, `self_delivered` or `message_received`, its record
     /// standing in for the one stored (same sequence, expiry and devices).
     pub fn account_event(ev: &impl EventText) -> Result<AccountEvent, StoreError> {
-        let m: Message = serde_json::from_str(ev.data())
+        let m: Lite = serde_json::from_str(ev.data())
             .map_err(|e| corrupt(ev, format!("event {} v{}: {e}", ev.event_type(), ev.version())))?;
         let e = match m {
-            Message::MessageSent {
-                message_id,
-                to,
-                digest,
-                accepted_at,
-                deadline,
-                retention_until,
-                record: r,
-                status,
-            } => AccountEvent::MessageSent {
-                message_id,
-                to,
-                digest,
-                accepted_at,
-                deadline,
-                retention_until,
-                record: r.map(|r| record(*r)),
-                status,
-            },
-            Message::SelfDelivered { message_id, digest, accepted_at, retention_until, record: r } => {
+            Lite::MessageSent { message_id, to, digest, accepted_at, deadline, retention_until, record: r, status } => {
+                AccountEvent::MessageSent {
+                    message_id,
+                    to,
+                    digest,
+                    accepted_at,
+                    deadline,
+                    retention_until,
+                    record: r.map(|r| record(*r)),
+                    status,
+                }
+            }
+            Lite::SelfDelivered { message_id, digest, accepted_at, retention_until, record: r } => {
                 AccountEvent::SelfDelivered { message_id, digest, accepted_at, retention_until, record: record(*r) }
             }
-            Message::MessageReceived { from, message_id, digest, accepted_at, retention_until, record: r, .. } => {
+            Lite::MessageReceived { from, message_id, digest, accepted_at, retention_until, record: r, .. } => {
                 AccountEvent::MessageReceived {
                     from,
                     message_id,

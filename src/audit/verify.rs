@@ -500,7 +500,7 @@ fn check_ledger(store: &Store, account: &AccountFold, marker: Option<&Pruned>, n
         Err(e) => return vec![format!("unreadable: {e}")],
     };
     let mut found = Vec::new();
-    let entries: Box<dyn Iterator<Item = Result<(Vec<u8>, Vec<u8>), StoreError>>> = match v1 {
+    let entries: Box<dyn Iterator<Item = Result<Pair, StoreError>>> = match v1 {
         true => {
             let version = ledger::v1::version_key(id);
             Box::new(
@@ -565,6 +565,9 @@ fn check_ledger(store: &Store, account: &AccountFold, marker: Option<&Pruned>, n
     found.extend(missing.into_iter().map(|(_, e)| format!("{}: missing", e.name())));
     found
 }
+
+/// A stored key and its value.
+type Pair = (Vec<u8>, Vec<u8>);
 
 fn retention_until(e: &ledger::Entry) -> u64 {
     match e {
