@@ -29,7 +29,7 @@
 
 use crate::account::AccountEvent;
 use crate::delivery::DeliveryEvent;
-use crate::store::{StoreError, StoredEvent};
+use crate::store::{RawEvent, StoreError, StoredEvent};
 use relay_schemas::{DeliveryHandling, ErrorCode};
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
@@ -58,66 +58,120 @@ pub const ACCOUNT_UPCASTERS: &[Upcaster] = &[];
 pub const DELIVERY_UPCASTERS: &[Upcaster] =
     &[Upcaster { event_type: "attempt_failed", from_version: 0, upcast: attempt_failed_v0 }];
 
+/// What decoding reads of a stored event: where it is (for errors), its
+/// type, version and data. [`StoredEvent`] as `Store::read` gives it, or
+/// [`Text`] over an event read without parsing its data (`Store::read_raw`).
+pub trait EventText {
+    fn stream(&self) -> &str;
+    fn seq(&self) -> u64;
+    fn event_type(&self) -> &str;
+    fn version(&self) -> u32;
+    fn data(&self) -> &str;
+}
+
+impl EventText for StoredEvent {
+    fn stream(&self) -> &str {
+        &self.stream
+    }
+    fn seq(&self) -> u64 {
+        self.seq
+    }
+    fn event_type(&self) -> &str {
+        &self.event_type
+    }
+    fn version(&self) -> u32 {
+        self.version
+    }
+    fn data(&self) -> &str {
+        self.data.get()
+    }
+}
+
+/// An event of `stream` read by `Store::read_raw`, to decode.
+pub struct Text<'a> {
+    pub stream: &'a str,
+    pub event: &'a RawEvent,
+}
+
+impl EventText for Text<'_> {
+    fn stream(&self) -> &str {
+        self.stream
+    }
+    fn seq(&self) -> u64 {
+        self.event.seq
+    }
+    fn event_type(&self) -> &str {
+        &self.event.event_type
+    }
+    fn version(&self) -> u32 {
+        self.event.version
+    }
+    fn data(&self) -> &str {
+        self.event.data()
+    }
+}
+
+fn corrupt(ev: &impl EventText, what: String) -> StoreError {
+    StoreError::Corrupt { stream: ev.stream().to_owned(), seq: ev.seq(), what }
+}
+
 /// The event of an `account/…` stream, upcast to [`AccountEvent::VERSION`].
-pub fn account_event(ev: &StoredEvent) -> Result<AccountEvent, StoreError> {
+pub fn account_event(ev: &impl EventText) -> Result<AccountEvent, StoreError> {
     decode(ev, AccountEvent::VERSION, ACCOUNT_UPCASTERS, AccountEvent::event_type)
 }
 
 /// The event of a `delivery/…` stream, upcast to [`DeliveryEvent::VERSION`].
-pub fn delivery_event(ev: &StoredEvent) -> Result<DeliveryEvent, StoreError> {
+pub fn delivery_event(ev: &impl EventText) -> Result<DeliveryEvent, StoreError> {
     decode(ev, DeliveryEvent::VERSION, DELIVERY_UPCASTERS, DeliveryEvent::event_type)
 }
 
 /// The data of `ev` brought to version `current` (as JSON), without
 /// deserializing it into the event type: for tools that print events.
-pub fn upcast_json(ev: &StoredEvent, current: u32, upcasters: &[Upcaster]) -> Result<Value, StoreError> {
-    let corrupt = |what: String| StoreError::Corrupt { stream: ev.stream.clone(), seq: ev.seq, what };
+pub fn upcast_json(ev: &impl EventText, current: u32, upcasters: &[Upcaster]) -> Result<Value, StoreError> {
     check_version(ev, current)?;
+    let (event_type, version) = (ev.event_type(), ev.version());
     let mut data: Value =
-        serde_json::from_str(ev.data.get()).map_err(|e| corrupt(format!("{} v{}: {e}", ev.event_type, ev.version)))?;
-    for from in ev.version..current {
-        if let Some(u) = upcasters.iter().find(|u| u.event_type == ev.event_type && u.from_version == from) {
+        serde_json::from_str(ev.data()).map_err(|e| corrupt(ev, format!("{event_type} v{version}: {e}")))?;
+    for from in version..current {
+        if let Some(u) = upcasters.iter().find(|u| u.event_type == event_type && u.from_version == from) {
             data = (u.upcast)(data)
-                .map_err(|e| corrupt(format!("upcasting {} v{from} to v{}: {e}", ev.event_type, from + 1)))?;
+                .map_err(|e| corrupt(ev, format!("upcasting {event_type} v{from} to v{}: {e}", from + 1)))?;
         }
     }
     Ok(data)
 }
 
-fn check_version(ev: &StoredEvent, current: u32) -> Result<(), StoreError> {
-    if !(OLDEST_VERSION..=current).contains(&ev.version) {
-        return Err(StoreError::Corrupt {
-            stream: ev.stream.clone(),
-            seq: ev.seq,
-            what: format!(
-                "{} has version {}, this relay reads versions {OLDEST_VERSION}..={current}",
-                ev.event_type, ev.version
-            ),
-        });
+fn check_version(ev: &impl EventText, current: u32) -> Result<(), StoreError> {
+    if !(OLDEST_VERSION..=current).contains(&ev.version()) {
+        let what = format!(
+            "{} has version {}, this relay reads versions {OLDEST_VERSION}..={current}",
+            ev.event_type(),
+            ev.version()
+        );
+        return Err(corrupt(ev, what));
     }
     Ok(())
 }
 
 fn decode<E: DeserializeOwned>(
-    ev: &StoredEvent,
+    ev: &impl EventText,
     current: u32,
     upcasters: &[Upcaster],
     type_of: fn(&E) -> &'static str,
 ) -> Result<E, StoreError> {
-    let corrupt = |what: String| StoreError::Corrupt { stream: ev.stream.clone(), seq: ev.seq, what };
-    let event: E = if ev.version == current {
-        serde_json::from_str(ev.data.get())
-            .map_err(|e| corrupt(format!("event {} v{}: {e}", ev.event_type, current)))?
+    let (event_type, version) = (ev.event_type(), ev.version());
+    let event: E = if version == current {
+        serde_json::from_str(ev.data()).map_err(|e| corrupt(ev, format!("event {event_type} v{current}: {e}")))?
     } else {
         let data = upcast_json(ev, current, upcasters)?;
         // Through text, not `from_value`: protocol objects keep their raw bytes.
         let text = data.to_string();
         serde_json::from_str(&text)
-            .map_err(|e| corrupt(format!("event {} v{} upcast to v{current}: {e}", ev.event_type, ev.version)))?
+            .map_err(|e| corrupt(ev, format!("event {event_type} v{version} upcast to v{current}: {e}")))?
     };
     let found = type_of(&event);
-    if found != ev.event_type {
-        return Err(corrupt(format!("stored type {:?} but the data is a {found:?} event", ev.event_type)));
+    if found != event_type {
+        return Err(corrupt(ev, format!("stored type {event_type:?} but the data is a {found:?} event")));
     }
     Ok(event)
 }

@@ -31,6 +31,12 @@ pub enum AuditCommand {
         /// Only this stream (e.g. account/<id> or delivery/<from>/<message_id>).
         #[arg(long)]
         stream: Option<String>,
+        /// Also decode every protocol object inside the events (timeline
+        /// records' envelopes and key boxes, deliveries' params) as the
+        /// actors read them; slower. By default these are covered by the
+        /// hash chain and read past as JSON: no state, ledger or rule reads them.
+        #[arg(long)]
+        full: bool,
         /// Instead: whether the store extends this signed checkpoint (JSON,
         /// e.g. one from a peer's witness log); names each stream that does not.
         #[arg(long, value_name = "FILE", conflicts_with = "stream")]
@@ -179,7 +185,7 @@ fn run_on(store: &relay_actors::store::Store, label: &str, command: &AuditComman
     let stdout = std::io::stdout();
     let mut out = SafeWriter::new(std::io::BufWriter::new(stdout.lock()));
     let code = match command {
-        AuditCommand::Verify { stream, .. } => run_verify(store, label, stream.as_deref(), &mut out)?,
+        AuditCommand::Verify { stream, full, .. } => run_verify(store, label, stream.as_deref(), *full, &mut out)?,
         AuditCommand::Replay { stream, until, events } => {
             let mut print_event = |ev: &relay_actors::store::StoredEvent, data: &serde_json::Value| {
                 if *events {
@@ -225,6 +231,7 @@ fn run_verify(
     store: &relay_actors::store::Store,
     label: &str,
     stream: Option<&str>,
+    full: bool,
     out: &mut dyn Write,
 ) -> Result<u8, AuditError> {
     let started = Instant::now();
@@ -238,22 +245,28 @@ fn run_verify(
         ProgressBar::hidden()
     };
     let mut events = 0u64;
-    let mut progress = |n: u64| {
+    let mut progress = |streams: u64, n: u64| {
         events += n;
-        bar.inc(1);
-        if bar.position() % 64 == 0 {
+        bar.inc(streams);
+        {
             let secs = started.elapsed().as_secs_f64().max(1e-9);
             bar.set_message(format!("{events} events ({:.0}/s)", events as f64 / secs));
         }
     };
-    let report = verify::verify(store, stream, &mut progress)?;
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let depth = if full { verify::Depth::Full } else { verify::Depth::Fold };
+    let report = verify::verify(store, stream, relay_schemas::UnixSecs(now), depth, &mut progress)?;
     bar.finish_and_clear();
     for f in &report.findings {
         writeln!(out, "{f}")?;
     }
     let secs = started.elapsed().as_secs_f64();
+    let pruned = match report.pruned {
+        0 => String::new(),
+        n => format!(", {n} from their pruned marker ({} pruned whole)", report.pruned_whole),
+    };
     let summary = format!(
-        "{}: {} streams, {} events, {} snapshots verified in {:.2} s ({:.0} events/s); {} finding{}",
+        "{}: {} streams, {} events, {} snapshots verified in {:.2} s ({:.0} events/s){pruned}; {} finding{}",
         label,
         report.streams,
         report.events,

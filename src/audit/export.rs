@@ -12,9 +12,21 @@
 //! `blake3(prev_bytes ‖ body)` where `body` is the compact JSON
 //! `{"stream":…,"seq":…,"type":…,"version":…,"at":…,"prev":…,"data":…}`
 //! in that member order with `data` byte for byte as it appears in the line.
+//!
+//! A stream whose prefix was pruned (PROTOCOL §10) starts with a line for
+//! its marker, before its first kept event (or alone, for a stream pruned
+//! whole):
+//!
+//! ```text
+//! {"stream":"account/…","pruned":{"seq":40,"hash":"<64 hex>","at":1767000000,"state":{…}}}
+//! ```
+//!
+//! `seq` and `hash` are those of the last event deleted (the next line's
+//! `prev`), `at` when it was deleted, `state` the stream's state folded
+//! through it (`null` when the marker keeps none).
 
-use super::AuditError;
-use relay_actors::store::{Store, StoredEvent};
+use super::{all_streams, AuditError};
+use relay_actors::store::{Pruned, Store, StoredEvent};
 use serde::Serialize;
 use serde_json::value::RawValue;
 use std::io::Write;
@@ -48,6 +60,35 @@ impl<'a> ExportLine<'a> {
     }
 }
 
+/// The line of a stream's pruned marker.
+#[derive(Serialize)]
+pub struct MarkerLine<'a> {
+    pub stream: &'a str,
+    pub pruned: MarkerFields,
+}
+
+#[derive(Serialize)]
+pub struct MarkerFields {
+    pub seq: u64,
+    pub hash: String,
+    pub at: u64,
+    pub state: Option<Box<RawValue>>,
+}
+
+impl<'a> MarkerLine<'a> {
+    /// `Err` when the marker's state is not JSON.
+    pub fn of(stream: &'a str, p: &Pruned) -> Result<Self, serde_json::Error> {
+        let state = match p.state.is_empty() {
+            true => None,
+            false => Some(serde_json::from_slice(&p.state)?),
+        };
+        Ok(MarkerLine {
+            stream,
+            pruned: MarkerFields { seq: p.head.seq, hash: hex::encode(p.head.hash), at: p.at, state },
+        })
+    }
+}
+
 /// What an export wrote and skipped.
 #[derive(Clone, Debug, Default)]
 pub struct Exported {
@@ -57,8 +98,9 @@ pub struct Exported {
 }
 
 /// Writes the events of every stream (or only `stream`) with `at >= since`
-/// to `out`, one JSON line each. Unreadable records are skipped and listed
-/// in the result; the export goes on.
+/// to `out`, one JSON line each, each stream's pruned marker (if pruned at
+/// or after `since`) before its events. Unreadable records are skipped and
+/// listed in the result; the export goes on.
 pub fn export(
     store: &Store,
     stream: Option<&str>,
@@ -67,7 +109,7 @@ pub fn export(
 ) -> Result<Exported, AuditError> {
     let streams: Box<dyn Iterator<Item = Result<String, _>>> = match stream {
         Some(s) => Box::new(std::iter::once(Ok(s.to_owned()))),
-        None => Box::new(store.streams()),
+        None => Box::new(all_streams(store)),
     };
     let mut done = Exported::default();
     let mut line = Vec::with_capacity(1024);
@@ -79,6 +121,20 @@ pub fn export(
                 break;
             }
         };
+        match store.pruned(&s) {
+            Ok(Some(p)) if since.is_none_or(|t| p.at >= t) => match MarkerLine::of(&s, &p) {
+                Ok(marker) => {
+                    line.clear();
+                    serde_json::to_writer(&mut line, &marker).map_err(std::io::Error::other)?;
+                    line.push(b'\n');
+                    out.write_all(&line)?;
+                    done.lines += 1;
+                }
+                Err(e) => done.unreadable.push(format!("stream {s:?}: pruned marker's state: {e}")),
+            },
+            Ok(_) => {}
+            Err(e) => done.unreadable.push(e.to_string()),
+        }
         for item in store.read(&s, 0) {
             let ev = match item {
                 Ok(ev) => ev,

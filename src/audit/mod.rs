@@ -27,8 +27,8 @@ pub mod verify;
 
 use relay_actors::account::{AccountEvent, AccountState, Ledger};
 use relay_actors::delivery::{DeliveryEvent, DeliveryState};
-use relay_actors::store::{Store, StoreError, StoredEvent};
-use relay_actors::upcast;
+use relay_actors::store::{Pruned, Store, StoreError, StoredEvent};
+use relay_actors::upcast::{self, EventText};
 use relay_schemas::{UnixMillis, UnixSecs};
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
@@ -120,8 +120,8 @@ pub enum Decoded {
 
 /// Decodes an event of `stream` through the upcasters; `None` for a stream
 /// of no known kind.
-pub fn decode(ev: &StoredEvent) -> Option<Result<Decoded, StoreError>> {
-    match stream_kind(&ev.stream) {
+pub fn decode(ev: &impl EventText) -> Option<Result<Decoded, StoreError>> {
+    match stream_kind(ev.stream()) {
         StreamKind::Account { .. } => Some(upcast::account_event(ev).map(|e| Decoded::Account(Box::new(e)))),
         StreamKind::Delivery { .. } => Some(upcast::delivery_event(ev).map(|e| Decoded::Delivery(Box::new(e)))),
         StreamKind::Other => None,
@@ -155,14 +155,43 @@ impl Folded {
         }
     }
 
+    /// The state of `stream` folded through its pruned prefix, as the
+    /// marker keeps it (an account's: its `AccountState` as a snapshot holds
+    /// it; the ledger is not part of it). `Ok(None)`: the marker keeps no
+    /// state, as for a delivery stream deleted whole (nothing to rebuild).
+    /// `Err`: why the marker's state is not this stream's.
+    pub fn from_marker(stream: &str, marker: &Pruned) -> Result<Option<Folded>, String> {
+        if marker.state.is_empty() {
+            return match stream_kind(stream) {
+                StreamKind::Account { .. } => Err("keeps no state: an account's state is never deleted".into()),
+                _ => Ok(None),
+            };
+        }
+        match stream_kind(stream) {
+            StreamKind::Account { account_id } => {
+                let mut state: AccountState = serde_json::from_slice(&marker.state)
+                    .map_err(|e| format!("its state does not decode as an account's: {e}"))?;
+                if state.account_id != account_id {
+                    return Err(format!("its state is account {}'s", state.account_id));
+                }
+                state.rebuild_caches();
+                Ok(Some(Folded::Account(Box::new(AccountFold { state, ledger: Ledger::default() }))))
+            }
+            StreamKind::Delivery { .. } => serde_json::from_slice::<DeliveryState>(&marker.state)
+                .map(|s| Some(Folded::Delivery(Box::new(s))))
+                .map_err(|e| format!("its state does not decode as a delivery's: {e}")),
+            StreamKind::Other => Ok(None),
+        }
+    }
+
     /// Decodes `ev` (upcasting older versions) and applies it, as the actor's
     /// `load` does. Also returns the rule an event breaks that `apply` would
     /// silently accept (a delivery must start with `accepted`, nothing
     /// follows `finished`), as `Ok(Some(what))`.
-    pub fn apply(&mut self, ev: &StoredEvent) -> Result<Option<String>, StoreError> {
+    pub fn apply(&mut self, ev: &impl EventText) -> Result<Option<String>, StoreError> {
         let mismatch = || StoreError::Corrupt {
-            stream: ev.stream.clone(),
-            seq: ev.seq,
+            stream: ev.stream().to_owned(),
+            seq: ev.seq(),
             what: "event of the wrong stream kind".into(),
         };
         match (self, decode(ev)) {
@@ -173,12 +202,12 @@ impl Folded {
             }
             (Folded::Delivery(s), Some(Ok(Decoded::Delivery(e)))) => {
                 let first = matches!(*e, DeliveryEvent::Accepted { .. });
-                let anomaly = if ev.seq == 1 && !first {
-                    Some(format!("a delivery stream must start with accepted, not {}", ev.event_type))
-                } else if ev.seq > 1 && first {
+                let anomaly = if ev.seq() == 1 && !first {
+                    Some(format!("a delivery stream must start with accepted, not {}", ev.event_type()))
+                } else if ev.seq() > 1 && first {
                     Some("accepted again after the start of the delivery".to_string())
                 } else if s.finished.is_some() {
-                    Some(format!("{} after the delivery finished", ev.event_type))
+                    Some(format!("{} after the delivery finished", ev.event_type()))
                 } else {
                     None
                 };
@@ -187,6 +216,47 @@ impl Folded {
             }
             (_, Some(Err(e))) => Err(e),
             _ => Err(mismatch()),
+        }
+    }
+
+    /// Like [`Folded::apply`], decoding only what the fold reads
+    /// ([`verify::Depth::Fold`]): a timeline record's envelope, key boxes
+    /// and sender certificate, and (unless `params`: a snapshot holds them)
+    /// a delivery's params, are read past as JSON, not decoded into their
+    /// types. Gives the same state, ledger and rules as `apply`
+    /// (`the_fold_that_skips_record_bodies_gives_what_the_full_one_gives`).
+    pub fn apply_fold(&mut self, ev: &impl EventText, params: bool) -> Result<Option<String>, StoreError> {
+        let current = |upcasters: &[upcast::Upcaster], version: u32| {
+            (upcast::OLDEST_VERSION..=version).contains(&ev.version())
+                && !upcasters.iter().any(|u| u.event_type == ev.event_type() && u.from_version >= ev.version())
+        };
+        match self {
+            Folded::Account(a)
+                if matches!(ev.event_type(), "message_sent" | "self_delivered" | "message_received")
+                    && current(upcast::ACCOUNT_UPCASTERS, AccountEvent::VERSION) =>
+            {
+                let e = lite::account_event(ev)?;
+                a.state.apply(&e);
+                a.ledger.apply(&a.state.account_id, &e);
+                Ok(None)
+            }
+            Folded::Delivery(s)
+                if !params
+                    && ev.event_type() == "accepted"
+                    && current(upcast::DELIVERY_UPCASTERS, DeliveryEvent::VERSION) =>
+            {
+                // Its members checked; the state (never compared without a
+                // snapshot) keeps what the rules read: it has not finished.
+                lite::accepted(ev)?;
+                Ok(if ev.seq() > 1 {
+                    Some("accepted again after the start of the delivery".to_string())
+                } else if s.finished.is_some() {
+                    Some("accepted after the delivery finished".to_string())
+                } else {
+                    None
+                })
+            }
+            _ => self.apply(ev),
         }
     }
 
@@ -236,6 +306,39 @@ impl Folded {
         }
         Ok((sorted(state), legacy))
     }
+}
+
+/// Every stream of the store in name order: those with events and those
+/// pruned whole (a marker and no events).
+pub fn all_streams(store: &Store) -> impl Iterator<Item = Result<String, StoreError>> + Send + 'static {
+    let mut markers = Vec::new();
+    let mut failed = None;
+    for item in store.pruned_markers() {
+        match item {
+            Ok((stream, _)) => markers.push(stream),
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
+        }
+    }
+    let mut markers = markers.into_iter().peekable();
+    let mut streams = store.streams().peekable();
+    let merged = std::iter::from_fn(move || match (streams.peek(), markers.peek()) {
+        (Some(Ok(s)), Some(m)) if m < s => markers.next().map(Ok),
+        (Some(Ok(s)), Some(m)) if m == s => {
+            markers.next();
+            streams.next()
+        }
+        (Some(_), _) => streams.next(),
+        (None, _) => markers.next().map(Ok),
+    });
+    failed.map(Err).into_iter().chain(merged)
+}
+
+/// What a stream's marker says, for people: `pruned through seq N at T`.
+pub fn pruned_text(marker: &Pruned) -> String {
+    format!("pruned through seq {} at {}", marker.head.seq, fmt_secs(UnixSecs(marker.at)))
 }
 
 /// `v` with every object's keys in sorted order (stable output whatever the
@@ -337,5 +440,152 @@ mod tests {
         assert_eq!(parse_time("2023-11-14T22:13:20Z").unwrap(), 1_700_000_000);
         assert!(parse_time("yesterday").is_err());
         assert_eq!(fmt_secs(UnixSecs(1_700_000_000)), "2023-11-14T22:13:20Z");
+    }
+}
+
+/// The decoding of [`Folded::apply_fold`]: the members the folds read, the
+/// rest read past as JSON.
+mod lite {
+    use super::EventText;
+    use relay_actors::account::{AccountEvent, Record};
+    use relay_actors::store::StoreError;
+    use relay_schemas::objects::{MessageEnvelope, Wire};
+    use relay_schemas::DeliveryStatus;
+    use serde::de::IgnoredAny;
+    use serde::Deserialize;
+    use std::sync::OnceLock;
+
+    #[derive(Deserialize)]
+    #[serde(rename_all = "snake_case")]
+    enum Lite {
+        MessageSent {
+            message_id: String,
+            to: String,
+            digest: String,
+            accepted_at: u64,
+            deadline: u64,
+            retention_until: u64,
+            record: Option<Box<LiteRecord>>,
+            #[serde(default)]
+            status: Option<DeliveryStatus>,
+        },
+        SelfDelivered {
+            message_id: String,
+            digest: String,
+            accepted_at: u64,
+            retention_until: u64,
+            record: Box<LiteRecord>,
+        },
+        MessageReceived {
+            from: String,
+            message_id: String,
+            digest: String,
+            accepted_at: u64,
+            retention_until: u64,
+            record: Box<LiteRecord>,
+            #[serde(default)]
+            #[allow(dead_code)]
+            sender_certificate: Option<IgnoredAny>,
+        },
+    }
+
+    /// A [`Record`] without its protocol objects.
+    #[derive(Deserialize)]
+    struct LiteRecord {
+        sequence: u64,
+        expires_at: u64,
+        #[allow(dead_code)]
+        envelope: IgnoredAny,
+        #[allow(dead_code)]
+        boxes: IgnoredAny,
+        visible: Vec<String>,
+    }
+
+    /// The stand-in for a record's envelope: no fold reads one.
+    fn no_envelope() -> Wire<MessageEnvelope> {
+        static EMPTY: OnceLock<Wire<MessageEnvelope>> = OnceLock::new();
+        EMPTY
+            .get_or_init(|| {
+                let empty = r#"{"message_id":"","from":"","from_device_id":"","to":"","created_at":0,"ciphertext":"","signature":""}"#;
+                Wire::parse(empty).expect("an empty envelope parses")
+            })
+            .clone()
+    }
+
+    fn record(r: LiteRecord) -> Box<Record> {
+        Box::new(Record {
+            sequence: r.sequence,
+            expires_at: r.expires_at,
+            envelope: no_envelope(),
+            boxes: Vec::new(),
+            visible: r.visible,
+        })
+    }
+
+    fn corrupt(ev: &impl EventText, what: String) -> StoreError {
+        StoreError::Corrupt { stream: ev.stream().to_owned(), seq: ev.seq(), what }
+    }
+
+    /// A `message_sent`, `self_delivered` or `message_received`, its record
+    /// standing in for the one stored (same sequence, expiry and devices).
+    pub fn account_event(ev: &impl EventText) -> Result<AccountEvent, StoreError> {
+        let m: Lite = serde_json::from_str(ev.data())
+            .map_err(|e| corrupt(ev, format!("event {} v{}: {e}", ev.event_type(), ev.version())))?;
+        let e = match m {
+            Lite::MessageSent { message_id, to, digest, accepted_at, deadline, retention_until, record: r, status } => {
+                AccountEvent::MessageSent {
+                    message_id,
+                    to,
+                    digest,
+                    accepted_at,
+                    deadline,
+                    retention_until,
+                    record: r.map(|r| record(*r)),
+                    status,
+                }
+            }
+            Lite::SelfDelivered { message_id, digest, accepted_at, retention_until, record: r } => {
+                AccountEvent::SelfDelivered { message_id, digest, accepted_at, retention_until, record: record(*r) }
+            }
+            Lite::MessageReceived { from, message_id, digest, accepted_at, retention_until, record: r, .. } => {
+                AccountEvent::MessageReceived {
+                    from,
+                    message_id,
+                    digest,
+                    accepted_at,
+                    retention_until,
+                    record: record(*r),
+                    sender_certificate: None,
+                }
+            }
+        };
+        if e.event_type() != ev.event_type() {
+            let what = format!("stored type {:?} but the data is a {:?} event", ev.event_type(), e.event_type());
+            return Err(corrupt(ev, what));
+        }
+        Ok(e)
+    }
+
+    #[derive(Deserialize)]
+    #[serde(rename_all = "snake_case")]
+    #[allow(dead_code)]
+    enum Accepted {
+        Accepted {
+            from: String,
+            message_id: String,
+            to: String,
+            accepted_at: u64,
+            deadline: u64,
+            digest: String,
+            params: IgnoredAny,
+            first_due_ms: u64,
+        },
+    }
+
+    /// An `accepted` delivery event, its params read past.
+    pub fn accepted(ev: &impl EventText) -> Result<(), StoreError> {
+        serde_json::from_str::<Accepted>(ev.data())
+            .map(drop)
+            .map_err(|e| corrupt(ev, format!("event {} v{}: {e}", ev.event_type(), ev.version())))
     }
 }

@@ -20,6 +20,10 @@
 //!
 //! Only the events about this message are decoded; a broken event on the
 //! way is listed under `problems` (stream, seq, what) and the story goes on.
+//! A stream read whose prefix was pruned (PROTOCOL §10) is listed under
+//! `pruned` (through which seq, when): the events of the message may have
+//! been among those deleted, and a delivery stream deleted whole still
+//! tells that the delivery was here.
 
 use super::{fmt_ms, fmt_secs, stream_kind, AuditError, StreamKind};
 use relay_actors::account::{AccountEvent, Record};
@@ -74,12 +78,39 @@ pub struct Story {
     pub events: Vec<EventRef>,
     /// Events on the way that could not be read or decoded.
     pub problems: Vec<String>,
+    /// The streams read whose prefix was deleted by retention.
+    pub pruned: Vec<PrunedRef>,
+}
+
+/// A stream's pruned marker: its events `1..=through_seq` were deleted at `at`.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct PrunedRef {
+    pub stream: String,
+    pub through_seq: u64,
+    /// Unix seconds.
+    pub at: u64,
+    /// No event of the stream is left (a delivery stream deleted whole).
+    pub whole: bool,
 }
 
 impl Story {
-    /// Whether this relay has any trace of the message.
+    /// Whether this relay has any trace of the message (its delivery
+    /// stream deleted whole is one).
     pub fn found(&self) -> bool {
-        !self.events.is_empty()
+        let delivery = relay_actors::delivery::stream_id(&self.from, &self.message_id);
+        !self.events.is_empty() || self.pruned.iter().any(|p| p.stream == delivery)
+    }
+
+    /// Notes `stream`'s marker, if it has one.
+    fn note_pruned(&mut self, store: &Store, stream: &str) {
+        match store.pruned(stream) {
+            Ok(Some(p)) => {
+                let whole = store.read(stream, 0).next().is_none();
+                self.pruned.push(PrunedRef { stream: stream.to_owned(), through_seq: p.head.seq, at: p.at, whole })
+            }
+            Ok(None) => {}
+            Err(e) => self.problems.push(e.to_string()),
+        }
     }
 }
 
@@ -235,14 +266,17 @@ pub fn message_story(store: &Store, from: &str, message_id: &str, to: Option<&st
         replication: vec![],
         events: vec![],
         problems: vec![],
+        pruned: vec![],
     };
     // 1. The sender's account.
     let sender = relay_actors::account::stream_id(from);
+    story.note_pruned(store, &sender);
     for ev in matching_events(store, &sender, message_id, &mut story.problems) {
         account_event(&mut story, from, &ev);
     }
     // 2. The delivery.
     let stream = relay_actors::delivery::stream_id(from, message_id);
+    story.note_pruned(store, &stream);
     for item in store.read(&stream, 0) {
         match item.map_err(|e| e.to_string()).and_then(|ev| {
             let d = upcast::delivery_event(&ev).map_err(|e| e.to_string())?;
@@ -262,6 +296,7 @@ pub fn message_story(store: &Store, from: &str, message_id: &str, to: Option<&st
     match story.to.clone() {
         Some(to) if to != from => {
             let stream = relay_actors::account::stream_id(&to);
+            story.note_pruned(store, &stream);
             for ev in matching_events(store, &stream, message_id, &mut story.problems) {
                 account_event(&mut story, &to, &ev);
             }
@@ -514,6 +549,19 @@ pub fn render_text(s: &Story) -> String {
     let _ = writeln!(o, "message {} from {} to {}", s.message_id, s.from, to);
     if !s.found() {
         let _ = writeln!(o, "\nno event on this relay mentions this message");
+    }
+    if !s.pruned.is_empty() {
+        let _ = writeln!(o, "\npruned by retention (events deleted, the chain kept by a marker)");
+        for p in &s.pruned {
+            let what = if p.whole { " (deleted whole)" } else { "" };
+            let _ = writeln!(
+                o,
+                "  {} pruned through seq {} at {}{what}",
+                p.stream,
+                p.through_seq,
+                fmt_secs(UnixSecs(p.at))
+            );
+        }
     }
     if let Some(a) = &s.acceptance {
         let kind = if a.self_delivery { "accepted here (self-delivery)" } else { "accepted here" };

@@ -1,29 +1,39 @@
 //! `relay audit verify`: the whole log, or one stream, checked link by link.
 //!
 //! For every stream: the hash chain and sequence continuity
-//! ([`verify_chain`]: seq 1, 2, 3…; each `prev` is the previous hash; each
-//! hash is `blake3(prev ‖ body)`), every event decoded through the
-//! upcasters and folded exactly as its actor folds it (plus the rules a fold
-//! accepts silently, e.g. a delivery starts with `accepted`), and the
-//! stream's snapshot: at an existing event, with that event's hash, and
-//! equal to the state rebuilt from events `1..=snapshot.seq` (an account
-//! snapshot from before the ledger left the state: its `sends`/`receipts`
-//! equal to the ledger those events give). For an account, its idempotency
-//! ledger in the store must be exactly the one its events give, in the
-//! layout its markers name (`ledger::layout`: the hashed keys of
-//! `ledger.rs`, or the readable kv keys `i/{account_id}/…` of version 1),
-//! unless the relay has not moved it yet (it rebuilds that ledger at the
-//! account's next load).
-//! Snapshots of streams without events are reported too. Deleting a
-//! stream's *last* events leaves a shorter valid chain; no log can show
-//! that by itself.
+//! ([`ChainCheck`]: seq 1, 2, 3…, or from its pruned marker: the first kept
+//! event is the marker's seq + 1 and links to the marker's hash; each
+//! `prev` is the previous hash; each hash is `blake3(prev ‖ body)` over the
+//! bytes as stored), every event decoded through the upcasters and folded
+//! exactly as its actor folds it, from the marker's state when the stream
+//! was pruned (plus the rules a fold accepts silently, e.g. a delivery
+//! starts with `accepted`), and the stream's snapshot: at an existing event
+//! (or the marker), with its hash, and equal to the state rebuilt (an
+//! account snapshot from before the ledger left the state: its
+//! `sends`/`receipts` equal to the ledger those events give, when nothing
+//! was pruned). For an account, its idempotency ledger in the store must be
+//! exactly the one its events give, in the layout its markers name
+//! (`ledger::layout`: the hashed keys of `ledger.rs`, or the readable kv
+//! keys `i/{account_id}/…` of version 1), unless the relay has not moved it
+//! yet (it rebuilds that ledger at the account's next load), and except for
+//! what retention leaves (PROTOCOL §10, [`check_ledger`]).
+//! Snapshots of streams without events are reported too, and streams
+//! pruned whole (a marker, no events) are listed and checked as such.
+//! Deleting a stream's *last* events leaves a shorter valid chain; no log
+//! can show that by itself.
+//!
+//! Streams are checked in parallel (one thread per core, up to 8); each
+//! event is read once, hashed over its stored bytes and its data decoded
+//! once, without building a JSON tree ([`Store::read_raw`]).
 
-use super::{first_difference, AccountFold, AuditError, Folded};
+use super::{first_difference, pruned_text, stream_kind, AccountFold, AuditError, Folded, StreamKind};
 use relay_actors::account::{ledger, stored_layout, ReceiptEntry, SendEntry};
-use relay_actors::store::{verify_chain, ChainProblem, Hash, Store, StoreError};
-use std::collections::BTreeMap;
+use relay_actors::store::{ChainCheck, ChainProblem, Hash, Pruned, RawEvent, Store, StoreError};
+use relay_actors::upcast::Text;
+use relay_schemas::UnixSecs;
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::{mpsc, Mutex};
+use std::sync::mpsc;
 
 /// One broken link: stream, sequence, what is wrong.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -45,6 +55,9 @@ pub enum Problem {
     Rule(String),
     /// The snapshot is not the state the events give.
     Snapshot(String),
+    /// The stream's pruned marker cannot be read, or its state is not the
+    /// stream's.
+    Marker(String),
     /// An account's idempotency ledger (kv projection) is not the one its
     /// events give.
     Ledger(String),
@@ -62,6 +75,9 @@ impl fmt::Display for Finding {
             Problem::Chain(ChainProblem::PrevMismatch) => {
                 write!(f, "broken link: prev is not the hash of the event before it")
             }
+            Problem::Chain(ChainProblem::MarkerMismatch) => {
+                write!(f, "broken link: prev is not the hash the pruned marker keeps (of the last event pruned)")
+            }
             Problem::Chain(ChainProblem::Gap { expected }) => {
                 write!(f, "sequence gap: expected seq {expected} (events missing or out of place)")
             }
@@ -69,6 +85,7 @@ impl fmt::Display for Finding {
             Problem::Event(what) => write!(f, "undecodable event: {what}"),
             Problem::Rule(what) => write!(f, "event breaks a rule: {what}"),
             Problem::Snapshot(what) => write!(f, "snapshot: {what}"),
+            Problem::Marker(what) => write!(f, "pruned marker: {what}"),
             Problem::Ledger(what) => write!(f, "ledger: {what}"),
             Problem::UnknownStream => write!(f, "stream of unknown kind: events not decoded"),
         }
@@ -81,6 +98,9 @@ pub struct Report {
     pub streams: u64,
     pub events: u64,
     pub snapshots: u64,
+    /// Streams with a pruned marker (of which `pruned_whole` have no events left).
+    pub pruned: u64,
+    pub pruned_whole: u64,
     pub findings: Vec<Finding>,
 }
 
@@ -88,81 +108,169 @@ impl Report {
     pub fn is_clean(&self) -> bool {
         self.findings.is_empty()
     }
+
+    fn add(&mut self, r: Report) {
+        self.streams += r.streams;
+        self.events += r.events;
+        self.snapshots += r.snapshots;
+        self.pruned += r.pruned;
+        self.pruned_whole += r.pruned_whole;
+        self.findings.extend(r.findings);
+    }
 }
 
-/// Verifies every stream (or only `only`), calling `progress(events)` after
-/// each stream with the number of its events. Findings are in stream order,
-/// then seq order.
-pub fn verify(store: &Store, only: Option<&str>, progress: &mut dyn FnMut(u64)) -> Result<Report, AuditError> {
+/// How much of each event's data `verify` decodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Depth {
+    /// What the folds, rules and checks read: every event through the
+    /// upcasters into its type, except the protocol objects of a timeline
+    /// record (envelope, key boxes, sender certificate) and a delivery's
+    /// params when no snapshot holds them, which only the hash chain
+    /// covers: no state, ledger or rule reads them.
+    Fold,
+    /// Every protocol object too, as the actors read them.
+    Full,
+}
+
+/// Verifies every stream (or only `only`), calling `progress(streams,
+/// events)` as parts of the store are done. `now` is the audit's clock:
+/// what retention may have swept from a ledger is what is past its
+/// `retention_until` by then. Findings are in stream order, then seq order.
+pub fn verify(
+    store: &Store,
+    only: Option<&str>,
+    now: UnixSecs,
+    depth: Depth,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Report, AuditError> {
     let mut report = Report::default();
+    let ctx = Ctx { store, now, depth };
     match only {
         Some(stream) => {
             if store.head(stream)?.seq == 0 && store.load_snapshot(stream).ok().flatten().is_none() {
                 return Err(AuditError::Usage(format!("no stream {stream:?} in this store")));
             }
-            verify_stream(store, stream, &mut report);
-            progress(report.events);
+            verify_stream(&ctx, stream, store.read_raw(stream, 0), &mut report);
+            progress(1, report.events);
         }
         None => {
             let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 8);
-            verify_all(store, threads, &mut report, progress);
+            verify_all(&ctx, threads, &mut report, progress)?;
             orphan_snapshots(store, &mut report);
         }
     }
     Ok(report)
 }
 
-/// Every stream, `threads` streams at a time (streams are independent);
-/// `progress` runs on the calling thread, the report keeps stream order.
-fn verify_all(store: &Store, threads: usize, report: &mut Report, progress: &mut dyn FnMut(u64)) {
-    let source = Mutex::new(store.streams().enumerate());
-    let (tx, rx) = mpsc::channel::<(usize, Result<Report, Finding>)>();
-    let mut parts = Vec::new();
+/// What every stream's check needs.
+struct Ctx<'a> {
+    store: &'a Store,
+    now: UnixSecs,
+    depth: Depth,
+}
+
+/// The bounds that split the stream ids into parts checked in parallel:
+/// each kind's ids by their first two hex digits (no bound splits a stream).
+fn bounds() -> Vec<String> {
+    let hex = b"0123456789abcdef";
+    let mut out = Vec::new();
+    for kind in ["account/", "delivery/"] {
+        for a in hex {
+            for b in hex {
+                out.push(format!("{kind}{}{}", *a as char, *b as char));
+            }
+        }
+    }
+    out
+}
+
+/// Every stream, the parts of the key space [`bounds`] makes `threads` at a
+/// time, each read in one pass (streams are independent); `progress` runs
+/// on the calling thread, the report keeps stream order.
+fn verify_all(
+    ctx: &Ctx,
+    threads: usize,
+    report: &mut Report,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<(), AuditError> {
+    // Streams pruned whole have no events to come across: their markers.
+    let mut markers = Vec::new();
+    for item in ctx.store.pruned_markers() {
+        markers.push(item?.0);
+    }
+    let bounds = bounds();
+    let parts: Vec<(Option<&str>, Option<&str>)> = std::iter::once(None)
+        .chain(bounds.iter().map(|b| Some(b.as_str())))
+        .zip(bounds.iter().map(|b| Some(b.as_str())).chain(std::iter::once(None)))
+        .collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let (tx, rx) = mpsc::channel::<(usize, Report)>();
+    let mut done = Vec::new();
     std::thread::scope(|scope| {
         for _ in 0..threads {
-            let (tx, source) = (tx.clone(), &source);
+            let (tx, next, parts, markers) = (tx.clone(), &next, &parts, &markers);
             scope.spawn(move || loop {
-                let next = source.lock().unwrap_or_else(|e| e.into_inner()).next();
-                let Some((i, stream)) = next else { break };
-                let part = match stream {
-                    Ok(stream) => {
-                        let mut r = Report::default();
-                        verify_stream(store, &stream, &mut r);
-                        Ok(r)
-                    }
-                    // The key space itself is unreadable past here.
-                    Err(e) => Err(finding_from_error(e)),
-                };
-                if tx.send((i, part)).is_err() {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(&(from, to)) = parts.get(i) else { break };
+                let mut r = Report::default();
+                verify_part(ctx, from.unwrap_or(""), to, markers, &mut r);
+                if tx.send((i, r)).is_err() {
                     break;
                 }
             });
         }
         drop(tx);
-        for (i, part) in rx {
-            if let Ok(r) = &part {
-                progress(r.events);
-            }
-            parts.push((i, part));
+        for (i, r) in rx {
+            progress(r.streams, r.events);
+            done.push((i, r));
         }
     });
-    parts.sort_by_key(|(i, _)| *i);
-    for (_, part) in parts {
-        match part {
-            Ok(r) => {
-                report.streams += r.streams;
-                report.events += r.events;
-                report.snapshots += r.snapshots;
-                report.findings.extend(r.findings);
+    done.sort_by_key(|(i, _)| *i);
+    for (_, r) in done {
+        report.add(r);
+    }
+    Ok(())
+}
+
+/// The streams with ids in `from..to`: those with events in one pass over
+/// their keys, and those of `markers` (sorted) in the part that have none.
+fn verify_part(ctx: &Ctx, from: &str, to: Option<&str>, markers: &[String], report: &mut Report) {
+    let within = |s: &str| s >= from && to.is_none_or(|t| s < t);
+    let mut whole = markers.iter().filter(|m| within(m)).peekable();
+    let mut events = ctx.store.read_raw_range(from, to).peekable();
+    loop {
+        let stream = match events.peek() {
+            None => None,
+            Some(Ok((stream, _))) => Some(stream.clone()),
+            Some(Err(_)) => {
+                // A key that names no stream: reported, then passed.
+                if let Some(Err(e)) = events.next() {
+                    report.findings.push(finding_from_error(e));
+                }
+                continue;
             }
-            Err(f) => report.findings.push(f),
+        };
+        // Markers of streams without events, before this one.
+        while let Some(m) = whole.next_if(|m| stream.as_ref().is_none_or(|s| *m < s)) {
+            verify_stream(ctx, m, std::iter::empty(), report);
         }
+        let Some(stream) = stream else { break };
+        if whole.peek().is_some_and(|m| **m == stream) {
+            whole.next();
+        }
+        let of_stream = std::iter::from_fn(|| {
+            events.next_if(|item| matches!(item, Ok((s, _)) if *s == stream)).map(|item| match item {
+                Ok((_, event)) => event,
+                Err(e) => Err(e),
+            })
+        });
+        verify_stream(ctx, &stream, of_stream, report);
     }
 }
 
 /// The number of streams (for a progress bar's length).
 pub fn count_streams(store: &Store) -> u64 {
-    store.streams().count() as u64
+    super::all_streams(store).count() as u64
 }
 
 fn finding_from_error(e: StoreError) -> Finding {
@@ -179,9 +287,20 @@ fn finding_from_error(e: StoreError) -> Finding {
     }
 }
 
-/// Checks one stream's events and snapshot, adding to `report`.
-pub fn verify_stream(store: &Store, stream: &str, report: &mut Report) {
+/// The state and ledger at one point of the stream (for the snapshot).
+type Sound = Option<(serde_json::Value, Option<serde_json::Value>)>;
+
+/// Checks one stream's events (as `Store::read_raw` gives them), marker
+/// and snapshot, adding to `report`.
+fn verify_stream(
+    ctx: &Ctx,
+    stream: &str,
+    events: impl Iterator<Item = Result<RawEvent, StoreError>>,
+    report: &mut Report,
+) {
+    let (store, now) = (ctx.store, ctx.now);
     let mut findings = Vec::new();
+    let finding = |seq: u64, problem: Problem| Finding { stream: stream.to_owned(), seq, problem };
     let snapshot = match store.load_snapshot(stream) {
         Ok(s) => s,
         Err(e) => {
@@ -191,74 +310,129 @@ pub fn verify_stream(store: &Store, stream: &str, report: &mut Report) {
             None
         }
     };
+    let marker = match store.pruned(stream) {
+        Ok(m) => m,
+        Err(e) => {
+            let f = finding_from_error(e);
+            findings.push(finding(f.seq, Problem::Marker(format!("unreadable: {}", f.problem_text()))));
+            None
+        }
+    };
+    let start = marker.as_ref().map(|m| m.head).unwrap_or_default();
     let snap_seq = snapshot.as_ref().map(|s| s.seq);
-    let mut folded = Folded::new(stream);
-    if folded.is_none() {
-        findings.push(Finding { stream: stream.to_owned(), seq: 0, problem: Problem::UnknownStream });
-    }
-    // While true, `folded` is the fold of events 1..=last_seq, all decoded.
+    // While true, `folded` is the fold of the marker's state and events
+    // start.seq+1..=last_seq, all decoded.
     let mut fold_ok = true;
-    let mut last_seq = 0;
-    let mut count = 0u64;
-    // (hash of the event at the snapshot's seq, the state and the ledger
-    // there if sound)
-    type Sound = Option<(serde_json::Value, Option<serde_json::Value>)>;
-    let mut at_snapshot: Option<(Hash, Sound)> = None;
-    let chain = {
-        let events = store.read(stream, 0).inspect(|item| {
-            count += 1;
-            let Ok(ev) = item else {
+    let mut folded = match (Folded::new(stream), &marker) {
+        (None, _) => {
+            findings.push(finding(0, Problem::UnknownStream));
+            None
+        }
+        (Some(empty), None) => Some(empty),
+        (Some(_), Some(m)) => match Folded::from_marker(stream, m) {
+            Ok(f) => f,
+            Err(what) => {
+                findings.push(finding(m.head.seq, Problem::Marker(what)));
                 fold_ok = false;
-                return;
-            };
-            if ev.seq != last_seq + 1 {
-                fold_ok = false;
+                None
             }
-            last_seq = ev.seq;
-            if let Some(f) = folded.as_mut() {
-                match f.apply(ev) {
-                    Ok(None) => {}
-                    Ok(Some(rule)) => {
-                        findings.push(Finding { stream: ev.stream.clone(), seq: ev.seq, problem: Problem::Rule(rule) })
-                    }
-                    Err(e) => {
-                        fold_ok = false;
-                        let what = match e {
-                            StoreError::Corrupt { what, .. } => what,
-                            other => other.to_string(),
-                        };
-                        findings.push(Finding {
-                            stream: ev.stream.clone(),
-                            seq: ev.seq,
-                            problem: Problem::Event(what),
-                        });
-                    }
+        },
+    };
+    // A stream whose marker keeps no state has nothing to fold.
+    let stateless = folded.is_none() && fold_ok && marker.is_some() && stream_kind(stream) != StreamKind::Other;
+    let mut last_seq = start.seq;
+    let mut count = 0u64;
+    // (hash of the event at the snapshot's seq, the state and the ledger there if sound)
+    let mut at_snapshot: Option<(Hash, Sound)> = None;
+    if let (Some(m), Some(seq)) = (&marker, snap_seq) {
+        if seq == m.head.seq {
+            at_snapshot = Some((m.head.hash, folded.as_ref().filter(|_| fold_ok).map(|f| (f.to_json(), None))));
+        }
+    }
+    let mut chain = ChainCheck::new(|_| start);
+    for item in events {
+        count += 1;
+        chain.raw(stream, &item);
+        let Ok(ev) = item else {
+            fold_ok = false;
+            continue;
+        };
+        if ev.seq != last_seq + 1 {
+            fold_ok = false;
+        }
+        last_seq = ev.seq;
+        if stateless && count == 1 {
+            findings.push(finding(
+                ev.seq,
+                Problem::Rule("events after the pruned marker, which keeps no state (a stream deleted whole)".into()),
+            ));
+        }
+        match folded.as_mut() {
+            Some(f) => match match ctx.depth {
+                Depth::Fold => f.apply_fold(&Text { stream, event: &ev }, snap_seq.is_some()),
+                Depth::Full => f.apply(&Text { stream, event: &ev }),
+            } {
+                Ok(None) => {}
+                Ok(Some(rule)) => findings.push(finding(ev.seq, Problem::Rule(rule))),
+                Err(e) => {
+                    fold_ok = false;
+                    findings.push(match ev.to_stored(stream) {
+                        // Not JSON: the record itself is unreadable.
+                        Err(StoreError::Corrupt { what, .. }) => {
+                            finding(ev.seq, Problem::Chain(ChainProblem::Decode(what)))
+                        }
+                        _ => finding(
+                            ev.seq,
+                            Problem::Event(match e {
+                                StoreError::Corrupt { what, .. } => what,
+                                other => other.to_string(),
+                            }),
+                        ),
+                    });
+                }
+            },
+            None => {
+                if let Err(StoreError::Corrupt { what, .. }) = ev.to_stored(stream) {
+                    findings.push(finding(ev.seq, Problem::Chain(ChainProblem::Decode(what))));
                 }
             }
-            if Some(ev.seq) == snap_seq {
-                let state = match (&folded, fold_ok) {
-                    (Some(f), true) => Some((f.to_json(), f.ledger_json())),
-                    _ => None,
-                };
-                at_snapshot = Some((ev.hash, state));
-            }
-        });
-        verify_chain(events)
-    };
-    findings.extend(chain.into_iter().map(|c| Finding {
+        }
+        if Some(ev.seq) == snap_seq {
+            let state = match (&folded, fold_ok) {
+                (Some(f), true) => Some((f.to_json(), f.ledger_json().filter(|_| marker.is_none()))),
+                _ => None,
+            };
+            at_snapshot = Some((ev.hash, state));
+        }
+    }
+    findings.extend(chain.finish().into_iter().map(|c| Finding {
         stream: c.stream,
         seq: c.seq,
         problem: Problem::Chain(c.problem),
     }));
     report.events += count;
     report.streams += 1;
+    if marker.is_some() {
+        report.pruned += 1;
+        report.pruned_whole += u64::from(count == 0);
+    }
+    let rebuilt = |seq: u64| match &marker {
+        Some(m) if seq > m.head.seq => {
+            format!("the pruned marker (seq {}) and events {}..={seq}", m.head.seq, m.head.seq + 1)
+        }
+        Some(m) => format!("the pruned marker (seq {})", m.head.seq),
+        None => format!("events 1..={seq}"),
+    };
 
     if let Some(snap) = snapshot {
         report.snapshots += 1;
-        let problem =
-            |what: String| Finding { stream: stream.to_owned(), seq: snap.seq, problem: Problem::Snapshot(what) };
+        let problem = |what: String| finding(snap.seq, Problem::Snapshot(what));
         match (&at_snapshot, &folded) {
             _ if snap.seq == 0 => findings.push(problem("taken at seq 0, before any event".into())),
+            _ if snap.seq < start.seq => findings.push(problem(format!(
+                "taken at seq {}, before the pruned marker (seq {}): its events are gone",
+                snap.seq, start.seq
+            ))),
             (None, _) => findings.push(problem(format!(
                 "taken at seq {} but the stream has no such event (last seq {last_seq})",
                 snap.seq
@@ -274,30 +448,31 @@ pub fn verify_stream(store: &Store, stream: &str, report: &mut Report) {
                 Ok((stored, legacy)) => {
                     if let Some(diff) = first_difference(&stored, replayed) {
                         findings.push(problem(format!(
-                            "differs from the state rebuilt from events 1..={} at {diff} (snapshot vs events)",
-                            snap.seq
+                            "differs from the state rebuilt from {} at {diff} (snapshot vs events)",
+                            rebuilt(snap.seq)
                         )));
                     }
                     if let (Some(stored), Some(replayed)) = (legacy, ledger) {
                         if let Some(diff) = first_difference(&stored, replayed) {
                             findings.push(problem(format!(
-                                "differs from the ledger rebuilt from events 1..={} at {diff} (snapshot vs events)",
-                                snap.seq
+                                "differs from the ledger rebuilt from {} at {diff} (snapshot vs events)",
+                                rebuilt(snap.seq)
                             )));
                         }
                     }
                 }
             },
-            // The events up to the snapshot are already reported broken.
+            // The events up to the snapshot are already reported broken,
+            // or (a stream pruned whole) there is no state to compare.
             _ => {}
         }
     }
     if let (Some(Folded::Account(account)), true) = (&folded, fold_ok && last_seq > 0) {
-        findings.extend(check_ledger(store, account).into_iter().map(|what| Finding {
-            stream: stream.to_owned(),
-            seq: last_seq,
-            problem: Problem::Ledger(what),
-        }));
+        findings.extend(
+            check_ledger(store, account, marker.as_ref(), now)
+                .into_iter()
+                .map(|what| finding(last_seq, Problem::Ledger(what))),
+        );
     }
     findings.sort_by_key(|f| f.seq);
     report.findings.extend(findings);
@@ -307,7 +482,15 @@ pub fn verify_stream(store: &Store, stream: &str, report: &mut Report) {
 /// events give, in whichever layout its markers name (nothing for an
 /// account the relay has not moved yet: it rebuilds that ledger at the
 /// account's next load).
-fn check_ledger(store: &Store, account: &AccountFold) -> Vec<String> {
+///
+/// What retention leaves is accepted (PROTOCOL §10): an entry whose
+/// `retention_until` has passed by `now` may be missing or in its swept
+/// form ([`SendEntry::swept`]: its retention and nothing it said); once the
+/// stream was pruned, entries no kept event gives are accepted when swept,
+/// or when already past retention as the prefix was pruned (the sweep
+/// removes them in a later turn). Anything else that differs from the
+/// events is a finding.
+fn check_ledger(store: &Store, account: &AccountFold, marker: Option<&Pruned>, now: UnixSecs) -> Vec<String> {
     let id = &account.state.account_id;
     let v1 = match stored_layout(store, id) {
         Ok(Ok(ledger::Layout::Current)) => false,
@@ -317,22 +500,27 @@ fn check_ledger(store: &Store, account: &AccountFold) -> Vec<String> {
         Err(e) => return vec![format!("unreadable: {e}")],
     };
     let mut found = Vec::new();
-    let entries: Vec<_> = match v1 {
-        true => store
-            .kv_scan_prefix(&ledger::v1::prefix(id))
-            .filter(|kv| !matches!(kv, Ok((k, _)) if *k == ledger::v1::version_key(id)))
-            .collect(),
+    let entries: Box<dyn Iterator<Item = Result<Pair, StoreError>>> = match v1 {
+        true => {
+            let version = ledger::v1::version_key(id);
+            Box::new(
+                store
+                    .kv_scan_prefix(&ledger::v1::prefix(id))
+                    .filter(move |kv| !matches!(kv, Ok((k, _)) if *k == version)),
+            )
+        }
         false => {
             // A move removes every version 1 key with the marker.
             let left = store.kv_scan_prefix(&ledger::v1::prefix(id)).count();
             if left > 0 {
                 found.push(format!("{left} version 1 keys left beside the current ledger"));
             }
-            store.blob_scan_prefix(&ledger::prefix(id)).collect()
+            Box::new(store.blob_scan_prefix(&ledger::prefix(id)))
         }
     };
     let key = |e: &ledger::Entry| if v1 { e.v1_key(id) } else { e.key(id) };
-    let mut expected: BTreeMap<Vec<u8>, ledger::Entry> = account.ledger.entries().map(|e| (key(&e), e)).collect();
+    let mut expected: HashMap<Vec<u8>, ledger::Entry> = account.ledger.entries().map(|e| (key(&e), e)).collect();
+    let past = |until: u64| until <= now.0;
     for item in entries {
         let (key, value) = match item {
             Ok(kv) => kv,
@@ -343,25 +531,72 @@ fn check_ledger(store: &Store, account: &AccountFold) -> Vec<String> {
         };
         let entry = match expected.remove(&key) {
             None => {
-                found.push(format!("{}: no event gives this entry", key_name(id, &key)));
+                if let Some(what) = orphan(marker, &value) {
+                    found.push(format!("{}: {what}", key_name(id, &key)));
+                }
                 continue;
             }
             Some(entry) => entry,
         };
-        let same = match &entry {
+        let (same, swept, until) = match &entry {
             ledger::Entry::Send { entry, .. } => {
-                serde_json::from_slice::<SendEntry>(&value).ok().as_ref() == Some(entry)
+                let stored = serde_json::from_slice::<SendEntry>(&value).ok();
+                let swept = stored.as_ref().filter(|s| s.is_swept()).map(|s| s.retention_until);
+                (stored.as_ref() == Some(entry), swept, entry.retention_until)
             }
             ledger::Entry::Receipt { entry, .. } => {
-                serde_json::from_slice::<ReceiptEntry>(&value).ok().as_ref() == Some(entry)
+                let stored = serde_json::from_slice::<ReceiptEntry>(&value).ok();
+                let swept = stored.as_ref().filter(|s| s.is_swept()).map(|s| s.retention_until);
+                (stored.as_ref() == Some(entry), swept, entry.retention_until)
             }
         };
-        if !same {
-            found.push(format!("{}: differs from the entry its events give", entry.name()));
+        match swept {
+            _ if same => {}
+            Some(kept) if kept == until && past(until) => {}
+            Some(kept) if kept == until => {
+                found.push(format!("{}: swept before its retention ended ({until})", entry.name()))
+            }
+            _ => found.push(format!("{}: differs from the entry its events give", entry.name())),
         }
     }
-    found.extend(expected.values().map(|e| format!("{}: missing", e.name())));
+    let mut missing: Vec<_> =
+        expected.into_values().filter(|e| !past(retention_until(e))).map(|e| (key(&e), e)).collect();
+    missing.sort_by(|a, b| a.0.cmp(&b.0));
+    found.extend(missing.into_iter().map(|(_, e)| format!("{}: missing", e.name())));
     found
+}
+
+/// A stored key and its value.
+type Pair = (Vec<u8>, Vec<u8>);
+
+fn retention_until(e: &ledger::Entry) -> u64 {
+    match e {
+        ledger::Entry::Send { entry, .. } => entry.retention_until,
+        ledger::Entry::Receipt { entry, .. } => entry.retention_until,
+    }
+}
+
+/// Why a ledger entry no kept event gives is a finding; `None` when it is
+/// what retention leaves of an event pruned.
+fn orphan(marker: Option<&Pruned>, value: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Kept {
+        digest: String,
+        retention_until: u64,
+    }
+    let Some(m) = marker else {
+        return Some("no event gives this entry".into());
+    };
+    match serde_json::from_slice::<Kept>(value) {
+        // Swept: its event was pruned (it says nothing to compare).
+        Ok(k) if k.digest.is_empty() => None,
+        // Past retention when the prefix was pruned: its event may be in it.
+        Ok(k) if k.retention_until <= m.at => None,
+        _ => Some(format!(
+            "no kept event gives this entry, and it was not past retention when the stream was {}",
+            pruned_text(m)
+        )),
+    }
 }
 
 /// A ledger key as the audit prints it: a hashed key's hash in hex.
@@ -422,7 +657,12 @@ mod tests {
     }
 
     fn run(store: &Store) -> Vec<String> {
-        verify(store, None, &mut |_| {}).unwrap().findings.iter().map(|f| f.to_string()).collect()
+        verify(store, None, UnixSecs(1), Depth::Fold, &mut |_, _| {})
+            .unwrap()
+            .findings
+            .iter()
+            .map(|f| f.to_string())
+            .collect()
     }
 
     #[test]
@@ -435,7 +675,7 @@ mod tests {
         state.apply(&AccountEvent::CursorMoved { device_id: "phone".into(), through: 2 });
         b.put_snapshot("account/a", Snapshot { seq: 2, hash: head.hash, state: serde_json::to_vec(&state).unwrap() });
         store.commit_durable_blocking(b).unwrap();
-        let report = verify(&store, None, &mut |_| {}).unwrap();
+        let report = verify(&store, None, UnixSecs(1), Depth::Fold, &mut |_, _| {}).unwrap();
         assert_eq!((report.streams, report.events, report.snapshots), (1, 2, 1));
         assert!(report.is_clean(), "{:?}", report.findings);
     }
@@ -625,6 +865,95 @@ mod tests {
         );
     }
 
+    fn run_at(store: &Store, now: u64) -> Vec<String> {
+        verify(store, None, UnixSecs(now), Depth::Fold, &mut |_, _| {})
+            .unwrap()
+            .findings
+            .iter()
+            .map(|f| f.to_string())
+            .collect()
+    }
+
+    fn put_send(store: &Store, message_id: &str, entry: &SendEntry) {
+        let mut b = store.batch();
+        b.blob_put(&ledger::send_key("a", message_id), &serde_json::to_vec(entry).unwrap());
+        store.commit_durable_blocking(b).unwrap();
+    }
+
+    #[test]
+    fn a_ledger_entry_past_retention_may_be_swept_or_gone_and_nothing_else() {
+        let store = Store::temporary().unwrap();
+        let ledger = account_with_a_ledger(&store, false);
+        put_send(&store, "m1", &SendEntry::swept(30));
+        let mut b = store.batch();
+        b.blob_remove(&ledger::send_key("a", "m2"));
+        store.commit_durable_blocking(b).unwrap();
+        // Before their retention ends (30), neither may be.
+        assert_eq!(
+            run_at(&store, 29),
+            [
+                "stream \"account/a\" seq 3: ledger: sent m1: swept before its retention ended (30)",
+                "stream \"account/a\" seq 3: ledger: sent m2: missing",
+            ]
+        );
+        assert_eq!(run_at(&store, 30), Vec::<String>::new());
+        // Past retention, content that disagrees with the events is still found.
+        put_send(&store, "m1", &SendEntry::swept(31));
+        let mut changed = ledger.sends["m2"].clone();
+        changed.digest = "other".into();
+        put_send(&store, "m2", &changed);
+        assert_eq!(
+            run_at(&store, 100),
+            [
+                "stream \"account/a\" seq 3: ledger: sent m1: differs from the entry its events give",
+                "stream \"account/a\" seq 3: ledger: sent m2: differs from the entry its events give",
+            ]
+        );
+    }
+
+    #[test]
+    fn entries_of_pruned_events_are_accepted_when_swept_or_past_retention_at_the_pruning() {
+        let store = Store::temporary().unwrap();
+        account_with_a_ledger(&store, false);
+        let first = store.read("account/a", 0).next().unwrap().unwrap();
+        let prune = |at: u64| {
+            let mut state = AccountState::new("a");
+            state.apply(&sent("m1"));
+            let mut b = store.batch();
+            b.prune("account/a", 0, first.head(), UnixSecs(at), serde_json::to_vec(&state).unwrap());
+            store.commit_durable_blocking(b).unwrap();
+        };
+        // m1's event is gone; its entry (delivered, retention 30) is not.
+        prune(10);
+        let key = hex::encode(&ledger::send_key("a", "m1")[b"l/a/".len()..]);
+        let found = run_at(&store, 100);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].starts_with(&format!(
+                "stream \"account/a\" seq 3: ledger: l/a/{key}: no kept event gives this entry, and it was not past retention when the stream was pruned through seq 1 at"
+            )),
+            "{found:?}"
+        );
+        prune(30);
+        assert_eq!(run_at(&store, 100), Vec::<String>::new());
+        prune(10);
+        put_send(&store, "m1", &SendEntry::swept(30));
+        assert_eq!(run_at(&store, 100), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_marker_whose_state_is_not_the_accounts_is_found() {
+        let store = Store::temporary().unwrap();
+        let mut b = store.batch();
+        let first = b.append("account/a", Head::default(), vec![cursor(1)]);
+        b.append("account/a", first, vec![cursor(2)]);
+        store.commit_durable_blocking(b).unwrap();
+        let mut b = store.batch();
+        b.prune("account/a", 0, first, UnixSecs(5), serde_json::to_vec(&AccountState::new("b")).unwrap());
+        store.commit_durable_blocking(b).unwrap();
+        assert_eq!(run(&store), ["stream \"account/a\" seq 1: pruned marker: its state is account b's"]);
+    }
+
     #[test]
     fn one_stream_only_and_an_unknown_stream_is_a_usage_error() {
         let store = Store::temporary().unwrap();
@@ -632,8 +961,11 @@ mod tests {
         b.append("account/a", Head::default(), vec![cursor(1)]);
         b.append("account/b", Head::default(), vec![cursor(1), cursor(2)]);
         store.commit_durable_blocking(b).unwrap();
-        let report = verify(&store, Some("account/b"), &mut |_| {}).unwrap();
+        let report = verify(&store, Some("account/b"), UnixSecs(1), Depth::Fold, &mut |_, _| {}).unwrap();
         assert_eq!((report.streams, report.events), (1, 2));
-        assert!(matches!(verify(&store, Some("account/zz"), &mut |_| {}), Err(AuditError::Usage(_))));
+        assert!(matches!(
+            verify(&store, Some("account/zz"), UnixSecs(1), Depth::Fold, &mut |_, _| {}),
+            Err(AuditError::Usage(_))
+        ));
     }
 }

@@ -25,7 +25,9 @@
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use super::{Hash, Head, Pruned, Snapshot, StoreError, StoredEvent};
+use std::ops::Range;
+
+use super::{Hash, Head, Pruned, RawEvent, Snapshot, StoreError, StoredEvent};
 
 pub(super) const EVENT: u8 = b'e';
 pub(super) const SNAPSHOT: u8 = b's';
@@ -203,6 +205,145 @@ pub(super) fn decode_event(key: &[u8], value: &[u8]) -> Result<StoredEvent, Stor
     let mut hash = [0; 32];
     hash.copy_from_slice(stored_hash);
     Ok(StoredEvent { stream, seq, event_type: b.event_type, version: b.version, at: b.at, data: b.data, prev, hash })
+}
+
+/// The parts of a body laid out exactly as [`encode_body`] writes it, found
+/// by one scan of its bytes (no JSON tree, `data` not parsed): `None` for
+/// any other layout, which [`decode_event`] then reads the slow way. Only
+/// the one layout counts: with stream and seq equal to the key's, numbers
+/// without leading zeros, `prev` in lowercase hex, strings escaped as
+/// `serde_json` escapes them and `data` without surrounding whitespace, the
+/// body is the encoding of its own fields again (given `data` is JSON,
+/// which its decoder checks).
+pub(super) struct Layout {
+    pub event_type: String,
+    pub version: u32,
+    pub at: u64,
+    pub prev: Hash,
+    pub data: Range<usize>,
+}
+
+pub(super) fn scan_body(stream: &str, seq: u64, body: &[u8]) -> Option<Layout> {
+    let expect = |bytes: &[u8], at: &mut usize| -> Option<()> {
+        body.get(*at..*at + bytes.len()).filter(|b| *b == bytes)?;
+        *at += bytes.len();
+        Some(())
+    };
+    let mut at = 0;
+    expect(b"{\"stream\":", &mut at)?;
+    let s = json_string(body, &mut at)?;
+    if s != stream {
+        return None;
+    }
+    expect(b",\"seq\":", &mut at)?;
+    if number(body, &mut at)? != seq {
+        return None;
+    }
+    expect(b",\"type\":", &mut at)?;
+    let event_type = json_string(body, &mut at)?;
+    expect(b",\"version\":", &mut at)?;
+    let version = u32::try_from(number(body, &mut at)?).ok()?;
+    expect(b",\"at\":", &mut at)?;
+    let time = number(body, &mut at)?;
+    expect(b",\"prev\":\"", &mut at)?;
+    let hex = body.get(at..at + 64)?;
+    if !hex.iter().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b)) {
+        return None;
+    }
+    let mut prev = [0; 32];
+    hex::decode_to_slice(hex, &mut prev).ok()?;
+    at += 64;
+    expect(b"\",\"data\":", &mut at)?;
+    let end = body.len().checked_sub(1).filter(|&end| end > at && body[end] == b'}')?;
+    let space = |b: u8| matches!(b, b' ' | b'\t' | b'\n' | b'\r');
+    if space(body[at]) || space(body[end - 1]) {
+        return None;
+    }
+    Some(Layout { event_type: event_type.into_owned(), version, at: time, prev, data: at..end })
+}
+
+/// The JSON string at `at`, if `serde_json` writes that string so: plain
+/// bytes borrowed, escapes checked by writing the string again (rare).
+fn json_string<'a>(body: &'a [u8], at: &mut usize) -> Option<std::borrow::Cow<'a, str>> {
+    let start = *at;
+    if body.get(start) != Some(&b'"') {
+        return None;
+    }
+    let mut i = start + 1;
+    let mut escaped = false;
+    loop {
+        match *body.get(i)? {
+            b'"' => break,
+            b'\\' => {
+                escaped = true;
+                i += 2;
+            }
+            b if b < 0x20 => return None,
+            _ => i += 1,
+        }
+    }
+    *at = i + 1;
+    let quoted = &body[start..=i];
+    if escaped {
+        let s: String = serde_json::from_slice(quoted).ok()?;
+        let again = serde_json::to_vec(&s).ok()?;
+        return (again == quoted).then_some(s.into());
+    }
+    let s = std::str::from_utf8(&quoted[1..quoted.len() - 1]).ok()?;
+    Some(s.into())
+}
+
+/// A decimal number as `serde_json` writes a `u64`: no sign, no leading zero.
+fn number(body: &[u8], at: &mut usize) -> Option<u64> {
+    let start = *at;
+    let mut n: u64 = 0;
+    while let Some(d) = body.get(*at).filter(|b| b.is_ascii_digit()) {
+        n = n.checked_mul(10)?.checked_add(u64::from(d - b'0'))?;
+        *at += 1;
+    }
+    let len = *at - start;
+    (len == 1 || (len > 1 && body[start] != b'0')).then_some(n)
+}
+
+/// A stored event of `stream` read for the chain check: its hash checked
+/// over the bytes as stored, the rest found by [`scan_body`]; a body of
+/// another layout is decoded ([`decode_event`]) and kept as it encodes.
+pub(super) fn raw_event(stream: &str, key: &[u8], mut value: Vec<u8>) -> Result<RawEvent, StoreError> {
+    let seq = match key.len().checked_sub(8) {
+        Some(n) if n == stream.len() + 2 => {
+            let mut be = [0; 8];
+            be.copy_from_slice(&key[n..]);
+            u64::from_be_bytes(be)
+        }
+        _ => parse_event_key(key)?.1,
+    };
+    let layout = value.get(32..).and_then(|body| scan_body(stream, seq, body));
+    let Some(layout) = layout else {
+        let ev = decode_event(key, &value)?;
+        let sound = ev.compute_hash()? == ev.hash;
+        let body = encode_body(&ev.stream, ev.seq, &ev.event_type, ev.version, ev.at, &ev.prev, &ev.data)?;
+        // What `encode_body` writes scans, whatever its strings hold.
+        let layout = scan_body(&ev.stream, ev.seq, &body).ok_or_else(|| StoreError::Corrupt {
+            stream: ev.stream.clone(),
+            seq,
+            what: "body does not scan as it was encoded".into(),
+        })?;
+        let body = String::from_utf8(body).map_err(|e| StoreError::Invalid(e.to_string()))?;
+        return Ok(RawEvent::new(seq, ev.hash, layout, body, sound));
+    };
+    let (stored, body) = value.split_at(32);
+    let mut hash = [0; 32];
+    hash.copy_from_slice(stored);
+    if chain_hash(&layout.prev, body) != hash {
+        return Err(StoreError::HashMismatch { stream: stream.to_owned(), seq });
+    }
+    value.drain(..32);
+    let body = String::from_utf8(value).map_err(|_| StoreError::Corrupt {
+        stream: stream.to_owned(),
+        seq,
+        what: "body is not UTF-8".into(),
+    })?;
+    Ok(RawEvent::new(seq, hash, layout, body, true))
 }
 
 pub(super) fn encode_snapshot(snap: &Snapshot) -> Vec<u8> {

@@ -278,8 +278,8 @@ pub fn verify_data_dir(relay: &RelayProc) -> Audit {
     Audit { relay: relay.id.clone(), method: AuditMethod::VerifyChain, findings, note }
 }
 
-/// `relay_actors::store::verify_chain` over every stream of a stopped
-/// relay's store: (streams checked, findings).
+/// `relay_actors::store::verify_chain_from` over every stream of a stopped
+/// relay's store, each from its pruned marker: (streams checked, findings).
 pub fn verify_chains(data_dir: &std::path::Path) -> (usize, Vec<String>) {
     let mut findings = vec![];
     let mut streams = 0;
@@ -290,7 +290,14 @@ pub fn verify_chains(data_dir: &std::path::Path) -> (usize, Vec<String>) {
                 match stream {
                     Ok(s) => {
                         streams += 1;
-                        let found = relay_actors::store::verify_chain(store.read(&s, 0));
+                        let start = match store.pruned(&s) {
+                            Ok(marker) => marker.map(|m| m.head).unwrap_or_default(),
+                            Err(e) => {
+                                findings.push(format!("stream {s:?}: pruned marker: {e}"));
+                                continue;
+                            }
+                        };
+                        let found = relay_actors::store::verify_chain_from(|_| start, store.read(&s, 0));
                         findings.extend(found.iter().map(|f| f.to_string()));
                     }
                     Err(e) => findings.push(format!("listing streams: {e}")),
