@@ -8,6 +8,7 @@
 //! `relay audit` (sled holds an exclusive lock while a relay runs).
 
 use crate::common;
+use common::copy_dir;
 
 use common::client::{mid, now, Client, User};
 use common::cluster::Cluster;
@@ -26,19 +27,6 @@ fn audit_dir(dir: &Path, args: &[&str]) -> (i32, String, String) {
     let mut all = vec!["--data-dir", dir.to_str().unwrap()];
     all.extend_from_slice(args);
     audit(&all)
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
 }
 
 /// Runs `f` on the (stopped) relay's store, then closes it.

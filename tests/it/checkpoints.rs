@@ -6,6 +6,7 @@
 //! checkpoint, even where `relay audit verify` alone finds nothing.
 
 use crate::common;
+use common::copy_dir;
 
 use common::client::{mid, relay_post, Client, User};
 use common::cluster::Cluster;
@@ -116,19 +117,6 @@ async fn peers_witness_each_others_checkpoints() {
                 let f = f.unwrap().path();
                 assert_eq!(mode(&f), 0o600, "{}", f.display());
             }
-        }
-    }
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
         }
     }
 }
