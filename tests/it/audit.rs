@@ -8,7 +8,7 @@
 //! `relay audit` (sled holds an exclusive lock while a relay runs).
 
 use crate::common;
-use common::copy_dir;
+use common::{copy_dir, with_store};
 
 use common::client::{mid, now, Client, User};
 use common::cluster::Cluster;
@@ -27,14 +27,6 @@ fn audit_dir(dir: &Path, args: &[&str]) -> (i32, String, String) {
     let mut all = vec!["--data-dir", dir.to_str().unwrap()];
     all.extend_from_slice(args);
     audit(&all)
-}
-
-/// Runs `f` on the (stopped) relay's store, then closes it.
-fn with_store<T>(data_dir: &Path, f: impl FnOnce(&Store) -> T) -> T {
-    let store = Store::open(&data_dir.join("store")).expect("open store");
-    let out = f(&store);
-    store.close().unwrap();
-    out
 }
 
 // ---- one populated relay, shared by the tests that only read or copy it ----

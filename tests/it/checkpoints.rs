@@ -6,7 +6,7 @@
 //! checkpoint, even where `relay audit verify` alone finds nothing.
 
 use crate::common;
-use common::copy_dir;
+use common::{copy_dir, with_store};
 
 use common::client::{mid, relay_post, Client, User};
 use common::cluster::Cluster;
@@ -192,14 +192,6 @@ fn change_first(v: &mut Value, name: &str) -> bool {
         Value::Array(items) => items.iter_mut().any(|x| change_first(x, name)),
         _ => false,
     }
-}
-
-/// Runs `f` on the (stopped) relay's store, then closes it.
-fn with_store<T>(data_dir: &Path, f: impl FnOnce(&Store) -> T) -> T {
-    let store = Store::open(&data_dir.join("store")).expect("open store");
-    let out = f(&store);
-    store.close().unwrap();
-    out
 }
 
 /// `relay audit verify --checkpoint FILE` on `data_dir`: (exit code, stdout).

@@ -111,15 +111,16 @@ pub struct Traces {
 /// (replicated ones included).
 pub fn traces(account_id: &str, event: &AccountEvent) -> Option<Traces> {
     let entry = ledger::written(account_id, event, None)?;
-    let (retention_until, delivery, sent) = match &entry {
-        ledger::Entry::Send { message_id, entry } => {
+    let (delivery, sent) = match &entry {
+        ledger::Entry::Send { message_id, .. } => {
             let cross = matches!(event.origin(), AccountEvent::MessageSent { .. });
-            (entry.retention_until, cross.then(|| message_id.clone()), true)
+            (cross.then(|| message_id.clone()), true)
         }
-        ledger::Entry::Receipt { entry, .. } => (entry.retention_until, None, false),
+        ledger::Entry::Receipt { .. } => (None, false),
     };
     let record = event.record().map(|r| r.sequence);
-    Some(Traces { retention_until, ledger_key: entry.key(account_id), record, delivery, sent })
+    let (retention_until, ledger_key) = (entry.retention_until(), entry.key(account_id));
+    Some(Traces { retention_until, ledger_key, record, delivery, sent })
 }
 
 /// Whether `event` may leave its stream's prefix at `now`: a message's

@@ -284,10 +284,12 @@ impl AccountActor {
             let entry = ledger::written(account, e, current.as_ref());
             if let Some(w) = &entry {
                 batch.blob_put(&w.key(account), &w.value().map_err(|e| internal(&e))?);
-            }
-            // The message's traces are found by the sweep when they are due.
-            if let Some(t) = retention::traces(account, e) {
-                batch.kv_put(&retention::index_key(t.retention_until, account, first + i as u64), retention::DUE);
+                // A message accepted: the sweep finds its traces when they
+                // are due (an entry changed, by a status, is indexed already).
+                if current.is_none() {
+                    let until = w.retention_until();
+                    batch.kv_put(&retention::index_key(until, account, first + i as u64), retention::DUE);
+                }
             }
             written.push(entry);
             new_events.push(NewEvent::new(e.event_type(), AccountEvent::VERSION, now, e).map_err(|e| internal(&e))?);

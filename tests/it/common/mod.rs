@@ -24,3 +24,11 @@ pub fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
         }
     }
 }
+
+/// Runs `f` on a stopped relay's store (in `data_dir`), then closes it.
+pub fn with_store<T>(data_dir: &std::path::Path, f: impl FnOnce(&relay_actors::store::Store) -> T) -> T {
+    let store = relay_actors::store::Store::open(&data_dir.join("store")).expect("open store");
+    let out = f(&store);
+    store.close().unwrap();
+    out
+}

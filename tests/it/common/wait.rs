@@ -11,20 +11,12 @@ const POLL: Duration = Duration::from_millis(20);
 
 /// Calls `check` until it answers `Ok`, for at most `limit`; then panics
 /// with `what` and the last `Err` (what was seen instead).
-pub async fn eventually<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
+pub async fn eventually<T, F, Fut>(what: &str, limit: Duration, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, String>>,
 {
-    let deadline = Instant::now() + limit;
-    loop {
-        match check().await {
-            Ok(v) => return v,
-            Err(seen) => assert!(Instant::now() < deadline, "{what}: not within {limit:?}; last seen: {seen}"),
-        }
-        // Waits for the relay processes (or a stand-in's threads) to change what `check` reads: the poll interval.
-        actix_rt::time::sleep(POLL).await;
-    }
+    poll(limit, check).await.unwrap_or_else(|seen| panic!("{what}: {seen}"))
 }
 
 /// [`eventually`] for a thread outside the async runtime.

@@ -217,6 +217,14 @@ impl Entry {
         }
     }
 
+    /// Until when the entry is kept (PROTOCOL §10).
+    pub fn retention_until(&self) -> u64 {
+        match self {
+            Entry::Send { entry, .. } => entry.retention_until,
+            Entry::Receipt { entry, .. } => entry.retention_until,
+        }
+    }
+
     /// How the audit names it.
     pub fn name(&self) -> String {
         match self {
