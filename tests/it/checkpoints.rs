@@ -121,20 +121,6 @@ async fn peers_witness_each_others_checkpoints() {
     }
 }
 
-/// An event's hashed body, as the store writes it (`codec.rs`: the field
-/// order is part of the format).
-#[derive(serde::Serialize)]
-struct Body<'a> {
-    stream: &'a str,
-    seq: u64,
-    #[serde(rename = "type")]
-    event_type: &'a str,
-    version: u32,
-    at: u64,
-    prev: String,
-    data: &'a serde_json::value::RawValue,
-}
-
 /// Rewrites event `seq` of `stream` with `edit` applied to its data, and
 /// every event after it with the chain recomputed from the new hash, so
 /// the stream is a sound chain again (the snapshot, if any, follows the new
@@ -151,30 +137,17 @@ fn rewrite_and_rechain(store: &Store, stream: &str, seq: u64, edit: impl FnOnce(
             (edit.take().unwrap())(&mut data);
         }
         let data = serde_json::value::to_raw_value(&data).unwrap();
-        let body = Body {
-            stream,
-            seq: ev.seq,
-            event_type: &ev.event_type,
-            version: ev.version,
-            at: ev.at,
-            prev: hex::encode(prev),
-            data: &data,
-        };
-        let body = serde_json::to_vec(&body).unwrap();
-        let mut h = blake3::Hasher::new();
-        h.update(&prev);
-        h.update(&body);
-        let hash: [u8; 32] = *h.finalize().as_bytes();
-        store.raw_db().insert(Store::raw_event_key(stream, ev.seq), [&hash[..], &body].concat()).unwrap();
+        let rewritten = relay_actors::store::StoredEvent { data, prev, ..ev.clone() };
+        let value = rewritten.encoded().unwrap();
+        let hash: [u8; 32] = value[..32].try_into().unwrap();
+        store.raw_db().insert(Store::raw_event_key(stream, ev.seq), value).unwrap();
         new_hashes.insert(ev.seq, hash);
         prev = hash;
     }
     assert_ne!(new_hashes[&seq], events[seq as usize - 1].hash, "the edit changed the event");
     if let Some(snap) = store.load_snapshot(stream).unwrap().filter(|s| s.seq >= seq) {
-        let mut key = b"s".to_vec();
-        key.extend_from_slice(stream.as_bytes());
         let value = [&snap.seq.to_be_bytes()[..], &new_hashes[&snap.seq], &snap.state].concat();
-        store.raw_db().insert(key, value).unwrap();
+        store.raw_db().insert(Store::raw_snapshot_key(stream), value).unwrap();
     }
 }
 

@@ -180,6 +180,22 @@ impl StoredEvent {
         Ok(codec::chain_hash(&self.prev, &body))
     }
 
+    /// The value the store keeps for this event (`hash ‖ body`), encoded
+    /// again from its fields: for tests that rewrite history on purpose.
+    #[doc(hidden)]
+    pub fn encoded(&self) -> Result<Vec<u8>, StoreError> {
+        let body = codec::encode_body(
+            &self.stream,
+            self.seq,
+            &self.event_type,
+            self.version,
+            self.at,
+            &self.prev,
+            &self.data,
+        )?;
+        Ok([&codec::chain_hash(&self.prev, &body)[..], &body].concat())
+    }
+
     /// The stream's head right after this event.
     pub fn head(&self) -> Head {
         Head { seq: self.seq, hash: self.hash }
@@ -865,6 +881,12 @@ impl Store {
         let prefix = prefix.to_vec();
         self.scan(&prefix, end.as_deref(), false)
             .take_while(move |kv| kv.as_ref().map_or(true, |(k, _)| k.starts_with(&prefix)))
+    }
+
+    /// The raw key of a stream's snapshot, for tests that rewrite it.
+    #[doc(hidden)]
+    pub fn raw_snapshot_key(stream: &str) -> Vec<u8> {
+        codec::snapshot_key(stream)
     }
 
     /// The raw key of an event, for tests that corrupt records on purpose.
