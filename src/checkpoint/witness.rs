@@ -30,10 +30,6 @@ use std::time::Duration;
 /// Checkpoints kept per peer (a week of them at the default interval).
 pub const KEEP_PER_PEER: usize = 168;
 
-/// The first fetch comes this long after start at most (or after one
-/// interval, when that is shorter): the peers start about together.
-const FIRST_FETCH_AFTER: Duration = Duration::from_secs(10);
-
 /// The witness log's directory in a data dir.
 pub fn dir_in(data_dir: &Path) -> PathBuf {
     data_dir.join("witness")
@@ -159,14 +155,15 @@ impl Witness {
         Ok(Witness { dir, peers, client, clock, clock_tolerance, last: Mutex::new(last) })
     }
 
-    /// Fetches every peer's checkpoint soon after start, then every `every`
-    /// (on the current arbiter).
+    /// Fetches every peer's checkpoint every `every`, the first `every`
+    /// after start (on the current arbiter): a peer's requests to this
+    /// relay's neighbours stay what its traffic makes them until then.
     pub fn start(self: Arc<Self>, every: Duration) {
         if self.peers.is_empty() {
             return;
         }
         actix_web::rt::spawn(async move {
-            actix_web::rt::time::sleep(every.min(FIRST_FETCH_AFTER)).await;
+            actix_web::rt::time::sleep(every).await;
             loop {
                 for (peer, key) in &self.peers {
                     match self.witness(peer, key).await {

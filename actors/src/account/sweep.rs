@@ -17,9 +17,10 @@ use std::collections::HashSet;
 pub const MAX_PRUNED_PER_TURN: usize = 1024;
 
 /// A message whose send has not finished (its delivery outlived its
-/// retention: the relay was down at its deadline) is looked at again this
-/// much later.
-pub const DEFER_SECS: u64 = 60;
+/// retention: the relay was down at its deadline, which ends it as soon as
+/// the relay is back) is looked at again this much later: soon, so its
+/// traces go right after it ends, by the first pass after this.
+pub const DEFER_SECS: u64 = 5;
 
 /// What one turn did.
 #[derive(Debug, Default, PartialEq, Eq)]
