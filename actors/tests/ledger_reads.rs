@@ -166,7 +166,10 @@ async fn a_local_send_reads_the_senders_ledger_once_and_a_retry_reads_the_entry_
     let first = w.send(mid).await;
     assert_eq!(first.status, Status::TargetAccepted, "{first:?}");
     assert_eq!(w.ledger_reads(), 1, "the send's decision read the entry; its settle took it from the memo");
-    // A finished send leaves the memo: the retry reads what was written.
+    // A finished send leaves the memo: the retry reads what was written
+    // (from the engine, once the writer has installed it: the store's
+    // overlay answers reads before then without reaching the engine).
+    w.sup.store().settle_blocking().unwrap();
     let retry = w.send(mid).await;
     assert_eq!(retry, first);
     assert_eq!(w.ledger_reads(), 2);
@@ -181,17 +184,17 @@ async fn a_cross_relay_send_reads_the_senders_ledger_once_through_its_acceptance
     let first = w.send(mid).await;
     assert_eq!(first.status, Status::TargetAccepted);
     assert_eq!(w.ledger_reads(), 1, "the send's decision read the entry; its acceptance took it from the memo");
-    // The report may be written after the first attempt's status is told:
-    // until then the status comes from the memo; once terminal, the entry
-    // has left it and is read from the store (one read).
-    let mut settled = w.status(mid).await;
-    for _ in 0..1000 {
-        if settled.status.is_terminal() {
-            break;
+    // The report may be written after the first attempt's status is told;
+    // once it is, the entry has left the memo and a status is read from
+    // the store (one read, reaching the engine once the writer installed it).
+    let reported = async {
+        while w.events_of_alice("delivery_updated") == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        tokio::task::yield_now().await;
-        settled = w.status(mid).await;
-    }
+    };
+    tokio::time::timeout(Duration::from_secs(10), reported).await.expect("the report is written");
+    w.sup.store().settle_blocking().unwrap();
+    let settled = w.status(mid).await;
     assert_eq!(settled.status, Status::TargetAccepted);
     assert_eq!(w.ledger_reads(), 2, "the report and its write took the entry from the memo");
     assert_eq!(w.events_of_alice("message_sent"), 1);

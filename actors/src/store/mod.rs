@@ -861,6 +861,15 @@ impl Store {
         self.inner.shared.engine.get(key)
     }
 
+    /// Blocks until everything committed so far is in the engine and gone
+    /// from the overlay: for tests that count what reaches the engine.
+    #[doc(hidden)]
+    pub fn settle_blocking(&self) -> Result<(), StoreError> {
+        self.flush()?;
+        self.wait_installed();
+        Ok(())
+    }
+
     /// Returns once every durable commit is installed in the engine (the
     /// writer installs a group just after reporting it durable).
     fn wait_installed(&self) {
