@@ -15,11 +15,14 @@
 //! entries already due, never the accounts themselves.
 //!
 //! A swept ledger entry leaves its swept form ([`crate::account::ledger::SendEntry::swept`])
-//! until [`tombstone_until`]: until then a retry of the message could
-//! still pass the age check and be taken as new, so it is answered
-//! `message_expired` instead (the seed allows either; answering it keeps a
-//! short retention from turning a client's late retry into a second
-//! delivery).
+//! until [`tombstone_until`] when that is later: until then a retry of the
+//! message could still pass the age check and be taken as new, so it is
+//! answered `message_expired` instead (the seed allows either; answering
+//! it keeps a short retention from turning a client's late retry into a
+//! second delivery). Under the default limits (30 days of retention, a
+//! 90-minute age limit) no retry can pass by then, and the entry goes with
+//! the rest: a swept form is kept only when retention is shorter than the
+//! age limit and the clock tolerance.
 
 use crate::account::events::AccountEvent;
 use crate::account::ledger;
@@ -47,12 +50,14 @@ pub fn is_past(retention_until: u64, now: UnixSecs) -> bool {
     retention_until < now.0
 }
 
-/// Until when a swept entry answers retries with `message_expired`: past
-/// this no retry can pass the age check (`created_at` ≤ `accepted_at` +
-/// tolerance ≤ `retention_until` + tolerance, and a message is taken only
-/// within `delivery_age_limit` of its `created_at`).
-pub fn tombstone_until(retention_until: u64, policy: &Policy) -> u64 {
-    retention_until.saturating_add(policy.clock_tolerance).saturating_add(policy.delivery_age_limit)
+/// Until when a retry of a message accepted at `accepted_at` could still
+/// pass the age check (so its swept entry must answer it): a retry carries
+/// the same `created_at`, at most `accepted_at` + tolerance (it passed the
+/// clock check then), and is refused once `created_at` +
+/// `delivery_age_limit` ≤ now. With the limits of the time of the sweep: a
+/// later, longer age limit is not covered.
+pub fn tombstone_until(accepted_at: u64, policy: &Policy) -> u64 {
+    accepted_at.saturating_add(policy.clock_tolerance).saturating_add(policy.delivery_age_limit)
 }
 
 /// The index key of the message in event `seq` of `account_id`'s stream.
@@ -96,6 +101,7 @@ pub fn parse_index_key(key: &[u8]) -> Option<IndexEntry> {
 /// What a message event leaves besides itself.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Traces {
+    pub accepted_at: u64,
     pub retention_until: u64,
     /// Its ledger entry's blob key.
     pub ledger_key: Vec<u8>,
@@ -119,8 +125,14 @@ pub fn traces(account_id: &str, event: &AccountEvent) -> Option<Traces> {
         ledger::Entry::Receipt { .. } => (None, false),
     };
     let record = event.record().map(|r| r.sequence);
+    let accepted_at = match event.origin() {
+        AccountEvent::MessageSent { accepted_at, .. }
+        | AccountEvent::SelfDelivered { accepted_at, .. }
+        | AccountEvent::MessageReceived { accepted_at, .. } => *accepted_at,
+        _ => return None,
+    };
     let (retention_until, ledger_key) = (entry.retention_until(), entry.key(account_id));
-    Some(Traces { retention_until, ledger_key, record, delivery, sent })
+    Some(Traces { accepted_at, retention_until, ledger_key, record, delivery, sent })
 }
 
 /// Whether `event` may leave its stream's prefix at `now`: a message's
@@ -141,16 +153,17 @@ pub fn may_prune(
     }
 }
 
-/// What the sweep does with a message's ledger entry: leave its swept form
-/// until `until` (a second-stage index entry removes it then), or remove it.
+/// What the sweep does with a message's ledger entry at `now` (past its
+/// retention): leave its swept form until `until` (a second-stage index
+/// entry removes it then), or remove it when no retry could pass anyway.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LedgerSweep {
     Swept { until: u64 },
     Remove,
 }
 
-pub fn ledger_sweep(retention_until: u64, now: UnixSecs, policy: &Policy) -> LedgerSweep {
-    let until = tombstone_until(retention_until, policy);
+pub fn ledger_sweep(traces: &Traces, now: UnixSecs, policy: &Policy) -> LedgerSweep {
+    let until = tombstone_until(traces.accepted_at, policy);
     if until >= now.0 {
         LedgerSweep::Swept { until }
     } else {
@@ -219,10 +232,20 @@ mod tests {
 
     #[test]
     fn a_swept_entry_answers_until_no_retry_could_pass_the_age_check() {
-        // 110 + tolerance 5 + age limit 50.
-        assert_eq!(tombstone_until(110, &policy()), 165);
-        assert_eq!(ledger_sweep(110, UnixSecs(111), &policy()), LedgerSweep::Swept { until: 165 });
-        assert_eq!(ledger_sweep(110, UnixSecs(166), &policy()), LedgerSweep::Remove);
+        // Accepted at 10, kept through 30: a retry's created_at is at most
+        // 10 + tolerance 5, refused from 15 + age limit 50 on.
+        let t = traces("bob", &received(30)).unwrap();
+        assert_eq!(tombstone_until(t.accepted_at, &policy()), 65);
+        assert_eq!(ledger_sweep(&t, UnixSecs(31), &policy()), LedgerSweep::Swept { until: 65 });
+        assert_eq!(ledger_sweep(&t, UnixSecs(65), &policy()), LedgerSweep::Swept { until: 65 });
+        assert_eq!(ledger_sweep(&t, UnixSecs(66), &policy()), LedgerSweep::Remove);
+    }
+
+    #[test]
+    fn an_entry_past_a_retention_longer_than_the_age_limit_leaves_no_swept_form() {
+        // Kept through 110: every retry has been refused by age since 65.
+        let t = traces("bob", &received(110)).unwrap();
+        assert_eq!(ledger_sweep(&t, UnixSecs(111), &policy()), LedgerSweep::Remove);
     }
 
     #[test]

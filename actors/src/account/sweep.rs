@@ -131,7 +131,7 @@ impl Sweep<'_> {
         if let Some(sequence) = t.record {
             batch.kv_remove(&timeline::key(account, sequence));
         }
-        match retention::ledger_sweep(t.retention_until, self.now, self.policy) {
+        match retention::ledger_sweep(t, self.now, self.policy) {
             LedgerSweep::Swept { until } => {
                 let swept = match t.sent {
                     true => serde_json::to_vec(&SendEntry::swept(t.retention_until)),
@@ -278,7 +278,7 @@ mod tests {
 
         // Later the swept entry goes too, and m2 takes the rest of the prefix.
         let policy = Policy::with_relay_id("relay-a");
-        let later = retention::tombstone_until(200, &policy) + 1;
+        let later = retention::tombstone_until(10, &policy) + 1;
         sweep(&store, &state, later);
         assert!(store.blob_get(&ledger::receipt_key("bob", "alice", "m1")).unwrap().is_none());
         assert_eq!(store.read("account/bob", 0).count(), 0);
