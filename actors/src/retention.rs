@@ -13,8 +13,10 @@
 //! 3. hands each account its entries; the account actor deletes and
 //!    answers once that is durable (it serializes with the account's own
 //!    commands, so nothing it deletes is being written);
-//! 4. waits while the store's writer is behind ([`BUSY_BACKLOG`] commits
-//!    not yet durable): sweeping yields to traffic.
+//! 4. rests after a full turn three times as long as the turn took (as
+//!    long when it is late: `retention::rest_after`), and waits while the
+//!    store's writer is behind ([`BUSY_BACKLOG`] commits not yet durable):
+//!    sweeping yields to traffic.
 //!
 //! A pass whose turn finds the same first entry as the turn before stops:
 //! an account that cannot sweep is not retried in a loop (its entries
@@ -107,7 +109,7 @@ pub async fn run(sup: Supervisor, every: Duration) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        match pass(&sup).await {
+        match pass(&sup, every).await {
             Ok(p) if p.messages > 0 || p.pruned > 0 => {
                 tracing::info!(messages = p.messages, pruned = p.pruned, turns = p.turns, "retention sweep")
             }
@@ -117,17 +119,19 @@ pub async fn run(sup: Supervisor, every: Duration) {
     }
 }
 
-/// One pass: sweeps until nothing is due.
-pub async fn pass(sup: &Supervisor) -> Result<Pass, String> {
+/// One pass: sweeps until nothing is due (`every`: the sweep's interval,
+/// which says when it is late).
+pub async fn pass(sup: &Supervisor, every: Duration) -> Result<Pass, String> {
     let store = sup.store();
     let mut done = Pass::default();
     let mut checkpointed = false;
     let mut first_seen: Option<IndexEntry> = None;
     loop {
-        let now = sup.clock().now();
+        let (now, started) = (sup.clock().now(), std::time::Instant::now());
         let scan = store.clone();
         let due = tokio::task::spawn_blocking(move || due_entries(&scan, now)).await.map_err(|e| e.to_string())??;
         let Some((first, _)) = due.first() else { break };
+        let (full, late) = (due.len() == TURN, now.0.saturating_sub(first.until) > every.as_secs());
         if first_seen.as_ref() == Some(first) {
             return Err(format!("account {} could not be swept; the rest waits", first.account_id));
         }
@@ -157,6 +161,9 @@ pub async fn pass(sup: &Supervisor) -> Result<Pass, String> {
             }
         }
         done.turns += 1;
+        if full {
+            tokio::time::sleep(retention::rest_after(started.elapsed(), late)).await;
+        }
         while store.backlog() > BUSY_BACKLOG {
             tokio::time::sleep(BUSY_WAIT).await;
         }

@@ -171,6 +171,20 @@ pub fn ledger_sweep(traces: &Traces, now: UnixSecs, policy: &Policy) -> LedgerSw
     }
 }
 
+/// How long the sweep rests after a full turn that took `took`, so that
+/// it takes at most a quarter of the account actors' time and sends keep
+/// their latency (a pass's turns back to back stalled them for a second).
+/// A sweep `late` (its oldest due entry is more than a sweep interval past
+/// its time) takes half: it must still keep the promise to delete within
+/// `limits.retention_sweep`.
+pub fn rest_after(took: std::time::Duration, late: bool) -> std::time::Duration {
+    if late {
+        took
+    } else {
+        took * 3
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -246,6 +260,13 @@ mod tests {
         // Kept through 110: every retry has been refused by age since 65.
         let t = traces("bob", &received(110)).unwrap();
         assert_eq!(ledger_sweep(&t, UnixSecs(111), &policy()), LedgerSweep::Remove);
+    }
+
+    #[test]
+    fn the_sweep_takes_a_quarter_of_the_time_and_half_when_it_is_late() {
+        let turn = std::time::Duration::from_millis(40);
+        assert_eq!(rest_after(turn, false), turn * 3);
+        assert_eq!(rest_after(turn, true), turn);
     }
 
     #[test]
