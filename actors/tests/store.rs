@@ -891,6 +891,57 @@ fn a_pointer_past_its_segment_is_a_corrupt_record_not_an_allocation() {
 }
 
 #[test]
+fn a_store_opened_to_read_reads_from_mapped_segments_what_the_writer_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    append_n(&store, "s", 5);
+    // Over a MiB that will be dead: the segment is worth compacting.
+    let mut batch = store.batch();
+    for n in 0..4u8 {
+        batch.blob_put(&[n], &vec![n; 300 << 10]);
+    }
+    store.commit_durable_blocking(batch).unwrap();
+    let written = format!("{:?}", read_all(&store, "s"));
+    store.close().unwrap();
+    drop(store);
+
+    let store = Store::open_to_read(dir.path()).unwrap();
+    let segment = dir.path().join("log/0000000000000001");
+    assert_eq!(format!("{:?}", read_all(&store, "s")), written, "through the closed segment's mapping");
+    assert_eq!(store.blob_get(&[3]).unwrap(), Some(vec![3; 300 << 10]));
+    // A pointer past the mapping is a corrupt record, as past a file.
+    let key = Store::raw_event_key("s", 2);
+    let good = store.raw_db().get(&key).unwrap().unwrap().to_vec();
+    let mut bad = good.clone();
+    bad[16..].copy_from_slice(&u32::MAX.to_be_bytes());
+    store.raw_db().insert(&key, bad).unwrap();
+    match store.read("s", 1).next() {
+        Some(Err(StoreError::Corrupt { what, .. })) => assert!(what.contains("past the segment's end"), "{what}"),
+        other => panic!("{other:?}"),
+    }
+    store.raw_db().insert(&key, good).unwrap();
+
+    // Compaction removes the mapped segment while a read is under way: the
+    // read goes on, from the old mapping or the values' copies.
+    let mut reading = store.read("s", 0);
+    let mut events = vec![reading.next().unwrap().unwrap()];
+    let mut batch = store.batch();
+    for n in 0..4u8 {
+        batch.blob_remove(&[n]);
+    }
+    store.commit_durable_blocking(batch).unwrap();
+    store.compact_now().unwrap();
+    assert!(!segment.exists(), "compacted and removed");
+    events.extend(reading.map(Result::unwrap));
+    assert_eq!(format!("{events:?}"), written);
+    assert_eq!(format!("{:?}", read_all(&store, "s")), written, "the copies, through their segment's mapping");
+    // Written after the open: in the current segment, read with pread.
+    append_n(&store, "s", 1);
+    assert_eq!(read_all(&store, "s").len(), 6);
+    assert_eq!(verify_chain(store.read("s", 0)), []);
+}
+
+#[test]
 fn a_store_from_before_log_segments_opens_as_is_and_keeps_its_inline_values() {
     // A store of the earlier layout: one `wal` file, values inline in sled.
     let dir = killed_after_wal_commits();

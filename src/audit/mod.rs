@@ -65,7 +65,7 @@ pub fn open_store(data_dir: &Path) -> Result<Store, AuditError> {
     if !dir.join("conf").exists() && !dir.join("db").exists() {
         return Err(AuditError::NoStore(data_dir.to_path_buf()));
     }
-    Store::open(&dir).map_err(|e| {
+    Store::open_to_read(&dir).map_err(|e| {
         if crate::config::store_in_use(&e) {
             AuditError::InUse(data_dir.to_path_buf())
         } else {

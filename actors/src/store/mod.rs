@@ -345,6 +345,13 @@ impl Store {
         Store::with_engine(Arc::new(SledEngine::open(dir, None)?))
     }
 
+    /// Opens a stopped relay's store to read it whole, as the audit does
+    /// ([`SledEngine::open_to_read`]: values read from mapped segments, no
+    /// scans that only serve writing).
+    pub fn open_to_read(dir: &Path) -> Result<Store, StoreError> {
+        Store::with_engine(Arc::new(SledEngine::open_to_read(dir)?))
+    }
+
     /// Like [`Store::open`], with sled's page cache limited to `cache_bytes`.
     pub fn open_with_cache(dir: &Path, cache_bytes: u64) -> Result<Store, StoreError> {
         Store::with_engine(Arc::new(SledEngine::open(dir, Some(cache_bytes))?))
