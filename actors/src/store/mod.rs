@@ -168,32 +168,20 @@ impl StoredEvent {
     /// `blake3(prev ‖ body)` with the body encoded again from the fields;
     /// equal to the stored bytes' hash because encoding is deterministic.
     pub fn compute_hash(&self) -> Result<Hash, StoreError> {
-        let body = codec::encode_body(
-            &self.stream,
-            self.seq,
-            &self.event_type,
-            self.version,
-            self.at,
-            &self.prev,
-            &self.data,
-        )?;
-        Ok(codec::chain_hash(&self.prev, &body))
+        Ok(codec::chain_hash(&self.prev, &self.body()?))
     }
 
     /// The value the store keeps for this event (`hash ‖ body`), encoded
     /// again from its fields: for tests that rewrite history on purpose.
     #[doc(hidden)]
     pub fn encoded(&self) -> Result<Vec<u8>, StoreError> {
-        let body = codec::encode_body(
-            &self.stream,
-            self.seq,
-            &self.event_type,
-            self.version,
-            self.at,
-            &self.prev,
-            &self.data,
-        )?;
+        let body = self.body()?;
         Ok([&codec::chain_hash(&self.prev, &body)[..], &body].concat())
+    }
+
+    /// The body encoded again from the fields.
+    fn body(&self) -> Result<Vec<u8>, StoreError> {
+        codec::encode_body(&self.stream, self.seq, &self.event_type, self.version, self.at, &self.prev, &self.data)
     }
 
     /// The stream's head right after this event.
