@@ -128,12 +128,13 @@ fn broken(page: &Path, target: &str) -> Option<String> {
         None => (target, None),
     };
     let file = if path.is_empty() { page.to_path_buf() } else { page.parent().unwrap().join(path) };
+    let shown = file.strip_prefix(root()).unwrap_or(&file).display().to_string();
     if !file.exists() {
-        return Some(format!("{} does not exist", file.display()));
+        return Some(format!("{shown} does not exist"));
     }
     let anchor = anchor?;
     if file.extension().is_some_and(|ext| ext == "md") && !anchors(&read(&file)).contains(anchor) {
-        return Some(format!("{} has no heading with the anchor #{anchor}", file.display()));
+        return Some(format!("{shown} has no heading with the anchor #{anchor}"));
     }
     None
 }
