@@ -270,6 +270,47 @@ fn every_protocol_section_cited_in_the_sources_is_in_the_protocol_reference() {
     assert!(cited > 100, "only {cited} citations found: is the scanner broken?");
 }
 
+/// The `docs/….md` paths named in `text` (a comment's pointer to a chapter).
+fn doc_paths(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    for (at, _) in text.match_indices("docs/") {
+        let preceded = text[..at].chars().next_back().is_some_and(|c| c.is_alphanumeric() || c == '/' || c == '_');
+        let path = &text[at..];
+        let len = path.find(|c: char| !(c.is_alphanumeric() || "/._-".contains(c))).unwrap_or(path.len());
+        let path = path[..len].trim_end_matches('.');
+        if !preceded && path.ends_with(".md") {
+            out.push(path);
+        }
+    }
+    out
+}
+
+#[test]
+fn every_chapter_a_source_file_points_at_exists() {
+    let mut bad = Vec::new();
+    let mut named = 0;
+    for file in files(root(), &["rs", "js", "mjs", "toml", "sh", "py"]) {
+        let Ok(text) = std::fs::read_to_string(&file) else { continue };
+        for path in doc_paths(&text) {
+            named += 1;
+            if !root().join(path).exists() {
+                bad.push(format!("{}: {path}", file.strip_prefix(root()).unwrap().display()));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "chapters that do not exist:\n{}", bad.join("\n"));
+    assert!(named > 5, "only {named} chapters named: is the scanner broken?");
+}
+
+#[test]
+fn doc_paths_are_read_from_comments() {
+    assert_eq!(
+        doc_paths("// see docs/cluster.md. And docs/guide/two-relays.md, not docs/ alone"),
+        ["docs/cluster.md", "docs/guide/two-relays.md"]
+    );
+    assert_eq!(doc_paths("web/docs/x.md and fuzz/README.md"), Vec::<&str>::new());
+}
+
 #[test]
 fn citations_are_read_across_comment_lines_and_lists() {
     // Spelled through `p` so that this file cites nothing itself.
