@@ -2,7 +2,7 @@
 //! route names relay-a and relay-b; she registers at relay-a, and relay-b
 //! learns her account by `timeline.replicate` (PROTOCOL §5). Bob, at
 //! relay-a, writes to her; she reads the message at both homes and answers
-//! from relay-b. The relays must be peers (README *Two relays*).
+//! from relay-b. The relays must be peers (docs/guide/two-relays.md).
 //!
 //! ```text
 //! cargo run --release --example two_homes -- http://127.0.0.1:7801 relay-a http://127.0.0.1:7802 relay-b

@@ -12,7 +12,7 @@
 # (the throughput to compare with). AGE_LIMIT and TOLERANCE set
 # `limits.delivery_age_limit` and `limits.clock_tolerance` (defaults 90m and
 # 5m): a swept message's idempotency entry stays until no retry could pass
-# the age check (docs/retention.md), so with a retention shorter than those
+# the age check (docs/operate/retention.md), so with a retention shorter than those
 # two the live set includes that long a tail. KEEP=DIR moves the relay's data dir
 # there at the end (stopped cleanly), for `examples/store_space.rs`.
 set -euo pipefail

@@ -1,4 +1,5 @@
-//! Writes a log for timing `relay audit` (README *Audit*, the figures):
+//! Writes a log for timing `relay audit` (docs/audit.md; the figures are
+//! in docs/performance-journal.md):
 //! at least N events (default 1,000,000) into `DIR/store`, through the
 //! store's batches directly (no relay), in commits of about 2,000 events,
 //! with real account and delivery event JSON (~0.5–1.5 KB each): 1,000

@@ -496,7 +496,7 @@ fn commit_pauses(store: &Store, n: u32, tag: u8) -> (Duration, Duration) {
 /// compacts a step per group, against the same commits with nothing to
 /// compact.
 #[test]
-#[ignore = "figures for the README: run by hand with --nocapture"]
+#[ignore = "figures for docs/performance-journal.md: run by hand with --nocapture"]
 fn figures_compaction_space_and_commit_pauses() {
     const N: u32 = 40_000;
     let dir = tempfile::tempdir().unwrap();

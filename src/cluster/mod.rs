@@ -1,8 +1,7 @@
-//! Cluster mode: one relay on several machines (README, "When one machine
-//! is not enough"). Accounts are hashed into `cluster.shards` shards
-//! (`relay_core::shard`); every node runs this, serves the shards whose
-//! leases it holds, each with a relay core of its own, and stands by for
-//! the others.
+//! Cluster mode: one relay on several machines (docs/cluster.md).
+//! Accounts are hashed into `cluster.shards` shards (`relay_core::shard`);
+//! every node runs this, serves the shards whose leases it holds, each
+//! with a relay core of its own, and stands by for the others.
 //!
 //! 1. **Store**: each shard's event store is a NATS JetStream stream
 //!    (`store::jetstream`: file storage, `sync_interval: always`, R3), so

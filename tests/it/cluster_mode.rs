@@ -1,4 +1,4 @@
-//! Cluster mode on loopback (README, "When one machine is not enough"):
+//! Cluster mode on loopback (docs/cluster.md):
 //! three nats-servers (JetStream, R3) and three relay nodes of one relay.
 //! Skipped when no nats-server is installed (`.ci/nats.sh`), except under
 //! `CI=true`, where it fails.

@@ -16,6 +16,7 @@ mod cluster_mode;
 mod commit_boundaries;
 mod cross_relay;
 mod delivery_crash;
+mod docs;
 mod fake_peer;
 mod hostile_account;
 mod hostile_partner;

@@ -16,8 +16,14 @@ use std::time::Duration;
 
 /// The first ```sh block after the heading `heading` in README.md.
 fn readme_block(heading: &str) -> String {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
-    let section = &readme[readme.find(heading).unwrap_or_else(|| panic!("README has no {heading:?}"))..];
+    sh_block("README.md", heading)
+}
+
+/// The first ```sh block after the heading `heading` in `file` (a path in
+/// the repository).
+pub fn sh_block(file: &str, heading: &str) -> String {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(file)).unwrap();
+    let section = &readme[readme.find(heading).unwrap_or_else(|| panic!("{file} has no {heading:?}"))..];
     let start = section.find("```sh\n").expect("an sh block") + "```sh\n".len();
     let len = section[start..].find("```").expect("the block's end");
     section[start..start + len].to_owned()

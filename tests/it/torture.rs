@@ -48,7 +48,7 @@ async fn crash_torture_short_seeded() {
     assert_eq!(report.kill_events, kills);
 }
 
-/// The long version (see README, "Torture").
+/// The long version (see docs/operate/fault-testing.md).
 #[actix_rt::test]
 #[ignore = "long: cargo test --release --test it torture:: -- --ignored --nocapture"]
 async fn crash_torture_long() {

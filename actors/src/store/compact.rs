@@ -22,7 +22,7 @@ use super::{codec, wal, StoreError};
 
 /// How much of a segment one writer turn walks: compaction runs between
 /// groups on the writer thread, so this bounds the pause it adds to a
-/// commit (measured in `tests/store.rs`, see the README's figures).
+/// commit (measured in `tests/store.rs`, see docs/performance-journal.md).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Budget {
     /// Pointed puts looked up in sled.

@@ -3,7 +3,7 @@
 //! Every `message.send` and every receipt first looks up its idempotency
 //! ledger entry (a blob), and for a new message that entry is not there.
 //! sled 0.34 answers a miss by walking its tree like a hit, about 10 µs
-//! each: two per local send, some 5 % of its CPU (README, *Performance*).
+//! each: two per local send, some 5 % of its CPU (docs/performance-journal.md).
 //! This blocked Bloom filter answers most misses with one memory read.
 //!
 //! It never calls a key absent that sled holds: every blob key goes in

@@ -18,7 +18,7 @@
 //!    in the segment (`segment ‖ offset ‖ len`, big-endian), read back with
 //!    `pread`. sled 0.34 logs every insert and rewrites a leaf whole every
 //!    few updates to it, with values inline: leaves of pointers keep those
-//!    rewrites small (the disk bytes per send in the README). Every event
+//!    rewrites small (the disk bytes per send in docs/performance-journal.md). Every event
 //!    installed from a segment is a pointer; a store written before the
 //!    value log has its events inline, and those are never 20 bytes long
 //!    (a 32-byte hash and a body), so the length tells them apart and such a
