@@ -242,6 +242,12 @@ impl PeerClient {
             .await;
         let mut resp = match sent {
             Ok(r) => r,
+            // rustls's handshake errors (a certificate that does not verify):
+            // nothing was sent, and the operator needs the reason.
+            Err(SendRequestError::Connect(ConnectError::Io(e))) if e.kind() == std::io::ErrorKind::InvalidData => {
+                let why = format!("{peer_id}: TLS handshake failed: {e}");
+                return Err(CallError::NotSent(RelayError::unavailable(why)));
+            }
             Err(SendRequestError::Connect(ConnectError::Timeout))
             | Err(SendRequestError::Connect(ConnectError::Io(_))) => {
                 return Err(CallError::NotSent(RelayError::unavailable(format!("{peer_id}: cannot connect"))));

@@ -36,6 +36,7 @@ mod retention;
 mod secrets;
 mod security;
 mod smoke;
+mod tls;
 mod torture;
 mod two_homes;
 mod web;

@@ -6,6 +6,7 @@ pub mod proxy;
 pub mod push_service;
 pub mod relay;
 pub mod schema;
+pub mod tls;
 pub mod torture;
 pub mod wait;
 pub mod ws;
