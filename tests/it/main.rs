@@ -8,6 +8,7 @@ mod common;
 
 mod audit;
 mod bad_input;
+mod behind_proxy;
 mod bench;
 mod browser;
 mod checkpoints;

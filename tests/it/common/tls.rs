@@ -71,9 +71,21 @@ impl TestCa {
 
     /// An HTTP client that trusts this CA.
     pub fn http(&self) -> awc::Client {
-        awc::Client::builder()
-            .timeout(std::time::Duration::from_secs(30))
-            .connector(awc::Connector::new().rustls_0_23(self.client_config()))
-            .finish()
+        self.client(None)
+    }
+
+    /// Like [`TestCa::http`], connecting from loopback address `source`
+    /// (127.0.0.2, …: Linux routes all of 127/8 to lo), so that a server
+    /// sees clients at distinct addresses.
+    pub fn http_from(&self, source: std::net::IpAddr) -> awc::Client {
+        self.client(Some(source))
+    }
+
+    fn client(&self, source: Option<std::net::IpAddr>) -> awc::Client {
+        let mut builder = awc::Client::builder().timeout(std::time::Duration::from_secs(30));
+        if let Some(source) = source {
+            builder = builder.local_address(source);
+        }
+        builder.connector(awc::Connector::new().rustls_0_23(self.client_config())).finish()
     }
 }
