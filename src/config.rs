@@ -817,7 +817,8 @@ impl Config {
             return Err(bad("http.trusted_proxies", "http.trusted_proxies is not supported in cluster mode yet"));
         }
         for c in &h.trusted_proxies {
-            c.parse::<crate::http::client_addr::Cidr>().map_err(|e| bad("http.trusted_proxies", e))?;
+            c.parse::<crate::http::client_addr::Cidr>()
+                .map_err(|e| bad("http.trusted_proxies", format!("http.trusted_proxies: {e}")))?;
         }
         if self.limits.retention_sweep.is_zero() {
             return Err((None, "limits.retention_sweep must be positive".into()));
@@ -1074,6 +1075,39 @@ key_file = "data/relay-a/relay.key"
             assert!(err.starts_with(&format!("environment variable {var}: ")), "{err}");
             assert!(!err.contains("relay.toml"), "{err}");
         }
+    }
+
+    #[test]
+    fn trusted_proxies_are_cidr_blocks_also_listed_in_the_environment_and_not_for_a_cluster() {
+        use crate::http::client_addr::ForwardedHeader;
+        let dir = tempfile::tempdir().unwrap();
+        let with = |http: &str| write(dir.path(), &format!("{MINIMAL}\n[http]\n{http}"));
+        let cfg =
+            Config::load(&with("trusted_proxies = [\"10.0.0.0/8\", \"::1\"]\nforwarded_header = \"forwarded\"\n"));
+        let h = cfg.unwrap().http;
+        assert_eq!(h.forwarded_header, ForwardedHeader::Forwarded);
+        let proxies = h.trusted_proxies();
+        assert!(proxies.trusts("10.9.0.1".parse().unwrap()) && proxies.trusts("::1".parse().unwrap()));
+        assert!(!proxies.trusts("11.0.0.1".parse().unwrap()));
+        for (http, needle) in [
+            ("trusted_proxies = [\"10.0.0.0/40\"]\n", "http.trusted_proxies"),
+            ("forwarded_header = \"x-real-ip\"\n", "x-real-ip"),
+        ] {
+            let err = Config::load(&with(http)).unwrap_err().to_string();
+            assert!(err.contains(needle), "{err:?} should mention {needle:?}");
+        }
+        let cluster = format!(
+            "{MINIMAL}\n[store]\nengine = \"jetstream\"\n[cluster]\nnode = \"n1\"\n\
+             nats_urls = [\"nats://127.0.0.1:4222\"]\n[http]\ntrusted_proxies = [\"10.0.0.0/8\"]\n"
+        );
+        let err = Config::load(&write(dir.path(), &cluster)).unwrap_err().to_string();
+        assert!(err.contains("cluster mode"), "{err}");
+
+        let path = write(dir.path(), MINIMAL);
+        std::env::set_var("RELAY__HTTP__TRUSTED_PROXIES", "127.0.0.1,192.168.0.0/16");
+        let cfg = Config::load(&path);
+        std::env::remove_var("RELAY__HTTP__TRUSTED_PROXIES");
+        assert_eq!(cfg.unwrap().http.trusted_proxies, ["127.0.0.1", "192.168.0.0/16"]);
     }
 
     #[test]

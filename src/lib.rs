@@ -253,12 +253,16 @@ pub(crate) async fn run(
     if clustered {
         server = server.disable_signals();
     }
-    let server = match h.tls() {
-        Some((cert, key)) => {
-            let cert = Arc::new(http::tls::Certificate::load(cert, key)?);
-            actix_web::rt::spawn(cert.clone().reload_on_sighup());
-            server.listen_rustls_0_23(listener, http::tls::Certificate::server_config(cert)?)
-        }
+    let cert = match h.tls() {
+        Some((cert, key)) => Some(Arc::new(http::tls::Certificate::load(cert, key)?)),
+        None => None,
+    };
+    // One handler for the process: a cluster node runs a core per shard (and no TLS).
+    if place.is_none() {
+        actix_web::rt::spawn(http::tls::on_sighup(cert.clone()));
+    }
+    let server = match cert {
+        Some(cert) => server.listen_rustls_0_23(listener, http::tls::Certificate::server_config(cert)?),
         None => server.listen(listener),
     };
     let server = server.map_err(|e| e.to_string())?.run();

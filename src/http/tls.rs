@@ -76,19 +76,25 @@ impl Certificate {
             .with_no_client_auth()
             .with_cert_resolver(cert))
     }
+}
 
-    /// Reloads on every SIGHUP, for as long as the process runs.
-    pub async fn reload_on_sighup(self: Arc<Self>) {
-        use actix_web::rt::signal::unix::{signal, SignalKind};
-        let mut hup = match signal(SignalKind::hangup()) {
-            Ok(s) => s,
-            Err(e) => return tracing::error!(error = %e, "cannot listen for SIGHUP: the certificate is not reloaded"),
+/// Handles SIGHUP for as long as the process runs: reloads `cert` if the
+/// listener has one, else logs that there is nothing to reload (instead of
+/// the default action, which ends the process).
+pub async fn on_sighup(cert: Option<Arc<Certificate>>) {
+    use actix_web::rt::signal::unix::{signal, SignalKind};
+    let mut hup = match signal(SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(e) => return tracing::error!(error = %e, "cannot listen for SIGHUP: the certificate is not reloaded"),
+    };
+    while hup.recv().await.is_some() {
+        let Some(cert) = &cert else {
+            tracing::info!("SIGHUP: no TLS certificate to reload (http.tls_cert_file is not set)");
+            continue;
         };
-        while hup.recv().await.is_some() {
-            match self.reload() {
-                Ok(()) => tracing::info!(cert = %self.cert_file.display(), "TLS certificate reloaded"),
-                Err(e) => tracing::error!(error = %e, "TLS certificate reload failed: the previous one stays in use"),
-            }
+        match cert.reload() {
+            Ok(()) => tracing::info!(cert = %cert.cert_file.display(), "TLS certificate reloaded"),
+            Err(e) => tracing::error!(error = %e, "TLS certificate reload failed: the previous one stays in use"),
         }
     }
 }

@@ -122,6 +122,16 @@ fn sighup_serves_a_new_certificate_to_new_connections_and_keeps_open_ones_and_a_
     assert_eq!(healthz(&mut before).as_deref(), Some("HTTP/1.1 200 OK"));
 }
 
+#[actix_rt::test]
+async fn sighup_to_a_relay_without_tls_only_says_there_is_nothing_to_reload() {
+    let dir = tempfile::tempdir().unwrap();
+    let relay = RelayProc::start_logged(dir.path(), "relay-a", "", "warn,relay=info");
+    assert_eq!(unsafe { libc::kill(relay.pid() as i32, libc::SIGHUP) }, 0);
+    relay.wait_for_log(&["SIGHUP", "no TLS certificate to reload"], Duration::from_secs(10));
+    Client::new(&relay.url).assert_healthy().await;
+    assert!(relay.is_running());
+}
+
 #[test]
 fn config_check_names_a_missing_or_mismatched_certificate() {
     let dir = tempfile::tempdir().unwrap();
