@@ -1,8 +1,9 @@
 //! The relay behind a real reverse proxy (Debian's nginx, TLS at the
 //! proxy, `http.trusted_proxies = ["127.0.0.1"]`): clients at distinct
 //! loopback addresses (127.0.0.2, 127.0.0.3) are limited each on its own,
-//! whatever `X-Forwarded-For` they forge, and a WebSocket and its
-//! notifications pass through. Needs nginx (`.ci/run` installs it);
+//! whatever `X-Forwarded-For` they forge, a WebSocket and its
+//! notifications pass through, and a client that connects directly is
+//! itself whatever header it sends. Needs nginx (`.ci/run` installs it);
 //! elsewhere a missing nginx skips with a message, under `CI=true` it fails.
 
 use crate::common;
@@ -19,6 +20,7 @@ use std::time::Duration;
 
 const A: &str = "127.0.0.2";
 const B: &str = "127.0.0.3";
+const C: &str = "127.0.0.4";
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
@@ -123,6 +125,18 @@ async fn behind_a_trusted_proxy_websockets_and_notifications_pass_are_capped_per
         }
     })
     .await;
+
+    // A client connecting directly (not a trusted proxy) is itself, whatever
+    // header it sends, and its connections are capped at 2 as before.
+    let direct = awc::Client::builder().local_address(ip(C)).finish();
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut req = direct.ws(format!("{}/v1/ws", relay.url.replacen("http", "ws", 1)));
+        req = req.header("X-Forwarded-For", B).bearer_auth(token.unwrap());
+        held.push(req.connect().await.expect("a direct WebSocket within the cap").1);
+    }
+    assert_eq!(WsClient::try_connect_with(&direct, &relay.url, token).await.err(), Some(429));
+    relay.wait_for_log(&["relay::access", &format!("client={C}"), "path=/v1/ws", "status=101"], WAIT);
 
     // The access log names the clients, never the proxy.
     relay.wait_for_log(&["relay::access", &format!("client={B}"), "path=/v1/rpc/message.send", "status=200"], WAIT);
