@@ -49,6 +49,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use std::collections::VecDeque;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::time::timeout_at;
@@ -86,18 +87,18 @@ struct Attachment {
 #[derive(Clone)]
 pub struct ProxiedWebsockets(pub super::conn::PerIp);
 
-/// A WebSocket's place in its client's count, when it came through a
+/// A WebSocket's place in the count of `client`'s, when it came through a
 /// trusted proxy; refused past `http.max_connections_per_ip`.
-fn proxied_slot(req: &HttpRequest) -> Result<Option<super::conn::Slot>, RelayError> {
-    let (Some(peer), Some(proxies), Some(counts)) =
-        (req.peer_addr(), req.app_data::<TrustedProxies>(), req.app_data::<ProxiedWebsockets>())
+fn proxied_slot(req: &HttpRequest, client: Option<IpAddr>) -> Result<Option<super::conn::Slot>, RelayError> {
+    let (Some(peer), Some(client), Some(proxies), Some(counts)) =
+        (req.peer_addr(), client, req.app_data::<TrustedProxies>(), req.app_data::<ProxiedWebsockets>())
     else {
         return Ok(None);
     };
     if !proxies.trusts(peer.ip()) {
         return Ok(None);
     }
-    let slot = counts.0.open(proxies.client(peer.ip(), req.headers()));
+    let slot = counts.0.open(client);
     if slot.within {
         Ok(Some(slot))
     } else {
@@ -111,7 +112,8 @@ pub async fn upgrade(
     req: HttpRequest,
     body: web::Payload,
 ) -> Result<HttpResponse, actix_web::Error> {
-    let slot = match proxied_slot(&req) {
+    let ip = client_ip(&req);
+    let slot = match proxied_slot(&req, ip) {
         Ok(slot) => slot,
         Err(e) => return Ok(error_response(&e)),
     };
@@ -130,9 +132,7 @@ pub async fn upgrade(
     let (response, session, stream) = actix_ws::handle(&req, body)?;
     let stream =
         stream.max_frame_size(ws.max_frame_bytes).aggregate_continuations().max_continuation_size(ws.max_frame_bytes);
-    let ip = client_ip(&req);
-    let mut conn = Connection::new(relay.into_inner(), ws.get_ref().clone(), session, ip, socket);
-    conn._slot = slot;
+    let conn = Connection::new(relay.into_inner(), ws.get_ref().clone(), session, ip, slot, socket);
     actix_web::rt::spawn(conn.run(stream, attach));
     Ok(response)
 }
@@ -174,7 +174,7 @@ struct Connection {
     session: Session,
     attachment: Option<Attachment>,
     /// The client's address (session-less methods are limited per address).
-    ip: Option<std::net::IpAddr>,
+    ip: Option<IpAddr>,
     flow: Flow,
     /// Requests read and not started yet, in arrival order, and their bytes.
     queued: VecDeque<Bytes>,
@@ -202,7 +202,8 @@ impl Connection {
         relay: Arc<Relay>,
         ws: Websocket,
         session: Session,
-        ip: Option<std::net::IpAddr>,
+        ip: Option<IpAddr>,
+        slot: Option<super::conn::Slot>,
         socket: Option<super::conn::Socket>,
     ) -> Self {
         let flow = Flow::new(ws.max_unread_bytes as u64);
@@ -219,7 +220,7 @@ impl Connection {
             last_heard: Instant::now(),
             socket,
             client_closed: false,
-            _slot: None,
+            _slot: slot,
         }
     }
 
