@@ -8,7 +8,7 @@
 //! use (and says why in an ERROR line).
 
 use rustls::crypto::CryptoProvider;
-use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::pem::{self, PemObject};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
@@ -37,9 +37,16 @@ fn read_chain(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
 /// together (a key for another certificate fails every handshake).
 pub fn load_certified_key(cert: &Path, key: &Path) -> Result<CertifiedKey, String> {
     let chain = read_chain(cert)?;
-    let der = PrivateKeyDer::from_pem_file(key).map_err(|e| format!("{}: {e}", key.display()))?;
-    CertifiedKey::from_der(chain, der, &provider())
-        .map_err(|e| format!("{} with {}: {e}", cert.display(), key.display()))
+    let der = PrivateKeyDer::from_pem_file(key).map_err(|e| match e {
+        pem::Error::NoItemsFound => format!("{}: no PEM private key in it", key.display()),
+        e => format!("{}: {e}", key.display()),
+    })?;
+    CertifiedKey::from_der(chain, der, &provider()).map_err(|e| match e {
+        rustls::Error::InconsistentKeys(_) => {
+            format!("{} is not the private key of the certificate in {}", key.display(), cert.display())
+        }
+        e => format!("{} with {}: {e}", cert.display(), key.display()),
+    })
 }
 
 /// The listener's certificate, replaced whole by [`Certificate::reload`].

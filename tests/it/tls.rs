@@ -152,7 +152,12 @@ fn config_check_names_a_missing_or_mismatched_certificate() {
     assert!(!ok && err.contains("http.tls_cert_file") && err.contains("nope.crt"), "{err}");
     let mismatched = format!("[http]\ntls_cert_file = {:?}\ntls_key_file = {:?}\n", one.cert, two.key);
     let (ok, err) = check(&mismatched);
-    assert!(!ok && err.contains("one.crt") && err.contains("two.key"), "{err}");
+    assert!(
+        !ok && err.contains("two.key is not the private key of the certificate in") && err.contains("one.crt"),
+        "{err}"
+    );
+    let (ok, err) = check(&format!("[http]\ntls_cert_file = {:?}\ntls_key_file = {:?}\n", one.cert, one.cert));
+    assert!(!ok && err.contains("one.crt: no PEM private key in it"), "{err}");
     let (ok, err) = check(&format!("[http]\ntls_cert_file = {:?}\n", one.cert));
     assert!(!ok && err.contains("go together"), "{err}");
     let (ok, err) = check(&format!("[http]\ntls_extra_roots = {:?}\n", one.key));
