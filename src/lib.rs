@@ -18,7 +18,9 @@
 //!   and before pruning, answered by `audit.checkpoint`) and the witness
 //!   of the peers' checkpoints;
 //! - [`push`]: Web Push: the VAPID key and the supervised push sender;
-//! - [`http`]: the actix-web transport (`/v1/rpc`, `/v1/relay`, `/v1/ws`, `/healthz`);
+//! - [`http`]: the actix-web transport (`/v1/rpc`, `/v1/relay`, `/v1/ws`, `/healthz`),
+//!   its TLS ([`http::tls`]) and the client address behind trusted proxies
+//!   ([`http::client_addr`]);
 //! - [`fds`]: the open-file limit checked against the connection limits;
 //! - [`bench`]: `relay bench`, the load generator;
 //! - [`observe`]: peer request metrics and WARN lines, `process_*` metrics;
