@@ -1,7 +1,8 @@
 //! Debian's nginx as a TLS-terminating reverse proxy in front of a relay:
 //! one process (`master_process off`) in the foreground, its config, pid,
 //! logs and temp paths in a directory of the test's, listening on a
-//! loopback port; killed when dropped.
+//! loopback port; killed when dropped. `/usr/sbin/nginx`, or the binary
+//! the `NGINX` environment variable names.
 
 use super::tls::Issued;
 use super::wait::eventually_blocking;
