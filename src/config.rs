@@ -595,6 +595,32 @@ pub struct Http {
     /// Browser origins besides the relay's own (`relay.public_url`) that may
     /// call the client API (CORS); `"*"` allows any.
     pub cors_origins: Vec<String>,
+    /// PEM certificate chain (leaf first) and private key: with both, the
+    /// listener speaks only HTTPS; SIGHUP reads them again.
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_key_file: Option<PathBuf>,
+    /// PEM certificates the relay-to-relay client trusts besides webpki's
+    /// roots (a private CA of the peers).
+    pub tls_extra_roots: Option<PathBuf>,
+    /// Addresses or CIDR blocks of reverse proxies whose forwarding header
+    /// names the client (`crate::http::client_addr`); their connections are
+    /// not counted against `max_connections_per_ip`.
+    pub trusted_proxies: Vec<String>,
+    /// The header those proxies write: `"x-forwarded-for"` or `"forwarded"`.
+    pub forwarded_header: crate::http::client_addr::ForwardedHeader,
+}
+
+impl Http {
+    /// The parsed `trusted_proxies` (checked at load).
+    pub fn trusted_proxies(&self) -> crate::http::client_addr::TrustedProxies {
+        let cidrs = self.trusted_proxies.iter().filter_map(|c| c.parse().ok()).collect();
+        crate::http::client_addr::TrustedProxies::new(cidrs, self.forwarded_header)
+    }
+
+    /// The certificate and key files, when TLS is on.
+    pub fn tls(&self) -> Option<(&Path, &Path)> {
+        Some((self.tls_cert_file.as_deref()?, self.tls_key_file.as_deref()?))
+    }
 }
 
 impl Default for Http {
@@ -608,6 +634,11 @@ impl Default for Http {
             keep_alive: Duration::from_secs(30),
             shutdown_timeout: Duration::from_secs(10),
             cors_origins: Vec::new(),
+            tls_cert_file: None,
+            tls_key_file: None,
+            tls_extra_roots: None,
+            trusted_proxies: Vec::new(),
+            forwarded_header: Default::default(),
         }
     }
 }
@@ -679,7 +710,8 @@ impl Config {
                     .separator("__")
                     .try_parsing(true)
                     .list_separator(",")
-                    .with_list_parse_key("delivery.retry_timetable"),
+                    .with_list_parse_key("delivery.retry_timetable")
+                    .with_list_parse_key("http.trusted_proxies"),
             )
             .build()
             .map_err(load)?
@@ -780,6 +812,14 @@ impl Config {
                 "http.max_connections, max_connections_per_ip and body_timeout must be positive".into(),
             ));
         }
+        self.check_tls()?;
+        if self.cluster.is_some() && !h.trusted_proxies.is_empty() {
+            return Err(bad("http.trusted_proxies", "http.trusted_proxies is not supported in cluster mode yet"));
+        }
+        for c in &h.trusted_proxies {
+            c.parse::<crate::http::client_addr::Cidr>()
+                .map_err(|e| bad("http.trusted_proxies", format!("http.trusted_proxies: {e}")))?;
+        }
         if self.limits.retention_sweep.is_zero() {
             return Err((None, "limits.retention_sweep must be positive".into()));
         }
@@ -842,6 +882,33 @@ impl Config {
                  must be positive"
                     .into(),
             ));
+        }
+        Ok(())
+    }
+
+    /// TLS needs both files, loadable and matching; the extra roots must
+    /// load too. A cluster node's clients reach it through its front, whose
+    /// TLS a proxy terminates.
+    fn check_tls(&self) -> Result<(), Bad> {
+        let h = &self.http;
+        match (&h.tls_cert_file, &h.tls_key_file) {
+            (Some(cert), Some(key)) => {
+                if self.cluster.is_some() {
+                    return Err(bad(
+                        "http.tls_cert_file",
+                        "http.tls_cert_file: a cluster node does not terminate TLS; put a proxy in front \
+                         (docs/deploy/tls-and-proxies.md)",
+                    ));
+                }
+                crate::http::tls::load_certified_key(cert, key)
+                    .map_err(|e| bad("http.tls_cert_file", format!("http.tls_cert_file/tls_key_file: {e}")))?;
+            }
+            (None, None) => {}
+            _ => return Err(bad("http.tls_cert_file", "http.tls_cert_file and http.tls_key_file go together")),
+        }
+        if let Some(roots) = &h.tls_extra_roots {
+            crate::http::tls::client_config(Some(roots))
+                .map_err(|e| bad("http.tls_extra_roots", format!("http.tls_extra_roots: {e}")))?;
         }
         Ok(())
     }
@@ -1008,6 +1075,39 @@ key_file = "data/relay-a/relay.key"
             assert!(err.starts_with(&format!("environment variable {var}: ")), "{err}");
             assert!(!err.contains("relay.toml"), "{err}");
         }
+    }
+
+    #[test]
+    fn trusted_proxies_are_cidr_blocks_also_listed_in_the_environment_and_not_for_a_cluster() {
+        use crate::http::client_addr::ForwardedHeader;
+        let dir = tempfile::tempdir().unwrap();
+        let with = |http: &str| write(dir.path(), &format!("{MINIMAL}\n[http]\n{http}"));
+        let cfg =
+            Config::load(&with("trusted_proxies = [\"10.0.0.0/8\", \"::1\"]\nforwarded_header = \"forwarded\"\n"));
+        let h = cfg.unwrap().http;
+        assert_eq!(h.forwarded_header, ForwardedHeader::Forwarded);
+        let proxies = h.trusted_proxies();
+        assert!(proxies.trusts("10.9.0.1".parse().unwrap()) && proxies.trusts("::1".parse().unwrap()));
+        assert!(!proxies.trusts("11.0.0.1".parse().unwrap()));
+        for (http, needle) in [
+            ("trusted_proxies = [\"10.0.0.0/40\"]\n", "http.trusted_proxies"),
+            ("forwarded_header = \"x-real-ip\"\n", "x-real-ip"),
+        ] {
+            let err = Config::load(&with(http)).unwrap_err().to_string();
+            assert!(err.contains(needle), "{err:?} should mention {needle:?}");
+        }
+        let cluster = format!(
+            "{MINIMAL}\n[store]\nengine = \"jetstream\"\n[cluster]\nnode = \"n1\"\n\
+             nats_urls = [\"nats://127.0.0.1:4222\"]\n[http]\ntrusted_proxies = [\"10.0.0.0/8\"]\n"
+        );
+        let err = Config::load(&write(dir.path(), &cluster)).unwrap_err().to_string();
+        assert!(err.contains("cluster mode"), "{err}");
+
+        let path = write(dir.path(), MINIMAL);
+        std::env::set_var("RELAY__HTTP__TRUSTED_PROXIES", "127.0.0.1,192.168.0.0/16");
+        let cfg = Config::load(&path);
+        std::env::remove_var("RELAY__HTTP__TRUSTED_PROXIES");
+        assert_eq!(cfg.unwrap().http.trusted_proxies, ["127.0.0.1", "192.168.0.0/16"]);
     }
 
     #[test]

@@ -18,7 +18,9 @@
 //!   and before pruning, answered by `audit.checkpoint`) and the witness
 //!   of the peers' checkpoints;
 //! - [`push`]: Web Push: the VAPID key and the supervised push sender;
-//! - [`http`]: the actix-web transport (`/v1/rpc`, `/v1/relay`, `/v1/ws`, `/healthz`);
+//! - [`http`]: the actix-web transport (`/v1/rpc`, `/v1/relay`, `/v1/ws`, `/healthz`),
+//!   its TLS ([`http::tls`]) and the client address behind trusted proxies
+//!   ([`http::client_addr`]);
 //! - [`fds`]: the open-file limit checked against the connection limits;
 //! - [`bench`]: `relay bench`, the load generator;
 //! - [`observe`]: peer request metrics and WARN lines, `process_*` metrics;
@@ -63,7 +65,8 @@ use std::sync::Arc;
 
 /// Runs a relay until SIGINT/SIGTERM (actix-web stops accepting, finishes
 /// in-flight requests), then flushes the store. Prints one line
-/// `relay <id> listening on http://<addr>` on stdout once it accepts
+/// `relay <id> listening on http://<addr>` (`https://` with
+/// `http.tls_cert_file`) on stdout once it accepts
 /// connections, so a parent process can find a port chosen with `:0`.
 pub async fn serve(cfg: config::Config) -> Result<(), String> {
     if cfg.store.engine == config::StoreEngine::Jetstream {
@@ -77,9 +80,9 @@ pub async fn serve(cfg: config::Config) -> Result<(), String> {
 }
 
 /// The one line on stdout a parent process waits for (tests, `relay
-/// cluster up`): `relay <id> listening on http://<addr>`.
-pub(crate) fn announce_listening(relay_id: &str, addr: std::net::SocketAddr) {
-    println!("relay {relay_id} listening on http://{addr}");
+/// cluster up`): `relay <id> listening on http://<addr>` (`https` with TLS).
+pub(crate) fn announce_listening(relay_id: &str, scheme: &str, addr: std::net::SocketAddr) {
+    println!("relay {relay_id} listening on {scheme}://{addr}");
     use std::io::Write;
     let _ = std::io::stdout().flush();
 }
@@ -128,11 +131,12 @@ pub(crate) async fn run(
         policy.token_prefix = relay_core::shard::token_prefix(place.index);
     }
     let clock: relay_actors::SharedClock = Arc::new(SystemClock);
+    let tls = Arc::new(http::tls::client_config(h.tls_extra_roots.as_deref())?);
     let peers = peers::PeerClient::new(
         &cfg.relay.id,
         key.clone(),
         &cfg.peers,
-        cfg.delivery.attempt_timeout,
+        peers::Connect { timeout: cfg.delivery.attempt_timeout, tls },
         clock.clone(),
         &policy,
         place.clone(),
@@ -188,6 +192,7 @@ pub(crate) async fn run(
     let relay = web::Data::new(relay);
 
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let scheme = if cfg.http.tls().is_some() { "https" } else { "http" };
     // Several cores of one node cannot share one metrics address: each
     // serves its own at its internal `/metrics`.
     let metrics_listener = match cfg.metrics.listen.as_ref().filter(|_| place.is_none()) {
@@ -205,10 +210,13 @@ pub(crate) async fn run(
     let body_timeout = http::BodyTimeout(h.body_timeout);
     // In cluster mode every connection comes from a node's front, which
     // applies the per-address cap itself (`cluster::front`).
+    let proxies = h.trusted_proxies();
     let per_ip = http::conn::PerIp::new(match cfg.cluster {
         Some(_) => usize::MAX,
         None => h.max_connections_per_ip,
-    });
+    })
+    .exempting(proxies.clone());
+    let clients = http::Clients { proxies, proxied_websockets: http::conn::PerIp::new(h.max_connections_per_ip) };
     let for_app = relay.clone();
     let mut server = HttpServer::new(move || {
         // Runs once on each worker thread: account actors spread over them.
@@ -228,6 +236,7 @@ pub(crate) async fn run(
                 websocket.clone(),
                 observer.clone(),
                 body_timeout,
+                clients.clone(),
                 with_metrics,
             ))
     })
@@ -246,7 +255,19 @@ pub(crate) async fn run(
     if clustered {
         server = server.disable_signals();
     }
-    let server = server.listen(listener).map_err(|e| e.to_string())?.run();
+    let cert = match h.tls() {
+        Some((cert, key)) => Some(Arc::new(http::tls::Certificate::load(cert, key)?)),
+        None => None,
+    };
+    // One handler for the process: a cluster node runs a core per shard (and no TLS).
+    if place.is_none() {
+        actix_web::rt::spawn(http::tls::on_sighup(cert.clone()));
+    }
+    let server = match cert {
+        Some(cert) => server.listen_rustls_0_23(listener, http::tls::Certificate::server_config(cert)?),
+        None => server.listen(listener),
+    };
+    let server = server.map_err(|e| e.to_string())?.run();
     let metrics_server = match metrics_listener {
         Some(listener) => {
             let at = listener.local_addr().map_err(|e| e.to_string())?;
@@ -275,7 +296,7 @@ pub(crate) async fn run(
     let r = &cfg.relay;
     let metrics_at = match &metrics_server {
         Some((at, _, _)) => format!("http://{at}/metrics"),
-        None => format!("http://{addr}/metrics"),
+        None => format!("{scheme}://{addr}/metrics"),
     };
     tracing::info!(relay = %r.id, listen = %addr, public_url = %r.public_url, public_key = %keys::public_key(&key),
         store = %r.data_dir.join("store").display(), peers = cfg.peers.len(), restored, metrics = %metrics_at,
@@ -287,7 +308,7 @@ pub(crate) async fn run(
         tracing::info!("no [[peers]] configured: this relay delivers only to its own accounts");
     }
     if announce == Announce::Yes {
-        announce_listening(&cfg.relay.id, addr);
+        announce_listening(&cfg.relay.id, scheme, addr);
     }
     let stop = std::pin::pin!(stop);
     let stopped = match futures_util::future::select(running, stop).await {

@@ -36,12 +36,21 @@ pub enum CallError {
     Answered { code: String, error: RelayError },
 }
 
+/// How calls reach a peer: the attempt timeout (connect and answer), and
+/// the TLS of `https://` peers, which verifies their certificates
+/// ([`crate::http::tls::client_config`]).
+pub struct Connect {
+    pub timeout: Duration,
+    pub tls: Arc<rustls::ClientConfig>,
+}
+
 struct Inner {
     observer: Arc<PeerObserver>,
     relay_id: String,
     key: SigningKey,
     peers: HashMap<String, Peer>,
     timeout: Duration,
+    tls: Arc<rustls::ClientConfig>,
     clock: SharedClock,
     clock_tolerance: u64,
     /// A peer's routes are signed objects like a client's (PROTOCOL §1).
@@ -73,7 +82,7 @@ impl PeerClient {
         relay_id: &str,
         key: SigningKey,
         peers: &[Peer],
-        timeout: Duration,
+        connect: Connect,
         clock: SharedClock,
         policy: &relay_actors::Policy,
         siblings: Option<crate::cluster::ShardPlace>,
@@ -86,7 +95,8 @@ impl PeerClient {
             relay_id: relay_id.into(),
             key,
             peers,
-            timeout,
+            timeout: connect.timeout,
+            tls: connect.tls,
             clock,
             clock_tolerance,
             max_object_bytes,
@@ -130,6 +140,7 @@ impl PeerClient {
 
     fn http(&self) -> awc::Client {
         let timeout = self.inner.timeout;
+        let tls = self.inner.tls.clone();
         HTTP.with(|c| {
             c.get_or_init(|| {
                 // No pool-wide cap: attempts are bounded per destination
@@ -137,7 +148,7 @@ impl PeerClient {
                 // cannot take every pooled connection.
                 awc::Client::builder()
                     .timeout(timeout)
-                    .connector(awc::Connector::new().timeout(timeout).limit(0))
+                    .connector(awc::Connector::new().timeout(timeout).limit(0).rustls_0_23(tls))
                     .finish()
             })
             .clone()
@@ -231,6 +242,12 @@ impl PeerClient {
             .await;
         let mut resp = match sent {
             Ok(r) => r,
+            // rustls's handshake errors (a certificate that does not verify):
+            // nothing was sent, and the operator needs the reason.
+            Err(SendRequestError::Connect(ConnectError::Io(e))) if e.kind() == std::io::ErrorKind::InvalidData => {
+                let why = format!("{peer_id}: TLS handshake failed: {e}");
+                return Err(CallError::NotSent(RelayError::unavailable(why)));
+            }
             Err(SendRequestError::Connect(ConnectError::Timeout))
             | Err(SendRequestError::Connect(ConnectError::Io(_))) => {
                 return Err(CallError::NotSent(RelayError::unavailable(format!("{peer_id}: cannot connect"))));

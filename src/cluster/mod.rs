@@ -179,7 +179,7 @@ pub async fn serve(cfg: Config) -> Result<(), String> {
     }
     tracing::info!(relay = %cfg.relay.id, node = %c.node, listen = %front_addr, shards = c.shards,
         "cluster node started; standing by");
-    crate::announce_listening(&cfg.relay.id, front_addr);
+    crate::announce_listening(&cfg.relay.id, "http", front_addr);
 
     // Nodes started together count each other before taking shards.
     if c.shards > 1 {

@@ -6,7 +6,16 @@
 //! kernel, but its first request is refused (`rate_limited`) and the
 //! connection closed after that answer; one that sends nothing is closed by
 //! `http.request_timeout`.
+//!
+//! A trusted proxy's connections are not counted: every client behind it
+//! shares them, and which client a connection serves is known only once a
+//! request's header is read. Clients behind a proxy are held per client
+//! address by the request rate limits and, for the long-lived WebSockets,
+//! by a count of their own ([`PerIp`] keyed by the resolved address, see
+//! `super::ws`); the proxy caps its own connections per client.
 
+use super::client_addr::TrustedProxies;
+use actix_tls::accept::rustls_0_23::TlsStream;
 use actix_web::dev::Extensions;
 use actix_web::rt::net::TcpStream;
 use std::any::Any;
@@ -27,11 +36,19 @@ pub fn within_cap(count: usize, max_per_ip: usize) -> bool {
 pub struct PerIp {
     max: usize,
     counts: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    /// Peers whose connections are not counted (trusted proxies).
+    exempt: Arc<TrustedProxies>,
 }
 
 impl PerIp {
     pub fn new(max: usize) -> Self {
-        PerIp { max, counts: Default::default() }
+        PerIp { max, counts: Default::default(), exempt: Default::default() }
+    }
+
+    /// Leaves the connections of `proxies` uncounted.
+    pub fn exempting(mut self, proxies: TrustedProxies) -> Self {
+        self.exempt = Arc::new(proxies);
+        self
     }
 
     fn counts(&self) -> MutexGuard<'_, HashMap<IpAddr, usize>> {
@@ -51,12 +68,21 @@ impl PerIp {
         self.counts().get(&ip).copied().unwrap_or(0)
     }
 
-    /// The `on_connect` callback: a slot and the socket for each connection.
+    /// The `on_connect` callback: a slot (unless from an exempt peer) and
+    /// the socket for each connection, plain or TLS.
     pub fn on_connect(self) -> impl Fn(&dyn Any, &mut Extensions) + Send + Sync + 'static {
         move |conn, ext| {
-            let Some(stream) = conn.downcast_ref::<TcpStream>() else { return };
+            let stream = match conn.downcast_ref::<TcpStream>() {
+                Some(plain) => plain,
+                None => match conn.downcast_ref::<TlsStream<TcpStream>>() {
+                    Some(tls) => tls.get_ref().0,
+                    None => return,
+                },
+            };
             if let Ok(peer) = stream.peer_addr() {
-                ext.insert(self.open(peer.ip()));
+                if !self.exempt.trusts(peer.ip()) {
+                    ext.insert(self.open(peer.ip()));
+                }
             }
             ext.insert(Socket(stream.as_raw_fd()));
         }

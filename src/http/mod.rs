@@ -3,8 +3,10 @@
 //! `GET /healthz`, and the web client at `/` ([`webapp`]).
 //! Protocol logic is in [`crate::rpc`]; this module only maps HTTP to it.
 
+pub mod client_addr;
 pub mod conn;
 pub mod flow;
+pub mod tls;
 pub mod webapp;
 pub mod ws;
 
@@ -82,8 +84,7 @@ async fn rpc_call_named(
         Ok(b) => b,
         Err(e) => return error_and_close(&e),
     };
-    let ip = req.peer_addr().map(|a| a.ip());
-    match relay.call(method, bearer(&req), ip, &body).await {
+    match relay.call(method, bearer(&req), client_addr::client_ip(&req), &body).await {
         Ok(json) => HttpResponse::Ok().content_type("application/json").body(json),
         Err(e) => error_response(&e),
     }
@@ -153,7 +154,8 @@ fn relay_answer(answer: crate::relay_rpc::Answer) -> HttpResponse {
     }
 }
 
-/// The access log (`log.access`): one line per request, after the answer.
+/// The access log (`log.access`): one line per request, after the answer,
+/// with the client's address (behind a trusted proxy, the one it names).
 /// Never the query string, headers or body (tokens live there).
 pub async fn access_log(
     req: ServiceRequest,
@@ -161,13 +163,16 @@ pub async fn access_log(
 ) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
     let started = std::time::Instant::now();
     let (method, path) = (req.method().clone(), req.path().to_owned());
+    let client = client_addr::client_ip(req.request());
     let res = next.call(req).await;
     let ms = started.elapsed().as_secs_f64() * 1000.0;
     let status = match &res {
         Ok(r) => r.status().as_u16(),
         Err(e) => e.as_response_error().status_code().as_u16(),
     };
-    tracing::info!(target: "relay::access", method = %method, path = %path, status, ms = format_args!("{ms:.1}"), "request");
+    let client = client.map_or_else(|| "-".to_owned(), |ip| ip.to_string());
+    tracing::info!(target: "relay::access", client = %client, method = %method, path = %path, status,
+        ms = format_args!("{ms:.1}"), "request");
     res
 }
 
@@ -213,6 +218,14 @@ pub fn over_cap() -> RelayError {
     .with_data(serde_json::json!({ "retry_after": 1 }))
 }
 
+/// Who the clients are: the trusted proxies, and the open WebSockets of
+/// each client behind them (`http.max_connections_per_ip` per client).
+#[derive(Clone)]
+pub struct Clients {
+    pub proxies: client_addr::TrustedProxies,
+    pub proxied_websockets: conn::PerIp,
+}
+
 /// The public listener's routes; `/metrics` only when `with_metrics` (no
 /// `[metrics] listen` of its own).
 pub fn configure(
@@ -220,6 +233,7 @@ pub fn configure(
     websocket: web::Data<Websocket>,
     observer: web::Data<PeerObserver>,
     body_timeout: BodyTimeout,
+    clients: Clients,
     with_metrics: bool,
 ) -> impl FnOnce(&mut web::ServiceConfig) {
     move |cfg: &mut web::ServiceConfig| {
@@ -227,6 +241,8 @@ pub fn configure(
             .app_data(websocket)
             .app_data(observer)
             .app_data(web::Data::new(body_timeout))
+            .app_data(clients.proxies)
+            .app_data(ws::ProxiedWebsockets(clients.proxied_websockets))
             .route("/v1/ws", web::get().to(ws::upgrade))
             .route("/healthz", web::get().to(healthz))
             .route("/readyz", web::get().to(readyz));

@@ -31,6 +31,7 @@
 //! frees what actix-http and the kernel still hold for it; one that reads
 //! nothing at all is also given up by the kernel (`TCP_USER_TIMEOUT`).
 
+use super::client_addr::{client_ip, TrustedProxies};
 use super::flow::Flow;
 use super::{bearer, error_response};
 use crate::config::Websocket;
@@ -48,6 +49,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use std::collections::VecDeque;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::time::timeout_at;
@@ -80,12 +82,41 @@ struct Attachment {
     announced: Announced,
 }
 
+/// Open WebSockets per client behind a trusted proxy, whose connections
+/// the per-IP connection count leaves out (`super::conn`).
+#[derive(Clone)]
+pub struct ProxiedWebsockets(pub super::conn::PerIp);
+
+/// A WebSocket's place in the count of `client`'s, when it came through a
+/// trusted proxy; refused past `http.max_connections_per_ip`.
+fn proxied_slot(req: &HttpRequest, client: Option<IpAddr>) -> Result<Option<super::conn::Slot>, RelayError> {
+    let (Some(peer), Some(client), Some(proxies), Some(counts)) =
+        (req.peer_addr(), client, req.app_data::<TrustedProxies>(), req.app_data::<ProxiedWebsockets>())
+    else {
+        return Ok(None);
+    };
+    if !proxies.trusts(peer.ip()) {
+        return Ok(None);
+    }
+    let slot = counts.0.open(client);
+    if slot.within {
+        Ok(Some(slot))
+    } else {
+        Err(super::over_cap())
+    }
+}
+
 pub async fn upgrade(
     relay: web::Data<Relay>,
     ws: web::Data<Websocket>,
     req: HttpRequest,
     body: web::Payload,
 ) -> Result<HttpResponse, actix_web::Error> {
+    let ip = client_ip(&req);
+    let slot = match proxied_slot(&req, ip) {
+        Ok(slot) => slot,
+        Err(e) => return Ok(error_response(&e)),
+    };
     // A header that is present must be good: refuse the upgrade otherwise.
     let attach = match bearer(&req) {
         Some(token) => match check_token(&relay, token).await {
@@ -101,8 +132,7 @@ pub async fn upgrade(
     let (response, session, stream) = actix_ws::handle(&req, body)?;
     let stream =
         stream.max_frame_size(ws.max_frame_bytes).aggregate_continuations().max_continuation_size(ws.max_frame_bytes);
-    let ip = req.peer_addr().map(|a| a.ip());
-    let conn = Connection::new(relay.into_inner(), ws.get_ref().clone(), session, ip, socket);
+    let conn = Connection::new(relay.into_inner(), ws.get_ref().clone(), session, ip, slot, socket);
     actix_web::rt::spawn(conn.run(stream, attach));
     Ok(response)
 }
@@ -144,7 +174,7 @@ struct Connection {
     session: Session,
     attachment: Option<Attachment>,
     /// The client's address (session-less methods are limited per address).
-    ip: Option<std::net::IpAddr>,
+    ip: Option<IpAddr>,
     flow: Flow,
     /// Requests read and not started yet, in arrival order, and their bytes.
     queued: VecDeque<Bytes>,
@@ -157,6 +187,9 @@ struct Connection {
     socket: Option<super::conn::Socket>,
     /// The client sent its Close (the close handshake is its answer).
     client_closed: bool,
+    /// Its place in the count of its client's WebSockets (behind a proxy),
+    /// held until the connection ends.
+    _slot: Option<super::conn::Slot>,
 }
 
 enum Next {
@@ -169,7 +202,8 @@ impl Connection {
         relay: Arc<Relay>,
         ws: Websocket,
         session: Session,
-        ip: Option<std::net::IpAddr>,
+        ip: Option<IpAddr>,
+        slot: Option<super::conn::Slot>,
         socket: Option<super::conn::Socket>,
     ) -> Self {
         let flow = Flow::new(ws.max_unread_bytes as u64);
@@ -186,6 +220,7 @@ impl Connection {
             last_heard: Instant::now(),
             socket,
             client_closed: false,
+            _slot: slot,
         }
     }
 

@@ -34,7 +34,7 @@ async fn message_crosses_from_its_source_relay_to_the_recipients_home_relay() {
 }
 
 /// A millisecond-scale timetable so retries happen within a test.
-const FAST: &str = "[delivery]\nretry_timetable = [\"0s\", \"300ms\", \"600ms\"]\nretry_then_every = \"300ms\"\nattempt_timeout = \"1s\"\n";
+pub(crate) const FAST: &str = "[delivery]\nretry_timetable = [\"0s\", \"300ms\", \"600ms\"]\nretry_then_every = \"300ms\"\nattempt_timeout = \"1s\"\n";
 
 /// Polls `message.delivery.status` until `done` holds (bounded).
 async fn wait_status(
@@ -56,7 +56,7 @@ async fn wait_status(
 }
 
 /// Waits until relay `c` has made `n` attempts that reached no relay.
-async fn wait_unreached_attempts(c: &Client, n: f64) {
+pub(crate) async fn wait_unreached_attempts(c: &Client, n: f64) {
     eventually(&format!("{n} unreached attempts"), Duration::from_secs(20), || async {
         match c.metric(r#"relay_delivery_attempts_total{outcome="not_attempted"}"#).await.unwrap_or(0.0) {
             got if got >= n => Ok(()),

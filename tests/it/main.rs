@@ -8,6 +8,7 @@ mod common;
 
 mod audit;
 mod bad_input;
+mod behind_proxy;
 mod bench;
 mod browser;
 mod checkpoints;
@@ -37,6 +38,7 @@ mod retention;
 mod secrets;
 mod security;
 mod smoke;
+mod tls;
 mod torture;
 mod two_homes;
 mod web;

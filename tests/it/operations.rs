@@ -241,7 +241,7 @@ async fn access_log_writes_one_line_per_request_without_tokens() {
     c.get("/no/such/path").await;
 
     let health = relay.wait_for_log(&["relay::access", "method=GET", "path=/healthz", "status=200"], WAIT);
-    assert!(health.contains("ms=") && !health.contains("probe"), "{health}");
+    assert!(health.contains("ms=") && health.contains("client=127.0.0.1") && !health.contains("probe"), "{health}");
     relay.wait_for_log(&["method=POST", "path=/v1/rpc/message.timeline.sync", "status=200"], WAIT);
     relay.wait_for_log(&["method=GET", "path=/no/such/path", "status=404"], WAIT);
     let lines = relay.log_lines();

@@ -21,7 +21,11 @@ impl Client {
 
     /// A client whose requests give up after `timeout`.
     pub fn with_timeout(base: &str, timeout: Duration) -> Self {
-        let http = awc::Client::builder().timeout(timeout).finish();
+        Client::with_http(base, awc::Client::builder().timeout(timeout).finish())
+    }
+
+    /// A client making its requests with `http` (its own TLS roots, say).
+    pub fn with_http(base: &str, http: awc::Client) -> Self {
         Client { http, base: base.to_string() }
     }
 

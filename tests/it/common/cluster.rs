@@ -78,6 +78,15 @@ impl Cluster {
         Cluster { dir: dir.to_path_buf(), members }
     }
 
+    /// The same relays reached over `https://` (each must then be started
+    /// with a certificate, `http.tls_cert_file`).
+    pub fn https(mut self) -> Cluster {
+        for m in &mut self.members {
+            m.url = m.url.replacen("http://", "https://", 1);
+        }
+        self
+    }
+
     pub fn url(&self, id: &str) -> &str {
         &self.members.iter().find(|m| m.id == id).unwrap().url
     }
@@ -122,7 +131,7 @@ impl Cluster {
                 m.id, m.public_key
             ));
         }
-        let listen = me.url.trim_start_matches("http://");
+        let listen = me.url.split_once("://").unwrap().1;
         let config = super::relay::write_config_at(&self.dir, id, listen, &format!("{peers}\n{extra}"));
         RelayProc::start_config_env(id, config, self.dir.join(id), rust_log, env)
     }

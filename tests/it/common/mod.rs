@@ -2,14 +2,30 @@ pub mod client;
 pub mod cluster;
 pub mod fake_peer;
 pub mod http;
+pub mod nginx;
 pub mod proxy;
 pub mod push_service;
 pub mod relay;
 pub mod schema;
+pub mod tls;
 pub mod torture;
 pub mod wait;
 pub mod ws;
 pub mod ws_frame;
+
+/// Whether a test that needs an outside tool (Chromium, nginx) may run:
+/// `missing` says what is not installed. Skips with a printed reason,
+/// except under `CI=true`, where `.ci/run` installs the tools: it fails.
+pub fn can_run(test: &str, missing: Option<String>) -> bool {
+    match missing {
+        None => true,
+        Some(what) if std::env::var("CI").as_deref() == Ok("true") => panic!("{test}: {what}"),
+        Some(what) => {
+            eprintln!("SKIPPED {test}: {what}");
+            false
+        }
+    }
+}
 
 /// Copies a directory tree (a stopped relay's data dir, say).
 pub fn copy_dir(from: &std::path::Path, to: &std::path::Path) {

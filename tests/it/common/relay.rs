@@ -143,7 +143,10 @@ impl RelayProc {
         });
         let line = first.recv_timeout(Duration::from_secs(30)).expect("relay did not start within 30 s");
         let url = line.rsplit(' ').next().unwrap().to_string();
-        assert!(url.starts_with("http://127.0.0.1:"), "unexpected start line {line:?}");
+        assert!(
+            url.starts_with("http://127.0.0.1:") || url.starts_with("https://127.0.0.1:"),
+            "unexpected start line {line:?}"
+        );
         RelayProc { child: Some(child), id: id.into(), url, config, data_dir, rust_log: rust_log.into(), log }
     }
 

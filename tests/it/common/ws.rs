@@ -21,8 +21,14 @@ pub const WAIT: Duration = Duration::from_secs(10);
 impl WsClient {
     /// Connects to `base` (http://…); with `token`, authenticates by header.
     pub async fn connect(base: &str, token: Option<&str>) -> WsClient {
-        let url = format!("{}/v1/ws", base.replacen("http://", "ws://", 1));
-        let mut req = awc::Client::new().ws(url).max_frame_size(4 << 20);
+        WsClient::connect_with(&awc::Client::new(), base, token).await
+    }
+
+    /// Like [`WsClient::connect`], with client `http` (`https://` bases
+    /// become `wss://`).
+    pub async fn connect_with(http: &awc::Client, base: &str, token: Option<&str>) -> WsClient {
+        let url = format!("{}/v1/ws", base.replacen("http", "ws", 1));
+        let mut req = http.ws(url).max_frame_size(4 << 20);
         if let Some(t) = token {
             req = req.header("Authorization", format!("Bearer {t}"));
         }
@@ -32,8 +38,13 @@ impl WsClient {
 
     /// Like [`WsClient::connect`], but a refused upgrade is the HTTP status.
     pub async fn try_connect(base: &str, token: Option<&str>) -> Result<WsClient, u16> {
-        let url = format!("{}/v1/ws", base.replacen("http://", "ws://", 1));
-        let mut req = awc::Client::new().ws(url).max_frame_size(4 << 20);
+        WsClient::try_connect_with(&awc::Client::new(), base, token).await
+    }
+
+    /// Like [`WsClient::try_connect`], with client `http`.
+    pub async fn try_connect_with(http: &awc::Client, base: &str, token: Option<&str>) -> Result<WsClient, u16> {
+        let url = format!("{}/v1/ws", base.replacen("http", "ws", 1));
+        let mut req = http.ws(url).max_frame_size(4 << 20);
         if let Some(t) = token {
             req = req.header("Authorization", format!("Bearer {t}"));
         }
