@@ -110,6 +110,37 @@ fn two_browsers_and_a_terminal_chat_across_two_relays() {
     eprintln!("screenshots in {}", shots.display());
 }
 
+/// The web client as a messenger people use (`web/test/messenger.mjs`),
+/// four people on two relays: names and contact requests; a message typed
+/// while the sender's relay is down is queued, survives a reload and is
+/// delivered exactly once when the relay returns; a third person's message
+/// shows an unread count, the tab title and a desktop notification while the
+/// tab is hidden; a blocked request stays out; safety numbers agree; backup
+/// → clear site data → restore gives the account back; the layout holds at
+/// 390 px, in dark mode, and axe-core finds no serious or critical violation.
+#[test]
+fn a_messenger_people_use_nothing_lost_names_requests_backup() {
+    if !can_run("a_messenger_people_use_nothing_lost_names_requests_backup") {
+        return;
+    }
+    let relay = PathBuf::from(env!("CARGO_BIN_EXE_relay"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let shots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("browser-messenger");
+    node(
+        &[
+            "test/messenger.mjs".as_ref(),
+            "--relay".as_ref(),
+            relay.as_os_str(),
+            "--dir".as_ref(),
+            dir.path().as_os_str(),
+            "--out".as_ref(),
+            shots.as_os_str(),
+        ],
+        Duration::from_secs(300),
+    );
+    eprintln!("screenshots in {}", shots.display());
+}
+
 /// Web Push in the web client (`web/test/push.mjs`): the service worker
 /// registers, the client subscribes with the relay's VAPID key and hands
 /// the relay the subscription; with the page closed a message becomes a

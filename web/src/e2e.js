@@ -34,6 +34,9 @@ export function b64uDecode(str) {
 /** RFC 8785 bytes of a JSON value. */
 export const jcs = (value) => utf8(canonicalize(value));
 
+/** blake3 of `bytes`, `length` bytes long. */
+export const digest = (bytes, length = 32) => blake3(bytes, { dkLen: length });
+
 /** `account_id`: the first 16 bytes of blake3(account_key), hex. */
 export const accountIdOf = (publicKey) => bytesToHex(blake3(publicKey).slice(0, 16));
 

@@ -235,6 +235,7 @@ min_interval = "1s"
     await until(alice, () => document.getElementById('conn').dataset.state === 'online');
     const aliceId = await alice.$eval('#account-id', (e) => e.textContent);
 
+    await alice.click('#open-settings');
     await alice.click('#push-enable');
     await until(alice, () => ['on', 'failed'].includes(document.getElementById('push-state').dataset.state));
     const state = await alice.$eval('#push-state', (e) => e.textContent);
@@ -322,6 +323,7 @@ min_interval = "1s"
     await alice.screenshot({ path: join(OUT, 'alice-after-push.png') });
 
     // Sign-out unsubscribes (relay and push manager) and forgets the keys.
+    await alice.click('#open-settings');
     await alice.click('#sign-out');
     await until(alice, () => !document.getElementById('setup').classList.contains('hidden') && document.body.dataset.ready === 'true');
     const unsubscribed = await alice.evaluate(() => localStorage.getItem('stub.unsubscribed'));
