@@ -82,6 +82,17 @@ fn js_matches_the_shared_vectors() {
     node(&["test/vectors.mjs".as_ref()], Duration::from_secs(60));
 }
 
+/// The web client's pure rules in Node (`web/test/unit.mjs`): day
+/// separators on a fixed clock, which errors keep a message queued, safety
+/// numbers and link codes, and the scrypt-encrypted backup file.
+#[test]
+fn js_client_rules_on_a_fixed_clock() {
+    if !can_run("js_client_rules_on_a_fixed_clock") {
+        return;
+    }
+    node(&["test/unit.mjs".as_ref()], Duration::from_secs(120));
+}
+
 #[test]
 fn two_browsers_and_a_terminal_chat_across_two_relays() {
     if !can_run("two_browsers_and_a_terminal_chat_across_two_relays") {

@@ -11,6 +11,7 @@ import encodeQR from 'qr';
 import * as e2e from './e2e.js';
 import * as db from './store.js';
 import * as backup from './backup.js';
+import { retryable, dayLabel, clockTime, listTime } from './rules.js';
 
 const { b64uEncode: b64, b64uDecode: unb64 } = e2e;
 const $ = (id) => document.getElementById(id);
@@ -20,13 +21,6 @@ const DAY = 86400;
 // How far a status has come: it never goes back (a late sync page or a
 // notification overtaken by a newer one).
 const RANK = { sending: 0, delivering: 1, target_accepted: 2, failed: 2 };
-// Errors after which the same request may succeed later (PROTOCOL §2's
-// retry rows, plus no connection at all): the message stays queued.
-const TRANSIENT = new Set([
-  'offline', 'not_found', 'route_not_found', 'invalid_state', 'route_stale', 'target_not_local',
-  'rate_limited', 'internal_error', 'bad_gateway', 'temporarily_unavailable', 'unauthorized',
-]);
-
 let relay; // {relay_id, public_url}
 let me; // identity: seeds, ids and the display name
 // account_id -> {account_id, account_key, state: accepted|request|blocked,
@@ -317,18 +311,6 @@ async function devicesOf(accountId) {
   return devices;
 }
 
-/**
- * The safety number of this account and `id`: both sides compute the same
- * 60 digits from the two account keys (sorted), so comparing them finds a
- * key swapped by a relay.
- */
-function safetyNumber(id) {
-  const ks = [me.account_key, contacts[id].account_key].sort();
-  const h = e2e.digest(e2e.utf8(`relay/v1/safety-number\n${ks[0]}\n${ks[1]}`), 48);
-  const v = new DataView(h.buffer);
-  return Array.from({ length: 12 }, (_, i) => String(v.getUint32(i * 4) % 100000).padStart(5, '0')).join(' ');
-}
-
 // ---- outbox ------------------------------------------------------------------
 
 /** Stores a message to `peer` first (so nothing is lost), then lets the outbox send it. */
@@ -399,7 +381,9 @@ async function flushOnce() {
       await setStatus(m.message_id, status.status, status.error);
     } catch (e) {
       const code = e.code ?? 'offline';
-      if (TRANSIENT.has(code)) {
+      // An expired session: a new connection opens a new one.
+      if (code === 'unauthorized') ws?.ws.close();
+      if (retryable(code)) {
         // Stays queued: the next connection, or this timer, sends it again.
         clearTimeout(flushTimer);
         flushTimer = setTimeout(flush, code === 'rate_limited' ? 1000 * (e.data?.retry_after ?? 5) : 3000);
@@ -576,6 +560,8 @@ async function revoked() {
   setConn('revoked');
   $('banner').textContent = 'This device was removed from the account. It can no longer send or receive; the messages already here stay readable.';
   $('banner').classList.remove('hidden');
+  $('text').disabled = true;
+  $('text').placeholder = 'This device was removed from the account';
   if (me.account_seed) {
     delete me.account_seed;
     await db.put('identity', me);
@@ -705,7 +691,11 @@ async function revoke(deviceId) {
   await renderDevices();
 }
 
-/** A new browser's request: its public keys and a one-time X25519 key for the answer. */
+/**
+ * A new browser's request: its public keys and a one-time X25519 key for
+ * the answer, as a link (a phone's camera opens it from the QR code in a
+ * browser that has the account). Both browsers show a six-digit code.
+ */
 async function linkStart() {
   let pending = await db.get('pending-link');
   if (!pending) {
@@ -714,9 +704,10 @@ async function linkStart() {
     await db.put('pending-link', pending);
   }
   const { device_id, device_key, box_key, link_key } = pending;
-  const request = b64(e2e.utf8(JSON.stringify({ device_id, device_key, box_key, link_key })));
+  const request = `${relay.public_url.replace(/\/$/, '')}/#link=${b64(e2e.utf8(JSON.stringify({ device_id, device_key, box_key, link_key })))}`;
   $('link-request').value = request;
   $('link-request-qr').innerHTML = encodeQR(request, 'svg');
+  $('link-code-here').textContent = e2e.linkCode(link_key);
   $('link-new').classList.remove('hidden');
 }
 
@@ -727,11 +718,13 @@ async function linkStart() {
  * one-time key (relay-e2e/v1 box).
  */
 async function linkApprove(code) {
-  const req = JSON.parse(new TextDecoder().decode(unb64(code.trim())));
+  const m = /#link=([A-Za-z0-9_-]+)/.exec(code) ?? [null, code.trim()];
+  const req = JSON.parse(new TextDecoder().decode(unb64(m[1])));
+  if (!confirm(`Link the browser that shows the code ${e2e.linkCode(req.link_key)}? It gets your account key and your conversations.`)) return;
   const cert = certificate(keys().account, req);
   await call('device.add', { device_certificate: cert });
   const history = (await db.messages())
-    .filter((m) => m.kind === 'text' && m.status !== 'sending')
+    .filter((x) => x.kind === 'text' && x.status !== 'sending')
     .map(({ message_id, peer, direction, text, kind, at, ts, status }) => ({ message_id, peer, direction, text, kind, at, ts, status, read: true }));
   const secret = e2e.utf8(JSON.stringify({ account_seed: me.account_seed, name: me.name, invite: await db.get('invite'), contacts, history }));
   const sealedSecret = e2e.encrypt(`device-link:${req.device_id}`, secret, [{ device_id: req.device_id, box_key: unb64(req.link_key) }]);
@@ -821,21 +814,6 @@ function ticks(m) {
   return span;
 }
 
-const clock = (ts) => new Date(ts * 1000).toLocaleTimeString([], { hour: '2-digit', minute: '2-digit' });
-
-function dayLabel(ts) {
-  const d = new Date(ts * 1000);
-  const today = new Date(now() * 1000);
-  const days = Math.round((new Date(today.toDateString()) - new Date(d.toDateString())) / (DAY * 1000));
-  if (days === 0) return 'Today';
-  if (days === 1) return 'Yesterday';
-  return d.toLocaleDateString([], { weekday: 'short', year: 'numeric', month: 'short', day: 'numeric' });
-}
-
-function shortTime(ts) {
-  return dayLabel(ts) === 'Today' ? clock(ts) : new Date(ts * 1000).toLocaleDateString([], { month: 'short', day: 'numeric' });
-}
-
 const visible = (m) => m.kind !== 'profile';
 
 // One render at a time; a render asked for meanwhile runs once more after
@@ -897,7 +875,7 @@ async function draw() {
     const l = last[id];
     b.append(
       name,
-      Object.assign(document.createElement('span'), { className: 'time', textContent: l ? shortTime(l.ts ?? now()) : '' }),
+      Object.assign(document.createElement('span'), { className: 'time', textContent: l ? listTime(l.ts ?? now(), now()) : '' }),
       Object.assign(document.createElement('span'), { className: 'preview', textContent: l ? `${l.direction === 'sent' ? 'You: ' : ''}${l.text ?? ''}` : 'No messages yet' }),
     );
     if (unread[id]) {
@@ -925,7 +903,7 @@ async function draw() {
   box.replaceChildren();
   let day = null;
   for (const m of all.filter((x) => x.peer === selected)) {
-    const label = dayLabel(m.ts ?? now());
+    const label = dayLabel(m.ts ?? now(), now());
     if (label !== day) {
       day = label;
       box.append(Object.assign(document.createElement('div'), { className: 'day', textContent: label }));
@@ -934,7 +912,7 @@ async function draw() {
     div.className = `msg ${m.direction}`;
     div.dataset.messageId = m.message_id;
     div.append(Object.assign(document.createElement('span'), { className: 'text', textContent: m.text ?? '' }));
-    const meta = Object.assign(document.createElement('span'), { className: 'meta', textContent: clock(m.ts ?? now()) });
+    const meta = Object.assign(document.createElement('span'), { className: 'meta', textContent: clockTime(m.ts ?? now()) });
     if (m.direction === 'sent') meta.append(ticks(m));
     if (m.direction === 'sent' && m.status === 'failed' && m.error?.code !== 'device_revoked') {
       const r = Object.assign(document.createElement('button'), { className: 'retry', textContent: 'Retry', type: 'button' });
@@ -1003,9 +981,11 @@ async function start() {
   registerWorker()?.catch(pushFailed);
   if (!me.account_seed) return revoked();
   connect();
-  // A link opened in a browser that has an account: ready to add.
-  if (location.hash.startsWith('#contact=') && !location.hash.includes(me.account_id)) {
-    $('add-link').value = location.href;
+  // A link opened in a browser that has an account: ready to add, or to approve.
+  if (location.hash.startsWith('#contact=')) $('add-link').value = location.href;
+  if (location.hash.startsWith('#link=') && me.account_seed) {
+    $('link-code').value = location.href;
+    showPane('settings');
   }
 }
 
@@ -1061,7 +1041,7 @@ async function boot() {
     render();
   });
   $('verify').onclick = () => {
-    const n = safetyNumber(selected);
+    const n = e2e.safetyNumber(me.account_key, contacts[selected].account_key);
     $('safety').textContent = n;
     $('safety-qr').innerHTML = encodeQR(n, 'svg');
     $('safety-box').classList.remove('hidden');

@@ -62,6 +62,11 @@ async function main() {
       const ctx = await browser.createBrowserContext();
       const page = await ctx.newPage();
       page.on('pageerror', (e) => log(`page error (${relay}): ${e.message}`));
+      page.dialogs = [];
+      page.on('dialog', (d) => {
+        page.dialogs.push(d.message());
+        d.accept();
+      });
       await page.setViewport({ width: 1100, height: 720 });
       await page.goto(`${relays[relay].url}/`);
       await until(page, () => document.body.dataset.ready === 'true');
@@ -167,6 +172,8 @@ async function linkAndRevoke(open, alice, aliceId, bob, sent) {
   await alice.type('#link-code', request);
   await alice.click('#link-approve');
   await until(alice, () => document.getElementById('link-approval').value.length > 0);
+  const code = await laptop.$eval('#link-code-here', (e) => e.textContent);
+  assert(/^\d{3} \d{3}$/.test(code) && alice.dialogs.at(-1).includes(code), `Alice is asked to approve the browser that shows ${code}`);
   const answer = await alice.$eval('#link-approval', (e) => e.value);
   await laptop.type('#link-answer', answer);
   await laptop.click('#link-finish');
@@ -188,6 +195,19 @@ async function linkAndRevoke(open, alice, aliceId, bob, sent) {
   await until(alice, (id) => !document.querySelector(`#devices li[data-device-id="${id}"]`), laptopId);
   await until(laptop, () => document.getElementById('conn').dataset.state === 'revoked', undefined, 20_000);
   assert(true, 'Alice revokes the linked browser; it says so and stops');
+  const after = await laptop.evaluate(async () => {
+    const db = await new Promise((resolve, reject) => {
+      const r = indexedDB.open('relay-web');
+      r.onsuccess = () => resolve(r.result);
+      r.onerror = () => reject(r.error);
+    });
+    const identity = await new Promise((resolve) => {
+      const r = db.transaction('kv').objectStore('kv').get('identity');
+      r.onsuccess = () => resolve(r.result);
+    });
+    return { seed: 'account_seed' in identity, composer: document.getElementById('text').disabled, banner: document.getElementById('banner').textContent };
+  });
+  assert(!after.seed && after.composer && after.banner.includes('removed'), 'the revoked browser forgot the account key, says so and cannot send');
   await laptop.browserContext().close();
 }
 
