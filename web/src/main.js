@@ -247,6 +247,8 @@ async function addContact(link, nickname) {
   if (!e2e.verify('relay/v1/contact-invite', invite, key)) throw new Error('the invite does not verify');
   if (invite.expires_at <= now()) throw new Error('the invite has expired');
   const c = await ensureContact(invite.issuer, 'accepted');
+  // Unblocking by adding them again: the grant they had was revoked.
+  if (c.state === 'blocked') delete c.my_grant;
   Object.assign(c, { invite, state: 'accepted' });
   if (nickname) c.nickname = nickname;
   await saveContacts();

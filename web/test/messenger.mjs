@@ -362,6 +362,13 @@ async function main() {
       log(`screenshots in ${DOCS}`);
     }
     await alice.screenshot({ path: join(OUT, 'alice.png') });
+    await alice.setViewport({ width: 390, height: 844 });
+    await alice.emulateMediaFeatures([{ name: 'prefers-color-scheme', value: 'dark' }]);
+    await alice.screenshot({ path: join(OUT, 'alice-390-dark.png') });
+    await alice.click('#open-settings');
+    await alice.screenshot({ path: join(OUT, 'alice-390-settings-dark.png'), fullPage: true });
+    await bob.screenshot({ path: join(OUT, 'bob-restored.png') });
+    await dave.screenshot({ path: join(OUT, 'dave-blocked.png') });
   } finally {
     await browser.close();
     await net.stopAll();
