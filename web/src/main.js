@@ -733,6 +733,7 @@ async function linkApprove(code) {
   $('link-approval').value = b64(e2e.utf8(JSON.stringify({ certificate: cert, ...sealedSecret })));
   $('link-approval').classList.remove('hidden');
   $('link-approval-label').classList.remove('hidden');
+  $('link-approval-copy').classList.remove('hidden');
   await renderDevices();
 }
 
@@ -1017,6 +1018,12 @@ async function boot() {
   $('push-enable').onclick = act(() => enablePush().catch(pushFailed));
   $('sign-out').onclick = act(signOut);
   $('open-settings').onclick = () => showPane('settings');
+  for (const b of document.querySelectorAll('button[data-copy]')) {
+    b.onclick = act(async () => {
+      await navigator.clipboard.writeText($(b.dataset.copy).value);
+      b.textContent = 'Copied';
+    });
+  }
   $('close-settings').onclick = () => {
     if (matchMedia('(min-width: 701px)').matches) showPane('conversation');
     else {

@@ -35,7 +35,7 @@ let net;
 /** A new browser context on `relay`, notifications granted, dialogs confirmed. */
 async function openPage(browser, relay) {
   const ctx = await browser.createBrowserContext();
-  await ctx.overridePermissions(net.relays[relay].url, ['notifications']);
+  await ctx.overridePermissions(net.relays[relay].url, ['notifications', 'clipboard-read', 'clipboard-sanitized-write']);
   const page = await ctx.newPage();
   page.on('pageerror', (e) => log(`page error (${relay}): ${e.message}`));
   page.on('dialog', (d) => d.accept());
@@ -124,6 +124,9 @@ async function main() {
     const daveId = await createAccount(dave, 'Dave Grohl');
     const aliceLink = await alice.$eval('#contact-link', (e) => e.value);
     await alice.click('#open-settings');
+    await alice.click('button[data-copy=contact-link]');
+    await until(alice, () => document.querySelector('button[data-copy=contact-link]').textContent === 'Copied');
+    assert((await alice.evaluate(() => navigator.clipboard.readText())) === aliceLink, 'Copy link puts the contact link on the clipboard');
     await axe(alice, 'settings');
     await alice.click('#close-settings');
 
@@ -250,6 +253,21 @@ async function main() {
     await waitText(alice, t7);
     assert((await alice.$(entry(daveId))) === null, 'the blocked request stays out after a reload');
     assert((await status(dave, t6)) === 'failed', "Dave's message never got through");
+
+    // Alice changes her mind: she adds Dave from his own link, which gives
+    // him a new grant; his refused message goes through with Retry.
+    const daveLink = await dave.$eval('#contact-link', (x) => x.value);
+    await addContact(alice, daveLink, 'Dave from work');
+    await until(alice, (id) => document.getElementById('peer').dataset.accountId === id, daveId);
+    assert((await alice.$eval('#peer', (x) => x.textContent)) === 'Dave from work', 'a nickname given when adding wins over their own name');
+    const t6b = 'OK Dave, you are back';
+    sent.push(t6b);
+    await sendText(alice, t6b);
+    await waitText(dave, t6b);
+    await dave.click('.msg.sent button.retry');
+    await waitStatus(dave, t6, 'target_accepted');
+    await waitText(alice, t6);
+    assert((await countText(alice, t6)) === 1 && (await countText(dave, t6)) === 1, 'Retry sends the refused message again, and it arrives once');
 
     // Errors show on screen, above everything.
     await alice.type('#add-link', 'not a link at all');
