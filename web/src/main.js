@@ -965,6 +965,18 @@ function showPane(which) {
 
 // ---- start -------------------------------------------------------------------
 
+/** A link opened in a browser that has an account: a contact ready to add, or a device to approve. */
+function takeLink() {
+  if (location.hash.startsWith('#contact=')) {
+    $('add-link').value = location.href;
+    if (!matchMedia('(min-width: 701px)').matches) setView('list');
+    $('add-name').focus();
+  } else if (location.hash.startsWith('#link=') && me.account_seed) {
+    $('link-code').value = location.href;
+    showPane('settings');
+  }
+}
+
 async function start() {
   $('setup').classList.add('hidden');
   $('side').classList.remove('hidden');
@@ -984,12 +996,8 @@ async function start() {
   registerWorker()?.catch(pushFailed);
   if (!me.account_seed) return revoked();
   connect();
-  // A link opened in a browser that has an account: ready to add, or to approve.
-  if (location.hash.startsWith('#contact=')) $('add-link').value = location.href;
-  if (location.hash.startsWith('#link=') && me.account_seed) {
-    $('link-code').value = location.href;
-    showPane('settings');
-  }
+  takeLink();
+  window.addEventListener('hashchange', takeLink);
 }
 
 const act = (f) => (ev) => {

@@ -168,8 +168,9 @@ async function linkAndRevoke(open, alice, aliceId, bob, sent) {
   await laptop.click('#link-start');
   await until(laptop, () => document.getElementById('link-request').value.length > 0);
   const request = await laptop.$eval('#link-request', (e) => e.value);
-  await alice.click('#open-settings');
-  await alice.type('#link-code', request);
+  // Alice opens the request link (as from its QR code): the page fills it in.
+  await alice.goto(request);
+  await until(alice, (r) => document.getElementById('link-code').value === r && !document.getElementById('settings').classList.contains('hidden'), request);
   await alice.click('#link-approve');
   await until(alice, () => document.getElementById('link-approval').value.length > 0);
   const code = await laptop.$eval('#link-code-here', (e) => e.textContent);
