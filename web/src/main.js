@@ -366,7 +366,10 @@ function flush() {
   flushing = (async () => {
     do {
       flushAgain = false;
-      await flushOnce();
+      // One sender per browser profile: another tab of it seals and sends
+      // under the same lock, so a message is sealed once (twice would be
+      // two ciphertexts under one message_id: state_conflict).
+      await navigator.locks.request('relay-outbox', flushOnce);
     } while (flushAgain);
   })().finally(() => {
     flushing = null;

@@ -184,10 +184,19 @@ async function main() {
     await until(alice, () => document.body.dataset.ready === 'true');
     await waitStatus(alice, t3, 'sending');
     assert(true, 'after a reload with the relay still down the page loads and the message is still queued');
+    // A second tab of Alice's (same profile) holds the same outbox.
+    const tab = await alice.browserContext().newPage();
+    await tab.setViewport({ width: 1280, height: 800 });
+    await tab.goto(alice.url());
+    await until(tab, () => document.body.dataset.ready === 'true');
+    await openChat(tab, bobId);
+    await waitStatus(tab, t3, 'sending');
     await net.start('relay-a');
     await waitStatus(alice, t3, 'target_accepted', 45_000);
+    await waitStatus(tab, t3, 'target_accepted', 45_000);
     await waitText(bob, t3, 45_000);
-    assert((await countText(bob, t3)) === 1 && (await countText(alice, t3)) === 1, 'once the relay is back it is delivered, exactly once');
+    assert((await countText(bob, t3)) === 1 && (await countText(alice, t3)) === 1, 'once the relay is back it is delivered, exactly once, though two tabs held it');
+    await tab.close();
     await bob.reload();
     await until(bob, () => document.body.dataset.ready === 'true' && document.getElementById('conn').dataset.state === 'online');
     await waitText(bob, t3);
