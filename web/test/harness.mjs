@@ -25,10 +25,11 @@ export async function freePort() {
 }
 
 /**
- * Relays named `ids`, each peered with every other, data under `dir`;
- * `start`/`stop` them by id (a restarted relay keeps its port and data).
+ * Relays named `ids`, each peered with every other, data under `dir`, with
+ * `extra` appended to each configuration; `start`/`stop` them by id (a
+ * restarted relay keeps its port and data).
  */
-export async function relayNet(binary, dir, ids, log) {
+export async function relayNet(binary, dir, ids, log, extra = '') {
   const relays = {};
   for (const id of ids) {
     const port = await freePort();
@@ -68,7 +69,7 @@ max_connections_per_ip = 100000
 retry_timetable = ["0s", "1s", "2s", "3s"]
 retry_then_every = "1s"
 attempt_timeout = "2s"
-`,
+${extra}`,
     );
   }
 
