@@ -465,6 +465,7 @@ async function readRecord(r) {
   const e = early.get(env.message_id);
   if (e && RANK[e.status] >= RANK[m.status ?? 'sending']) Object.assign(m, { status: e.status, error: e.error ?? null });
   early.delete(env.message_id);
+  if (m.status && m.status !== 'sending') delete m.params; // accepted: the outbox is done with it
   await db.putMessage(m);
   if (!selected && r.direction === 'received') selected = peer;
   return !known && r.direction === 'received' && kind !== 'profile' ? m : null;

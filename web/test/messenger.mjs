@@ -85,6 +85,20 @@ const listEntry = (page, id) =>
     };
   }, entry(id));
 
+/** The messages the page keeps in IndexedDB. */
+const stored = (page) =>
+  page.evaluate(async () => {
+    const db = await new Promise((resolve, reject) => {
+      const r = indexedDB.open('relay-web');
+      r.onsuccess = () => resolve(r.result);
+      r.onerror = () => reject(r.error);
+    });
+    return new Promise((resolve) => {
+      const r = db.transaction('messages').objectStore('messages').getAll();
+      r.onsuccess = () => resolve(r.result);
+    });
+  });
+
 const countText = (page, text) =>
   page.evaluate((t) => [...document.querySelectorAll('.msg .text')].filter((x) => x.textContent === t).length, text);
 
@@ -197,6 +211,8 @@ async function main() {
     await waitText(bob, t3, 45_000);
     assert((await countText(bob, t3)) === 1 && (await countText(alice, t3)) === 1, 'once the relay is back it is delivered, exactly once, though two tabs held it');
     await tab.close();
+    const kept = (await stored(alice)).filter((m) => m.text === t3);
+    assert(kept.length === 1 && !('params' in kept[0]), 'the outbox keeps one record of it, and drops its sealed copy once accepted');
     await bob.reload();
     await until(bob, () => document.body.dataset.ready === 'true' && document.getElementById('conn').dataset.state === 'online');
     await waitText(bob, t3);
