@@ -52,7 +52,9 @@ ok(!file.includes('secret words') && !file.includes('a'.repeat(32)), 'the backup
 ok(JSON.stringify(await backup.open('a long passphrase', file)) === JSON.stringify(state), 'the passphrase opens it');
 await rejects(backup.open('another passphrase', file), /wrong passphrase/, 'a wrong passphrase is refused');
 const f = JSON.parse(file);
-const tampered = JSON.stringify({ ...f, ciphertext: `${f.ciphertext.slice(0, -2)}${f.ciphertext.endsWith('A') ? 'BB' : 'AA'}` });
+// A character in the middle: all its bits count (the last one may have unused bits).
+const flip = (t, i) => `${t.slice(0, i)}${t[i] === 'A' ? 'B' : 'A'}${t.slice(i + 1)}`;
+const tampered = JSON.stringify({ ...f, ciphertext: flip(f.ciphertext, 40) });
 await rejects(backup.open('a long passphrase', tampered), /wrong passphrase|damaged/, 'a changed byte is refused');
 await rejects(backup.open('x', JSON.stringify({ ...f, kdf: { ...f.kdf, N: 2 ** 30 } })), /unsupported scrypt/, 'a file asking for 128 GiB of scrypt is refused');
 await rejects(backup.open('x', 'not json'), /not a relay backup/, 'a file of another kind is refused');
