@@ -75,6 +75,17 @@ fn js_matches_the_shared_vectors() {
     node(&["test/vectors.mjs".as_ref()], Duration::from_secs(60));
 }
 
+/// The web client's pure rules in Node (`web/test/unit.mjs`): day
+/// separators on a fixed clock, which errors keep a message queued, safety
+/// numbers and link codes, and the scrypt-encrypted backup file.
+#[test]
+fn js_client_rules_on_a_fixed_clock() {
+    if !can_run("js_client_rules_on_a_fixed_clock") {
+        return;
+    }
+    node(&["test/unit.mjs".as_ref()], Duration::from_secs(120));
+}
+
 #[test]
 fn two_browsers_and_a_terminal_chat_across_two_relays() {
     if !can_run("two_browsers_and_a_terminal_chat_across_two_relays") {
@@ -93,6 +104,37 @@ fn two_browsers_and_a_terminal_chat_across_two_relays() {
             relay.as_os_str(),
             "--chat".as_ref(),
             chat.as_os_str(),
+            "--dir".as_ref(),
+            dir.path().as_os_str(),
+            "--out".as_ref(),
+            shots.as_os_str(),
+        ],
+        Duration::from_secs(300),
+    );
+    eprintln!("screenshots in {}", shots.display());
+}
+
+/// The web client as a messenger people use (`web/test/messenger.mjs`),
+/// four people on two relays: names and contact requests; a message typed
+/// while the sender's relay is down is queued, survives a reload and is
+/// delivered exactly once when the relay returns; a third person's message
+/// shows an unread count, the tab title and a desktop notification while the
+/// tab is hidden; a blocked request stays out; safety numbers agree; backup
+/// → clear site data → restore gives the account back; the layout holds at
+/// 390 px, in dark mode, and axe-core finds no serious or critical violation.
+#[test]
+fn a_messenger_people_use_nothing_lost_names_requests_backup() {
+    if !can_run("a_messenger_people_use_nothing_lost_names_requests_backup") {
+        return;
+    }
+    let relay = PathBuf::from(env!("CARGO_BIN_EXE_relay"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let shots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("browser-messenger");
+    node(
+        &[
+            "test/messenger.mjs".as_ref(),
+            "--relay".as_ref(),
+            relay.as_os_str(),
             "--dir".as_ref(),
             dir.path().as_os_str(),
             "--out".as_ref(),

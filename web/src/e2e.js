@@ -34,6 +34,27 @@ export function b64uDecode(str) {
 /** RFC 8785 bytes of a JSON value. */
 export const jcs = (value) => utf8(canonicalize(value));
 
+/** blake3 of `bytes`, `length` bytes long. */
+export const digest = (bytes, length = 32) => blake3(bytes, { dkLen: length });
+
+/**
+ * The safety number of two accounts: 60 digits from both account keys
+ * (base64url, in either order), the same on both sides; comparing them
+ * finds a key swapped on the way.
+ */
+export function safetyNumber(keyA, keyB) {
+  const [a, b] = [keyA, keyB].sort();
+  const h = digest(utf8(`relay/v1/safety-number\n${a}\n${b}`), 48);
+  const v = new DataView(h.buffer, h.byteOffset, h.byteLength);
+  return Array.from({ length: 12 }, (_, i) => String(v.getUint32(i * 4) % 100000).padStart(5, '0')).join(' ');
+}
+
+/** Six digits both browsers show while linking, from the new browser's one-time key. */
+export function linkCode(linkKey) {
+  const v = new DataView(digest(utf8(`relay/v1/link-code\n${linkKey}`), 4).buffer);
+  return String(v.getUint32(0) % 1_000_000).padStart(6, '0').replace(/(\d{3})(\d{3})/, '$1 $2');
+}
+
 /** `account_id`: the first 16 bytes of blake3(account_key), hex. */
 export const accountIdOf = (publicKey) => bytesToHex(blake3(publicKey).slice(0, 16));
 

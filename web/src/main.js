@@ -1,9 +1,17 @@
 // The relay web client: one account per browser profile, its keys in
 // IndexedDB, messages end-to-end encrypted with relay-e2e/v1, realtime over
 // the relay's WebSocket with SHiNE's delivery ticks.
+//
+// Nothing typed is lost: a message is stored in the outbox (IndexedDB)
+// before anything touches the network, sealed once, and sent with the same
+// message_id and bytes until a relay accepts it (message.send is idempotent
+// on identical content), across reconnects and reloads.
 
+import encodeQR from 'qr';
 import * as e2e from './e2e.js';
 import * as db from './store.js';
+import * as backup from './backup.js';
+import { retryable, dayLabel, clockTime, listTime } from './rules.js';
 
 const { b64uEncode: b64, b64uDecode: unb64 } = e2e;
 const $ = (id) => document.getElementById(id);
@@ -13,13 +21,14 @@ const DAY = 86400;
 // How far a status has come: it never goes back (a late sync page or a
 // notification overtaken by a newer one).
 const RANK = { sending: 0, delivering: 1, target_accepted: 2, failed: 2 };
-
 let relay; // {relay_id, public_url}
-let me; // identity: seeds and ids
-let contacts = {}; // account_id -> {account_id, account_key, invite?, grant_from_them?, my_grant, devices?}
+let me; // identity: seeds, ids and the display name
+// account_id -> {account_id, account_key, state: accepted|request|blocked,
+// nickname?, profile_name?, invite?, grant_from_them?, my_grant?, devices?, verified?}
+let contacts = {};
 let selected = null;
 let ws = null;
-let signingOut = false;
+let stopped = false; // signed out or revoked: no reconnect, no sending
 const early = new Map(); // delivery notifications that overtook their send answer
 // Messages show in the order this browser learned of them (the timeline's
 // order for synced records); clocks of two machines do not order them.
@@ -27,7 +36,9 @@ let counter = 0;
 const order = () => Date.now() * 1000 + (counter++ % 1000);
 
 function showError(e) {
-  $('error').textContent = e ? String(e.message ?? e) : '';
+  const text = e ? String(e.message ?? e) : '';
+  $('error-text').textContent = text;
+  $('error').classList.toggle('hidden', !text);
 }
 
 // ---- transport -------------------------------------------------------------
@@ -35,7 +46,12 @@ function showError(e) {
 async function http(method, params, token) {
   const headers = { 'content-type': 'application/json' };
   if (token) headers.authorization = `Bearer ${token}`;
-  const r = await fetch(`/v1/rpc/${method}`, { method: 'POST', headers, body: JSON.stringify(params) });
+  let r;
+  try {
+    r = await fetch(`/v1/rpc/${method}`, { method: 'POST', headers, body: JSON.stringify(params) });
+  } catch {
+    throw Object.assign(new Error(`${method}: the relay is unreachable`), { code: 'offline' });
+  }
   const body = await r.json();
   if (!r.ok) throw Object.assign(new Error(`${method}: ${body.error?.code}: ${body.error?.message}`), body.error);
   return body;
@@ -49,7 +65,7 @@ class Socket {
     this.ready = new Promise((resolve, reject) => {
       this.ws = new WebSocket(url);
       this.ws.onopen = resolve;
-      this.ws.onerror = () => reject(new Error('websocket failed'));
+      this.ws.onerror = () => reject(Object.assign(new Error('websocket failed'), { code: 'offline' }));
     });
     this.ws.onmessage = (ev) => {
       const f = JSON.parse(ev.data);
@@ -63,7 +79,7 @@ class Socket {
       }
     };
     this.ws.onclose = (ev) => {
-      for (const { reject } of this.waiting.values()) reject(new Error('connection closed'));
+      for (const { reject } of this.waiting.values()) reject(Object.assign(new Error('connection closed'), { code: 'offline' }));
       this.waiting.clear();
       onClose(ev);
     };
@@ -78,14 +94,15 @@ class Socket {
   }
 }
 
-const call = (method, params) => {
-  if (!ws) throw new Error('offline');
+const call = async (method, params) => {
+  if (!ws) throw Object.assign(new Error('offline: the relay is unreachable'), { code: 'offline' });
   return ws.call(method, params);
 };
 
 // ---- identity ----------------------------------------------------------------
 
 function keys() {
+  if (!me.account_seed) throw new Error('this device was removed from the account');
   return {
     account: unb64(me.account_seed),
     device: unb64(me.device_seed),
@@ -150,6 +167,7 @@ async function createAccount() {
   });
   me = {
     account_id: accountId,
+    account_key: b64(accountKey),
     account_seed: b64(accountSeed),
     device_id: device.device_id,
     device_seed: device.device_seed,
@@ -160,9 +178,9 @@ async function createAccount() {
 }
 
 /** This account's contact link: a signed ContactInvite in the URL fragment. */
-async function contactLink() {
+async function contactLink(fresh = false) {
   let invite = await db.get('invite');
-  if (!invite || invite.expires_at < now() + DAY) {
+  if (fresh || !invite || invite.expires_at < now() + DAY) {
     invite = e2e.sign(
       'relay/v1/contact-invite',
       { invite_id: randomId(), issuer: me.account_id, issued_at: now(), expires_at: now() + 30 * DAY },
@@ -173,11 +191,21 @@ async function contactLink() {
   return `${relay.public_url.replace(/\/$/, '')}/#contact=${b64(e2e.utf8(JSON.stringify(invite)))}`;
 }
 
+async function showContactLink(fresh) {
+  const link = await contactLink(fresh);
+  $('contact-link').value = link;
+  $('contact-qr').innerHTML = encodeQR(link, 'svg');
+}
+
 // ---- contacts ----------------------------------------------------------------
+
+/** A contact's name as this person knows it; a short id only when none is known. */
+const nameOf = (id) => contacts[id]?.nickname || contacts[id]?.profile_name || `${id.slice(0, 8)}…`;
 
 /** The account key of `accountId`, from its signed route (checked here). */
 async function accountKey(accountId) {
   if (contacts[accountId]?.account_key) return unb64(contacts[accountId].account_key);
+  if (accountId === me.account_id && me.account_key) return unb64(me.account_key);
   const route = await call('route.get', { account_id: accountId });
   const key = unb64(route.account_key);
   if (route.account_id !== accountId || e2e.accountIdOf(key) !== accountId || !e2e.verify('relay/v1/route', route, key)) {
@@ -190,25 +218,27 @@ async function saveContacts() {
   await db.put('contacts', contacts);
 }
 
-async function ensureContact(accountId) {
+/** The contact `accountId` (its key looked up once), created in `state`. */
+async function ensureContact(accountId, state) {
   if (!contacts[accountId]) {
     const key = await accountKey(accountId);
-    contacts[accountId] = { account_id: accountId, account_key: b64(key) };
+    contacts[accountId] = { account_id: accountId, account_key: b64(key), state, added_at: order() };
+    await saveContacts();
   }
-  const c = contacts[accountId];
-  // A grant rides along with each message so the contact can answer.
-  if (!c.my_grant) {
-    c.my_grant = e2e.sign(
-      'relay/v1/contact-grant',
-      { grant_id: randomId(), grantor: me.account_id, grantee: accountId, issued_at: now() },
-      keys().account,
-    );
-  }
-  await saveContacts();
-  return c;
+  return contacts[accountId];
 }
 
-async function addContact(link) {
+/** The grant that lets `c` write to this account; it rides along with what we send them. */
+function grantFor(c) {
+  c.my_grant ??= e2e.sign(
+    'relay/v1/contact-grant',
+    { grant_id: randomId(), grantor: me.account_id, grantee: c.account_id, issued_at: now() },
+    keys().account,
+  );
+  return c.my_grant;
+}
+
+async function addContact(link, nickname) {
   const m = /#contact=([A-Za-z0-9_-]+)/.exec(link.trim());
   if (!m) throw new Error('not a contact link');
   const invite = JSON.parse(new TextDecoder().decode(unb64(m[1])));
@@ -216,10 +246,42 @@ async function addContact(link) {
   const key = await accountKey(invite.issuer);
   if (!e2e.verify('relay/v1/contact-invite', invite, key)) throw new Error('the invite does not verify');
   if (invite.expires_at <= now()) throw new Error('the invite has expired');
-  const c = await ensureContact(invite.issuer);
-  c.invite = invite;
+  const c = await ensureContact(invite.issuer, 'accepted');
+  // Unblocking by adding them again: the grant they had was revoked.
+  if (c.state === 'blocked') delete c.my_grant;
+  Object.assign(c, { invite, state: 'accepted' });
+  if (nickname) c.nickname = nickname;
   await saveContacts();
-  select(invite.issuer);
+  open(invite.issuer);
+}
+
+/** Accepting a request: they get our grant (and name) in a `profile` message. */
+async function accept(id) {
+  contacts[id].state = 'accepted';
+  await saveContacts();
+  await queue(id, 'profile');
+}
+
+/**
+ * Blocking: the relays refuse their next message. The grant we gave them
+ * is revoked; when they reached us through our contact link (a request),
+ * that link is revoked too and a new one made (an invite cannot be revoked
+ * for one holder only).
+ */
+async function block(id) {
+  const c = contacts[id];
+  if (!confirm(`Block ${nameOf(id)}? They can no longer write to you.`)) return;
+  if (c.my_grant) await call('contact.revoke', { grant_id: c.my_grant.grant_id });
+  if (!c.invite) {
+    const invite = await db.get('invite');
+    if (invite) await call('contact.revoke', { invite_id: invite.invite_id });
+    await showContactLink(true);
+  }
+  c.state = 'blocked';
+  await saveContacts();
+  selected = null;
+  setView('list');
+  render();
 }
 
 /**
@@ -251,39 +313,99 @@ async function devicesOf(accountId) {
   return devices;
 }
 
-// ---- messages ----------------------------------------------------------------
+// ---- outbox ------------------------------------------------------------------
 
-async function send(text) {
-  const c = await ensureContact(selected);
-  const [theirs, mine] = await Promise.all([devicesOf(c.account_id), devicesOf(me.account_id)]);
-  const target = (list) => list.map((d) => ({ device_id: d.device_id, box_key: unb64(d.box_key) }));
-  const messageId = randomId();
-  const plaintext = e2e.textPlaintext(text, { grant: c.my_grant });
-  const all = [...target(theirs), ...target(mine)];
-  const sealed = e2e.encrypt(messageId, plaintext, all);
-  const { device } = keys();
-  const envelope = e2e.sign(
-    'relay/v1/envelope',
-    { message_id: messageId, from: me.account_id, from_device_id: me.device_id, to: c.account_id, created_at: now(), ciphertext: sealed.ciphertext },
-    device,
-  );
-  const params = {
-    envelope,
-    recipient_boxes: sealed.boxes.slice(0, theirs.length),
-    sender_boxes: sealed.boxes.slice(theirs.length),
-  };
-  if (c.grant_from_them) params.authorization = { contact_grant: c.grant_from_them };
-  else if (c.invite) params.authorization = { contact_invite: c.invite };
-  const m = { message_id: messageId, peer: c.account_id, direction: 'sent', text, at: order(), status: 'sending' };
+/** Stores a message to `peer` first (so nothing is lost), then lets the outbox send it. */
+async function queue(peer, kind, text) {
+  const m = { message_id: randomId(), peer, direction: 'sent', kind, text, at: order(), ts: now(), status: 'sending', read: true };
   await db.putMessage(m);
   render();
-  try {
-    const status = await call('message.send', params);
-    await setStatus(messageId, status.status, status.error);
-  } catch (e) {
-    // Not accepted: the relay took no responsibility for it.
-    await setStatus(messageId, 'failed', { code: e.code ?? 'offline', message: e.message });
+  flush();
+  return m;
+}
+
+/** The plaintext of an outgoing message: our grant and name ride along. */
+function plaintextOf(m, c) {
+  const grant = grantFor(c);
+  const profile = me.name ? { name: me.name } : undefined;
+  if (m.kind === 'profile') return e2e.jcs({ type: 'profile', name: me.name ?? null, grant });
+  return e2e.textPlaintext(m.text, profile ? { grant, profile } : { grant });
+}
+
+/** The `message.send` params of `m`, sealed once and kept: a retry sends the same bytes. */
+async function sealed(m) {
+  if (m.params) return m.params;
+  const c = contacts[m.peer];
+  const [theirs, mine] = await Promise.all([devicesOf(c.account_id), devicesOf(me.account_id)]);
+  const target = (list) => list.map((d) => ({ device_id: d.device_id, box_key: unb64(d.box_key) }));
+  const all = [...target(theirs), ...target(mine)];
+  const box = e2e.encrypt(m.message_id, plaintextOf(m, c), all);
+  const envelope = e2e.sign(
+    'relay/v1/envelope',
+    { message_id: m.message_id, from: me.account_id, from_device_id: me.device_id, to: c.account_id, created_at: now(), ciphertext: box.ciphertext },
+    keys().device,
+  );
+  const params = { envelope, recipient_boxes: box.boxes.slice(0, theirs.length), sender_boxes: box.boxes.slice(theirs.length) };
+  if (c.grant_from_them) params.authorization = { contact_grant: c.grant_from_them };
+  else if (c.invite) params.authorization = { contact_invite: c.invite };
+  await saveContacts(); // the grant made for it
+  m.params = params;
+  await db.putMessage(m);
+  return params;
+}
+
+let flushing = null;
+let flushAgain = false;
+let flushTimer = null;
+/** Sends every queued message in order; stops at the first transient failure (retried later). */
+function flush() {
+  if (flushing) {
+    flushAgain = true;
+    return flushing;
   }
+  flushing = (async () => {
+    do {
+      flushAgain = false;
+      // One sender per browser profile: another tab of it seals and sends
+      // under the same lock, so a message is sealed once (twice would be
+      // two ciphertexts under one message_id: state_conflict).
+      await navigator.locks.request('relay-outbox', flushOnce);
+    } while (flushAgain);
+  })().finally(() => {
+    flushing = null;
+  });
+  return flushing;
+}
+
+async function flushOnce() {
+  if (stopped || !ws) return;
+  const queued = (await db.messages()).filter((m) => m.direction === 'sent' && m.status === 'sending').sort((a, b) => a.at - b.at);
+  for (const m of queued) {
+    try {
+      const status = await call('message.send', await sealed(m));
+      await setStatus(m.message_id, status.status, status.error);
+    } catch (e) {
+      const code = e.code ?? 'offline';
+      // An expired session: a new connection opens a new one.
+      if (code === 'unauthorized') ws?.ws.close();
+      if (retryable(code)) {
+        // Stays queued: the next connection, or this timer, sends it again.
+        clearTimeout(flushTimer);
+        flushTimer = setTimeout(flush, code === 'rate_limited' ? 1000 * (e.data?.retry_after ?? 5) : 3000);
+        return;
+      }
+      await setStatus(m.message_id, 'failed', { code, message: e.message });
+    }
+  }
+}
+
+/** A failed message, tried again: a new message_id, sealed anew (the relay refused the old one). */
+async function retry(messageId) {
+  const m = await db.message(messageId);
+  await db.deleteMessage(messageId);
+  await db.putMessage({ ...m, message_id: randomId(), params: undefined, status: 'sending', error: null, at: order(), ts: now() });
+  render();
+  flush();
 }
 
 async function setStatus(messageId, status, error) {
@@ -295,14 +417,18 @@ async function setStatus(messageId, status, error) {
   if (RANK[status] < RANK[m.status]) return;
   m.status = status;
   m.error = error ?? null;
+  if (status !== 'sending') delete m.params;
   await db.putMessage(m);
   render();
 }
 
-/** Reads one timeline record: verified, decrypted, stored. */
+// ---- receiving ---------------------------------------------------------------
+
+/** Reads one timeline record: verified, decrypted, stored. Returns a message to announce, if any. */
 async function readRecord(r) {
   const env = r.envelope;
   const peer = r.direction === 'sent' ? env.to : env.from;
+  if (contacts[peer]?.state === 'blocked') return null;
   const known = await db.message(env.message_id);
   let text;
   let kind = 'text';
@@ -313,20 +439,24 @@ async function readRecord(r) {
     const plain = e2e.openRecord(r, unb64(cert.device_key), me.device_id, keys().box);
     const msg = e2e.readPlaintext(plain);
     if (msg.type === 'text' && typeof msg.text === 'string') text = msg.text;
+    else if (msg.type === 'profile') kind = 'profile';
     else kind = 'unsupported';
+    // Someone who writes first is a request until accepted.
+    const c = await ensureContact(peer, r.direction === 'received' ? 'request' : 'accepted');
     if (r.direction === 'received') {
-      const c = await ensureContact(env.from);
       const g = msg.grant;
       if (g && g.grantor === env.from && g.grantee === me.account_id && e2e.verify('relay/v1/contact-grant', g, await accountKey(env.from))) {
         c.grant_from_them = g;
-        await saveContacts();
       }
+      const name = kind === 'profile' ? msg.name : msg.profile?.name;
+      if (typeof name === 'string' && name.trim()) c.profile_name = name.trim().slice(0, 64);
+      await saveContacts();
     }
   } catch (e) {
     kind = 'unreadable';
     text = `cannot be shown: ${e.message}`;
   }
-  const m = known ?? { message_id: env.message_id, peer, direction: r.direction, at: order(), status: null };
+  const m = known ?? { message_id: env.message_id, peer, direction: r.direction, at: order(), ts: env.created_at, status: null, read: r.direction === 'sent' };
   if (!known || kind !== 'text' || known.text === undefined) Object.assign(m, { text, kind });
   if (r.delivery && RANK[r.delivery.status] >= RANK[m.status ?? 'sending']) {
     m.status = r.delivery.status;
@@ -335,28 +465,50 @@ async function readRecord(r) {
   const e = early.get(env.message_id);
   if (e && RANK[e.status] >= RANK[m.status ?? 'sending']) Object.assign(m, { status: e.status, error: e.error ?? null });
   early.delete(env.message_id);
+  if (m.status && m.status !== 'sending') delete m.params; // accepted: the outbox is done with it
   await db.putMessage(m);
   if (!selected && r.direction === 'received') selected = peer;
+  return !known && r.direction === 'received' && kind !== 'profile' ? m : null;
 }
 
 let syncing = Promise.resolve();
 /** Syncs from the acked cursor and acks what was stored (one at a time). */
 function sync() {
-  syncing = syncing.then(async () => {
-    let cursor = (await db.get('cursor')) ?? 0;
-    for (;;) {
-      const page = await call('message.timeline.sync', { after: cursor, limit: 100 });
-      for (const r of page.records) await readRecord(r);
-      if (page.next > cursor) {
-        await call('message.timeline.ack', { through: page.next });
-        cursor = page.next;
-        await db.put('cursor', cursor);
+  syncing = syncing
+    .then(async () => {
+      let cursor = (await db.get('cursor')) ?? 0;
+      for (;;) {
+        const page = await call('message.timeline.sync', { after: cursor, limit: 100 });
+        for (const r of page.records) {
+          const fresh = await readRecord(r);
+          if (fresh) announce(fresh);
+        }
+        if (page.next > cursor) {
+          await call('message.timeline.ack', { through: page.next });
+          cursor = page.next;
+          await db.put('cursor', cursor);
+        }
+        render();
+        if (!page.has_more) return;
       }
-      render();
-      if (!page.has_more) return;
-    }
-  }).catch(showError);
+    })
+    .catch(showError);
   return syncing;
+}
+
+/** A desktop notification for a new message while this tab is hidden. */
+function announce(m) {
+  if (document.visibilityState !== 'hidden' || !('Notification' in window) || Notification.permission !== 'granted') return;
+  const c = contacts[m.peer];
+  if (!c || c.state === 'blocked') return;
+  const n = new Notification(c.state === 'request' ? `Request from ${nameOf(m.peer)}` : nameOf(m.peer), {
+    body: m.kind === 'text' ? m.text : 'New message',
+    tag: `relay-${m.peer}`,
+  });
+  n.onclick = () => {
+    window.focus();
+    open(m.peer);
+  };
 }
 
 // ---- session -----------------------------------------------------------------
@@ -373,33 +525,59 @@ function setConn(text) {
   $('conn').dataset.state = text;
 }
 
-/** Connects and attaches; on any close, reconnects and syncs from the cursor. */
+/** Connects and attaches; on any close, reconnects, syncs from the cursor and sends the outbox. */
 async function connect() {
-  let token;
+  if (stopped) return;
   try {
-    token = await openSession();
+    const token = await openSession();
     const url = new URL('/v1/ws', location.href);
     url.protocol = url.protocol === 'https:' ? 'wss:' : 'ws:';
     const socket = new Socket(url, onNotify, () => {
       if (ws === socket) ws = null;
+      if (stopped) return;
       setConn('offline');
-      if (!signingOut) setTimeout(connect, 1000);
+      setTimeout(connect, 1000);
     });
     await socket.ready;
     await socket.call('session.attach', { token });
     ws = socket;
     setConn('online');
-    showError(null);
+    flush();
     await sync();
     renderDevices().catch(showError);
     // Subscribed before (permission granted): hand the relay the current
     // subscription again (it may be new, or the relay may have dropped it).
     if (pushSupported() && Notification.permission === 'granted') enablePush().catch(pushFailed);
   } catch (e) {
+    if (e.code === 'device_unknown') return revoked();
     setConn('offline');
-    if (e.code === 'device_unknown' || e.code === 'unauthorized') showError(`this device cannot sign in: ${e.message}`);
+    if (e.code === 'unauthorized') showError(`this device cannot sign in: ${e.message}`);
     setTimeout(connect, 2000);
   }
+}
+
+/**
+ * The relay no longer knows this device (revoked from another one): it
+ * stops, forgets the account key it was given (it can no longer sign for
+ * the account) and marks its queued messages as not sent.
+ */
+async function revoked() {
+  stopped = true;
+  setConn('revoked');
+  $('banner').textContent = 'This device was removed from the account. It can no longer send or receive; the messages already here stay readable.';
+  $('banner').classList.remove('hidden');
+  $('text').disabled = true;
+  $('text').placeholder = 'This device was removed from the account';
+  if (me.account_seed) {
+    delete me.account_seed;
+    await db.put('identity', me);
+  }
+  for (const m of await db.messages()) {
+    if (m.direction === 'sent' && m.status === 'sending') {
+      await setStatus(m.message_id, 'failed', { code: 'device_revoked', message: 'this device was removed from the account' });
+    }
+  }
+  render();
 }
 
 function onNotify(n) {
@@ -420,10 +598,10 @@ function pushFailed(e) {
   setPush('failed', e.message ?? String(e));
 }
 
-/** The service worker (`/sw.js`, served by the relay), registered once. */
+/** The service worker (`/sw.js`, served by the relay), registered once: push, and the page offline. */
 let worker = null;
 function registerWorker() {
-  if (!pushSupported()) return null;
+  if (!('serviceWorker' in navigator)) return null;
   worker ??= navigator.serviceWorker.register('/sw.js', { scope: '/' }).then(() => navigator.serviceWorker.ready);
   return worker;
 }
@@ -486,7 +664,7 @@ async function signOut() {
     // device is revoked, or when the push service reports it gone.
     console.warn('push unsubscribe', e);
   }
-  signingOut = true;
+  stopped = true;
   ws?.ws.close();
   await db.wipe();
   location.replace('/');
@@ -504,8 +682,9 @@ async function renderDevices() {
     li.append(Object.assign(document.createElement('code'), { textContent: d.device_id }));
     if (d.device_id === me.device_id) li.append(' (this browser)');
     else {
-      const b = Object.assign(document.createElement('button'), { textContent: 'revoke' });
-      b.onclick = () => revoke(d.device_id).catch(showError);
+      const b = Object.assign(document.createElement('button'), { textContent: 'Remove' });
+      b.setAttribute('aria-label', `Remove the device ${d.device_id}`);
+      b.onclick = act(() => revoke(d.device_id));
       li.append(' ', b);
     }
     ul.append(li);
@@ -518,7 +697,11 @@ async function revoke(deviceId) {
   await renderDevices();
 }
 
-/** A new browser's request: its public keys and a one-time X25519 key for the answer. */
+/**
+ * A new browser's request: its public keys and a one-time X25519 key for
+ * the answer, as a link (a phone's camera opens it from the QR code in a
+ * browser that has the account). Both browsers show a six-digit code.
+ */
 async function linkStart() {
   let pending = await db.get('pending-link');
   if (!pending) {
@@ -527,23 +710,34 @@ async function linkStart() {
     await db.put('pending-link', pending);
   }
   const { device_id, device_key, box_key, link_key } = pending;
-  $('link-request').value = b64(e2e.utf8(JSON.stringify({ device_id, device_key, box_key, link_key })));
+  const request = `${relay.public_url.replace(/\/$/, '')}/#link=${b64(e2e.utf8(JSON.stringify({ device_id, device_key, box_key, link_key })))}`;
+  $('link-request').value = request;
+  $('link-request-qr').innerHTML = encodeQR(request, 'svg');
+  $('link-code-here').textContent = e2e.linkCode(link_key);
   $('link-new').classList.remove('hidden');
 }
 
 /**
  * On a browser with the account: certifies the new device (signed by the
  * account key), adds it, and answers with the certificate and the account
- * key and contacts sealed to the request's one-time key (relay-e2e/v1 box).
+ * key, contacts and the conversations so far, sealed to the request's
+ * one-time key (relay-e2e/v1 box).
  */
 async function linkApprove(code) {
-  const req = JSON.parse(new TextDecoder().decode(unb64(code.trim())));
+  const m = /#link=([A-Za-z0-9_-]+)/.exec(code) ?? [null, code.trim()];
+  const req = JSON.parse(new TextDecoder().decode(unb64(m[1])));
+  if (!confirm(`Link the browser that shows the code ${e2e.linkCode(req.link_key)}? It gets your account key and your conversations.`)) return;
   const cert = certificate(keys().account, req);
   await call('device.add', { device_certificate: cert });
-  const secret = e2e.utf8(JSON.stringify({ account_seed: me.account_seed, invite: await db.get('invite'), contacts }));
-  const sealed = e2e.encrypt(`device-link:${req.device_id}`, secret, [{ device_id: req.device_id, box_key: unb64(req.link_key) }]);
-  $('link-approval').value = b64(e2e.utf8(JSON.stringify({ certificate: cert, ...sealed })));
+  const history = (await db.messages())
+    .filter((x) => x.kind === 'text' && x.status !== 'sending')
+    .map(({ message_id, peer, direction, text, kind, at, ts, status }) => ({ message_id, peer, direction, text, kind, at, ts, status, read: true }));
+  const secret = e2e.utf8(JSON.stringify({ account_seed: me.account_seed, name: me.name, invite: await db.get('invite'), contacts, history }));
+  const sealedSecret = e2e.encrypt(`device-link:${req.device_id}`, secret, [{ device_id: req.device_id, box_key: unb64(req.link_key) }]);
+  $('link-approval').value = b64(e2e.utf8(JSON.stringify({ certificate: cert, ...sealedSecret })));
   $('link-approval').classList.remove('hidden');
+  $('link-approval-label').classList.remove('hidden');
+  $('link-approval-copy').classList.remove('hidden');
   await renderDevices();
 }
 
@@ -560,14 +754,52 @@ async function linkFinish(answer) {
   }
   me = {
     account_id: e2e.accountIdOf(accountKey),
+    account_key: b64(accountKey),
     account_seed: secret.account_seed,
     device_id: pending.device_id,
     device_seed: pending.device_seed,
     box_secret: pending.box_secret,
+    name: secret.name,
   };
   if (secret.invite) await db.put('invite', secret.invite);
   contacts = secret.contacts ?? {};
   await saveContacts();
+  for (const m of secret.history ?? []) await db.putMessage(m);
+  await db.put('identity', me);
+  await start();
+}
+
+// ---- backup ------------------------------------------------------------------
+
+async function downloadBackup() {
+  const pass = $('backup-pass').value;
+  if (pass.length < 10) throw new Error('the passphrase needs at least 10 characters');
+  const state = {
+    identity: me,
+    contacts,
+    invite: await db.get('invite'),
+    cursor: (await db.get('cursor')) ?? 0,
+    messages: (await db.messages()).filter((m) => m.status !== 'sending' || m.direction !== 'sent'),
+  };
+  const file = await backup.seal(pass, state);
+  const a = Object.assign(document.createElement('a'), {
+    href: URL.createObjectURL(new Blob([file], { type: 'application/json' })),
+    download: `relay-backup-${me.account_id.slice(0, 8)}.json`,
+  });
+  a.click();
+  setTimeout(() => URL.revokeObjectURL(a.href), 60_000);
+  $('backup-pass').value = '';
+}
+
+async function restore() {
+  const file = $('restore-file').files[0];
+  if (!file) throw new Error('choose the backup file');
+  const state = await backup.open($('restore-pass').value, await file.text());
+  await db.put('invite', state.invite);
+  await db.put('contacts', state.contacts);
+  await db.put('cursor', state.cursor);
+  for (const m of state.messages) await db.putMessage(m);
+  me = state.identity;
   await db.put('identity', me);
   await start();
 }
@@ -578,23 +810,18 @@ function ticks(m) {
   const span = document.createElement('span');
   span.className = 'ticks';
   span.dataset.status = m.status ?? 'sending';
-  if (m.status === 'delivering') {
-    span.textContent = '✓';
-    span.title = 'accepted by your relay';
-  } else if (m.status === 'target_accepted') {
-    span.textContent = '✓✓';
-    span.title = "accepted by the recipient's relay";
-  } else if (m.status === 'failed') {
-    span.textContent = `✗ ${m.error?.code ?? 'failed'}`;
-    span.title = m.error?.message ?? 'failed';
-  } else {
-    span.textContent = '…';
-    span.title = 'sending';
-  }
+  const [text, title] = {
+    delivering: ['✓', 'Accepted by your relay'],
+    target_accepted: ['✓✓', "Accepted by the recipient's relay (not a read receipt)"],
+    failed: [`✗ ${m.error?.code ?? 'failed'}`, `Not sent: ${m.error?.message ?? 'failed'}`],
+  }[m.status] ?? ['🕓', 'Sending: kept in this browser until a relay accepts it'];
+  span.textContent = text;
+  span.title = title;
+  span.setAttribute('aria-label', title);
   return span;
 }
 
-const short = (id) => `${id.slice(0, 8)}…`;
+const visible = (m) => m.kind !== 'profile';
 
 // One render at a time; a render asked for meanwhile runs once more after
 // it, so the last change (e.g. a tick) always reaches the page.
@@ -616,54 +843,165 @@ function render() {
   return rendering;
 }
 
+let drawnPeer = null;
+
+function setView(view) {
+  document.body.dataset.view = view;
+}
+
 async function draw() {
-  const all = (await db.messages()).sort((a, b) => a.at - b.at || (a.message_id < b.message_id ? -1 : 1));
-  const cs = $('contacts');
-  cs.replaceChildren();
-  for (const id of Object.keys(contacts)) {
-    const b = Object.assign(document.createElement('button'), { textContent: id });
+  if (!me) return;
+  const all = (await db.messages()).filter(visible).sort((a, b) => a.at - b.at || (a.message_id < b.message_id ? -1 : 1));
+  // Reading the open conversation while the page is in view marks it read.
+  const reading = document.visibilityState === 'visible' && document.body.dataset.view === 'chat';
+  for (const m of all) {
+    if (!m.read && reading && m.peer === selected) {
+      m.read = true;
+      await db.putMessage(m);
+    }
+  }
+  const last = {};
+  const unread = {};
+  for (const m of all) {
+    last[m.peer] = m;
+    if (!m.read) unread[m.peer] = (unread[m.peer] ?? 0) + 1;
+  }
+  const listed = Object.values(contacts)
+    .filter((c) => c.state !== 'blocked')
+    .sort((a, b) => (last[b.account_id]?.at ?? b.added_at ?? 0) - (last[a.account_id]?.at ?? a.added_at ?? 0));
+  const ul = $('conversations');
+  ul.replaceChildren();
+  for (const c of listed) {
+    const id = c.account_id;
+    const b = document.createElement('button');
     b.dataset.accountId = id;
     b.className = id === selected ? 'active' : '';
-    b.onclick = () => select(id);
-    cs.append(b);
+    const name = Object.assign(document.createElement('span'), { className: 'name', textContent: nameOf(id) });
+    if (c.state === 'request') name.append(Object.assign(document.createElement('span'), { className: 'tag', textContent: 'request' }));
+    if (c.verified === c.account_key) name.append(Object.assign(document.createElement('span'), { className: 'tag', textContent: 'verified' }));
+    const l = last[id];
+    b.append(
+      name,
+      Object.assign(document.createElement('span'), { className: 'time', textContent: l ? listTime(l.ts ?? now(), now()) : '' }),
+      Object.assign(document.createElement('span'), { className: 'preview', textContent: l ? `${l.direction === 'sent' ? 'You: ' : ''}${l.text ?? ''}` : 'No messages yet' }),
+    );
+    if (unread[id]) {
+      b.append(Object.assign(document.createElement('span'), { className: 'unread', textContent: String(unread[id]) }));
+      b.setAttribute('aria-label', `${nameOf(id)}, ${unread[id]} unread`);
+    }
+    b.onclick = () => open(id);
+    const li = document.createElement('li');
+    li.append(b);
+    ul.append(li);
   }
-  $('peer').textContent = selected ? `Conversation with ${short(selected)}` : 'No contact selected';
+  $('no-conversations').classList.toggle('hidden', listed.length > 0);
+  const total = listed.reduce((n, c) => n + (unread[c.account_id] ?? 0), 0);
+  badge(total);
+
+  const c = selected && contacts[selected];
+  $('peer').textContent = c ? nameOf(selected) : 'No conversation selected';
+  $('peer').title = selected ?? '';
   $('peer').dataset.accountId = selected ?? '';
+  for (const id of ['rename', 'verify', 'block', 'send-form']) $(id).classList.toggle('hidden', !c);
+  $('request-bar').classList.toggle('hidden', c?.state !== 'request');
+  if (c?.state === 'request') $('request-text').textContent = `${nameOf(selected)} is not in your contacts. Accept to answer, or block them.`;
   const box = $('messages');
+  const scrolled = box.scrollTop;
   box.replaceChildren();
+  let day = null;
   for (const m of all.filter((x) => x.peer === selected)) {
+    const label = dayLabel(m.ts ?? now(), now());
+    if (label !== day) {
+      day = label;
+      box.append(Object.assign(document.createElement('div'), { className: 'day', textContent: label }));
+    }
     const div = document.createElement('div');
     div.className = `msg ${m.direction}`;
     div.dataset.messageId = m.message_id;
     div.append(Object.assign(document.createElement('span'), { className: 'text', textContent: m.text ?? '' }));
-    if (m.direction === 'sent') div.append(ticks(m));
+    const meta = Object.assign(document.createElement('span'), { className: 'meta', textContent: clockTime(m.ts ?? now()) });
+    if (m.direction === 'sent') meta.append(ticks(m));
+    if (m.direction === 'sent' && m.status === 'failed' && m.error?.code !== 'device_revoked') {
+      const r = Object.assign(document.createElement('button'), { className: 'retry', textContent: 'Retry', type: 'button' });
+      r.onclick = act(() => retry(m.message_id));
+      meta.append(r);
+    }
+    div.append(meta);
     box.append(div);
   }
-  box.scrollTop = box.scrollHeight;
+  // Follows new messages unless the reader scrolled up in the same conversation.
+  box.scrollTop = pinned || drawnPeer !== selected ? box.scrollHeight : scrolled;
+  drawnPeer = selected;
 }
 
-function select(id) {
+// Whether the conversation is scrolled to its end: new messages and a
+// resized window (a phone's keyboard) keep it there.
+let pinned = true;
+function followMessages() {
+  const box = $('messages');
+  box.addEventListener('scroll', () => {
+    pinned = box.scrollHeight - box.scrollTop - box.clientHeight < 40;
+  });
+  new ResizeObserver(() => {
+    if (pinned) box.scrollTop = box.scrollHeight;
+  }).observe(box);
+}
+
+/** The unread total in the tab title and favicon. */
+function badge(total) {
+  document.title = total ? `(${total}) relay` : 'relay';
+  const dot = total ? `<circle cx='22' cy='10' r='10' fill='%23d93025'/><text x='22' y='14.5' font-size='13' text-anchor='middle' fill='white' font-family='sans-serif'>${total > 9 ? '9+' : total}</text>` : '';
+  $('favicon').href = `data:image/svg+xml,<svg xmlns='http://www.w3.org/2000/svg' viewBox='0 0 32 32'><rect x='2' y='6' width='24' height='20' rx='5' fill='%231f5fb8'/>${dot}</svg>`;
+}
+
+function open(id) {
   selected = id;
+  $('safety-box').classList.add('hidden');
+  showPane('conversation');
   render();
+}
+
+function showPane(which) {
+  $('conversation').classList.toggle('hidden', which !== 'conversation');
+  $('settings').classList.toggle('hidden', which !== 'settings');
+  setView(which === 'conversation' ? 'chat' : which);
 }
 
 // ---- start -------------------------------------------------------------------
 
+/** A link opened in a browser that has an account: a contact ready to add, or a device to approve. */
+function takeLink() {
+  if (location.hash.startsWith('#contact=')) {
+    $('add-link').value = location.href;
+    if (!matchMedia('(min-width: 701px)').matches) setView('list');
+    $('add-name').focus();
+  } else if (location.hash.startsWith('#link=') && me.account_seed) {
+    $('link-code').value = location.href;
+    showPane('settings');
+  }
+}
+
 async function start() {
   $('setup').classList.add('hidden');
-  for (const id of ['me', 'contacts-box', 'devices-box', 'conversation']) $(id).classList.remove('hidden');
+  $('side').classList.remove('hidden');
+  $('open-settings').classList.remove('hidden');
   $('account-id').textContent = me.account_id;
   $('device-id').textContent = me.device_id;
+  me.account_key ??= me.account_seed && b64(e2e.publicKeyOf(unb64(me.account_seed)));
+  $('my-name').value = me.name ?? '';
   contacts = (await db.get('contacts')) ?? {};
-  selected = Object.keys(contacts)[0] ?? null;
-  $('contact-link').value = await contactLink();
+  // A wide screen opens the latest conversation; a phone shows the list.
+  const latest = (await db.messages()).filter(visible).sort((a, b) => b.at - a.at)[0];
+  selected = latest?.peer ?? Object.keys(contacts)[0] ?? null;
+  if (matchMedia('(min-width: 701px)').matches) showPane('conversation');
+  else setView('list');
+  if (me.account_seed) await showContactLink();
   await render();
   registerWorker()?.catch(pushFailed);
+  if (!me.account_seed) return revoked();
   connect();
-  // A link opened in a browser that has an account adds the contact.
-  if (location.hash.startsWith('#contact=') && !location.hash.includes(me.account_id)) {
-    $('add-link').value = location.href;
-  }
+  takeLink();
+  window.addEventListener('hashchange', takeLink);
 }
 
 const act = (f) => (ev) => {
@@ -676,30 +1014,96 @@ async function boot() {
   relay = await (await fetch('/client.json')).json();
   $('relay-name').textContent = relay.relay_id;
   window.relayE2E = e2e; // for the browser test's vector check, and curious users
+  $('error-close').onclick = () => showError(null);
+  followMessages();
   $('create').onclick = act(createAccount);
   $('link-start').onclick = act(linkStart);
   $('link-finish').onclick = act(() => linkFinish($('link-answer').value));
   $('link-approve').onclick = act(() => linkApprove($('link-code').value));
-  $('add-contact').onclick = act(async () => {
-    await addContact($('add-link').value);
+  $('restore').onclick = act(restore);
+  $('backup').onclick = act(downloadBackup);
+  $('add-form').onsubmit = act(async () => {
+    await addContact($('add-link').value, $('add-name').value.trim());
     $('add-link').value = '';
+    $('add-name').value = '';
   });
   $('push-enable').onclick = act(() => enablePush().catch(pushFailed));
   $('sign-out').onclick = act(signOut);
+  $('open-settings').onclick = () => showPane('settings');
+  for (const b of document.querySelectorAll('button[data-copy]')) {
+    b.onclick = act(async () => {
+      await navigator.clipboard.writeText($(b.dataset.copy).value);
+      b.textContent = 'Copied';
+    });
+  }
+  $('close-settings').onclick = () => {
+    if (matchMedia('(min-width: 701px)').matches) showPane('conversation');
+    else {
+      showPane('conversation');
+      setView('list');
+    }
+    render();
+  };
+  $('back').onclick = () => {
+    selected = null;
+    setView('list');
+    render();
+  };
+  $('save-name').onclick = act(async () => {
+    me.name = $('my-name').value.trim().slice(0, 64) || undefined;
+    await db.put('identity', me);
+    for (const c of Object.values(contacts)) if (c.state === 'accepted') await queue(c.account_id, 'profile');
+  });
+  $('rename').onclick = act(async () => {
+    const name = prompt(`Name for ${nameOf(selected)} (only you see it)`, contacts[selected].nickname ?? '');
+    if (name === null) return;
+    contacts[selected].nickname = name.trim().slice(0, 64) || undefined;
+    await saveContacts();
+    render();
+  });
+  $('verify').onclick = () => {
+    const n = e2e.safetyNumber(me.account_key, contacts[selected].account_key);
+    $('safety').textContent = n;
+    $('safety-qr').innerHTML = encodeQR(n, 'svg');
+    $('safety-box').classList.remove('hidden');
+  };
+  $('safety-close').onclick = () => $('safety-box').classList.add('hidden');
+  $('mark-verified').onclick = act(async () => {
+    contacts[selected].verified = contacts[selected].account_key;
+    await saveContacts();
+    $('safety-box').classList.add('hidden');
+    render();
+  });
+  $('block').onclick = act(() => block(selected));
+  $('block-request').onclick = act(() => block(selected));
+  $('accept').onclick = act(() => accept(selected));
   // A click on a notification of an open page: sync now.
   navigator.serviceWorker?.addEventListener('message', (ev) => {
     if (ev.data?.type === 'push.open' && ws) sync();
   });
+  document.addEventListener('visibilitychange', () => render());
+  $('text').onkeydown = (ev) => {
+    if (ev.key === 'Enter' && !ev.shiftKey && !ev.isComposing) {
+      ev.preventDefault();
+      $('send-form').requestSubmit();
+    }
+  };
   $('send-form').onsubmit = act(async () => {
     const text = $('text').value;
-    if (!text || !selected) return;
+    if (!text.trim() || !selected || stopped) return;
     $('text').value = '';
-    await send(text);
+    // Writing to a request accepts it.
+    if (contacts[selected].state === 'request') {
+      contacts[selected].state = 'accepted';
+      await saveContacts();
+    }
+    await queue(selected, 'text', text);
   });
   me = await db.get('identity');
   if (me) await start();
   else {
     $('setup').classList.remove('hidden');
+    setView('setup');
     if (await db.get('pending-link')) await linkStart();
   }
   document.body.dataset.ready = 'true';

@@ -33,6 +33,7 @@ export const put = async (key, value) => req((await store('kv', 'readwrite')).pu
 export const messages = async () => req((await store('messages', 'readonly')).getAll());
 export const message = async (id) => req((await store('messages', 'readonly')).get(id));
 export const putMessage = async (m) => req((await store('messages', 'readwrite')).put(m));
+export const deleteMessage = async (id) => req((await store('messages', 'readwrite')).delete(id));
 
 /** Forgets everything this browser kept (sign-out). */
 export async function wipe() {

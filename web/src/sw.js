@@ -6,8 +6,43 @@
 // says only "New message"; a click opens (or focuses) the client, which
 // then syncs its timeline over the WebSocket and decrypts there.
 
-self.addEventListener('install', () => self.skipWaiting());
+//
+// It also keeps the page itself: the app shell is cached at install and
+// served when the relay cannot be reached, so a reload while offline still
+// shows the conversations and the outbox (messages queued in IndexedDB).
+
+const SHELL = 'relay-shell-v1';
+const SHELL_PATHS = ['/', '/app.js', '/client.json'];
+
+self.addEventListener('install', (event) => {
+  event.waitUntil(
+    caches
+      .open(SHELL)
+      .then((c) => c.addAll(SHELL_PATHS))
+      .then(() => self.skipWaiting()),
+  );
+});
 self.addEventListener('activate', (event) => event.waitUntil(self.clients.claim()));
+
+// Network first (a new relay version is served at once), the cache when the
+// relay is unreachable; a good answer refreshes the cache.
+self.addEventListener('fetch', (event) => {
+  const url = new URL(event.request.url);
+  if (event.request.method !== 'GET' || url.origin !== self.location.origin) return;
+  const path = url.pathname === '/index.html' ? '/' : url.pathname;
+  if (!SHELL_PATHS.includes(path)) return;
+  event.respondWith(
+    fetch(event.request)
+      .then((r) => {
+        if (r.ok) {
+          const copy = r.clone();
+          event.waitUntil(caches.open(SHELL).then((c) => c.put(path, copy)));
+        }
+        return r;
+      })
+      .catch(() => caches.match(path).then((r) => r ?? Response.error())),
+  );
+});
 
 /** The payload of a push, or {} when it is not ours. */
 function payloadOf(event) {

@@ -11,133 +11,24 @@
 // reloads both pages, optionally talks to the Rust CLI chat, and finally
 // byte-searches both relays' data dirs for every plaintext sent.
 
-import { spawn, execFileSync } from 'node:child_process';
-import { mkdirSync, readFileSync, writeFileSync, readdirSync, statSync, rmSync } from 'node:fs';
-import { createServer } from 'node:net';
+import { spawn } from 'node:child_process';
+import { mkdirSync, readFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
-import puppeteer from 'puppeteer-core';
 import { checkVectors } from './vectors.mjs';
+import { arg, sleep, logger, relayNet, launch, until, status, waitStatus, waitText, sendText, plaintextsIn } from './harness.mjs';
+import * as harness from './harness.mjs';
 
-const arg = (name) => {
-  const i = process.argv.indexOf(`--${name}`);
-  return i > 0 ? process.argv[i + 1] : undefined;
-};
 const RELAY = arg('relay');
 const DIR = arg('dir');
 const OUT = arg('out');
 const CHAT = arg('chat');
-const CHROMIUM = process.env.CHROMIUM ?? '/usr/bin/chromium';
-const log = (...a) => console.log('[browser]', ...a);
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+const log = logger('browser');
+const assert = (cond, what) => harness.assert(cond, what, log);
 
-async function freePort() {
-  return new Promise((resolve) => {
-    const s = createServer();
-    s.listen(0, '127.0.0.1', () => {
-      const { port } = s.address();
-      s.close(() => resolve(port));
-    });
-  });
-}
-
-const relays = {};
-
-function configure(id, port, peer) {
-  const data = join(DIR, id);
-  mkdirSync(data, { recursive: true });
-  const pub = execFileSync(RELAY, ['key', 'generate', '--out', join(data, 'relay.key')]).toString().trim();
-  relays[id] = { id, port, data, pub, url: `http://127.0.0.1:${port}`, config: join(DIR, `${id}.toml`), peer };
-}
-
-function writeConfig(r) {
-  const p = relays[r.peer];
-  writeFileSync(
-    r.config,
-    `[relay]
-id = "${r.id}"
-public_url = "${r.url}"
-listen = "127.0.0.1:${r.port}"
-data_dir = ${JSON.stringify(r.data)}
-key_file = ${JSON.stringify(join(r.data, 'relay.key'))}
-
-[[peers]]
-id = "${p.id}"
-url = "${p.url}"
-public_key = "${p.pub}"
-
-[limits]
-session_rate = 1000000
-session_burst = 1000000
-anonymous_rate = 1000000
-anonymous_burst = 1000000
-
-# Few connections, all from 127.0.0.1: fit any open-file limit, no per-IP cap.
-[http]
-max_connections = 512
-max_connections_per_ip = 100000
-
-# Seconds, not minutes: the test waits for a retry after relay-b returns.
-[delivery]
-retry_timetable = ["0s", "1s", "2s", "3s"]
-retry_then_every = "1s"
-attempt_timeout = "2s"
-`,
-  );
-}
-
-async function start(id) {
-  const r = relays[id];
-  const child = spawn(RELAY, ['serve', '--config', r.config], { env: { ...process.env, RUST_LOG: 'warn' }, stdio: ['ignore', 'pipe', 'inherit'] });
-  r.child = child;
-  await new Promise((resolve, reject) => {
-    const t = setTimeout(() => reject(new Error(`${id} did not start in 30 s`)), 30_000);
-    child.stdout.on('data', (b) => {
-      if (b.toString().includes('listening on')) {
-        clearTimeout(t);
-        resolve();
-      }
-    });
-    child.on('exit', (code) => reject(new Error(`${id} exited with ${code}`)));
-  });
-  log(`${id} up at ${r.url}`);
-}
-
-async function stop(id, signal = 'SIGTERM') {
-  const r = relays[id];
-  if (!r.child || r.child.exitCode !== null) return;
-  const exited = new Promise((resolve) => r.child.once('exit', resolve));
-  r.child.kill(signal);
-  await exited;
-  r.child = null;
-}
-
-/** Waits (bounded) until `fn` in the page returns something truthy. */
-const until = (page, fn, arg, timeout = 30_000) => page.waitForFunction(fn, { timeout, polling: 100 }, arg);
-
-const status = (page, text) =>
-  page.evaluate((t) => {
-    const m = [...document.querySelectorAll('.msg.sent')].find((x) => x.querySelector('.text').textContent === t);
-    return m?.querySelector('.ticks')?.dataset.status ?? null;
-  }, text);
-
-const waitStatus = (page, text, want, timeout) =>
-  until(
-    page,
-    ([t, w]) => {
-      const m = [...document.querySelectorAll('.msg.sent')].find((x) => x.querySelector('.text').textContent === t);
-      return m?.querySelector('.ticks')?.dataset.status === w;
-    },
-    [text, want],
-    timeout,
-  );
-
-const waitText = (page, text, timeout) =>
-  until(page, (t) => [...document.querySelectorAll('.msg .text')].some((x) => x.textContent === t), text, timeout);
-
-async function sendText(page, text) {
-  await page.type('#text', text);
-  await page.click('#send-form button');
-}
+let relays = {};
+let net;
+const start = (id) => net.start(id);
+const stop = (id, signal) => net.stop(id, signal);
 
 /** Every status a message's ticks showed, in order (a MutationObserver in the page). */
 async function watchTicks(page) {
@@ -155,46 +46,27 @@ async function watchTicks(page) {
   });
 }
 
-function assert(cond, what) {
-  if (!cond) throw new Error(`assertion failed: ${what}`);
-  log(`ok: ${what}`);
-}
-
-function* files(dir) {
-  for (const name of readdirSync(dir)) {
-    const p = join(dir, name);
-    if (statSync(p).isDirectory()) yield* files(p);
-    else yield p;
-  }
-}
-
 async function main() {
   rmSync(DIR, { recursive: true, force: true });
   mkdirSync(DIR, { recursive: true });
   mkdirSync(OUT, { recursive: true });
-  const [pa, pb] = [await freePort(), await freePort()];
-  configure('relay-a', pa, 'relay-b');
-  configure('relay-b', pb, 'relay-a');
-  writeConfig(relays['relay-a']);
-  writeConfig(relays['relay-b']);
+  net = await relayNet(RELAY, DIR, ['relay-a', 'relay-b'], log);
+  relays = net.relays;
   await start('relay-a');
   await start('relay-b');
 
-  const browser = await puppeteer.launch({
-    executablePath: CHROMIUM,
-    headless: true,
-    args: [
-      '--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-      '--disable-background-networking', '--disable-component-update', '--disable-sync',
-      `--user-data-dir=${join(DIR, 'chromium')}`,
-    ],
-  });
+  const browser = await launch(DIR);
   const sent = [];
   try {
     const open = async (relay) => {
       const ctx = await browser.createBrowserContext();
       const page = await ctx.newPage();
       page.on('pageerror', (e) => log(`page error (${relay}): ${e.message}`));
+      page.dialogs = [];
+      page.on('dialog', (d) => {
+        page.dialogs.push(d.message());
+        d.accept();
+      });
       await page.setViewport({ width: 1100, height: 720 });
       await page.goto(`${relays[relay].url}/`);
       await until(page, () => document.body.dataset.ready === 'true');
@@ -283,22 +155,7 @@ async function main() {
   }
 
   // The relays only ever held ciphertext.
-  let found = 0;
-  let scanned = 0;
-  for (const r of Object.values(relays)) {
-    for (const f of files(r.data)) {
-      const bytes = readFileSync(f);
-      scanned += bytes.length;
-      for (const t of sent) {
-        if (bytes.includes(Buffer.from(t, 'utf8'))) {
-          log(`PLAINTEXT FOUND in ${f}: ${JSON.stringify(t)}`);
-          found++;
-        }
-      }
-    }
-  }
-  log(`byte search: ${sent.length} plaintexts, ${scanned} bytes of relay data, ${found} found`);
-  assert(found === 0, 'no plaintext in either relay data dir');
+  assert(plaintextsIn(relays, sent, log) === 0, 'no plaintext in either relay data dir');
 }
 
 /**
@@ -311,9 +168,13 @@ async function linkAndRevoke(open, alice, aliceId, bob, sent) {
   await laptop.click('#link-start');
   await until(laptop, () => document.getElementById('link-request').value.length > 0);
   const request = await laptop.$eval('#link-request', (e) => e.value);
-  await alice.type('#link-code', request);
+  // Alice opens the request link (as from its QR code): the page fills it in.
+  await alice.goto(request);
+  await until(alice, (r) => document.getElementById('link-code').value === r && !document.getElementById('settings').classList.contains('hidden'), request);
   await alice.click('#link-approve');
   await until(alice, () => document.getElementById('link-approval').value.length > 0);
+  const code = await laptop.$eval('#link-code-here', (e) => e.textContent);
+  assert(/^\d{3} \d{3}$/.test(code) && alice.dialogs.at(-1).includes(code), `Alice is asked to approve the browser that shows ${code}`);
   const answer = await alice.$eval('#link-approval', (e) => e.value);
   await laptop.type('#link-answer', answer);
   await laptop.click('#link-finish');
@@ -321,6 +182,8 @@ async function linkAndRevoke(open, alice, aliceId, bob, sent) {
   assert((await laptop.$eval('#account-id', (e) => e.textContent)) === aliceId, 'the linked browser is on Alice\'s account');
   const laptopId = await laptop.$eval('#device-id', (e) => e.textContent);
   await until(alice, (id) => !!document.querySelector(`#devices li[data-device-id="${id}"]`), laptopId);
+  for (const t of sent) await waitText(laptop, t, 10_000);
+  assert(true, 'the linked browser shows the conversation from before the link (sealed in the answer)');
 
   const t = `For both of Alice's browsers ${Date.now()}`;
   sent.push(t);
@@ -331,8 +194,21 @@ async function linkAndRevoke(open, alice, aliceId, bob, sent) {
 
   await alice.click(`#devices li[data-device-id="${laptopId}"] button`);
   await until(alice, (id) => !document.querySelector(`#devices li[data-device-id="${id}"]`), laptopId);
-  await until(laptop, () => document.getElementById('conn').dataset.state === 'offline', undefined, 20_000);
-  assert(true, 'Alice revokes the linked browser; it is signed out');
+  await until(laptop, () => document.getElementById('conn').dataset.state === 'revoked', undefined, 20_000);
+  assert(true, 'Alice revokes the linked browser; it says so and stops');
+  const after = await laptop.evaluate(async () => {
+    const db = await new Promise((resolve, reject) => {
+      const r = indexedDB.open('relay-web');
+      r.onsuccess = () => resolve(r.result);
+      r.onerror = () => reject(r.error);
+    });
+    const identity = await new Promise((resolve) => {
+      const r = db.transaction('kv').objectStore('kv').get('identity');
+      r.onsuccess = () => resolve(r.result);
+    });
+    return { seed: 'account_seed' in identity, composer: document.getElementById('text').disabled, banner: document.getElementById('banner').textContent };
+  });
+  assert(!after.seed && after.composer && after.banner.includes('removed'), 'the revoked browser forgot the account key, says so and cannot send');
   await laptop.browserContext().close();
 }
 
@@ -380,7 +256,7 @@ main().then(
   () => process.exit(0),
   async (e) => {
     console.error('[browser] FAILED:', e);
-    for (const id of Object.keys(relays)) await stop(id, 'SIGKILL').catch(() => {});
+    await net?.stopAll('SIGKILL');
     process.exit(1);
   },
 );

@@ -22,40 +22,20 @@
 // whose keys this script made; it records the applicationServerKey the
 // client passed.
 
-import { spawn, execFileSync } from 'node:child_process';
+import { execFileSync } from 'node:child_process';
 import { createECDH, createDecipheriv, hkdfSync, randomBytes } from 'node:crypto';
-import { mkdirSync, writeFileSync, rmSync } from 'node:fs';
+import { mkdirSync, rmSync } from 'node:fs';
 import { createServer } from 'node:http';
-import { createServer as netServer } from 'node:net';
 import { join } from 'node:path';
-import puppeteer from 'puppeteer-core';
+import * as harness from './harness.mjs';
+import { arg, sleep, logger, relayNet, launch, until } from './harness.mjs';
 
-const arg = (name) => {
-  const i = process.argv.indexOf(`--${name}`);
-  return i > 0 ? process.argv[i + 1] : undefined;
-};
 const RELAY = arg('relay');
 const DIR = arg('dir');
 const OUT = arg('out');
-const CHROMIUM = process.env.CHROMIUM ?? '/usr/bin/chromium';
-const log = (...a) => console.log('[push]', ...a);
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+const log = logger('push');
+const assert = (cond, what) => harness.assert(cond, what, log);
 const b64u = (buf) => Buffer.from(buf).toString('base64url');
-
-function assert(cond, what) {
-  if (!cond) throw new Error(`assertion failed: ${what}`);
-  log(`ok: ${what}`);
-}
-
-async function freePort() {
-  return new Promise((resolve) => {
-    const s = netServer();
-    s.listen(0, '127.0.0.1', () => {
-      const { port } = s.address();
-      s.close(() => resolve(port));
-    });
-  });
-}
 
 /** Polls `fn` (async) until it returns something truthy, at most `ms`. */
 async function eventually(fn, what, ms = 20_000) {
@@ -67,8 +47,6 @@ async function eventually(fn, what, ms = 20_000) {
     await sleep(50);
   }
 }
-
-const until = (page, fn, a, timeout = 30_000) => page.waitForFunction(fn, { timeout, polling: 100 }, a);
 
 // ---- the push service stand-in ------------------------------------------------
 
@@ -152,48 +130,10 @@ async function main() {
   mkdirSync(OUT, { recursive: true });
   const service = await startPushService();
   const serviceUrl = `http://127.0.0.1:${service.address().port}`;
-  const port = await freePort();
-  const url = `http://127.0.0.1:${port}`;
-  const data = join(DIR, 'relay-a');
-  mkdirSync(data, { recursive: true });
-  const config = join(DIR, 'relay-a.toml');
-  writeFileSync(
-    config,
-    `[relay]
-id = "relay-a"
-public_url = "${url}"
-listen = "127.0.0.1:${port}"
-data_dir = ${JSON.stringify(data)}
-key_file = ${JSON.stringify(join(data, 'relay.key'))}
-
-[limits]
-session_rate = 1000000
-session_burst = 1000000
-anonymous_rate = 1000000
-anonymous_burst = 1000000
-
-[http]
-max_connections = 512
-max_connections_per_ip = 100000
-
-# The stand-in is plain http on loopback.
-[push]
-allow_http_endpoints = true
-allow_private_endpoints = true
-min_interval = "1s"
-`,
-  );
-  const relay = spawn(RELAY, ['serve', '--config', config], { env: { ...process.env, RUST_LOG: 'warn' }, stdio: ['ignore', 'pipe', 'inherit'] });
-  await new Promise((resolve, reject) => {
-    const t = setTimeout(() => reject(new Error('relay did not start in 30 s')), 30_000);
-    relay.stdout.on('data', (b) => {
-      if (b.toString().includes('listening on')) {
-        clearTimeout(t);
-        resolve();
-      }
-    });
-    relay.on('exit', (code) => reject(new Error(`relay exited with ${code}`)));
-  });
+  // The stand-in is plain http on loopback.
+  const net = await relayNet(RELAY, DIR, ['relay-a'], log, '[push]\nallow_http_endpoints = true\nallow_private_endpoints = true\nmin_interval = "1s"\n');
+  await net.start('relay-a');
+  const { url, config } = net.relays['relay-a'];
   const rpc = async (method, params) => (await fetch(`${url}/v1/rpc/${method}`, { method: 'POST', body: JSON.stringify(params) })).json();
   const metric = async (name) => {
     const text = await (await fetch(`${url}/metrics`)).text();
@@ -209,15 +149,7 @@ min_interval = "1s"
   const auth = randomBytes(16);
   const endpoint = `${serviceUrl}/push/alice`;
 
-  const browser = await puppeteer.launch({
-    executablePath: CHROMIUM,
-    headless: true,
-    args: [
-      '--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-      '--disable-background-networking', '--disable-component-update', '--disable-sync',
-      `--user-data-dir=${join(DIR, 'chromium')}`,
-    ],
-  });
+  const browser = await launch(DIR);
   try {
     const aliceCtx = await browser.createBrowserContext();
     await aliceCtx.overridePermissions(url, ['notifications']);
@@ -235,6 +167,7 @@ min_interval = "1s"
     await until(alice, () => document.getElementById('conn').dataset.state === 'online');
     const aliceId = await alice.$eval('#account-id', (e) => e.textContent);
 
+    await alice.click('#open-settings');
     await alice.click('#push-enable');
     await until(alice, () => ['on', 'failed'].includes(document.getElementById('push-state').dataset.state));
     const state = await alice.$eval('#push-state', (e) => e.textContent);
@@ -322,6 +255,7 @@ min_interval = "1s"
     await alice.screenshot({ path: join(OUT, 'alice-after-push.png') });
 
     // Sign-out unsubscribes (relay and push manager) and forgets the keys.
+    await alice.click('#open-settings');
     await alice.click('#sign-out');
     await until(alice, () => !document.getElementById('setup').classList.contains('hidden') && document.body.dataset.ready === 'true');
     const unsubscribed = await alice.evaluate(() => localStorage.getItem('stub.unsubscribed'));
@@ -331,8 +265,7 @@ min_interval = "1s"
     await bob.click('#send-form button');
     await until(bob, () => [...document.querySelectorAll('.ticks')].at(-1)?.dataset.status === 'target_accepted');
     await browser.close();
-    relay.kill('SIGTERM');
-    await new Promise((r) => relay.once('exit', r));
+    await net.stop('relay-a');
     // The relay's own record: subscribed once, then unsubscribed by the client.
     const events = execFileSync(RELAY, ['audit', '--config', config, 'export', '--stream', `account/${aliceId}`])
       .toString()
@@ -345,7 +278,7 @@ min_interval = "1s"
     assert(pushes.length === before, 'no push after sign-out');
   } finally {
     await browser.close().catch(() => {});
-    if (relay.exitCode === null) relay.kill('SIGKILL');
+    await net.stopAll('SIGKILL');
     service.close();
   }
 }
