@@ -36,6 +36,7 @@ pub mod keys;
 pub mod limits;
 pub mod method;
 pub mod observe;
+pub mod peer_batch;
 pub mod peers;
 pub mod push;
 pub mod relay_rpc;
@@ -132,7 +133,7 @@ pub(crate) async fn run(
         &cfg.relay.id,
         key.clone(),
         &cfg.peers,
-        cfg.delivery.attempt_timeout,
+        (cfg.delivery.attempt_timeout, cfg.batching()),
         clock.clone(),
         &policy,
         place.clone(),

@@ -15,6 +15,7 @@ mod cli;
 mod cluster_mode;
 mod commit_boundaries;
 mod cross_relay;
+mod deliver_batch;
 mod delivery_crash;
 mod fake_peer;
 mod hostile_account;
