@@ -472,6 +472,10 @@ pub struct Delivery {
     /// this often per peer.
     #[serde(deserialize_with = "duration")]
     pub wake_min_interval: Duration,
+    /// Calls under way to one peer before further deliveries to it queue
+    /// and go together in one `message.deliver.batch` when one ends; 0
+    /// sends every delivery alone (see `peer_batch`).
+    pub batches_in_flight: usize,
 }
 
 impl Default for Delivery {
@@ -481,6 +485,7 @@ impl Default for Delivery {
             retry_then_every: Duration::from_secs(3600),
             attempt_timeout: Duration::from_secs(10),
             wake_min_interval: Duration::from_secs(10),
+            batches_in_flight: 4,
         }
     }
 }
@@ -684,6 +689,16 @@ fn bad(key: &'static str, what: impl Into<String>) -> Bad {
 }
 
 impl Config {
+    /// How deliveries to a peer are grouped ([`crate::peer_batch`]): a
+    /// batch's body is at most our own body limit, which a peer on the
+    /// defaults shares.
+    pub fn batching(&self) -> crate::peer_batch::Batching {
+        crate::peer_batch::Batching {
+            in_flight: self.delivery.batches_in_flight,
+            max_bytes: self.limits.max_body_bytes,
+        }
+    }
+
     /// The request budgets of [`crate::limits::RateLimits`].
     pub fn rates(&self) -> crate::limits::Rates {
         let l = &self.limits;

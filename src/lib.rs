@@ -38,6 +38,7 @@ pub mod keys;
 pub mod limits;
 pub mod method;
 pub mod observe;
+pub mod peer_batch;
 pub mod peers;
 pub mod push;
 pub mod relay_rpc;
@@ -136,7 +137,7 @@ pub(crate) async fn run(
         &cfg.relay.id,
         key.clone(),
         &cfg.peers,
-        peers::Connect { timeout: cfg.delivery.attempt_timeout, tls },
+        peers::Connect { timeout: cfg.delivery.attempt_timeout, tls, batching: cfg.batching() },
         clock.clone(),
         &policy,
         place.clone(),

@@ -22,6 +22,8 @@ pub struct RateLimits {
     replicate: DefaultKeyedRateLimiter<String>,
     /// Session-less calls per client address.
     anonymous: DefaultKeyedRateLimiter<IpAddr>,
+    /// The deliveries budget's burst: what one batch may cost at most.
+    peer_burst: u32,
     clock: DefaultClock,
 }
 
@@ -53,6 +55,7 @@ impl RateLimits {
             reads: RateLimiter::keyed(quota(r.peer_read.0, r.peer_read.1)),
             replicate: RateLimiter::keyed(quota(r.peer_replicate.0, r.peer_replicate.1)),
             anonymous: RateLimiter::keyed(quota(r.anonymous.0, r.anonymous.1)),
+            peer_burst: r.peer.1.max(1),
             clock: DefaultClock::default(),
         }
     }
@@ -63,17 +66,31 @@ impl RateLimits {
         key: &K,
         who: &str,
     ) -> Result<(), RelayError> {
+        self.check_n(limiter, key, who, NonZeroU32::MIN)
+    }
+
+    /// `n` units of `key`'s budget; `n` is at most the budget's burst.
+    fn check_n<K: Clone + Eq + std::hash::Hash>(
+        &self,
+        limiter: &DefaultKeyedRateLimiter<K>,
+        key: &K,
+        who: &str,
+        n: NonZeroU32,
+    ) -> Result<(), RelayError> {
         // Memory stays bounded whoever calls: keys back at a full budget
         // carry no state worth keeping.
         if limiter.len() > MAX_KEYS {
             limiter.retain_recent();
         }
-        limiter.check_key(key).map_err(|not_until| {
-            let wait = not_until.wait_time_from(self.clock.now());
-            let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
-            RelayError::new(ErrorCode::RateLimited, format!("too many requests from this {who}"))
-                .with_data(serde_json::json!({ "retry_after": secs.max(1) }))
-        })
+        let not_until = match limiter.check_key_n(key, n) {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(not_until)) => not_until,
+            Err(e) => return Err(RelayError::internal(format!("rate limit: {e}"))),
+        };
+        let wait = not_until.wait_time_from(self.clock.now());
+        let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+        Err(RelayError::new(ErrorCode::RateLimited, format!("too many requests from this {who}"))
+            .with_data(serde_json::json!({ "retry_after": secs.max(1) })))
     }
 
     /// One client call on the session of `account/device`.
@@ -86,12 +103,23 @@ impl RateLimits {
     /// everything else (deliveries).
     pub fn peer(&self, peer_id: &str, method: &str) -> Result<(), RelayError> {
         let limiter = match method {
+            // Charged per item by its handler ([`RateLimits::deliveries`]).
+            "message.deliver.batch" => return Ok(()),
             "route.get" => &self.lookups,
             "account.devices.get" => &self.reads,
             "timeline.replicate" => &self.replicate,
             _ => &self.peers,
         };
         self.check(limiter, &peer_id.to_owned(), "relay")
+    }
+
+    /// `n` deliveries from peer `peer_id` in one batch: the same budget as
+    /// `n` single `message.deliver` calls, so batching buys no extra rate.
+    /// A batch larger than the whole burst costs the whole burst (it could
+    /// never pass otherwise).
+    pub fn deliveries(&self, peer_id: &str, n: usize) -> Result<(), RelayError> {
+        let n = u32::try_from(n).unwrap_or(u32::MAX).clamp(1, self.peer_burst);
+        self.check_n(&self.peers, &peer_id.to_owned(), "relay", NonZeroU32::new(n).expect("at least 1"))
     }
 
     /// One session-less client call from address `ip` (unknown: shared).
@@ -130,6 +158,21 @@ mod tests {
         l.peer("relay-b", "message.deliver").unwrap();
         assert_eq!(l.peer("relay-b", "message.deliver").unwrap_err().code, ErrorCode::RateLimited);
         l.peer("relay-c", "message.deliver").unwrap();
+    }
+
+    #[test]
+    fn a_batch_costs_its_peer_one_delivery_per_item() {
+        let l = RateLimits::new(rates((100, 100), (1, 5)));
+        // The request itself is free; its items are charged by the handler.
+        l.peer("relay-b", "message.deliver.batch").unwrap();
+        l.deliveries("relay-b", 3).unwrap();
+        l.peer("relay-b", "message.deliver").unwrap();
+        l.peer("relay-b", "message.deliver").unwrap();
+        assert_eq!(l.deliveries("relay-b", 1).unwrap_err().code, ErrorCode::RateLimited);
+        // A batch larger than the burst costs the whole burst, once it is full.
+        let l = RateLimits::new(rates((100, 100), (1, 5)));
+        l.deliveries("relay-c", 256).unwrap();
+        assert_eq!(l.peer("relay-c", "message.deliver").unwrap_err().code, ErrorCode::RateLimited);
     }
 
     #[test]

@@ -5,6 +5,7 @@
 
 use crate::config::Peer;
 use crate::observe::{Direction, PeerObserver};
+use crate::peer_batch::{Batcher, Batching};
 use actix_web::http::StatusCode;
 use awc::error::{ConnectError, SendRequestError};
 use ed25519_dalek::SigningKey;
@@ -36,12 +37,14 @@ pub enum CallError {
     Answered { code: String, error: RelayError },
 }
 
-/// How calls reach a peer: the attempt timeout (connect and answer), and
-/// the TLS of `https://` peers, which verifies their certificates
-/// ([`crate::http::tls::client_config`]).
+/// How calls reach a peer: the attempt timeout (connect and answer), the
+/// TLS of `https://` peers, which verifies their certificates
+/// ([`crate::http::tls::client_config`]), and how deliveries are batched.
 pub struct Connect {
     pub timeout: Duration,
     pub tls: Arc<rustls::ClientConfig>,
+    /// How deliveries to one peer are grouped into batches.
+    pub batching: Batching,
 }
 
 struct Inner {
@@ -58,6 +61,8 @@ struct Inner {
     /// In a cluster of several shards: the other shards of this relay,
     /// reached at their owners' internal addresses under our own id.
     siblings: Option<crate::cluster::ShardPlace>,
+    /// Deliveries to each peer, grouped into batches under load.
+    batcher: Batcher,
 }
 
 /// One `route.get` asked during a lookup: who, and the answer.
@@ -101,8 +106,14 @@ impl PeerClient {
             clock_tolerance,
             max_object_bytes,
             siblings,
+            batcher: Batcher::new(connect.batching),
         };
         PeerClient { inner: Arc::new(inner) }
+    }
+
+    /// Whether this relay is a cluster of several shards.
+    pub fn sharded(&self) -> bool {
+        self.inner.siblings.is_some()
     }
 
     /// Whether `account_id` lives in another shard of this relay.
@@ -274,13 +285,18 @@ impl PeerClient {
         }
     }
 
-    /// `to`: the recipient, when `target` is this relay (then the call goes
-    /// to the sibling shard that holds the recipient).
-    async fn deliver_to(self, target: RelayRef, to: Option<String>, body: Vec<u8>) -> AttemptOutcome {
-        let answer = match &to {
-            Some(to) => self.call_sibling(to, Method::MessageDeliver, body).await,
-            None => self.call(&target.id, Method::MessageDeliver, body).await,
-        };
+    pub(crate) fn batcher(&self) -> &Batcher {
+        &self.inner.batcher
+    }
+
+    /// `message.deliver` with `body` alone at configured peer `peer_id`.
+    pub(crate) async fn deliver_one(&self, peer_id: &str, body: Vec<u8>) -> AttemptOutcome {
+        Self::deliver_outcome(self.call(peer_id, Method::MessageDeliver, body).await)
+    }
+
+    /// What an answer to `message.deliver` (or to one item of a batch)
+    /// means for the attempt.
+    pub(crate) fn deliver_outcome(answer: Result<actix_web::web::Bytes, CallError>) -> AttemptOutcome {
         match answer {
             Ok(bytes) => match serde_json::from_slice::<DeliveryStatus>(&bytes) {
                 Ok(status) => AttemptOutcome::Answered(status),
@@ -348,12 +364,20 @@ impl Transport for PeerClient {
     fn deliver(&self, target: &RelayRef, params: &DeliverParams) -> LocalFuture<AttemptOutcome> {
         // The params go out exactly as stored: the signed objects' original bytes.
         let body = serde_json::to_vec(params);
-        let (me, target) = (self.clone(), target.clone());
+        let me = self.clone();
+        // An account of a sibling shard of this relay: that shard's owner.
         let sibling = (target.id == self.inner.relay_id).then(|| params.envelope.to.clone());
+        let (peer, batched) = (target.id.clone(), self.is_peer(&target.id));
         Box::pin(async move {
-            match body {
-                Ok(body) => me.deliver_to(target, sibling, body).await,
-                Err(e) => AttemptOutcome::NotAttempted(RelayError::internal(e.to_string())),
+            let body = match body {
+                Ok(body) => body,
+                Err(e) => return AttemptOutcome::NotAttempted(RelayError::internal(e.to_string())),
+            };
+            match sibling {
+                Some(to) => Self::deliver_outcome(me.call_sibling(&to, Method::MessageDeliver, body).await),
+                None if batched => Batcher::deliver(me, peer, body).await,
+                // Not a configured peer: refused unsent, by `call`.
+                None => me.deliver_one(&peer, body).await,
             }
         })
     }

@@ -81,6 +81,7 @@ methods! {
         MessageDeliveryPeerStatus = "message.delivery.peer_status", Relay;
         TimelineReplicate = "timeline.replicate", Relay;
         AuditCheckpoint = "audit.checkpoint", Relay;
+        MessageDeliverBatch = "message.deliver.batch", Relay;
     }
 }
 
@@ -280,6 +281,28 @@ pub struct PeerStatusResult {
     pub known: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<DeliveryStatus>,
+}
+
+/// `message.deliver.batch` (PROTOCOL §5): many `message.deliver` params
+/// to one peer in one signed request. Items stay raw: each is checked,
+/// digested and decided exactly as a single `message.deliver` body.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct DeliverBatchParams {
+    pub items: Vec<Box<serde_json::value::RawValue>>,
+}
+
+impl DeliverBatchParams {
+    /// Items one batch carries at most (PROTOCOL §5).
+    pub const MAX_ITEMS: usize = 256;
+}
+
+/// `message.deliver.batch` result: one answer per item, in order, each what
+/// a single `message.deliver` would have answered (a `DeliveryStatus`, or
+/// `{"error": RelayError}`). Kept raw: a peer's error code may be one this
+/// version does not define, which ends that item's delivery alone.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct DeliverBatchResult {
+    pub results: Vec<Box<serde_json::value::RawValue>>,
 }
 
 /// `timeline.replicate` params (PROTOCOL §5): the caller's cursor in the

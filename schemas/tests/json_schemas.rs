@@ -63,6 +63,7 @@ const RELAY_METHODS: &[&str] = &[
     "message.delivery.peer_status",
     "timeline.replicate",
     "audit.checkpoint",
+    "message.deliver.batch",
 ];
 /// PROTOCOL §2 core objects.
 const CORE_OBJECTS: &[&str] = &[

@@ -32,6 +32,7 @@ mod contact_revoke;
 mod device_add;
 mod device_revoke;
 mod message_deliver;
+mod message_deliver_batch;
 mod message_delivery_peer_status;
 mod message_delivery_status;
 mod message_send;
@@ -76,6 +77,7 @@ pub(crate) async fn client(
         PushSubscribe => push_subscribe::handle(relay, token, body).await,
         PushUnsubscribe => push_unsubscribe::handle(relay, token, body).await,
         MessageDeliver
+        | MessageDeliverBatch
         | RelayRouteGet
         | RelayAccountDevicesGet
         | MessageDeliveryPeerStatus
@@ -89,6 +91,7 @@ pub(crate) async fn relay(relay: &Relay, method: Method, peer: &str, body: &[u8]
     use Method::*;
     match method {
         MessageDeliver => message_deliver::handle_relay(relay, peer, body).await,
+        MessageDeliverBatch => message_deliver_batch::handle_relay(relay, peer, body).await,
         RelayRouteGet => route_get::handle_relay(relay, peer, body).await,
         RelayAccountDevicesGet => account_devices_get::handle_relay(relay, peer, body).await,
         MessageDeliveryPeerStatus => message_delivery_peer_status::handle_relay(relay, peer, body).await,

@@ -16,6 +16,7 @@ mod cli;
 mod cluster_mode;
 mod commit_boundaries;
 mod cross_relay;
+mod deliver_batch;
 mod delivery_crash;
 mod docs;
 mod fake_peer;

@@ -36,6 +36,9 @@ pub enum Reply {
     Drop,
     /// HTTP status and these body bytes, as a hostile peer would write them.
     Raw(u16, Vec<u8>),
+    /// Answers nothing until the next [`FakePeer::release`] (at most 15 s),
+    /// then as `Accept`: a call kept in flight as long as a test needs.
+    Held,
 }
 
 impl Reply {
@@ -115,9 +118,17 @@ struct State {
     devices: HashMap<String, Value>,
     /// `timeline.replicate` pages per account.
     pages: HashMap<String, Value>,
+    /// [`FakePeer::release`] calls so far.
+    releases: u64,
 }
 
 enum Action {
+    /// Wait for the release after `releases` ([`FakePeer::release`]), then answer.
+    Held {
+        releases: u64,
+        status: u16,
+        body: Vec<u8>,
+    },
     Respond(u16, Vec<u8>),
     Hang(Duration),
     Drop,
@@ -227,6 +238,11 @@ impl FakePeer {
             .collect()
     }
 
+    /// Lets every [`Reply::Held`] answer held now go out.
+    pub fn release(&self) {
+        lock(&self.state).releases += 1;
+    }
+
     /// Whether `message_id` was committed (accepted) here.
     pub fn committed(&self, message_id: &str) -> bool {
         lock(&self.state).committed.contains_key(message_id)
@@ -277,10 +293,13 @@ fn decide(state: &Mutex<State>, path: &str, headers: Vec<(String, String)>, body
             let reply = scripted.or_else(|| st.default.clone()).unwrap_or(Reply::Accept);
             let now_s = req.unix_ms / 1000;
             match reply {
-                Reply::Accept => {
+                Reply::Accept | Reply::Held => {
                     let accepted_at = *st.committed.entry(message_id).or_insert(now_s);
-                    let body = json!({"status": "target_accepted", "accepted_at": accepted_at});
-                    Action::Respond(200, serde_json::to_vec(&body).unwrap())
+                    let body = serde_json::to_vec(&json!({"status": "target_accepted", "accepted_at": accepted_at}));
+                    match reply {
+                        Reply::Held => Action::Held { releases: st.releases, status: 200, body: body.unwrap() },
+                        _ => Action::Respond(200, body.unwrap()),
+                    }
                 }
                 Reply::Drop => {
                     st.committed.entry(message_id).or_insert(now_s);
@@ -319,18 +338,14 @@ fn serve(mut s: TcpStream, state: &Mutex<State>) {
     let path = request.head.target().to_string();
     let headers = request.head.headers.into_iter().map(|(n, v)| (n.to_ascii_lowercase(), v)).collect();
     match decide(state, &path, headers, request.body) {
-        Action::Respond(status, body) => {
-            let head = format!(
-                "HTTP/1.1 {status} Fake\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                body.len()
-            );
-            let _ = s.write_all(head.as_bytes()).and_then(|_| s.write_all(&body)).and_then(|_| s.flush());
-            let _ = s.shutdown(Shutdown::Write);
-            // Let the client read the answer and close first.
-            let mut sink = [0u8; 256];
-            let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-            while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
+        Action::Held { releases, status, body } => {
+            let held = Instant::now();
+            while lock(state).releases == releases && held.elapsed() < Duration::from_secs(15) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            respond(&mut s, status, &body);
         }
+        Action::Respond(status, body) => respond(&mut s, status, &body),
         Action::Hang(d) => {
             // Waits for the scripted hang: a destination that answers nothing for `d`, as this stand-in plays it.
             std::thread::sleep(d);
@@ -340,4 +355,17 @@ fn serve(mut s: TcpStream, state: &Mutex<State>) {
             let _ = s.shutdown(Shutdown::Both);
         }
     }
+}
+
+fn respond(s: &mut TcpStream, status: u16, body: &[u8]) {
+    let head = format!(
+        "HTTP/1.1 {status} Fake\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    let _ = s.write_all(head.as_bytes()).and_then(|_| s.write_all(body)).and_then(|_| s.flush());
+    let _ = s.shutdown(Shutdown::Write);
+    // Let the client read the answer and close first.
+    let mut sink = [0u8; 256];
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
 }

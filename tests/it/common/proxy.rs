@@ -42,6 +42,10 @@ pub enum Fault {
     /// Forward the request, wait for the whole answer, then relay it one
     /// byte at a time, this long apart (until the client goes away).
     SlowBytes(Duration),
+    /// Hold the request until [`Proxy::release`] (at most the proxy's I/O
+    /// limit), then forward it: a call kept in flight as long as a test
+    /// needs.
+    Hold,
 }
 
 impl Fault {
@@ -53,6 +57,7 @@ impl Fault {
             Fault::ResetAfterRequest => "reset after request",
             Fault::ResetBeforeResponse => "reset before response",
             Fault::SlowBytes(_) => "slow bytes",
+            Fault::Hold => "hold",
         }
     }
 }
@@ -91,6 +96,8 @@ pub struct Entry {
 struct State {
     rules: Vec<Rule>,
     log: Vec<Entry>,
+    /// [`Fault::Hold`] requests go on.
+    released: bool,
 }
 
 pub struct Proxy {
@@ -148,6 +155,11 @@ impl Proxy {
     /// Removes every rule: from now on requests pass unchanged.
     pub fn clear(&self) {
         lock(&self.state).rules.clear();
+    }
+
+    /// Lets every held request ([`Fault::Hold`]) go on, and later ones pass.
+    pub fn release(&self) {
+        lock(&self.state).released = true;
     }
 
     /// Every request so far.
@@ -318,6 +330,12 @@ fn serve(mut client: TcpStream, upstream: SocketAddr, state: &Mutex<State>) {
     if let Fault::Delay(d) = fault {
         // Waits for the fault's added latency: a slow network, as this stand-in plays it.
         std::thread::sleep(d);
+    }
+    if fault == Fault::Hold {
+        let held = Instant::now();
+        while !lock(state).released && held.elapsed() < IO_LIMIT {
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
     let Some(mut up) = forward(upstream, &req) else {
         // The destination is down: look like it (close without answering).
