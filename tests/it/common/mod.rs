@@ -2,6 +2,7 @@ pub mod client;
 pub mod cluster;
 pub mod fake_peer;
 pub mod http;
+pub mod node;
 pub mod proxy;
 pub mod push_service;
 pub mod relay;
