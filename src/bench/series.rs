@@ -127,18 +127,17 @@ pub fn per_second(replies: &[(u64, u64)], elapsed: Duration, samples: &[(u64, Op
     let series = buckets.into_iter().enumerate().map(|(k, mut us)| {
         us.sort_unstable();
         let k = k as u64;
-        let (t_end, sample) = if k + 1 == n {
-            (end, samples.iter().rev().find(|s| s.0 >= n))
-        } else {
-            ((k + 1) as f64, samples.iter().find(|s| s.0 == k + 1))
-        };
+        // The last entry takes the latest of the samples at or after its
+        // second that has a figure (the one at the very end may have no CPU).
+        let (t_end, last) = if k + 1 == n { (end, u64::MAX) } else { ((k + 1) as f64, k + 1) };
+        let mine = || samples.iter().rev().filter(|s| (k + 1..=last).contains(&s.0));
         json!({
             "t_s": round(t_end),
             "send_per_sec": round(us.len() as f64 / (t_end - k as f64).max(1e-3)),
             "p50_ms": percentile_ms(&us, 0.50),
             "p99_ms": percentile_ms(&us, 0.99),
-            "relay_cpu_pct": sample.and_then(|s| s.1),
-            "relay_rss_bytes": sample.and_then(|s| s.2),
+            "relay_cpu_pct": mine().find_map(|s| s.1),
+            "relay_rss_bytes": mine().find_map(|s| s.2),
         })
     });
     Value::from(series.collect::<Vec<_>>())
@@ -261,5 +260,9 @@ mod tests {
         assert_eq!(s[1]["t_s"], 2.2);
         assert_eq!(s[1]["send_per_sec"], round(2.0 / 1.2));
         assert_eq!(s[1]["relay_cpu_pct"], 30.0, "the last sample: {s:?}");
+        // The very last sample came too soon for a CPU share: the one before.
+        let samples = [(1, Some(10.0), Some(1)), (2, Some(20.0), Some(2)), (3, None, Some(3))];
+        let s = per_second(&replies, Duration::from_millis(2200), &samples);
+        assert_eq!((&s[1]["relay_cpu_pct"], &s[1]["relay_rss_bytes"]), (&json!(20.0), &json!(3)), "{s}");
     }
 }
