@@ -393,11 +393,13 @@ fn bench(args: &BenchArgs) -> Result<(serde_json::Value, u64), String> {
     let load_cpu_before = report::cpu_seconds(std::process::id());
     let bar = progress(sends.len() as u64, "sends");
     let pids: Vec<u32> = own.iter().map(|p| p.child.id()).collect();
+    // The relays' CPU seconds and RSS, summed; none with `--relays`.
     let mut sampler = series::Sampler::new(|| {
-        let sum =
-            |f: fn(u32) -> Option<u64>| pids.iter().map(|&p| f(p)).sum::<Option<u64>>().filter(|_| !pids.is_empty());
-        let cpu = pids.iter().map(|&p| report::cpu_seconds(p)).sum::<Option<f64>>().filter(|_| !pids.is_empty());
-        (cpu, sum(report::rss_bytes))
+        if pids.is_empty() {
+            return (None, None);
+        }
+        let cpu = pids.iter().map(|&p| report::cpu_seconds(p)).sum::<Option<f64>>();
+        (cpu, pids.iter().map(|&p| report::rss_bytes(p)).sum::<Option<u64>>())
     });
     let mut tick = |n, elapsed| {
         bar.set_position(n);
