@@ -392,8 +392,13 @@ fn bench(args: &BenchArgs) -> Result<(serde_json::Value, u64), String> {
     let cpu_before = own.iter().map(|p| report::cpu_seconds(p.child.id())).collect();
     let load_cpu_before = report::cpu_seconds(std::process::id());
     let bar = progress(sends.len() as u64, "sends");
-    let pids: Vec<u32> = own.iter().map(|p| p.child.id()).collect();
-    // The relays' CPU seconds and RSS, summed; none with `--relays`.
+    // The relays' CPU seconds and RSS over time, summed: those the bench
+    // started, or with `--relays` those listening on this machine.
+    let pids: Vec<u32> = if own.is_empty() {
+        targets.iter().map(|t| report::listener_pid(&t.addr)).collect::<Option<_>>().unwrap_or_default()
+    } else {
+        own.iter().map(|p| p.child.id()).collect()
+    };
     let mut sampler = series::Sampler::new(|| {
         if pids.is_empty() {
             return (None, None);

@@ -90,6 +90,37 @@ pub fn status_bytes(pid: u32, field: &str) -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// The process on this machine listening on TCP `host:port` (Linux: the
+/// socket's inode in `/proc/net/tcp{,6}`, then the `/proc/*/fd` link to
+/// it): a relay given with `--relays` that the bench can see. None for a
+/// host that is not loopback, or a process of another user.
+pub fn listener_pid(addr: &str) -> Option<u32> {
+    let (host, port) = addr.rsplit_once(':')?;
+    if !matches!(host, "127.0.0.1" | "localhost" | "[::1]") {
+        return None;
+    }
+    let port: u16 = port.parse().ok()?;
+    // Fields: sl, local address (hex IP:hex port), remote, state (0A:
+    // LISTEN), …, inode (the tenth).
+    let inode = ["/proc/net/tcp", "/proc/net/tcp6"].iter().find_map(|f| {
+        std::fs::read_to_string(f).ok()?.lines().skip(1).find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let local_port = u16::from_str_radix(f.get(1)?.rsplit_once(':')?.1, 16).ok()?;
+            if local_port == port && f.get(3) == Some(&"0A") {
+                f.get(9).map(|i| i.to_string())
+            } else {
+                None
+            }
+        })
+    })?;
+    let link = std::path::PathBuf::from(format!("socket:[{inode}]"));
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|p| {
+        let pid: u32 = p.file_name().to_str()?.parse().ok()?;
+        let mut fds = std::fs::read_dir(p.path().join("fd")).ok()?;
+        fds.any(|fd| fd.is_ok_and(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l == link))).then_some(pid)
+    })
+}
+
 /// Resident set size of process `pid` in bytes (`VmRSS`).
 pub fn rss_bytes(pid: u32) -> Option<u64> {
     status_bytes(pid, "VmRSS:")
@@ -444,6 +475,16 @@ mod tests {
         assert_eq!(row("errors"), ["0", "3", "-"]);
         assert_eq!(row("send p90 ms"), ["-", "1.5", "-"]);
         assert!(!t.contains("deliver p50"), "absent from both: {t}");
+    }
+
+    #[test]
+    fn the_listener_of_a_loopback_port_is_found_by_its_socket() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        assert_eq!(listener_pid(&addr), Some(std::process::id()));
+        drop(l);
+        assert_eq!(listener_pid(&addr), None, "nobody listens there now");
+        assert_eq!(listener_pid("192.0.2.1:80"), None, "not on this machine");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! reports side by side. No timing assertions: benchmarks are not tests.
 
 use crate::common::node::{can_run, node};
+use crate::common::relay::RelayProc;
 use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
@@ -265,6 +266,31 @@ fn bench_compare_prints_the_ratios_of_two_runs_old_or_new() {
     assert_eq!(bad.status.code(), Some(1), "{bad:?}");
     assert!(String::from_utf8_lossy(&bad.stderr).contains("not a `relay bench --json` report"), "{bad:?}");
     assert!(!d.join("junk.html").exists());
+}
+
+#[test]
+fn bench_report_samples_a_relay_given_with_relays_that_runs_on_this_machine() {
+    let dir = tempfile::tempdir().unwrap();
+    let relay = RelayProc::start(dir.path(), "relay-a", "");
+    let r = run(&[
+        "--relays",
+        &relay.url,
+        "--rate",
+        "100",
+        "--duration",
+        "1500ms",
+        "--messages",
+        "1000",
+        "--accounts",
+        "2",
+    ]);
+    assert_eq!(r["errors"], 0, "{r:#}");
+    assert_eq!(r["config"]["mode"], "external", "{r:#}");
+    // Found by its listening socket: its CPU and RSS over time.
+    let series = r["series"].as_array().unwrap_or_else(|| panic!("{r:#}"));
+    assert!(!series.is_empty(), "{r:#}");
+    assert!(series.iter().all(|s| s["relay_cpu_pct"].as_f64().is_some()), "{r:#}");
+    assert!(series.iter().all(|s| s["relay_rss_bytes"].as_u64() > Some(0)), "{r:#}");
 }
 
 /// The pages open from file:// in headless Chromium and draw every chart,
