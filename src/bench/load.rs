@@ -19,6 +19,9 @@ pub struct Outcome {
     pub send_us: Vec<u64>,
     /// Latency (µs) of replies whose status is `target_accepted`.
     pub deliver_us: Vec<u64>,
+    /// `(when the reply came, in ms from the window's start, its latency
+    /// in µs)` of every reply in `send_us`: the per-second series.
+    pub replies: Vec<(u64, u64)>,
     pub sent: u64,
     pub target_accepted: u64,
     pub delivering: u64,
@@ -37,6 +40,7 @@ impl Outcome {
     fn merge(&mut self, o: Outcome) {
         self.send_us.extend(o.send_us);
         self.deliver_us.extend(o.deliver_us);
+        self.replies.extend(o.replies);
         self.accepted.extend(o.accepted);
         self.sent += o.sent;
         self.target_accepted += o.target_accepted;
@@ -136,7 +140,9 @@ async fn client(
             },
         };
         let r = conn.roundtrip(&s.request).await;
-        let us = t0.elapsed().as_micros() as u64;
+        let now = Instant::now();
+        let us = now.duration_since(t0).as_micros() as u64;
+        let reply = (now.duration_since(start).as_millis() as u64, us);
         out.sent += 1;
         out.cross += s.cross as u64;
         done.fetch_add(1, Ordering::Relaxed);
@@ -147,6 +153,7 @@ async fn client(
             }
             Ok((200, body)) => {
                 out.send_us.push(us);
+                out.replies.push(reply);
                 match status_of(&body).as_deref() {
                     Some("target_accepted") => {
                         out.target_accepted += 1;
@@ -159,6 +166,7 @@ async fn client(
             }
             Ok((status, body)) => {
                 out.send_us.push(us);
+                out.replies.push(reply);
                 out.error(format!("message.send: HTTP {status}: {}", String::from_utf8_lossy(&body)))
             }
         }
@@ -167,14 +175,15 @@ async fn client(
 }
 
 /// Runs the sends over `concurrency` clients; `tick` is called about every
-/// 100 ms with the number of replies so far (the progress bar).
+/// 100 ms, and once at the end, with the number of replies so far and the
+/// time since the window started (the progress bar, the resource samples).
 pub fn run(
     targets: &[Target],
     sends: &[Send],
     concurrency: usize,
     duration: Option<Duration>,
     rate: Option<f64>,
-    tick: &dyn Fn(u64),
+    tick: &mut dyn FnMut(u64, Duration),
 ) -> Outcome {
     let concurrency = concurrency.max(1).min(sends.len().max(1));
     // Client t takes sends t, t + C, …: contiguous chunks would give one
@@ -209,7 +218,7 @@ pub fn run(
             Ok::<_, String>(rt.block_on(futures_util::future::join_all(clients)))
         });
         while !driver.is_finished() {
-            tick(done.load(Ordering::Relaxed));
+            tick(done.load(Ordering::Relaxed), start.elapsed());
             std::thread::sleep(Duration::from_millis(100));
         }
         total.elapsed = start.elapsed();
@@ -219,7 +228,7 @@ pub fn run(
             Err(_) => total.error("the load's thread panicked".into()),
         }
     });
-    tick(done.load(Ordering::Relaxed));
+    tick(done.load(Ordering::Relaxed), total.elapsed);
     total
 }
 

@@ -7,17 +7,22 @@
 //! - [`plan`]: keys, registration, sessions, the pre-built requests;
 //! - [`load`]: the measured window (blocking keep-alive HTTP/1.1 per thread);
 //! - [`report`]: `/metrics` and RSS, the table and the JSON report;
+//! - [`series`]: the per-second series and the latency histogram;
+//! - [`html`], [`page`]: `--report FILE.html`, and `--compare A.json B.json`;
 //! - [`ws`]: `--ws`, the recipients' WebSockets and notification latency;
 //! - [`pending`]: `--pending N`, the idle CPU of N deliveries to a dead relay;
 //! - [`population`]: `--population N`, sends to random accounts among N
 //!   seeded into relay-a's store before it starts.
 
+pub mod html;
 pub mod http;
 pub mod load;
+pub mod page;
 pub mod pending;
 pub mod plan;
 pub mod population;
 pub mod report;
+pub mod series;
 pub mod ws;
 
 use clap::Args;
@@ -94,6 +99,14 @@ pub struct BenchArgs {
     /// Print the JSON report instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Also write the report as one self-contained HTML page (charts in
+    /// SVG); with --compare, the two runs overlaid.
+    #[arg(long, value_name = "FILE.html")]
+    pub report: Option<PathBuf>,
+    /// Run nothing: print the main figures of two JSON reports (`--json`
+    /// output) side by side with their ratios B/A.
+    #[arg(long, num_args = 2, value_names = ["A.json", "B.json"], conflicts_with_all = ["json", "relays", "pending", "population", "ws", "rate", "duration"])]
+    pub compare: Vec<PathBuf>,
 }
 
 /// A fraction in `0..=1`.
@@ -256,7 +269,8 @@ fn progress(len: u64, msg: &str) -> ProgressBar {
 /// Runs the bench; the exit code: 0, 2 when some sends failed (the report
 /// is printed all the same), 1 when the bench itself could not run.
 pub fn run(args: BenchArgs) -> u8 {
-    match bench(args) {
+    let done = if args.compare.is_empty() { bench(&args).and_then(|r| output(&args, r)) } else { compare(&args) };
+    match done {
         Ok((text, errors)) => {
             print!("{text}");
             if errors > 0 {
@@ -272,7 +286,42 @@ pub fn run(args: BenchArgs) -> u8 {
     }
 }
 
-fn bench(args: BenchArgs) -> Result<(String, u64), String> {
+/// The table or the JSON of a run's report, written as HTML too with
+/// `--report`.
+fn output(args: &BenchArgs, (mut r, errors): (serde_json::Value, u64)) -> Result<(String, u64), String> {
+    r["run"] = report::provenance();
+    if let Some(path) = &args.report {
+        write(path, &page::render(&[("this run", &r)]))?;
+    }
+    let text =
+        if args.json { serde_json::to_string_pretty(&r).map_err(|e| e.to_string())? + "\n" } else { report::table(&r) };
+    Ok((text, errors))
+}
+
+/// `--compare A.json B.json`: the table of both, and the HTML with `--report`.
+fn compare(args: &BenchArgs) -> Result<(String, u64), String> {
+    let read = |p: &PathBuf| -> Result<serde_json::Value, String> {
+        let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))?;
+        if !v.is_object() || !v["config"].is_object() {
+            return Err(format!("{}: not a `relay bench --json` report", p.display()));
+        }
+        Ok(v)
+    };
+    let (a, b) = (read(&args.compare[0])?, read(&args.compare[1])?);
+    let name = |p: &PathBuf| p.file_name().map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into());
+    let (na, nb) = (format!("A: {}", name(&args.compare[0])), format!("B: {}", name(&args.compare[1])));
+    if let Some(path) = &args.report {
+        write(path, &page::render(&[(&na, &a), (&nb, &b)]))?;
+    }
+    Ok((format!("{na}\n{nb}\n{}", report::compare_table(&a, &b)), 0))
+}
+
+fn write(path: &Path, html: &str) -> Result<(), String> {
+    std::fs::write(path, html).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn bench(args: &BenchArgs) -> Result<(serde_json::Value, u64), String> {
     if args.accounts == 0 || args.devices == 0 || args.messages == 0 {
         return Err("--accounts, --devices and --messages must be at least 1".into());
     }
@@ -280,7 +329,7 @@ fn bench(args: BenchArgs) -> Result<(String, u64), String> {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
             ^ u64::from(std::process::id());
     if let Some(n) = args.pending {
-        return pending::run(&args, n, run_id);
+        return pending::run(args, n, run_id);
     }
     if args.population == Some(0) {
         return Err("--population must be at least 1".into());
@@ -343,7 +392,26 @@ fn bench(args: BenchArgs) -> Result<(String, u64), String> {
     let cpu_before = own.iter().map(|p| report::cpu_seconds(p.child.id())).collect();
     let load_cpu_before = report::cpu_seconds(std::process::id());
     let bar = progress(sends.len() as u64, "sends");
-    let mut outcome = load::run(&targets, &sends, args.concurrency, args.duration, args.rate, &|n| bar.set_position(n));
+    // The relays' CPU seconds and RSS over time, summed: those the bench
+    // started, or with `--relays` those listening on this machine.
+    let pids: Vec<u32> = if own.is_empty() {
+        targets.iter().map(|t| report::listener_pid(&t.addr)).collect::<Option<_>>().unwrap_or_default()
+    } else {
+        own.iter().map(|p| p.child.id()).collect()
+    };
+    let mut sampler = series::Sampler::new(|| {
+        if pids.is_empty() {
+            return (None, None);
+        }
+        let cpu = pids.iter().map(|&p| report::cpu_seconds(p)).sum::<Option<f64>>();
+        (cpu, pids.iter().map(|&p| report::rss_bytes(p)).sum::<Option<u64>>())
+    });
+    let mut tick = |n, elapsed| {
+        bar.set_position(n);
+        sampler.poll(elapsed);
+    };
+    let mut outcome = load::run(&targets, &sends, args.concurrency, args.duration, args.rate, &mut tick);
+    sampler.finish(outcome.elapsed);
     bar.finish_and_clear();
     let after: Vec<_> = targets.iter().map(|t| report::scrape(&t.addr)).collect();
     let disk_after = own.iter().map(|p| report::disk_write_bytes(p.child.id())).collect();
@@ -392,6 +460,7 @@ fn bench(args: BenchArgs) -> Result<(String, u64), String> {
         cpu_before,
         cpu_after,
         load_cpu,
+        samples: &sampler.samples,
     });
     if let (Some(p), Some(t)) = (args.population, seed_time) {
         r["population"] = json!(p);
@@ -402,7 +471,5 @@ fn bench(args: BenchArgs) -> Result<(String, u64), String> {
     }
     drop(own);
     drop(dir);
-    let text =
-        if args.json { serde_json::to_string_pretty(&r).map_err(|e| e.to_string())? + "\n" } else { report::table(&r) };
-    Ok((text, outcome.errors))
+    Ok((r, outcome.errors))
 }

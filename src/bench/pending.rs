@@ -67,7 +67,7 @@ fn settle(addr: &str, attempts0: f64, accepted: u64) -> Result<Duration, String>
     }
 }
 
-pub fn run(args: &BenchArgs, n: usize, run_id: u64) -> Result<(String, u64), String> {
+pub fn run(args: &BenchArgs, n: usize, run_id: u64) -> Result<(Value, u64), String> {
     if n == 0 {
         return Err("--pending must be at least 1".into());
     }
@@ -95,7 +95,7 @@ pub fn run(args: &BenchArgs, n: usize, run_id: u64) -> Result<(String, u64), Str
     let disk_before = vec![report::disk_write_bytes(pid)];
     let cpu_before = vec![report::cpu_seconds(pid)];
     let bar = progress(sends.len() as u64, "sends to a dead relay");
-    let mut outcome = load::run(&targets, &sends, args.concurrency, None, None, &|k| bar.set_position(k));
+    let mut outcome = load::run(&targets, &sends, args.concurrency, None, None, &mut |k, _| bar.set_position(k));
     bar.finish_and_clear();
     let after = vec![report::scrape(&targets[0].addr)];
     let disk_after = vec![report::disk_write_bytes(pid)];
@@ -142,6 +142,7 @@ pub fn run(args: &BenchArgs, n: usize, run_id: u64) -> Result<(String, u64), Str
         cpu_before,
         cpu_after,
         load_cpu: (None, None),
+        samples: &[],
     });
     let round = |v: f64, per_unit: f64| (v * per_unit).round() / per_unit;
     r["pending"] = json!(pending);
@@ -153,9 +154,7 @@ pub fn run(args: &BenchArgs, n: usize, run_id: u64) -> Result<(String, u64), Str
     r["idle_cpu_target"] = json!(0.02);
     drop(own);
     drop(dir);
-    let text =
-        if args.json { serde_json::to_string_pretty(&r).map_err(|e| e.to_string())? + "\n" } else { report::table(&r) };
-    Ok((text, outcome.errors))
+    Ok((r, outcome.errors))
 }
 
 #[cfg(test)]

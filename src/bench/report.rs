@@ -2,6 +2,7 @@
 
 use super::http::Conn;
 use super::load::Outcome;
+use super::series::{self, percentile_ms as pct};
 use super::ws::Notify;
 use serde_json::{json, Value};
 
@@ -89,6 +90,37 @@ pub fn status_bytes(pid: u32, field: &str) -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// The process on this machine listening on TCP `host:port` (Linux: the
+/// socket's inode in `/proc/net/tcp{,6}`, then the `/proc/*/fd` link to
+/// it): a relay given with `--relays` that the bench can see. None for a
+/// host that is not loopback, or a process of another user.
+pub fn listener_pid(addr: &str) -> Option<u32> {
+    let (host, port) = addr.rsplit_once(':')?;
+    if !matches!(host, "127.0.0.1" | "localhost" | "[::1]") {
+        return None;
+    }
+    let port: u16 = port.parse().ok()?;
+    // Fields: sl, local address (hex IP:hex port), remote, state (0A:
+    // LISTEN), …, inode (the tenth).
+    let inode = ["/proc/net/tcp", "/proc/net/tcp6"].iter().find_map(|f| {
+        std::fs::read_to_string(f).ok()?.lines().skip(1).find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let local_port = u16::from_str_radix(f.get(1)?.rsplit_once(':')?.1, 16).ok()?;
+            if local_port == port && f.get(3) == Some(&"0A") {
+                f.get(9).map(|i| i.to_string())
+            } else {
+                None
+            }
+        })
+    })?;
+    let link = std::path::PathBuf::from(format!("socket:[{inode}]"));
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|p| {
+        let pid: u32 = p.file_name().to_str()?.parse().ok()?;
+        let mut fds = std::fs::read_dir(p.path().join("fd")).ok()?;
+        fds.any(|fd| fd.is_ok_and(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l == link))).then_some(pid)
+    })
+}
+
 /// Resident set size of process `pid` in bytes (`VmRSS`).
 pub fn rss_bytes(pid: u32) -> Option<u64> {
     status_bytes(pid, "VmRSS:")
@@ -97,14 +129,6 @@ pub fn rss_bytes(pid: u32) -> Option<u64> {
 /// The peak resident set size of process `pid` in bytes (`VmHWM`).
 pub fn rss_peak_bytes(pid: u32) -> Option<u64> {
     status_bytes(pid, "VmHWM:")
-}
-
-fn pct(sorted: &[u64], p: f64) -> Option<f64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
-    Some(sorted[i] as f64 / 1000.0)
 }
 
 fn round(v: f64) -> f64 {
@@ -129,6 +153,8 @@ pub struct Inputs<'a> {
     /// The bench process's own CPU seconds before and after: the load
     /// generator (with `--ws`, its listeners too), which shares the cores.
     pub load_cpu: (Option<f64>, Option<f64>),
+    /// The relays' CPU and RSS once a second ([`series::Sampler`]).
+    pub samples: &'a [(u64, Option<f64>, Option<u64>)],
 }
 
 pub fn build(i: Inputs) -> Value {
@@ -233,6 +259,11 @@ pub fn build(i: Inputs) -> Value {
     r["relay_cpu_us_per_send"] = json!(per_send(cpu_s.map(|s| s * 1e6)).map(f64::round));
     let load_cpu_s = i.load_cpu.0.zip(i.load_cpu.1).map(|(b, a)| a - b);
     r["load_cpu_us_per_send"] = json!(per_send(load_cpu_s.map(|s| s * 1e6)).map(f64::round));
+    // What the HTML report draws (`--report`, `--compare`).
+    r["send_p90_ms"] = json!(opt(pct(&o.send_us, 0.90)));
+    r["send_p999_ms"] = json!(opt(pct(&o.send_us, 0.999)));
+    r["send_histogram_us"] = series::histogram(&o.send_us);
+    r["series"] = series::per_second(&o.replies, o.elapsed, i.samples);
     r
 }
 
@@ -248,6 +279,80 @@ pub fn notify(r: &mut Value, n: &mut Notify) {
     r["notify_missing"] = json!(n.missing);
     r["ws_failures"] = json!(n.socket_failures);
     r["ws_failure_samples"] = json!(n.failure_samples);
+}
+
+/// When, which build and which machine: `date` (UTC), `version`,
+/// `git` (`git describe --always --dirty` of the source tree this binary
+/// was built from, read at run time: null when it is not there), `profile`,
+/// `nproc` and `cpu_model` (`/proc/cpuinfo`).
+pub fn provenance() -> Value {
+    let git = std::process::Command::new("git")
+        .args(["-C", env!("CARGO_MANIFEST_DIR"), "describe", "--always", "--dirty"])
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    let cpu_model = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|s| {
+        s.lines().find_map(|l| Some(l.strip_prefix("model name")?.split_once(':')?.1.trim().to_string()))
+    });
+    json!({
+        "date": humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+        "version": env!("CARGO_PKG_VERSION"),
+        "git": git,
+        "profile": if cfg!(debug_assertions) { "debug" } else { "release" },
+        "nproc": std::thread::available_parallelism().map_or(1, |n| n.get()),
+        "cpu_model": cpu_model,
+    })
+}
+
+/// The figures `--compare` sets side by side: (JSON key, label).
+pub const COMPARED: &[(&str, &str)] = &[
+    ("sent", "sent"),
+    ("errors", "errors"),
+    ("send_per_sec", "send/s"),
+    ("send_p50_ms", "send p50 ms"),
+    ("send_p90_ms", "send p90 ms"),
+    ("send_p99_ms", "send p99 ms"),
+    ("send_p999_ms", "send p99.9 ms"),
+    ("send_max_ms", "send max ms"),
+    ("target_accepted_per_sec", "target_accepted/s"),
+    ("deliver_p50_ms", "deliver p50 ms"),
+    ("deliver_p99_ms", "deliver p99 ms"),
+    ("notify_p50_ms", "notify p50 ms"),
+    ("notify_p99_ms", "notify p99 ms"),
+    ("relay_cpu_us_per_send", "relay CPU µs/send"),
+    ("load_cpu_us_per_send", "load CPU µs/send"),
+    ("commits_per_send", "commits/send"),
+    ("barriers_per_send", "barriers/send"),
+    ("log_writes_per_send", "log writes/send"),
+    ("actor_hops_per_send", "actor hops/send"),
+    ("log_bytes_per_send", "log bytes/send"),
+    ("disk_bytes_per_send", "disk bytes/send"),
+    ("mean_flush_batch", "mean flush batch"),
+    ("rss_bytes", "relay RSS bytes"),
+    ("rss_peak_bytes", "relay RSS peak bytes"),
+];
+
+/// B / A, when both are numbers and A is not zero.
+pub fn ratio(a: &Value, b: &Value) -> Option<f64> {
+    Some(b.as_f64()? / a.as_f64().filter(|a| *a != 0.0)?)
+}
+
+/// `--compare`: A, B and B/A of every figure either report has.
+pub fn compare_table(a: &Value, b: &Value) -> String {
+    let cell = |v: &Value| if v.is_number() { v.to_string() } else { "-".into() };
+    let mut rows = vec![("".to_string(), "A".to_string(), "B".to_string(), "B/A".to_string())];
+    for (key, label) in COMPARED {
+        if a[key].is_null() && b[key].is_null() {
+            continue;
+        }
+        let r = ratio(&a[key], &b[key]).map_or_else(|| "-".into(), |r| format!("{r:.3}"));
+        rows.push((label.to_string(), cell(&a[key]), cell(&b[key]), r));
+    }
+    let w = |f: fn(&(String, String, String, String)) -> &String| rows.iter().map(|r| f(r).chars().count()).max();
+    let (w0, w1, w2) = (w(|r| &r.0).unwrap_or(0), w(|r| &r.1).unwrap_or(0), w(|r| &r.2).unwrap_or(0));
+    rows.iter().map(|(k, a, b, r)| format!("{k:<w0$}  {a:>w1$}  {b:>w2$}  {r}\n")).collect()
 }
 
 /// The human table.
@@ -354,6 +459,41 @@ pub fn table(r: &Value) -> String {
 mod tests {
     use super::*;
     use std::time::{Duration, Instant};
+
+    #[test]
+    fn compare_prints_both_figures_and_their_ratio() {
+        let a = json!({"config": {}, "send_per_sec": 100.0, "send_p99_ms": 4.0, "errors": 0, "send_p90_ms": null});
+        let b = json!({"config": {}, "send_per_sec": 150.0, "send_p99_ms": 2.0, "errors": 3, "send_p90_ms": 1.5});
+        let t = compare_table(&a, &b);
+        let row = |label: &str| {
+            let line = t.lines().find(|l| l.starts_with(label)).unwrap_or_else(|| panic!("{label}: {t}"));
+            line[label.len()..].split_whitespace().map(str::to_string).collect::<Vec<_>>()
+        };
+        assert_eq!(row("send/s"), ["100.0", "150.0", "1.500"]);
+        assert_eq!(row("send p99 ms"), ["4.0", "2.0", "0.500"]);
+        // No ratio to a zero, nor to a figure an older report lacks.
+        assert_eq!(row("errors"), ["0", "3", "-"]);
+        assert_eq!(row("send p90 ms"), ["-", "1.5", "-"]);
+        assert!(!t.contains("deliver p50"), "absent from both: {t}");
+    }
+
+    #[test]
+    fn the_listener_of_a_loopback_port_is_found_by_its_socket() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        assert_eq!(listener_pid(&addr), Some(std::process::id()));
+        drop(l);
+        assert_eq!(listener_pid(&addr), None, "nobody listens there now");
+        assert_eq!(listener_pid("192.0.2.1:80"), None, "not on this machine");
+    }
+
+    #[test]
+    fn provenance_names_the_build_and_the_machine() {
+        let p = provenance();
+        assert_eq!(p["version"], env!("CARGO_PKG_VERSION"));
+        assert!(p["nproc"].as_u64() >= Some(1), "{p}");
+        assert!(humantime::parse_rfc3339(p["date"].as_str().unwrap()).is_ok(), "{p}");
+    }
 
     #[test]
     fn clock_ticks_come_from_the_auxiliary_vector() {

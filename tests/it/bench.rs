@@ -1,8 +1,13 @@
 //! `relay bench` runs a tiny load to completion with zero errors and prints
-//! a complete JSON report. No timing assertions: benchmarks are not tests.
+//! a complete JSON report; `--report` writes it as HTML, `--compare` sets two
+//! reports side by side. No timing assertions: benchmarks are not tests.
 
+use crate::common::node::{can_run, node};
+use crate::common::relay::RelayProc;
 use serde_json::Value;
+use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 
 fn bench(extra: &[&str]) -> Value {
     run(&[&["--messages", "200", "--accounts", "4", "--concurrency", "4"], extra].concat())
@@ -10,10 +15,30 @@ fn bench(extra: &[&str]) -> Value {
 
 /// `relay bench --json ARGS`: exit 0 and the parsed report.
 fn run(args: &[&str]) -> Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_relay")).arg("bench").args(args).arg("--json").output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "exit {:?}\n{stdout}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    let stdout = relay_bench(&[args, &["--json"]].concat());
     serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+}
+
+/// `relay bench ARGS`: exit 0 and its output.
+fn relay_bench(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_relay")).arg("bench").args(args).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "exit {:?}\n{stdout}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    stdout
+}
+
+/// A short paced run (`--rate`, 2 s) with `--report DIR/NAME.html`; its JSON
+/// is saved as `DIR/NAME.json`, as `--json > NAME.json` would.
+fn reported_run(dir: &Path, name: &str, rate: &str) -> Value {
+    let html = dir.join(format!("{name}.html"));
+    let args = ["--rate", rate, "--duration", "2s", "--messages", "2000", "--accounts", "2", "--concurrency", "4"];
+    let r = run(&[&args[..], &["--report", html.to_str().unwrap()]].concat());
+    std::fs::write(dir.join(format!("{name}.json")), r.to_string()).unwrap();
+    r
+}
+
+fn path(dir: &Path, file: &str) -> String {
+    dir.join(file).to_str().unwrap().to_string()
 }
 
 fn check(r: &Value, relays: u64) {
@@ -155,4 +180,145 @@ fn bench_population_sends_to_accounts_seeded_before_the_relay_starts() {
     let peak = r["rss_peak_bytes"].as_u64().unwrap_or_else(|| panic!("rss_peak_bytes: {r:#}"));
     assert!(rss > 0 && peak >= rss, "{r:#}");
     assert!(r["resident_actors"].is_u64(), "{r:#}");
+}
+
+#[test]
+fn bench_report_writes_series_histogram_and_an_html_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = reported_run(dir.path(), "a", "200");
+    assert_eq!(r["errors"], 0, "{r:#}");
+    let sent = r["sent"].as_u64().unwrap();
+    // Every reply is in the histogram once, and in the second it came.
+    let hist = r["send_histogram_us"].as_array().unwrap_or_else(|| panic!("{r:#}"));
+    assert_eq!(hist.iter().map(|b| b[1].as_u64().unwrap()).sum::<u64>(), sent, "{r:#}");
+    let series = r["series"].as_array().unwrap_or_else(|| panic!("{r:#}"));
+    assert!(series.len() >= 2, "a 2 s window, one entry a second: {r:#}");
+    let mut t0 = 0.0;
+    let mut counted = 0.0;
+    for s in series {
+        let t = s["t_s"].as_f64().unwrap();
+        assert!(t > t0, "{r:#}");
+        counted += s["send_per_sec"].as_f64().unwrap() * (t - t0);
+        t0 = t;
+    }
+    assert!((counted - sent as f64).abs() < 0.5, "{counted} counted in the series, {sent} sent: {r:#}");
+    assert_eq!(t0, r["elapsed_s"].as_f64().unwrap(), "the last entry ends with the window: {r:#}");
+    // The relay the bench started is sampled: CPU and RSS.
+    assert!(series.iter().all(|s| s["relay_cpu_pct"].as_f64().is_some()), "{r:#}");
+    assert!(series.iter().all(|s| s["relay_rss_bytes"].as_u64() > Some(0)), "{r:#}");
+    let pct: Vec<f64> = ["send_p50_ms", "send_p90_ms", "send_p99_ms", "send_p999_ms", "send_max_ms"]
+        .iter()
+        .map(|k| r[k].as_f64().unwrap_or_else(|| panic!("{k}: {r:#}")))
+        .collect();
+    assert!(pct.windows(2).all(|w| w[0] <= w[1]), "{pct:?}");
+    assert_eq!(r["run"]["version"], env!("CARGO_PKG_VERSION"), "{r:#}");
+    assert!(r["run"]["nproc"].as_u64() >= Some(1), "{r:#}");
+
+    let page = std::fs::read_to_string(dir.path().join("a.html")).unwrap();
+    assert_eq!(page.matches("<svg").count(), 7, "{page}");
+    assert!(!page.contains("no data"), "{page}");
+    assert!(!page.contains("<script") && !page.contains("src="), "self-contained: {page}");
+    assert!(page.contains(&format!("<td>sent</td><td>{sent}</td>")), "{page}");
+}
+
+#[test]
+fn bench_compare_prints_the_ratios_of_two_runs_old_or_new() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (a, b) = (reported_run(d, "a", "150"), reported_run(d, "b", "250"));
+    let out = relay_bench(&["--compare", &path(d, "a.json"), &path(d, "b.json"), "--report", &path(d, "ab.html")]);
+    let row = |out: &str, label: &str| -> Vec<String> {
+        let line =
+            out.lines().find(|l| l.starts_with(&format!("{label}  "))).unwrap_or_else(|| panic!("{label}: {out}"));
+        line[label.len()..].split_whitespace().map(str::to_string).collect()
+    };
+    for (label, key) in
+        [("send/s", "send_per_sec"), ("send p99 ms", "send_p99_ms"), ("relay CPU µs/send", "relay_cpu_us_per_send")]
+    {
+        let (va, vb) = (a[key].as_f64().unwrap(), b[key].as_f64().unwrap());
+        assert_eq!(row(&out, label), [a[key].to_string(), b[key].to_string(), format!("{:.3}", vb / va)], "{out}");
+    }
+    let page = std::fs::read_to_string(d.join("ab.html")).unwrap();
+    assert!(page.contains("<th>A: a.json</th><th>B: b.json</th><th>B/A</th>"), "{page}");
+    assert!(!page.contains("no data"), "{page}");
+
+    // A report from before the series and p90 existed: what it has is compared.
+    let mut old = a.clone();
+    for k in ["series", "send_histogram_us", "send_p90_ms", "send_p999_ms", "run"] {
+        old.as_object_mut().unwrap().remove(k);
+    }
+    std::fs::write(d.join("old.json"), old.to_string()).unwrap();
+    let out = relay_bench(&["--compare", &path(d, "old.json"), &path(d, "b.json"), "--report", &path(d, "old.html")]);
+    assert_eq!(row(&out, "send p90 ms"), ["-", &b["send_p90_ms"].to_string(), "-"], "{out}");
+    assert_eq!(
+        row(&out, "send/s")[2],
+        format!("{:.3}", b["send_per_sec"].as_f64().unwrap() / a["send_per_sec"].as_f64().unwrap())
+    );
+    let page = std::fs::read_to_string(d.join("old.html")).unwrap();
+    assert_eq!(page.matches("<svg").count(), 7, "{page}");
+
+    // Not a report: an error, and no page.
+    std::fs::write(d.join("junk.json"), "[1, 2]").unwrap();
+    let bad = Command::new(env!("CARGO_BIN_EXE_relay"))
+        .args(["bench", "--compare", &path(d, "junk.json"), &path(d, "b.json"), "--report", &path(d, "junk.html")])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(1), "{bad:?}");
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("not a `relay bench --json` report"), "{bad:?}");
+    assert!(!d.join("junk.html").exists());
+}
+
+#[test]
+fn bench_report_samples_a_relay_given_with_relays_that_runs_on_this_machine() {
+    let dir = tempfile::tempdir().unwrap();
+    let relay = RelayProc::start(dir.path(), "relay-a", "");
+    let r = run(&[
+        "--relays",
+        &relay.url,
+        "--rate",
+        "100",
+        "--duration",
+        "1500ms",
+        "--messages",
+        "1000",
+        "--accounts",
+        "2",
+    ]);
+    assert_eq!(r["errors"], 0, "{r:#}");
+    assert_eq!(r["config"]["mode"], "external", "{r:#}");
+    // Found by its listening socket: its CPU and RSS over time.
+    let series = r["series"].as_array().unwrap_or_else(|| panic!("{r:#}"));
+    assert!(!series.is_empty(), "{r:#}");
+    assert!(series.iter().all(|s| s["relay_cpu_pct"].as_f64().is_some()), "{r:#}");
+    assert!(series.iter().all(|s| s["relay_rss_bytes"].as_u64() > Some(0)), "{r:#}");
+}
+
+/// The pages open from file:// in headless Chromium and draw every chart,
+/// with no console error and no request beyond the page
+/// (`web/test/report.mjs`; screenshots under the target dir).
+#[test]
+fn bench_report_renders_in_chromium() {
+    if !can_run("bench_report_renders_in_chromium") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    reported_run(d, "run", "200");
+    relay_bench(&["--compare", &path(d, "run.json"), &path(d, "run.json"), "--report", &path(d, "compare.html")]);
+    let shots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("bench-report");
+    let (scratch, out) = (d.join("chromium"), shots.as_os_str());
+    let (run, compare) = (d.join("run.html"), d.join("compare.html"));
+    node(
+        &[
+            "test/report.mjs".as_ref(),
+            "--dir".as_ref(),
+            scratch.as_os_str(),
+            "--out".as_ref(),
+            out,
+            run.as_os_str(),
+            compare.as_os_str(),
+        ],
+        Duration::from_secs(120),
+    );
+    eprintln!("screenshots in {}", shots.display());
 }

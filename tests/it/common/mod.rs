@@ -3,6 +3,7 @@ pub mod cluster;
 pub mod fake_peer;
 pub mod http;
 pub mod nginx;
+pub mod node;
 pub mod proxy;
 pub mod push_service;
 pub mod relay;
