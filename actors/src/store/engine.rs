@@ -13,7 +13,9 @@
 //! drops what follows the last barrier (property tests).
 
 use std::any::Any;
+use std::path::Path;
 
+use super::sled_engine::BackupPoint;
 use super::StoreError;
 
 /// One write of a group.
@@ -73,6 +75,13 @@ pub trait Engine: Any + Send + Sync {
     /// engine without a value log.
     fn compact_now(&self) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    /// Writes a copy of the store, as of a moment between two groups, into
+    /// the new directory `out`, while commits go on; the copy opens as a
+    /// store of its own. Any thread may call it.
+    fn backup(&self, _out: &Path) -> Result<BackupPoint, StoreError> {
+        Err(StoreError::Unsupported("this engine keeps no files of its own to back up"))
     }
 
     /// Bytes this engine wrote for groups and barriers so far (its own
