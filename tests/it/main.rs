@@ -7,6 +7,7 @@
 mod common;
 
 mod audit;
+mod backup;
 mod bad_input;
 mod bench;
 mod browser;
