@@ -39,5 +39,6 @@ mod security;
 mod smoke;
 mod torture;
 mod two_homes;
+mod upgrade;
 mod web;
 mod websocket;
