@@ -91,9 +91,7 @@ pub fn write(store: &Store, from: &Sources, out: &Path) -> Result<Manifest, Rela
         return Err(RelayError::invalid_params(format!("backup directory {} is not an absolute path", out.display())));
     }
     match std::fs::read_dir(out).map(|mut entries| entries.next().is_some()) {
-        Ok(true) => {
-            return Err(RelayError::invalid_params(format!("backup directory {} is not empty", out.display())))
-        }
+        Ok(true) => return Err(RelayError::invalid_params(format!("backup directory {} is not empty", out.display()))),
         Ok(false) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             std::fs::DirBuilder::new().mode(0o700).create(out).map_err(io(format!("create {}", out.display())))?
@@ -103,9 +101,8 @@ pub fn write(store: &Store, from: &Sources, out: &Path) -> Result<Manifest, Rela
     for dir in KEPT_DIRS {
         copy_tree(&from.data_dir.join(dir), &out.join(dir))?;
     }
-    let BackupPoint { replay_from, segment, offset, .. } = store
-        .backup(&out.join(STORE))
-        .map_err(|e| RelayError::internal(format!("back up the store: {e}")))?;
+    let BackupPoint { replay_from, segment, offset, .. } =
+        store.backup(&out.join(STORE)).map_err(|e| RelayError::internal(format!("back up the store: {e}")))?;
     // A record for the operator, not a rule: the wall clock.
     let made_at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let mut keys = Vec::new();
@@ -185,7 +182,8 @@ pub fn listen(store: Store, from: Sources) -> Result<AdminSocket, String> {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(format!("{}: {e}", path.display())),
         _ => {}
     }
-    let listener = tokio::net::UnixListener::bind(&path).map_err(|e| format!("admin socket {}: {e}", path.display()))?;
+    let listener =
+        tokio::net::UnixListener::bind(&path).map_err(|e| format!("admin socket {}: {e}", path.display()))?;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
         .map_err(|e| format!("admin socket {}: {e}", path.display()))?;
     let task = actix_web::rt::spawn(async move {
@@ -237,8 +235,12 @@ async fn answer(conn: tokio::net::UnixStream, store: Store, from: Sources) {
                 let made = actix_web::rt::task::spawn_blocking(move || write(&store, &from, &out)).await;
                 let made = made.unwrap_or_else(|e| Err(RelayError::internal(format!("backup: {e}"))));
                 match &made {
-                    Ok(m) => tracing::info!(took_ms = started.elapsed().as_millis() as u64, segment = m.point.segment,
-                        offset = m.point.offset, "backup written"),
+                    Ok(m) => tracing::info!(
+                        took_ms = started.elapsed().as_millis() as u64,
+                        segment = m.point.segment,
+                        offset = m.point.offset,
+                        "backup written"
+                    ),
                     Err(e) => tracing::error!(error = %e.message, "backup failed"),
                 }
                 made.and_then(|m| serde_json::to_value(m).map_err(|e| RelayError::internal(e.to_string())))
@@ -299,8 +301,7 @@ pub fn restore(from: &Path, to: &Target) -> Result<Manifest, String> {
     let manifest_path = from.join(MANIFEST);
     let text = std::fs::read(&manifest_path)
         .map_err(|e| format!("{}: {e} (not a finished backup)", manifest_path.display()))?;
-    let manifest: Manifest =
-        serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", manifest_path.display()))?;
+    let manifest: Manifest = serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", manifest_path.display()))?;
     if manifest.format > FORMAT_VERSION {
         return Err(StoreError::Format { found: manifest.format.to_string(), supported: FORMAT_VERSION }.to_string());
     }
@@ -316,10 +317,17 @@ pub fn restore(from: &Path, to: &Target) -> Result<Manifest, String> {
     }
     let name = data_dir.file_name().ok_or_else(|| format!("{}: not a directory name", data_dir.display()))?;
     let parent = data_dir.parent().unwrap_or(Path::new("/"));
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(parent)
+        .map_err(|e| format!("{}: {e}", parent.display()))?;
     let stage = parent.join(format!(".{}.restoring", name.to_string_lossy()));
     if stage.exists() {
-        return Err(format!("{} exists: an earlier restore stopped there; remove it and run this again", stage.display()));
+        return Err(format!(
+            "{} exists: an earlier restore stopped there; remove it and run this again",
+            stage.display()
+        ));
     }
     let staged = || -> Result<(), String> {
         std::fs::DirBuilder::new().mode(0o700).create(&stage).map_err(|e| format!("{}: {e}", stage.display()))?;
@@ -333,12 +341,17 @@ pub fn restore(from: &Path, to: &Target) -> Result<Manifest, String> {
     };
     staged()?;
     // An empty directory is replaced whole by the rename.
-    std::fs::rename(&stage, &data_dir).map_err(|e| format!("move {} to {}: {e}", stage.display(), data_dir.display()))?;
+    std::fs::rename(&stage, &data_dir)
+        .map_err(|e| format!("move {} to {}: {e}", stage.display(), data_dir.display()))?;
     sync_dir(parent).map_err(|e| e.message)?;
     for (name, file) in keys {
         if manifest.keys.iter().any(|k| k == name) {
             if let Some(dir) = file.parent() {
-                std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(dir)
+                    .map_err(|e| format!("{}: {e}", dir.display()))?;
             }
             copy_file(&from.join(name), file).map_err(|e| e.message)?;
         }

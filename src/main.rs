@@ -157,13 +157,13 @@ enum KeyCommand {
 /// bare data dir with the default key files in it.
 fn restore_target(config: Option<PathBuf>, data_dir: Option<PathBuf>) -> Result<relay::backup::Target, String> {
     match (config, data_dir) {
-        (Some(path), _) => relay::config::Config::load(&path).map_err(|e| e.to_string()).map(|cfg| {
-            relay::backup::Target {
+        (Some(path), _) => {
+            relay::config::Config::load(&path).map_err(|e| e.to_string()).map(|cfg| relay::backup::Target {
                 key_file: cfg.relay.key_file.clone(),
                 vapid_key_file: cfg.vapid_key_file(),
                 data_dir: cfg.relay.data_dir,
-            }
-        }),
+            })
+        }
         (None, Some(dir)) => Ok(relay::backup::Target {
             key_file: dir.join("relay.key"),
             vapid_key_file: dir.join("vapid.key"),
@@ -211,7 +211,15 @@ fn main() -> ExitCode {
         Command::Backup { config, out } => relay::config::Config::load(&config)
             .map_err(|e| e.to_string())
             .and_then(|cfg| relay::backup::run(&cfg, &out))
-            .map(|m| println!("backup of {} at log {:016x}+{} in {}", m.relay_id, m.point.segment, m.point.offset, out.display())),
+            .map(|m| {
+                println!(
+                    "backup of {} at log {:016x}+{} in {}",
+                    m.relay_id,
+                    m.point.segment,
+                    m.point.offset,
+                    out.display()
+                )
+            }),
         Command::Restore { from, config, data_dir } => restore_target(config, data_dir)
             .and_then(|to| relay::backup::restore(&from, &to).map(|m| (m, to)))
             .map(|(m, to)| println!("restored the backup of {} into {}", m.relay_id, to.data_dir.display())),

@@ -67,7 +67,13 @@ async fn a_backup_under_load_restores_every_send_acknowledged_before_it_and_pass
     };
     eventually("100 sends acknowledged", LIMIT, || {
         let n = acked.lock().unwrap().len();
-        async move { if n >= 100 { Ok(()) } else { Err(format!("{n}")) } }
+        async move {
+            if n >= 100 {
+                Ok(())
+            } else {
+                Err(format!("{n}"))
+            }
+        }
     })
     .await;
     // Acknowledged before the backup command starts: each must be in it.

@@ -116,3 +116,30 @@ async fn the_data_v1_fixture_opens_passes_the_audit_and_serves_its_records() {
     let e = alice.try_open_session(&ca, 1).await.unwrap_err();
     assert!(e.contains("revoked"), "{e}");
 }
+
+/// A data dir of a newer format than this release opens: `relay serve`
+/// and `relay audit` refuse it, naming both versions, and leave it as it
+/// is (what the upgrade path's "it refuses" step reads).
+#[test]
+fn a_data_dir_of_a_newer_format_is_refused_by_serve_and_audit_naming_both_versions() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = common::relay::write_config(dir.path(), "relay-b", "");
+    let data_dir = dir.path().join("relay-b");
+    copy_dir(&fixture_dir().join("relay-b"), &data_dir);
+    let current = relay_actors::store::FORMAT_VERSION;
+    let newer = current + 1;
+    std::fs::write(data_dir.join("store/FORMAT"), format!("{newer}\n")).unwrap();
+    let log = std::fs::read(data_dir.join("store/log/0000000000000001")).unwrap();
+    let mut serve = std::process::Command::new(env!("CARGO_BIN_EXE_relay"));
+    serve.args(["serve", "--config"]).arg(&config);
+    let err = common::relay::start_line_or_exit(serve).expect_err("a relay started on a newer format");
+    let (code, _, audit_err) = audit(&["verify", "--config", config.to_str().unwrap()]);
+    assert_ne!(code, 0);
+    for text in [&err, &audit_err] {
+        assert!(
+            text.contains(&format!("data format version {newer}")) && text.contains(&format!("opens 1 to {current}")),
+            "{text}"
+        );
+    }
+    assert_eq!(std::fs::read(data_dir.join("store/log/0000000000000001")).unwrap(), log, "left as it was");
+}
