@@ -123,6 +123,14 @@ async fn a_stopped_relay_is_backed_up_by_the_command_and_restore_never_overwrite
     c.ok("message.send", alice.token(0), &alice.self_params(&mid(1), &["phone"])).await;
     let config = relay.config.clone();
 
+    // A request the admin socket does not know: an error, nothing written.
+    let mut conn = std::os::unix::net::UnixStream::connect(relay.data_dir.join("admin.sock")).unwrap();
+    conn.set_read_timeout(Some(LIMIT)).unwrap();
+    std::io::Write::write_all(&mut conn, b"{\"restore\":{\"from\":\"/\"}}\n").unwrap();
+    let mut answer = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(conn), &mut answer).unwrap();
+    let answer: Value = serde_json::from_str(&answer).unwrap();
+    assert_eq!(answer["error"]["code"], "invalid_params", "{answer}");
     // Into a directory that is not empty: refused by the running relay.
     let taken = dir.path().join("taken");
     std::fs::create_dir(&taken).unwrap();
