@@ -15,7 +15,6 @@
 use std::any::Any;
 use std::path::Path;
 
-use super::sled_engine::BackupPoint;
 use super::StoreError;
 
 /// One write of a group.
@@ -31,6 +30,21 @@ impl Write {
             Write::Put(k, _) | Write::Remove(k) => k,
         }
     }
+}
+
+/// Where a backup's copy of the store stands ([`Engine::backup`]; for
+/// sled, `sled_engine.rs` step 8): everything the log held before `offset`
+/// in `segment`, replayed from `replay_from`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BackupPoint {
+    pub replay_from: u64,
+    pub segment: u64,
+    pub offset: u64,
+    /// Pairs copied from sled.
+    pub pairs: u64,
+    /// Segments hard-linked, and bytes copied (segments not linked).
+    pub linked: u64,
+    pub copied_bytes: u64,
 }
 
 /// Key-value pairs in key order (or reverse key order after `.rev()`).

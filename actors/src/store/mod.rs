@@ -73,14 +73,14 @@ use relay_schemas::UnixSecs;
 use serde_json::value::RawValue;
 
 pub use compact::{LogSpace, SegmentSpace};
-pub use engine::{Engine, KvIter, Write};
+pub use engine::{BackupPoint, Engine, KvIter, Write};
 pub use format::FORMAT_VERSION;
 pub use jetstream::{
     fence_violations, server_addrs, FenceViolation, JetStreamConfig, JetStreamEngine, CHUNK_BYTES, SNAPSHOT_BYTES,
 };
 pub use model::ModelEngine;
 use overlay::Merged;
-pub use sled_engine::{BackupPoint, SledEngine, CHECKPOINT_BYTES};
+pub use sled_engine::{SledEngine, CHECKPOINT_BYTES};
 pub use verify::{verify_chain, verify_chain_from, ChainCheck, ChainFinding, ChainProblem};
 pub use writer::GroupReport;
 use writer::{block_on, lock, Shared};

@@ -126,7 +126,7 @@ use std::thread::JoinHandle;
 use memmap2::Mmap;
 
 use super::compact::{Accounts, Budget, LogSpace, Walk, SCAN_CHUNK};
-use super::engine::{Engine, KvIter, Write};
+use super::engine::{BackupPoint, Engine, KvIter, Write};
 use super::filter::{KeyFilter, FILTER_BYTES};
 use super::writer::lock;
 use super::{codec, format, wal, StoreError};
@@ -168,20 +168,6 @@ pub struct SledEngine {
     longest_step_us: AtomicU64,
     /// A backup runs (step 8): no checkpoint starts.
     backing_up: AtomicBool,
-}
-
-/// Where a backup's copy of the store stands (step 8): everything the
-/// log held before `offset` in `segment`, replayed from `replay_from`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BackupPoint {
-    pub replay_from: u64,
-    pub segment: u64,
-    pub offset: u64,
-    /// Pairs copied from sled.
-    pub pairs: u64,
-    /// Segments hard-linked, and bytes copied (segments not linked).
-    pub linked: u64,
-    pub copied_bytes: u64,
 }
 
 struct Log {
