@@ -174,7 +174,7 @@ fn sync_dir(dir: &Path) -> Result<(), RelayError> {
 /// Serves the admin socket in the data dir until the relay stops: one
 /// request line, one answer line per connection. `{"backup":{"out":DIR}}`
 /// answers `{"result":MANIFEST}` or `{"error":…}`.
-pub fn listen(store: Store, from: Sources) -> Result<AdminSocket, String> {
+pub fn listen(store: Store, from: Sources) -> Result<Option<AdminSocket>, String> {
     let path = from.data_dir.join(ADMIN_SOCKET);
     // Left by a relay that did not stop cleanly: sled's lock, taken before
     // this, says no other relay runs on this data dir.
@@ -182,8 +182,16 @@ pub fn listen(store: Store, from: Sources) -> Result<AdminSocket, String> {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(format!("{}: {e}", path.display())),
         _ => {}
     }
-    let listener =
-        tokio::net::UnixListener::bind(&path).map_err(|e| format!("admin socket {}: {e}", path.display()))?;
+    let listener = match tokio::net::UnixListener::bind(&path) {
+        Ok(listener) => listener,
+        // A data dir path too long for a socket's address (about 100
+        // bytes) must not keep the relay from serving.
+        Err(e) => {
+            tracing::warn!(socket = %path.display(), error = %e,
+                "no admin socket: `relay backup` works only on the stopped relay");
+            return Ok(None);
+        }
+    };
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
         .map_err(|e| format!("admin socket {}: {e}", path.display()))?;
     let task = actix_web::rt::spawn(async move {
@@ -196,7 +204,7 @@ pub fn listen(store: Store, from: Sources) -> Result<AdminSocket, String> {
             }
         }
     });
-    Ok(AdminSocket { path, task })
+    Ok(Some(AdminSocket { path, task }))
 }
 
 /// The admin socket's task; its file is removed when the relay stops.
@@ -260,9 +268,11 @@ pub fn run(cfg: &crate::config::Config, out: &Path) -> Result<Manifest, String> 
     let out = std::path::absolute(out).map_err(|e| format!("{}: {e}", out.display()))?;
     let from = Sources::of(cfg);
     let path = from.data_dir.join(ADMIN_SOCKET);
+    use std::io::ErrorKind;
     match std::os::unix::net::UnixStream::connect(&path) {
         Ok(conn) => ask(conn, &out),
-        Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused) => {
+        // No relay, or none with a socket (its path too long for one).
+        Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::ConnectionRefused | ErrorKind::InvalidInput) => {
             let store = cfg.open_store()?;
             let made = write(&store, &from, &out).map_err(|e| e.message);
             store.close().map_err(|e| format!("close the store: {e}"))?;

@@ -152,9 +152,31 @@ async fn a_stopped_relay_is_backed_up_by_the_command_and_restore_never_overwrite
     let (code, _, err) = relay_cmd(&["restore", "--from", path(&out), "--data-dir", path(&fresh)]);
     assert_eq!((code, err.contains("is not empty")), (1, true), "{err}");
     assert_eq!(std::fs::read(fresh.join("relay.key")).unwrap(), b"someone's key");
+    // Not of a newer data format than this release opens.
+    let manifest = std::fs::read_to_string(out.join("backup.json")).unwrap();
+    std::fs::write(out.join("backup.json"), manifest.replace("\"format\": 1", "\"format\": 2")).unwrap();
+    let (code, _, err) = relay_cmd(&["restore", "--from", path(&out), "--data-dir", path(&dir.path().join("new"))]);
+    assert_eq!((code, err.contains("data format version 2")), (1, true), "{err}");
     // Not a finished backup (no manifest).
     std::fs::remove_file(out.join("backup.json")).unwrap();
     let (code, _, err) = relay_cmd(&["restore", "--from", path(&out), "--data-dir", path(&dir.path().join("new"))]);
     assert_eq!((code, err.contains("not a finished backup")), (1, true), "{err}");
     assert!(!dir.path().join("new").exists());
+}
+
+/// A data dir whose path is too long for a socket's address: the relay
+/// serves without an admin socket (and says so), and `relay backup` then
+/// says the relay must be stopped.
+#[actix_rt::test]
+async fn a_relay_whose_data_dir_has_no_room_for_the_socket_serves_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let deep = dir.path().join("d".repeat(110));
+    std::fs::create_dir(&deep).unwrap();
+    let relay = RelayProc::start(&deep, "relay-a", "");
+    relay.wait_for_log(&["no admin socket", "works only on the stopped relay"], LIMIT);
+    let c = Client::new(&relay.url);
+    User::register(&c, "relay-a", 1, false).await;
+    let out = dir.path().join("backup");
+    let (code, _, err) = relay_cmd(&["backup", "--config", path(&relay.config), "--out", path(&out)]);
+    assert_eq!((code, err.contains("in use by a running relay; stop it first")), (1, true), "{err}");
 }
