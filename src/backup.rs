@@ -121,7 +121,7 @@ pub fn write(store: &Store, from: &Sources, out: &Path) -> Result<Manifest, Rela
         keys,
     };
     let text = serde_json::to_vec_pretty(&manifest).map_err(|e| RelayError::internal(e.to_string()))?;
-    write_synced(&out.join(MANIFEST), &text)?;
+    write_synced(&out.join(MANIFEST), text.as_slice())?;
     sync_dir(out)?;
     Ok(manifest)
 }
@@ -142,8 +142,8 @@ fn copy_tree(from: &Path, to: &Path) -> Result<(), RelayError> {
         if kind.is_dir() {
             copy_tree(&entry.path(), &target)?;
         } else if kind.is_file() {
-            match std::fs::read(entry.path()) {
-                Ok(bytes) => write_synced(&target, &bytes)?,
+            match std::fs::File::open(entry.path()) {
+                Ok(mut file) => write_synced(&target, &mut file)?,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(io(format!("read {}", entry.path().display()))(e)),
             }
@@ -153,15 +153,16 @@ fn copy_tree(from: &Path, to: &Path) -> Result<(), RelayError> {
 }
 
 fn copy_file(from: &Path, to: &Path) -> Result<(), RelayError> {
-    let bytes = std::fs::read(from).map_err(io(format!("read {}", from.display())))?;
-    write_synced(to, &bytes)
+    let mut file = std::fs::File::open(from).map_err(io(format!("read {}", from.display())))?;
+    write_synced(to, &mut file)
 }
 
-/// A new file (0600) with `bytes`, synced; an existing one is an error.
-fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), RelayError> {
+/// A new file (0600) with what `bytes` reads (streamed: a log segment or
+/// sled's file may be large), synced; an existing one is an error.
+fn write_synced(path: &Path, mut bytes: impl std::io::Read) -> Result<(), RelayError> {
     let fail = io(format!("write {}", path.display()));
     let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path).map_err(&fail)?;
-    f.write_all(bytes).map_err(&fail)?;
+    std::io::copy(&mut bytes, &mut f).map_err(&fail)?;
     f.sync_all().map_err(fail)
 }
 
