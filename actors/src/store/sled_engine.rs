@@ -95,8 +95,12 @@
 //!    its value moved and its file went asks sled again.
 //! 8. **Backup** ([`SledEngine::backup`]), while commits go on: a fuzzy
 //!    copy of sled made whole by the log, as an open after a crash is.
-//!    1. No checkpoint starts until the copy ends (one running is waited
-//!       for): replay-from stays where it is and no segment is removed.
+//!    1. No checkpoint starts until the copy ends, so no segment is
+//!       started or removed but by one already running. That one only
+//!       moves replay-from forward to a segment that stays (replaying from
+//!       the replay-from read here, or from the later one, ends the same),
+//!       and removes victims drained before it began, which no pointer
+//!       names any more: the copy skips a segment gone meanwhile.
 //!    2. Closed segments are never written again: hard-linked into the
 //!       copy (copied across filesystems).
 //!    3. Every pair sled holds is inserted into a fresh sled in the copy,
@@ -824,8 +828,8 @@ impl SledEngine {
 
     /// Step 8: a copy of the store as of a moment between two groups, in
     /// the new directory `out` (0700), while commits go on. The writer is
-    /// held only while a running checkpoint ends and while the point is
-    /// read; the walk of sled and the copies run on the caller's thread.
+    /// held only while the segments and the point are read; the walk of
+    /// sled and the copies run on the caller's thread.
     pub fn backup(&self, out: &Path) -> Result<BackupPoint, StoreError> {
         if self.backing_up.swap(true, Relaxed) {
             return Err(StoreError::Io("a backup of this store is already running".into()));
@@ -837,10 +841,9 @@ impl SledEngine {
             }
         }
         let _running = Running(&self.backing_up);
-        // 1. From here replay-from stays put and no segment goes away.
+        // 1. From here no checkpoint starts.
         let (replay_from, segment, closed) = {
             let log = self.lock();
-            self.finish_checkpoint(true)?;
             let found = self.segments.list().map_err(io("list log segments"))?;
             let closed: Vec<u64> = found.into_iter().filter(|&s| s < log.segment).collect();
             (self.segments.replay_from.load(Relaxed), log.segment, closed)
@@ -854,12 +857,16 @@ impl SledEngine {
         let (mut linked, mut copied_bytes) = (0, 0);
         for &s in &closed {
             let (from, to) = (self.segments.path(s), log_dir.join(format!("{s:016x}")));
-            match std::fs::hard_link(&from, &to) {
-                Ok(()) => linked += 1,
-                Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
-                    copied_bytes += copy_prefix(&from, &to, u64::MAX).map_err(io("copy a log segment"))?;
-                }
-                Err(e) => return Err(io("link a log segment")(e)),
+            let done = match std::fs::hard_link(&from, &to) {
+                Err(e) if e.raw_os_error() == Some(libc::EXDEV) => copy_prefix(&from, &to, u64::MAX).map(|n| {
+                    copied_bytes += n;
+                }),
+                linked_now => linked_now.map(|()| linked += 1),
+            };
+            match done {
+                // Removed by the checkpoint that was running (step 8.1).
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                other => other.map_err(io("link a log segment"))?,
             }
         }
         // 3. sled's pairs, installs going on.
