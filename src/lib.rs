@@ -23,11 +23,14 @@
 //!   ([`http::client_addr`]);
 //! - [`fds`]: the open-file limit checked against the connection limits;
 //! - [`bench`]: `relay bench`, the load generator;
+//! - [`backup`]: `relay backup` (over the admin socket of a running relay)
+//!   and `relay restore`;
 //! - [`observe`]: peer request metrics and WARN lines, `process_*` metrics;
 //! - [`cluster`]: cluster mode: the JetStream store, the lease, the front;
 //! - [`serve`]: opens the store, starts the supervisor and the HTTP server.
 
 pub mod audit;
+pub mod backup;
 pub mod bench;
 pub mod checkpoint;
 pub mod cluster;
@@ -77,6 +80,8 @@ pub async fn serve(cfg: config::Config) -> Result<(), String> {
     prepare_data_dir(&cfg.relay.data_dir)?;
     let store = cfg.open_store()?;
     let listener = TcpListener::bind(&cfg.relay.listen).map_err(|e| format!("listen {}: {e}", cfg.relay.listen))?;
+    // Removed (its file too) when the relay stops.
+    let _admin = backup::listen(store.clone(), backup::Sources::of(&cfg))?;
     run(cfg, store, listener, Announce::Yes, None, std::future::pending::<Stop>()).await
 }
 

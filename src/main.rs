@@ -59,6 +59,29 @@ enum Command {
     Audit(relay::audit::cli::AuditArgs),
     /// Load generator: drive real relays (its own, or --relays) over HTTP.
     Bench(relay::bench::BenchArgs),
+    /// Back up a relay's data dir into a new directory: a running relay
+    /// copies itself (over its admin socket) while it serves; a stopped
+    /// one's store is opened here.
+    Backup {
+        /// The relay's config, as for `serve`.
+        #[arg(long)]
+        config: PathBuf,
+        /// Where the backup goes: a new (or empty) directory.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Restore a backup into a new data dir (and key files), for `serve`.
+    Restore {
+        /// The backup directory (`relay backup --out`).
+        #[arg(long)]
+        from: PathBuf,
+        /// The config of the relay to restore: its data dir and key files.
+        #[arg(long, conflicts_with = "data_dir", required_unless_present = "data_dir")]
+        config: Option<PathBuf>,
+        /// Or only a data dir (its keys at the default `relay.key` and `vapid.key` in it).
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+    },
     /// Manage the relay's key.
     Key {
         #[command(subcommand)]
@@ -130,6 +153,26 @@ enum KeyCommand {
     },
 }
 
+/// Where `relay restore` writes: a config's data dir and key files, or a
+/// bare data dir with the default key files in it.
+fn restore_target(config: Option<PathBuf>, data_dir: Option<PathBuf>) -> Result<relay::backup::Target, String> {
+    match (config, data_dir) {
+        (Some(path), _) => {
+            relay::config::Config::load(&path).map_err(|e| e.to_string()).map(|cfg| relay::backup::Target {
+                key_file: cfg.relay.key_file.clone(),
+                vapid_key_file: cfg.vapid_key_file(),
+                data_dir: cfg.relay.data_dir,
+            })
+        }
+        (None, Some(dir)) => Ok(relay::backup::Target {
+            key_file: dir.join("relay.key"),
+            vapid_key_file: dir.join("vapid.key"),
+            data_dir: dir,
+        }),
+        (None, None) => Err("give the relay's --config PATH or its --data-dir DIR".into()),
+    }
+}
+
 fn main() -> ExitCode {
     keep_freed_memory();
     let cli = Cli::parse();
@@ -165,6 +208,21 @@ fn main() -> ExitCode {
                 .map(|n| println!("reset {n} account(s)"))
         }
         Command::Cluster { command: ClusterCommand::Up(args) } => relay::cluster::up::run(args),
+        Command::Backup { config, out } => relay::config::Config::load(&config)
+            .map_err(|e| e.to_string())
+            .and_then(|cfg| relay::backup::run(&cfg, &out))
+            .map(|m| {
+                println!(
+                    "backup of {} at log {:016x}+{} in {}",
+                    m.relay_id,
+                    m.point.segment,
+                    m.point.offset,
+                    out.display()
+                )
+            }),
+        Command::Restore { from, config, data_dir } => restore_target(config, data_dir)
+            .and_then(|to| relay::backup::restore(&from, &to).map(|m| (m, to)))
+            .map(|(m, to)| println!("restored the backup of {} into {}", m.relay_id, to.data_dir.display())),
         Command::Serve { config } => match relay::config::Config::load(&config) {
             Ok(cfg) => actix_web::rt::System::new().block_on(relay::serve(cfg)),
             Err(e) => Err(e.to_string()),

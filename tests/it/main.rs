@@ -7,6 +7,7 @@
 mod common;
 
 mod audit;
+mod backup;
 mod bad_input;
 mod behind_proxy;
 mod bench;
@@ -42,5 +43,6 @@ mod smoke;
 mod tls;
 mod torture;
 mod two_homes;
+mod upgrade;
 mod web;
 mod websocket;

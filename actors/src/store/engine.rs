@@ -13,6 +13,7 @@
 //! drops what follows the last barrier (property tests).
 
 use std::any::Any;
+use std::path::Path;
 
 use super::StoreError;
 
@@ -29,6 +30,21 @@ impl Write {
             Write::Put(k, _) | Write::Remove(k) => k,
         }
     }
+}
+
+/// Where a backup's copy of the store stands ([`Engine::backup`]; for
+/// sled, `sled_engine.rs` step 8): everything the log held before `offset`
+/// in `segment`, replayed from `replay_from`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BackupPoint {
+    pub replay_from: u64,
+    pub segment: u64,
+    pub offset: u64,
+    /// Pairs copied from sled.
+    pub pairs: u64,
+    /// Segments hard-linked, and bytes copied (segments not linked).
+    pub linked: u64,
+    pub copied_bytes: u64,
 }
 
 /// Key-value pairs in key order (or reverse key order after `.rev()`).
@@ -73,6 +89,13 @@ pub trait Engine: Any + Send + Sync {
     /// engine without a value log.
     fn compact_now(&self) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    /// Writes a copy of the store, as of a moment between two groups, into
+    /// the new directory `out`, while commits go on; the copy opens as a
+    /// store of its own. Any thread may call it.
+    fn backup(&self, _out: &Path) -> Result<BackupPoint, StoreError> {
+        Err(StoreError::Unsupported("this engine keeps no files of its own to back up"))
     }
 
     /// Bytes this engine wrote for groups and barriers so far (its own

@@ -52,6 +52,7 @@ mod codec;
 mod compact;
 mod engine;
 mod filter;
+mod format;
 mod jetstream;
 mod model;
 mod overlay;
@@ -72,7 +73,8 @@ use relay_schemas::UnixSecs;
 use serde_json::value::RawValue;
 
 pub use compact::{LogSpace, SegmentSpace};
-pub use engine::{Engine, KvIter, Write};
+pub use engine::{BackupPoint, Engine, KvIter, Write};
+pub use format::FORMAT_VERSION;
 pub use jetstream::{
     fence_violations, server_addrs, FenceViolation, JetStreamConfig, JetStreamEngine, CHUNK_BYTES, SNAPSHOT_BYTES,
 };
@@ -112,6 +114,16 @@ pub enum StoreError {
     Io(String),
     #[error("store closed")]
     Closed,
+    /// The store's `FORMAT` names a data format this release does not
+    /// open (`format.rs`).
+    #[error(
+        "data format version {found} of this store is not one this release opens (it opens 1 to {supported}); \
+         run the release that wrote it, or restore a backup made by this release"
+    )]
+    Format { found: String, supported: u32 },
+    /// What this engine cannot do (a backup of a store kept elsewhere).
+    #[error("unsupported: {0}")]
+    Unsupported(&'static str),
 }
 
 /// Position of the last event of a stream; (0, ZERO_HASH) for an empty stream.
@@ -711,6 +723,14 @@ impl Store {
     pub fn flush(&self) -> Result<(), StoreError> {
         let last = self.inner.shared.lock().last_ticket;
         block_on(self.durable(Ticket(last)))
+    }
+
+    /// Writes a consistent copy of the store into the new directory `out`
+    /// while commits go on (`sled_engine.rs`, "Backup"): every commit
+    /// durable before the call is in it. Blocks the calling thread for the
+    /// copy (not the writer).
+    pub fn backup(&self, out: &Path) -> Result<BackupPoint, StoreError> {
+        self.engine().backup(out)
     }
 
     /// Stops taking commits, writes what was committed, closes the engine

@@ -93,6 +93,30 @@
 //!    it finds no pointer into the victim, and a victim left behind has no
 //!    live bytes at the next open. A read that took a pointer just before
 //!    its value moved and its file went asks sled again.
+//! 8. **Backup** ([`SledEngine::backup`]), while commits go on: a fuzzy
+//!    copy of sled made whole by the log, as an open after a crash is.
+//!    1. No checkpoint starts until the copy ends, so no segment is
+//!       started or removed but by one already running. That one only
+//!       moves replay-from forward to a segment that stays (replaying from
+//!       the replay-from read here, or from the later one, ends the same),
+//!       and removes victims drained before it began, which no pointer
+//!       names any more: the copy skips a segment gone meanwhile.
+//!    2. Closed segments are never written again: hard-linked into the
+//!       copy (copied across filesystems).
+//!    3. Every pair sled holds is inserted into a fresh sled in the copy,
+//!       while installs go on: each key is seen with its value at some
+//!       moment of the walk, a pointer into the log or a value inline.
+//!    4. The point: under the log's lock (between two groups), where the
+//!       first group not yet installed starts in the current segment.
+//!       Everything before it is behind a barrier, and every pointer the
+//!       walk saw names bytes before it.
+//!    5. The current segment up to the point is copied; the copy's
+//!       replay-from is the store's. Its open replays every group from
+//!       replay-from to the point over the walked pairs, in order: a key
+//!       written in that span ends with its last write there, one not
+//!       written was seen by the walk with its value as of replay-from.
+//!       So the copy is the store exactly as of the point, and every
+//!       commit durable before the backup started is in it.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -106,10 +130,10 @@ use std::thread::JoinHandle;
 use memmap2::Mmap;
 
 use super::compact::{Accounts, Budget, LogSpace, Walk, SCAN_CHUNK};
-use super::engine::{Engine, KvIter, Write};
+use super::engine::{BackupPoint, Engine, KvIter, Write};
 use super::filter::{KeyFilter, FILTER_BYTES};
 use super::writer::lock;
-use super::{codec, wal, StoreError};
+use super::{codec, format, wal, StoreError};
 
 /// A segment is closed by a checkpoint past this size: it bounds the replay
 /// on open.
@@ -146,6 +170,8 @@ pub struct SledEngine {
     compacted: AtomicU64,
     /// The longest step the writer took between groups, in µs.
     longest_step_us: AtomicU64,
+    /// A backup runs (step 8): no checkpoint starts.
+    backing_up: AtomicBool,
 }
 
 struct Log {
@@ -430,11 +456,16 @@ impl SledEngine {
         temporary: bool,
         to_read: bool,
     ) -> Result<SledEngine, StoreError> {
+        // Before anything is written: a newer format is refused untouched.
+        let (version, marked) = format::check(dir)?;
         let mut config = sled::Config::new().path(dir).temporary(temporary).flush_every_ms(None);
         if let Some(bytes) = cache_bytes {
             config = config.cache_capacity(bytes);
         }
         let db = open_waiting_for_lock(&config)?;
+        if !marked && !to_read {
+            format::write(dir, version)?;
+        }
         let blobs = Arc::new(KeyFilter::new(FILTER_BYTES));
         let legacy = read_or_empty(&dir.join(LEGACY_WAL))?;
         replay(&db, &blobs, &legacy, None, "write-ahead log")?;
@@ -512,6 +543,7 @@ impl SledEngine {
             scans: Vec::new(),
             compacted: AtomicU64::new(0),
             longest_step_us: AtomicU64::new(0),
+            backing_up: AtomicBool::new(false),
         };
         // Also makes the segment's own directory entry durable.
         engine.checkpoint(&mut engine.lock())?;
@@ -794,6 +826,85 @@ impl SledEngine {
         self.install_pending(log)
     }
 
+    /// Step 8: a copy of the store as of a moment between two groups, in
+    /// the new directory `out` (0700), while commits go on. The writer is
+    /// held only while the segments and the point are read; the walk of
+    /// sled and the copies run on the caller's thread.
+    pub fn backup(&self, out: &Path) -> Result<BackupPoint, StoreError> {
+        if self.backing_up.swap(true, Relaxed) {
+            return Err(StoreError::Io("a backup of this store is already running".into()));
+        }
+        struct Running<'a>(&'a AtomicBool);
+        impl Drop for Running<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Relaxed);
+            }
+        }
+        let _running = Running(&self.backing_up);
+        // 1. From here no checkpoint starts.
+        let (replay_from, segment, closed) = {
+            let log = self.lock();
+            let found = self.segments.list().map_err(io("list log segments"))?;
+            let closed: Vec<u64> = found.into_iter().filter(|&s| s < log.segment).collect();
+            (self.segments.replay_from.load(Relaxed), log.segment, closed)
+        };
+        use std::os::unix::fs::DirBuilderExt;
+        let log_dir = out.join(LOG_DIR);
+        std::fs::DirBuilder::new().mode(0o700).create(out).map_err(io("create the backup's store directory"))?;
+        std::fs::DirBuilder::new().mode(0o700).create(&log_dir).map_err(io("create the backup's log directory"))?;
+        format::write(out, format::FORMAT_VERSION)?;
+        // 2. Closed segments.
+        let (mut linked, mut copied_bytes) = (0, 0);
+        for &s in &closed {
+            let (from, to) = (self.segments.path(s), log_dir.join(format!("{s:016x}")));
+            let done = match std::fs::hard_link(&from, &to) {
+                Err(e) if e.raw_os_error() == Some(libc::EXDEV) => copy_prefix(&from, &to, u64::MAX).map(|n| {
+                    copied_bytes += n;
+                }),
+                linked_now => linked_now.map(|()| linked += 1),
+            };
+            match done {
+                // Removed by the checkpoint that was running (step 8.1).
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                other => other.map_err(io("link a log segment"))?,
+            }
+        }
+        // 3. sled's pairs, installs going on.
+        let copy = sled::Config::new().path(out).flush_every_ms(None).open()?;
+        let mut pairs = 0;
+        for kv in self.db.iter() {
+            let (k, v) = kv?;
+            copy.insert(k, v)?;
+            pairs += 1;
+        }
+        copy.flush()?;
+        drop(copy);
+        // 4. The point.
+        let offset = {
+            let log = self.lock();
+            if log.segment != segment {
+                return Err(StoreError::Io("the log moved to a new segment during the backup".into()));
+            }
+            log.pending.first().map_or(log.len, |p| p.at)
+        };
+        // 5. The current segment up to the point, and where to replay from.
+        let current = log_dir.join(format!("{segment:016x}"));
+        copied_bytes += copy_prefix(&self.segments.path(segment), &current, offset).map_err(io("copy the log"))?;
+        if replay_from > 0 {
+            let copied = Segments {
+                dir: log_dir.clone(),
+                readers: Mutex::default(),
+                replay_from: AtomicU64::new(0),
+                removed: AtomicU64::new(0),
+                maps: None,
+            };
+            copied.set_replay_from(replay_from).map_err(io("write the backup's replay-from"))?;
+        }
+        File::open(&log_dir).and_then(|d| d.sync_all()).map_err(io("sync the backup's log directory"))?;
+        sync_tree(out).map_err(io("sync the backup's files"))?;
+        Ok(BackupPoint { replay_from, segment, offset, pairs, linked, copied_bytes })
+    }
+
     /// Runs `hold` at the start of each checkpoint beside the writer (tests
     /// that hold one open while commits go on).
     #[doc(hidden)]
@@ -832,6 +943,18 @@ fn settle(
     segments.set_replay_from(from).map_err(io("write replay-from"))?;
     let removed = segments.remove(victims).map_err(io("remove compacted log segments"))?;
     Ok(synced + 2 + removed)
+}
+
+/// Copies the first `len` bytes of `from` (all of it for `u64::MAX`) into
+/// the new file `to`, synced; the bytes copied.
+fn copy_prefix(from: &Path, to: &Path, len: u64) -> std::io::Result<u64> {
+    let mut out = OpenOptions::new().write(true).create_new(true).open(to)?;
+    let copied = std::io::copy(&mut File::open(from)?.take(len), &mut out)?;
+    if len != u64::MAX && copied != len {
+        return Err(std::io::Error::other(format!("{} is shorter than {len} bytes", from.display())));
+    }
+    out.sync_all()?;
+    Ok(copied)
 }
 
 fn io(what: &'static str) -> impl Fn(std::io::Error) -> StoreError {
@@ -1017,7 +1140,8 @@ impl Engine for SledEngine {
         // is the store's from this group on. Drained victims waiting for
         // one start it early once they hold a quarter of a segment.
         let drained: u64 = log.drained.iter().map(|&(_, len)| len).sum();
-        if self.finish_checkpoint(false)? && (log.len > self.checkpoint_bytes || drained >= self.checkpoint_bytes / 4) {
+        let due = log.len > self.checkpoint_bytes || drained >= self.checkpoint_bytes / 4;
+        if self.finish_checkpoint(false)? && due && !self.backing_up.load(Relaxed) {
             self.checkpoint_beside(log)?;
         }
         let started = std::time::Instant::now();
@@ -1048,6 +1172,10 @@ impl Engine for SledEngine {
             self.sync_and_install(log)?;
         }
         self.checkpoint(log)
+    }
+
+    fn backup(&self, out: &Path) -> Result<BackupPoint, StoreError> {
+        SledEngine::backup(self, out)
     }
 
     fn bytes_written(&self) -> u64 {

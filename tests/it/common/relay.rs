@@ -282,12 +282,12 @@ pub fn start_line_or_exit(mut cmd: Command) -> Result<String, String> {
 /// Runs `relay audit ARGS…` (on a stopped relay's data); returns (exit
 /// code, stdout, stderr).
 pub fn audit(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_relay"))
-        .arg("audit")
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("run relay audit");
+    relay_cmd(&[&["audit"], args].concat())
+}
+
+/// Runs `relay ARGS…` to its end; returns (exit code, stdout, stderr).
+pub fn relay_cmd(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_relay")).args(args).env("RUST_LOG", "warn").output().expect("run relay");
     let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
     (out.status.code().unwrap_or(-1), text(&out.stdout), text(&out.stderr))
 }
