@@ -148,8 +148,9 @@ pub struct Relay {
     pub flush_armed: bool,
     /// Crash (a power cut when `true`) right after the next write.
     pub crash_armed: Option<bool>,
-    /// Per account: the partner's process (`inc`) and how far it was pulled.
-    pub cursors: BTreeMap<Acct, (u64, usize)>,
+    /// Per (account, partner home): the partner's process (`inc`) and how
+    /// far its log was pulled.
+    pub cursors: BTreeMap<(Acct, Ix), (u64, usize)>,
 }
 
 impl Relay {

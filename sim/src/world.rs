@@ -47,10 +47,10 @@ pub enum Node {
     Relay(Ix),
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub enum Req {
     Send { msg: usize, try_no: u32, mid: String },
-    Deliver { mid: String, attempt: u32, params: Box<DeliverParams>, digest: String },
+    Deliver { mid: String, attempt: u32, params: Box<DeliverParams> },
     PeerStatus { mid: String, attempts: u32 },
     Pull { account: Acct, after: usize },
 }
@@ -60,7 +60,7 @@ pub enum Resp {
     SendAck { msg: usize, try_no: u32, mid: String, result: Result<DeliveryStatus, RelayError> },
     Outcome { mid: String, attempt: u32, target: Ix, outcome: AttemptOutcome },
     PeerStatus { mid: String, attempts: u32, status: Option<DeliveryStatus> },
-    Pulled { account: Acct, partner_inc: u64, after: usize, items: Vec<Item> },
+    Pulled { partner: Ix, account: Acct, partner_inc: u64, after: usize, items: Vec<Item> },
 }
 
 #[derive(Debug)]
@@ -579,20 +579,8 @@ impl World {
         let d = self.delay();
         if !self.faults.healed && self.rng.random_bool(self.faults.dup) {
             self.cov.duplicated_requests += 1;
-            let copy = match &req {
-                Req::Deliver { mid, attempt, params, digest } => Some(Req::Deliver {
-                    mid: mid.clone(),
-                    attempt: *attempt,
-                    params: params.clone(),
-                    digest: digest.clone(),
-                }),
-                Req::Send { msg, try_no, mid } => Some(Req::Send { msg: *msg, try_no: *try_no, mid: mid.clone() }),
-                _ => None,
-            };
-            if let Some(copy) = copy {
-                let d2 = self.delay();
-                self.after(d2, Ev::Request { to, from, inc, req: copy });
-            }
+            let d2 = self.delay();
+            self.after(d2, Ev::Request { to, from, inc, req: req.clone() });
         }
         self.after(d, Ev::Request { to, from, inc, req });
         true
@@ -671,8 +659,8 @@ impl World {
                     Err(e) => self.respond(r, from, resp(Err(e))),
                 }
             }
-            Req::Deliver { mid, attempt, params, digest } => {
-                let outcome = self.receive(r, &mid, &params, &digest);
+            Req::Deliver { mid, attempt, params } => {
+                let outcome = self.receive(r, &mid, &params);
                 let resp = Resp::Outcome { mid, attempt, target: r, outcome };
                 // A receipt is answered once durable (persist before effect).
                 self.after_barrier(r, Effect::Reply(from, resp));
@@ -685,7 +673,7 @@ impl World {
                 let log = self.relays[r].repl_log.get(&account).map(Vec::as_slice).unwrap_or_default();
                 let items = log.iter().skip(after).take(64).cloned().collect();
                 let partner_inc = self.relays[r].inc;
-                self.respond(r, from, Resp::Pulled { account, partner_inc, after, items });
+                self.respond(r, from, Resp::Pulled { partner: r, account, partner_inc, after, items });
             }
         }
     }
@@ -759,8 +747,7 @@ impl World {
     /// recipient's account: refused when this relay does not serve the
     /// recipient, or serves the sender and knows the device revoked;
     /// idempotent by message id.
-    fn receive(&mut self, r: Ix, mid: &str, params: &DeliverParams, digest: &str) -> AttemptOutcome {
-        let _ = digest;
+    fn receive(&mut self, r: Ix, mid: &str, params: &DeliverParams) -> AttemptOutcome {
         let env = &params.envelope;
         let (Some(to), Some(from)) = (self.account_of(&env.to), self.account_of(&env.from)) else {
             return AttemptOutcome::Rejected(RelayError::new(ErrorCode::InvalidParams, "unknown account"));
@@ -896,10 +883,10 @@ impl World {
                             }
                         }
                     }
-                    DeliveryEvent::Finished { status } => {
-                        if status.error.as_ref().is_some_and(|e| e.code == ErrorCode::MessageExpired) {
-                            self.cov.deadline_expiry += 1;
-                        }
+                    DeliveryEvent::Finished { status }
+                        if status.error.as_ref().is_some_and(|e| e.code == ErrorCode::MessageExpired) =>
+                    {
+                        self.cov.deadline_expiry += 1;
                     }
                     _ => {}
                 }
@@ -985,14 +972,10 @@ impl World {
         let route = self.lookup(r, to, fresh);
         let s = &self.relays[r].deliveries[mid];
         let mut events = decide_due(s, UnixMillis(self.relay_now(r)), Some(&route));
-        if self.plant == Some(Plant::LowerRevision) && s.may_switch {
-            if let Some(t) = s.target.as_ref().filter(|t| t.revision != route.revision) {
-                let _ = t;
-                events.insert(
-                    0,
-                    DeliveryEvent::RouteRefreshed { revision: route.revision, relays: route.relays.clone() },
-                );
-            }
+        let other_revision = s.target.as_ref().is_some_and(|t| t.revision != route.revision);
+        if self.plant == Some(Plant::LowerRevision) && s.may_switch && other_revision {
+            let (revision, relays) = (route.revision, route.relays.clone());
+            events.insert(0, DeliveryEvent::RouteRefreshed { revision, relays });
         }
         let ends = events.iter().any(DeliveryEvent::ends);
         let group = events.into_iter().map(|event| Rec::Delivery { mid: mid.into(), event }).collect();
@@ -1011,16 +994,15 @@ impl World {
         let attempt = s.attempts;
         let targets: Vec<Ix> = s.target.iter().flat_map(|t| &t.relays).filter_map(|x| self.relay_of(&x.id)).collect();
         let params = s.params.clone().map(Box::new);
-        let digest = s.digest.clone();
         let outcomes = vec![None; targets.len()];
         self.relays[r].attempts.insert(mid.into(), Attempt { attempt, targets: targets.clone(), outcomes });
         self.note(|| format!("relay-{r} attempt {attempt} of {mid} to {targets:?}"));
         let Some(params) = params else { return self.conclude(r, mid) };
         for (i, t) in targets.iter().enumerate() {
             let outcome = if *t == r {
-                Some(self.receive(r, mid, &params, &digest))
+                Some(self.receive(r, mid, &params))
             } else {
-                let req = Req::Deliver { mid: mid.into(), attempt, params: params.clone(), digest: digest.clone() };
+                let req = Req::Deliver { mid: mid.into(), attempt, params: params.clone() };
                 let sent = self.request(Node::Relay(r), *t, req);
                 (!sent).then(|| AttemptOutcome::NotAttempted(RelayError::unavailable("connection refused")))
             };
@@ -1040,6 +1022,7 @@ impl World {
         let Some(a) = self.relays[r].attempts.remove(mid) else { return };
         let timed_out = || AttemptOutcome::Unknown(RelayError::unavailable("delivery attempt timed out"));
         let outcome = combine(a.outcomes.into_iter().map(|o| o.unwrap_or_else(timed_out)).collect());
+        self.note(|| format!("relay-{r} attempt {} of {mid}: {outcome:?}", a.attempt));
         let s = &self.relays[r].deliveries[mid];
         let events = decide_outcome(s, a.attempt, outcome, UnixMillis(self.relay_now(r)), &self.policy);
         let next = events.iter().find_map(|e| match e {
@@ -1091,7 +1074,9 @@ impl World {
                 }
                 self.start_attempt(r, &mid);
             }
-            Resp::Pulled { account, partner_inc, after, items } => self.pulled(r, account, partner_inc, after, items),
+            Resp::Pulled { partner, account, partner_inc, after, items } => {
+                self.pulled(r, partner, account, partner_inc, after, items)
+            }
             Resp::SendAck { .. } => {}
         }
     }
@@ -1106,7 +1091,7 @@ impl World {
             }
             let rev = self.relays[r].route(a) as usize;
             let Some(&partner) = self.accounts[a].homes[rev - 1].iter().find(|x| **x != r) else { continue };
-            let after = self.relays[r].cursors.get(&a).map_or(0, |c| c.1);
+            let after = self.relays[r].cursors.get(&(a, partner)).map_or(0, |c| c.1);
             if !self.request(Node::Relay(r), partner, Req::Pull { account: a, after }) {
                 self.cov.partner_home_apart += 1;
             }
@@ -1118,8 +1103,8 @@ impl World {
     /// A page from the other home: what is new here is written here. A
     /// partner that restarted may have lost its tail: read it again from
     /// the start.
-    fn pulled(&mut self, r: Ix, account: Acct, partner_inc: u64, after: usize, items: Vec<Item>) {
-        let cursor = self.relays[r].cursors.entry(account).or_insert((partner_inc, 0));
+    fn pulled(&mut self, r: Ix, partner: Ix, account: Acct, partner_inc: u64, after: usize, items: Vec<Item>) {
+        let cursor = self.relays[r].cursors.entry((account, partner)).or_insert((partner_inc, 0));
         if cursor.0 != partner_inc {
             *cursor = (partner_inc, 0);
             return;
@@ -1237,6 +1222,8 @@ impl World {
             return;
         }
         self.relays[r].up = true;
+        // Recovery opens what survived and makes it durable before serving.
+        self.relays[r].disk.barrier();
         self.note(|| format!("restart relay-{r}"));
         // A migration tells every relay of the old and new routes; one that
         // was down then learns it now.
@@ -1347,8 +1334,10 @@ impl World {
                 };
                 let (mx, my) = (mids(x), mids(y));
                 if mx != my {
-                    let d = format!("account {a}: relay-{x} holds {} records, relay-{y} {}", mx.len(), my.len());
-                    return self.violate(inv::CONVERGE, None, d);
+                    let odd = mx.iter().chain(&my).find(|m| !mx.contains(m) || !my.contains(m)).cloned();
+                    let d =
+                        format!("account {a}: relay-{x} holds {} records, relay-{y} {}; {odd:?}", mx.len(), my.len());
+                    return self.violate(inv::CONVERGE, odd.as_deref(), d);
                 }
             }
         }
