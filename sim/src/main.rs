@@ -83,7 +83,7 @@ fn replay(seed: u64, messages: usize, plant: Option<Plant>, full: bool) -> ExitC
         None => ExitCode::SUCCESS,
         Some(v) => {
             println!("FAILED seed {seed}: {v}");
-            println!("minimal trace (replay: relay-sim --seed {seed} --messages {messages}):");
+            println!("minimal trace (replay: relay-sim --seed {seed} --messages {messages}{}):", plant_arg(plant));
             minimal_trace(&r.trace, v.mid.as_deref()).iter().for_each(|l| println!("  {l}"));
             ExitCode::FAILURE
         }
@@ -125,11 +125,20 @@ fn many(cli: &Cli, plant: Option<Plant>) -> ExitCode {
     );
     print!("coverage:\n{coverage}");
     for (seed, v) in failed.iter().take(10) {
-        println!("FAILED seed {seed}: {v}  (replay: relay-sim --seed {seed} --messages {})", cli.messages);
+        println!(
+            "FAILED seed {seed}: {v}  (replay: relay-sim --seed {seed} --messages {}{})",
+            cli.messages,
+            plant_arg(plant)
+        );
     }
     if failed.is_empty() {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// The `--plant` argument that replays a run of `plant`.
+fn plant_arg(plant: Option<Plant>) -> String {
+    plant.map(|p| format!(" --plant {}", p.name())).unwrap_or_default()
 }

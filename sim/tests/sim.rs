@@ -106,3 +106,24 @@ fn planted_deadline_forgotten_after_restart_is_caught() {
 fn planted_delivery_after_revocation_is_caught() {
     assert_eq!(caught(Plant::DeliverAfterRevocation).1, inv::REVOKED);
 }
+
+/// `relay-sim --seed S` on a failing seed: it says so, prints the seed's
+/// replay command and minimal trace, exits non-zero, and prints the same
+/// bytes every time.
+#[test]
+fn the_binary_replays_a_failing_seed_byte_for_byte() {
+    let replay = || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_relay-sim"))
+            .args(["--seed", "0", "--messages", "250", "--plant", "forget-deadline"])
+            .output()
+            .expect("relay-sim runs");
+        assert!(!out.status.success(), "a failing seed exits non-zero");
+        String::from_utf8(out.stdout).expect("utf-8")
+    };
+    let first = replay();
+    assert!(first.contains("FAILED seed 0: "), "{first}");
+    assert!(first.contains(inv::DEADLINE_FIXED), "{first}");
+    assert!(first.contains("relay-sim --seed 0 --messages 250 --plant forget-deadline"), "{first}");
+    assert!(first.contains("trace hash "), "{first}");
+    assert_eq!(first, replay());
+}
