@@ -633,7 +633,10 @@ impl World {
             return;
         }
         match result {
-            Ok(_) => m.acked = Some(mid),
+            Ok(_) => {
+                m.acked = Some(mid);
+                self.check_acked(Some(msg));
+            }
             Err(e) if matches!(e.code, ErrorCode::DeviceUnknown | ErrorCode::MessageExpired) => m.done = true,
             // Not served there (a route change): try again elsewhere.
             Err(_) if m.try_no == try_no => {
@@ -1210,7 +1213,7 @@ impl World {
         relay.inc += 1;
         relay.refold();
         self.note(|| format!("crash relay-{r} power_cut={power_cut} kept {keep}/{pending} pending groups"));
-        self.check_acked();
+        self.check_acked(None);
         let back = self.rng.random_range(100..90 * SEC);
         self.after(back, Ev::Restart { relay: r });
     }
@@ -1266,10 +1269,11 @@ impl World {
         self.after(PULL_EVERY_MS, Ev::PullTick { relay: r, inc });
     }
 
-    /// Every acknowledged message is still held by a sender's home (its
-    /// ledger) or by a recipient's home (its record).
-    fn check_acked(&mut self) {
-        for i in 0..self.msgs.len() {
+    /// Every acknowledged message (or just `only`, as its answer arrives)
+    /// is still held by a sender's home (its ledger) or by a recipient's
+    /// home (its record).
+    fn check_acked(&mut self, only: Option<usize>) {
+        for i in only.map_or(0..self.msgs.len(), |i| i..i + 1) {
             let Some(mid) = &self.msgs[i].acked else { continue };
             let to = self.msgs[i].to;
             let held = self.relays.iter().any(|x| x.ledger.contains_key(mid) || x.has_record(to, mid));
@@ -1294,7 +1298,7 @@ impl World {
         for r in 0..self.relays.len() {
             self.flush(r);
         }
-        self.check_acked();
+        self.check_acked(None);
         let heal_ms = T0_MS + HEAL_MS + 2 * MIN + 90 * SEC;
         for r in 0..self.relays.len() {
             let unfinished: Vec<(String, DeliveryState)> =
