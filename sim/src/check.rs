@@ -50,6 +50,10 @@ pub struct Coverage {
     pub peer_confirmed: u64,
     pub forwarded_deliveries: u64,
     pub client_retries: u64,
+    /// A send found its local receipt already written: a crash lost the
+    /// acceptance between the send process's two commits, or the sender's
+    /// other home delivered it first.
+    pub receipt_before_acceptance: u64,
 }
 
 impl Coverage {
@@ -59,7 +63,7 @@ impl Coverage {
         }
     }
 
-    pub fn fields(&self) -> [u64; 15] {
+    pub fn fields(&self) -> [u64; 16] {
         [
             self.crashes,
             self.crash_with_attempt_in_flight,
@@ -76,10 +80,11 @@ impl Coverage {
             self.peer_confirmed,
             self.forwarded_deliveries,
             self.client_retries,
+            self.receipt_before_acceptance,
         ]
     }
 
-    fn fields_mut(&mut self) -> [&mut u64; 15] {
+    fn fields_mut(&mut self) -> [&mut u64; 16] {
         [
             &mut self.crashes,
             &mut self.crash_with_attempt_in_flight,
@@ -96,10 +101,11 @@ impl Coverage {
             &mut self.peer_confirmed,
             &mut self.forwarded_deliveries,
             &mut self.client_retries,
+            &mut self.receipt_before_acceptance,
         ]
     }
 
-    pub const NAMES: [&'static str; 15] = [
+    pub const NAMES: [&'static str; 16] = [
         "crashes",
         "crash with an attempt in flight",
         "power cut losing a group",
@@ -115,6 +121,7 @@ impl Coverage {
         "ended by the other home's status",
         "forwarded deliveries (other home)",
         "client retries",
+        "receipt before its acceptance",
     ];
 }
 

@@ -16,8 +16,8 @@ use rand::{RngExt, SeedableRng};
 use relay_core::account::decide::Ctx;
 use relay_core::account::replica::sent_times;
 use relay_core::delivery::core::{
-    combine, decide_acceptance, decide_due, decide_forwarded, decide_outcome, decide_peer_confirmed, other_home_to_ask,
-    DeliveryEvent,
+    combine, decide_acceptance, decide_due, decide_forwarded, decide_outcome, decide_peer_confirmed,
+    delivered_here_first, other_home_to_ask, DeliveryEvent,
 };
 use relay_core::delivery::timetable::slot_offset_ms;
 use relay_core::delivery::{AttemptOutcome, DeliveryState};
@@ -708,12 +708,21 @@ impl World {
         let (accepted_at, deadline, _) = sent_times(created_at, now.0, Ctx::new(now, &self.policy));
         let params = self.params(r, msg, mid);
         let route = self.known_route(r, to).clone();
+        // The send process (actors/src/send.rs): a recipient served here
+        // alone takes its receipt first (commit 1), and the acceptance
+        // carries that attempt's outcome (commit 2). A crash between the
+        // two leaves a receipt without an acceptance; the client retries.
+        let local = delivered_here_first(Some(&route), &self.relays[r].id);
+        if local && self.relays[r].has_record(to, mid) {
+            self.cov.receipt_before_acceptance += 1;
+        }
+        let first = local.then(|| self.receive(r, mid, &params));
         let begun = decide_acceptance(
             Box::new(params),
             format!("digest-{mid}"),
             (UnixSecs(accepted_at), UnixSecs(deadline)),
             Some(&route),
-            None,
+            first,
             UnixMillis(self.relay_now(r)),
             &self.policy,
         );

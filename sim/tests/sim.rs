@@ -62,6 +62,7 @@ fn todays_rules_hold_on_a_band_of_seeds() {
         ("deadline expiry", c.deadline_expiry),
         ("ended by the other home's status", c.peer_confirmed),
         ("clock jumps", c.clock_jumps),
+        ("receipt before its acceptance", c.receipt_before_acceptance),
     ];
     for (name, n) in hard {
         assert!(n > 0, "no run reached: {name}\n{coverage}");
