@@ -10,14 +10,16 @@
 //!
 //! # Layout
 //!
-//! - [`world`]: the event loop, the network, clients, and the adapter that
-//!   feeds relay-core's delivery rules;
+//! - [`world`]: the event loop, the network, clients, and the sender's and
+//!   recipient's sides as the sim models them;
+//! - [`core`]: the one seam to relay-core, every rule the sim runs;
 //! - [`relay`]: one relay's disk (groups and barrier) and folded state;
 //! - [`check`]: the invariants' names, the violation, the coverage counters.
 //!
 //! What is simulated and what is not: `docs/simulation.md`.
 
 pub mod check;
+pub mod core;
 pub mod relay;
 pub mod world;
 

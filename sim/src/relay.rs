@@ -2,8 +2,7 @@
 //! state folded from what the disk holds. A crash keeps the disk and loses
 //! the rest; a power cut also loses groups after the last barrier.
 
-use relay_core::delivery::DeliveryState;
-use relay_core::delivery::{core::DeliveryEvent, AttemptOutcome};
+use crate::core::{AttemptOutcome, DeliveryEvent, DeliveryState};
 use relay_schemas::methods::DeliverParams;
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -1,26 +1,17 @@
 //! The world: relays, clients and the network between them, driven by one
 //! seeded event queue on one simulated clock.
 //!
-//! The adapter to the core is here: every delivery decision is the core's
-//! (`decide_acceptance`, `decide_due`, `decide_outcome`, `combine`,
-//! `other_home_to_ask`, `decide_peer_confirmed`, `decide_forwarded`, the
-//! timetable, `sent_times`); what the sim models itself (the sender's
-//! ledger, the recipient's receipt, replication pages, revocation) is kept
-//! to the rules a delivery needs, and says so where it is.
+//! Every delivery decision is relay-core's, reached through [`crate::core`];
+//! what the sim models itself (the sender's ledger, the recipient's
+//! receipt, replication pages, revocation) is kept to the rules a delivery
+//! needs, and says so where it is.
 
 use crate::check::{inv, Coverage, Violation};
+use crate::core::{self, AttemptOutcome, DeliveryEvent, DeliveryState};
 use crate::relay::{Acct, Attempt, Effect, Item, Ix, Rec, Relay};
 use crate::Plant;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
-use relay_core::account::decide::Ctx;
-use relay_core::account::replica::sent_times;
-use relay_core::delivery::core::{
-    combine, decide_acceptance, decide_due, decide_forwarded, decide_outcome, decide_peer_confirmed,
-    delivered_here_first, other_home_to_ask, DeliveryEvent,
-};
-use relay_core::delivery::timetable::slot_offset_ms;
-use relay_core::delivery::{AttemptOutcome, DeliveryState};
 use relay_core::Policy;
 use relay_schemas::methods::DeliverParams;
 use relay_schemas::objects::Route;
@@ -705,27 +696,21 @@ impl World {
         if revoked.is_some() {
             self.violate(inv::REVOKED, Some(mid), format!("relay-{r} accepted {mid} from a device it knows revoked"));
         }
-        let (accepted_at, deadline, _) = sent_times(created_at, now.0, Ctx::new(now, &self.policy));
         let params = self.params(r, msg, mid);
         let route = self.known_route(r, to).clone();
         // The send process (actors/src/send.rs): a recipient served here
         // alone takes its receipt first (commit 1), and the acceptance
         // carries that attempt's outcome (commit 2). A crash between the
         // two leaves a receipt without an acceptance; the client retries.
-        let local = delivered_here_first(Some(&route), &self.relays[r].id);
+        let local = core::local_first(&route, &self.relays[r].id);
         if local && self.relays[r].has_record(to, mid) {
             self.cov.receipt_before_acceptance += 1;
         }
         let first = local.then(|| self.receive(r, mid, &params));
-        let begun = decide_acceptance(
-            Box::new(params),
-            format!("digest-{mid}"),
-            (UnixSecs(accepted_at), UnixSecs(deadline)),
-            Some(&route),
-            first,
-            UnixMillis(self.relay_now(r)),
-            &self.policy,
-        );
+        let now_ms = UnixMillis(self.relay_now(r));
+        let (accepted_at, begun) =
+            core::accept(params, format!("digest-{mid}"), created_at, now_ms, &route, first, &self.policy);
+        let deadline = begun.state.deadline.0;
         let mut group = vec![Rec::Sent { mid: mid.into(), from, device, created_at, accepted_at }];
         group.extend(begun.events.into_iter().map(|event| Rec::Delivery { mid: mid.into(), event }));
         self.persist(r, group);
@@ -940,9 +925,9 @@ impl World {
         }
         let from = self.account_of(&s.from).expect("a known sender");
         let sender_route = self.known_route(r, from);
-        if let Some(other) = other_home_to_ask(s, Some(sender_route), &relay.id) {
+        if let Some(other) = core::other_home(s, sender_route, &relay.id) {
             let attempts = s.attempts;
-            let other = self.relay_of(&other.id).expect("a relay of the world");
+            let other = self.relay_of(&other).expect("a relay of the world");
             let req = Req::PeerStatus { mid: mid.into(), attempts };
             if self.request(Node::Relay(r), other, req) {
                 self.relays[r].asking.insert(mid.into(), attempts);
@@ -983,7 +968,7 @@ impl World {
         let (fresh, to) = (s.wants_fresh_route(), self.account_of(&s.to).expect("a known recipient"));
         let route = self.lookup(r, to, fresh);
         let s = &self.relays[r].deliveries[mid];
-        let mut events = decide_due(s, UnixMillis(self.relay_now(r)), Some(&route));
+        let mut events = core::due(s, UnixMillis(self.relay_now(r)), &route);
         let other_revision = s.target.as_ref().is_some_and(|t| t.revision != route.revision);
         if self.plant == Some(Plant::LowerRevision) && s.may_switch && other_revision {
             let (revision, relays) = (route.revision, route.relays.clone());
@@ -1033,10 +1018,10 @@ impl World {
     fn conclude(&mut self, r: Ix, mid: &str) {
         let Some(a) = self.relays[r].attempts.remove(mid) else { return };
         let timed_out = || AttemptOutcome::Unknown(RelayError::unavailable("delivery attempt timed out"));
-        let outcome = combine(a.outcomes.into_iter().map(|o| o.unwrap_or_else(timed_out)).collect());
+        let outcome = core::combine(a.outcomes.into_iter().map(|o| o.unwrap_or_else(timed_out)).collect());
         self.note(|| format!("relay-{r} attempt {} of {mid}: {outcome:?}", a.attempt));
         let s = &self.relays[r].deliveries[mid];
-        let events = decide_outcome(s, a.attempt, outcome, UnixMillis(self.relay_now(r)), &self.policy);
+        let events = core::outcome(s, a.attempt, outcome, UnixMillis(self.relay_now(r)), &self.policy);
         let next = events.iter().find_map(|e| match e {
             DeliveryEvent::AttemptFailed { next_due_ms, .. } => Some(*next_due_ms),
             _ => None,
@@ -1067,7 +1052,7 @@ impl World {
                 if s.finished.is_some() {
                     self.cov.late_reply_after_final_status += 1;
                 }
-                let changed = decide_outcome(s, attempt, outcome, UnixMillis(self.relay_now(r)), &self.policy);
+                let changed = core::outcome(s, attempt, outcome, UnixMillis(self.relay_now(r)), &self.policy);
                 if !changed.is_empty() && s.in_flight != Some(attempt) {
                     let d = format!("relay-{r} {mid}: late answer to attempt {attempt} decided {changed:?}");
                     self.violate(inv::LATE_ANSWER, Some(&mid), d);
@@ -1080,7 +1065,7 @@ impl World {
                 self.relays[r].asking.remove(&mid);
                 if status.is_some_and(|s| s.status == Status::TargetAccepted) {
                     self.cov.peer_confirmed += 1;
-                    let events = decide_peer_confirmed(&self.relays[r].deliveries[&mid]);
+                    let events = core::peer_confirmed(&self.relays[r].deliveries[&mid]);
                     let group = events.into_iter().map(|event| Rec::Delivery { mid: mid.clone(), event }).collect();
                     return self.persist(r, group);
                 }
@@ -1140,15 +1125,9 @@ impl World {
                 if self.relays[r].revoked_at(account, device).is_some_and(|at| at <= created_at) {
                     return;
                 }
-                let now = self.ctx_now(r);
-                let (accepted_at, deadline, _) = sent_times(created_at, accepted_at, Ctx::new(now, &self.policy));
-                let begun = decide_forwarded(
-                    params,
-                    digest,
-                    (UnixSecs(accepted_at), UnixSecs(deadline)),
-                    UnixMillis(self.relay_now(r)),
-                    &self.policy,
-                );
+                let now_ms = UnixMillis(self.relay_now(r));
+                let (accepted_at, begun) =
+                    core::forwarded(params, digest, (created_at, accepted_at), now_ms, &self.policy);
                 self.cov.forwarded_deliveries += 1;
                 let mut group = vec![Rec::Sent { mid: mid.clone(), from: account, device, created_at, accepted_at }];
                 group.extend(begun.events.into_iter().map(|event| Rec::Delivery { mid: mid.clone(), event }));
@@ -1184,7 +1163,7 @@ impl World {
         homes.dedup();
         self.note(|| format!("route of account {a} → revision {rev} {homes:?}"));
         for h in homes {
-            // A home that is down learns it from its disk's peers later.
+            // A home that is down learns it at its restart.
             if self.relays[h].up {
                 self.persist(h, vec![Rec::Route { account: a, revision: rev }]);
             }
@@ -1319,10 +1298,7 @@ impl World {
                 };
                 // Two slots of the timetable after the heal: enough for a
                 // route error to be followed; it must have been delivered.
-                let slots = (0..16)
-                    .map(|k| s.accepted_at.millis().0 + slot_offset_ms(&self.policy, k))
-                    .filter(|at| *at > heal_ms && *at < s.deadline.millis().0)
-                    .count();
+                let slots = core::slots_between(&s, heal_ms, &self.policy);
                 let revoked = done.error.as_ref().is_some_and(|e| e.code == ErrorCode::DeviceUnknown);
                 if slots >= 2 && done.status != Status::TargetAccepted && !revoked {
                     let d = format!("relay-{r} {mid}: ended {done:?} with {slots} attempts left after the heal");
