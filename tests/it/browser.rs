@@ -37,14 +37,7 @@ fn missing() -> Option<String> {
 
 /// True when the test may run; panics under CI when it cannot.
 fn can_run(test: &str) -> bool {
-    match missing() {
-        None => true,
-        Some(what) if std::env::var("CI").as_deref() == Ok("true") => panic!("{test}: {what}"),
-        Some(what) => {
-            eprintln!("SKIPPED {test}: {what}");
-            false
-        }
-    }
+    crate::common::tools_present(test, missing())
 }
 
 /// Runs `node` with `args` in `web/`, failing past `limit`. Node runs in a

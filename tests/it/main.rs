@@ -35,6 +35,7 @@ mod restart;
 mod retention;
 mod secrets;
 mod security;
+mod service;
 mod smoke;
 mod torture;
 mod two_homes;

@@ -11,6 +11,20 @@ pub mod wait;
 pub mod ws;
 pub mod ws_frame;
 
+/// Whether `test` may run, given what it lacks (`missing`, if anything): a
+/// missing tool skips it with a printed reason, except under `CI=true`
+/// (`.ci/run` installs the tools), where it fails.
+pub fn tools_present(test: &str, missing: Option<String>) -> bool {
+    match missing {
+        None => true,
+        Some(what) if std::env::var("CI").as_deref() == Ok("true") => panic!("{test}: {what}"),
+        Some(what) => {
+            eprintln!("SKIPPED {test}: {what}");
+            false
+        }
+    }
+}
+
 /// Copies a directory tree (a stopped relay's data dir, say).
 pub fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
     std::fs::create_dir_all(to).unwrap();
