@@ -9,7 +9,8 @@
 //!
 //! It prints the account id and its contact link, then reads commands:
 //! `/add LINK` (a contact link, e.g. from the web client), `/to ACCOUNT_ID`,
-//! and any other line is sent to the current contact. Received messages
+//! `/help`; any other line is sent to the current contact (`//text` sends
+//! `/text`; an unknown `/command` is refused, not sent). Received messages
 //! print as `ACCOUNT_ID: text`; delivery changes as SHiNE's ticks.
 //! The seed (64 hex chars) is the account key; the device "chat" and its box
 //! secret derive from it. Contacts and grants live in memory only.
@@ -279,6 +280,57 @@ fn ticks(status: &Value) -> String {
     }
 }
 
+const HELP: &str = "commands: /add LINK, /to ACCOUNT_ID, /help; any other line is sent (//text sends /text)";
+
+/// What a line typed at the prompt asks for. A line starting with `/` is a
+/// command, never sent: a mistyped command must not reach the contact.
+#[derive(Debug, PartialEq)]
+enum Input<'a> {
+    Add(&'a str),
+    To(&'a str),
+    Help,
+    /// A `/` line that is no command (or lacks its argument).
+    Unknown(&'a str),
+    Send(&'a str),
+    Nothing,
+}
+
+impl Input<'_> {
+    fn parse(line: &str) -> Input<'_> {
+        let line = line.trim();
+        let Some(command) = line.strip_prefix('/') else {
+            return if line.is_empty() { Input::Nothing } else { Input::Send(line) };
+        };
+        if command.starts_with('/') {
+            return Input::Send(command);
+        }
+        match command.split_once(' ').map_or((command, ""), |(name, arg)| (name, arg.trim())) {
+            ("add", link) if !link.is_empty() => Input::Add(link),
+            ("to", id) if !id.is_empty() => Input::To(id),
+            ("help", "") => Input::Help,
+            _ => Input::Unknown(command),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Input;
+
+    #[test]
+    fn slash_lines_are_commands_and_unknown_ones_are_not_sent() {
+        assert_eq!(Input::parse("/add https://x/#c=1"), Input::Add("https://x/#c=1"));
+        assert_eq!(Input::parse(" /to  abc "), Input::To("abc"));
+        assert_eq!(Input::parse("/help"), Input::Help);
+        assert_eq!(Input::parse("/msg hi"), Input::Unknown("msg hi"));
+        assert_eq!(Input::parse("/to"), Input::Unknown("to"));
+        assert_eq!(Input::parse("/"), Input::Unknown(""));
+        assert_eq!(Input::parse("hello /there"), Input::Send("hello /there"));
+        assert_eq!(Input::parse("//shrug"), Input::Send("/shrug"));
+        assert_eq!(Input::parse("   "), Input::Nothing);
+    }
+}
+
 #[actix_rt::main]
 async fn main() -> Result<(), String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -296,7 +348,7 @@ async fn main() -> Result<(), String> {
     let mut chat = Chat { ws, account, device, contacts: HashMap::new(), keys: HashMap::new(), to: None, cursor: 0 };
     println!("account {}", chat.account.id);
     println!("contact link: {}", chat.link(base));
-    println!("commands: /add LINK, /to ACCOUNT_ID; any other line is sent");
+    println!("{HELP}");
 
     // Lines from stdin arrive on a channel, so the socket is read meanwhile.
     let (tx, mut lines) = tokio::sync::mpsc::unbounded_channel::<String>();
@@ -312,16 +364,22 @@ async fn main() -> Result<(), String> {
         tokio::select! {
             line = lines.recv() => {
                 let Some(line) = line else { return Ok(()) };
-                let line = line.trim();
-                let done = if let Some(link) = line.strip_prefix("/add ") {
-                    chat.add(link).await
-                } else if let Some(id) = line.strip_prefix("/to ") {
-                    chat.to = Some(id.trim().to_owned());
-                    Ok(())
-                } else if line.is_empty() {
-                    Ok(())
-                } else {
-                    chat.send(line).await
+                let done = match Input::parse(&line) {
+                    Input::Add(link) => chat.add(link).await,
+                    Input::To(id) => {
+                        chat.to = Some(id.to_owned());
+                        Ok(())
+                    }
+                    Input::Send(text) => chat.send(text).await,
+                    Input::Help => {
+                        println!("{HELP}");
+                        Ok(())
+                    }
+                    Input::Unknown(what) => {
+                        println!("unknown command /{what} (nothing sent); {HELP}");
+                        Ok(())
+                    }
+                    Input::Nothing => Ok(()),
                 };
                 if let Err(e) = done {
                     println!("error: {e}");

@@ -9,7 +9,8 @@
 #   scripts/audit-bench.sh [DIR] [EVENTS]     # defaults: a temporary dir, 1,000,000
 #   RUNS=5 scripts/audit-bench.sh big-log
 #
-# Builds what it runs (release: target/release/relay and the example).
+# Builds what it runs (the `fastest` profile, as every figure in the
+# performance journal: target/fastest/relay and the example).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EVENTS="${2:-1000000}"
@@ -20,18 +21,18 @@ else
   DIR="$(mktemp -d)"
   trap 'rm -rf "$DIR"' EXIT
 fi
-cargo build --release --quiet --bin relay
-cargo build --release --quiet -p relay-actors --example audit_log
+cargo build --profile fastest --quiet --bin relay
+cargo build --profile fastest --quiet -p relay-actors --example audit_log
 if [ ! -e "$DIR/store" ]; then
   mkdir -p "$DIR"
-  target/release/examples/audit_log "$DIR" "$EVENTS"
+  target/fastest/examples/audit_log "$DIR" "$EVENTS"
 fi
 du -sh "$DIR/store" | sed 's/^/store: /'
 # Warm the page cache (and check the store is clean).
-target/release/relay audit --data-dir "$DIR" verify | tail -n 1
+target/fastest/relay audit --data-dir "$DIR" verify | tail -n 1
 walls=() cpus=()
 for i in $(seq "$RUNS"); do
-  out="$( { /usr/bin/time -f '%e %U %S' target/release/relay audit --data-dir "$DIR" verify >"$DIR.last"; } 2>&1 )"
+  out="$( { /usr/bin/time -f '%e %U %S' target/fastest/relay audit --data-dir "$DIR" verify >"$DIR.last"; } 2>&1 )"
   read -r wall user sys <<<"$(tail -n 1 <<<"$out")"
   cpu="$(awk -v u="$user" -v s="$sys" 'BEGIN {print u + s}')"
   summary="$(tail -n 1 "$DIR.last")"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Retention soak (issue 39): one relay (release build) under an open-loop
+# Retention soak (issue 39): one relay (`fastest` build) under an open-loop
 # load for a while, with a short retention and a frequent sweep; every 10 s
 # the data dir's size and the relay's RSS are sampled. Prints the samples,
 # then the plateau (mean over the last half) and the slope over the last
@@ -22,9 +22,9 @@ duration=${2:-10m}
 retention=${3:-2m}
 sweep=${4:-30s}
 
-cargo build --release --locked --quiet
-${KEEP:+cargo build --release --locked --quiet -p relay-actors --example store_space}
-relay=${CARGO_TARGET_DIR:-target}/release/relay
+cargo build --profile fastest --locked --quiet --bin relay
+${KEEP:+cargo build --profile fastest --locked --quiet -p relay-actors --example store_space}
+relay=${CARGO_TARGET_DIR:-target}/fastest/relay
 work=$(mktemp -d)
 finish() {
   kill "$pid" 2>/dev/null || true

@@ -712,12 +712,13 @@ impl Config {
         }
     }
 
-    /// Loads `path`, then applies `RELAY__SECTION__KEY` overrides, then checks.
+    /// Loads `path`, then applies `RELAY__SECTION__KEY` overrides, resolves
+    /// relative paths ([`Config::resolve_paths`]), then checks.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let shown = path.display().to_string();
         let load =
             |source: config::ConfigError| ConfigError::Load { origin: origin(&shown, error_key(&source)), source };
-        let cfg: Config = config::Config::builder()
+        let mut cfg: Config = config::Config::builder()
             .add_source(config::File::from(path).format(config::FileFormat::Toml))
             .add_source(
                 config::Environment::with_prefix("RELAY")
@@ -732,8 +733,35 @@ impl Config {
             .map_err(load)?
             .try_deserialize()
             .map_err(load)?;
+        cfg.resolve_paths(path.parent().unwrap_or(Path::new("")));
         cfg.check().map_err(|(key, what)| ConfigError::Invalid { origin: origin(&shown, key), what })?;
         Ok(cfg)
+    }
+
+    /// A relative path written in the file is relative to the file's
+    /// folder, so the relay finds the same data and key whatever directory
+    /// it is started from (a service manager's is `/`). One set in the
+    /// environment is relative to the working directory, like a path given
+    /// on the command line.
+    fn resolve_paths(&mut self, config_dir: &Path) {
+        let in_file = |var: &str| std::env::var_os(var).is_none();
+        if in_file("RELAY__RELAY__DATA_DIR") {
+            self.relay.data_dir = config_dir.join(&self.relay.data_dir);
+        }
+        if in_file("RELAY__RELAY__KEY_FILE") {
+            self.relay.key_file = config_dir.join(&self.relay.key_file);
+        }
+        let h = &mut self.http;
+        for (path, var) in [
+            (&mut self.push.vapid_key_file, "RELAY__PUSH__VAPID_KEY_FILE"),
+            (&mut h.tls_cert_file, "RELAY__HTTP__TLS_CERT_FILE"),
+            (&mut h.tls_key_file, "RELAY__HTTP__TLS_KEY_FILE"),
+            (&mut h.tls_extra_roots, "RELAY__HTTP__TLS_EXTRA_ROOTS"),
+        ] {
+            if let Some(path) = path.as_mut().filter(|_| in_file(var)) {
+                *path = config_dir.join(&*path);
+            }
+        }
     }
 
     fn check(&self) -> Result<(), Bad> {
@@ -989,6 +1017,7 @@ mod tests {
     use super::*;
 
     fn write(dir: &Path, body: &str) -> PathBuf {
+        std::fs::create_dir_all(dir).unwrap();
         let p = dir.join("relay.toml");
         std::fs::write(&p, body).unwrap();
         p
@@ -1123,6 +1152,36 @@ key_file = "data/relay-a/relay.key"
         let cfg = Config::load(&path);
         std::env::remove_var("RELAY__HTTP__TRUSTED_PROXIES");
         assert_eq!(cfg.unwrap().http.trusted_proxies, ["127.0.0.1", "192.168.0.0/16"]);
+    }
+
+    #[test]
+    fn relative_paths_in_the_file_are_relative_to_its_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let body = format!("{MINIMAL}\n[push]\nvapid_key_file = \"../keys/vapid.key\"\n");
+        let cfg = Config::load(&write(&dir.path().join("etc"), &body)).unwrap();
+        assert_eq!(cfg.relay.data_dir, dir.path().join("etc/data/relay-a"));
+        assert_eq!(cfg.relay.key_file, dir.path().join("etc/data/relay-a/relay.key"));
+        assert_eq!(cfg.vapid_key_file(), dir.path().join("etc/../keys/vapid.key"));
+        // Absolute paths stay as written; the default VAPID key follows the data dir.
+        let body = MINIMAL.replace("\"data/relay-a\"", "\"/var/lib/relay\"");
+        let cfg = Config::load(&write(dir.path(), &body)).unwrap();
+        assert_eq!(cfg.relay.data_dir, Path::new("/var/lib/relay"));
+        assert_eq!(cfg.vapid_key_file(), Path::new("/var/lib/relay/vapid.key"));
+        // A file named without a folder: the working directory is its folder.
+        // (A path from the environment: tests/it/cli.rs, in a process of its own.)
+        let mut bare = cfg.clone();
+        bare.relay.data_dir = "data".into();
+        bare.resolve_paths(Path::new("relay.toml").parent().unwrap());
+        assert_eq!(bare.relay.data_dir, Path::new("data"));
+        // The TLS files too (they are read at load, so set here).
+        let mut tls = cfg.clone();
+        tls.http.tls_cert_file = Some("tls/cert.pem".into());
+        tls.http.tls_key_file = Some("tls/key.pem".into());
+        tls.http.tls_extra_roots = Some("/etc/ssl/roots.pem".into());
+        tls.resolve_paths(Path::new("/etc/relay"));
+        assert_eq!(tls.http.tls_cert_file.as_deref(), Some(Path::new("/etc/relay/tls/cert.pem")));
+        assert_eq!(tls.http.tls_key_file.as_deref(), Some(Path::new("/etc/relay/tls/key.pem")));
+        assert_eq!(tls.http.tls_extra_roots.as_deref(), Some(Path::new("/etc/ssl/roots.pem")));
     }
 
     #[test]

@@ -29,8 +29,11 @@ fn keep_freed_memory() {
     unsafe { mi_option_set(MI_OPTION_PURGE_DELAY, -1) }
 }
 
+/// `relay --version`: the package version and the git revision it was built from.
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("RELAY_GIT_REVISION"), ")");
+
 #[derive(Parser)]
-#[command(name = "relay", version, about = "Relay for end-to-end encrypted messages between accounts")]
+#[command(name = "relay", version = VERSION, about = "Relay for end-to-end encrypted messages between accounts")]
 struct Cli {
     /// Log lines (on stderr) as text or as JSON objects (one per line, for
     /// collectors). Which lines: RUST_LOG (default `info`), e.g.

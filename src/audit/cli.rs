@@ -95,6 +95,8 @@ pub enum AuditCommand {
 pub fn run(args: AuditArgs) -> u8 {
     match run_inner(args) {
         Ok(code) => code,
+        // The reader had enough (`relay audit export | head`): a normal end, not an error.
+        Err(AuditError::Io(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => 0,
         Err(e) => {
             eprintln!("relay audit: {}", safe(&e.to_string()));
             e.exit_code()

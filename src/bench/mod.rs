@@ -44,7 +44,8 @@ pub struct BenchArgs {
     /// Messages to pre-build and send (an upper bound with --duration).
     #[arg(long, default_value_t = 10_000)]
     pub messages: usize,
-    /// Keep-alive connections sending at once (one thread each).
+    /// Clients sending at once, each with one keep-alive connection per
+    /// relay; one thread drives them all.
     #[arg(long, default_value_t = 8)]
     pub concurrency: usize,
     /// Ciphertext bytes per message.

@@ -49,6 +49,12 @@ async fn service_worker() -> HttpResponse {
         .body(SERVICE_WORKER)
 }
 
+/// Browsers ask for `/favicon.ico` whatever the page says. The client has
+/// no icon: "nothing here", cached for a day, instead of a 404 on every visit.
+async fn favicon() -> HttpResponse {
+    HttpResponse::NoContent().insert_header((header::CACHE_CONTROL, "max-age=86400")).finish()
+}
+
 async fn client_json(info: web::Data<ClientInfo>) -> HttpResponse {
     HttpResponse::Ok().json(serde_json::json!({"relay_id": info.relay_id, "public_url": info.public_url}))
 }
@@ -58,6 +64,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route("/index.html", web::get().to(index))
         .route("/app.js", web::get().to(app))
         .route("/sw.js", web::get().to(service_worker))
+        .route("/favicon.ico", web::get().to(favicon))
         .route("/client.json", web::get().to(client_json));
 }
 

@@ -374,6 +374,24 @@ fn export_lines_follow_the_schema_and_carry_the_chain() {
     assert_eq!((code, none.as_str()), (0, ""));
 }
 
+#[test]
+fn export_into_a_closed_pipe_ends_quietly() {
+    let f = fixture();
+    // `relay audit export | head`: the reader is gone before the export writes.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_relay"))
+        .args(["audit", "--data-dir"])
+        .arg(&f.data_dir)
+        .arg("export")
+        .env("RUST_LOG", "warn")
+        .stdout(writer)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!((out.status.code(), err.as_ref()), (Some(0), ""));
+}
+
 // ---- refusing a running relay, and a missing store ---------------------------
 
 #[actix_rt::test]

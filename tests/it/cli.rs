@@ -115,6 +115,35 @@ fn config_check_validates_without_starting() {
 }
 
 #[test]
+fn relative_paths_in_a_config_are_found_next_to_it_from_any_working_directory() {
+    let (etc, elsewhere) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let body = "[relay]\nid = \"relay-a\"\npublic_url = \"http://127.0.0.1:0\"\nlisten = \"127.0.0.1:0\"\n\
+                data_dir = \"data\"\nkey_file = \"keys/relay.key\"\n[http]\nmax_connections = 64\n";
+    let cfg = etc.path().join("relay.toml");
+    std::fs::write(&cfg, body).unwrap();
+    let serve = |cwd: &std::path::Path, env: &[(&str, &str)]| {
+        let mut cmd = relay();
+        cmd.args(["serve", "--config"]).arg(&cfg).current_dir(cwd).env("RUST_LOG", "warn").envs(env.iter().copied());
+        common::relay::start_line_or_exit(cmd).expect("the relay starts")
+    };
+    serve(elsewhere.path(), &[]);
+    assert!(etc.path().join("data/store").is_dir(), "the store is next to the config");
+    assert!(etc.path().join("keys/relay.key").is_file(), "the key is next to the config");
+    assert_eq!(std::fs::read_dir(elsewhere.path()).unwrap().count(), 0, "nothing in the working directory");
+    let shown =
+        |cwd: &std::path::Path| run(relay().args(["key", "show", "--key-file"]).arg(cwd.join("keys/relay.key")));
+    // Started again from another folder, it uses the same key (and store).
+    let before = shown(etc.path());
+    serve(std::path::Path::new("/"), &[]);
+    assert_eq!(shown(etc.path()), before);
+
+    // A path from the environment is relative to the working directory.
+    serve(elsewhere.path(), &[("RELAY__RELAY__DATA_DIR", "env-data")]);
+    assert!(elsewhere.path().join("env-data/store").is_dir());
+    assert!(!etc.path().join("env-data").exists());
+}
+
+#[test]
 fn serve_on_a_data_dir_held_by_a_running_relay_says_it_is_in_use() {
     let dir = tempfile::tempdir().unwrap();
     let first = common::relay::RelayProc::start(dir.path(), "relay-a", "");
@@ -168,6 +197,21 @@ fn bad_operator_input_is_refused_naming_what_is_wrong() {
 }
 
 #[test]
+fn version_names_the_package_version_and_the_git_revision() {
+    let (ok, out, err) = run(relay().arg("--version"));
+    assert!(ok, "{err}");
+    // The revision the binary was built from: this checkout's, or "unknown" outside one.
+    let head = Command::new("git")
+        .args(["rev-parse", "--short=9", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map_or_else(|| "unknown".to_owned(), |o| String::from_utf8_lossy(&o.stdout).trim().to_owned());
+    assert_eq!(out, format!("relay {} ({head})\n", env!("CARGO_PKG_VERSION")));
+}
+
+#[test]
 fn help_texts_describe_every_option() {
     let help = |args: &[&str]| {
         let (ok, out, err) = run(relay().args(args).arg("--help"));
@@ -182,6 +226,7 @@ fn help_texts_describe_every_option() {
     assert!(message.contains("The message id") && message.contains("sender's account id"), "{message}");
     let bench = help(&["bench"]);
     assert!(bench.contains("[default: relay-a,relay-b]"), "{bench}");
+    assert!(bench.contains("one thread drives them all") && !bench.contains("one thread each"), "{bench}");
     let top = help(&[]);
     assert!(top.contains("RUST_LOG") && top.contains("--log-format"), "{top}");
     assert!(help(&["config", "check"]).contains("without starting"));

@@ -39,6 +39,7 @@ mod restart;
 mod retention;
 mod secrets;
 mod security;
+mod service;
 mod smoke;
 mod tls;
 mod torture;

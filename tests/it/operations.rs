@@ -190,7 +190,7 @@ async fn a_peer_answering_a_server_error_is_logged_and_counted() {
 }
 
 #[actix_rt::test]
-async fn start_and_delivery_lines_say_what_an_operator_needs_in_protocol_strings() {
+async fn start_and_delivery_lines_say_what_an_operator_needs_and_who_writes_to_whom_only_at_debug() {
     let dir = tempfile::tempdir().unwrap();
     let relay = RelayProc::start_logged(dir.path(), "relay-a", "", "info");
     let started = relay.wait_for_log(&["INFO", "relay started"], WAIT);
@@ -209,25 +209,50 @@ async fn start_and_delivery_lines_say_what_an_operator_needs_in_protocol_strings
     assert!(started.contains(&dir.path().join("relay-a/store").display().to_string()), "{started}");
 
     let c = Client::new(&relay.url);
-    let alice = User::register(&c, "relay-a", 1, false).await;
-    let bob = User::register(&c, "relay-a", 2, true).await;
-    let carol = User::register(&c, "relay-a", 3, false).await;
+    let (alice, bob, carol) = three_users(&c).await;
     c.ok("message.send", alice.token(0), &alice.send_params(&bob, &mid(1), false)).await;
+    wait_metric(&c, r#"relay_deliveries_finished_total{status="target_accepted",error=""}"#, 1.0).await;
     // carol allows no public discovery and alice has no contact grant.
     let failed = c.ok("message.send", alice.token(0), &alice.send_params(&carol, &mid(2), false)).await;
     assert_eq!(failed["status"], "failed", "{failed}");
 
-    let done = relay.wait_for_log(&["INFO", "delivery finished", &mid(1)], WAIT);
-    for needle in [&format!("from={}", alice.id()), "target=relay-a", "attempts=1", "elapsed_s=", "target_accepted"] {
-        assert!(done.contains(needle), "{needle} in {done}");
-    }
+    // Lines are ordered: mid(1) finished before mid(2) was sent, so a line
+    // about it would come before this one.
     let failed = relay.wait_for_log(&["WARN", "delivery failed", &mid(2)], WAIT);
-    assert!(failed.contains("forbidden") && failed.contains(&format!("to={}", carol.id())), "{failed}");
+    for needle in ["error=forbidden", "target=relay-a", "attempts=1", "elapsed_s=", "status=failed"] {
+        assert!(failed.contains(needle), "{needle} in {failed}");
+    }
     let lines = relay.log_lines();
+    for account in [alice.id(), bob.id(), carol.id()] {
+        assert!(lines.iter().all(|l| !l.contains(account)), "no account at INFO and WARN: {lines:#?}");
+    }
+    assert!(lines.iter().all(|l| !l.contains("delivery finished")), "{lines:#?}");
     assert!(lines.iter().all(|l| !l.contains('\x1b')), "no colour on a pipe: {lines:#?}");
     assert!(lines.iter().all(|l| !l.contains("TargetAccepted") && !l.contains("Forbidden")), "{lines:#?}");
     // No access log unless asked for.
     assert!(lines.iter().all(|l| !l.contains("relay::access")), "{lines:#?}");
+
+    // At DEBUG a delivery names its accounts.
+    let dir = tempfile::tempdir().unwrap();
+    let relay = RelayProc::start_logged(dir.path(), "relay-a", "", "warn,relay_actors::delivery=debug");
+    let c = Client::new(&relay.url);
+    let (alice, bob, carol) = three_users(&c).await;
+    c.ok("message.send", alice.token(0), &alice.send_params(&bob, &mid(1), false)).await;
+    c.ok("message.send", alice.token(0), &alice.send_params(&carol, &mid(2), false)).await;
+    let done = relay.wait_for_log(&["DEBUG", "delivery finished", &mid(1)], WAIT);
+    for needle in [format!("from={}", alice.id()), format!("to={}", bob.id()), "status=target_accepted".into()] {
+        assert!(done.contains(&needle), "{needle} in {done}");
+    }
+    let failed = relay.wait_for_log(&["DEBUG", "delivery failed", &mid(2)], WAIT);
+    assert!(failed.contains(&format!("to={}", carol.id())), "{failed}");
+}
+
+/// alice; bob, who allows public discovery; carol, who does not.
+async fn three_users(c: &Client) -> (User, User, User) {
+    let alice = User::register(c, "relay-a", 1, false).await;
+    let bob = User::register(c, "relay-a", 2, true).await;
+    let carol = User::register(c, "relay-a", 3, false).await;
+    (alice, bob, carol)
 }
 
 #[actix_rt::test]

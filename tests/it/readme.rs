@@ -120,12 +120,8 @@ trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
     );
     assert!(out.contains(r#""direction": "received""#), "{all}");
     assert!(out.matches("ok\n").count() >= 2, "config check prints ok: {all}");
-    // relay-a's log (a file: no colour) tells the delivery's end.
-    let line = log_a.lines().find(|l| l.contains("delivery finished")).unwrap_or_else(|| panic!("{all}"));
-    assert!(
-        line.contains("target=relay-b") && line.contains("target_accepted") && line.contains("attempts=1"),
-        "{line}"
-    );
+    // relay-a's log at the default level tells who it is, not who wrote to whom.
+    assert!(log_a.contains("relay started") && !log_a.contains("delivery finished"), "{all}");
     assert!(!log_a.contains('\x1b') && !log_b.contains('\x1b'), "no ANSI codes in a log file: {all}");
     assert!(log_b.contains("relay stopped"), "relay-b stopped on SIGTERM: {all}");
 

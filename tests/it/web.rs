@@ -52,6 +52,10 @@ async fn relay_serves_its_web_client() {
     assert_eq!(status, 200);
     let info: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(info, serde_json::json!({"relay_id": "relay-a", "public_url": relay.url}));
+    // The icon browsers ask for on their own: none, and no 404 either.
+    let r = awc::Client::default().get(format!("{}/favicon.ico", relay.url)).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 204);
+    assert_eq!(r.headers().get("cache-control").unwrap(), "max-age=86400");
 }
 
 #[actix_rt::test]

@@ -300,7 +300,7 @@ impl AccountActor {
         }
         let head = batch.append(&self.stream, self.head, new_events);
         let extra = extra(&mut batch);
-        let ticket = store.commit(batch).map_err(|e| internal(&e))?;
+        let ticket = store.commit(batch).map_err(|e| e.to_relay_error())?;
         // Partners before this commit too (one the account just left learns
         // the move), looked up only when the partners have news.
         let news = events.iter().any(replica::offered).then(|| self.partners());
@@ -323,7 +323,7 @@ impl AccountActor {
         self.since_snapshot += events.len() as u64;
         for e in &events {
             if let AccountEvent::Registered { route, .. } | AccountEvent::RouteUpdated { route } = e.origin() {
-                self.env.routes.offer(route).map_err(|e| internal(&e))?;
+                self.env.routes.offer(route).map_err(|e| e.to_relay_error())?;
             }
         }
         if let Some(partners_before) = news {
@@ -453,7 +453,7 @@ impl AccountActor {
         pending.fetch_add(1, Ordering::SeqCst);
         let durable = async move {
             let durable = match wait {
-                Some(w) => w.await.map_err(|e| RelayError::unavailable(format!("store: {e}"))),
+                Some(w) => w.await.map_err(|e| e.to_relay_error()),
                 None => Ok(()),
             };
             if let (true, Ok(()), Some(t)) = (publish, &durable, ticket) {
@@ -556,7 +556,7 @@ impl AccountActor {
         let issued = sessions
             .issue(&mut batch, &session, token, self.env.clock.now_ms(), policy.max_sessions_per_device)
             .map_err(|e| internal(&e))?;
-        self.last_ticket = Some(store.commit(batch).map_err(|e| internal(&e))?);
+        self.last_ticket = Some(store.commit(batch).map_err(|e| e.to_relay_error())?);
         sessions.remember_issued(&issued, session);
         Ok(())
     }
@@ -701,7 +701,7 @@ impl Handler<Sweep> for AccountActor {
             if batch.is_empty() {
                 return Ok((swept, None));
             }
-            let ticket = store.commit(batch).map_err(|e| internal(&e))?;
+            let ticket = store.commit(batch).map_err(|e| e.to_relay_error())?;
             self.last_ticket = Some(ticket);
             Ok((swept, Some(ticket)))
         });
@@ -712,7 +712,7 @@ impl Handler<Sweep> for AccountActor {
             Ok(match done {
                 Ok((swept, Some(ticket))) => match store.durable(ticket).await {
                     Ok(()) => Ok(swept),
-                    Err(e) => Err(RelayError::unavailable(format!("store: {e}"))),
+                    Err(e) => Err(e.to_relay_error()),
                 },
                 Ok((swept, None)) => Ok(swept),
                 Err(e) => Err(e),

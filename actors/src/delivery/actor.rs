@@ -120,7 +120,7 @@ impl DeliveryActor {
         let mut batch = self.env.store.batch();
         let head = batch.append(&self.stream, self.head, self.encode(&events)?);
         extra(&mut batch);
-        self.last_ticket = Some(self.env.store.commit(batch).map_err(|e| internal(&e))?);
+        self.last_ticket = Some(self.env.store.commit(batch).map_err(|e| e.to_relay_error())?);
         self.head = head;
         self.applied(&events);
         Ok(())
@@ -163,7 +163,7 @@ impl DeliveryActor {
         let wait = self.last_ticket.map(|t| self.env.store.durable(t));
         async move {
             match wait {
-                Some(w) => w.await.map_err(|e| RelayError::unavailable(e.to_string())),
+                Some(w) => w.await.map_err(|e| e.to_relay_error()),
                 None => Ok(()),
             }
         }

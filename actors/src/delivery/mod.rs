@@ -123,17 +123,24 @@ pub struct Ids<'a> {
     pub to: &'a str,
 }
 
-/// A delivery ended: one log line (INFO when accepted, WARN when failed)
-/// and the finished metric. `target`: the relays tried, comma-separated.
+/// A delivery ended: the finished metric and log lines. Who wrote to whom
+/// is logged only at DEBUG (docs/operate/logs.md): a failure is a WARN
+/// with the message id (the sender's), the relays and the error, not the
+/// accounts.
+/// `target`: the relays tried, comma-separated.
 pub fn finished(metrics: &Metrics, m: Ids, target: &str, attempts: u32, elapsed_s: u64, status: &DeliveryStatus) {
     let Ids { from, message_id, to } = m;
+    let outcome = status.status.as_str();
     match &status.error {
-        None => tracing::info!(from = %from, message_id = %message_id, to = %to, target = %target, attempts, elapsed_s,
-            status = %status.status.as_str(), "delivery finished"),
+        None => {
+            tracing::debug!(from = %from, message_id = %message_id, to = %to, target = %target, attempts, elapsed_s,
+            status = %outcome, "delivery finished")
+        }
         Some(e) => {
-            tracing::warn!(from = %from, message_id = %message_id, to = %to, target = %target, attempts, elapsed_s,
-            status = %status.status.as_str(), error = %e.code.as_str(), reason = e.message.as_str(),
-            "delivery failed")
+            tracing::warn!(message_id = %message_id, target = %target, attempts, elapsed_s, status = %outcome,
+                error = %e.code.as_str(), reason = e.message.as_str(), "delivery failed");
+            tracing::debug!(from = %from, message_id = %message_id, to = %to, target = %target, status = %outcome,
+                "delivery failed")
         }
     }
     let labels = StatusLabels {

@@ -126,6 +126,22 @@ pub enum StoreError {
     Unsupported(&'static str),
 }
 
+impl StoreError {
+    /// What a client is told. A store that can no longer make writes
+    /// durable (a full disk, a failed fsync) or is closing is one cause
+    /// however it shows: the wait for a barrier failing, or a later commit
+    /// refused. Both are `temporarily_unavailable` (503, retry: another
+    /// home, or this relay once restarted); anything else is `internal_error`.
+    pub fn to_relay_error(&self) -> relay_schemas::RelayError {
+        match self {
+            StoreError::Flush(_) | StoreError::Closed => {
+                relay_schemas::RelayError::unavailable(format!("store: {self}"))
+            }
+            _ => relay_schemas::RelayError::internal(format!("store: {self}")),
+        }
+    }
+}
+
 /// Position of the last event of a stream; (0, ZERO_HASH) for an empty stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Head {
