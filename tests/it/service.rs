@@ -70,10 +70,7 @@ fn the_systemd_unit_is_hardened_verifies_and_keeps_the_data_in_its_state_directo
         Ok(_) => None,
         Err(_) => Some("systemd-analyze is not installed (apt-get install -y systemd)".to_owned()),
     };
-    if !common::can_run(
-        "the_systemd_unit_is_hardened_verifies_and_keeps_the_data_in_its_state_directory",
-        missing,
-    ) {
+    if !common::can_run("the_systemd_unit_is_hardened_verifies_and_keeps_the_data_in_its_state_directory", missing) {
         return;
     }
     // The unit as installed, with this build's binary where it would be
