@@ -41,22 +41,20 @@ fn two_browsers_and_a_terminal_chat_across_two_relays() {
     // `cargo test` and nextest build the examples next to the binaries.
     let chat = relay.parent().expect("bin dir").join("examples/chat");
     assert!(chat.exists(), "{} is not built (cargo build --examples)", chat.display());
+    against_relays("test/browser.mjs", &["--chat".as_ref(), chat.as_os_str()], "browser", Duration::from_secs(300));
+}
+
+/// Runs `script` (in `web/`) with `extra` args against this build's relay
+/// binary in a temp dir, writing its screenshots under the target's tmp
+/// dir in `shots`, within `limit`.
+fn against_relays(script: &str, extra: &[&std::ffi::OsStr], shots: &str, limit: Duration) {
+    let relay = PathBuf::from(env!("CARGO_BIN_EXE_relay"));
     let dir = tempfile::tempdir().expect("tempdir");
-    let shots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("browser");
-    node(
-        &[
-            "test/browser.mjs".as_ref(),
-            "--relay".as_ref(),
-            relay.as_os_str(),
-            "--chat".as_ref(),
-            chat.as_os_str(),
-            "--dir".as_ref(),
-            dir.path().as_os_str(),
-            "--out".as_ref(),
-            shots.as_os_str(),
-        ],
-        Duration::from_secs(300),
-    );
+    let shots = Path::new(env!("CARGO_TARGET_TMPDIR")).join(shots);
+    let mut args: Vec<&std::ffi::OsStr> = vec![script.as_ref(), "--relay".as_ref(), relay.as_os_str()];
+    args.extend_from_slice(extra);
+    args.extend(["--dir".as_ref(), dir.path().as_os_str(), "--out".as_ref(), shots.as_os_str()]);
+    node(&args, limit);
     eprintln!("screenshots in {}", shots.display());
 }
 
@@ -73,22 +71,7 @@ fn a_messenger_people_use_nothing_lost_names_requests_backup() {
     if !can_run("a_messenger_people_use_nothing_lost_names_requests_backup") {
         return;
     }
-    let relay = PathBuf::from(env!("CARGO_BIN_EXE_relay"));
-    let dir = tempfile::tempdir().expect("tempdir");
-    let shots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("browser-messenger");
-    node(
-        &[
-            "test/messenger.mjs".as_ref(),
-            "--relay".as_ref(),
-            relay.as_os_str(),
-            "--dir".as_ref(),
-            dir.path().as_os_str(),
-            "--out".as_ref(),
-            shots.as_os_str(),
-        ],
-        Duration::from_secs(300),
-    );
-    eprintln!("screenshots in {}", shots.display());
+    against_relays("test/messenger.mjs", &[], "browser-messenger", Duration::from_secs(300));
 }
 
 /// Web Push in the web client (`web/test/push.mjs`): the service worker
@@ -103,20 +86,5 @@ fn the_service_worker_registers_and_hands_the_relay_a_subscription() {
     if !can_run("the_service_worker_registers_and_hands_the_relay_a_subscription") {
         return;
     }
-    let relay = PathBuf::from(env!("CARGO_BIN_EXE_relay"));
-    let dir = tempfile::tempdir().expect("tempdir");
-    let shots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("browser-push");
-    node(
-        &[
-            "test/push.mjs".as_ref(),
-            "--relay".as_ref(),
-            relay.as_os_str(),
-            "--dir".as_ref(),
-            dir.path().as_os_str(),
-            "--out".as_ref(),
-            shots.as_os_str(),
-        ],
-        Duration::from_secs(180),
-    );
-    eprintln!("screenshots in {}", shots.display());
+    against_relays("test/push.mjs", &[], "browser-push", Duration::from_secs(180));
 }
