@@ -37,10 +37,7 @@ fn two_browsers_and_a_terminal_chat_across_two_relays() {
     if !can_run("two_browsers_and_a_terminal_chat_across_two_relays") {
         return;
     }
-    let relay = PathBuf::from(env!("CARGO_BIN_EXE_relay"));
-    // `cargo test` and nextest build the examples next to the binaries.
-    let chat = relay.parent().expect("bin dir").join("examples/chat");
-    assert!(chat.exists(), "{} is not built (cargo build --examples)", chat.display());
+    let chat = crate::common::relay::example("chat");
     against_relays("test/browser.mjs", &["--chat".as_ref(), chat.as_os_str()], "browser", Duration::from_secs(300));
 }
 

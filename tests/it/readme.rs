@@ -9,6 +9,7 @@
 use crate::common;
 
 use common::cluster::free_port;
+use common::relay::example;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -34,22 +35,6 @@ pub fn sh_block(file: &str, heading: &str) -> String {
 /// stale one would test old code. Quick when it is up to date.
 fn hello_example() -> PathBuf {
     example("hello")
-}
-
-/// Example `name`, built now with the profile of the relay under test.
-fn example(name: &str) -> PathBuf {
-    let bin = Path::new(env!("CARGO_BIN_EXE_relay"));
-    let profile = match bin.parent().and_then(|d| d.file_name()).and_then(|n| n.to_str()) {
-        Some("debug") | None => "dev",
-        Some(other) => other,
-    };
-    let built = Command::new(env!("CARGO"))
-        .args(["build", "--quiet", "--example", name, "--profile", profile, "--manifest-path"])
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
-        .status()
-        .unwrap();
-    assert!(built.success(), "cargo build --example {name}: {built}");
-    bin.parent().unwrap().join("examples").join(name)
 }
 
 #[test]

@@ -291,3 +291,22 @@ pub fn relay_cmd(args: &[&str]) -> (i32, String, String) {
     let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
     (out.status.code().unwrap_or(-1), text(&out.stdout), text(&out.stderr))
 }
+
+/// Example `name`, built now with the profile of the relay under test
+/// (a filtered test run does not build examples, an example that is also
+/// a test target is built only as the test, and a stale one would test
+/// old code); quick when it is up to date.
+pub fn example(name: &str) -> PathBuf {
+    let bin = Path::new(env!("CARGO_BIN_EXE_relay"));
+    let profile = match bin.parent().and_then(|d| d.file_name()).and_then(|n| n.to_str()) {
+        Some("debug") | None => "dev",
+        Some(other) => other,
+    };
+    let built = Command::new(env!("CARGO"))
+        .args(["build", "--quiet", "--example", name, "--profile", profile, "--manifest-path"])
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
+        .status()
+        .unwrap();
+    assert!(built.success(), "cargo build --example {name}: {built}");
+    bin.parent().unwrap().join("examples").join(name)
+}
