@@ -126,13 +126,37 @@ impl Batcher {
 
 /// One call's worth of `peer`'s queue at a time, until it is empty.
 async fn drain(client: PeerClient, peer: String) {
+    let mut slot = Slot { batcher: client.batcher(), peer: &peer, held: true };
     loop {
         let (items, batch) = client.batcher().next(&peer);
         match items.len() {
-            0 => return,
+            0 => {
+                // `next` gave the slot back.
+                slot.held = false;
+                return;
+            }
             1 => singly(&client, &peer, items).await,
             _ if !batch => singly(&client, &peer, items).await,
             _ => as_batch(&client, &peer, items).await,
+        }
+    }
+}
+
+/// A drain's call slot, given back should its task be dropped mid-call
+/// (its arbiter stopping): the peer's later deliveries would otherwise
+/// queue behind a call that never ends.
+struct Slot<'a> {
+    batcher: &'a Batcher,
+    peer: &'a str,
+    held: bool,
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        if self.held {
+            if let Some(q) = self.batcher.lock().get_mut(self.peer) {
+                q.busy -= 1;
+            }
         }
     }
 }
@@ -221,5 +245,18 @@ mod tests {
         let unknown = r#"{"error":{"code":"something_new","message":"?"}}"#;
         assert!(matches!(item_outcome(unknown), AttemptOutcome::Unrecognized(_)));
         assert!(matches!(item_outcome("[]"), AttemptOutcome::Unknown(_)));
+    }
+
+    #[test]
+    fn a_drain_dropped_mid_call_gives_its_slot_back_once() {
+        let b = Batcher::new(Batching { in_flight: 1, max_bytes: 1 << 20 });
+        b.lock().entry("relay-b".into()).or_default().busy = 1;
+        drop(Slot { batcher: &b, peer: "relay-b", held: true });
+        assert_eq!(b.lock()["relay-b"].busy, 0);
+        // A slot `next` gave back (the queue was empty) is not given back twice.
+        b.lock().get_mut("relay-b").unwrap().busy = 1;
+        assert!(b.next("relay-b").0.is_empty());
+        drop(Slot { batcher: &b, peer: "relay-b", held: false });
+        assert_eq!(b.lock()["relay-b"].busy, 0);
     }
 }
