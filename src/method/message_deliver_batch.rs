@@ -42,13 +42,9 @@ pub(crate) async fn handle_relay(relay: &Relay, peer: &str, body: &[u8]) -> Resu
         }
         match answer {
             Ok(json) => out.push_str(&json),
-            Err(e) => out.push_str(&error_json(&e)?),
+            Err(e) => out.push_str(&e.to_body().to_string()),
         }
     }
     out.push_str("]}");
     Ok(out)
-}
-
-fn error_json(e: &RelayError) -> Result<String, RelayError> {
-    serde_json::to_string(&serde_json::json!({ "error": e })).map_err(|e| RelayError::internal(e.to_string()))
 }
