@@ -41,7 +41,7 @@ const KEPT_DIRS: [&str; 2] = ["checkpoints", "witness"];
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Manifest {
     pub relay_id: String,
-    /// The store's data-format version (`relay_actors::store::FORMAT_VERSION`).
+    /// The data-format version of the copy's store (`store/FORMAT`).
     pub format: u32,
     /// The release that made it.
     pub release: String,
@@ -101,7 +101,7 @@ pub fn write(store: &Store, from: &Sources, out: &Path) -> Result<Manifest, Rela
     for dir in KEPT_DIRS {
         copy_tree(&from.data_dir.join(dir), &out.join(dir))?;
     }
-    let BackupPoint { replay_from, segment, offset, .. } =
+    let BackupPoint { replay_from, segment, offset, format, .. } =
         store.backup(&out.join(STORE)).map_err(|e| RelayError::internal(format!("back up the store: {e}")))?;
     // A record for the operator, not a rule: the wall clock.
     let made_at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
@@ -114,7 +114,7 @@ pub fn write(store: &Store, from: &Sources, out: &Path) -> Result<Manifest, Rela
     }
     let manifest = Manifest {
         relay_id: from.relay_id.clone(),
-        format: FORMAT_VERSION,
+        format,
         release: env!("CARGO_PKG_VERSION").into(),
         made_at,
         point: Point { replay_from, segment, offset },

@@ -23,6 +23,14 @@
 //!   is removed;
 //! - `compact.during_remove`: the first of its victims is removed, the
 //!   others and the directory's sync are not.
+//!
+//! And in sled's rewrite (`store/sled_engine.rs`, step 9):
+//!
+//! - `rewrite.after_swap`: the copy is the engine's sled, its files not
+//!   synced, `tree` not written;
+//! - `rewrite.before_switch`: the copy is synced, `tree` does not name it;
+//! - `rewrite.after_switch`: `tree` names the copy, the old sled's files
+//!   are still there.
 
 use crate::store::Store;
 use std::sync::OnceLock;

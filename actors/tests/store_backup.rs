@@ -146,11 +146,15 @@ fn store_with_one_commit(dir: &Path) {
     store.close().unwrap();
 }
 
+/// A new store is format 1 (sled in the store's own directory), which
+/// this release and the one before it open; only a rewrite of sled moves
+/// it to `FORMAT_VERSION` (store_rewrite.rs).
 #[test]
-fn a_new_store_is_marked_with_this_releases_format() {
+fn a_new_store_is_marked_with_the_format_of_its_layout() {
     let dir = tempfile::tempdir().unwrap();
     store_with_one_commit(dir.path());
-    assert_eq!(format_of(dir.path()), Some(format!("{FORMAT_VERSION}\n")));
+    assert_eq!(format_of(dir.path()), Some("1\n".to_owned()));
+    assert_eq!(FORMAT_VERSION, 2);
 }
 
 #[test]

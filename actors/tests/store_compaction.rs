@@ -1,8 +1,8 @@
 //! The value log's compaction (`sled_engine.rs`, step 7), one test per
 //! rule: live bytes are counted, dead segments are rewritten and removed
 //! behind a checkpoint, a removal is never undone, and a kill at each of
-//! compaction's boundaries loses nothing acknowledged and resurrects
-//! nothing removed.
+//! compaction's boundaries, and at those of sled's rewrite (step 9), loses
+//! nothing acknowledged and resurrects nothing removed.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -329,12 +329,13 @@ fn kill_blob(n: u32, steps: u64) -> Option<Vec<u8>> {
 
 /// The child half of the kill tests; does nothing unless started by one.
 /// Writes the history above, printing `acked <step>` after each step is
-/// durable, then compacts at once; `RELAY_CRASH_AT` is armed all along,
-/// so the writer's own steps may reach the point first.
+/// durable, then compacts at once and rewrites sled while it writes the
+/// history again; `RELAY_CRASH_AT` is armed all along, so the writer's own
+/// steps may reach the point first.
 #[test]
 fn kill_child_writes_then_compacts() {
     let Some(dir) = std::env::var_os(KILL_DIR) else { return };
-    let (store, _engine) = small_store(Path::new(&dir), 8_192);
+    let (store, engine) = small_store(Path::new(&dir), 8_192);
     let mut head = Head::default();
     for step in 1..=KILL_STEPS {
         let mut batch = store.batch();
@@ -352,6 +353,25 @@ fn kill_child_writes_then_compacts() {
         println!("acked {step}");
     }
     store.compact_now().unwrap();
+    // The rewrite copies sled while the last blob is written over and over
+    // (the same value, so the history stays the same).
+    let done = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (store, done) = (store.clone(), done.clone());
+        std::thread::spawn(move || {
+            while !done.load(SeqCst) {
+                let mut batch = store.batch();
+                match kill_blob(KILL_BLOBS, KILL_STEPS) {
+                    None => batch.blob_remove(&blob(KILL_BLOBS)),
+                    Some(v) => batch.blob_put(&blob(KILL_BLOBS), &v),
+                }
+                store.commit_durable_blocking(batch).unwrap();
+            }
+        })
+    };
+    engine.rewrite_now().unwrap();
+    done.store(true, SeqCst);
+    writer.join().unwrap();
     println!("kill child: compacted");
 }
 
@@ -439,6 +459,13 @@ fn killed_at(point: &str) {
     assert_eq!(holds_kill_history(&store, steps), Ok(()), "reopened twice after {point}");
     // At most 60 events of ~250 bytes and 60 blobs of 1,000 are live.
     assert!(left < 2 * (KILL_EVENTS * 250 + 60_000), "{point}: {left} bytes left in log/");
+    drop(store);
+    let (store, engine) = small_store(dir.path(), 8_192);
+    engine.rewrite_now().unwrap();
+    assert_eq!(holds_kill_history(&store, steps), Ok(()), "rewritten after {point}");
+    drop((store, engine));
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(holds_kill_history(&store, steps), Ok(()), "reopened after the rewrite after {point}");
 }
 
 #[test]
@@ -459,6 +486,21 @@ fn a_kill_after_the_checkpoint_before_the_removal_loses_nothing() {
 #[test]
 fn a_kill_during_the_removal_loses_nothing() {
     killed_at("compact.during_remove");
+}
+
+#[test]
+fn a_kill_after_sled_is_swapped_before_its_copy_is_synced_loses_nothing() {
+    killed_at("rewrite.after_swap");
+}
+
+#[test]
+fn a_kill_after_the_copy_is_synced_before_the_tree_file_names_it_loses_nothing() {
+    killed_at("rewrite.before_switch");
+}
+
+#[test]
+fn a_kill_after_the_tree_file_names_the_copy_before_the_old_sled_is_removed_loses_nothing() {
+    killed_at("rewrite.after_switch");
 }
 
 // ---- Figures (run by hand: `--ignored --nocapture`) ----

@@ -14,7 +14,8 @@
 //! (`Store::compact_now`, a no-op on the model): on sled, whose segments
 //! are kept small here, compaction moves the live blobs and events and
 //! removes segments, and the store must still equal the model after every
-//! reopen, removed keys included.
+//! reopen, removed keys included. On sled a compaction also rewrites sled
+//! into a fresh copy (`sled_engine.rs`, step 9).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -67,7 +68,7 @@ enum Op {
     /// Power cut keeping this many groups written after the last barrier;
     /// then reopen.
     PowerCut(usize),
-    /// Reclaim the log's dead space now.
+    /// Reclaim the log's dead space now (and, on sled, rewrite sled).
     Compact,
 }
 
@@ -219,15 +220,17 @@ enum Backend {
 }
 
 impl Backend {
-    fn open(&self) -> Store {
+    /// The store, and its sled engine when it has one.
+    fn open(&self) -> (Store, Option<Arc<SledEngine>>) {
         match self {
-            Backend::Model(engine) => Store::with_engine(engine.clone()).unwrap(),
-            Backend::Sled(dir) => Store::with_engine(Arc::new(
-                SledEngine::open(dir.path(), None).unwrap().with_checkpoint_bytes(SMALL_SEGMENTS),
-            ))
-            .unwrap(),
+            Backend::Model(engine) => (Store::with_engine(engine.clone()).unwrap(), None),
+            Backend::Sled(dir) => {
+                let engine =
+                    Arc::new(SledEngine::open(dir.path(), None).unwrap().with_checkpoint_bytes(SMALL_SEGMENTS));
+                (Store::with_engine(engine.clone()).unwrap(), Some(engine))
+            }
             Backend::JetStream(cfg, epoch) => {
-                Store::with_engine(Arc::new(JetStreamEngine::open(cfg.clone(), *epoch).unwrap())).unwrap()
+                (Store::with_engine(Arc::new(JetStreamEngine::open(cfg.clone(), *epoch).unwrap())).unwrap(), None)
             }
         }
     }
@@ -258,7 +261,7 @@ fn jetstream_backend(server: &NatsServer) -> Backend {
 }
 
 fn run(ops: Vec<Op>, mut backend: Backend) {
-    let mut store = backend.open();
+    let (mut store, mut sled) = backend.open();
     // The state at the last reopen, the commits since, and how many of
     // those were acknowledged durable.
     let mut base = State::default();
@@ -281,20 +284,24 @@ fn run(ops: Vec<Op>, mut backend: Backend) {
             Op::Compact => {
                 store.compact_now().unwrap();
                 assert_eq!(State::read(&store), expected(&base, &since), "compaction changes nothing readable");
+                if let Some(engine) = &sled {
+                    engine.rewrite_now().unwrap();
+                    assert_eq!(State::read(&store), expected(&base, &since), "a rewrite changes nothing readable");
+                }
             }
             Op::PowerCut(keep) => {
                 match &mut backend {
                     Backend::Model(engine) => {
                         let image = Arc::new(engine.power_cut(keep));
-                        drop(store);
+                        drop((store, sled));
                         *engine = image;
                     }
                     Backend::Sled(_) => {
-                        drop(store);
+                        drop((store, sled));
                         acked = since.len();
                     }
                     Backend::JetStream(_, epoch) => {
-                        drop(store);
+                        drop((store, sled));
                         acked = since.len();
                         let mut server = nats().unwrap().lock().unwrap_or_else(|e| e.into_inner());
                         server.0.kill();
@@ -302,7 +309,7 @@ fn run(ops: Vec<Op>, mut backend: Backend) {
                         *epoch += 1;
                     }
                 }
-                store = backend.open();
+                (store, sled) = backend.open();
                 let found = State::read(&store);
                 // Some prefix of the history, at least what was acknowledged.
                 let mut state = expected(&base, &since[..acked]);

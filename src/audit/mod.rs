@@ -62,7 +62,9 @@ impl AuditError {
 /// Opens the store in `data_dir/store` of a stopped relay. Never creates one.
 pub fn open_store(data_dir: &Path) -> Result<Store, AuditError> {
     let dir = data_dir.join("store");
-    if !dir.join("conf").exists() && !dir.join("db").exists() {
+    // sled's files, in the store's directory or in the `tree.<n>` that
+    // `tree` names (a rewritten store).
+    if !["conf", "db", "tree"].iter().any(|f| dir.join(f).exists()) {
         return Err(AuditError::NoStore(data_dir.to_path_buf()));
     }
     Store::open_to_read(&dir).map_err(|e| {

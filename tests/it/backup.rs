@@ -154,9 +154,11 @@ async fn a_stopped_relay_is_backed_up_by_the_command_and_restore_never_overwrite
     assert_eq!(std::fs::read(fresh.join("relay.key")).unwrap(), b"someone's key");
     // Not of a newer data format than this release opens.
     let manifest = std::fs::read_to_string(out.join("backup.json")).unwrap();
-    std::fs::write(out.join("backup.json"), manifest.replace("\"format\": 1", "\"format\": 2")).unwrap();
+    let newer = relay_actors::store::FORMAT_VERSION + 1;
+    std::fs::write(out.join("backup.json"), manifest.replace("\"format\": 1", &format!("\"format\": {newer}")))
+        .unwrap();
     let (code, _, err) = relay_cmd(&["restore", "--from", path(&out), "--data-dir", path(&dir.path().join("new"))]);
-    assert_eq!((code, err.contains("data format version 2")), (1, true), "{err}");
+    assert_eq!((code, err.contains(&format!("data format version {newer}"))), (1, true), "{err}");
     // Not a finished backup (no manifest).
     std::fs::remove_file(out.join("backup.json")).unwrap();
     let (code, _, err) = relay_cmd(&["restore", "--from", path(&out), "--data-dir", path(&dir.path().join("new"))]);

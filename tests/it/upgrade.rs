@@ -6,7 +6,9 @@
 //! The fixture is written once by the ignored test below
 //! (`cargo nextest run --test it --run-ignored only write_the_data_v1_fixture`)
 //! and committed; it is never rewritten. A format bump adds a fixture of
-//! the new version beside it (and a test like this one for it).
+//! the new version beside it (and a test like this one for it):
+//! `data-v2/` is the same relays after a rewrite of sled (their sled in
+//! `store/tree.1/`), written once by `write_the_data_v2_fixture`.
 
 use crate::common;
 use common::client::{message_ids, mid, now, Client, User};
@@ -18,8 +20,8 @@ use std::path::{Path, PathBuf};
 
 const RELAYS: [&str; 2] = ["relay-a", "relay-b"];
 
-fn fixture_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/data-v1")
+fn fixture(version: u32) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/data-v{version}"))
 }
 
 /// What the fixture holds, on relay-a: alice (seed 1: phone, and a laptop
@@ -30,7 +32,7 @@ fn fixture_dir() -> PathBuf {
 #[actix_rt::test]
 #[ignore = "writes tests/fixtures/data-v1 (once, by the release that introduced the format)"]
 async fn write_the_data_v1_fixture() {
-    let out = fixture_dir();
+    let out = fixture(1);
     assert!(!out.exists(), "{} exists: a fixture is never rewritten", out.display());
     let dir = tempfile::tempdir().unwrap();
     let cluster = Cluster::plan(dir.path(), &RELAYS);
@@ -65,6 +67,24 @@ async fn write_the_data_v1_fixture() {
     }
 }
 
+/// The data-v1 fixture with each relay's sled rewritten (format 2). Its
+/// records are the same, so the test below reads both the same way.
+#[test]
+#[ignore = "writes tests/fixtures/data-v2 (once, by the release that introduced the format)"]
+fn write_the_data_v2_fixture() {
+    let out = fixture(2);
+    assert!(!out.exists(), "{} exists: a fixture is never rewritten", out.display());
+    for id in RELAYS {
+        copy_dir(&fixture(1).join(id), &out.join(id));
+        let engine = relay_actors::store::SledEngine::open(&out.join(id).join("store"), None).unwrap();
+        engine.rewrite_now().unwrap();
+        relay_actors::store::Engine::close(&engine).unwrap();
+        drop(engine);
+        assert_eq!(std::fs::read_to_string(out.join(id).join("store/FORMAT")).unwrap(), "2\n");
+        remove_empty_dirs(&out.join(id));
+    }
+}
+
 fn remove_empty_dirs(dir: &Path) {
     for entry in std::fs::read_dir(dir).unwrap() {
         let entry = entry.unwrap();
@@ -79,15 +99,25 @@ fn remove_empty_dirs(dir: &Path) {
 /// by this release, and its records read back.
 #[actix_rt::test]
 async fn the_data_v1_fixture_opens_passes_the_audit_and_serves_its_records() {
+    a_fixture_opens_passes_the_audit_and_serves_its_records(1).await;
+}
+
+/// The same for version 2 (sled in `store/tree.1/`).
+#[actix_rt::test]
+async fn the_data_v2_fixture_opens_passes_the_audit_and_serves_its_records() {
+    a_fixture_opens_passes_the_audit_and_serves_its_records(2).await;
+}
+
+async fn a_fixture_opens_passes_the_audit_and_serves_its_records(version: u32) {
     let dir = tempfile::tempdir().unwrap();
     // The relays' keys come from the same seeds as the fixture's (which
     // holds none: git would check them out readable by all, and the relay
     // refuses such a key); the Web Push key is made on first start.
     let cluster = Cluster::plan(dir.path(), &RELAYS);
     for id in RELAYS {
-        copy_dir(&fixture_dir().join(id), &dir.path().join(id));
+        copy_dir(&fixture(version).join(id), &dir.path().join(id));
         let (code, out, err) = audit(&["verify", "--data-dir", dir.path().join(id).to_str().unwrap()]);
-        assert_eq!(code, 0, "relay audit verify of the data-v1 fixture's {id}: {out}{err}");
+        assert_eq!(code, 0, "relay audit verify of the data-v{version} fixture's {id}: {out}{err}");
     }
     let (a, b) = (cluster.start("relay-a", ""), cluster.start("relay-b", ""));
     let (ca, cb) = (Client::new(&a.url), Client::new(&b.url));
@@ -132,7 +162,7 @@ fn a_data_dir_of_a_newer_format_is_refused_by_serve_and_audit_naming_both_versio
     let dir = tempfile::tempdir().unwrap();
     let config = common::relay::write_config(dir.path(), "relay-b", "");
     let data_dir = dir.path().join("relay-b");
-    copy_dir(&fixture_dir().join("relay-b"), &data_dir);
+    copy_dir(&fixture(1).join("relay-b"), &data_dir);
     let current = relay_actors::store::FORMAT_VERSION;
     let newer = current + 1;
     std::fs::write(data_dir.join("store/FORMAT"), format!("{newer}\n")).unwrap();

@@ -45,6 +45,8 @@ pub struct BackupPoint {
     /// Segments hard-linked, and bytes copied (segments not linked).
     pub linked: u64,
     pub copied_bytes: u64,
+    /// The data format of the copy (`format.rs`).
+    pub format: u32,
 }
 
 /// Key-value pairs in key order (or reverse key order after `.rev()`).

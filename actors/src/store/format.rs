@@ -9,6 +9,12 @@
 //! opens, value log or not), and a writer's first open writes the marker.
 //! Bump the version when a release writes something an older one would
 //! misread, and commit a fixture of the old version (docs/operate).
+//!
+//! - 1: sled's files in the store's directory, events in the value log
+//!   or inline.
+//! - 2: sled may live in `tree.<n>`, named by the file `tree` (its rewrite,
+//!   `sled_engine.rs` step 9). A store is marked 2 by its first rewrite,
+//!   not before, so until then an older release still opens it.
 
 use std::fs::File;
 use std::io::Write as _;
@@ -16,8 +22,12 @@ use std::path::Path;
 
 use super::StoreError;
 
-/// The data format this release writes, and the newest it opens.
-pub const FORMAT_VERSION: u32 = 1;
+/// The newest data format this release opens and writes.
+pub const FORMAT_VERSION: u32 = 2;
+
+/// The format of a store whose sled lives in its own directory: a new
+/// store's, and a backup's copy.
+pub(super) const ROOT_TREE_FORMAT: u32 = 1;
 
 /// The version of a store without a marker (made before it existed).
 const UNMARKED: u32 = 1;

@@ -876,7 +876,7 @@ impl Store {
     /// durable commit is installed in sled (the writer installs a group
     /// just after reporting it durable).
     #[doc(hidden)]
-    pub fn raw_db(&self) -> &sled::Db {
+    pub fn raw_db(&self) -> sled::Db {
         self.wait_installed();
         let engine: &dyn std::any::Any = &*self.inner.shared.engine;
         engine.downcast_ref::<SledEngine>().expect("raw_db needs a sled store").db()

@@ -117,14 +117,40 @@
 //!       written was seen by the walk with its value as of replay-from.
 //!       So the copy is the store exactly as of the point, and every
 //!       commit durable before the backup started is in it.
+//! 9. **sled rewritten** ([`SledEngine::rewrite_now`]): sled 0.34 reclaims
+//!    little of what removals free and its file never shrinks (it grew
+//!    ~6 KB per send in the retention soaks, docs/performance-journal.md),
+//!    while a fresh sled holding the same pairs is several times smaller.
+//!    Once its `db` file passes [`REWRITE_GROWTH`] times its size after the
+//!    last rewrite (and [`REWRITE_FLOOR`]), a thread beside the writer
+//!    builds a fresh sled in `tree.<n>` and swaps it in, as a backup is
+//!    made whole (step 8), with checkpoints held throughout so
+//!    replay-from stays put:
+//!    1. every pair of the live sled is copied in, installs going on;
+//!    2. the log from replay-from to the point P1 (where the first group
+//!       not yet installed starts) is replayed over the copy, beside the
+//!       writer;
+//!    3. under the log's lock (between two groups): the log from P1 to
+//!       the point now is replayed, the copy flushed, and it becomes the
+//!       engine's sled; groups installed from here go into it alone;
+//!    4. its files are synced, `FORMAT` says 2, and the file `tree` names
+//!       it (written aside, synced, renamed, directory synced);
+//!    5. the old sled's files are removed.
+//!
+//!    A crash before 4 opens the old sled, whose state is at least the
+//!    checkpoint's that wrote replay-from, and replays every group since:
+//!    what the copy got after the swap is in the log. One after opens the
+//!    copy, durable as of the swap, and replays the same groups, whose
+//!    effects it may already have. An open removes whatever `tree` does not
+//!    name (a copy never swapped in, the old sled's files).
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write as _};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
 
 use memmap2::Mmap;
@@ -139,6 +165,23 @@ use super::{codec, format, wal, StoreError};
 /// on open.
 pub const CHECKPOINT_BYTES: u64 = 64 << 20;
 
+/// sled's file is rewritten (step 9) once it is this many times its size
+/// after the last rewrite: it stays within this factor of a fresh copy,
+/// and a rewrite (a walk of every pair) is paid once per this much growth.
+pub const REWRITE_GROWTH: u64 = 3;
+/// ... and never below this size, where a rewrite would not pay.
+pub const REWRITE_FLOOR: u64 = 256 << 20;
+/// A rewrite's copy is flushed (not synced) once per this many pairs.
+const COPY_FLUSH_EVERY: u64 = 1 << 16;
+/// The writer looks at sled's file size once per this many installs.
+const REWRITE_LOOK_EVERY: u64 = 512;
+/// The file naming the directory sled lives in, once rewritten (step 9).
+const TREE_FILE: &str = "tree";
+/// Directories of rewritten trees: `tree.<n>`.
+const TREE_PREFIX: &str = "tree.";
+/// The format of a store whose sled is in `tree.<n>` (step 9).
+const TREE_FORMAT: u32 = 2;
+
 /// The write-ahead log of stores written before segments.
 const LEGACY_WAL: &str = "wal";
 const LOG_DIR: &str = "log";
@@ -148,10 +191,12 @@ pub(super) const POINTER_LEN: usize = 20;
 const READERS_KEPT: usize = 128;
 
 pub struct SledEngine {
-    db: sled::Db,
+    /// sled, and the directory it lives in (step 9 swaps both).
+    tree: Arc<RwLock<Tree>>,
     dir: PathBuf,
+    cache_bytes: Option<u64>,
     segments: Arc<Segments>,
-    log: Mutex<Log>,
+    log: Arc<Mutex<Log>>,
     checkpoint_bytes: u64,
     bytes: AtomicU64,
     barriers: Arc<AtomicU64>,
@@ -170,9 +215,34 @@ pub struct SledEngine {
     compacted: AtomicU64,
     /// The longest step the writer took between groups, in µs.
     longest_step_us: AtomicU64,
-    /// A backup runs (step 8): no checkpoint starts.
-    backing_up: AtomicBool,
+    /// A backup (step 8) or a rewrite of sled (step 9) runs: no checkpoint
+    /// starts, and no other of the two.
+    maintenance: Arc<AtomicU8>,
+    /// The rewrite running beside the writer (step 9), told to stop by
+    /// `stop_rewrite`.
+    rewriting: Mutex<Option<JoinHandle<Rewritten>>>,
+    rewrite_stop: Arc<AtomicBool>,
+    /// sled's file size that starts a rewrite: at least this, and
+    /// [`REWRITE_GROWTH`] times its size after the last one.
+    rewrite_floor: u64,
+    fresh_bytes: AtomicU64,
+    rewrites: AtomicU64,
+    installs: AtomicU64,
+    /// A rewrite is due and waits for the checkpoint started for it.
+    rewrite_after_checkpoint: AtomicBool,
 }
+
+/// sled and its directory: the store's own, or `tree.<n>` in it once sled
+/// was rewritten (step 9).
+#[derive(Clone)]
+struct Tree {
+    db: sled::Db,
+    dir: PathBuf,
+}
+
+const IDLE: u8 = 0;
+const BACKUP: u8 = 1;
+const REWRITE: u8 = 2;
 
 struct Log {
     file: File,
@@ -458,7 +528,12 @@ impl SledEngine {
     ) -> Result<SledEngine, StoreError> {
         // Before anything is written: a newer format is refused untouched.
         let (version, marked) = format::check(dir)?;
-        let mut config = sled::Config::new().path(dir).temporary(temporary).flush_every_ms(None);
+        let named = tree_named(dir)?;
+        if !to_read && !temporary {
+            remove_stale_trees(dir, named.as_deref())?;
+        }
+        let tree_dir = named.as_ref().map_or_else(|| dir.to_path_buf(), |name| dir.join(name));
+        let mut config = sled::Config::new().path(&tree_dir).temporary(temporary).flush_every_ms(None);
         if let Some(bytes) = cache_bytes {
             config = config.cache_capacity(bytes);
         }
@@ -521,10 +596,11 @@ impl SledEngine {
         let file = OpenOptions::new().append(true).create(true).open(&path).map_err(io("open log segment"))?;
         let len = file.metadata().map_err(io("open log segment"))?.len();
         let mut engine = SledEngine {
-            db,
+            tree: Arc::new(RwLock::new(Tree { db, dir: tree_dir })),
             dir: dir.to_path_buf(),
+            cache_bytes,
             segments,
-            log: Mutex::new(Log {
+            log: Arc::new(Mutex::new(Log {
                 file,
                 segment,
                 len,
@@ -532,7 +608,7 @@ impl SledEngine {
                 buf: Vec::new(),
                 walk: None,
                 drained: Vec::new(),
-            }),
+            })),
             checkpoint_bytes: CHECKPOINT_BYTES,
             bytes: AtomicU64::new(0),
             barriers: Arc::new(AtomicU64::new(synced)),
@@ -543,7 +619,15 @@ impl SledEngine {
             scans: Vec::new(),
             compacted: AtomicU64::new(0),
             longest_step_us: AtomicU64::new(0),
-            backing_up: AtomicBool::new(false),
+            maintenance: Arc::new(AtomicU8::new(IDLE)),
+            rewriting: Mutex::default(),
+            rewrite_stop: Arc::new(AtomicBool::new(false)),
+            // A temporary sled is removed by sled itself, with its directory.
+            rewrite_floor: if temporary || to_read { u64::MAX } else { REWRITE_FLOOR },
+            fresh_bytes: AtomicU64::new(0),
+            rewrites: AtomicU64::new(0),
+            installs: AtomicU64::new(0),
+            rewrite_after_checkpoint: AtomicBool::new(false),
         };
         // Also makes the segment's own directory entry durable.
         engine.checkpoint(&mut engine.lock())?;
@@ -560,7 +644,7 @@ impl SledEngine {
     /// A scan that fails leaves the filter unasked: lookups go to sled.
     fn scan_blob_keys(&self) -> Result<(Arc<AtomicBool>, JoinHandle<()>), StoreError> {
         let stop = Arc::new(AtomicBool::new(false));
-        let (db, blobs, stopped) = (self.db.clone(), self.blobs.clone(), stop.clone());
+        let (db, blobs, stopped) = (self.db(), self.blobs.clone(), stop.clone());
         let job = std::thread::Builder::new()
             .name("store-filter".into())
             .spawn(move || {
@@ -587,7 +671,7 @@ impl SledEngine {
     /// fails leaves compaction off until the next open.
     fn count_live_bytes(&self) -> Result<(Arc<AtomicBool>, JoinHandle<()>), StoreError> {
         let stop = Arc::new(AtomicBool::new(false));
-        let (db, accounts, stopped) = (self.db.clone(), self.accounts.clone(), stop.clone());
+        let (db, accounts, stopped) = (self.db(), self.accounts.clone(), stop.clone());
         let job = std::thread::Builder::new()
             .name("store-live-bytes".into())
             .spawn(move || {
@@ -641,8 +725,13 @@ impl SledEngine {
         self
     }
 
-    pub fn db(&self) -> &sled::Db {
-        &self.db
+    /// sled as it is now (a rewrite swaps it, step 9).
+    pub fn db(&self) -> sled::Db {
+        self.current().db
+    }
+
+    fn current(&self) -> Tree {
+        current(&self.tree)
     }
 
     fn lock(&self) -> MutexGuard<'_, Log> {
@@ -656,7 +745,8 @@ impl SledEngine {
         self.finish_checkpoint(true)?;
         let victims = std::mem::take(&mut log.drained);
         let mut synced = self.rotate(log)?;
-        synced += settle(&self.db, &self.dir, &self.segments, log.segment, &victims)?;
+        let tree = self.current();
+        synced += settle(&tree.db, &tree.dir, &self.segments, log.segment, &victims)?;
         let legacy = self.dir.join(LEGACY_WAL);
         if legacy.exists() {
             std::fs::remove_file(&legacy).map_err(io("remove the old write-ahead log"))?;
@@ -678,8 +768,8 @@ impl SledEngine {
     fn checkpoint_beside(&self, log: &mut Log) -> Result<(), StoreError> {
         debug_assert!(log.pending.is_empty());
         self.barriers.fetch_add(self.rotate(log)?, Relaxed);
-        let (db, dir, segments, barriers) =
-            (self.db.clone(), self.dir.clone(), self.segments.clone(), self.barriers.clone());
+        let Tree { db, dir } = self.current();
+        let (segments, barriers) = (self.segments.clone(), self.barriers.clone());
         let (from, hold) = (log.segment, self.hold.clone());
         // Drained before this checkpoint's flush, which so has no pointer
         // into them (step 7).
@@ -742,9 +832,10 @@ impl SledEngine {
             crate::crash::engine_point("compact.before_install");
         }
         let mut drained = false;
+        let db = self.db();
         let mut accounts = lock(&self.accounts);
         for p in std::mem::take(&mut log.pending) {
-            insert_all(&self.db, &self.blobs, &p.group, Some((p.segment, p.at)), Some(&mut accounts))?;
+            insert_all(&db, &self.blobs, &p.group, Some((p.segment, p.at)), Some(&mut accounts))?;
             if let Some(victim) = p.drains {
                 accounts.forget(victim.0);
                 log.drained.push(victim);
@@ -790,7 +881,7 @@ impl SledEngine {
         }
         let Some(walk) = log.walk.as_mut() else { unreachable!() };
         let mut group = Vec::new();
-        let done = walk.step(&self.db, budget, &mut group)?;
+        let done = walk.step(&self.db(), budget, &mut group)?;
         let drains = done.then_some((walk.segment, walk.len));
         if done {
             log.walk = None;
@@ -831,16 +922,16 @@ impl SledEngine {
     /// held only while the segments and the point are read; the walk of
     /// sled and the copies run on the caller's thread.
     pub fn backup(&self, out: &Path) -> Result<BackupPoint, StoreError> {
-        if self.backing_up.swap(true, Relaxed) {
-            return Err(StoreError::Io("a backup of this store is already running".into()));
-        }
-        struct Running<'a>(&'a AtomicBool);
-        impl Drop for Running<'_> {
-            fn drop(&mut self) {
-                self.0.store(false, Relaxed);
+        loop {
+            match self.maintenance.compare_exchange(IDLE, BACKUP, Relaxed, Relaxed) {
+                Ok(_) => break,
+                Err(BACKUP) => return Err(StoreError::Io("a backup of this store is already running".into())),
+                // A rewrite of sled (step 9) ends on its own, in about a
+                // walk of sled: the backup starts after it.
+                Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
             }
         }
-        let _running = Running(&self.backing_up);
+        let _running = Idle(&self.maintenance);
         // 1. From here no checkpoint starts.
         let (replay_from, segment, closed) = {
             let log = self.lock();
@@ -852,7 +943,8 @@ impl SledEngine {
         let log_dir = out.join(LOG_DIR);
         std::fs::DirBuilder::new().mode(0o700).create(out).map_err(io("create the backup's store directory"))?;
         std::fs::DirBuilder::new().mode(0o700).create(&log_dir).map_err(io("create the backup's log directory"))?;
-        format::write(out, format::FORMAT_VERSION)?;
+        // The copy's sled is in its own directory, as before step 9.
+        format::write(out, format::ROOT_TREE_FORMAT)?;
         // 2. Closed segments.
         let (mut linked, mut copied_bytes) = (0, 0);
         for &s in &closed {
@@ -872,7 +964,7 @@ impl SledEngine {
         // 3. sled's pairs, installs going on.
         let copy = sled::Config::new().path(out).flush_every_ms(None).open()?;
         let mut pairs = 0;
-        for kv in self.db.iter() {
+        for kv in self.db().iter() {
             let (k, v) = kv?;
             copy.insert(k, v)?;
             pairs += 1;
@@ -902,7 +994,138 @@ impl SledEngine {
         }
         File::open(&log_dir).and_then(|d| d.sync_all()).map_err(io("sync the backup's log directory"))?;
         sync_tree(out).map_err(io("sync the backup's files"))?;
-        Ok(BackupPoint { replay_from, segment, offset, pairs, linked, copied_bytes })
+        Ok(BackupPoint { replay_from, segment, offset, pairs, linked, copied_bytes, format: format::ROOT_TREE_FORMAT })
+    }
+
+    /// Step 9, looked at by the writer between groups when nothing else
+    /// runs: a rewrite of sled is due once sled's file has grown past its
+    /// due size and the open's scans (which hold the old sled) have ended.
+    fn rewrite_due(&self) -> bool {
+        let size = std::fs::metadata(self.current().dir.join("db")).map_or(0, |m| m.len());
+        let due = self.rewrite_floor.max(REWRITE_GROWTH.saturating_mul(self.fresh_bytes.load(Relaxed)));
+        size >= due && self.scans.iter().all(|(_, job)| job.is_finished())
+    }
+
+    fn start_rewrite(&self) -> Result<(), StoreError> {
+        if self.maintenance.compare_exchange(IDLE, REWRITE, Relaxed, Relaxed).is_err() {
+            return Ok(());
+        }
+        tracing::info!("rewriting the store's sled, which passed {REWRITE_GROWTH}× its last fresh size");
+        let job = self.rewrite_job();
+        let spawned = std::thread::Builder::new().name("store-rewrite".into()).spawn(move || job.run());
+        match spawned {
+            Ok(handle) => *lock(&self.rewriting) = Some(handle),
+            Err(e) => {
+                self.maintenance.store(IDLE, Relaxed);
+                return Err(io("start the rewrite thread")(e));
+            }
+        }
+        Ok(())
+    }
+
+    fn rewrite_job(&self) -> Rewrite {
+        let current = self.current();
+        let number = current
+            .dir
+            .file_name()
+            .and_then(|n| n.to_str()?.strip_prefix(TREE_PREFIX)?.parse::<u64>().ok())
+            .map_or(1, |n| n + 1);
+        Rewrite {
+            dir: self.dir.clone(),
+            name: format!("{TREE_PREFIX}{number}"),
+            cache_bytes: self.cache_bytes,
+            tree: self.tree.clone(),
+            log: self.log.clone(),
+            segments: self.segments.clone(),
+            blobs: self.blobs.clone(),
+            stop: self.rewrite_stop.clone(),
+            maintenance: self.maintenance.clone(),
+        }
+    }
+
+    /// Collects the rewrite beside the writer, if it ended or `wait`.
+    /// Whether none runs now. A rewrite that failed before its swap leaves
+    /// the old sled in place (a warning; the next is due at the next
+    /// growth); one that failed after it is the store's error, since the
+    /// old sled no longer gets what is installed.
+    fn finish_rewrite(&self, wait: bool) -> Result<bool, StoreError> {
+        let mut running = lock(&self.rewriting);
+        let job = match running.take() {
+            Some(job) if wait || job.is_finished() => job,
+            Some(job) => {
+                *running = Some(job);
+                return Ok(false);
+            }
+            None => return Ok(true),
+        };
+        let size = std::fs::metadata(self.current().dir.join("db")).map_or(0, |m| m.len());
+        match job.join().unwrap_or_else(|_| Rewritten::Failed(StoreError::Io("the rewrite thread panicked".into()))) {
+            Rewritten::Done { pairs, bytes, took } => {
+                self.rewrites.fetch_add(1, Relaxed);
+                self.fresh_bytes.store(bytes, Relaxed);
+                tracing::info!(pairs, bytes, took_ms = took.as_millis() as u64, "the store's sled was rewritten");
+            }
+            Rewritten::Abandoned(e) => {
+                // Not again before the same growth from here.
+                self.fresh_bytes.store(size, Relaxed);
+                if !self.rewrite_stop.load(Relaxed) {
+                    tracing::warn!(error = %e, "rewriting the store's sled failed; the old one stays");
+                }
+            }
+            Rewritten::Failed(e) => return Err(e),
+        }
+        Ok(true)
+    }
+
+    /// Stops a rewrite that has not swapped yet, waits for one that has.
+    fn stop_rewrite(&self) -> Result<(), StoreError> {
+        self.rewrite_stop.store(true, Relaxed);
+        let done = self.finish_rewrite(true);
+        self.rewrite_stop.store(false, Relaxed);
+        done.map(drop)
+    }
+
+    /// Step 9 at once, on the caller's thread, while commits go on (tests,
+    /// and an operator's tool). Returns the pairs copied.
+    #[doc(hidden)]
+    pub fn rewrite_now(&self) -> Result<u64, StoreError> {
+        while !self.finish_rewrite(true)? || self.maintenance.compare_exchange(IDLE, REWRITE, Relaxed, Relaxed).is_err()
+        {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        // The open's scans count what the old sled holds.
+        while !self.scans.iter().all(|(_, job)| job.is_finished()) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        {
+            // The copy replays from replay-from: a checkpoint keeps it short.
+            let mut log = self.lock();
+            self.sync_and_install(&mut log)?;
+            self.checkpoint(&mut log)?;
+        }
+        let pairs = match self.rewrite_job().run() {
+            Rewritten::Done { pairs, bytes, .. } => {
+                self.rewrites.fetch_add(1, Relaxed);
+                self.fresh_bytes.store(bytes, Relaxed);
+                pairs
+            }
+            Rewritten::Abandoned(e) | Rewritten::Failed(e) => return Err(e),
+        };
+        Ok(pairs)
+    }
+
+    /// Rewrites of sled so far, and the size of its file after the last.
+    #[doc(hidden)]
+    pub fn rewrites(&self) -> (u64, u64) {
+        (self.rewrites.load(Relaxed), self.fresh_bytes.load(Relaxed))
+    }
+
+    /// Rewrites sled once its file passes `bytes` (and the growth) instead
+    /// of [`REWRITE_FLOOR`] (tests).
+    #[doc(hidden)]
+    pub fn with_rewrite_floor(mut self, bytes: u64) -> SledEngine {
+        self.rewrite_floor = bytes;
+        self
     }
 
     /// Runs `hold` at the start of each checkpoint beside the writer (tests
@@ -918,6 +1141,9 @@ impl Drop for SledEngine {
     /// The scan holds a handle on sled: it ends before the engine is gone,
     /// so sled's files are released when the store closes.
     fn drop(&mut self) {
+        if let Err(e) = self.stop_rewrite() {
+            tracing::error!(error = %e, "the rewrite of sled failed after its swap");
+        }
         for (stop, _) in &self.scans {
             stop.store(true, Relaxed);
         }
@@ -925,6 +1151,220 @@ impl Drop for SledEngine {
             let _ = job.join();
         }
     }
+}
+
+fn current(tree: &RwLock<Tree>) -> Tree {
+    tree.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+}
+
+/// Sets the maintenance state back to idle when dropped.
+struct Idle<'a>(&'a AtomicU8);
+impl Drop for Idle<'_> {
+    fn drop(&mut self) {
+        self.0.store(IDLE, Relaxed);
+    }
+}
+
+/// How a rewrite of sled (step 9) ended.
+enum Rewritten {
+    Done {
+        pairs: u64,
+        bytes: u64,
+        took: std::time::Duration,
+    },
+    /// Before the swap: the old sled is still the store's.
+    Abandoned(StoreError),
+    /// After the swap: the store cannot go on.
+    Failed(StoreError),
+}
+
+/// What a rewrite of sled needs of the engine (step 9).
+struct Rewrite {
+    dir: PathBuf,
+    name: String,
+    cache_bytes: Option<u64>,
+    tree: Arc<RwLock<Tree>>,
+    log: Arc<Mutex<Log>>,
+    segments: Arc<Segments>,
+    blobs: Arc<KeyFilter>,
+    stop: Arc<AtomicBool>,
+    maintenance: Arc<AtomicU8>,
+}
+
+/// Where the first group not yet installed starts: (segment, offset).
+fn point(log: &Log) -> (u64, u64) {
+    log.pending.first().map_or((log.segment, log.len), |p| (p.segment, p.at))
+}
+
+impl Rewrite {
+    fn run(self) -> Rewritten {
+        let _idle = Idle(&self.maintenance);
+        let started = std::time::Instant::now();
+        let new_dir = self.dir.join(&self.name);
+        let copy = match self.copy(&new_dir) {
+            Ok(copy) => copy,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&new_dir);
+                return Rewritten::Abandoned(e);
+            }
+        };
+        match self.switch(copy, new_dir) {
+            Ok((pairs, bytes)) => Rewritten::Done { pairs, bytes, took: started.elapsed() },
+            Err(e) => Rewritten::Failed(e),
+        }
+    }
+
+    fn stopped(&self) -> Result<(), StoreError> {
+        match self.stop.load(Relaxed) {
+            true => Err(StoreError::Io("the store is closing".into())),
+            false => Ok(()),
+        }
+    }
+
+    /// Steps 9.1 to 9.3: the copy, made the engine's sled. Returns it with
+    /// the old one and the pairs copied.
+    fn copy(&self, new_dir: &Path) -> Result<(Tree, Tree, u64), StoreError> {
+        let _ = std::fs::remove_dir_all(new_dir);
+        let mut config = sled::Config::new().path(new_dir).flush_every_ms(None);
+        if let Some(bytes) = self.cache_bytes {
+            config = config.cache_capacity(bytes);
+        }
+        let db = config.open()?;
+        let old = current(&self.tree);
+        // 1. Every pair, installs going on.
+        let mut pairs = 0u64;
+        for kv in old.db.iter() {
+            let (k, v) = kv?;
+            db.insert(k, v)?;
+            pairs += 1;
+            if pairs.is_multiple_of(4096) {
+                self.stopped()?;
+            }
+            // sled keeps pages it has not written in memory: writing them
+            // now and then lets its cache bound the copy's memory.
+            if pairs.is_multiple_of(COPY_FLUSH_EVERY) {
+                db.flush()?;
+            }
+        }
+        // 2. The log up to P1, beside the writer. No checkpoint runs, so
+        // replay-from and the segments from it stay.
+        let from = self.segments.replay_from.load(Relaxed);
+        let p1 = point(&lock(&self.log));
+        self.replay(&db, (from, 0), p1)?;
+        self.stopped()?;
+        // 3. The rest under the log's lock, and the swap.
+        let log = lock(&self.log);
+        self.replay(&db, p1, point(&log))?;
+        db.flush()?;
+        let new = Tree { db, dir: new_dir.to_path_buf() };
+        *self.tree.write().unwrap_or_else(std::sync::PoisonError::into_inner) = new.clone();
+        drop(log);
+        Ok((new, old, pairs))
+    }
+
+    /// Replays the log's records from `from` to `to` (segment, offset)
+    /// into `db`, event values as pointers.
+    fn replay(&self, db: &sled::Db, from: (u64, u64), to: (u64, u64)) -> Result<(), StoreError> {
+        for segment in from.0..=to.0 {
+            let start = if segment == from.0 { from.1 } else { 0 };
+            let mut file = match File::open(self.segments.path(segment)) {
+                // Before replay-from's first segment (0 before any checkpoint).
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && segment < to.0 => continue,
+                other => other.map_err(io("open log segment"))?,
+            };
+            let mut bytes = Vec::new();
+            file.read_to_end(&mut bytes).map_err(io("read log segment"))?;
+            let end = if segment == to.0 { (to.1 as usize).min(bytes.len()) } else { bytes.len() };
+            let decoded = wal::decode(&bytes[start as usize..end]);
+            for (group, &at) in decoded.groups.iter().zip(&decoded.starts) {
+                insert_all(db, &self.blobs, group, Some((segment, start + at as u64)), None)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Steps 9.4 and 9.5.
+    /// Returns the pairs copied and the copy's file size.
+    fn switch(&self, (new, old, pairs): (Tree, Tree, u64), new_dir: PathBuf) -> Result<(u64, u64), StoreError> {
+        crate::crash::engine_point("rewrite.after_swap");
+        sync_tree(&new_dir).map_err(io("sync the rewritten sled"))?;
+        let (format, _) = format::check(&self.dir)?;
+        if format < TREE_FORMAT {
+            format::write(&self.dir, TREE_FORMAT)?;
+        }
+        crate::crash::engine_point("rewrite.before_switch");
+        let aside = self.dir.join(format!("{TREE_FILE}.new"));
+        let mut f = File::create(&aside).map_err(io("write tree"))?;
+        f.write_all(format!("{}\n", self.name).as_bytes()).and_then(|()| f.sync_all()).map_err(io("write tree"))?;
+        std::fs::rename(&aside, self.dir.join(TREE_FILE)).map_err(io("write tree"))?;
+        File::open(&self.dir).and_then(|d| d.sync_all()).map_err(io("sync store directory"))?;
+        crate::crash::engine_point("rewrite.after_switch");
+        // Its last handles go (reads under way keep theirs); then its files.
+        let old_dir = old.dir.clone();
+        drop(old);
+        remove_stale_trees(&self.dir, Some(&self.name))?;
+        let bytes = std::fs::metadata(new_dir.join("db")).map_or(0, |m| m.len());
+        drop(new);
+        tracing::debug!(from = %old_dir.display(), "the old sled's files were removed");
+        Ok((pairs, bytes))
+    }
+}
+
+/// The directory `tree` names (step 9), none when sled is in the store's.
+fn tree_named(dir: &Path) -> Result<Option<String>, StoreError> {
+    match std::fs::read_to_string(dir.join(TREE_FILE)) {
+        Ok(text) => {
+            let name = text.trim();
+            let valid = name.strip_prefix(TREE_PREFIX).is_some_and(|n| n.parse::<u64>().is_ok());
+            match valid && dir.join(name).is_dir() {
+                true => Ok(Some(name.to_owned())),
+                false => Err(StoreError::Io(format!(
+                    "{}: names {name:?}, not a tree of this store",
+                    dir.join(TREE_FILE).display()
+                ))),
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(io("read tree")(e)),
+    }
+}
+
+/// Whether `name`, in a store's directory, is one of sled's own files.
+fn is_sled_file(name: &str) -> bool {
+    matches!(name, "db" | "conf" | "blobs") || name.starts_with("snap.")
+}
+
+/// Removes every sled in `dir` but the one `current` names (all of the
+/// rewritten ones when sled is in `dir` itself): a copy never swapped in,
+/// or the old sled of a finished rewrite (step 9). Syncs the directory
+/// when it removed anything.
+fn remove_stale_trees(dir: &Path, current: Option<&str>) -> Result<(), StoreError> {
+    let mut removed = false;
+    let entries = match std::fs::read_dir(dir) {
+        // A new store: sled makes the directory.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        entries => entries.map_err(io("list the store's directory"))?,
+    };
+    for entry in entries {
+        let entry = entry.map_err(io("list the store's directory"))?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let stale =
+            if name.starts_with(TREE_PREFIX) { Some(name) != current } else { current.is_some() && is_sled_file(name) };
+        if !stale {
+            continue;
+        }
+        let path = entry.path();
+        let gone = if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
+        match gone {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io("remove an old sled")(e)),
+            _ => removed = true,
+        }
+    }
+    if removed {
+        File::open(dir).and_then(|d| d.sync_all()).map_err(io("sync store directory"))?;
+    }
+    Ok(())
 }
 
 /// The rest of a checkpoint once `from` is the current segment and every
@@ -1034,10 +1474,11 @@ fn insert_all(
 
 /// The value sled holds as `value` under `key`, read through its pointer.
 /// A pointer read from sled just before compaction moved the value and
-/// removed its segment names a file that is gone: sled is asked again, and
-/// a key removed meanwhile is absent.
+/// removed its segment names a file that is gone: sled as it is now (a
+/// rewrite may have swapped it, step 9) is asked again, and a key removed
+/// meanwhile is absent.
 fn read_current(
-    db: &sled::Db,
+    tree: &RwLock<Tree>,
     segments: &Segments,
     key: &[u8],
     mut value: sled::IVec,
@@ -1045,7 +1486,7 @@ fn read_current(
     for _ in 0..3 {
         match segments.resolve(key, &value) {
             Ok(bytes) => return Ok(Some(bytes)),
-            Err(e) => match db.get(key)? {
+            Err(e) => match current(tree).db.get(key)? {
                 Some(now) if now != value => value = now,
                 Some(_) => return Err(e),
                 None => return Ok(None),
@@ -1062,7 +1503,10 @@ fn sync_tree(dir: &Path) -> std::io::Result<u64> {
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
         let kind = entry.file_type()?;
-        if entry.file_name() == LOG_DIR || entry.file_name() == LEGACY_WAL {
+        let name = entry.file_name();
+        // The log's segments are synced as written; a rewrite's copy (step
+        // 9) is synced by the rewrite before `tree` names it.
+        if name == LOG_DIR || name == LEGACY_WAL || name.to_string_lossy().starts_with(TREE_PREFIX) {
             continue;
         }
         if kind.is_dir() {
@@ -1088,25 +1532,26 @@ impl Engine for SledEngine {
         if self.surely_lacks(key) {
             return Ok(None);
         }
-        match self.db.get(key)? {
-            Some(v) => read_current(&self.db, &self.segments, key, v),
+        let db = self.db();
+        match db.get(key)? {
+            Some(v) => read_current(&self.tree, &self.segments, key, v),
             None => Ok(None),
         }
     }
 
     fn contains(&self, key: &[u8]) -> Result<bool, StoreError> {
-        Ok(!self.surely_lacks(key) && self.db.contains_key(key)?)
+        Ok(!self.surely_lacks(key) && self.db().contains_key(key)?)
     }
 
     fn range(&self, start: &[u8], end: Option<&[u8]>) -> KvIter {
+        let (db, tree, segments) = (self.db(), self.tree.clone(), self.segments.clone());
         let iter = match end {
-            Some(end) => self.db.range(start..end),
-            None => self.db.range(start..),
+            Some(end) => db.range(start..end),
+            None => db.range(start..),
         };
-        let (db, segments) = (self.db.clone(), self.segments.clone());
         Box::new(iter.filter_map(move |kv| match kv {
             Err(e) => Some(Err(e.into())),
-            Ok((k, v)) => read_current(&db, &segments, &k, v).transpose().map(|v| Ok((k.to_vec(), v?))),
+            Ok((k, v)) => read_current(&tree, &segments, &k, v).transpose().map(|v| Ok((k.to_vec(), v?))),
         }))
     }
 
@@ -1141,8 +1586,20 @@ impl Engine for SledEngine {
         // one start it early once they hold a quarter of a segment.
         let drained: u64 = log.drained.iter().map(|&(_, len)| len).sum();
         let due = log.len > self.checkpoint_bytes || drained >= self.checkpoint_bytes / 4;
-        if self.finish_checkpoint(false)? && due && !self.backing_up.load(Relaxed) {
+        let idle = self.finish_rewrite(false)? && self.maintenance.load(Relaxed) == IDLE;
+        let checkpoint_done = self.finish_checkpoint(false)?;
+        if checkpoint_done && due && idle {
             self.checkpoint_beside(log)?;
+        } else if checkpoint_done && idle {
+            let look = self.installs.fetch_add(1, Relaxed).is_multiple_of(REWRITE_LOOK_EVERY);
+            if self.rewrite_after_checkpoint.swap(false, Relaxed) {
+                self.start_rewrite()?;
+            } else if look && self.rewrite_due() {
+                // The copy replays the log from replay-from: a checkpoint
+                // first keeps that short (step 9.2).
+                self.checkpoint_beside(log)?;
+                self.rewrite_after_checkpoint.store(true, Relaxed);
+            }
         }
         let started = std::time::Instant::now();
         if self.compact_step(log, Budget::TURN)? {
@@ -1152,6 +1609,7 @@ impl Engine for SledEngine {
     }
 
     fn close(&self) -> Result<(), StoreError> {
+        self.stop_rewrite()?;
         let mut log = self.lock();
         self.sync_and_install(&mut log)?;
         self.checkpoint(&mut log)
@@ -1163,10 +1621,11 @@ impl Engine for SledEngine {
     /// candidate, each victim is walked whole, and a last checkpoint
     /// removes them.
     fn compact_now(&self) -> Result<(), StoreError> {
+        self.stop_rewrite()?;
         let mut guard = self.lock();
         let log = &mut *guard;
         self.sync_and_install(log)?;
-        while !lock(&self.accounts).scan_chunk(&self.db, SCAN_CHUNK)? {}
+        while !lock(&self.accounts).scan_chunk(&self.db(), SCAN_CHUNK)? {}
         self.checkpoint(log)?;
         while self.compact_step(log, Budget::UNBOUNDED)? {
             self.sync_and_install(log)?;
