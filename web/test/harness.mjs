@@ -140,6 +140,45 @@ export const waitStatus = (page, text, want, timeout) =>
 export const waitText = (page, text, timeout) =>
   until(page, (t) => [...document.querySelectorAll('.msg .text')].some((x) => x.textContent === t), text, timeout);
 
+/**
+ * Waits (bounded) until `page`'s relay lists `deviceId` among the devices
+ * of `accountId`: a relay keeps a remote account's device list for a few
+ * seconds (`remote_reads::TTL_MS`), so a device just linked elsewhere
+ * gets a sender's boxes only from then on. Asked as the page's own device,
+ * with a session of its own.
+ */
+export async function waitDeviceSeen(page, accountId, deviceId, timeout = 20_000) {
+  const ask = () =>
+    page.evaluate(async ([account, device]) => {
+      const e2e = window.relayE2E;
+      const db = await new Promise((resolve, reject) => {
+        const r = indexedDB.open('relay-web');
+        r.onsuccess = () => resolve(r.result);
+        r.onerror = () => reject(r.error);
+      });
+      const me = await new Promise((resolve) => {
+        const r = db.transaction('kv').objectStore('kv').get('identity');
+        r.onsuccess = () => resolve(r.result);
+      });
+      const rpc = async (method, params, token) => {
+        const headers = { 'content-type': 'application/json', ...(token ? { authorization: `Bearer ${token}` } : {}) };
+        return (await fetch(`/v1/rpc/${method}`, { method: 'POST', headers, body: JSON.stringify(params) })).json();
+      };
+      const { relay_id } = await (await fetch('/client.json')).json();
+      const ids = { account_id: me.account_id, device_id: me.device_id };
+      const { challenge } = await rpc('session.challenge', ids);
+      const signature = e2e.sessionProof(e2e.b64uDecode(me.device_seed), { ...ids, challenge, relay_id });
+      const { token } = await rpc('session.open', { ...ids, challenge, signature });
+      const list = await rpc('account.devices.get', { account_id: account }, token);
+      return (list.certificates ?? []).some((c) => c.device_id === device);
+    }, [accountId, deviceId]);
+  const end = Date.now() + timeout;
+  while (!(await ask())) {
+    if (Date.now() > end) throw new Error(`${deviceId} of ${accountId} not listed after ${timeout} ms`);
+    await sleep(250);
+  }
+}
+
 export async function sendText(page, text) {
   await page.type('#text', text);
   await page.click('#send-form button');
