@@ -5,6 +5,7 @@ import { spawn, execFileSync } from 'node:child_process';
 import { mkdirSync, writeFileSync, readdirSync, statSync, readFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { join } from 'node:path';
+import { createRequire } from 'node:module';
 import puppeteer from 'puppeteer-core';
 
 export const arg = (name) => {
@@ -105,14 +106,16 @@ ${extra}`,
   return { relays, start, stop, stopAll };
 }
 
-export const launch = (dir) =>
+/** Headless Chromium with a profile `name` under `dir`, and `extra` flags. */
+export const launch = (dir, extra = [], name = 'chromium') =>
   puppeteer.launch({
     executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
     headless: true,
     args: [
       '--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
       '--disable-background-networking', '--disable-component-update', '--disable-sync',
-      `--user-data-dir=${join(dir, 'chromium')}`,
+      `--user-data-dir=${join(dir, name)}`,
+      ...extra,
     ],
   });
 
@@ -215,4 +218,16 @@ export function plaintextsIn(relays, texts, log) {
   }
   log(`byte search: ${texts.length} plaintexts, ${scanned} bytes of relay data, ${found} found`);
   return found;
+}
+
+const AXE_SOURCE = readFileSync(createRequire(import.meta.url).resolve('axe-core/axe.min.js'), 'utf8');
+
+/** axe-core on the page as it is now: its serious and critical violations, one line each. */
+export async function axeViolations(page) {
+  // Evaluated over DevTools, as the page's CSP allows no injected script.
+  await page.evaluate(AXE_SOURCE);
+  return page.evaluate(async () => {
+    const r = await window.axe.run(document, { resultTypes: ['violations'] });
+    return r.violations.filter((v) => ['serious', 'critical'].includes(v.impact)).map((v) => `${v.id}: ${v.help} (${v.nodes.map((n) => n.target.join(' ')).join(', ')})`);
+  });
 }
