@@ -786,7 +786,7 @@ let mailboxSocket = null; // the socket, 'connecting', or null
  * `message.timeline.changed` and on each (re)connection.
  */
 async function mailbox(pending) {
-  if (mailboxSocket) return;
+  if (mailboxSocket || me) return; // waiting already, or linked (a retry timer that fired late)
   mailboxSocket = 'connecting';
   const k = shortcode.keysOf(pending.code);
   const again = (sock) => {
@@ -955,8 +955,15 @@ async function scan(done) {
   const video = $('scan-video');
   video.srcObject = stream;
   $('scanner').classList.remove('hidden');
-  await video.play();
-  const decode = await decoder();
+  $('scan-stop').focus();
+  let decode;
+  try {
+    await video.play();
+    decode = await decoder();
+  } catch (e) {
+    stopScan(); // the camera goes off with the error (e.g. the decoder could not be loaded)
+    throw e;
+  }
   const tick = async () => {
     if (scanning?.stream !== stream) return;
     let text = null;
@@ -987,7 +994,8 @@ function stopScan() {
 
 /** A function from a video element to the text of a QR code in view, or null. */
 async function decoder() {
-  if ('BarcodeDetector' in window && (await BarcodeDetector.getSupportedFormats()).includes('qr_code')) {
+  const native = 'BarcodeDetector' in window && (await BarcodeDetector.getSupportedFormats().catch(() => [])).includes('qr_code');
+  if (native) {
     document.body.dataset.scanner = 'BarcodeDetector';
     const d = new BarcodeDetector({ formats: ['qr_code'] });
     return async (video) => (await d.detect(video))[0]?.rawValue ?? null;
@@ -1273,6 +1281,7 @@ async function boot() {
     }),
   );
   $('scan-stop').onclick = () => stopScan();
+  $('scanner').onkeydown = (ev) => ev.key === 'Escape' && stopScan();
   $('link-approve').onclick = act(() => linkApprove($('link-code').value));
   $('restore').onclick = act(restore);
   $('backup').onclick = act(downloadBackup);
@@ -1358,7 +1367,8 @@ async function boot() {
   else {
     $('setup').classList.remove('hidden');
     setView('setup');
-    if (await db.get('pending-link')) await linkStart();
+    // A link under way goes on waiting (its code registered, or registered now).
+    if (await db.get('pending-link')) linkStart().catch(showError);
   }
   document.body.dataset.ready = 'true';
 }
