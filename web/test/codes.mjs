@@ -14,8 +14,10 @@
 // - Carol types Bob's short contact code (held by relay-b) and writes to him;
 // - a new browser shows a device-link QR code, Alice scans it and approves,
 //   and the new browser joins her account by itself (the answer comes
-//   through the relay), with the conversation from before;
-// - another new browser is linked by typing its short code;
+//   through the relay), with the conversation from before (made long
+//   enough that the answer travels in several messages);
+// - another new browser, reloaded while it waits, is linked by typing its
+//   short code;
 // - the scanner closes the camera when cancelled; axe-core finds no serious
 //   or critical violation on the new screens.
 
@@ -84,8 +86,6 @@ async function axe(page, where) {
   for (const v of found) log(`axe (${where}): ${v}`);
   assert(found.length === 0, `axe-core: no serious or critical violation (${where})`);
 }
-
-const shown = (page, id) => page.$eval(`#${id}`, (e) => !e.classList.contains('hidden'));
 
 /** A new browser asks to join an account: its short code, its link, its six digits. */
 async function startLinking(page) {
@@ -172,6 +172,24 @@ async function main() {
     await carol.click('#error-close');
 
     // 3. A new browser asks to join Alice's account; Alice scans its QR code.
+    // Her history is made long first (older messages written into her
+    // IndexedDB), so that the answer travels in several messages.
+    const long = [1, 2, 3].map((i) => `Long ago, message ${i} ${Date.now()} ${'of a long history '.repeat(2200)}`);
+    sent.push(...long);
+    await alice.evaluate(
+      async (texts, peer) => {
+        const db = await new Promise((resolve, reject) => {
+          const r = indexedDB.open('relay-web');
+          r.onsuccess = () => resolve(r.result);
+          r.onerror = () => reject(r.error);
+        });
+        const tx = db.transaction('messages', 'readwrite');
+        texts.forEach((text, i) => tx.objectStore('messages').put({ message_id: `old-message-${i}-0000000`, peer, direction: 'received', kind: 'text', text, at: i, ts: 1764400000 + i, status: null, read: true }));
+        await new Promise((resolve) => { tx.oncomplete = resolve; });
+      },
+      long,
+      bobId,
+    );
     const laptop = await openPage(browser, 'relay-a', 'laptop');
     const req = await startLinking(laptop);
     assert(/^[0-9A-Z]{5}-[0-9A-Z]{5}$/.test(req.short) && req.link.endsWith(`#link=${req.short.replace('-', '')}`), `the new browser shows its short code ${req.short} and a link of ${req.link.length} characters`);
@@ -185,11 +203,17 @@ async function main() {
     await until(laptop, () => document.getElementById('conn').dataset.state === 'online');
     assert((await laptop.$eval('#account-id', (e) => e.textContent)) === aliceId, 'the new browser joins Alice\'s account by itself: the answer came through the relay, nothing pasted');
     await waitText(laptop, t1, 10_000);
-    assert(await shown(laptop, 'side'), 'the linked browser shows the conversation from before the link');
+    for (const t of long) await waitText(laptop, t, 10_000);
+    const parts = Number(/\((\d+) parts?\)/.exec(await alice.$eval('#link-sent', (e) => e.textContent))[1]);
+    assert(parts >= 2, `the linked browser shows the conversation from before the link, ${long.reduce((n, t) => n + t.length, 0)} characters of it sent in ${parts} messages`);
 
     // 4. Another new browser, linked by typing its short code.
     const phone = await openPage(browser, 'relay-a', 'phone');
     const req2 = await startLinking(phone);
+    // It keeps waiting across a reload, with the same code.
+    await phone.reload();
+    await until(phone, () => document.body.dataset.ready === 'true' && document.getElementById('link-wait').textContent.includes('answer'));
+    assert((await phone.$eval('#link-short', (e) => e.textContent)) === req2.short, 'a new browser reloaded while waiting shows the same code and waits on');
     await alice.type('#link-code', req2.short);
     await alice.click('#link-approve');
     await until(phone, () => document.getElementById('conn').dataset.state === 'online');
