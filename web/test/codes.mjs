@@ -122,6 +122,10 @@ async function main() {
     await alice.click('#scan-contact');
     await until(alice, () => !document.getElementById('scanner').classList.contains('hidden') && document.getElementById('scan-video').readyState >= 2);
     await axe(alice, 'scanner open');
+    await alice.screenshot({ path: join(OUT, 'scanner-1100.png') });
+    await alice.setViewport({ width: 390, height: 844 });
+    await alice.screenshot({ path: join(OUT, 'scanner-390.png') });
+    await alice.setViewport({ width: 1100, height: 800 });
     await alice.click('#scan-stop');
     const off = await alice.evaluate(() => document.getElementById('scanner').classList.contains('hidden') && document.getElementById('scan-video').srcObject === null);
     assert(off, 'Cancel closes the scanner and lets go of the camera');
@@ -149,6 +153,7 @@ async function main() {
     await until(bob, () => /^[0-9A-Z]{5}-[0-9A-Z]{5}$/.test(document.getElementById('contact-code').textContent));
     const bobCode = await bob.$eval('#contact-code', (e) => e.textContent);
     await axe(bob, 'settings with a short code');
+    await bob.screenshot({ path: join(OUT, 'contact-code.png'), fullPage: true });
     await carol.type('#add-link', bobCode.toLowerCase().replace('-', ' '));
     await carol.click('#add-contact');
     await until(carol, (id) => document.getElementById('peer').dataset.accountId === id, bobId);
@@ -195,6 +200,9 @@ async function main() {
     assert(/^[0-9A-Z]{5}-[0-9A-Z]{5}$/.test(req.short) && req.link.endsWith(`#link=${req.short.replace('-', '')}`), `the new browser shows its short code ${req.short} and a link of ${req.link.length} characters`);
     await axe(laptop, 'a new browser waiting to be linked');
     await laptop.screenshot({ path: join(OUT, 'link-request.png') });
+    await laptop.setViewport({ width: 390, height: 844 });
+    await laptop.screenshot({ path: join(OUT, 'link-request-390.png'), fullPage: true });
+    await laptop.setViewport({ width: 1100, height: 800 });
     camera(req.link);
     await alice.click('#open-settings');
     await alice.click('#scan-link');
