@@ -17,6 +17,9 @@ const INDEX: &str = include_str!("../../web/src/index.html");
 const APP: &str = include_str!("../../web/dist/app.js");
 /// The service worker (Web Push: shows "New message"; PROTOCOL §9).
 const SERVICE_WORKER: &str = include_str!("../../web/dist/sw.js");
+/// The QR decoder, loaded by the page only to scan with a camera in a
+/// browser without a BarcodeDetector: kept out of `app.js` to keep it small.
+const SCANNER: &str = include_str!("../../web/dist/scan.js");
 
 /// What the page needs to know about the relay that served it.
 #[derive(Clone, Debug)]
@@ -41,6 +44,10 @@ async fn app() -> HttpResponse {
     HttpResponse::Ok().content_type("text/javascript; charset=utf-8").body(APP)
 }
 
+async fn scanner() -> HttpResponse {
+    HttpResponse::Ok().content_type("text/javascript; charset=utf-8").body(SCANNER)
+}
+
 async fn service_worker() -> HttpResponse {
     HttpResponse::Ok()
         .content_type("text/javascript; charset=utf-8")
@@ -63,6 +70,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route("/", web::get().to(index))
         .route("/index.html", web::get().to(index))
         .route("/app.js", web::get().to(app))
+        .route("/scan.js", web::get().to(scanner))
         .route("/sw.js", web::get().to(service_worker))
         .route("/favicon.ico", web::get().to(favicon))
         .route("/client.json", web::get().to(client_json));

@@ -71,6 +71,24 @@ fn a_messenger_people_use_nothing_lost_names_requests_backup() {
     against_relays("test/messenger.mjs", &[], "browser-messenger", Duration::from_secs(300));
 }
 
+/// QR scanning, short codes and device linking through the relay
+/// (`web/test/codes.mjs`), on two relays: Alice's Chromium has a fake
+/// camera showing a Y4M video of the QR code the other page displays, and
+/// she adds Bob by scanning his contact link; Carol types Bob's short code
+/// (held by the other relay); a mistyped code is refused; one new browser
+/// is linked by scanning its QR code (a history of 119,000 characters, sent
+/// in three messages), another, reloaded while it waits, by typing its
+/// short code, each continuing by itself (the answer comes through the
+/// relay) with the earlier history; axe-core finds no serious or critical
+/// violation.
+#[test]
+fn qr_scanning_short_codes_and_linking_without_paste() {
+    if !can_run("qr_scanning_short_codes_and_linking_without_paste") {
+        return;
+    }
+    against_relays("test/codes.mjs", &[], "browser-codes", Duration::from_secs(300));
+}
+
 /// Web Push in the web client (`web/test/push.mjs`): the service worker
 /// registers, the client subscribes with the relay's VAPID key and hands
 /// the relay the subscription; with the page closed a message becomes a

@@ -535,6 +535,40 @@ async fn route_update_with_a_lower_revision_fails_with_route_stale_and_the_newer
     assert_eq!(c.ok("route.get", None, &json!({"account_id": alice.id()})).await, r3);
 }
 
+/// What the web client's short codes rest on (docs/guide/web-client.md,
+/// *Short codes*): a route at the last revision a route can have, carrying
+/// a signed member of the client's own, is answered as it was registered,
+/// and nothing replaces it: the same revision with other content is
+/// `state_conflict` (by `route.update` and by a second registration), and
+/// a higher revision is beyond the I-JSON integers the relay reads.
+#[actix_rt::test]
+async fn a_route_at_the_last_revision_keeps_its_own_member_and_cannot_be_replaced() {
+    const LAST: u64 = (1 << 53) - 1;
+    let (_d, _r, c) = start();
+    let account = Account::from_seed([7; 32]);
+    let device = Device::from_seed("code", [107; 32]);
+    let pointer = |what: &str| {
+        let mut route = account.route(LAST, &[(RELAY, c.base.as_str())], now());
+        route["short_code"] = json!({"kind": "contact", "what": what});
+        resign(Tag::Route, &route, &account.key)
+    };
+    let route = pointer("the first");
+    let cert = account.certificate(&device, now(), None);
+    c.ok("account.register", None, &account.register_params(&route, &cert, RELAY, false, now())).await;
+    assert_eq!(c.ok("route.get", None, &json!({"account_id": account.id})).await, route);
+
+    let other = pointer("another");
+    let again = account.register_params(&other, &cert, RELAY, false, now());
+    assert_eq!(c.err("account.register", None, &again).await, "state_conflict");
+    let mut user = User { account: account.clone(), devices: vec![device], tokens: vec![], relay_id: RELAY.into() };
+    let token = user.open_session(&c, 0).await;
+    user.tokens.push(token);
+    assert_eq!(c.err("route.update", user.token(0), &json!({"route": other})).await, "state_conflict");
+    let higher = account.route(LAST + 1, &[(RELAY, c.base.as_str())], now());
+    assert_eq!(c.err("route.update", user.token(0), &json!({"route": higher})).await, "invalid_params");
+    assert_eq!(c.ok("route.get", None, &json!({"account_id": account.id})).await, route);
+}
+
 #[actix_rt::test]
 async fn route_update_with_the_same_revision_and_other_content_fails_with_state_conflict() {
     let (_d, _r, c) = start();

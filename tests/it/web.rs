@@ -48,6 +48,10 @@ async fn relay_serves_its_web_client() {
     assert_eq!((status, ctype.as_str()), (200, "text/javascript; charset=utf-8"));
     assert_eq!(body, include_str!("../../web/dist/sw.js"));
     assert!(body.contains("New message"));
+    // The QR decoder, loaded by the page only when it scans without a BarcodeDetector.
+    let (status, ctype, _, body) = get(&format!("{}/scan.js", relay.url)).await;
+    assert_eq!((status, ctype.as_str()), (200, "text/javascript; charset=utf-8"));
+    assert_eq!(body, include_str!("../../web/dist/scan.js"));
     let (status, _, _, body) = get(&format!("{}/client.json", relay.url)).await;
     assert_eq!(status, 200);
     let info: serde_json::Value = serde_json::from_str(&body).unwrap();

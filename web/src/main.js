@@ -11,6 +11,7 @@ import encodeQR from 'qr';
 import * as e2e from './e2e.js';
 import * as db from './store.js';
 import * as backup from './backup.js';
+import * as shortcode from './shortcode.js';
 import { retryable, dayLabel, clockTime, listTime } from './rules.js';
 
 const { b64uEncode: b64, b64uDecode: unb64 } = e2e;
@@ -18,6 +19,10 @@ const $ = (id) => document.getElementById(id);
 const now = () => Math.floor(Date.now() / 1000);
 const randomId = (bytes = 16) => b64(e2e.random(bytes));
 const DAY = 86400;
+const base = () => relay.public_url.replace(/\/$/, '');
+// The QR decoder, loaded only where the browser has no BarcodeDetector (a
+// name, not a literal: the bundler leaves it to load at run time).
+const SCAN_MODULE = '/scan.js';
 // How far a status has come: it never goes back (a late sync page or a
 // notification overtaken by a newer one).
 const RANK = { sending: 0, delivering: 1, target_accepted: 2, failed: 2 };
@@ -188,13 +193,52 @@ async function contactLink(fresh = false) {
     );
     await db.put('invite', invite);
   }
-  return `${relay.public_url.replace(/\/$/, '')}/#contact=${b64(e2e.utf8(JSON.stringify(invite)))}`;
+  return `${base()}/#contact=${b64(e2e.utf8(JSON.stringify(invite)))}`;
 }
 
 async function showContactLink(fresh) {
   const link = await contactLink(fresh);
   $('contact-link').value = link;
   $('contact-qr').innerHTML = encodeQR(link, 'svg');
+  await showContactCode();
+}
+
+/** The short code of the contact link, while it names the current invite. */
+async function showContactCode() {
+  const invite = await db.get('invite');
+  const c = await db.get('contact-code');
+  const live = c && invite && c.invite_id === invite.invite_id;
+  $('contact-code').textContent = live ? shortcode.format(c.code) : '';
+  $('contact-code-box').classList.toggle('hidden', !live);
+  $('make-contact-code').textContent = live ? 'New short code' : 'Make a short code';
+}
+
+/**
+ * A short code for the contact link: a pointer account on this relay
+ * whose route carries the invite (see shortcode.js). It dies with the
+ * invite (expiry, or a block that rotates the link).
+ */
+async function makeContactCode() {
+  await contactLink();
+  const invite = await db.get('invite');
+  const code = shortcode.newCode();
+  const k = shortcode.keysOf(code);
+  await http('account.register', shortcode.pointer(k, relay, { kind: 'contact', invite }, b64(e2e.boxKeyOf(k.deviceSeed)), now()));
+  await db.put('contact-code', { code, invite_id: invite.invite_id });
+  await showContactCode();
+}
+
+/** What `code` names, from its pointer's route (looked up through this relay and its peers). */
+async function lookup(code, kind) {
+  const k = shortcode.keysOf(code);
+  let route;
+  try {
+    route = await call('route.get', { account_id: k.accountId });
+  } catch (e) {
+    if (e.code === 'route_not_found' || e.code === 'not_found') throw new Error(`no ${shortcode.format(code)} is known: check the code`);
+    throw e;
+  }
+  return { k, body: shortcode.read(route, k, kind) };
 }
 
 // ---- contacts ----------------------------------------------------------------
@@ -238,10 +282,14 @@ function grantFor(c) {
   return c.my_grant;
 }
 
+/** Adds the contact a link, a short code or a short-code link names. */
 async function addContact(link, nickname) {
   const m = /#contact=([A-Za-z0-9_-]+)/.exec(link.trim());
-  if (!m) throw new Error('not a contact link');
-  const invite = JSON.parse(new TextDecoder().decode(unb64(m[1])));
+  const code = shortcode.parse(m ? m[1] : link);
+  let invite;
+  if (code) invite = (await lookup(code, 'contact')).body.invite;
+  else if (m) invite = JSON.parse(new TextDecoder().decode(unb64(m[1])));
+  else throw new Error('not a contact link or code');
   if (invite.issuer === me.account_id) throw new Error('that is your own link');
   const key = await accountKey(invite.issuer);
   if (!e2e.verify('relay/v1/contact-invite', invite, key)) throw new Error('the invite does not verify');
@@ -513,11 +561,17 @@ function announce(m) {
 
 // ---- session -----------------------------------------------------------------
 
-async function openSession() {
-  const ch = await http('session.challenge', { account_id: me.account_id, device_id: me.device_id });
-  const body = { account_id: me.account_id, device_id: me.device_id, challenge: ch.challenge, relay_id: relay.relay_id };
-  const s = await http('session.open', { account_id: me.account_id, device_id: me.device_id, challenge: ch.challenge, signature: e2e.sessionProof(keys().device, body) });
+async function openSession(account_id, device_id, deviceSeed) {
+  const ch = await http('session.challenge', { account_id, device_id });
+  const body = { account_id, device_id, challenge: ch.challenge, relay_id: relay.relay_id };
+  const s = await http('session.open', { account_id, device_id, challenge: ch.challenge, signature: e2e.sessionProof(deviceSeed, body) });
   return s.token;
+}
+
+function wsUrl() {
+  const url = new URL('/v1/ws', location.href);
+  url.protocol = url.protocol === 'https:' ? 'wss:' : 'ws:';
+  return url;
 }
 
 function setConn(text) {
@@ -529,10 +583,8 @@ function setConn(text) {
 async function connect() {
   if (stopped) return;
   try {
-    const token = await openSession();
-    const url = new URL('/v1/ws', location.href);
-    url.protocol = url.protocol === 'https:' ? 'wss:' : 'ws:';
-    const socket = new Socket(url, onNotify, () => {
+    const token = await openSession(me.account_id, me.device_id, keys().device);
+    const socket = new Socket(wsUrl(), onNotify, () => {
       if (ws === socket) ws = null;
       if (stopped) return;
       setConn('offline');
@@ -698,75 +750,272 @@ async function revoke(deviceId) {
 }
 
 /**
- * A new browser's request: its public keys and a one-time X25519 key for
- * the answer, as a link (a phone's camera opens it from the QR code in a
- * browser that has the account). Both browsers show a six-digit code.
+ * A new browser's request, named by a short code (and its link and QR
+ * code): the code's pointer account on this relay carries the browser's
+ * public keys and a one-time X25519 key, and is its mailbox for the answer
+ * (see shortcode.js). Both browsers show a six-digit code.
  */
 async function linkStart() {
   let pending = await db.get('pending-link');
-  if (!pending) {
+  if (!pending?.code) {
     const link_secret = e2e.random(32);
-    pending = { ...newDevice(), link_secret: b64(link_secret), link_key: b64(e2e.boxKeyOf(link_secret)) };
+    pending = { ...newDevice(), link_secret: b64(link_secret), link_key: b64(e2e.boxKeyOf(link_secret)), code: shortcode.newCode() };
     await db.put('pending-link', pending);
   }
-  const { device_id, device_key, box_key, link_key } = pending;
-  const request = `${relay.public_url.replace(/\/$/, '')}/#link=${b64(e2e.utf8(JSON.stringify({ device_id, device_key, box_key, link_key })))}`;
+  if (!pending.registered) {
+    const { device_id, device_key, box_key, link_key } = pending;
+    const body = { kind: 'device-link', device_id, device_key, box_key, link_key };
+    await http('account.register', shortcode.pointer(shortcode.keysOf(pending.code), relay, body, link_key, now()));
+    pending.registered = true;
+    await db.put('pending-link', pending);
+  }
+  const request = `${base()}/#link=${pending.code}`;
+  $('link-short').textContent = shortcode.format(pending.code);
   $('link-request').value = request;
   $('link-request-qr').innerHTML = encodeQR(request, 'svg');
-  $('link-code-here').textContent = e2e.linkCode(link_key);
+  $('link-code-here').textContent = e2e.linkCode(pending.link_key);
   $('link-new').classList.remove('hidden');
+  $('link-start').classList.add('hidden');
+  mailbox(pending);
+}
+
+let mailboxSocket = null; // the socket, 'connecting', or null
+/**
+ * The new browser waits at its pointer account for the answer: a session
+ * as the pointer's device, then `message.timeline.sync` on every
+ * `message.timeline.changed` and on each (re)connection.
+ */
+async function mailbox(pending) {
+  if (mailboxSocket || me) return; // waiting already, or linked (a retry timer that fired late)
+  mailboxSocket = 'connecting';
+  const k = shortcode.keysOf(pending.code);
+  const again = (sock) => {
+    if (mailboxSocket !== sock) return; // stopped, or already retrying
+    mailboxSocket = null;
+    $('link-wait').textContent = 'Waiting for the relay…';
+    setTimeout(() => mailbox(pending), 2000);
+  };
+  let sock = 'connecting';
+  try {
+    const token = await openSession(k.accountId, shortcode.DEVICE_ID, k.deviceSeed);
+    sock = new Socket(wsUrl(), (n) => n.method === 'message.timeline.changed' && readMailbox(sock, pending), () => again(sock));
+    mailboxSocket = sock;
+    await sock.ready;
+    await sock.call('session.attach', { token });
+    $('link-wait').textContent = 'Waiting for the answer…';
+    readMailbox(sock, pending);
+  } catch (e) {
+    console.warn('mailbox', e);
+    if (typeof sock === 'object') sock.ws.close();
+    again(sock);
+  }
+}
+
+function stopMailbox() {
+  const s = mailboxSocket;
+  mailboxSocket = null;
+  if (typeof s === 'object') s?.ws.close();
+}
+
+let mailboxReading = Promise.resolve();
+/** Reads the pointer's timeline; the first complete answer that certifies this browser links it. */
+function readMailbox(sock, pending) {
+  mailboxReading = mailboxReading
+    .then(async () => {
+      if (mailboxSocket !== sock) return;
+      const parts = [];
+      const certs = new Map();
+      let after = 0;
+      for (;;) {
+        const page = await sock.call('message.timeline.sync', { after, limit: 500 });
+        for (const r of page.records) {
+          const env = r.envelope;
+          if (r.direction !== 'received' || r.box?.device_id !== shortcode.DEVICE_ID) continue;
+          try {
+            if (!certs.has(env.from)) certs.set(env.from, (await sock.call('account.devices.get', { account_id: env.from })).certificates);
+            const cert = certs.get(env.from).find((c) => c.device_id === env.from_device_id);
+            const p = e2e.readPlaintext(e2e.openRecord(r, unb64(cert.device_key), shortcode.DEVICE_ID, unb64(pending.link_secret)));
+            if (p.type === 'device-link' && p.link === pending.device_id) parts.push({ ...p, from: env.from, cert });
+          } catch (e) {
+            console.warn('not a link answer', env.message_id, e);
+          }
+        }
+        after = page.next;
+        if (!page.has_more) break;
+      }
+      // The parts of one answer come from one account.
+      for (const from of new Set(parts.map((p) => p.from))) {
+        const mine = parts.filter((p) => p.from === from);
+        const bytes = shortcode.join(mine);
+        if (!bytes) continue;
+        try {
+          await linkFinish(JSON.parse(new TextDecoder().decode(bytes)), from, mine.map((p) => p.cert));
+          stopMailbox();
+          return;
+        } catch (e) {
+          console.warn('a link answer was refused', e);
+        }
+      }
+    })
+    .catch(showError);
 }
 
 /**
- * On a browser with the account: certifies the new device (signed by the
- * account key), adds it, and answers with the certificate and the account
- * key, contacts and the conversations so far, sealed to the request's
- * one-time key (relay-e2e/v1 box).
+ * On a browser with the account: looks up the request a code names,
+ * certifies the new device (signed by the account key), adds it, and
+ * sends the answer — the certificate, the account key, contacts and the
+ * conversations so far — to the request's pointer account with
+ * `message.send`, sealed to its one-time key (relay-e2e/v1), in parts
+ * under the relay's ciphertext limit. The pointer's invite is signed with
+ * the key derived from the code.
  */
-async function linkApprove(code) {
-  const m = /#link=([A-Za-z0-9_-]+)/.exec(code) ?? [null, code.trim()];
-  const req = JSON.parse(new TextDecoder().decode(unb64(m[1])));
+async function linkApprove(input) {
+  const m = /#link=([A-Za-z0-9_-]+)/.exec(input);
+  const code = shortcode.parse(m ? m[1] : input);
+  if (!code) throw new Error('not a device-link code');
+  const { k, body: req } = await lookup(code, 'device-link');
   if (!confirm(`Link the browser that shows the code ${e2e.linkCode(req.link_key)}? It gets your account key and your conversations.`)) return;
-  const cert = certificate(keys().account, req);
-  await call('device.add', { device_certificate: cert });
+  // Approving again (a send failed half-way) keeps the certificate on file.
+  const known = (await devicesOf(me.account_id)).find((d) => d.device_id === req.device_id);
+  if (known && (known.device_key !== req.device_key || known.box_key !== req.box_key)) throw new Error(`this account already has a device ${req.device_id}`);
+  const cert = known ?? certificate(keys().account, req);
+  if (!known) await call('device.add', { device_certificate: cert });
   const history = (await db.messages())
     .filter((x) => x.kind === 'text' && x.status !== 'sending')
     .map(({ message_id, peer, direction, text, kind, at, ts, status }) => ({ message_id, peer, direction, text, kind, at, ts, status, read: true }));
-  const secret = e2e.utf8(JSON.stringify({ account_seed: me.account_seed, name: me.name, invite: await db.get('invite'), contacts, history }));
-  const sealedSecret = e2e.encrypt(`device-link:${req.device_id}`, secret, [{ device_id: req.device_id, box_key: unb64(req.link_key) }]);
-  $('link-approval').value = b64(e2e.utf8(JSON.stringify({ certificate: cert, ...sealedSecret })));
-  $('link-approval').classList.remove('hidden');
-  $('link-approval-label').classList.remove('hidden');
-  $('link-approval-copy').classList.remove('hidden');
+  const answer = e2e.utf8(JSON.stringify({ certificate: cert, account_seed: me.account_seed, name: me.name, invite: await db.get('invite'), contacts, history }));
+  const invite = e2e.sign('relay/v1/contact-invite', { invite_id: randomId(), issuer: k.accountId, issued_at: now(), expires_at: now() + DAY }, k.accountSeed);
+  const data = shortcode.split(answer);
+  for (const [part, chunk] of data.entries()) {
+    const message_id = randomId();
+    const plaintext = e2e.jcs({ type: 'device-link', link: req.device_id, part, parts: data.length, data: chunk });
+    const box = e2e.encrypt(message_id, plaintext, [{ device_id: shortcode.DEVICE_ID, box_key: unb64(req.link_key) }]);
+    const envelope = e2e.sign(
+      'relay/v1/envelope',
+      { message_id, from: me.account_id, from_device_id: me.device_id, to: k.accountId, created_at: now(), ciphertext: box.ciphertext },
+      keys().device,
+    );
+    await call('message.send', { envelope, recipient_boxes: box.boxes, authorization: { contact_invite: invite } });
+  }
+  $('link-code').value = '';
+  $('link-sent').textContent = `Sent to the browser showing ${e2e.linkCode(req.link_key)} (${data.length} part${data.length > 1 ? 's' : ''}); it continues by itself.`;
   await renderDevices();
 }
 
-async function linkFinish(answer) {
+/** The new browser takes an answer that certifies it, from the account it hands over. */
+async function linkFinish(a, from, senderCerts) {
   const pending = await db.get('pending-link');
-  const a = JSON.parse(new TextDecoder().decode(unb64(answer.trim())));
-  const messageId = `device-link:${pending.device_id}`;
-  const key = e2e.openBox(messageId, pending.device_id, unb64(pending.link_secret), unb64(a.boxes[0].box));
-  const secret = JSON.parse(new TextDecoder().decode(e2e.open(messageId, key, unb64(a.ciphertext))));
-  const accountKey = e2e.publicKeyOf(unb64(secret.account_seed));
+  const accountKey = e2e.publicKeyOf(unb64(a.account_seed));
   const cert = a.certificate;
   if (!e2e.verify('relay/v1/device-certificate', cert, accountKey) || cert.device_key !== pending.device_key || cert.box_key !== pending.box_key) {
     throw new Error('the answer does not certify this browser');
   }
+  // Sent by a device of the account it hands over.
+  if (e2e.accountIdOf(accountKey) !== from || !senderCerts.every((c) => c.account_id === from && e2e.verify('relay/v1/device-certificate', c, accountKey))) {
+    throw new Error('the answer does not come from the account it names');
+  }
   me = {
     account_id: e2e.accountIdOf(accountKey),
     account_key: b64(accountKey),
-    account_seed: secret.account_seed,
+    account_seed: a.account_seed,
     device_id: pending.device_id,
     device_seed: pending.device_seed,
     box_secret: pending.box_secret,
-    name: secret.name,
+    name: a.name,
   };
-  if (secret.invite) await db.put('invite', secret.invite);
-  contacts = secret.contacts ?? {};
+  if (a.invite) await db.put('invite', a.invite);
+  contacts = a.contacts ?? {};
   await saveContacts();
-  for (const m of secret.history ?? []) await db.putMessage(m);
+  for (const m of a.history ?? []) await db.putMessage(m);
   await db.put('identity', me);
+  await db.put('pending-link', null);
+  $('link-new').classList.add('hidden');
   await start();
+}
+
+// ---- scanning ----------------------------------------------------------------
+
+let scanning = null; // {stream, timer}
+
+/**
+ * Reads a QR code with the camera: the browser's BarcodeDetector where it
+ * has one for QR codes, else the `qr` package's decoder (loaded only then)
+ * on frames drawn to a canvas. The first code read goes to `done`;
+ * pasting or typing stays the way without a camera.
+ */
+async function scan(done) {
+  stopScan();
+  let stream;
+  try {
+    stream = await navigator.mediaDevices.getUserMedia({ video: { facingMode: 'environment' }, audio: false });
+  } catch (e) {
+    throw new Error(`no camera (${e.name ?? e.message}): paste or type the code instead`);
+  }
+  scanning = { stream, timer: null };
+  const video = $('scan-video');
+  video.srcObject = stream;
+  $('scanner').classList.remove('hidden');
+  $('scan-stop').focus();
+  let decode;
+  try {
+    await video.play();
+    decode = await decoder();
+  } catch (e) {
+    stopScan(); // the camera goes off with the error (e.g. the decoder could not be loaded)
+    throw e;
+  }
+  const tick = async () => {
+    if (scanning?.stream !== stream) return;
+    let text = null;
+    try {
+      text = await decode(video);
+    } catch (e) {
+      console.warn('scan', e);
+    }
+    if (scanning?.stream !== stream) return;
+    if (!text) {
+      scanning.timer = setTimeout(tick, 150);
+      return;
+    }
+    stopScan();
+    await done(text);
+  };
+  tick().catch(showError);
+}
+
+function stopScan() {
+  if (!scanning) return;
+  clearTimeout(scanning.timer);
+  for (const t of scanning.stream.getTracks()) t.stop();
+  scanning = null;
+  $('scan-video').srcObject = null;
+  $('scanner').classList.add('hidden');
+}
+
+/** A function from a video element to the text of a QR code in view, or null. */
+async function decoder() {
+  const native = 'BarcodeDetector' in window && (await BarcodeDetector.getSupportedFormats().catch(() => [])).includes('qr_code');
+  if (native) {
+    document.body.dataset.scanner = 'BarcodeDetector';
+    const d = new BarcodeDetector({ formats: ['qr_code'] });
+    return async (video) => (await d.detect(video))[0]?.rawValue ?? null;
+  }
+  const { decodeQR } = await import(SCAN_MODULE);
+  document.body.dataset.scanner = 'qr';
+  const canvas = document.createElement('canvas');
+  const ctx = canvas.getContext('2d', { willReadFrequently: true });
+  return async (video) => {
+    const { videoWidth: w, videoHeight: h } = video;
+    if (!w || !h) return null;
+    canvas.width = w;
+    canvas.height = h;
+    ctx.drawImage(video, 0, 0, w, h);
+    try {
+      return decodeQR(ctx.getImageData(0, 0, w, h));
+    } catch {
+      return null; // no code in this frame
+    }
+  };
 }
 
 // ---- backup ------------------------------------------------------------------
@@ -1018,7 +1267,21 @@ async function boot() {
   followMessages();
   $('create').onclick = act(createAccount);
   $('link-start').onclick = act(linkStart);
-  $('link-finish').onclick = act(() => linkFinish($('link-answer').value));
+  $('make-contact-code').onclick = act(makeContactCode);
+  $('scan-contact').onclick = act(() =>
+    scan(async (text) => {
+      $('add-link').value = text;
+      $('add-name').focus();
+    }),
+  );
+  $('scan-link').onclick = act(() =>
+    scan(async (text) => {
+      $('link-code').value = text;
+      await linkApprove(text);
+    }),
+  );
+  $('scan-stop').onclick = () => stopScan();
+  $('scanner').onkeydown = (ev) => ev.key === 'Escape' && stopScan();
   $('link-approve').onclick = act(() => linkApprove($('link-code').value));
   $('restore').onclick = act(restore);
   $('backup').onclick = act(downloadBackup);
@@ -1104,7 +1367,8 @@ async function boot() {
   else {
     $('setup').classList.remove('hidden');
     setView('setup');
-    if (await db.get('pending-link')) await linkStart();
+    // A link under way goes on waiting (its code registered, or registered now).
+    if (await db.get('pending-link')) linkStart().catch(showError);
   }
   document.body.dataset.ready = 'true';
 }

@@ -1,6 +1,6 @@
 // The browser's own storage (IndexedDB): keys, contacts, the timeline
 // cursor and the messages this device has read. Keys never leave it except
-// in a device-link code the user carries to their own new device.
+// in a device-link answer, sealed to the user's own new device.
 
 const DB = 'relay-web';
 

@@ -159,9 +159,10 @@ async function main() {
 }
 
 /**
- * A second browser profile joins Alice's account with a device-link code
- * (its request, answered by a certificate signed with the account key),
- * reads what Bob sends next, and is then revoked from the device list.
+ * A second browser profile joins Alice's account from its link (as from
+ * its QR code): the answer — a certificate signed with the account key and
+ * the history, sealed to the new browser — reaches it through the relay;
+ * it reads what Bob sends next, and is then revoked from the device list.
  */
 async function linkAndRevoke(open, alice, aliceId, bob, sent) {
   const laptop = await open('relay-a');
@@ -172,21 +173,20 @@ async function linkAndRevoke(open, alice, aliceId, bob, sent) {
   await alice.goto(request);
   await until(alice, (r) => document.getElementById('link-code').value === r && !document.getElementById('settings').classList.contains('hidden'), request);
   await alice.click('#link-approve');
-  await until(alice, () => document.getElementById('link-approval').value.length > 0);
+  await until(alice, () => document.getElementById('link-sent').textContent.startsWith('Sent'));
   const code = await laptop.$eval('#link-code-here', (e) => e.textContent);
   assert(/^\d{3} \d{3}$/.test(code) && alice.dialogs.at(-1).includes(code), `Alice is asked to approve the browser that shows ${code}`);
-  const answer = await alice.$eval('#link-approval', (e) => e.value);
-  await laptop.type('#link-answer', answer);
-  await laptop.click('#link-finish');
+  // Nothing is pasted back: the laptop reads the answer from the relay.
   await until(laptop, () => document.getElementById('conn').dataset.state === 'online');
   assert((await laptop.$eval('#account-id', (e) => e.textContent)) === aliceId, 'the linked browser is on Alice\'s account');
   const laptopId = await laptop.$eval('#device-id', (e) => e.textContent);
   await until(alice, (id) => !!document.querySelector(`#devices li[data-device-id="${id}"]`), laptopId);
   for (const t of sent) await waitText(laptop, t, 10_000);
-  assert(true, 'the linked browser shows the conversation from before the link (sealed in the answer)');
+  assert(true, 'the linked browser shows the conversation from before the link (sealed in the answer it read from the relay)');
 
   const t = `For both of Alice's browsers ${Date.now()}`;
   sent.push(t);
+  await harness.waitDeviceSeen(bob, aliceId, laptopId);
   await sendText(bob, t);
   await waitText(alice, t);
   await waitText(laptop, t);

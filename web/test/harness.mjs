@@ -5,6 +5,7 @@ import { spawn, execFileSync } from 'node:child_process';
 import { mkdirSync, writeFileSync, readdirSync, statSync, readFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { join } from 'node:path';
+import { createRequire } from 'node:module';
 import puppeteer from 'puppeteer-core';
 
 export const arg = (name) => {
@@ -105,14 +106,16 @@ ${extra}`,
   return { relays, start, stop, stopAll };
 }
 
-export const launch = (dir) =>
+/** Headless Chromium with a profile `name` under `dir`, and `extra` flags. */
+export const launch = (dir, extra = [], name = 'chromium') =>
   puppeteer.launch({
     executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
     headless: true,
     args: [
       '--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
       '--disable-background-networking', '--disable-component-update', '--disable-sync',
-      `--user-data-dir=${join(dir, 'chromium')}`,
+      `--user-data-dir=${join(dir, name)}`,
+      ...extra,
     ],
   });
 
@@ -139,6 +142,45 @@ export const waitStatus = (page, text, want, timeout) =>
 
 export const waitText = (page, text, timeout) =>
   until(page, (t) => [...document.querySelectorAll('.msg .text')].some((x) => x.textContent === t), text, timeout);
+
+/**
+ * Waits (bounded) until `page`'s relay lists `deviceId` among the devices
+ * of `accountId`: a relay keeps a remote account's device list for a few
+ * seconds (`remote_reads::TTL_MS`), so a device just linked elsewhere
+ * gets a sender's boxes only from then on. Asked as the page's own device,
+ * with a session of its own.
+ */
+export async function waitDeviceSeen(page, accountId, deviceId, timeout = 20_000) {
+  const ask = () =>
+    page.evaluate(async ([account, device]) => {
+      const e2e = window.relayE2E;
+      const db = await new Promise((resolve, reject) => {
+        const r = indexedDB.open('relay-web');
+        r.onsuccess = () => resolve(r.result);
+        r.onerror = () => reject(r.error);
+      });
+      const me = await new Promise((resolve) => {
+        const r = db.transaction('kv').objectStore('kv').get('identity');
+        r.onsuccess = () => resolve(r.result);
+      });
+      const rpc = async (method, params, token) => {
+        const headers = { 'content-type': 'application/json', ...(token ? { authorization: `Bearer ${token}` } : {}) };
+        return (await fetch(`/v1/rpc/${method}`, { method: 'POST', headers, body: JSON.stringify(params) })).json();
+      };
+      const { relay_id } = await (await fetch('/client.json')).json();
+      const ids = { account_id: me.account_id, device_id: me.device_id };
+      const { challenge } = await rpc('session.challenge', ids);
+      const signature = e2e.sessionProof(e2e.b64uDecode(me.device_seed), { ...ids, challenge, relay_id });
+      const { token } = await rpc('session.open', { ...ids, challenge, signature });
+      const list = await rpc('account.devices.get', { account_id: account }, token);
+      return (list.certificates ?? []).some((c) => c.device_id === device);
+    }, [accountId, deviceId]);
+  const end = Date.now() + timeout;
+  while (!(await ask())) {
+    if (Date.now() > end) throw new Error(`${deviceId} of ${accountId} not listed after ${timeout} ms`);
+    await sleep(250);
+  }
+}
 
 export async function sendText(page, text) {
   await page.type('#text', text);
@@ -176,4 +218,16 @@ export function plaintextsIn(relays, texts, log) {
   }
   log(`byte search: ${texts.length} plaintexts, ${scanned} bytes of relay data, ${found} found`);
   return found;
+}
+
+const AXE_SOURCE = readFileSync(createRequire(import.meta.url).resolve('axe-core/axe.min.js'), 'utf8');
+
+/** axe-core on the page as it is now: its serious and critical violations, one line each. */
+export async function axeViolations(page) {
+  // Evaluated over DevTools, as the page's CSP allows no injected script.
+  await page.evaluate(AXE_SOURCE);
+  return page.evaluate(async () => {
+    const r = await window.axe.run(document, { resultTypes: ['violations'] });
+    return r.violations.filter((v) => ['serious', 'critical'].includes(v.impact)).map((v) => `${v.id}: ${v.help} (${v.nodes.map((n) => n.target.join(' ')).join(', ')})`);
+  });
 }

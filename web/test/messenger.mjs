@@ -16,9 +16,8 @@
 // holds at 390 px and the composer stays on screen; axe-core finds no
 // serious or critical violation.
 
-import { mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { createRequire } from 'node:module';
 import * as harness from './harness.mjs';
 import { arg, logger, relayNet, launch, until, waitStatus, waitText, sendText, plaintextsIn, status } from './harness.mjs';
 
@@ -28,7 +27,6 @@ const OUT = arg('out');
 const DOCS = arg('docs');
 const log = logger('messenger');
 const assert = (cond, what) => harness.assert(cond, what, log);
-const AXE_SOURCE = readFileSync(createRequire(import.meta.url).resolve('axe-core/axe.min.js'), 'utf8');
 
 let net;
 
@@ -102,14 +100,9 @@ const stored = (page) =>
 const countText = (page, text) =>
   page.evaluate((t) => [...document.querySelectorAll('.msg .text')].filter((x) => x.textContent === t).length, text);
 
-/** axe-core on the page as it is now: the serious and critical violations. */
+/** axe-core on the page as it is now: no serious or critical violation. */
 async function axe(page, where) {
-  // Evaluated over DevTools, as the page's CSP allows no injected script.
-  await page.evaluate(AXE_SOURCE);
-  const found = await page.evaluate(async () => {
-    const r = await window.axe.run(document, { resultTypes: ['violations'] });
-    return r.violations.filter((v) => ['serious', 'critical'].includes(v.impact)).map((v) => `${v.id}: ${v.help} (${v.nodes.map((n) => n.target.join(' ')).join(', ')})`);
-  });
+  const found = await harness.axeViolations(page);
   for (const v of found) log(`axe (${where}): ${v}`);
   assert(found.length === 0, `axe-core: no serious or critical violation (${where})`);
 }
