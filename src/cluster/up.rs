@@ -2,7 +2,8 @@
 //! three nats-servers in one JetStream cluster (R3) and `--nodes` relay
 //! nodes of one relay, each a `relay serve` child with its config written
 //! under `--dir`. A node that exits is started again (as a service manager
-//! would: a node that loses the lease exits). Stops everything on SIGINT
+//! would: one killed to try a takeover, or stopped by an error no shard
+//! serves through). Stops everything on SIGINT
 //! or SIGTERM.
 
 use std::path::{Path, PathBuf};
@@ -109,7 +110,7 @@ pub fn run(args: UpArgs) -> Result<(), String> {
     let _ = std::io::stdout().flush();
 
     // Until a signal: like a service manager, start again a node that
-    // exited (one that lost the lease exits; one killed to try a takeover).
+    // exited (one killed to try a takeover, say).
     actix_web::rt::System::new().block_on(async {
         use actix_web::rt::signal::unix::{signal, SignalKind};
         let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
