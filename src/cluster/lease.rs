@@ -132,7 +132,9 @@ pub fn start(
 
 /// A JetStream context on a connection of its own to `cluster.nats_urls`.
 pub async fn connect(c: &ClusterSection) -> Result<jetstream::Context, String> {
-    let client = async_nats::ConnectOptions::new()
+    let client = c
+        .nats_auth()
+        .options()
         .retry_on_initial_connect()
         .connection_timeout(Duration::from_secs(5))
         .connect(server_addrs(&c.nats_urls)?)

@@ -599,6 +599,17 @@ async fn cluster_up_serves_one_relay_starts_a_killed_node_again_and_stops_everyt
     let line = first.recv_timeout(Duration::from_secs(60)).expect("cluster up prints its nodes");
     let urls: Vec<&str> = line.split(' ').filter(|w| w.starts_with("http://")).collect();
     assert_eq!(urls.len(), 2, "{line}");
+    // Its nats-servers take only the relay's user, whose password it wrote
+    // for the nodes (`cluster.nats_password_file`).
+    let conf = std::fs::read_to_string(dir.path().join("nats/n1/nats.conf")).unwrap();
+    let port = conf.lines().find_map(|l| l.strip_prefix("listen: 127.0.0.1:")).unwrap().trim().to_owned();
+    let nats = format!("nats://127.0.0.1:{port}");
+    assert!(async_nats::connect(&nats).await.is_err(), "an anonymous client is refused");
+    let password = std::fs::read_to_string(dir.path().join("nats.password")).unwrap();
+    let node1 = std::fs::read_to_string(dir.path().join("node1.toml")).unwrap();
+    assert!(node1.contains("nats_user = \"relay\"") && node1.contains("nats_password_file"), "{node1}");
+    let with_user = async_nats::ConnectOptions::new().user_and_password("relay".into(), password.trim().into());
+    assert!(with_user.connect(&nats).await.is_ok(), "the relay's user is taken");
     let (a, b) = (Client::new(urls[0]), Client::new(urls[1]));
     let alice = User::register(&a, "relay-c", 1, true).await;
     let bob = User::register(&b, "relay-c", 2, true).await;

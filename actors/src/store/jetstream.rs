@@ -84,6 +84,44 @@ pub struct JetStreamConfig {
     pub timeout: Duration,
     /// A snapshot is written after this many bytes of groups.
     pub snapshot_bytes: u64,
+    /// How the engine authenticates to the servers and checks them.
+    pub auth: NatsAuth,
+}
+
+/// How a node authenticates to the nats-servers, and checks them: without
+/// both, anyone who reaches a server can read every event stream, delete
+/// streams and write leases and fences.
+#[derive(Clone, Default)]
+pub struct NatsAuth {
+    /// A user and its password (nats-server's `authorization`).
+    pub user: Option<(String, String)>,
+    /// TLS is required and the servers' certificates are checked against
+    /// this CA (PEM).
+    pub ca_file: Option<std::path::PathBuf>,
+}
+
+impl std::fmt::Debug for NatsAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the password.
+        f.debug_struct("NatsAuth")
+            .field("user", &self.user.as_ref().map(|(user, _)| user))
+            .field("ca_file", &self.ca_file)
+            .finish()
+    }
+}
+
+impl NatsAuth {
+    /// Connect options carrying these credentials and TLS settings.
+    pub fn options(&self) -> async_nats::ConnectOptions {
+        let mut options = async_nats::ConnectOptions::new();
+        if let Some((user, password)) = &self.user {
+            options = options.user_and_password(user.clone(), password.clone());
+        }
+        if let Some(ca) = &self.ca_file {
+            options = options.add_root_certificates(ca.clone()).require_tls(true);
+        }
+        options
+    }
 }
 
 /// Default of [`JetStreamConfig::snapshot_bytes`].
@@ -98,6 +136,7 @@ impl JetStreamConfig {
             replicas,
             timeout: Duration::from_secs(5),
             snapshot_bytes: SNAPSHOT_BYTES,
+            auth: NatsAuth::default(),
         }
     }
 
@@ -376,7 +415,9 @@ fn run<T: Send + 'static>(rt: &tokio::runtime::Runtime, fut: impl Future<Output 
 }
 
 async fn connect(cfg: &JetStreamConfig) -> Result<(async_nats::Client, jetstream::Context), StoreError> {
-    let client = async_nats::ConnectOptions::new()
+    let client = cfg
+        .auth
+        .options()
         .connection_timeout(cfg.timeout)
         .request_timeout(Some(cfg.timeout))
         .retry_on_initial_connect()
