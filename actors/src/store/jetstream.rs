@@ -601,11 +601,7 @@ async fn replay_once(
     // lease while serving nothing.
     let stall = cfg.timeout * 2;
     loop {
-        let msg = match tokio::time::timeout(stall, messages.next()).await {
-            Ok(Some(msg)) => msg.map_err(|e| err("replay", e))?,
-            Ok(None) => return Err(err("replay", "the consumer ended before the fence")),
-            Err(_) => return Err(err("replay", format!("no message for {stall:?} at sequence {next} of {through}"))),
-        };
+        let msg = progress(&mut messages, stall, next, through).await?;
         let seq = msg.info().map_err(|e| err("replay", e))?.stream_sequence;
         if seq != next {
             return Ok(None);
@@ -633,6 +629,22 @@ async fn replay_once(
         }
     }
     Ok(Some(Replayed { view, through, snapshot_size, since_snapshot }))
+}
+
+/// A replay's next message, or an error when none comes within `stall`
+/// (at sequence `next` of `through`) or the consumer ends: the watchdog
+/// that keeps a stuck replay from holding a lease for minutes.
+async fn progress<M, E: std::fmt::Display>(
+    messages: &mut (impl futures_util::Stream<Item = Result<M, E>> + Unpin),
+    stall: Duration,
+    next: u64,
+    through: u64,
+) -> Result<M, StoreError> {
+    match tokio::time::timeout(stall, messages.next()).await {
+        Ok(Some(msg)) => msg.map_err(|e| err("replay", e)),
+        Ok(None) => Err(err("replay", "the consumer ended before the fence")),
+        Err(_) => Err(err("replay", format!("no message for {stall:?} at sequence {next} of {through}"))),
+    }
 }
 
 /// Applies one stored group message to `view`. A batch's parts are kept in
@@ -1026,6 +1038,25 @@ async fn walk_fences(cfg: JetStreamConfig) -> Result<Vec<FenceViolation>, StoreE
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// A replay whose consumer delivers nothing more (dropped by the
+    /// server as a slow consumer, the server stalled) fails within the
+    /// stall bound instead of waiting forever; the owner opens again.
+    #[tokio::test(start_paused = true)]
+    async fn a_replay_that_stops_progressing_fails_within_its_stall_bound() {
+        let mut stuck = futures_util::stream::pending::<Result<(), String>>();
+        let started = tokio::time::Instant::now();
+        let failed = progress(&mut stuck, Duration::from_secs(10), 7, 900).await;
+        match failed {
+            Err(StoreError::Io(e)) => assert!(e.contains("no message for 10s at sequence 7 of 900"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(started.elapsed(), Duration::from_secs(10));
+        let mut ended = futures_util::stream::empty::<Result<(), String>>();
+        assert!(progress(&mut ended, Duration::from_secs(10), 7, 900).await.is_err(), "ended before the fence");
+        let mut one = futures_util::stream::iter([Ok::<_, String>(5u8)]);
+        assert_eq!(progress(&mut one, Duration::from_secs(10), 7, 900).await.ok(), Some(5));
+    }
 
     #[test]
     fn a_stored_batch_is_placed_by_its_own_first_message_never_by_the_streams_tail() {
