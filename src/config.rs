@@ -90,6 +90,20 @@ pub struct ClusterSection {
     /// another count would look for accounts in streams without them.
     #[serde(default = "default_shards")]
     pub shards: u32,
+    /// The user this node connects to the nats-servers as (with
+    /// `nats_password_file`): nats-server's `authorization`.
+    #[serde(default)]
+    pub nats_user: Option<String>,
+    /// A file whose first line is `nats_user`'s password.
+    #[serde(default)]
+    pub nats_password_file: Option<PathBuf>,
+    /// The nats-servers' CA (PEM): connections to them use TLS and check
+    /// their certificates against it.
+    #[serde(default)]
+    pub nats_ca_file: Option<PathBuf>,
+    /// Read from `nats_password_file` when the config is loaded.
+    #[serde(skip)]
+    pub nats_password: Option<String>,
 }
 
 fn default_shards() -> u32 {
@@ -117,6 +131,30 @@ fn default_internal_listen() -> String {
 }
 
 impl ClusterSection {
+    /// Reads `nats_password_file` (its first line) into `nats_password`.
+    fn read_nats_password(&mut self) -> Result<(), Bad> {
+        if let Some(path) = &self.nats_password_file {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                bad("cluster.nats_password_file", format!("cluster.nats_password_file {}: {e}", path.display()))
+            })?;
+            let password = text.lines().next().unwrap_or_default().trim();
+            if password.is_empty() {
+                let what = format!("cluster.nats_password_file {}: no password in it", path.display());
+                return Err(bad("cluster.nats_password_file", what));
+            }
+            self.nats_password = Some(password.to_owned());
+        }
+        Ok(())
+    }
+
+    /// How this node authenticates to the nats-servers and checks them.
+    pub fn nats_auth(&self) -> relay_actors::store::NatsAuth {
+        relay_actors::store::NatsAuth {
+            user: self.nats_user.clone().zip(self.nats_password.clone()),
+            ca_file: self.nats_ca_file.clone(),
+        }
+    }
+
     /// The cluster's name as it appears in stream and bucket names.
     pub fn name<'a>(&'a self, relay_id: &'a str) -> String {
         let raw = self.name.as_deref().unwrap_or(relay_id);
@@ -735,6 +773,9 @@ impl Config {
             .map_err(load)?;
         cfg.resolve_paths(path.parent().unwrap_or(Path::new("")));
         cfg.check().map_err(|(key, what)| ConfigError::Invalid { origin: origin(&shown, key), what })?;
+        if let Some(c) = cfg.cluster.as_mut() {
+            c.read_nats_password().map_err(|(key, what)| ConfigError::Invalid { origin: origin(&shown, key), what })?;
+        }
         Ok(cfg)
     }
 
@@ -752,6 +793,16 @@ impl Config {
             self.relay.key_file = config_dir.join(&self.relay.key_file);
         }
         let h = &mut self.http;
+        if let Some(c) = self.cluster.as_mut() {
+            for (path, var) in [
+                (&mut c.nats_password_file, "RELAY__CLUSTER__NATS_PASSWORD_FILE"),
+                (&mut c.nats_ca_file, "RELAY__CLUSTER__NATS_CA_FILE"),
+            ] {
+                if let Some(path) = path.as_mut().filter(|_| in_file(var)) {
+                    *path = config_dir.join(&*path);
+                }
+            }
+        }
         for (path, var) in [
             (&mut self.push.vapid_key_file, "RELAY__PUSH__VAPID_KEY_FILE"),
             (&mut h.tls_cert_file, "RELAY__HTTP__TLS_CERT_FILE"),
@@ -803,6 +854,12 @@ impl Config {
                 if let Some(at) = &c.metrics_listen {
                     at.parse::<std::net::SocketAddr>()
                         .map_err(|e| bad("cluster.metrics_listen", format!("cluster.metrics_listen {at:?}: {e}")))?;
+                }
+                if c.nats_user.is_some() != c.nats_password_file.is_some() {
+                    return Err(bad(
+                        "cluster.nats_user",
+                        "cluster.nats_user and cluster.nats_password_file go together",
+                    ));
                 }
             }
             (StoreEngine::Sled, None) => {}
@@ -1217,10 +1274,26 @@ key_file = "data/relay-a/relay.key"
             ("shards = 65\n", "cluster.shards"),
             ("replicas = 6\n", "cluster.replicas"),
             ("lease_ttl = \"500ms\"\n", "cluster.lease_ttl"),
+            ("nats_user = \"relay\"\n", "cluster.nats_user"),
+            ("nats_password_file = \"missing\"\nnats_user = \"relay\"\n", "cluster.nats_password_file"),
         ] {
             let err = Config::load(&write(dir.path(), &cluster(extra))).unwrap_err().to_string();
             assert!(err.contains(needle), "{err:?} should mention {needle:?}");
         }
+    }
+
+    #[test]
+    fn the_nats_password_is_read_from_its_file_next_to_the_config_and_never_shown() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("nats.password"), "s3cret-pw\n").unwrap();
+        let body = format!(
+            "{MINIMAL}\n[store]\nengine = \"jetstream\"\n[cluster]\nnode = \"n1\"\n\
+             nats_urls = [\"nats://127.0.0.1:4222\"]\nnats_user = \"relay\"\nnats_password_file = \"nats.password\"\n"
+        );
+        let cfg = Config::load(&write(dir.path(), &body)).unwrap();
+        let auth = cfg.cluster.unwrap().nats_auth();
+        assert_eq!(auth.user, Some(("relay".to_owned(), "s3cret-pw".to_owned())));
+        assert!(!format!("{auth:?}").contains("s3cret"), "{auth:?}");
     }
 
     fn peer(id: &str, url: &str, key: &str) -> String {

@@ -82,7 +82,7 @@ pub async fn serve(cfg: config::Config) -> Result<(), String> {
     let listener = TcpListener::bind(&cfg.relay.listen).map_err(|e| format!("listen {}: {e}", cfg.relay.listen))?;
     // Removed (its file too) when the relay stops.
     let _admin = backup::listen(store.clone(), backup::Sources::of(&cfg))?;
-    run(cfg, store, listener, Announce::Yes, None, std::future::pending::<Stop>()).await
+    run(cfg, store, listener, Announce::Yes, None, None, std::future::pending::<Stop>()).await
 }
 
 /// The one line on stdout a parent process waits for (tests, `relay
@@ -115,12 +115,14 @@ pub(crate) enum Stop {
 /// until `stop` resolves (a cluster node's shard lost or handed over).
 /// `place`: this core's shard in a cluster of several (its tokens name
 /// the shard, its siblings are reached and trusted under the relay's id).
+/// `serving`: a cluster shard's lease, without which no request is answered.
 pub(crate) async fn run(
     cfg: config::Config,
     store: relay_actors::store::Store,
     listener: TcpListener,
     announce: Announce,
     place: Option<cluster::ShardPlace>,
+    serving: Option<cluster::Serving>,
     stop: impl std::future::Future<Output = Stop>,
 ) -> Result<(), String> {
     let h = &cfg.http;
@@ -194,6 +196,9 @@ pub(crate) async fn run(
     let mut relay = relay.with_push(push_info).with_replicator(replicator);
     if let Some(checkpoints) = checkpoints {
         relay = relay.with_checkpoints(checkpoints);
+    }
+    if let Some(serving) = serving {
+        relay = relay.with_lease(serving);
     }
     let relay = web::Data::new(relay);
 

@@ -123,7 +123,7 @@ impl Relay {
         };
         let result = match limited {
             Ok(()) => match Method::from_relay_wire(method) {
-                Some(m) => crate::method::relay(self, m, peer, body).await,
+                Some(m) => self.under_lease(crate::method::relay(self, m, peer, body)).await,
                 None => Err(RelayError::not_found(format!("unknown relay method {method:?}"))),
             },
             Err(e) => Err(e),

@@ -45,6 +45,8 @@ pub struct Relay {
     checkpoints: Option<std::sync::Arc<crate::checkpoint::Checkpoints>>,
     /// Remote homes' device lists, kept briefly for clients asking again.
     remote_reads: crate::remote_reads::RemoteReads,
+    /// A cluster shard's lease: no answer without it ([`Relay::under_lease`]).
+    lease: Option<crate::cluster::Serving>,
     requests: Family<RequestLabels, Counter>,
     latency: Family<MethodLabels, Histogram>,
 }
@@ -127,9 +129,37 @@ impl Relay {
             replicator: None,
             checkpoints: None,
             remote_reads,
+            lease: None,
             requests,
             latency,
         }
+    }
+
+    /// A cluster shard's core: answers only while `lease` holds.
+    pub(crate) fn with_lease(mut self, lease: crate::cluster::Serving) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// Runs `call` only under a live lease (cluster mode), and gives its
+    /// answer only if the lease still held once the call had read what it
+    /// answers (`relay_core::lease::may_answer`): an owner paused past its
+    /// lease answers nothing stale on waking, the client tries again and
+    /// reaches the next owner. Outside cluster mode, `call` as it is.
+    pub(crate) async fn under_lease(
+        &self,
+        call: impl std::future::Future<Output = Result<String, RelayError>>,
+    ) -> Result<String, RelayError> {
+        let Some(lease) = &self.lease else { return call.await };
+        let lost = || RelayError::unavailable("this node no longer serves this account's shard; try again");
+        if !lease.live() {
+            return Err(lost());
+        }
+        let answer = call.await;
+        if !lease.live() {
+            return Err(lost());
+        }
+        answer
     }
 
     /// The push methods' settings.
@@ -271,7 +301,7 @@ impl Relay {
             None => Err(RelayError::not_found(format!("unknown method {method:?}"))),
         };
         let result = match result {
-            Ok(m) => crate::method::client(self, m, token, body).await,
+            Ok(m) => self.under_lease(crate::method::client(self, m, token, body)).await,
             Err(e) => Err(e),
         };
         self.observe(method, started, &result);

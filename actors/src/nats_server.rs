@@ -70,15 +70,33 @@ impl NatsServer {
     /// A single JetStream server with its data in `dir`, on ports it picks.
     pub fn single(bin: &Path, dir: &Path) -> std::io::Result<NatsServer> {
         let member = Member { name: "n1".into(), port: 0, http_port: 0, cluster_port: 0 };
-        NatsServer::start(bin, dir, &member, None)
+        NatsServer::start(bin, dir, &member, None, None)
     }
 
     /// One server of a cluster of `members` (routes to all of them).
     pub fn member(bin: &Path, dir: &Path, me: &Member, members: &[Member]) -> std::io::Result<NatsServer> {
-        NatsServer::start(bin, dir, me, Some(members))
+        NatsServer::start(bin, dir, me, Some(members), None)
     }
 
-    fn start(bin: &Path, dir: &Path, me: &Member, cluster: Option<&[Member]>) -> std::io::Result<NatsServer> {
+    /// Like [`NatsServer::member`], taking clients only as `user` with
+    /// `password` (nats-server's `authorization`).
+    pub fn member_with_user(
+        bin: &Path,
+        dir: &Path,
+        me: &Member,
+        members: &[Member],
+        (user, password): (&str, &str),
+    ) -> std::io::Result<NatsServer> {
+        NatsServer::start(bin, dir, me, Some(members), Some((user, password)))
+    }
+
+    fn start(
+        bin: &Path,
+        dir: &Path,
+        me: &Member,
+        cluster: Option<&[Member]>,
+        user: Option<(&str, &str)>,
+    ) -> std::io::Result<NatsServer> {
         std::fs::create_dir_all(dir)?;
         let port = |p: u16| if p == 0 { "-1".to_owned() } else { p.to_string() };
         let mut conf = format!(
@@ -90,6 +108,9 @@ impl NatsServer {
             dir = dir.display(),
             store = dir.join("jetstream").display(),
         );
+        if let Some((user, password)) = user {
+            conf.push_str(&format!("authorization {{\n  user: {user:?}\n  password: {password:?}\n}}\n"));
+        }
         if let Some(members) = cluster {
             let routes: Vec<String> =
                 members.iter().map(|m| format!("nats-route://127.0.0.1:{}", m.cluster_port)).collect();

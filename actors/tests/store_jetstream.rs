@@ -142,6 +142,33 @@ fn a_snapshot_lets_the_next_owner_replay_only_the_tail_and_purges_the_stream_bel
     }
 }
 
+/// A takeover counts the groups written since the newest snapshot, by
+/// whichever owner: owners that each crash before writing
+/// `snapshot_bytes` of their own still snapshot (and purge) between them.
+#[test]
+fn owners_in_a_crash_loop_still_snapshot_counting_groups_since_the_newest_snapshot() {
+    let Some(f) = server() else { return };
+    let cfg = JetStreamConfig { snapshot_bytes: 2_000, ..shard(&f) };
+    // Each owner writes well under snapshot_bytes before it "crashes".
+    for epoch in 1..=30 {
+        let store = open(&cfg, epoch);
+        append(&store, "account/a", 1).unwrap();
+        drop(store);
+    }
+    let snapshots = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+        let js = async_nats::jetstream::new(async_nats::connect(f.server.url()).await.unwrap());
+        let stream = js.get_stream(&cfg.stream).await.unwrap();
+        stream.get_last_raw_message_by_subject(&format!("{}.p", cfg.prefix)).await.is_ok()
+    });
+    assert!(snapshots, "no snapshot in 30 owners' groups of {} bytes", cfg.snapshot_bytes);
+    let (first, _) = sequences(&f, &cfg);
+    assert!(first > 1, "the stream was purged below a snapshot (first sequence {first})");
+    let store = open(&cfg, 31);
+    assert_eq!(store.head("account/a").unwrap().seq, 30);
+    assert_eq!(relay_actors::store::verify_chain(store.read("account/a", 0)), []);
+    assert_eq!(fence_violations(&cfg).unwrap(), []);
+}
+
 /// The stream's first (1 until a purge) and last sequences.
 fn sequences(f: &Fixture, cfg: &JetStreamConfig) -> (u64, u64) {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();

@@ -3,8 +3,8 @@
 //! or blocked relay (restoring deliveries, a slow store) never delays a
 //! renewal into a lost lease.
 
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, kv};
@@ -16,6 +16,31 @@ use crate::config::ClusterSection;
 
 /// After a request that got no answer, before the next one.
 const UNREACHABLE_PAUSE: Duration = Duration::from_millis(200);
+
+/// Milliseconds on the process's monotonic clock (it runs on while the
+/// process is paused, so a paused owner wakes past its lease): the lease
+/// tasks and the cores' [`Serving`] checks read the same one.
+pub fn now_ms() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_millis() as u64
+}
+
+/// Whether this node may answer a shard's requests now: its lease task
+/// keeps `relay_core::lease::answers_until` here, the shard's core checks
+/// it around every request (`rpc::Relay`), so an owner paused past its
+/// lease answers nothing stale on waking.
+#[derive(Clone, Default)]
+pub struct Serving(Arc<AtomicU64>);
+
+impl Serving {
+    pub fn live(&self) -> bool {
+        lease::may_answer(self.0.load(Relaxed), now_ms())
+    }
+
+    fn set(&self, role: Role, timing: Timing) {
+        self.0.store(lease::answers_until(role, timing), Relaxed);
+    }
+}
 
 /// One node's tries to take free leases, one at a time: each waits
 /// `patience(held)` first and sees the leases the node took before it (so
@@ -58,6 +83,8 @@ pub struct Lease {
     /// the task deletes the key, so that another node may take it at once,
     /// and ends.
     pub release: oneshot::Sender<()>,
+    /// Until when the lease lets this node answer.
+    pub serving: Serving,
 }
 
 /// Starts the task: it acquires lease `key` (as long as it takes), then
@@ -74,6 +101,8 @@ pub fn start(
     let (owner_tx, owner) = oneshot::channel();
     let (lost_tx, lost) = oneshot::channel();
     let (release, mut released) = oneshot::channel();
+    let serving = Serving::default();
+    let for_task = serving.clone();
     let (c, timing) = (c.clone(), Timing { ttl: c.lease_ttl.as_millis() as u64, poll: 200 });
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
     std::thread::Builder::new()
@@ -85,25 +114,27 @@ pub fn start(
                     Ok(leases) => leases,
                     Err(e) => return drop(owner_tx.send(Err(e))),
                 };
-                let start = Instant::now();
-                let ms = move || start.elapsed().as_millis() as u64;
                 let lease = Key { leases: &leases, key: &key, value: &value };
-                let role = acquire(lease, timing, ms, &claims).await;
+                let role = acquire(lease, timing, now_ms, &claims).await;
                 if let Role::Owner { epoch, .. } = role {
+                    for_task.set(role, timing);
                     if owner_tx.send(Ok(epoch)).is_ok() {
-                        let why = keep(lease, role, timing, ms, &mut released).await;
+                        let why = keep(lease, role, timing, now_ms, &mut released, &for_task).await;
                         let _ = lost_tx.send(why);
                     }
                 }
+                for_task.set(Role::Lost, timing);
             })
         })
         .map_err(|e| e.to_string())?;
-    Ok(Lease { owner, lost, release })
+    Ok(Lease { owner, lost, release, serving })
 }
 
 /// A JetStream context on a connection of its own to `cluster.nats_urls`.
 pub async fn connect(c: &ClusterSection) -> Result<jetstream::Context, String> {
-    let client = async_nats::ConnectOptions::new()
+    let client = c
+        .nats_auth()
+        .options()
         .retry_on_initial_connect()
         .connection_timeout(Duration::from_secs(5))
         .connect(server_addrs(&c.nats_urls)?)
@@ -117,6 +148,37 @@ pub async fn lease_bucket(js: &jetstream::Context, c: &ClusterSection, name: &st
     bucket(js, c, name, c.lease_ttl).await
 }
 
+/// How long a node waits for JetStream to answer about a bucket: a fresh
+/// cluster elects its meta leader, then each bucket's stream its own, and
+/// answers `503 no responders` until then.
+pub const JETSTREAM_WAIT: Duration = Duration::from_secs(60);
+
+/// Between two tries while JetStream has no leader to answer.
+const LEADER_POLL: Duration = Duration::from_millis(250);
+
+/// Calls `f` until it succeeds or [`JETSTREAM_WAIT`] is over (then its
+/// last error): every failure here is JetStream not answering yet, or an
+/// error that waiting does not make worse.
+pub async fn patiently<T, E: std::fmt::Display, F: std::future::Future<Output = Result<T, E>>>(
+    what: &str,
+    mut f: impl FnMut() -> F,
+) -> Result<T, String> {
+    let deadline = Instant::now() + JETSTREAM_WAIT;
+    let mut warned = false;
+    loop {
+        match f().await {
+            Ok(done) => return Ok(done),
+            Err(e) if Instant::now() < deadline => {
+                if !std::mem::replace(&mut warned, true) {
+                    tracing::warn!(error = %e, "{what}: JetStream does not answer yet; waiting for it");
+                }
+                tokio::time::sleep(LEADER_POLL).await;
+            }
+            Err(e) => return Err(format!("{what}: {e}")),
+        }
+    }
+}
+
 /// KV bucket `name` (created on first use), whose entries expire `max_age`
 /// after their last write (never when zero).
 pub async fn bucket(
@@ -125,19 +187,21 @@ pub async fn bucket(
     name: &str,
     max_age: Duration,
 ) -> Result<kv::Store, String> {
-    if let Ok(store) = js.get_key_value(name).await {
-        return Ok(store);
-    }
-    js.create_key_value(kv::Config {
-        bucket: name.to_owned(),
-        history: 1,
-        max_age,
-        storage: jetstream::stream::StorageType::File,
-        num_replicas: c.replicas,
-        ..Default::default()
+    patiently(&format!("bucket {name}"), || async {
+        if let Ok(store) = js.get_key_value(name).await {
+            return Ok(store);
+        }
+        js.create_key_value(kv::Config {
+            bucket: name.to_owned(),
+            history: 1,
+            max_age,
+            storage: jetstream::stream::StorageType::File,
+            num_replicas: c.replicas,
+            ..Default::default()
+        })
+        .await
     })
     .await
-    .map_err(|e| format!("bucket {name}: {e}"))
 }
 
 /// One lease: its bucket, its key and the value this node writes there.
@@ -196,6 +260,7 @@ async fn keep(
     timing: Timing,
     ms: impl Fn() -> u64,
     released: &mut oneshot::Receiver<()>,
+    serving: &Serving,
 ) -> String {
     loop {
         let step = lease::next(role, ms(), None, timing);
@@ -207,6 +272,7 @@ async fn keep(
                     // Dropped without a send (the node is exiting): keep
                     // renewing until the process ends.
                     Ok(()) = &mut *released, if !released.is_terminated() => {
+                        serving.set(Role::Lost, timing);
                         if let Role::Owner { revision, .. } = role {
                             // Expecting our revision: never deletes a successor's key.
                             if let Err(e) = l.leases.delete_expect_revision(l.key, Some(revision)).await {
@@ -236,9 +302,11 @@ async fn keep(
                     tokio::time::sleep(UNREACHABLE_PAUSE).await;
                 }
                 role = lease::observe(role, step, answer, sent);
+                serving.set(role, timing);
             }
             Step::Stop | Step::Acquire => {
-                return format!("cluster: lost the lease {} (another node may own the shard now)", l.key)
+                serving.set(Role::Lost, timing);
+                return format!("cluster: lost the lease {} (another node may own the shard now)", l.key);
             }
         }
     }

@@ -8,8 +8,8 @@
 //!    an acknowledged commit survives the loss of any one machine.
 //! 2. **Lease**: per shard, a key of a JetStream KV bucket whose entries
 //!    expire after `cluster.lease_ttl`; its value is the owner's name, the
-//!    address it serves the shard on (`cluster.internal_listen`, + k) and
-//!    a per-process nonce. The rules are in `relay_core::lease`, the task
+//!    address it serves the shard on (`cluster.internal_listen`, + k,
+//!    listening only while it serves it) and a nonce per try. The rules are in `relay_core::lease`, the task
 //!    that follows them in `lease.rs`; the creation revision is the
 //!    owner's epoch, written as a fence into the stream before it serves.
 //! 3. **Balance** ([`Balance`]): nodes write presence keys in the same
@@ -30,8 +30,11 @@
 //!    expires, another node creates it, fences the stream, replays it and
 //!    serves; deliveries resume from their stored due times. An owner
 //!    whose renewal is refused, who cannot renew for two thirds of the
-//!    ttl, or whose store failed, stops serving at once and exits (its
-//!    other shards are taken over too: a service manager starts it again).
+//!    ttl, or whose store failed, stops serving that shard at once and
+//!    stands by for it again; its other shards serve on. Its core answers
+//!    a request only while its own clock says the lease holds
+//!    ([`Serving`]), so an owner paused past its lease answers nothing
+//!    stale on waking.
 //!
 //! The relay's id, key and VAPID key are the cluster's: every node is
 //! configured with the same `relay.id`, `relay.key_file` and
@@ -58,6 +61,7 @@ use crate::config::{ClusterSection, Config};
 
 mod lease;
 mod router;
+pub(crate) use lease::Serving;
 pub mod up;
 
 /// The internal address of each shard's owner (index = shard; `None`
@@ -82,7 +86,7 @@ fn lease_key(k: u32) -> String {
 pub fn shard(cfg: &Config, k: u32) -> Option<JetStreamConfig> {
     let c = cfg.cluster.as_ref()?;
     let shard = JetStreamConfig::shard(c.nats_urls.clone(), &c.name(&cfg.relay.id), k, c.replicas);
-    Some(JetStreamConfig { snapshot_bytes: c.snapshot_bytes, ..shard })
+    Some(JetStreamConfig { snapshot_bytes: c.snapshot_bytes, auth: c.nats_auth(), ..shard })
 }
 
 /// Every shard's stream, in shard order (empty outside cluster mode).
@@ -102,18 +106,25 @@ fn bucket(c: &ClusterSection, relay_id: &str) -> String {
 async fn check_shard_count(js: &JetStream, c: &ClusterSection, relay_id: &str) -> Result<(), String> {
     let settings = lease::bucket(js, c, &format!("RELAY_{}_CLUSTER", c.name(relay_id)), Duration::ZERO).await?;
     let ours = c.shards.to_string();
-    let theirs = match settings.create("shards", ours.clone().into()).await {
-        Ok(_) => return Ok(()),
-        Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => settings.get("shards").await,
-        Err(e) => return Err(format!("cluster settings: {e}")),
-    };
-    match theirs.map_err(|e| format!("cluster settings: {e}"))? {
-        Some(theirs) if theirs == ours.as_bytes() => Ok(()),
-        Some(theirs) => Err(format!(
+    let theirs = lease::patiently("cluster settings", || async {
+        match settings.create("shards", ours.clone().into()).await {
+            Ok(_) => Ok(None),
+            Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {
+                let theirs = settings.get("shards").await.map_err(|e| e.to_string())?;
+                Ok(Some(theirs.ok_or("the shard count is missing")))
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    })
+    .await?;
+    match theirs {
+        None => Ok(()),
+        Some(Ok(theirs)) if theirs == ours.as_bytes() => Ok(()),
+        Some(Ok(theirs)) => Err(format!(
             "cluster.shards = {ours}, but this cluster was created with {} shards: the count cannot change",
             String::from_utf8_lossy(&theirs)
         )),
-        None => Err("cluster settings: the shard count is missing".into()),
+        Some(Err(missing)) => Err(format!("cluster settings: {missing}")),
     }
 }
 
@@ -140,9 +151,9 @@ impl ShardPlace {
     }
 }
 
-/// Runs a cluster node until SIGINT/SIGTERM, or until it loses a shard's
-/// lease or a shard's store fails (then it exits with the reason, and a
-/// service manager starts it again: its other shards are taken over).
+/// Runs a cluster node until SIGINT/SIGTERM. A shard whose lease is lost
+/// or whose store fails is given up and stood by for again; the node exits
+/// only on errors no shard can serve through (its listeners, its config).
 pub async fn serve(cfg: Config) -> Result<(), String> {
     let c = cfg.cluster.clone().ok_or("cluster mode needs a [cluster] section")?;
     crate::private_files();
@@ -186,7 +197,6 @@ pub async fn serve(cfg: Config) -> Result<(), String> {
         actix_web::rt::time::sleep(c.lease_ttl / 2).await;
     }
     // Each shard: stand by for its lease, then serve it until it is lost.
-    let nonce = rand::random::<u64>();
     let (for_claims, shards, ttl) = (balance.clone(), c.shards, c.lease_ttl);
     let claims = Arc::new(lease::Claims::new(move |held| for_claims.patience(held, shards, ttl)));
     let (stopping_tx, stopping) = watch::channel(false);
@@ -196,7 +206,6 @@ pub async fn serve(cfg: Config) -> Result<(), String> {
             cfg: cfg.clone(),
             k,
             bucket: bucket.clone(),
-            nonce,
             balance: balance.clone(),
             claims: claims.clone(),
             owners: owners.clone(),
@@ -251,6 +260,9 @@ enum Served {
     HandedOver,
     /// SIGTERM/SIGINT: the node stops.
     Stopped,
+    /// Given up (the lease lost, the store failed or fenced by a newer
+    /// owner): the core stopped at once; stand by for it again.
+    Lost(String),
 }
 
 /// One shard on this node: its lease, then its relay core, again after
@@ -259,7 +271,6 @@ struct Shard {
     cfg: Config,
     k: u32,
     bucket: String,
-    nonce: u64,
     balance: Arc<Balance>,
     claims: Arc<lease::Claims>,
     owners: Owners,
@@ -277,6 +288,12 @@ impl Shard {
                     actix_web::rt::time::sleep(self.cluster()?.lease_ttl * 2).await;
                     self.balance.handing.store(false, Relaxed);
                 }
+                // This shard only: the node's other shards serve on, and
+                // this one is stood by for again (taken back once free).
+                Served::Lost(why) => {
+                    let node = &self.cluster()?.node;
+                    tracing::warn!(node = %node, shard = self.k, reason = %why, "gave the shard up; standing by for it");
+                }
             }
         }
     }
@@ -288,61 +305,97 @@ impl Shard {
     /// Until this node holds the shard's lease (None: stopping first).
     async fn stand_by(&self, stopping: &mut watch::Receiver<bool>) -> Result<Option<Held>, String> {
         let (c, k) = (self.cluster()?, self.k);
-        // Bound before the lease is taken: the lease names this address.
         // A fixed port is the first shard's; shard k listens k ports up.
         let mut at: SocketAddr = c.internal_listen.parse().map_err(|e| format!("cluster.internal_listen: {e}"))?;
         if at.port() != 0 {
             at.set_port(at.port().checked_add(k as u16).ok_or("cluster.internal_listen: port out of range")?);
         }
-        let internal = std::net::TcpListener::bind(at).map_err(|e| format!("cluster.internal_listen {at}: {e}"))?;
+        // Bound before the lease is taken (the lease names the address),
+        // but listening only once the shard is served: until then a front
+        // that connects (to a previous run's lease, say) is refused at once
+        // and tries again, instead of waiting in an accept queue nobody serves.
+        let internal = reserve(at).await?;
         let internal_addr = internal.local_addr().map_err(|e| e.to_string())?;
-        // The value names this node, where it serves and this process (a
-        // node started again does not take its previous run's lease).
-        let value = format!("{} {internal_addr} {:016x}", c.node, self.nonce);
+        // The value names this node, where it serves and this try: a node
+        // started again, or standing by after losing the lease, never takes
+        // an earlier lease of its own, whose ttl runs from an earlier write.
+        let value = format!("{} {internal_addr} {:016x}", c.node, rand::random::<u64>());
         let lease = lease::start(c, self.bucket.clone(), lease_key(k), value, self.claims.clone())?;
+        tracing::info!(node = %c.node, shard = k, internal = %internal_addr, "standing by for the shard");
         let epoch = tokio::select! {
             owner = lease.owner => owner.map_err(|_| "the lease task ended".to_string())??,
             _ = stopping.wait_for(|s| *s) => return Ok(None),
         };
-        Ok(Some(Held { epoch, internal, lost: lease.lost, release: lease.release, since: Instant::now() }))
+        Ok(Some(Held {
+            epoch,
+            internal,
+            lost: lease.lost,
+            release: lease.release,
+            serving: lease.serving,
+            since: Instant::now(),
+        }))
+    }
+
+    /// Serves the shard under `held` until it is lost, handed over or
+    /// stopped; whatever way it ends, this node no longer counts it.
+    async fn serve(&self, held: Held, stopping: watch::Receiver<bool>) -> Result<Served, String> {
+        let (owned, epoch_gauge) = &self.metrics.shards[self.k as usize];
+        epoch_gauge.set(held.epoch as i64);
+        let served = self.fence_and_serve(held, stopping).await;
+        owned.set(0);
+        epoch_gauge.set(0);
+        self.claims.held.fetch_sub(1, Relaxed);
+        served
     }
 
     /// Fences and replays the shard's stream, then serves it on a thread
     /// of its own (an arbiter stopped afterwards, taking the core's actors
-    /// and tasks with it) until it is lost, handed over or stopped.
-    async fn serve(&self, held: Held, mut stopping: watch::Receiver<bool>) -> Result<Served, String> {
+    /// and tasks with it).
+    async fn fence_and_serve(&self, held: Held, mut stopping: watch::Receiver<bool>) -> Result<Served, String> {
         let (c, k) = (self.cluster()?, self.k);
-        let Held { epoch, internal, mut lost, release, since } = held;
-        let (owned, epoch_gauge) = &self.metrics.shards[k as usize];
-        epoch_gauge.set(epoch as i64);
+        let Held { epoch, internal, mut lost, release, serving, since } = held;
         tracing::info!(node = %c.node, shard = k, epoch, "took the lease: fencing and replaying the shard");
         // JetStream may be electing a leader right now (it answers nothing
-        // then): try again while the lease holds.
+        // then): try again while the lease holds. A replay that stops
+        // making progress fails (`store::jetstream`) and is tried again.
         let took_at = Instant::now();
         let opened = loop {
             let stream = shard(&self.cfg, k).ok_or("cluster mode needs a [cluster] section")?;
             let opening = actix_web::rt::task::spawn_blocking(move || JetStreamEngine::open(stream, epoch));
             match opening.await.map_err(|e| e.to_string())? {
                 Ok(engine) => break engine,
+                // Fenced by a newer owner: the lease is someone else's.
                 Err(e @ relay_actors::store::StoreError::Flush(_)) => {
-                    return Err(format!("open the JetStream store of shard {k}: {e}"))
+                    let _ = release.send(());
+                    return Ok(Served::Lost(format!("open the JetStream store of shard {k}: {e}")));
                 }
                 Err(e) => tracing::warn!(shard = k, error = %e, "could not open the JetStream store yet; trying again"),
             }
             if !matches!(lost.try_recv(), Err(tokio::sync::oneshot::error::TryRecvError::Empty)) {
-                return Err(format!("cluster: lost the lease of shard {k} while opening its store"));
+                return Ok(Served::Lost(format!("lost the lease of shard {k} while opening its store")));
             }
             actix_web::rt::time::sleep(OPEN_RETRY).await;
         };
         let store = Store::with_engine(Arc::new(opened)).map_err(|e| e.to_string())?;
         store.set_group_commit_window(self.cfg.store.group_commit_window);
+        let at = internal.local_addr().map_err(|e| e.to_string())?;
+        let internal = match internal.listen(INTERNAL_BACKLOG).and_then(|l| l.into_std()) {
+            Ok(listener) => listener,
+            Err(e) => {
+                let _ = release.send(());
+                return Err(format!("cluster.internal_listen {at}: {e}"));
+            }
+        };
         tracing::info!(node = %c.node, shard = k, epoch, took_ms = took_at.elapsed().as_millis() as u64,
             standing_by_ms = (took_at - since).as_millis() as u64, "serving the shard");
-        owned.set(1);
+        self.metrics.shards[k as usize].0.set(1);
 
         let (cfg, balance, every) = (self.cfg.clone(), self.balance.clone(), c.lease_ttl);
         let handed = Arc::new(AtomicBool::new(false));
         let handing = handed.clone();
+        // Why the core stopped at once, when it did: the shard is given up.
+        let gave_up = Arc::new(std::sync::Mutex::new(None::<String>));
+        let giving_up = gave_up.clone();
         let place = (c.shards > 1).then(|| ShardPlace { index: k, shards: c.shards, owners: self.owners.clone() });
         let (done_tx, done) = tokio::sync::oneshot::channel();
         let arbiter = actix::Arbiter::new();
@@ -350,27 +403,33 @@ impl Shard {
             actix_web::rt::spawn(async move {
                 // A failed store (an append fenced out, or JetStream
                 // unreachable past the engine's retries) takes no more
-                // commits: the node gives the shard up and exits.
+                // commits: the node gives the shard up.
                 let failed = store.failure();
                 let stop = async move {
-                    tokio::select! {
-                        why = lost => crate::Stop::Now(why.unwrap_or_else(|_| "the lease task ended".into())),
-                        why = failed => crate::Stop::Now(format!("cluster: the store of shard {k} failed: {why}")),
+                    let why = tokio::select! {
+                        why = lost => why.unwrap_or_else(|_| "the lease task ended".into()),
+                        why = failed => format!("cluster: the store of shard {k} failed: {why}"),
                         () = hand_over_when_due(balance, every) => {
                             handing.store(true, Relaxed);
-                            crate::Stop::Gracefully("handing the shard over")
+                            return crate::Stop::Gracefully("handing the shard over");
                         }
-                        _ = stopping.wait_for(|s| *s) => crate::Stop::Gracefully("the node stops"),
-                    }
+                        _ = stopping.wait_for(|s| *s) => return crate::Stop::Gracefully("the node stops"),
+                    };
+                    *giving_up.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.clone());
+                    crate::Stop::Now(why)
                 };
-                let _ = done_tx.send(crate::run(cfg, store, internal, crate::Announce::No, place, stop).await);
+                let ran = crate::run(cfg, store, internal, crate::Announce::No, place, Some(serving), stop).await;
+                let _ = done_tx.send(ran);
             });
         });
         let ran = done.await.unwrap_or_else(|_| Err(format!("shard {k}: its relay core ended")));
         arbiter.stop();
-        owned.set(0);
-        epoch_gauge.set(0);
-        self.claims.held.fetch_sub(1, Relaxed);
+        if let Some(why) = gave_up.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            // After a store failure the lease task still renews: free the
+            // key (expecting our revision, so never a successor's).
+            let _ = release.send(());
+            return Ok(Served::Lost(why));
+        }
         ran?;
         if handed.load(Relaxed) {
             // Stopped gracefully and flushed: free the key for the next owner.
@@ -382,12 +441,40 @@ impl Shard {
     }
 }
 
+/// Connections an owner's internal address queues before its core accepts.
+const INTERNAL_BACKLOG: u32 = 1024;
+
+/// A socket bound to `at` and not listening (module doc, 4: a shard's
+/// internal port listens only while the shard is served). Tried again for
+/// a moment: a previous core's listener on it may still be closing.
+async fn reserve(at: SocketAddr) -> Result<tokio::net::TcpSocket, String> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let socket = if at.is_ipv4() { tokio::net::TcpSocket::new_v4() } else { tokio::net::TcpSocket::new_v6() };
+        let bound = socket.and_then(|s| {
+            s.set_reuseaddr(true)?;
+            s.bind(at)?;
+            Ok(s)
+        });
+        match bound {
+            Ok(socket) => return Ok(socket),
+            Err(e) if Instant::now() < deadline => {
+                tracing::debug!(error = %e, %at, "cluster.internal_listen: busy; trying again");
+                actix_web::rt::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => return Err(format!("cluster.internal_listen {at}: {e}")),
+        }
+    }
+}
+
 /// A lease this node holds, and what it serves the shard on.
 struct Held {
     epoch: u64,
-    internal: std::net::TcpListener,
+    /// Bound, listening once the shard is served.
+    internal: tokio::net::TcpSocket,
     lost: tokio::sync::oneshot::Receiver<String>,
     release: tokio::sync::oneshot::Sender<()>,
+    serving: lease::Serving,
     since: Instant,
 }
 

@@ -159,6 +159,9 @@ struct Front {
     /// can be larger than what clients may send.
     owner_frame_bytes: usize,
     metrics: NodeMetrics,
+    /// `metrics.listen` is set: the relay's metrics are not for the
+    /// public address, so the front answers `/metrics` itself (404).
+    metrics_private: bool,
 }
 
 /// Serves the front on `listener`, routing to `owners` (`shards` of them).
@@ -183,6 +186,7 @@ pub(crate) fn start(
             .max_frame_bytes
             .max(limits.max_page_bytes.saturating_add(2 * limits.max_body_bytes)),
         metrics,
+        metrics_private: cfg.metrics.listen.is_some(),
     });
     let h = &cfg.http;
     let mut server = HttpServer::new(move || {
@@ -210,6 +214,12 @@ pub(crate) fn start(
 async fn route(front: web::Data<Front>, req: HttpRequest, body: web::Payload) -> HttpResponse {
     if is_websocket(&req) {
         return websocket(front.into_inner(), req, body).await;
+    }
+    // A shard's owner serves its metrics at its internal address (rule 3
+    // of `shard_of` would send them to shard 0's): never passed on to
+    // the public front when `metrics.listen` says they are private.
+    if front.metrics_private && req.path() == "/metrics" {
+        return error_response(&RelayError::not_found("no /metrics here: see metrics.listen"));
     }
     // Bounded as the relay bounds it.
     let body = match read_body(body, front.max_body_bytes, front.body_timeout).await {
@@ -710,11 +720,19 @@ mod tests {
 
     /// A front over two shards; shard 1's owner is up, shard 0's comes later.
     fn front() -> (SocketAddr, tokio::sync::watch::Sender<Arc<Vec<Option<SocketAddr>>>>) {
+        front_with(serde_json::json!({}))
+    }
+
+    /// [`front`] with the `metrics` section `metrics`.
+    fn front_with(
+        metrics: serde_json::Value,
+    ) -> (SocketAddr, tokio::sync::watch::Sender<Arc<Vec<Option<SocketAddr>>>>) {
         let cfg: Config = serde_json::from_value(serde_json::json!({
             "relay": {"id": "r", "public_url": "http://r", "listen": "127.0.0.1:0", "data_dir": "/nonexistent",
                       "key_file": "/nonexistent/key"},
             "limits": {"max_body_bytes": 1000},
             "http": {"workers": 1},
+            "metrics": metrics,
         }))
         .expect("config");
         let (tx, rx) = tokio::sync::watch::channel(Arc::new(vec![None, Some(owner(1))]));
@@ -752,6 +770,25 @@ mod tests {
         });
         let answer = client.get(format!("http://{at}/healthz")).send().await.expect("answer");
         assert_eq!(answer.headers().get("x-owner").map(|v| v.as_bytes()), Some(&b"0"[..]));
+    }
+
+    #[actix_rt::test]
+    async fn the_front_never_passes_metrics_on_when_metrics_listen_is_set() {
+        let client = awc::Client::new();
+        for (metrics, reached) in [(serde_json::json!({}), true), (serde_json::json!({"listen": "127.0.0.1:0"}), false)]
+        {
+            let (at, owners) = front_with(metrics.clone());
+            let _ = owners.send(Arc::new(vec![Some(owner(0)), Some(owner(1))]));
+            let answer = client.get(format!("http://{at}/metrics")).send().await.expect("answer");
+            let got = answer.headers().get("x-owner").map(|v| v.as_bytes().to_vec());
+            assert_eq!(got.is_some(), reached, "{metrics}: {got:?}");
+            if !reached {
+                assert_eq!(answer.status(), StatusCode::NOT_FOUND);
+            }
+            // Anything else is passed on as before.
+            let health = client.get(format!("http://{at}/healthz")).send().await.expect("answer");
+            assert_eq!(health.headers().get("x-owner").map(|v| v.as_bytes()), Some(&b"0"[..]), "{metrics}");
+        }
     }
 
     #[actix_rt::test]

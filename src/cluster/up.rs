@@ -2,7 +2,8 @@
 //! three nats-servers in one JetStream cluster (R3) and `--nodes` relay
 //! nodes of one relay, each a `relay serve` child with its config written
 //! under `--dir`. A node that exits is started again (as a service manager
-//! would: a node that loses the lease exits). Stops everything on SIGINT
+//! would: one killed to try a takeover, or stopped by an error no shard
+//! serves through). Stops everything on SIGINT
 //! or SIGTERM.
 
 use std::path::{Path, PathBuf};
@@ -81,9 +82,13 @@ pub fn run(args: UpArgs) -> Result<(), String> {
             })
         })
         .collect::<Result<Vec<_>, String>>()?;
+    // The nats-servers take only the relay's user: an anonymous client
+    // could read every event stream and write leases and fences.
+    let password = nats_password(&dir.join(NATS_PASSWORD_FILE))?;
     let mut servers = Vec::new();
     for m in &members {
-        let server = NatsServer::member(&bin, &dir.join("nats").join(&m.name), m, &members)
+        let user = (NATS_USER, password.as_str());
+        let server = NatsServer::member_with_user(&bin, &dir.join("nats").join(&m.name), m, &members, user)
             .map_err(|e| format!("start nats-server {}: {e}", m.name))?;
         servers.push(server);
     }
@@ -109,7 +114,7 @@ pub fn run(args: UpArgs) -> Result<(), String> {
     let _ = std::io::stdout().flush();
 
     // Until a signal: like a service manager, start again a node that
-    // exited (one that lost the lease exits; one killed to try a takeover).
+    // exited (one killed to try a takeover, say).
     actix_web::rt::System::new().block_on(async {
         use actix_web::rt::signal::unix::{signal, SignalKind};
         let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
@@ -138,6 +143,33 @@ pub fn run(args: UpArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// The user the nodes connect to the nats-servers as, and the file (in
+/// `--dir`) holding its password.
+const NATS_USER: &str = "relay";
+const NATS_PASSWORD_FILE: &str = "nats.password";
+
+/// The password in `path`, made (random, readable by this user only) on
+/// the first run.
+fn nats_password(path: &Path) -> Result<String, String> {
+    if let Ok(text) = std::fs::read_to_string(path) {
+        if let Some(password) = text.lines().next().map(str::trim).filter(|p| !p.is_empty()) {
+            return Ok(password.to_owned());
+        }
+    }
+    let password = format!("{:032x}", rand::random::<u128>());
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    std::io::Write::write_all(&mut file, format!("{password}\n").as_bytes())
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(password)
+}
+
 fn write_node_config(dir: &Path, args: &UpArgs, i: u16, listen: &str, urls: &[String]) -> Result<PathBuf, String> {
     let (id, shards) = (&args.id, args.shards);
     let urls: Vec<String> = urls.iter().map(|u| format!("{u:?}")).collect();
@@ -146,12 +178,14 @@ fn write_node_config(dir: &Path, args: &UpArgs, i: u16, listen: &str, urls: &[St
          [relay]\nid = {id:?}\npublic_url = \"http://{listen}\"\nlisten = {listen:?}\n\
          data_dir = {data:?}\nkey_file = {key:?}\n\n\
          [store]\nengine = \"jetstream\"\n\n\
-         [cluster]\nnode = \"node{i}\"\nnats_urls = [{urls}]\nreplicas = 3\nlease_ttl = \"3s\"\nshards = {shards}\n\n\
+         [cluster]\nnode = \"node{i}\"\nnats_urls = [{urls}]\nreplicas = 3\nlease_ttl = \"3s\"\nshards = {shards}\n\
+         nats_user = {NATS_USER:?}\nnats_password_file = {password:?}\n\n\
          # The cluster's, like relay.key: push subscriptions outlive a takeover.\n\
          [push]\nvapid_key_file = {vapid:?}\n",
         data = dir.join(format!("node{i}")).display().to_string(),
         key = dir.join("relay.key").display().to_string(),
         vapid = dir.join("vapid.key").display().to_string(),
+        password = dir.join(NATS_PASSWORD_FILE).display().to_string(),
         urls = urls.join(", "),
     );
     let path = dir.join(format!("node{i}.toml"));

@@ -30,6 +30,9 @@ struct Cluster {
     nats: Vec<NatsServer>,
     /// Each node's `cluster.metrics_listen`.
     metrics: Vec<String>,
+    /// Each node's `cluster.internal_listen` port, with one shard (with
+    /// several, shard k's is k ports up: they are left to the system).
+    internal: Vec<Option<u16>>,
     /// Appended to every node's config.
     extra: String,
     /// `http.max_connections_per_ip` of every node.
@@ -71,8 +74,11 @@ impl Cluster {
             n.wait_jetstream(Duration::from_secs(30)).unwrap();
         }
         write_key(&dir.path().join("relay.key"), [77; 32]);
-        let metrics = (0..nodes).map(|_| format!("127.0.0.1:{}", free_port())).collect();
-        let mut cluster = Cluster { nodes: Vec::new(), nats, metrics, extra: extra.to_owned(), per_ip, shards, dir };
+        // Room for three nodes, however many start now.
+        let metrics = (0..nodes.max(3)).map(|_| format!("127.0.0.1:{}", free_port())).collect();
+        let internal = (0..nodes.max(3)).map(|_| (shards == 1).then(free_port)).collect();
+        let mut cluster =
+            Cluster { nodes: Vec::new(), nats, metrics, internal, extra: extra.to_owned(), per_ip, shards, dir };
         for i in 1..=nodes {
             let node = cluster.start_node(i);
             if i == 1 && shards == 1 {
@@ -102,7 +108,7 @@ impl Cluster {
              data_dir = {data:?}\nkey_file = {key:?}\n\
              [store]\nengine = \"jetstream\"\n\
              [cluster]\nnode = \"node{i}\"\nnats_urls = [{urls}]\nreplicas = 3\nlease_ttl = \"{LEASE_TTL}\"\n\
-             metrics_listen = {metrics:?}\nsnapshot_bytes = 200000\nshards = {shards}\n\
+             metrics_listen = {metrics:?}\nsnapshot_bytes = 200000\nshards = {shards}\ninternal_listen = {internal:?}\n\
              [limits]\nsession_rate = 1000000\nsession_burst = 1000000\nanonymous_rate = 1000000\nanonymous_burst = 1000000\n\
              [http]\nmax_connections = 512\nmax_connections_per_ip = {per_ip}\n\
              [push]\nvapid_key_file = {vapid:?}\n{extra}\n",
@@ -111,6 +117,7 @@ impl Cluster {
             vapid = dir.join("vapid.key").display().to_string(),
             urls = urls.join(", "),
             metrics = self.metrics[i - 1],
+            internal = format!("127.0.0.1:{}", self.internal[i - 1].unwrap_or(0)),
             extra = self.extra,
             per_ip = self.per_ip,
         );
@@ -592,6 +599,17 @@ async fn cluster_up_serves_one_relay_starts_a_killed_node_again_and_stops_everyt
     let line = first.recv_timeout(Duration::from_secs(60)).expect("cluster up prints its nodes");
     let urls: Vec<&str> = line.split(' ').filter(|w| w.starts_with("http://")).collect();
     assert_eq!(urls.len(), 2, "{line}");
+    // Its nats-servers take only the relay's user, whose password it wrote
+    // for the nodes (`cluster.nats_password_file`).
+    let conf = std::fs::read_to_string(dir.path().join("nats/n1/nats.conf")).unwrap();
+    let port = conf.lines().find_map(|l| l.strip_prefix("listen: 127.0.0.1:")).unwrap().trim().to_owned();
+    let nats = format!("nats://127.0.0.1:{port}");
+    assert!(async_nats::connect(&nats).await.is_err(), "an anonymous client is refused");
+    let password = std::fs::read_to_string(dir.path().join("nats.password")).unwrap();
+    let node1 = std::fs::read_to_string(dir.path().join("node1.toml")).unwrap();
+    assert!(node1.contains("nats_user = \"relay\"") && node1.contains("nats_password_file"), "{node1}");
+    let with_user = async_nats::ConnectOptions::new().user_and_password("relay".into(), password.trim().into());
+    assert!(with_user.connect(&nats).await.is_ok(), "the relay's user is taken");
     let (a, b) = (Client::new(urls[0]), Client::new(urls[1]));
     let alice = User::register(&a, "relay-c", 1, true).await;
     let bob = User::register(&b, "relay-c", 2, true).await;
@@ -696,4 +714,177 @@ async fn a_peer_relay_sees_one_relay_and_its_deliveries_survive_a_takeover() {
     })
     .await;
     assert_eq!(fence_violations(&cluster.shard()).unwrap(), []);
+}
+
+/// Whether something listens on 127.0.0.1:`port` (a bound socket that does
+/// not listen refuses the connection at once).
+fn listens(port: u16) -> bool {
+    std::net::TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_secs(2)).is_ok()
+}
+
+/// The lease bucket of the test relay.
+async fn lease_bucket(cluster: &Cluster) -> async_nats::jetstream::kv::Store {
+    let client = async_nats::connect(relay_actors::store::server_addrs(&cluster.urls()).unwrap()).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    js.get_key_value(format!("RELAY_{}_LEASES", RELAY.replace('-', "_"))).await.unwrap()
+}
+
+/// A shard's internal port listens only while the shard is served: a
+/// standby's refuses connections (a front tries again, instead of waiting
+/// in an accept queue nobody serves). A lost lease stops serving that
+/// shard without exiting the process, which stands by and serves it again.
+#[actix_rt::test]
+async fn a_lost_lease_gives_the_shard_up_without_exiting_and_only_a_served_shards_port_listens() {
+    let Some(bin) = nats_server::binary_for_test() else { return };
+    let mut cluster = Cluster::start(&bin, 2);
+    let (owner_port, standby_port) = (cluster.internal[0].unwrap(), cluster.internal[1].unwrap());
+    assert_eq!(cluster.owner(), Some(0));
+    assert!(listens(owner_port), "the owner serves on its internal port");
+    cluster.nodes[1].wait_for_log(&["standing by for the shard"], Duration::from_secs(10));
+    assert!(!listens(standby_port), "a standby's internal port accepts nothing");
+    let via2 = Client::with_timeout(&cluster.nodes[1].url, Duration::from_secs(20));
+    let alice = User::register(&via2, RELAY, 1, true).await;
+    let bob = User::register(&via2, RELAY, 2, true).await;
+    via2.ok("message.send", alice.token(0), &alice.send_params(&bob, &mid(1), false)).await;
+
+    // Someone else writes the lease (as a node that took it over after an
+    // expiry would): node1's next renewal is refused.
+    let leases = lease_bucket(&cluster).await;
+    leases.put("shard-0", "intruder 127.0.0.1:9 0".into()).await.unwrap();
+    cluster.nodes[0].wait_for_log(&["gave the shard up"], Duration::from_secs(10));
+    assert!(!cluster.nodes[0].exited(), "a lost lease does not end the process");
+    assert!(!listens(owner_port), "a shard given up is not listened for");
+    // The intruder never renews: its key expires and a node serves again.
+    let again = alice.send_params(&bob, &mid(2), false);
+    eventually("a send once the shard is served again", Duration::from_secs(30), || async {
+        match via2.try_call("message.send", alice.token(0), &again).await {
+            Ok((200, _)) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert_eq!(message_ids(&bob.sync_all(&via2, 0).await), [mid(1), mid(2)]);
+    assert!(!cluster.nodes[0].exited(), "node1 still runs");
+    let served = [owner_port, standby_port].map(listens);
+    assert_eq!(served.iter().filter(|l| **l).count(), 1, "one node serves and listens: {served:?}");
+    assert_eq!(fence_violations(&cluster.shard()).unwrap(), []);
+}
+
+/// An owner paused (SIGSTOP) past its lease, with reads queued at its
+/// internal address, wakes after another node took over and acknowledged
+/// a send: it answers none of them from its stale view (each is refused
+/// `temporarily_unavailable`, or cut, and the client tries again).
+#[actix_rt::test]
+async fn an_owner_paused_past_its_lease_answers_no_read_from_its_stale_view_on_waking() {
+    let Some(bin) = nats_server::binary_for_test() else { return };
+    let cluster = Cluster::start(&bin, 2);
+    assert_eq!(cluster.owner(), Some(0));
+    let via2 = Client::with_timeout(&cluster.nodes[1].url, Duration::from_secs(5));
+    let alice = User::register(&via2, RELAY, 1, true).await;
+    let bob = Arc::new(User::register(&via2, RELAY, 2, true).await);
+    via2.ok("message.send", alice.token(0), &alice.send_params(&bob, &mid(1), false)).await;
+
+    let owner = cluster.nodes[0].pid() as libc::pid_t;
+    // SAFETY: kill(2) on a process this test started.
+    unsafe { libc::kill(owner, libc::SIGSTOP) };
+    let internal = format!("http://127.0.0.1:{}", cluster.internal[0].unwrap());
+    let reads: Vec<_> = (0..8)
+        .map(|_| {
+            let (bob, internal) = (bob.clone(), internal.clone());
+            actix_rt::spawn(async move {
+                let c = Client::with_timeout(&internal, Duration::from_secs(60));
+                c.try_call("message.timeline.sync", bob.token(0), &json!({"after": 0, "limit": 500})).await
+            })
+        })
+        .collect();
+    // node2 takes over; a second send is acknowledged.
+    let second = alice.send_params(&bob, &mid(2), false);
+    eventually("a send acknowledged by the next owner", Duration::from_secs(30), || async {
+        match via2.try_call("message.send", alice.token(0), &second).await {
+            Ok((200, _)) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    // SAFETY: as above.
+    unsafe { libc::kill(owner, libc::SIGCONT) };
+    let mut refused = 0;
+    for read in reads {
+        match read.await.unwrap() {
+            Ok((200, page)) => {
+                let ids = message_ids(page["records"].as_array().unwrap());
+                assert!(ids.contains(&mid(2)), "a stale read from the paused owner: {ids:?}");
+            }
+            Ok((503, e)) => {
+                assert_eq!(e["error"]["code"], "temporarily_unavailable", "{e}");
+                refused += 1;
+            }
+            Ok(other) => panic!("{other:?}"),
+            // Cut when the woken node stopped serving: tried again elsewhere.
+            Err(_) => refused += 1,
+        }
+    }
+    eprintln!("{refused} of 8 reads refused or cut");
+    assert_eq!(message_ids(&bob.sync_all(&via2, 0).await), [mid(1), mid(2)]);
+}
+
+/// A node started while JetStream has no quorum (a fresh cluster before
+/// its leaders are elected answers `503 no responders`) waits for it,
+/// then serves.
+#[actix_rt::test]
+async fn a_node_started_before_jetstream_has_leaders_waits_for_them_and_serves() {
+    use std::io::BufRead;
+    let Some(bin) = nats_server::binary_for_test() else { return };
+    let mut cluster = Cluster::start(&bin, 0);
+    cluster.nats[1].kill();
+    cluster.nats[2].kill();
+    /// Kills the node however the test ends.
+    struct Node(std::process::Child);
+    impl Drop for Node {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut node = Node(
+        std::process::Command::new(env!("CARGO_BIN_EXE_relay"))
+            .args(["serve", "--config"])
+            .arg(cluster.config(1))
+            .env("RUST_LOG", "info")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let started = common::relay::first_line(node.0.stdout.take().unwrap());
+    let (tx, lines) = std::sync::mpsc::channel();
+    let stderr = node.0.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            eprintln!("[node1] {line}");
+            let _ = tx.send(line);
+        }
+    });
+    let wait_line = |needle: &str, within: Duration| {
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match lines.recv_timeout(left) {
+                Ok(line) if line.contains(needle) => return,
+                Ok(_) => {}
+                Err(_) => panic!("no log line with {needle:?} within {within:?} (or the node exited)"),
+            }
+        }
+    };
+    wait_line("JetStream does not answer yet", Duration::from_secs(30));
+    assert!(node.0.try_wait().unwrap().is_none(), "the node waits for JetStream");
+    for n in [1, 2] {
+        cluster.nats[n].restart().unwrap();
+    }
+    wait_line("serving the shard", Duration::from_secs(60));
+    let line = started.recv_timeout(Duration::from_secs(10)).expect("the node announces its front");
+    let c = Client::with_timeout(line.rsplit(' ').next().unwrap(), Duration::from_secs(20));
+    let alice = User::register(&c, RELAY, 1, true).await;
+    let bob = User::register(&c, RELAY, 2, true).await;
+    c.ok("message.send", alice.token(0), &alice.send_params(&bob, &mid(1), false)).await;
 }

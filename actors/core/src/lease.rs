@@ -14,6 +14,10 @@
 //! - An owner that cannot reach the lease for `ttl - margin` stops too,
 //!   before the key can expire and a standby take over; fencing makes a
 //!   late write fail anyway, this keeps the window small.
+//! - Reads are not fenced by the stream, so an owner answers only while
+//!   its own clock says it still holds the lease ([`answers_until`]): a
+//!   process paused past its lease and woken answers nothing it read
+//!   after that point, even before its lease task has run again.
 
 /// What a node currently is for one shard.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,6 +99,25 @@ pub fn next(role: Role, now: u64, last_try: Option<u64>, t: Timing) -> Step {
     }
 }
 
+/// Until when (ms) `role` may answer requests: an owner up to the moment
+/// it would stop for want of a renewal (`next` says [`Step::Stop`] from
+/// then), which is before its key can expire and a standby take over; a
+/// standby or a lost owner never (0).
+pub fn answers_until(role: Role, t: Timing) -> u64 {
+    match role {
+        Role::Owner { renewed_at, .. } => renewed_at + t.give_up_after(),
+        Role::Standby | Role::Lost => 0,
+    }
+}
+
+/// Whether an answer read at `now` (ms) may be given, the owner's lease
+/// good `until` ([`answers_until`]). Checked after the read: an answer
+/// read while the lease held precedes any write by a next owner, even if
+/// it reaches the client later.
+pub fn may_answer(until: u64, now: u64) -> bool {
+    now < until
+}
+
 /// The role after `step` got `answer` at `now` (ms). `sent_at` is when the
 /// request was sent: a renewal counts from then, since the key's ttl runs
 /// from the server's write, which is not earlier.
@@ -160,5 +183,24 @@ mod tests {
         // Stops at 1000 + 2000, a third of the ttl before the key expires at 4000.
         assert_eq!(next(still, 3000, None, T), Step::Stop);
         assert!(1000 + T.give_up_after() < 1000 + T.ttl);
+    }
+
+    #[test]
+    fn an_owner_answers_only_until_it_would_stop_for_want_of_a_renewal_and_a_standby_never() {
+        let owner = Role::Owner { epoch: 7, revision: 9, renewed_at: 1000 };
+        let until = answers_until(owner, T);
+        assert!(may_answer(until, 2999));
+        // A process paused here and woken at 3000 or later answers nothing:
+        // from then on `next` stops it, and the key may expire at 4000.
+        assert!(!may_answer(until, 3000));
+        assert_eq!(next(owner, 3000, None, T), Step::Stop);
+        assert!(until < 1000 + T.ttl, "answers end before a standby can take over");
+        // A renewal moves the bound; a renewal sent before a pause counts from its sending.
+        let renewed = observe(owner, Step::Renew { revision: 9 }, Answer::Written { revision: 12 }, 2000);
+        assert!(may_answer(answers_until(renewed, T), 3999));
+        assert!(!may_answer(answers_until(renewed, T), 4000));
+        for role in [Role::Standby, Role::Lost] {
+            assert!(!may_answer(answers_until(role, T), 0), "{role:?}");
+        }
     }
 }

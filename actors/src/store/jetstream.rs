@@ -84,6 +84,44 @@ pub struct JetStreamConfig {
     pub timeout: Duration,
     /// A snapshot is written after this many bytes of groups.
     pub snapshot_bytes: u64,
+    /// How the engine authenticates to the servers and checks them.
+    pub auth: NatsAuth,
+}
+
+/// How a node authenticates to the nats-servers, and checks them: without
+/// both, anyone who reaches a server can read every event stream, delete
+/// streams and write leases and fences.
+#[derive(Clone, Default)]
+pub struct NatsAuth {
+    /// A user and its password (nats-server's `authorization`).
+    pub user: Option<(String, String)>,
+    /// TLS is required and the servers' certificates are checked against
+    /// this CA (PEM).
+    pub ca_file: Option<std::path::PathBuf>,
+}
+
+impl std::fmt::Debug for NatsAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the password.
+        f.debug_struct("NatsAuth")
+            .field("user", &self.user.as_ref().map(|(user, _)| user))
+            .field("ca_file", &self.ca_file)
+            .finish()
+    }
+}
+
+impl NatsAuth {
+    /// Connect options carrying these credentials and TLS settings.
+    pub fn options(&self) -> async_nats::ConnectOptions {
+        let mut options = async_nats::ConnectOptions::new();
+        if let Some((user, password)) = &self.user {
+            options = options.user_and_password(user.clone(), password.clone());
+        }
+        if let Some(ca) = &self.ca_file {
+            options = options.add_root_certificates(ca.clone()).require_tls(true);
+        }
+        options
+    }
 }
 
 /// Default of [`JetStreamConfig::snapshot_bytes`].
@@ -98,6 +136,7 @@ impl JetStreamConfig {
             replicas,
             timeout: Duration::from_secs(5),
             snapshot_bytes: SNAPSHOT_BYTES,
+            auth: NatsAuth::default(),
         }
     }
 
@@ -181,20 +220,23 @@ impl JetStreamEngine {
             .enable_all()
             .build()
             .map_err(|e| err("runtime", e))?;
-        let (client, js, last_seq, view) = run(&rt, open(cfg.clone(), epoch))?;
+        let (client, js, last_seq, read) = run(&rt, open(cfg.clone(), epoch))?;
         Ok(JetStreamEngine {
             rt: Some(rt),
             js,
             client,
             cfg,
             epoch,
-            view: Arc::new(RwLock::new(view)),
+            view: Arc::new(RwLock::new(read.view)),
             writer: Mutex::new(Writer {
                 queued: Vec::new(),
                 acked: Vec::new(),
                 last_seq,
-                since_snapshot: 0,
-                snapshot_size: 0,
+                // Counted on from the stream: a takeover (a crash loop
+                // too) snapshots when the groups since the last snapshot
+                // call for it, whoever wrote them.
+                since_snapshot: read.since_snapshot,
+                snapshot_size: read.snapshot_size,
             }),
             bytes: AtomicU64::new(0),
             barriers: AtomicU64::new(0),
@@ -373,7 +415,9 @@ fn run<T: Send + 'static>(rt: &tokio::runtime::Runtime, fut: impl Future<Output 
 }
 
 async fn connect(cfg: &JetStreamConfig) -> Result<(async_nats::Client, jetstream::Context), StoreError> {
-    let client = async_nats::ConnectOptions::new()
+    let client = cfg
+        .auth
+        .options()
         .connection_timeout(cfg.timeout)
         .request_timeout(Some(cfg.timeout))
         .retry_on_initial_connect()
@@ -411,7 +455,7 @@ fn epoch_of(headers: Option<&HeaderMap>) -> Option<u64> {
 async fn open(
     cfg: JetStreamConfig,
     epoch: u64,
-) -> Result<(async_nats::Client, jetstream::Context, u64, Map), StoreError> {
+) -> Result<(async_nats::Client, jetstream::Context, u64, Replayed), StoreError> {
     let (client, js) = connect(&cfg).await?;
     // Connected after this (the connection is made in the background).
     client.flush().await.map_err(|e| err("connect", e))?;
@@ -424,8 +468,8 @@ async fn open(
     }
     if epoch == 0 {
         let stream = js.get_stream(&cfg.stream).await.map_err(|e| err("get the stream", e))?;
-        let (view, last) = replay(&stream, &cfg, Through::Last).await?;
-        return Ok((client, js, last, view));
+        let read = replay(&stream, &cfg, Through::Last).await?;
+        return Ok((client, js, read.through, read));
     }
     let stream = js.get_or_create_stream(stream_config(&cfg)).await.map_err(|e| err("create the stream", e))?;
     let fence_subject = cfg.subject(Kind::Fence);
@@ -460,8 +504,8 @@ async fn open(
             Err(e) => return Err(err("fence", e)),
         }
     };
-    let (view, _) = replay(&stream, &cfg, Through::Seq(fence_seq)).await?;
-    Ok((client, js, fence_seq, view))
+    let read = replay(&stream, &cfg, Through::Seq(fence_seq)).await?;
+    Ok((client, js, fence_seq, read))
 }
 
 /// The newest message on `subject`, if any.
@@ -485,7 +529,7 @@ async fn newest_snapshot(stream: &stream::Stream, cfg: &JetStreamConfig) -> Resu
 /// order. Message `through` exists, so the walk always reaches it. A walk
 /// that finds a gap (the owner purged below a newer snapshot meanwhile: a
 /// read-only open does not stop it) starts again from the newest snapshot.
-async fn replay(stream: &stream::Stream, cfg: &JetStreamConfig, through: Through) -> Result<(Map, u64), StoreError> {
+async fn replay(stream: &stream::Stream, cfg: &JetStreamConfig, through: Through) -> Result<Replayed, StoreError> {
     for _ in 0..REPLAY_TRIES {
         if let Some(read) = replay_once(stream, cfg, through).await? {
             return Ok(read);
@@ -496,6 +540,22 @@ async fn replay(stream: &stream::Stream, cfg: &JetStreamConfig, through: Through
 
 /// Reads a view whole, walks again when purged under a read.
 const REPLAY_TRIES: usize = 5;
+
+/// Messages a replay asks for at once: with parts of up to [`CHUNK_BYTES`]
+/// about 16 MiB in flight, well under the 64 MiB a nats-server lets a
+/// client fall behind before it drops it as a slow consumer.
+const REPLAY_BATCH: i64 = 32;
+
+/// What a replay read.
+struct Replayed {
+    view: Map,
+    /// The sequence it is at.
+    through: u64,
+    /// Bytes of the snapshot it started from (0: none).
+    snapshot_size: u64,
+    /// Bytes of the groups after it.
+    since_snapshot: u64,
+}
 
 /// Where a replay ends.
 #[derive(Clone, Copy, Debug)]
@@ -512,7 +572,7 @@ async fn replay_once(
     stream: &stream::Stream,
     cfg: &JetStreamConfig,
     through: Through,
-) -> Result<Option<(Map, u64)>, StoreError> {
+) -> Result<Option<Replayed>, StoreError> {
     let mut view = Map::new();
     // The snapshot first, the last sequence after: the snapshot is then
     // at or below it.
@@ -522,32 +582,44 @@ async fn replay_once(
         Through::Last => stream.get_info().await.map_err(|e| err("stream info", e))?.state.last_sequence,
     };
     if through == 0 {
-        return Ok(Some((view, 0)));
+        return Ok(Some(Replayed { view, through, snapshot_size: 0, since_snapshot: 0 }));
     }
     let start = snapshot.map_or(1, |(first, _)| first);
     let consumer = stream
         .create_consumer(jetstream::consumer::pull::OrderedConfig {
             deliver_policy: jetstream::consumer::DeliverPolicy::ByStartSequence { start_sequence: start },
+            max_batch: REPLAY_BATCH,
             ..Default::default()
         })
         .await
         .map_err(|e| err("replay consumer", e))?;
     let mut messages = consumer.messages().await.map_err(|e| err("replay", e))?;
     let mut parts: Vec<Vec<u8>> = Vec::new();
-    let mut next = start;
-    while let Some(msg) = messages.next().await {
-        let msg = msg.map_err(|e| err("replay", e))?;
+    let (mut next, mut snapshot_size, mut since_snapshot) = (start, 0, 0);
+    // A replay that stops making progress (its consumer lost, the server
+    // stalled) fails, and the caller tries again, rather than holding the
+    // lease while serving nothing.
+    let stall = cfg.timeout * 2;
+    loop {
+        let msg = progress(&mut messages, stall, next, through).await?;
         let seq = msg.info().map_err(|e| err("replay", e))?.stream_sequence;
         if seq != next {
             return Ok(None);
         }
         next += 1;
+        let size = msg.payload.len() as u64;
         match cfg.kind(msg.subject.as_str()) {
             Some(Kind::Snapshot) if seq == start => {
                 view.clear();
+                snapshot_size = size;
                 apply_message(&mut view, &mut parts, msg.headers.as_ref(), &msg.payload, seq, &cfg.stream)?;
             }
-            Some(Kind::Group | Kind::Snapshot) => {
+            Some(Kind::Snapshot) => {
+                snapshot_size += size;
+                apply_message(&mut view, &mut parts, msg.headers.as_ref(), &msg.payload, seq, &cfg.stream)?
+            }
+            Some(Kind::Group) => {
+                since_snapshot += size;
                 apply_message(&mut view, &mut parts, msg.headers.as_ref(), &msg.payload, seq, &cfg.stream)?
             }
             Some(Kind::Fence) | None => {}
@@ -556,7 +628,23 @@ async fn replay_once(
             break;
         }
     }
-    Ok(Some((view, through)))
+    Ok(Some(Replayed { view, through, snapshot_size, since_snapshot }))
+}
+
+/// A replay's next message, or an error when none comes within `stall`
+/// (at sequence `next` of `through`) or the consumer ends: the watchdog
+/// that keeps a stuck replay from holding a lease for minutes.
+async fn progress<M, E: std::fmt::Display>(
+    messages: &mut (impl futures_util::Stream<Item = Result<M, E>> + Unpin),
+    stall: Duration,
+    next: u64,
+    through: u64,
+) -> Result<M, StoreError> {
+    match tokio::time::timeout(stall, messages.next()).await {
+        Ok(Some(msg)) => msg.map_err(|e| err("replay", e)),
+        Ok(None) => Err(err("replay", "the consumer ended before the fence")),
+        Err(_) => Err(err("replay", format!("no message for {stall:?} at sequence {next} of {through}"))),
+    }
 }
 
 /// Applies one stored group message to `view`. A batch's parts are kept in
@@ -629,18 +717,7 @@ struct Append {
 /// Returns the stream sequence of the last part.
 async fn publish(to: Append, parts: Vec<Bytes>) -> Result<u64, StoreError> {
     let Append { js, client, stream, subject, epoch, last_seq, retry_for } = to;
-    let n = parts.len();
-    let headers = |i: usize| {
-        let mut h = HeaderMap::new();
-        h.insert(EPOCH, epoch.to_string().as_str());
-        if i == 0 {
-            h.insert(NATS_EXPECTED_LAST_SEQUENCE, last_seq.to_string().as_str());
-        }
-        if i + 1 == n {
-            h.insert(PARTS, n.to_string().as_str());
-        }
-        h
-    };
+    let headers = append_headers(epoch, last_seq, parts.len());
     let fenced = |e: async_nats::jetstream::context::PublishError| match e.kind() {
         PublishErrorKind::WrongLastSequence => StoreError::Flush(format!(
             "jetstream: the stream moved past sequence {last_seq}: another owner fenced it (epoch {epoch} is stale)"
@@ -684,24 +761,129 @@ async fn publish(to: Append, parts: Vec<Bytes>) -> Result<u64, StoreError> {
             }
         }
     }
-    // A batch: retried whole under a new id while its fate is unknown; an
-    // earlier try that was stored after all is found at the stream's end.
+    publish_batch_tries(Append { js, client, stream, subject, epoch, last_seq, retry_for }, parts, headers, 1).await
+}
+
+/// The headers of message `i` of an append of `n` after `last_seq`.
+fn append_headers(epoch: u64, last_seq: u64, n: usize) -> impl Fn(usize) -> HeaderMap {
+    move |i| {
+        let mut h = HeaderMap::new();
+        h.insert(EPOCH, epoch.to_string().as_str());
+        if i == 0 {
+            h.insert(NATS_EXPECTED_LAST_SEQUENCE, last_seq.to_string().as_str());
+        }
+        if i + 1 == n {
+            h.insert(PARTS, n.to_string().as_str());
+        }
+        h
+    }
+}
+
+/// A batch after `to.last_seq`, tried whole under a new id from try
+/// `first` while its fate is unknown. An earlier try stored after all (its
+/// acknowledgement lost or late) is found by its own id at `last_seq + 1`,
+/// and then, since a batch is stored whole and in a row, ends at
+/// `last_seq + parts`: the stream's tail, which may be another try of ours
+/// being stored, is never read for a position ([`batch_outcome`]).
+async fn publish_batch_tries(
+    to: Append,
+    parts: Vec<Bytes>,
+    headers: impl Fn(usize) -> HeaderMap,
+    first: u32,
+) -> Result<u64, StoreError> {
+    let Append { js, client, stream, subject, epoch, last_seq, retry_for } = to;
+    let n = parts.len() as u64;
+    let fenced = |e: &dyn std::fmt::Display| {
+        StoreError::Flush(format!(
+            "jetstream: the stream moved past sequence {last_seq}: another owner fenced it (epoch {epoch} is stale): {e}"
+        ))
+    };
     let started = tokio::time::Instant::now();
-    for attempt in 1u32.. {
-        let id = format!("{epoch}-{}-{attempt}", last_seq + 1);
-        match publish_batch(&js, &client, &subject, &id, &parts, &headers).await {
+    for attempt in first.. {
+        let id = batch_id(epoch, last_seq, attempt);
+        let e = match publish_batch(&js, &client, &subject, &id, &parts, &headers).await {
             Ok(seq) => return Ok(seq),
-            Err(e) if transient(e.kind()) && started.elapsed() < retry_for => {
-                tracing::warn!(error = %e, attempt, "jetstream batch not acknowledged; checking, then retrying");
+            Err(e) => e,
+        };
+        let moved = e.kind() == PublishErrorKind::WrongLastSequence;
+        if !moved && !transient(e.kind()) {
+            return Err(err("publish", e));
+        }
+        tracing::warn!(error = %e, attempt, "jetstream batch not acknowledged; checking, then retrying");
+        let tried: Vec<String> = (1..=attempt).map(|a| batch_id(epoch, last_seq, a)).collect();
+        let outcome = loop {
+            if !moved {
+                // A moment for a try in flight to be stored.
                 tokio::time::sleep(RETRY_PAUSE).await;
-                if let Some(seq) = landed(&js, &stream, last_seq, epoch, attempt).await {
-                    return Ok(seq);
-                }
             }
-            Err(e) => return Err(fenced(e)),
+            let outcome = batch_outcome(after(&js, &stream, last_seq).await, &tried, last_seq, n);
+            // Moved on, yet nothing readable after ours: read again.
+            let settled = match outcome {
+                Outcome::Unknown => false,
+                Outcome::NotStored => !moved,
+                Outcome::Stored(_) | Outcome::Fenced => true,
+            };
+            if settled || started.elapsed() >= retry_for {
+                break outcome;
+            }
+            if moved {
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
+        };
+        match outcome {
+            Outcome::Stored(seq) => return Ok(seq),
+            Outcome::Fenced => return Err(fenced(&e)),
+            Outcome::NotStored if !moved && started.elapsed() < retry_for => {}
+            Outcome::NotStored | Outcome::Unknown if moved => return Err(fenced(&e)),
+            Outcome::NotStored | Outcome::Unknown => return Err(err("publish", e)),
         }
     }
     unreachable!("the attempts are unbounded")
+}
+
+fn batch_id(epoch: u64, last_seq: u64, attempt: u32) -> String {
+    format!("{epoch}-{}-{attempt}", last_seq + 1)
+}
+
+/// What the stream holds at `last_seq + 1`: `Ok(None)` nothing yet,
+/// `Ok(Some(batch id))` a message (its batch id, `None` outside a batch),
+/// `Err(())` no answer.
+type After = Result<Option<Option<String>>, ()>;
+
+async fn after(js: &jetstream::Context, stream: &str, last_seq: u64) -> After {
+    let stream = js.get_stream(stream).await.map_err(drop)?;
+    match stream.get_raw_message(last_seq + 1).await {
+        Ok(msg) => Ok(Some(msg.headers.get(BATCH_ID).map(|id| id.as_str().to_owned()))),
+        Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => Ok(None),
+        Err(_) => Err(()),
+    }
+}
+
+/// The fate of a batch of `n` messages after `last_seq`, tried under the
+/// ids `tried`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Outcome {
+    /// One of the tries is stored, its commit at this sequence.
+    Stored(u64),
+    /// None is stored yet.
+    NotStored,
+    /// Something else follows `last_seq`: another owner's fence.
+    Fenced,
+    /// The stream did not answer.
+    Unknown,
+}
+
+/// A stored batch starts right after `last_seq` (each try expects it) and
+/// is stored whole and in a row, so its first message alone says whether
+/// and where it landed: its commit is at `last_seq + n`, whatever the
+/// stream's last sequence reads while it is being applied.
+fn batch_outcome(after: After, tried: &[String], last_seq: u64, n: u64) -> Outcome {
+    match after {
+        Err(()) => Outcome::Unknown,
+        Ok(None) => Outcome::NotStored,
+        Ok(Some(Some(id))) if tried.contains(&id) => Outcome::Stored(last_seq + n),
+        Ok(Some(_)) => Outcome::Fenced,
+    }
 }
 
 async fn publish_batch(
@@ -727,19 +909,6 @@ async fn publish_batch(
         }
     }
     unreachable!("a batch has at least one part")
-}
-
-/// The sequence a try (`1..=attempt`) of the batch after `last_seq`
-/// was stored at, if one was: the stream's last message is its commit.
-async fn landed(js: &jetstream::Context, stream: &str, last_seq: u64, epoch: u64, attempt: u32) -> Option<u64> {
-    let stream = js.get_stream(stream).await.ok()?;
-    let last = stream.get_info().await.ok()?.state.last_sequence;
-    if last == last_seq {
-        return None;
-    }
-    let msg = stream.get_raw_message(last).await.ok()?;
-    let id = msg.headers.get(BATCH_ID)?.as_str().to_owned();
-    (1..=attempt).any(|a| id == format!("{epoch}-{}-{a}", last_seq + 1)).then_some(last)
 }
 
 impl Engine for JetStreamEngine {
@@ -869,6 +1038,83 @@ async fn walk_fences(cfg: JetStreamConfig) -> Result<Vec<FenceViolation>, StoreE
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// A replay whose consumer delivers nothing more (dropped by the
+    /// server as a slow consumer, the server stalled) fails within the
+    /// stall bound instead of waiting forever; the owner opens again.
+    #[tokio::test(start_paused = true)]
+    async fn a_replay_that_stops_progressing_fails_within_its_stall_bound() {
+        let mut stuck = futures_util::stream::pending::<Result<(), String>>();
+        let started = tokio::time::Instant::now();
+        let failed = progress(&mut stuck, Duration::from_secs(10), 7, 900).await;
+        match failed {
+            Err(StoreError::Io(e)) => assert!(e.contains("no message for 10s at sequence 7 of 900"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(started.elapsed(), Duration::from_secs(10));
+        let mut ended = futures_util::stream::empty::<Result<(), String>>();
+        assert!(progress(&mut ended, Duration::from_secs(10), 7, 900).await.is_err(), "ended before the fence");
+        let mut one = futures_util::stream::iter([Ok::<_, String>(5u8)]);
+        assert_eq!(progress(&mut one, Duration::from_secs(10), 7, 900).await.ok(), Some(5));
+    }
+
+    #[test]
+    fn a_stored_batch_is_placed_by_its_own_first_message_never_by_the_streams_tail() {
+        let tried = [batch_id(4, 10, 1), batch_id(4, 10, 2)];
+        assert_eq!(tried, ["4-11-1", "4-11-2"]);
+        // Try 1 found at 11: three parts end at 13, however far the stream
+        // reads while it is being stored (the bug: its tail was taken).
+        assert_eq!(batch_outcome(Ok(Some(Some("4-11-1".into()))), &tried, 10, 3), Outcome::Stored(13));
+        assert_eq!(batch_outcome(Ok(Some(Some("4-11-2".into()))), &tried, 10, 3), Outcome::Stored(13));
+        assert_eq!(batch_outcome(Ok(None), &tried, 10, 3), Outcome::NotStored);
+        // Another owner's fence, a group outside any batch, another epoch's try.
+        for other in [None, Some("9-11-1".to_owned()), Some("4-12-1".to_owned()), Some("4-11-3".to_owned())] {
+            assert_eq!(batch_outcome(Ok(Some(other.clone())), &tried, 10, 3), Outcome::Fenced, "{other:?}");
+        }
+        assert_eq!(batch_outcome(Err(()), &tried, 10, 3), Outcome::Unknown);
+    }
+
+    /// The failure: a batch's first try stored, its acknowledgement
+    /// lost; the retry meets the stream moved past `last_seq`. It is our
+    /// own batch: recorded at its own end, and the owner appends on.
+    #[test]
+    fn a_batch_whose_earlier_try_was_stored_unseen_is_recorded_at_its_own_position() {
+        let Some(bin) = crate::nats_server::binary_for_test() else { return };
+        let dir = tempfile::tempdir().unwrap();
+        let server = crate::nats_server::NatsServer::single(&bin, dir.path()).unwrap();
+        let cfg = JetStreamConfig {
+            timeout: Duration::from_millis(500),
+            ..JetStreamConfig::shard(vec![server.url()], "t", 0, 1)
+        };
+        let engine = JetStreamEngine::open(cfg.clone(), 1).unwrap();
+        let last_seq = engine.writer().last_seq;
+        assert_eq!(last_seq, 1, "the fence");
+        let parts = frame((0..3u8).map(|i| Write::Put(vec![i], vec![i; CHUNK_BYTES / 2 + 1])));
+        assert_eq!(parts.len(), 3);
+        let to = Append {
+            js: engine.js.clone(),
+            client: engine.client.clone(),
+            stream: cfg.stream.clone(),
+            subject: cfg.subject(Kind::Group),
+            epoch: 1,
+            last_seq,
+            retry_for: Duration::from_secs(2),
+        };
+        let (js, client, subject, first) = (to.js.clone(), to.client.clone(), to.subject.clone(), parts.clone());
+        let stored = engine.run(async move {
+            let headers = append_headers(1, last_seq, first.len());
+            publish_batch(&js, &client, &subject, &batch_id(1, last_seq, 1), &first, &headers)
+                .await
+                .map_err(|e| e.to_string())
+        });
+        assert_eq!(stored, Ok(4), "try 1 stored; its answer is what the owner never saw");
+        let retried = engine.run(publish_batch_tries(to, parts, append_headers(1, last_seq, 3), 2));
+        assert_eq!(retried.map_err(|e| e.to_string()), Ok(4), "try 2 finds try 1 at its own position");
+        engine.writer().last_seq = 4;
+        engine.apply(vec![Write::Put(b"after".to_vec(), b"1".to_vec())]).unwrap();
+        engine.barrier().expect("the next append follows the batch: the owner was not fenced out");
+        assert_eq!(fence_violations(&cfg).unwrap(), []);
+    }
 
     proptest! {
         /// Pairs taken from either end, in any order, across chunk

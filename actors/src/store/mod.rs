@@ -76,7 +76,8 @@ pub use compact::{LogSpace, SegmentSpace};
 pub use engine::{BackupPoint, Engine, KvIter, Write};
 pub use format::FORMAT_VERSION;
 pub use jetstream::{
-    fence_violations, server_addrs, FenceViolation, JetStreamConfig, JetStreamEngine, CHUNK_BYTES, SNAPSHOT_BYTES,
+    fence_violations, server_addrs, FenceViolation, JetStreamConfig, JetStreamEngine, NatsAuth, CHUNK_BYTES,
+    SNAPSHOT_BYTES,
 };
 pub use model::ModelEngine;
 use overlay::Merged;
