@@ -22,9 +22,11 @@
 //! Deleting a stream's *last* events leaves a shorter valid chain; no log
 //! can show that by itself.
 //!
-//! Streams are checked in parallel (one thread per core, up to 8); each
-//! event is read once, hashed over its stored bytes and its data decoded
-//! once, without building a JSON tree ([`Store::read_raw`]).
+//! Streams are checked in parallel (one thread per core, up to 8), each
+//! part of the key space in one pass ([`Store::visit_raw_range`]): each
+//! event is read once, in place (its bytes lent from the mapped log, not
+//! copied), hashed over its stored bytes and its data decoded once,
+//! without building a JSON tree.
 
 use super::{first_difference, pruned_text, stream_kind, AccountFold, AuditError, Folded, StreamKind};
 use relay_actors::account::{ledger, stored_layout, ReceiptEntry, SendEntry};

@@ -1161,7 +1161,7 @@ impl SledEngine {
         while let Some(kv) = iter.next() {
             // The next value asked of memory now, so that it arrives while
             // this one is checked: values in key order lie anywhere in the
-            // log, and waiting for each was a fifth of the audit's time.
+            // log, and waiting for each took over a tenth of the audit's CPU.
             if let Some(Ok((key, value))) = iter.peek() {
                 maps.prefetch(key, value);
             }
