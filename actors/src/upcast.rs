@@ -90,7 +90,7 @@ impl EventText for StoredEvent {
 /// An event of `stream` read by `Store::read_raw`, to decode.
 pub struct Text<'a> {
     pub stream: &'a str,
-    pub event: &'a RawEvent,
+    pub event: &'a RawEvent<'a>,
 }
 
 impl EventText for Text<'_> {

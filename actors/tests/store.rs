@@ -1105,3 +1105,93 @@ fn wal_replay_ignores_a_torn_final_record_and_stops_at_a_checksum_bad_one() {
     assert_eq!(events.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2]);
     assert_eq!(last, Some(2), "the kv of the same commits, no more");
 }
+
+/// Every event of every stream in `from..to` as `visit_raw_range` hands
+/// them over, owned: (stream, event as read_raw gives it, or the error).
+fn walk(store: &Store, from: &str, to: Option<&str>) -> Vec<String> {
+    let mut seen = Vec::new();
+    store
+        .visit_raw_range(from, to, &mut |item| {
+            seen.push(match item {
+                Ok((stream, Ok(ev))) => format!("{stream} {:?}", ev.into_owned()),
+                Ok((stream, Err(e))) => format!("{stream} {e}"),
+                Err(e) => format!("error {e}"),
+            })
+        })
+        .unwrap();
+    seen
+}
+
+/// What `read_raw` reads of `streams`, as [`walk`] prints it.
+fn read_raw_all(store: &Store, streams: &[&str]) -> Vec<String> {
+    let mut read = Vec::new();
+    for stream in streams {
+        read.extend(store.read_raw(stream, 0).map(|ev| format!("{stream} {:?}", ev.unwrap())));
+    }
+    read
+}
+
+#[test]
+fn a_walk_over_a_range_of_streams_lends_what_read_raw_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    for (stream, n) in [("a/1", 3), ("a/10", 2), ("b/1", 4), ("c", 1)] {
+        append_n(&store, stream, n);
+    }
+    let mut batch = store.batch();
+    batch.blob_put(b"l/a/1", b"one");
+    batch.blob_put(b"l/a/2", b"two");
+    batch.blob_put(b"l/b/1", b"other");
+    store.commit_durable_blocking(batch).unwrap();
+    let check = |store: &Store| {
+        // Bounds split no stream: `a/1` is not `a/10`.
+        assert_eq!(walk(store, "a/1", Some("b")), read_raw_all(store, &["a/1", "a/10"]));
+        assert_eq!(walk(store, "", None), read_raw_all(store, &["a/1", "a/10", "b/1", "c"]));
+        assert_eq!(walk(store, "b/2", Some("c")), Vec::<String>::new());
+        let mut blobs = Vec::new();
+        store
+            .visit_blob_prefix(b"l/a/", &mut |kv| {
+                let (k, v) = kv.unwrap();
+                blobs.push((k.to_vec(), v.to_vec()));
+                true
+            })
+            .unwrap();
+        assert_eq!(blobs, store.blob_scan_prefix(b"l/a/").collect::<Result<Vec<_>, _>>().unwrap());
+        assert_eq!(blobs.len(), 2);
+    };
+    check(&store);
+    store.close().unwrap();
+    drop(store);
+    // Opened to read, the values lie in mapped segments.
+    let store = Store::open_to_read(dir.path()).unwrap();
+    check(&store);
+    // A walk stops when told to.
+    let mut first = 0;
+    store
+        .visit_blob_prefix(b"l/", &mut |_| {
+            first += 1;
+            false
+        })
+        .unwrap();
+    assert_eq!(first, 1);
+}
+
+#[test]
+fn a_walk_reports_a_pointer_past_its_mapped_segment_and_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    append_n(&store, "s", 3);
+    append_n(&store, "t", 1);
+    store.close().unwrap();
+    drop(store);
+    let store = Store::open_to_read(dir.path()).unwrap();
+    let key = Store::raw_event_key("s", 2);
+    let mut bad = store.raw_db().get(&key).unwrap().unwrap().to_vec();
+    bad[16..].copy_from_slice(&u32::MAX.to_be_bytes());
+    store.raw_db().insert(&key, bad).unwrap();
+    let seen = walk(&store, "", None);
+    assert_eq!(seen.len(), 4, "{seen:#?}");
+    assert!(seen[0].starts_with("s RawEvent { seq: 1,"), "{seen:#?}");
+    assert!(seen[1].starts_with("error ") && seen[1].contains("past the segment's end"), "{seen:#?}");
+    assert!(seen[2].starts_with("s RawEvent { seq: 3,") && seen[3].starts_with("t RawEvent { seq: 1,"), "{seen:#?}");
+}

@@ -22,13 +22,15 @@
 //! Deleting a stream's *last* events leaves a shorter valid chain; no log
 //! can show that by itself.
 //!
-//! Streams are checked in parallel (one thread per core, up to 8); each
-//! event is read once, hashed over its stored bytes and its data decoded
-//! once, without building a JSON tree ([`Store::read_raw`]).
+//! Streams are checked in parallel (one thread per core, up to 8), each
+//! part of the key space in one pass ([`Store::visit_raw_range`]): each
+//! event is read once, in place (its bytes lent from the mapped log, not
+//! copied), hashed over its stored bytes and its data decoded once,
+//! without building a JSON tree.
 
 use super::{first_difference, pruned_text, stream_kind, AccountFold, AuditError, Folded, StreamKind};
 use relay_actors::account::{ledger, stored_layout, ReceiptEntry, SendEntry};
-use relay_actors::store::{ChainCheck, ChainProblem, Hash, Pruned, RawEvent, Store, StoreError};
+use relay_actors::store::{ChainCheck, ChainProblem, Hash, Head, Pruned, RawEvent, Snapshot, Store, StoreError};
 use relay_actors::upcast::Text;
 use relay_schemas::UnixSecs;
 use std::fmt;
@@ -232,38 +234,51 @@ fn verify_all(
 }
 
 /// The streams with ids in `from..to`: those with events in one pass over
-/// their keys, and those of `markers` (sorted) in the part that have none.
+/// their keys, each event borrowed from the store's bytes as the pass goes
+/// ([`Store::visit_raw_range`]), and those of `markers` (sorted) in the
+/// part that have none.
 fn verify_part(ctx: &Ctx, from: &str, to: Option<&str>, markers: &[String], report: &mut Report) {
     let within = |s: &str| s >= from && to.is_none_or(|t| s < t);
     let mut whole = markers.iter().filter(|m| within(m)).peekable();
-    let mut events = ctx.store.read_raw_range(from, to).peekable();
-    loop {
-        let stream = match events.peek() {
-            None => None,
-            Some(Ok((stream, _))) => Some(stream.clone()),
-            Some(Err(_)) => {
-                // A key that names no stream: reported, then passed.
-                if let Some(Err(e)) = events.next() {
-                    report.findings.push(finding_from_error(e));
+    let mut check: Option<StreamCheck> = None;
+    let walked = ctx.store.visit_raw_range(from, to, &mut |item| {
+        let (stream, event) = match item {
+            Ok(item) => item,
+            Err(e) => {
+                // A key that names no stream (or a pair unread): the stream
+                // under way ends, the error is reported, the pass goes on.
+                if let Some(c) = check.take() {
+                    c.finish(report);
                 }
-                continue;
+                report.findings.push(finding_from_error(e));
+                return;
             }
         };
-        // Markers of streams without events, before this one.
-        while let Some(m) = whole.next_if(|m| stream.as_ref().is_none_or(|s| *m < s)) {
-            verify_stream(ctx, m, std::iter::empty(), report);
+        if check.as_ref().is_none_or(|c| c.stream != stream) {
+            if let Some(c) = check.take() {
+                c.finish(report);
+            }
+            // Markers of streams without events, before this one.
+            while let Some(m) = whole.next_if(|m| m.as_str() < stream) {
+                StreamCheck::new(ctx, m).finish(report);
+            }
+            if whole.peek().is_some_and(|m| *m == stream) {
+                whole.next();
+            }
+            check = Some(StreamCheck::new(ctx, stream));
         }
-        let Some(stream) = stream else { break };
-        if whole.peek().is_some_and(|m| **m == stream) {
-            whole.next();
+        if let Some(c) = check.as_mut() {
+            c.event(event);
         }
-        let of_stream = std::iter::from_fn(|| {
-            events.next_if(|item| matches!(item, Ok((s, _)) if *s == stream)).map(|item| match item {
-                Ok((_, event)) => event,
-                Err(e) => Err(e),
-            })
-        });
-        verify_stream(ctx, &stream, of_stream, report);
+    });
+    if let Some(c) = check.take() {
+        c.finish(report);
+    }
+    if let Err(e) = walked {
+        report.findings.push(finding_from_error(e));
+    }
+    for m in whole {
+        StreamCheck::new(ctx, m).finish(report);
     }
 }
 
@@ -291,194 +306,270 @@ type Sound = Option<(serde_json::Value, Option<serde_json::Value>)>;
 
 /// Checks one stream's events (as `Store::read_raw` gives them), marker
 /// and snapshot, adding to `report`.
-fn verify_stream(
+fn verify_stream<'e>(
     ctx: &Ctx,
     stream: &str,
-    events: impl Iterator<Item = Result<RawEvent, StoreError>>,
+    events: impl Iterator<Item = Result<RawEvent<'e>, StoreError>>,
     report: &mut Report,
 ) {
-    let (store, now) = (ctx.store, ctx.now);
-    let mut findings = Vec::new();
-    let finding = |seq: u64, problem: Problem| Finding { stream: stream.to_owned(), seq, problem };
-    let snapshot = match store.load_snapshot(stream) {
-        Ok(s) => s,
-        Err(e) => {
-            let mut f = finding_from_error(e);
-            f.problem = Problem::Snapshot(format!("unreadable: {}", f.problem_text()));
-            findings.push(f);
-            None
-        }
-    };
-    let marker = match store.pruned(stream) {
-        Ok(m) => m,
-        Err(e) => {
-            let f = finding_from_error(e);
-            findings.push(finding(f.seq, Problem::Marker(format!("unreadable: {}", f.problem_text()))));
-            None
-        }
-    };
-    let start = marker.as_ref().map(|m| m.head).unwrap_or_default();
-    let snap_seq = snapshot.as_ref().map(|s| s.seq);
-    let snapshot_ledger = snapshot.as_ref().is_some_and(|s| holds_ledger(&s.state));
-    // While true, `folded` is the fold of the marker's state and events
-    // start.seq+1..=last_seq, all decoded.
-    let mut fold_ok = true;
-    let mut folded = match (Folded::new(stream), &marker) {
-        (None, _) => {
-            findings.push(finding(0, Problem::UnknownStream));
-            None
-        }
-        (Some(empty), None) => Some(empty),
-        (Some(_), Some(m)) => match Folded::from_marker(stream, m) {
-            Ok(f) => f,
-            Err(what) => {
-                findings.push(finding(m.head.seq, Problem::Marker(what)));
-                fold_ok = false;
+    let mut check = StreamCheck::new(ctx, stream);
+    events.for_each(|item| check.event(item));
+    check.finish(report);
+}
+
+/// Where a stream's chain starts ([`ChainCheck::new`]): its marker's head.
+type StartAt = Box<dyn FnMut(&str) -> Head>;
+
+/// One stream's check as its events go by ([`verify_stream`]; a pass over
+/// many streams hands each its events as it meets them, [`verify_part`]):
+/// the marker and snapshot read at the start, each event chained, decoded
+/// and folded, the snapshot and ledger compared at the end.
+struct StreamCheck<'c> {
+    ctx: &'c Ctx<'c>,
+    stream: String,
+    findings: Vec<Finding>,
+    snapshot: Option<Snapshot>,
+    marker: Option<Pruned>,
+    /// Where the events start: the marker's head, or the empty head.
+    start: Head,
+    snap_seq: Option<u64>,
+    snapshot_ledger: bool,
+    /// While true, `folded` is the fold of the marker's state and events
+    /// start.seq+1..=last_seq, all decoded.
+    fold_ok: bool,
+    folded: Option<Folded>,
+    /// A stream whose marker keeps no state has nothing to fold.
+    stateless: bool,
+    last_seq: u64,
+    count: u64,
+    /// (hash of the event at the snapshot's seq, the state and the ledger there if sound)
+    at_snapshot: Option<(Hash, Sound)>,
+    chain: ChainCheck<StartAt>,
+}
+
+impl<'c> StreamCheck<'c> {
+    fn new(ctx: &'c Ctx<'c>, stream: &str) -> StreamCheck<'c> {
+        let store = ctx.store;
+        let mut findings = Vec::new();
+        let finding = |seq: u64, problem: Problem| Finding { stream: stream.to_owned(), seq, problem };
+        let snapshot = match store.load_snapshot(stream) {
+            Ok(s) => s,
+            Err(e) => {
+                let mut f = finding_from_error(e);
+                f.problem = Problem::Snapshot(format!("unreadable: {}", f.problem_text()));
+                findings.push(f);
                 None
             }
-        },
-    };
-    // A stream whose marker keeps no state has nothing to fold.
-    let stateless = folded.is_none() && fold_ok && marker.is_some() && stream_kind(stream) != StreamKind::Other;
-    let mut last_seq = start.seq;
-    let mut count = 0u64;
-    // (hash of the event at the snapshot's seq, the state and the ledger there if sound)
-    let mut at_snapshot: Option<(Hash, Sound)> = None;
-    if let (Some(m), Some(seq)) = (&marker, snap_seq) {
-        if seq == m.head.seq {
-            at_snapshot = Some((m.head.hash, folded.as_ref().filter(|_| fold_ok).map(|f| (f.to_json(), None))));
+        };
+        let marker = match store.pruned(stream) {
+            Ok(m) => m,
+            Err(e) => {
+                let f = finding_from_error(e);
+                findings.push(finding(f.seq, Problem::Marker(format!("unreadable: {}", f.problem_text()))));
+                None
+            }
+        };
+        let start = marker.as_ref().map(|m| m.head).unwrap_or_default();
+        let snap_seq = snapshot.as_ref().map(|s| s.seq);
+        let snapshot_ledger = snapshot.as_ref().is_some_and(|s| holds_ledger(&s.state));
+        let mut fold_ok = true;
+        let folded = match (Folded::new(stream), &marker) {
+            (None, _) => {
+                findings.push(finding(0, Problem::UnknownStream));
+                None
+            }
+            (Some(empty), None) => Some(empty),
+            (Some(_), Some(m)) => match Folded::from_marker(stream, m) {
+                Ok(f) => f,
+                Err(what) => {
+                    findings.push(finding(m.head.seq, Problem::Marker(what)));
+                    fold_ok = false;
+                    None
+                }
+            },
+        };
+        let stateless = folded.is_none() && fold_ok && marker.is_some() && stream_kind(stream) != StreamKind::Other;
+        let mut at_snapshot = None;
+        if let (Some(m), Some(seq)) = (&marker, snap_seq) {
+            if seq == m.head.seq {
+                at_snapshot = Some((m.head.hash, folded.as_ref().filter(|_| fold_ok).map(|f| (f.to_json(), None))));
+            }
+        }
+        StreamCheck {
+            ctx,
+            stream: stream.to_owned(),
+            findings,
+            snapshot,
+            marker,
+            start,
+            snap_seq,
+            snapshot_ledger,
+            fold_ok,
+            folded,
+            stateless,
+            last_seq: start.seq,
+            count: 0,
+            at_snapshot,
+            chain: ChainCheck::new(Box::new(move |_: &str| start)),
         }
     }
-    let mut chain = ChainCheck::new(|_| start);
-    for item in events {
-        count += 1;
-        chain.raw(stream, &item);
+
+    fn finding(&self, seq: u64, problem: Problem) -> Finding {
+        Finding { stream: self.stream.clone(), seq, problem }
+    }
+
+    /// The stream's next event.
+    fn event(&mut self, item: Result<RawEvent<'_>, StoreError>) {
+        let stream = self.stream.as_str();
+        self.count += 1;
+        self.chain.raw(stream, &item);
         let Ok(ev) = item else {
-            fold_ok = false;
-            continue;
+            self.fold_ok = false;
+            return;
         };
-        if ev.seq != last_seq + 1 {
-            fold_ok = false;
+        if ev.seq != self.last_seq + 1 {
+            self.fold_ok = false;
         }
-        last_seq = ev.seq;
-        if stateless && count == 1 {
-            findings.push(finding(
-                ev.seq,
-                Problem::Rule("events after the pruned marker, which keeps no state (a stream deleted whole)".into()),
+        self.last_seq = ev.seq;
+        let mut found = Vec::new();
+        if self.stateless && self.count == 1 {
+            found.push(Problem::Rule(
+                "events after the pruned marker, which keeps no state (a stream deleted whole)".into(),
             ));
         }
-        match folded.as_mut() {
-            Some(f) => match match ctx.depth {
-                Depth::Fold => f.apply_fold(&Text { stream, event: &ev }, snap_seq.is_some()),
+        match self.folded.as_mut() {
+            Some(f) => match match self.ctx.depth {
+                Depth::Fold => f.apply_fold(&Text { stream, event: &ev }, self.snap_seq.is_some()),
                 Depth::Full => f.apply(&Text { stream, event: &ev }),
             } {
                 Ok(None) => {}
-                Ok(Some(rule)) => findings.push(finding(ev.seq, Problem::Rule(rule))),
+                Ok(Some(rule)) => found.push(Problem::Rule(rule)),
                 Err(e) => {
-                    fold_ok = false;
-                    findings.push(match ev.to_stored(stream) {
+                    self.fold_ok = false;
+                    found.push(match ev.to_stored(stream) {
                         // Not JSON: the record itself is unreadable.
-                        Err(StoreError::Corrupt { what, .. }) => {
-                            finding(ev.seq, Problem::Chain(ChainProblem::Decode(what)))
-                        }
-                        _ => finding(
-                            ev.seq,
-                            Problem::Event(match e {
-                                StoreError::Corrupt { what, .. } => what,
-                                other => other.to_string(),
-                            }),
-                        ),
+                        Err(StoreError::Corrupt { what, .. }) => Problem::Chain(ChainProblem::Decode(what)),
+                        _ => Problem::Event(match e {
+                            StoreError::Corrupt { what, .. } => what,
+                            other => other.to_string(),
+                        }),
                     });
                 }
             },
             None => {
                 if let Err(StoreError::Corrupt { what, .. }) = ev.to_stored(stream) {
-                    findings.push(finding(ev.seq, Problem::Chain(ChainProblem::Decode(what))));
+                    found.push(Problem::Chain(ChainProblem::Decode(what)));
                 }
             }
         }
-        if Some(ev.seq) == snap_seq {
-            let state = match (&folded, fold_ok) {
+        if Some(ev.seq) == self.snap_seq {
+            let state = match (&self.folded, self.fold_ok) {
                 // The ledger as JSON only for a snapshot that holds one.
-                (Some(f), true) => {
-                    Some((f.to_json(), (marker.is_none() && snapshot_ledger).then(|| f.ledger_json()).flatten()))
-                }
+                (Some(f), true) => Some((
+                    f.to_json(),
+                    (self.marker.is_none() && self.snapshot_ledger).then(|| f.ledger_json()).flatten(),
+                )),
                 _ => None,
             };
-            at_snapshot = Some((ev.hash, state));
+            self.at_snapshot = Some((ev.hash, state));
+        }
+        for problem in found {
+            let f = self.finding(ev.seq, problem);
+            self.findings.push(f);
         }
     }
-    findings.extend(chain.finish().into_iter().map(|c| Finding {
-        stream: c.stream,
-        seq: c.seq,
-        problem: Problem::Chain(c.problem),
-    }));
-    report.events += count;
-    report.streams += 1;
-    if marker.is_some() {
-        report.pruned += 1;
-        report.pruned_whole += u64::from(count == 0);
-    }
-    let rebuilt = |seq: u64| match &marker {
-        Some(m) if seq > m.head.seq => {
-            format!("the pruned marker (seq {}) and events {}..={seq}", m.head.seq, m.head.seq + 1)
-        }
-        Some(m) => format!("the pruned marker (seq {})", m.head.seq),
-        None => format!("events 1..={seq}"),
-    };
 
-    if let Some(snap) = snapshot {
-        report.snapshots += 1;
-        let problem = |what: String| finding(snap.seq, Problem::Snapshot(what));
-        match (&at_snapshot, &folded) {
-            _ if snap.seq == 0 => findings.push(problem("taken at seq 0, before any event".into())),
-            _ if snap.seq < start.seq => findings.push(problem(format!(
-                "taken at seq {}, before the pruned marker (seq {}): its events are gone",
-                snap.seq, start.seq
-            ))),
-            (None, _) => findings.push(problem(format!(
-                "taken at seq {} but the stream has no such event (last seq {last_seq})",
-                snap.seq
-            ))),
-            (Some((hash, _)), _) if *hash != snap.hash => findings.push(problem(format!(
-                "its hash {} is not the hash of event {} ({})",
-                hex::encode(&snap.hash[..8]),
-                snap.seq,
-                hex::encode(&hash[..8])
-            ))),
-            (Some((_, Some((replayed, ledger)))), Some(f)) => match f.check_snapshot(&snap.state) {
-                Err(what) => findings.push(problem(what)),
-                Ok((stored, legacy)) => {
-                    if let Some(diff) = first_difference(&stored, replayed) {
-                        findings.push(problem(format!(
-                            "differs from the state rebuilt from {} at {diff} (snapshot vs events)",
-                            rebuilt(snap.seq)
-                        )));
-                    }
-                    if let (Some(stored), Some(replayed)) = (legacy, ledger) {
+    /// The stream's snapshot and ledger against what its events gave;
+    /// the findings into `report`, in seq order.
+    fn finish(self, report: &mut Report) {
+        let StreamCheck {
+            ctx,
+            stream,
+            mut findings,
+            snapshot,
+            marker,
+            start,
+            folded,
+            fold_ok,
+            last_seq,
+            count,
+            at_snapshot,
+            chain,
+            ..
+        } = self;
+        let finding = |seq: u64, problem: Problem| Finding { stream: stream.clone(), seq, problem };
+        findings.extend(chain.finish().into_iter().map(|c| Finding {
+            stream: c.stream,
+            seq: c.seq,
+            problem: Problem::Chain(c.problem),
+        }));
+        report.events += count;
+        report.streams += 1;
+        if marker.is_some() {
+            report.pruned += 1;
+            report.pruned_whole += u64::from(count == 0);
+        }
+        let rebuilt = |seq: u64| match &marker {
+            Some(m) if seq > m.head.seq => {
+                format!("the pruned marker (seq {}) and events {}..={seq}", m.head.seq, m.head.seq + 1)
+            }
+            Some(m) => format!("the pruned marker (seq {})", m.head.seq),
+            None => format!("events 1..={seq}"),
+        };
+
+        if let Some(snap) = snapshot {
+            report.snapshots += 1;
+            let problem = |what: String| finding(snap.seq, Problem::Snapshot(what));
+            match (&at_snapshot, &folded) {
+                _ if snap.seq == 0 => findings.push(problem("taken at seq 0, before any event".into())),
+                _ if snap.seq < start.seq => findings.push(problem(format!(
+                    "taken at seq {}, before the pruned marker (seq {}): its events are gone",
+                    snap.seq, start.seq
+                ))),
+                (None, _) => findings.push(problem(format!(
+                    "taken at seq {} but the stream has no such event (last seq {last_seq})",
+                    snap.seq
+                ))),
+                (Some((hash, _)), _) if *hash != snap.hash => findings.push(problem(format!(
+                    "its hash {} is not the hash of event {} ({})",
+                    hex::encode(&snap.hash[..8]),
+                    snap.seq,
+                    hex::encode(&hash[..8])
+                ))),
+                (Some((_, Some((replayed, ledger)))), Some(f)) => match f.check_snapshot(&snap.state) {
+                    Err(what) => findings.push(problem(what)),
+                    Ok((stored, legacy)) => {
                         if let Some(diff) = first_difference(&stored, replayed) {
                             findings.push(problem(format!(
-                                "differs from the ledger rebuilt from {} at {diff} (snapshot vs events)",
+                                "differs from the state rebuilt from {} at {diff} (snapshot vs events)",
                                 rebuilt(snap.seq)
                             )));
                         }
+                        if let (Some(stored), Some(replayed)) = (legacy, ledger) {
+                            if let Some(diff) = first_difference(&stored, replayed) {
+                                findings.push(problem(format!(
+                                    "differs from the ledger rebuilt from {} at {diff} (snapshot vs events)",
+                                    rebuilt(snap.seq)
+                                )));
+                            }
+                        }
                     }
-                }
-            },
-            // The events up to the snapshot are already reported broken,
-            // or (a stream pruned whole) there is no state to compare.
-            _ => {}
+                },
+                // The events up to the snapshot are already reported broken,
+                // or (a stream pruned whole) there is no state to compare.
+                _ => {}
+            }
         }
+        if let (Some(Folded::Account(account)), true) = (&folded, fold_ok && last_seq > 0) {
+            findings.extend(
+                check_ledger(ctx.store, account, marker.as_ref(), ctx.now)
+                    .into_iter()
+                    .map(|what| finding(last_seq, Problem::Ledger(what))),
+            );
+        }
+        findings.sort_by_key(|f| f.seq);
+        report.findings.extend(findings);
     }
-    if let (Some(Folded::Account(account)), true) = (&folded, fold_ok && last_seq > 0) {
-        findings.extend(
-            check_ledger(store, account, marker.as_ref(), now)
-                .into_iter()
-                .map(|what| finding(last_seq, Problem::Ledger(what))),
-        );
-    }
-    findings.sort_by_key(|f| f.seq);
-    report.findings.extend(findings);
 }
 
 /// Whether a snapshot's state has the `sends` or `receipts` of an account
@@ -515,24 +606,14 @@ fn check_ledger(store: &Store, account: &AccountFold, marker: Option<&Pruned>, n
         Err(e) => return vec![format!("unreadable: {e}")],
     };
     let mut found = Vec::new();
-    let entries: Box<dyn Iterator<Item = Result<Pair, StoreError>>> = match v1 {
-        true => {
-            let version = ledger::v1::version_key(id);
-            Box::new(
-                store
-                    .kv_scan_prefix(&ledger::v1::prefix(id))
-                    .filter(move |kv| !matches!(kv, Ok((k, _)) if *k == version)),
-            )
+    if !v1 {
+        // A move removes every version 1 key with the marker.
+        let left = store.kv_scan_prefix(&ledger::v1::prefix(id)).count();
+        if left > 0 {
+            found.push(format!("{left} version 1 keys left beside the current ledger"));
         }
-        false => {
-            // A move removes every version 1 key with the marker.
-            let left = store.kv_scan_prefix(&ledger::v1::prefix(id)).count();
-            if left > 0 {
-                found.push(format!("{left} version 1 keys left beside the current ledger"));
-            }
-            Box::new(store.blob_scan_prefix(&ledger::prefix(id)))
-        }
-    };
+    }
+    let version = ledger::v1::version_key(id);
     let key = |e: &ledger::Entry| if v1 { e.v1_key(id) } else { e.key(id) };
     // In key order, as the scan gives the stored entries: the two are
     // merged, with no table to build.
@@ -542,22 +623,26 @@ fn check_ledger(store: &Store, account: &AccountFold, marker: Option<&Pruned>, n
     let mut missing = Vec::new();
     let past = |until: u64| until <= now.0;
     let mut encoded = Vec::new();
-    for item in entries {
+    // The stored entries lent by the store, in key order.
+    let mut stored = |item: Result<(&[u8], &[u8]), StoreError>| {
         let (key, value) = match item {
             Ok(kv) => kv,
             Err(e) => {
                 found.push(format!("unreadable: {e}"));
-                break;
+                return false;
             }
         };
-        while let Some((_, e)) = expected.next_if(|(k, _)| *k < key) {
+        if v1 && key == version.as_slice() {
+            return true;
+        }
+        while let Some((_, e)) = expected.next_if(|(k, _)| k.as_slice() < key) {
             missing.push(e);
         }
-        let Some((_, entry)) = expected.next_if(|(k, _)| *k == key) else {
-            if let Some(what) = orphan(marker, &value) {
-                found.push(format!("{}: {what}", key_name(id, &key)));
+        let Some((_, entry)) = expected.next_if(|(k, _)| k.as_slice() == key) else {
+            if let Some(what) = orphan(marker, value) {
+                found.push(format!("{}: {what}", key_name(id, key)));
             }
-            continue;
+            return true;
         };
         // Stored as the actor writes it (the usual case): the same bytes
         // are the same entry, without decoding them.
@@ -567,16 +652,16 @@ fn check_ledger(store: &Store, account: &AccountFold, marker: Option<&Pruned>, n
             ledger::Entry::Receipt { entry, .. } => serde_json::to_writer(&mut encoded, entry),
         };
         if written.is_ok() && encoded == value {
-            continue;
+            return true;
         }
         let (same, swept, until) = match &entry {
             ledger::Entry::Send { entry, .. } => {
-                let stored = serde_json::from_slice::<SendEntry>(&value).ok();
+                let stored = serde_json::from_slice::<SendEntry>(value).ok();
                 let swept = stored.as_ref().filter(|s| s.is_swept()).map(|s| s.retention_until);
                 (stored.as_ref() == Some(entry), swept, entry.retention_until)
             }
             ledger::Entry::Receipt { entry, .. } => {
-                let stored = serde_json::from_slice::<ReceiptEntry>(&value).ok();
+                let stored = serde_json::from_slice::<ReceiptEntry>(value).ok();
                 let swept = stored.as_ref().filter(|s| s.is_swept()).map(|s| s.retention_until);
                 (stored.as_ref() == Some(entry), swept, entry.retention_until)
             }
@@ -589,14 +674,19 @@ fn check_ledger(store: &Store, account: &AccountFold, marker: Option<&Pruned>, n
             }
             _ => found.push(format!("{}: differs from the entry its events give", entry.name())),
         }
+        true
+    };
+    let walked = match v1 {
+        true => store.visit_kv_prefix(&ledger::v1::prefix(id), &mut stored),
+        false => store.visit_blob_prefix(&ledger::prefix(id), &mut stored),
+    };
+    if let Err(e) = walked {
+        found.push(format!("unreadable: {e}"));
     }
     missing.extend(expected.map(|(_, e)| e));
     found.extend(missing.into_iter().filter(|e| !past(retention_until(e))).map(|e| format!("{}: missing", e.name())));
     found
 }
-
-/// A stored key and its value.
-type Pair = (Vec<u8>, Vec<u8>);
 
 fn retention_until(e: &ledger::Entry) -> u64 {
     match e {

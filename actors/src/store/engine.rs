@@ -52,6 +52,9 @@ pub struct BackupPoint {
 /// Key-value pairs in key order (or reverse key order after `.rev()`).
 pub type KvIter = Box<dyn DoubleEndedIterator<Item = Result<(Vec<u8>, Vec<u8>), StoreError>> + Send>;
 
+/// What [`Engine::visit_range`] hands each pair to: `false` stops the walk.
+pub type Visit<'a> = dyn FnMut(Result<(&[u8], &[u8]), StoreError>) -> bool + 'a;
+
 pub trait Engine: Any + Send + Sync {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
 
@@ -63,6 +66,25 @@ pub trait Engine: Any + Send + Sync {
 
     /// Pairs with `start <= key < end` (no upper bound when `end` is `None`).
     fn range(&self, start: &[u8], end: Option<&[u8]>) -> KvIter;
+
+    /// The pairs of [`Engine::range`] in ascending key order, each handed
+    /// to `visit` with its value lent rather than copied where the engine
+    /// can (sled: the bytes of a mapped log segment); `visit` returns
+    /// `false` to stop. For a reader of every value once (the audit), whose
+    /// CPU a fresh buffer per value raised by about 6 %. An item's `Err` is
+    /// what `range` would yield there; the walk goes on after it.
+    fn visit_range(&self, start: &[u8], end: Option<&[u8]>, visit: &mut Visit<'_>) -> Result<(), StoreError> {
+        for kv in self.range(start, end) {
+            let go = match kv {
+                Ok((k, v)) => visit(Ok((&k, &v))),
+                Err(e) => visit(Err(e)),
+            };
+            if !go {
+                break;
+            }
+        }
+        Ok(())
+    }
 
     /// Writes one group: atomic, ordered after every group applied before,
     /// not yet durable. Only the store's writer thread calls this.

@@ -61,6 +61,7 @@ mod verify;
 mod wal;
 mod writer;
 
+use std::borrow::Cow;
 use std::collections::hash_map::{Entry, HashMap};
 use std::fmt;
 use std::future::Future;
@@ -73,7 +74,7 @@ use relay_schemas::UnixSecs;
 use serde_json::value::RawValue;
 
 pub use compact::{LogSpace, SegmentSpace};
-pub use engine::{BackupPoint, Engine, KvIter, Write};
+pub use engine::{BackupPoint, Engine, KvIter, Visit, Write};
 pub use format::FORMAT_VERSION;
 pub use jetstream::{
     fence_violations, server_addrs, FenceViolation, JetStreamConfig, JetStreamEngine, NatsAuth, CHUNK_BYTES,
@@ -223,7 +224,7 @@ impl StoredEvent {
 /// hash checked over the bytes as stored, its key and body agreeing, and
 /// its data left as text for the caller to decode (or not).
 #[derive(Clone, Debug)]
-pub struct RawEvent {
+pub struct RawEvent<'a> {
     pub seq: u64,
     pub event_type: String,
     pub version: u32,
@@ -234,14 +235,21 @@ pub struct RawEvent {
     /// its layout was altered: a hash mismatch, as [`StoredEvent::compute_hash`]
     /// would find).
     pub sound: bool,
-    body: String,
+    /// Borrowed from the engine's bytes on a walk ([`Store::visit_raw_range`]).
+    body: Cow<'a, str>,
     data: std::ops::Range<usize>,
 }
 
-impl RawEvent {
-    fn new(seq: u64, hash: Hash, layout: codec::Layout, body: String, sound: bool) -> RawEvent {
+impl<'a> RawEvent<'a> {
+    fn new(seq: u64, hash: Hash, layout: codec::Layout, body: Cow<'a, str>, sound: bool) -> RawEvent<'a> {
         let codec::Layout { event_type, version, at, prev, data } = layout;
         RawEvent { seq, event_type, version, at, prev, hash, sound, body, data }
+    }
+
+    /// The event with its body its own.
+    pub fn into_owned(self) -> RawEvent<'static> {
+        let RawEvent { seq, event_type, version, at, prev, hash, sound, body, data } = self;
+        RawEvent { seq, event_type, version, at, prev, hash, sound, body: Cow::Owned(body.into_owned()), data }
     }
 
     /// The event's data as stored (JSON, not parsed here).
@@ -273,6 +281,9 @@ impl RawEvent {
         })
     }
 }
+
+/// What [`Store::visit_raw_range`] hands each event to, with its stream.
+pub type VisitEvent<'a> = dyn FnMut(Result<(&str, Result<RawEvent<'_>, StoreError>), StoreError>) + 'a;
 
 /// A stream's folded state at `seq`/`hash`, so loading replays only the tail.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -498,7 +509,7 @@ impl Store {
         &self,
         stream: &str,
         after: u64,
-    ) -> impl Iterator<Item = Result<RawEvent, StoreError>> + Send + 'static {
+    ) -> impl Iterator<Item = Result<RawEvent<'static>, StoreError>> + Send + 'static {
         let (bad, range) = match codec::check_stream(stream) {
             Ok(()) => (None, codec::event_range(stream, after)),
             Err(e) => (Some(Err(e)), None),
@@ -507,36 +518,91 @@ impl Store {
         let stream = stream.to_owned();
         bad.into_iter().chain(iter.into_iter().flatten().map(move |kv| {
             let (key, value) = kv?;
-            codec::raw_event(&stream, &key, value)
+            codec::raw_event(&stream, &key, &value).map(RawEvent::into_owned)
         }))
     }
 
     /// The events of every stream whose id is in `from..to` (`to`: `None`
     /// for no end), in key order (stream, then seq), read as
-    /// [`Store::read_raw`] reads them: one pass over the key space, for
-    /// checking a whole store in parallel by ranges of stream ids (an id
-    /// without NUL never straddles such a bound). Each item names its
-    /// stream; the outer `Err` is a key that names none.
-    pub fn read_raw_range(
-        &self,
-        from: &str,
-        to: Option<&str>,
-    ) -> impl Iterator<Item = Result<(String, Result<RawEvent, StoreError>), StoreError>> + Send + 'static {
+    /// [`Store::read_raw`] reads them and handed to `visit` one at a time,
+    /// each borrowing the engine's bytes ([`Engine::visit_range`]: no copy
+    /// of a value out of a mapped log segment): one pass over the key
+    /// space, for checking a whole store in parallel by ranges of stream
+    /// ids (an id without NUL never straddles such a bound). Each item
+    /// names its stream; the outer `Err` is a pair that names none or
+    /// could not be read. Committed writes not yet in the engine are laid
+    /// over its pairs, as every read does.
+    pub fn visit_raw_range(&self, from: &str, to: Option<&str>, visit: &mut VisitEvent<'_>) -> Result<(), StoreError> {
         let start = codec::spaced(codec::EVENT, from.as_bytes());
         let end = match to {
             Some(to) => codec::spaced(codec::EVENT, to.as_bytes()),
             None => vec![codec::EVENT + 1],
         };
         let mut current = String::new();
-        self.scan(&start, Some(&end), false).map(move |kv| {
-            let (key, value) = kv?;
-            let name = key.get(1..key.len().saturating_sub(9)).unwrap_or_default();
-            if name != current.as_bytes() {
-                current = codec::parse_event_key(&key)?.0;
-            }
-            let event = codec::raw_event(&current, &key, value);
-            Ok((current.clone(), event))
+        self.visit(&start, Some(&end), &mut |kv| {
+            let item = kv.and_then(|(key, value)| {
+                let name = key.get(1..key.len().saturating_sub(9)).unwrap_or_default();
+                if name != current.as_bytes() {
+                    current = codec::parse_event_key(key)?.0;
+                }
+                Ok((current.as_str(), codec::raw_event(&current, key, value)))
+            });
+            visit(item);
+            true
         })
+    }
+
+    /// The pairs in `start..end` as committed, in key order, each handed to
+    /// `visit` with its value lent by the engine ([`Engine::visit_range`]),
+    /// the overlay's changes laid over them as [`Store::scan`] does;
+    /// `visit` returns `false` to stop.
+    fn visit(&self, start: &[u8], end: Option<&[u8]>, visit: &mut Visit<'_>) -> Result<(), StoreError> {
+        // The overlay first: what leaves it after this is in the engine.
+        let mut overlay = self.inner.shared.overlay.range(start, end).into_iter().peekable();
+        let mut going = true;
+        self.engine().visit_range(start, end, &mut |kv| {
+            if let Ok((key, _)) = &kv {
+                // Newer writes before this key, or of it (which shadow it).
+                while let Some((k, v)) = overlay.next_if(|(k, _)| k.as_slice() <= *key) {
+                    let shadows = k.as_slice() == *key;
+                    if let Some(v) = v {
+                        going = visit(Ok((&k, &v)));
+                    }
+                    if shadows || !going {
+                        return going;
+                    }
+                }
+            }
+            going = visit(kv);
+            going
+        })?;
+        for (k, v) in overlay.filter_map(|(k, v)| Some((k, v?))) {
+            if !going {
+                break;
+            }
+            going = visit(Ok((&k, &v)));
+        }
+        Ok(())
+    }
+
+    /// Blobs whose key starts with `prefix`, in key order, each handed to
+    /// `visit` as [`Store::visit_raw_range`] hands events (no copy of a
+    /// value out of a mapped segment); `visit` returns `false` to stop.
+    pub fn visit_blob_prefix(&self, prefix: &[u8], visit: &mut Visit<'_>) -> Result<(), StoreError> {
+        self.visit_space(codec::BLOB, prefix, visit)
+    }
+
+    /// kv entries whose key starts with `prefix`, as [`Store::visit_blob_prefix`].
+    pub fn visit_kv_prefix(&self, prefix: &[u8], visit: &mut Visit<'_>) -> Result<(), StoreError> {
+        self.visit_space(codec::KV, prefix, visit)
+    }
+
+    /// The pairs of key space `space` whose key starts with `prefix`, keys
+    /// without the space's byte.
+    fn visit_space(&self, space: u8, prefix: &[u8], visit: &mut Visit<'_>) -> Result<(), StoreError> {
+        let start = codec::spaced(space, prefix);
+        let end = codec::prefix_end(&start);
+        self.visit(&start, end.as_deref(), &mut |kv| visit(kv.map(|(k, v)| (&k[1..], v))))
     }
 
     /// The marker of `stream`'s deleted prefix, if any ([`Pruned`]).

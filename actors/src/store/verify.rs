@@ -101,7 +101,7 @@ impl<F: FnMut(&str) -> Head> ChainCheck<F> {
     }
 
     /// An event of `stream` as `Store::read_raw` gives it.
-    pub fn raw(&mut self, stream: &str, item: &Result<RawEvent, StoreError>) {
+    pub fn raw(&mut self, stream: &str, item: &Result<RawEvent<'_>, StoreError>) {
         match item {
             Ok(ev) => self.link(stream, ev.seq, Some((ev.prev, ev.hash)), ev.sound),
             Err(StoreError::HashMismatch { stream, seq }) => self.unreadable(stream, *seq, ChainProblem::HashMismatch),
