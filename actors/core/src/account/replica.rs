@@ -467,6 +467,13 @@ fn decide_item(
         }
         AccountEvent::DeviceAdded { device_certificate } => {
             check_replicated_certificate(device_certificate, ctx)?;
+            // The same certificate on file is known, even revoked since (a
+            // client may add a device at both homes and revoke it at one
+            // before that one pulls the other's add): as a new add of a
+            // revoked id it would refuse the page, and every later one.
+            if state.certificate(&device_certificate.device_id) == Some(device_certificate) {
+                return Ok((vec![], None));
+            }
             decide::add_signed_device(state, device_certificate, ctx.policy)?
         }
         AccountEvent::DeviceRevoked { revocation } => decide::revoke_device(state, revocation, ctx)?,

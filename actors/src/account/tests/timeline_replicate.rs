@@ -196,6 +196,29 @@ fn a_replicated_registration_makes_the_account_at_the_other_home() {
     assert!(b.events[..2].iter().all(|e| matches!(e, AccountEvent::Replicated { partner, .. } if partner == RELAY)));
 }
 
+/// Found by relay-sim: the client added the laptop at both homes and
+/// revoked it at `relay-b` before `relay-b` pulled `a`'s add. The add is
+/// known there (the same certificate is on file): before, it was decided
+/// as a new `device.add` of a revoked id, refused, and the refusal took
+/// the whole page, so nothing of `a` ever reached `relay-b` again.
+#[test]
+fn a_replicated_device_add_of_a_certificate_held_here_is_known_even_once_revoked() {
+    let a = at_a();
+    let b_history = [
+        registered_with(&alice(), &register_value(&alice(), &phone(), &[RELAY, OTHER], None)),
+        device_added(&alice(), &laptop()),
+        device_revoked(&alice(), "laptop"),
+    ];
+    let b = given(&alice(), &b_history);
+    let applied = replica::apply(&b, RELAY, &history_page(&a), None, &[], &b, at_b(NOW)).unwrap();
+    assert!(replicated(&applied).is_empty(), "nothing new: {:?}", applied.events);
+    assert!(matches!(applied.events[..], [AccountEvent::ReplicaPulled { through: 2, .. }]), "{:?}", applied.events);
+    // Another certificate under the revoked id is still refused.
+    let mut page = history_page(&a);
+    page.items[1].event = device_added_cert(&cert(&alice(), &Device::from_seed("laptop", [13; 32])));
+    then_error(replica::apply(&b, RELAY, &page, None, &[], &b, at_b(NOW)), ErrorCode::Forbidden);
+}
+
 /// The page `a` would serve from the start, whoever asks (its items and
 /// route as they are).
 fn history_page(a: &Given) -> Page {
