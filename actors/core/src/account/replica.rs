@@ -533,9 +533,14 @@ fn decide_item(
                     events.push(AccountEvent::DeliveryUpdated { message_id: message_id.clone(), status: s.clone() });
                 }
                 // Delivered from here too, under this relay's signature: as
-                // `message.send` would, only from a device valid now.
+                // `message.send` would, only from a device valid now, and
+                // only under a sender route naming this relay (one accepted
+                // before this relay became a home: recipients would refuse
+                // it `forbidden`, *who may deliver*, ending it `failed`).
                 (_, Some(params))
-                    if UnixSecs(deadline) > ctx.now && state.device_valid(&params.envelope.from_device_id, ctx.now) =>
+                    if UnixSecs(deadline) > ctx.now
+                        && state.device_valid(&params.envelope.from_device_id, ctx.now)
+                        && params.sender_route.as_ref().is_some_and(|r| r.lists_relay(&ctx.policy.relay_id)) =>
                 {
                     let digest = decide::deliver_digest(params)?;
                     let times = (UnixSecs(accepted_at), UnixSecs(deadline));

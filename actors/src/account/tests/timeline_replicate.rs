@@ -347,6 +347,26 @@ fn a_send_still_delivering_is_delivered_from_the_other_home_with_its_original_de
     assert_eq!(b.sent(&mid(1)).status, DeliveryStatus::delivering(NOW));
 }
 
+/// Found by relay-sim: a home added by a route update took on the
+/// deliveries of messages accepted before it was a home. Their params name
+/// the route they were accepted under, which does not list it, so every
+/// recipient refused its attempts `forbidden` (*who may deliver*): a
+/// defined error, which ended its delivery `failed` and left that status
+/// in its ledger for good, while the accepting home delivered the message.
+#[test]
+fn a_send_whose_sender_route_does_not_name_this_home_is_not_delivered_from_here() {
+    let mut a = given_alice([]);
+    let sent = then_sent(when_send(&a, "phone", &alice_to_bob(1), at(NOW)));
+    a.apply(&sent.event);
+    a.deliveries.insert(mid(1), sent.deliver.clone());
+    a.apply(&route_updated(&route(&alice(), 2, &[RELAY, OTHER])));
+    let page = serve(&mut a, 0, None);
+    let applied = pull(&Given::new(&alice().id), &page, NOW + 5);
+    assert!(applied.forwarded.is_empty(), "not deliverable under this relay's name: {:?}", applied.forwarded);
+    let b = given(&alice(), &applied.events);
+    assert_eq!(b.sent(&mid(1)).status, DeliveryStatus::delivering(NOW), "kept, its result to come from `a`");
+}
+
 #[test]
 fn a_send_the_partner_settled_takes_its_status_and_begins_no_delivery() {
     let mut a = at_a();
