@@ -42,16 +42,23 @@ pub enum Plant {
     ForgetDeadline,
     /// A home accepts envelopes from a device it knows revoked.
     DeliverAfterRevocation,
+    /// The sweep runs on a clock half a retention ahead.
+    SweepEarly,
+    /// A restart recomputes each record's visible devices from the account
+    /// as it is now.
+    RecomputeVisibility,
 }
 
 impl Plant {
-    pub const ALL: [Plant; 6] = [
+    pub const ALL: [Plant; 8] = [
         Plant::AckBeforeBarrier,
         Plant::RetryNewId,
         Plant::LowerRevision,
         Plant::ReplicateTwice,
         Plant::ForgetDeadline,
         Plant::DeliverAfterRevocation,
+        Plant::SweepEarly,
+        Plant::RecomputeVisibility,
     ];
 
     pub fn name(self) -> &'static str {
@@ -62,6 +69,8 @@ impl Plant {
             Plant::ReplicateTwice => "replicate-twice",
             Plant::ForgetDeadline => "forget-deadline",
             Plant::DeliverAfterRevocation => "deliver-after-revocation",
+            Plant::SweepEarly => "sweep-early",
+            Plant::RecomputeVisibility => "recompute-visibility",
         }
     }
 
