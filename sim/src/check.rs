@@ -65,9 +65,6 @@ pub struct Coverage {
     /// Deliveries ended `state_conflict` while the recipient held the
     /// message under the params of the sender's other home.
     pub other_params_conflict: u64,
-    /// A relay's own attempt delivered here a later envelope of a device
-    /// this relay, a home of the sender, knows revoked.
-    pub local_receipt_of_revoked: u64,
 }
 
 impl Coverage {
@@ -77,7 +74,7 @@ impl Coverage {
         }
     }
 
-    pub fn fields(&self) -> [u64; 20] {
+    pub fn fields(&self) -> [u64; 19] {
         [
             self.crashes,
             self.crash_with_attempt_in_flight,
@@ -98,11 +95,10 @@ impl Coverage {
             self.swept,
             self.replication_stalled,
             self.other_params_conflict,
-            self.local_receipt_of_revoked,
         ]
     }
 
-    fn fields_mut(&mut self) -> [&mut u64; 20] {
+    fn fields_mut(&mut self) -> [&mut u64; 19] {
         [
             &mut self.crashes,
             &mut self.crash_with_attempt_in_flight,
@@ -123,11 +119,10 @@ impl Coverage {
             &mut self.swept,
             &mut self.replication_stalled,
             &mut self.other_params_conflict,
-            &mut self.local_receipt_of_revoked,
         ]
     }
 
-    pub const NAMES: [&'static str; 20] = [
+    pub const NAMES: [&'static str; 19] = [
         "crashes",
         "crash with an attempt in flight",
         "power cut losing a group",
@@ -147,7 +142,6 @@ impl Coverage {
         "swept at the end of retention",
         "pages refused: revocation race",
         "state_conflict: other home's params",
-        "local receipt, device revoked here",
     ];
 }
 

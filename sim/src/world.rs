@@ -43,6 +43,19 @@ const CLIENT_TIMEOUT_MS: u64 = 15 * SEC;
 /// Items per replication page.
 const PAGE_ITEMS: u32 = 64;
 
+/// Who asks a relay for a receipt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Via {
+    /// The send process's own first receipt (`Supervisor::receive`): the
+    /// device was checked by the send a moment ago.
+    Send,
+    /// A delivery's attempt at a recipient on its own relay
+    /// (`Supervisor::deliver_local`).
+    OwnAttempt,
+    /// `message.deliver` from another relay.
+    Peer(Ix),
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Node {
     Client,
@@ -293,8 +306,6 @@ pub struct World {
     ids: Vec<String>,
     /// Accounts whose replication stalled on a revocation race.
     stalled: BTreeSet<Acct>,
-    /// A relay's own attempt at a local recipient is being decided.
-    local_receipt: bool,
     cov: Coverage,
     violation: Option<Violation>,
     hash: blake3::Hasher,
@@ -348,7 +359,6 @@ impl World {
             ever_held: BTreeSet::new(),
             ids: vec![],
             stalled: BTreeSet::new(),
-            local_receipt: false,
             cov: Coverage::default(),
             violation: None,
             hash: blake3::Hasher::new(),
@@ -899,11 +909,8 @@ impl World {
                 }
             }
             Req::Deliver { mid, attempt, params } => {
-                let caller = match from {
-                    Node::Relay(c) => Some(c),
-                    Node::Client => None,
-                };
-                let outcome = self.receive(r, &params, caller);
+                let Node::Relay(c) = from else { return };
+                let outcome = self.receive(r, &params, Via::Peer(c));
                 let resp = Resp::Outcome { mid, attempt, target: r, outcome };
                 // A receipt is answered once durable (persist before effect).
                 self.after_barrier(r, Effect::Reply(from, resp));
@@ -963,7 +970,7 @@ impl World {
                 if self.relays[r].has_record(to, &mid) {
                     self.cov.receipt_before_acceptance += 1;
                 }
-                let outcome = self.receive(r, &acceptance.deliver, None);
+                let outcome = self.receive(r, &acceptance.deliver, Via::Send);
                 if let AttemptOutcome::Rejected(e) = &outcome {
                     if e.code == ErrorCode::StateConflict {
                         return Err(e.clone());
@@ -983,11 +990,12 @@ impl World {
         }
     }
 
-    /// `message.deliver` at relay `r` from `caller` (`None`: this relay's
-    /// own attempt), as its handler runs it: who may deliver, the sender's
-    /// device when this relay serves the sender, then the recipient's
-    /// account decides the receipt.
-    fn receive(&mut self, r: Ix, params: &DeliverParams, caller: Option<Ix>) -> AttemptOutcome {
+    /// A receipt at relay `r`, as its shell runs it: `message.deliver` from
+    /// another relay asks who may deliver; it and this relay's own attempts
+    /// ask the sender's device when this relay serves the sender
+    /// (`Supervisor::check_sending_device`); then the recipient's account
+    /// decides the receipt.
+    fn receive(&mut self, r: Ix, params: &DeliverParams, via: Via) -> AttemptOutcome {
         let env = &params.envelope;
         let (Some(to), Some(from)) = (self.account_of(&env.to), self.account_of(&env.from)) else {
             return AttemptOutcome::Rejected(RelayError::new(ErrorCode::InvalidParams, "unknown account"));
@@ -1001,30 +1009,24 @@ impl World {
             };
             return AttemptOutcome::Rejected(e);
         }
-        if let Some(c) = caller {
-            let known = self.known_route(r, from);
-            let serves_sender = known.lists_relay(&self.relays[r].id);
+        let known = self.known_route(r, from);
+        if let Via::Peer(c) = via {
             if let Err(e) = core::may_deliver(params, Some(known), &self.relays[c].id, self.ctx_now(r), self.pol(r)) {
                 return AttemptOutcome::Rejected(e);
             }
-            if serves_sender && self.relays[r].accts.contains_key(&from) {
-                let cmd = AccountCmd::CheckSender { device_id: env.from_device_id.clone() };
-                if let Err(e) = self.decide_at(r, from, &cmd) {
-                    return AttemptOutcome::Rejected(e);
-                }
+        }
+        let serves_sender = known.lists_relay(&self.relays[r].id);
+        if via != Via::Send && serves_sender && self.relays[r].accts.contains_key(&from) {
+            let cmd = AccountCmd::CheckSender { device_id: env.from_device_id.clone() };
+            if let Err(e) = self.decide_at(r, from, &cmd) {
+                return AttemptOutcome::Rejected(e);
             }
         }
         if !self.relays[r].accts.contains_key(&to) {
             return AttemptOutcome::Rejected(core::not_served_here(Some(self.known_route(r, to))));
         }
         let cmd = AccountCmd::MessageDeliver { params: params.clone(), digest: core::deliver_digest(params) };
-        // A relay's own attempt at a recipient here asks no sender check
-        // (`Supervisor::deliver_local`), where `message.deliver` from another
-        // relay would (a finding, reported): counted, not a violation.
-        self.local_receipt = caller.is_none();
-        let decided = self.command(r, to, &cmd);
-        self.local_receipt = false;
-        match decided {
+        match self.command(r, to, &cmd) {
             Ok(Reply::Status(status)) => AttemptOutcome::Answered(status),
             Ok(other) => AttemptOutcome::Unknown(RelayError::internal(format!("unexpected reply {other:?}"))),
             Err(e) => AttemptOutcome::Rejected(e),
@@ -1207,9 +1209,7 @@ impl World {
                 let home = self.known_route(r, sender).lists_relay(&self.relays[r].id) && self.serves(r, sender);
                 if !replicated && home {
                     let state = &self.relays[r].accts[&sender].state;
-                    if core::revoked_before(state, &record.envelope) && self.local_receipt {
-                        self.cov.local_receipt_of_revoked += 1;
-                    } else if core::revoked_before(state, &record.envelope) {
+                    if core::revoked_before(state, &record.envelope) {
                         let d = format!("relay-{r} took {mid} from a device it knows revoked");
                         self.violate(inv::REVOKED, Some(mid), d);
                     }
@@ -1347,7 +1347,7 @@ impl World {
         let Some(params) = params else { return self.conclude(r, mid) };
         for (i, t) in targets.iter().enumerate() {
             let outcome = if *t == r {
-                Some(self.receive(r, &params, None))
+                Some(self.receive(r, &params, Via::OwnAttempt))
             } else {
                 let req = Req::Deliver { mid: mid.into(), attempt, params: params.clone() };
                 let sent = self.request(Node::Relay(r), *t, req);
