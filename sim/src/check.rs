@@ -59,12 +59,16 @@ pub struct Coverage {
     pub receipt_before_acceptance: u64,
     /// Messages whose traces the retention sweep removed.
     pub swept: u64,
-    /// Pages refused for a sent message from a device revoked here by its
-    /// `created_at` that the partner accepted before it knew (PROTOCOL §5).
+    /// Page refusals (each pull counts) for a sent message from a device
+    /// revoked here by its `created_at` that the partner accepted before it
+    /// knew (PROTOCOL §5).
     pub replication_stalled: u64,
     /// Deliveries ended `state_conflict` while the recipient held the
     /// message under the params of the sender's other home.
     pub other_params_conflict: u64,
+    /// Deliveries refused `forbidden` because the sender's route changed in
+    /// the second the message was created.
+    pub same_second_route_change: u64,
 }
 
 impl Coverage {
@@ -74,7 +78,7 @@ impl Coverage {
         }
     }
 
-    pub fn fields(&self) -> [u64; 19] {
+    pub fn fields(&self) -> [u64; 20] {
         [
             self.crashes,
             self.crash_with_attempt_in_flight,
@@ -95,10 +99,11 @@ impl Coverage {
             self.swept,
             self.replication_stalled,
             self.other_params_conflict,
+            self.same_second_route_change,
         ]
     }
 
-    fn fields_mut(&mut self) -> [&mut u64; 19] {
+    fn fields_mut(&mut self) -> [&mut u64; 20] {
         [
             &mut self.crashes,
             &mut self.crash_with_attempt_in_flight,
@@ -119,10 +124,11 @@ impl Coverage {
             &mut self.swept,
             &mut self.replication_stalled,
             &mut self.other_params_conflict,
+            &mut self.same_second_route_change,
         ]
     }
 
-    pub const NAMES: [&'static str; 19] = [
+    pub const NAMES: [&'static str; 20] = [
         "crashes",
         "crash with an attempt in flight",
         "power cut losing a group",
@@ -140,8 +146,9 @@ impl Coverage {
         "client retries",
         "receipt before its acceptance",
         "swept at the end of retention",
-        "pages refused: revocation race",
+        "page refusals: revocation race",
         "state_conflict: other home's params",
+        "forbidden: route change that second",
     ];
 }
 

@@ -1703,11 +1703,12 @@ impl World {
 
     /// Whether a delivery healed in time may still end without delivering:
     /// its sending device was revoked (the sender's homes then refuse it,
-    /// `device_unknown` or `forbidden`, PROTOCOL §5 *Who may deliver*), or
+    /// `device_unknown` or `forbidden`, PROTOCOL §5 *Who may deliver*); the
+    /// sender's route changed in the second the message was created; or
     /// the recipient holds the message from the sender's other home under
     /// other params (`state_conflict`: the client's retry at a home added by
     /// a route change, accepted there before it pulled the first
-    /// acceptance; a known limit, reported).
+    /// acceptance). The last two are known limits, reported.
     fn may_fail(&mut self, s: &DeliveryState, done: &DeliveryStatus) -> bool {
         let Some(e) = &done.error else { return false };
         let revoked = || {
@@ -1715,9 +1716,21 @@ impl World {
             let device = s.params.as_ref().map(|p| p.envelope.from_device_id.as_str());
             from.is_some_and(|a| self.accounts[a].revoked.is_some()) && device == Some("d1")
         };
+        // The sender's route changed in the second its envelope was created:
+        // *who may deliver* counts that route as issued before the message
+        // (`issued_at <= created_at`), and refuses a home of the older one.
+        let same_second = || {
+            let from = self.account_of(&s.from);
+            let created = s.params.as_ref().map(|p| p.envelope.created_at);
+            from.is_some_and(|a| self.accounts[a].routes.iter().skip(1).any(|r| Some(r.issued_at) == created))
+        };
         match e.code {
             ErrorCode::DeviceUnknown => true,
             ErrorCode::Forbidden if revoked() => true,
+            ErrorCode::Forbidden if e.message.contains("superseded") && same_second() => {
+                self.cov.same_second_route_change += 1;
+                true
+            }
             ErrorCode::StateConflict => {
                 let to = self.account_of(&s.to).expect("known");
                 let held = self.relays.iter().any(|x| x.has_record(to, &s.message_id));
