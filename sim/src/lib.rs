@@ -10,10 +10,13 @@
 //!
 //! # Layout
 //!
-//! - [`world`]: the event loop, the network, clients, and the sender's and
-//!   recipient's sides as the sim models them;
+//! - [`world`]: the event loop, the network, clients, and the shells'
+//!   part (the send process's commits, the deliver handler's checks, the
+//!   replicator's loop, the sweep's turns);
 //! - [`core`]: the one seam to relay-core, every rule the sim runs;
-//! - [`relay`]: one relay's disk (groups and barrier) and folded state;
+//! - [`relay`]: one relay's disk (groups and barrier), its accounts and
+//!   deliveries folded by relay-core's `apply`, and the reads its
+//!   decisions make;
 //! - [`check`]: the invariants' names, the violation, the coverage counters.
 //!
 //! What is simulated and what is not: `docs/simulation.md`.
