@@ -249,6 +249,24 @@ impl Supervisor {
         self.store().has_events(&account::stream_id(account_id)).map_err(|e| internal(&e))
     }
 
+    /// PROTOCOL §5 *Who may deliver*: a relay that serves the sender (by
+    /// `known`, the sender's newest route it knows) takes a message only
+    /// from a sending device valid in its own state. For `message.deliver`
+    /// from another relay and for this relay's own attempts at a recipient
+    /// it serves alike.
+    pub async fn check_sending_device(
+        &self,
+        envelope: &relay_schemas::objects::MessageEnvelope,
+        known: Option<&relay_schemas::Wire<relay_schemas::objects::Route>>,
+    ) -> Result<(), RelayError> {
+        let serves_sender = known.is_some_and(|r| r.lists_relay(&self.policy().relay_id));
+        if serves_sender && self.account_exists(&envelope.from)? {
+            let device_id = envelope.from_device_id.clone();
+            self.ask(&envelope.from, AccountCmd::CheckSender { device_id }).await?;
+        }
+        Ok(())
+    }
+
     /// Adds an arbiter (thread) that account actors may live on. Each HTTP
     /// worker registers its own: a request then often finds its account on
     /// the thread that parsed it, and accounts spread over all workers.
@@ -487,7 +505,16 @@ impl delivery::Ports for Supervisor {
         digest: String,
     ) -> LocalFuture<delivery::AttemptOutcome> {
         let (sup, to) = (self.clone(), to.to_owned());
-        Box::pin(async move { sup.receive(&to, AccountCmd::MessageDeliver { params, digest }).await })
+        Box::pin(async move {
+            let known = match sup.routes().get(&params.envelope.from) {
+                Ok(known) => known,
+                Err(e) => return delivery::AttemptOutcome::Unknown(RelayError::internal(e.to_string())),
+            };
+            if let Err(e) = sup.check_sending_device(&params.envelope, known.as_ref()).await {
+                return delivery::AttemptOutcome::Rejected(e);
+            }
+            sup.receive(&to, AccountCmd::MessageDeliver { params, digest }).await
+        })
     }
 
     fn report(&self, from: &str, outcome: ReportOutcome) -> LocalFuture<Result<Recorded, RelayError>> {

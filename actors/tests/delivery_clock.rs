@@ -223,3 +223,46 @@ async fn a_send_whose_caller_goes_away_still_makes_its_first_attempt() {
     assert_eq!(*w.script.delivered.lock().unwrap(), 1, "the first attempt went out once");
     assert_eq!(w.status(&mid).await.status, Status::Delivering, "accepted, waiting for its next slot");
 }
+
+/// Found by relay-sim: this relay's own attempt at a recipient it serves
+/// asked no sender check, where a `message.deliver` from another relay
+/// would (PROTOCOL §5 *Who may deliver*: a relay that serves the sender
+/// takes a message only from a sending device valid in its own state), so
+/// a device revoked here while its message waited for a retry reached a
+/// local recipient.
+#[actix_rt::test]
+async fn a_local_attempt_checks_the_sending_device_as_a_delivery_from_another_relay_would() {
+    use relay_schemas::methods::{DeviceAddParams, DeviceRevokeParams};
+    let w = world(None).await;
+    let laptop = Device::from_seed("laptop", [4; 32]);
+    let cert = Wire::from_value(&w.alice.certificate(&laptop, T0, None)).unwrap();
+    let add = AccountCmd::DeviceAdd { device: "phone".into(), params: DeviceAddParams { device_certificate: cert } };
+    w.sup.ask(&w.alice.id, add).await.unwrap();
+    // Carol's homes are this relay and relay-b (down); she registers here
+    // only after the first attempt, which this relay answers `not_found`.
+    let (carol, carol_phone) = (Account::from_seed([5; 32]), Device::from_seed("carol-phone", [6; 32]));
+    let carol_route = carol.route(1, &[("relay-a", "http://a"), ("relay-b", "http://b")], T0);
+    *w.script.route.lock().unwrap() = Some(Wire::from_value(&carol_route).unwrap());
+    let mid = format!("msg-{:016}", 1);
+    let env = laptop.envelope(&w.alice.id, &carol.id, &mid, T0, b"x");
+    let p = json!({"envelope": env, "recipient_boxes": [key_box("carol-phone", b"k")]});
+    let params: SendParams = serde_json::from_str(&p.to_string()).unwrap();
+    let sent = w.sup.message_send(&w.alice.id, "laptop".into(), params, "d1".into()).await.unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(10), sent.first_attempt.expect("a delivery")).await;
+    assert_eq!(first.unwrap().unwrap().status, Status::Delivering);
+
+    let reg = carol.register_params(&carol_route, &carol.certificate(&carol_phone, T0, None), "relay-a", true, T0);
+    let params: RegisterParams = serde_json::from_str(&reg.to_string()).unwrap();
+    w.sup.ask(&carol.id, AccountCmd::AccountRegister { params, digest: "c".into(), known: None }).await.unwrap();
+    let revocation = Wire::from_value(&w.alice.revocation("laptop", T0)).unwrap();
+    let revoke = AccountCmd::DeviceRevoke { device: "phone".into(), params: DeviceRevokeParams { revocation } };
+    w.sup.ask(&w.alice.id, revoke).await.unwrap();
+
+    w.clock.advance_ms(30_000);
+    let st = w.fire(&mid).await;
+    assert_ne!(st.status, Status::TargetAccepted, "{st:?}");
+    match w.sup.ask(&carol.id, AccountCmd::Backlog { device: "carol-phone".into() }).await.unwrap() {
+        Reply::Backlog(latest) => assert_eq!(latest, None, "carol holds the revoked laptop's message"),
+        other => panic!("{other:?}"),
+    }
+}

@@ -30,6 +30,9 @@ pub mod inv {
     pub const CONVERGE: &str = "both homes of an account converge to the same records";
     pub const LIVENESS: &str = "with the network healed, every delivery ends before its deadline";
     pub const LATE_ANSWER: &str = "a late answer changes nothing";
+    pub const VISIBILITY: &str = "visibility fixed at acceptance";
+    pub const RETENTION: &str = "retention never deletes early";
+    pub const PAGE_REFUSED: &str = "a partner home's honest page is never refused";
 }
 
 /// How often a run reached the states that are hard to reach by luck.
@@ -54,6 +57,18 @@ pub struct Coverage {
     /// acceptance between the send process's two commits, or the sender's
     /// other home delivered it first.
     pub receipt_before_acceptance: u64,
+    /// Messages whose traces the retention sweep removed.
+    pub swept: u64,
+    /// Page refusals (each pull counts) for a sent message from a device
+    /// revoked here by its `created_at` that the partner accepted before it
+    /// knew (PROTOCOL §5).
+    pub replication_stalled: u64,
+    /// Deliveries ended `state_conflict` while the recipient held the
+    /// message under the params of the sender's other home.
+    pub other_params_conflict: u64,
+    /// Deliveries refused `forbidden` because the sender's route changed in
+    /// the second the message was created.
+    pub same_second_route_change: u64,
 }
 
 impl Coverage {
@@ -63,7 +78,7 @@ impl Coverage {
         }
     }
 
-    pub fn fields(&self) -> [u64; 16] {
+    pub fn fields(&self) -> [u64; 20] {
         [
             self.crashes,
             self.crash_with_attempt_in_flight,
@@ -81,10 +96,14 @@ impl Coverage {
             self.forwarded_deliveries,
             self.client_retries,
             self.receipt_before_acceptance,
+            self.swept,
+            self.replication_stalled,
+            self.other_params_conflict,
+            self.same_second_route_change,
         ]
     }
 
-    fn fields_mut(&mut self) -> [&mut u64; 16] {
+    fn fields_mut(&mut self) -> [&mut u64; 20] {
         [
             &mut self.crashes,
             &mut self.crash_with_attempt_in_flight,
@@ -102,10 +121,14 @@ impl Coverage {
             &mut self.forwarded_deliveries,
             &mut self.client_retries,
             &mut self.receipt_before_acceptance,
+            &mut self.swept,
+            &mut self.replication_stalled,
+            &mut self.other_params_conflict,
+            &mut self.same_second_route_change,
         ]
     }
 
-    pub const NAMES: [&'static str; 16] = [
+    pub const NAMES: [&'static str; 20] = [
         "crashes",
         "crash with an attempt in flight",
         "power cut losing a group",
@@ -122,6 +145,10 @@ impl Coverage {
         "forwarded deliveries (other home)",
         "client retries",
         "receipt before its acceptance",
+        "swept at the end of retention",
+        "page refusals: revocation race",
+        "state_conflict: other home's params",
+        "forbidden: route change that second",
     ];
 }
 

@@ -3,55 +3,80 @@
 //! shape (one aggregate for accounts and deliveries), this file changes
 //! and the world does not.
 
-use relay_core::account::decide::Ctx;
-use relay_core::account::replica::sent_times;
-use relay_core::delivery::core::{self as delivery, Begun};
+use crate::relay::SimReads;
+use relay_core::account::decide::{self as account, Ctx};
+use relay_core::account::session::Challenges;
+use relay_core::account::{self as acct, AccountState};
+use relay_core::delivery::core::{self as delivery};
 use relay_core::delivery::timetable::slot_offset_ms;
+use relay_core::retention;
 use relay_core::Policy;
 use relay_schemas::methods::DeliverParams;
-use relay_schemas::objects::Route;
-use relay_schemas::{UnixMillis, UnixSecs, Wire};
+use relay_schemas::objects::{MessageEnvelope, Route};
+use relay_schemas::{DeliveryStatus, RelayError, UnixMillis, UnixSecs, Wire};
 
-pub use relay_core::delivery::core::DeliveryEvent;
+pub use relay_core::account::{AccountCmd, AccountEvent, Decision, Effect, Reply};
+pub use relay_core::delivery::core::{Begun, DeliveryEvent};
 pub use relay_core::delivery::{AttemptOutcome, DeliveryState};
+pub use relay_core::retention::LedgerSweep;
 
-/// A `message.send` accepted at `now_ms` (the relay's clock): its times by
-/// the account core's rule, its delivery begun with the route known now
-/// and, for a recipient served here alone, the outcome of the receipt made
-/// first. Returns the deadline with what to write.
-pub fn accept(
-    params: DeliverParams,
-    digest: String,
-    created_at: u64,
-    now_ms: UnixMillis,
-    route: &Wire<Route>,
-    first: Option<AttemptOutcome>,
+/// An account command, as the account actor decides it: `state` at this
+/// relay, its reads, this relay's clock (seconds) and policy. The sim's
+/// commands carry no settlement of their own (`S = ()`): a finished
+/// delivery's events ride in the same group as the account's.
+pub fn decide(
+    state: &AccountState,
+    cmd: &AccountCmd<()>,
+    reads: &SimReads,
+    now: UnixSecs,
     policy: &Policy,
-) -> (u64, Begun) {
-    let now = now_ms.secs();
-    let (accepted_at, deadline, _) = sent_times(created_at, now.0, Ctx::new(now, policy));
-    let times = (UnixSecs(accepted_at), UnixSecs(deadline));
-    (accepted_at, delivery::decide_acceptance(Box::new(params), digest, times, Some(route), first, now_ms, policy))
+) -> Result<Decision, RelayError> {
+    // No command the sim sends draws randomness or a session challenge.
+    acct::command::decide(state, &mut Challenges::default(), cmd, reads, Ctx::new(now, policy))
 }
 
-/// A sent message learned from the sender's other home: its times
-/// recomputed here, never taken from the page.
-pub fn forwarded(
-    params: Box<DeliverParams>,
-    digest: String,
-    (created_at, accepted_at): (u64, u64),
-    now_ms: UnixMillis,
+/// PROTOCOL §5 *Who may deliver*, as the `message.deliver` handler asks
+/// it before the recipient's account decides.
+pub fn may_deliver(
+    params: &DeliverParams,
+    known: Option<&Wire<Route>>,
+    caller: &str,
+    now: UnixSecs,
     policy: &Policy,
-) -> (u64, Begun) {
-    let now = now_ms.secs();
-    let (accepted_at, deadline, _) = sent_times(created_at, accepted_at, Ctx::new(now, policy));
-    let times = (UnixSecs(accepted_at), UnixSecs(deadline));
-    (accepted_at, delivery::decide_forwarded(params, digest, times, now_ms, policy))
+) -> Result<(), RelayError> {
+    account::may_deliver(params.sender_route.as_ref(), known, caller, &params.envelope, Ctx::new(now, policy))
 }
 
-/// Whether the send process delivers before it writes the acceptance.
-pub fn local_first(route: &Wire<Route>, own: &str) -> bool {
-    delivery::delivered_here_first(Some(route), own)
+/// Where an account this relay does not hold lives now (the handler's
+/// answer before any account decides).
+pub fn not_served_here(known: Option<&Wire<Route>>) -> RelayError {
+    account::not_served_here(known)
+}
+
+/// The digest a receipt is keyed on (the destination computes it from the
+/// body; the same bytes).
+pub fn deliver_digest(p: &DeliverParams) -> String {
+    account::deliver_digest(p).expect("params the sim built canonicalize")
+}
+
+/// The status the send process settles a local first attempt with, if it
+/// ended the delivery.
+pub fn final_status(outcome: &AttemptOutcome, accepted_at: u64) -> Option<DeliveryStatus> {
+    delivery::final_status(outcome, UnixSecs(accepted_at))
+}
+
+/// What the retention sweep does with the message in `event` at `now`:
+/// nothing yet (`None`), or remove its traces leaving its ledger entry as
+/// said. relay-core's `traces`, `is_past` and `ledger_sweep`.
+pub fn sweep(account_id: &str, event: &AccountEvent, now: UnixSecs, policy: &Policy) -> Option<LedgerSweep> {
+    let t = retention::traces(account_id, event)?;
+    retention::is_past(t.retention_until, now).then(|| retention::ledger_sweep(&t, now, policy))
+}
+
+/// The envelope's sending device is one the account revoked at or before
+/// its `created_at` (a later envelope of a revoked device).
+pub fn revoked_before(state: &AccountState, env: &MessageEnvelope) -> bool {
+    state.revocations.get(&env.from_device_id).is_some_and(|r| r.revoked_at <= env.created_at)
 }
 
 pub fn due(s: &DeliveryState, now_ms: UnixMillis, route: &Wire<Route>) -> Vec<DeliveryEvent> {

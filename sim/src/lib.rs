@@ -10,10 +10,13 @@
 //!
 //! # Layout
 //!
-//! - [`world`]: the event loop, the network, clients, and the sender's and
-//!   recipient's sides as the sim models them;
+//! - [`world`]: the event loop, the network, clients, and the shells'
+//!   part (the send process's commits, the deliver handler's checks, the
+//!   replicator's loop, the sweep's turns);
 //! - [`core`]: the one seam to relay-core, every rule the sim runs;
-//! - [`relay`]: one relay's disk (groups and barrier) and folded state;
+//! - [`relay`]: one relay's disk (groups and barrier), its accounts and
+//!   deliveries folded by relay-core's `apply`, and the reads its
+//!   decisions make;
 //! - [`check`]: the invariants' names, the violation, the coverage counters.
 //!
 //! What is simulated and what is not: `docs/simulation.md`.
@@ -42,16 +45,23 @@ pub enum Plant {
     ForgetDeadline,
     /// A home accepts envelopes from a device it knows revoked.
     DeliverAfterRevocation,
+    /// The sweep runs on a clock half a retention ahead.
+    SweepEarly,
+    /// A restart recomputes each record's visible devices from the account
+    /// as it is now.
+    RecomputeVisibility,
 }
 
 impl Plant {
-    pub const ALL: [Plant; 6] = [
+    pub const ALL: [Plant; 8] = [
         Plant::AckBeforeBarrier,
         Plant::RetryNewId,
         Plant::LowerRevision,
         Plant::ReplicateTwice,
         Plant::ForgetDeadline,
         Plant::DeliverAfterRevocation,
+        Plant::SweepEarly,
+        Plant::RecomputeVisibility,
     ];
 
     pub fn name(self) -> &'static str {
@@ -62,6 +72,8 @@ impl Plant {
             Plant::ReplicateTwice => "replicate-twice",
             Plant::ForgetDeadline => "forget-deadline",
             Plant::DeliverAfterRevocation => "deliver-after-revocation",
+            Plant::SweepEarly => "sweep-early",
+            Plant::RecomputeVisibility => "recompute-visibility",
         }
     }
 

@@ -8,6 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(about = "Deterministic simulation of a network of relays")]
 struct Cli {
@@ -23,7 +26,8 @@ struct Cli {
     #[arg(long, default_value_t = 1000)]
     messages: usize,
     /// A planted bug: ack-before-barrier, retry-new-id, lower-revision,
-    /// replicate-twice, forget-deadline, deliver-after-revocation.
+    /// replicate-twice, forget-deadline, deliver-after-revocation,
+    /// sweep-early, recompute-visibility.
     #[arg(long)]
     plant: Option<String>,
     /// With --seed: print the whole trace.

@@ -1,9 +1,18 @@
 //! One simulated relay: its disk (groups of records and a barrier) and the
 //! state folded from what the disk holds. A crash keeps the disk and loses
 //! the rest; a power cut also loses groups after the last barrier.
+//!
+//! An account's stream is relay-core's own events, folded by its own
+//! `AccountState::apply` and `Ledger::apply`; a delivery's stream is the
+//! delivery core's events. What the sim adds is only the disk and the
+//! indexes its checks read (records by account).
 
 use crate::core::{AttemptOutcome, DeliveryEvent, DeliveryState};
+use relay_core::account::timeline::IndexEntry;
+use relay_core::account::{AccountEvent, AccountState, Ledger, Reads, ReceiptEntry, SendEntry};
+use relay_core::retention::LedgerSweep;
 use relay_schemas::methods::DeliverParams;
+use relay_schemas::RelayError;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Index of an account in the world's table.
@@ -11,50 +20,31 @@ pub type Acct = usize;
 /// Index of a relay in the world's table.
 pub type Ix = usize;
 
-/// What a relay writes. The delivery stream is the core's own events; the
-/// other records stand for the account streams the sim models itself.
+/// What a relay writes.
 #[derive(Clone, Debug)]
 pub enum Rec {
-    /// The sender's ledger entry (an acceptance, or a sent message learned
-    /// from the sender's other home).
-    Sent {
-        mid: String,
-        from: Acct,
-        device: u8,
-        created_at: u64,
-        accepted_at: u64,
+    /// An event of an account's stream, as relay-core decided it.
+    Account {
+        account: Acct,
+        event: AccountEvent,
     },
     Delivery {
         mid: String,
         event: DeliveryEvent,
     },
-    /// A recipient's timeline record.
-    Received {
-        to: Acct,
-        mid: String,
-        from: Acct,
-        device: u8,
-        created_at: u64,
-        accepted_at: u64,
-    },
-    /// A route revision this relay learned.
+    /// A route revision this relay's route book learned.
     Route {
         account: Acct,
         revision: u64,
     },
-    Revoked {
+    /// The retention sweep removed the traces of the message accepted in
+    /// event `seq` of `account`'s stream (relay-core's `traces`), leaving
+    /// its ledger entry as `ledger` says.
+    Swept {
         account: Acct,
-        device: u8,
-        at: u64,
+        seq: u64,
+        ledger: LedgerSweep,
     },
-}
-
-/// What a partner home may pull, in the order this relay wrote it.
-#[derive(Clone, Debug)]
-pub enum Item {
-    Sent { mid: String, params: Box<DeliverParams>, digest: String, created_at: u64, accepted_at: u64 },
-    Received { to: Acct, mid: String, from: Acct, device: u8, created_at: u64, accepted_at: u64 },
-    Revoked { device: u8, at: u64 },
 }
 
 /// Groups in the order applied, and how many a barrier made durable.
@@ -92,19 +82,155 @@ impl Disk {
     }
 }
 
-#[derive(Clone, Debug)]
+/// A timeline record held for an account (an index the checks read).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record {
     pub mid: String,
-    pub from: Acct,
+    pub from: String,
+    pub visible: Vec<String>,
     pub accepted_at: u64,
+    pub retention_until: u64,
+    /// The account event (its sequence in this relay's stream) holding it.
+    pub seq: u64,
 }
 
+/// One account at one relay: its stream, the state and ledger folded from
+/// it by relay-core, and which events the sweep removed.
 #[derive(Clone, Debug)]
-pub struct SentEntry {
-    pub from: Acct,
-    pub device: u8,
-    pub created_at: u64,
-    pub accepted_at: u64,
+pub struct Here {
+    pub state: AccountState,
+    pub ledger: Ledger,
+    /// Event `seq` is `events[seq - 1]`.
+    pub events: Vec<AccountEvent>,
+    pub swept: BTreeSet<u64>,
+    pub records: Vec<Record>,
+    /// (retention_until, seq) of every message event not yet swept: the
+    /// sweep's index, as the store's `r/` keys.
+    pub due: BTreeSet<(u64, u64)>,
+}
+
+impl Here {
+    pub fn new(account_id: &str) -> Here {
+        Here {
+            state: AccountState::new(account_id),
+            ledger: Ledger::default(),
+            events: vec![],
+            swept: BTreeSet::new(),
+            records: vec![],
+            due: BTreeSet::new(),
+        }
+    }
+
+    fn apply(&mut self, event: &AccountEvent) {
+        let id = self.state.account_id.to_string();
+        self.state.apply(event);
+        self.ledger.apply(&id, event);
+        self.events.push(event.clone());
+        let seq = self.events.len() as u64;
+        if let AccountEvent::MessageSent { retention_until, .. }
+        | AccountEvent::SelfDelivered { retention_until, .. }
+        | AccountEvent::MessageReceived { retention_until, .. } = event.origin()
+        {
+            self.due.insert((*retention_until, seq));
+        }
+        if let AccountEvent::MessageReceived { from, message_id, accepted_at, retention_until, record, .. } =
+            event.origin()
+        {
+            self.records.push(Record {
+                mid: message_id.clone(),
+                from: from.clone(),
+                visible: record.visible.clone(),
+                accepted_at: *accepted_at,
+                retention_until: *retention_until,
+                seq,
+            });
+        }
+    }
+
+    /// The message ids of every record held or swept here.
+    pub fn mids(&self) -> BTreeSet<String> {
+        let swept = self.swept.iter().filter_map(|seq| match self.events[*seq as usize - 1].origin() {
+            AccountEvent::MessageReceived { message_id, .. } => Some(message_id.clone()),
+            _ => None,
+        });
+        self.records.iter().map(|r| r.mid.clone()).chain(swept).collect()
+    }
+
+    fn sweep(&mut self, seq: u64, how: &LedgerSweep) {
+        self.swept.insert(seq);
+        let Some(event) = self.events.get(seq as usize - 1) else { return };
+        let origin = event.origin().clone();
+        self.due.retain(|(_, s)| *s != seq);
+        self.records.retain(|r| r.seq != seq);
+        match origin {
+            AccountEvent::MessageSent { message_id, retention_until, .. }
+            | AccountEvent::SelfDelivered { message_id, retention_until, .. } => match how {
+                LedgerSweep::Swept { .. } => {
+                    self.ledger.sends.insert(message_id, SendEntry::swept(retention_until));
+                }
+                LedgerSweep::Remove => {
+                    self.ledger.sends.remove(&message_id);
+                }
+            },
+            AccountEvent::MessageReceived { from, message_id, retention_until, .. } => {
+                let key = format!("{from}/{message_id}");
+                match how {
+                    LedgerSweep::Swept { .. } => {
+                        self.ledger.receipts.insert(key, ReceiptEntry::swept(retention_until));
+                    }
+                    LedgerSweep::Remove => {
+                        self.ledger.receipts.remove(&key);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// What a decision at this relay reads besides the state: the account's
+/// ledger and stream, and this relay's deliveries (relay-core's `Reads`).
+pub struct SimReads<'a> {
+    pub here: &'a Here,
+    pub deliveries: &'a BTreeMap<String, DeliveryState>,
+    /// Planted: the ledger read of a receipt finds nothing.
+    pub forget_receipts: bool,
+}
+
+impl Reads for SimReads<'_> {
+    fn send_entry(&self, message_id: &str) -> Result<Option<SendEntry>, RelayError> {
+        Ok(self.here.ledger.send(message_id).cloned())
+    }
+    fn receipt_entry(&self, from: &str, message_id: &str) -> Result<Option<ReceiptEntry>, RelayError> {
+        if self.forget_receipts {
+            return Ok(None);
+        }
+        Ok(self.here.ledger.receipt(from, message_id).cloned())
+    }
+    fn timeline_after(&self, after: u64) -> impl Iterator<Item = Result<(u64, IndexEntry), RelayError>> {
+        let here = self.here;
+        here.events.iter().enumerate().filter_map(move |(i, e)| {
+            let seq = i as u64 + 1;
+            let r = e.record().filter(|r| r.sequence > after && !here.swept.contains(&seq))?;
+            Some(Ok((r.sequence, IndexEntry { event: seq, visible: r.visible.clone() })))
+        })
+    }
+    fn event(&self, seq: u64) -> Result<AccountEvent, RelayError> {
+        self.here.events.get(seq as usize - 1).cloned().ok_or_else(|| RelayError::internal("no such event"))
+    }
+    fn events_after(&self, after: u64) -> impl Iterator<Item = Result<(u64, AccountEvent), RelayError>> {
+        let here = self.here;
+        here.events
+            .iter()
+            .enumerate()
+            .skip(after as usize)
+            .filter(move |(i, _)| !here.swept.contains(&(*i as u64 + 1)))
+            .map(|(i, e)| Ok((i as u64 + 1, e.clone())))
+    }
+    fn delivery_params(&self, message_id: &str) -> Result<Option<DeliverParams>, RelayError> {
+        let s = self.deliveries.get(message_id).filter(|s| *s.from == *self.here.state.account_id);
+        Ok(s.and_then(|s| s.params.clone()))
+    }
 }
 
 /// An attempt under way (memory only): its answers so far, by target.
@@ -132,13 +258,10 @@ pub struct Relay {
     pub clock_offset_ms: i64,
     pub disk: Disk,
     // Folded from the disk.
-    pub ledger: BTreeMap<String, SentEntry>,
+    pub accts: BTreeMap<Acct, Here>,
     pub deliveries: BTreeMap<String, DeliveryState>,
-    pub records: BTreeMap<Acct, Vec<Record>>,
-    pub received: BTreeSet<(Acct, String)>,
+    /// The route book: the highest revision learned per account.
     pub routes: BTreeMap<Acct, u64>,
-    pub revoked: BTreeMap<(Acct, u8), u64>,
-    pub repl_log: BTreeMap<Acct, Vec<Item>>,
     // Memory only.
     pub attempts: BTreeMap<String, Attempt>,
     /// Deliveries waiting for the sender's other home to answer.
@@ -147,9 +270,8 @@ pub struct Relay {
     pub flush_armed: bool,
     /// Crash (a power cut when `true`) right after the next write.
     pub crash_armed: Option<bool>,
-    /// Per (account, partner home): the partner's process (`inc`) and how
-    /// far its log was pulled.
-    pub cursors: BTreeMap<(Acct, Ix), (u64, usize)>,
+    /// Pulls under way, by (account, partner).
+    pub pulling: BTreeSet<(Acct, Ix)>,
 }
 
 impl Relay {
@@ -165,78 +287,68 @@ impl Relay {
         self.routes.get(&account).copied().unwrap_or(1)
     }
 
-    pub fn revoked_at(&self, account: Acct, device: u8) -> Option<u64> {
-        self.revoked.get(&(account, device)).copied()
+    /// Whether `to` holds a record of message `mid`.
+    pub fn has_record(&self, to: Acct, mid: &str) -> bool {
+        self.accts.get(&to).is_some_and(|h| h.records.iter().any(|r| r.mid == mid))
     }
 
-    /// Whether `to` holds a record from `from`'s logical message `mid`.
-    pub fn has_record(&self, to: Acct, mid: &str) -> bool {
-        self.received.contains(&(to, mid.to_owned()))
+    /// Whether the sender's ledger here holds `mid` (swept forms too).
+    pub fn has_sent(&self, from: Acct, mid: &str) -> bool {
+        self.accts.get(&from).is_some_and(|h| h.ledger.send(mid).is_some())
+    }
+
+    pub fn records(&self, account: Acct) -> &[Record] {
+        self.accts.get(&account).map(|h| h.records.as_slice()).unwrap_or_default()
     }
 
     /// Applies one record to the folded state (on write, and at recovery).
-    pub fn apply(&mut self, rec: &Rec) {
+    /// `ids`: account ids by index.
+    pub fn apply(&mut self, rec: &Rec, ids: &[String]) {
         match rec {
-            Rec::Sent { mid, from, device, created_at, accepted_at } => {
-                let e = SentEntry { from: *from, device: *device, created_at: *created_at, accepted_at: *accepted_at };
-                self.ledger.insert(mid.clone(), e);
+            Rec::Account { account, event } => {
+                // The account's own route is in the route book too.
+                if let AccountEvent::Registered { route, .. } | AccountEvent::RouteUpdated { route } = event.origin() {
+                    let known = self.routes.entry(*account).or_insert(1);
+                    *known = (*known).max(route.revision);
+                }
+                self.accts.entry(*account).or_insert_with(|| Here::new(&ids[*account])).apply(event);
             }
             Rec::Delivery { mid, event } => {
-                let s = self.deliveries.entry(mid.clone()).or_default();
-                s.apply(event);
-                if let DeliveryEvent::Accepted { params, digest, accepted_at, .. } = event {
-                    if let Some(e) = self.ledger.get(mid) {
-                        self.repl_log.entry(e.from).or_default().push(Item::Sent {
-                            mid: mid.clone(),
-                            params: params.clone(),
-                            digest: digest.clone(),
-                            created_at: e.created_at,
-                            accepted_at: accepted_at.0,
-                        });
-                    }
-                }
-            }
-            Rec::Received { to, mid, from, device, created_at, accepted_at } => {
-                self.received.insert((*to, mid.clone()));
-                let r = Record { mid: mid.clone(), from: *from, accepted_at: *accepted_at };
-                self.records.entry(*to).or_default().push(r);
-                self.repl_log.entry(*to).or_default().push(Item::Received {
-                    to: *to,
-                    mid: mid.clone(),
-                    from: *from,
-                    device: *device,
-                    created_at: *created_at,
-                    accepted_at: *accepted_at,
-                });
+                self.deliveries.entry(mid.clone()).or_default().apply(event);
             }
             Rec::Route { account, revision } => {
                 let known = self.routes.entry(*account).or_insert(1);
                 *known = (*known).max(*revision);
             }
-            Rec::Revoked { account, device, at } => {
-                self.revoked.insert((*account, *device), *at);
-                self.repl_log.entry(*account).or_default().push(Item::Revoked { device: *device, at: *at });
+            Rec::Swept { account, seq, ledger } => {
+                if let Some(h) = self.accts.get_mut(account) {
+                    let mid = h.events.get(*seq as usize - 1).and_then(|e| match e.origin() {
+                        AccountEvent::MessageSent { message_id, .. } => Some(message_id.clone()),
+                        _ => None,
+                    });
+                    h.sweep(*seq, ledger);
+                    // A cross-account send's delivery stream goes with it.
+                    if let Some(mid) = mid {
+                        self.deliveries.remove(&mid);
+                    }
+                }
             }
         }
     }
 
     /// Loses memory and refolds from what the disk holds.
-    pub fn refold(&mut self) {
-        self.ledger.clear();
+    pub fn refold(&mut self, ids: &[String]) {
+        self.accts.clear();
         self.deliveries.clear();
-        self.records.clear();
-        self.received.clear();
         self.routes.clear();
-        self.revoked.clear();
-        self.repl_log.clear();
         self.attempts.clear();
         self.asking.clear();
         self.waiting.clear();
-        self.cursors.clear();
+        self.pulling.clear();
         self.flush_armed = false;
         let groups = std::mem::take(&mut self.disk.groups);
         for rec in groups.iter().flatten() {
-            self.apply(rec);
+            self.apply(rec, ids);
         }
         self.disk.groups = groups;
     }

@@ -1,23 +1,31 @@
 //! The world: relays, clients and the network between them, driven by one
 //! seeded event queue on one simulated clock.
 //!
-//! Every delivery decision is relay-core's, reached through [`crate::core`];
-//! what the sim models itself (the sender's ledger, the recipient's
-//! receipt, replication pages, revocation) is kept to the rules a delivery
-//! needs, and says so where it is.
+//! Every rule is relay-core's, reached through [`crate::core`]: the
+//! account's `decide` for a send, a receipt, a revocation, a route change,
+//! replication pages and peer status; the delivery core for attempts; the
+//! retention rules for the sweep. The world plays the shells' part (the
+//! order of commits of the send process, the `message.deliver` handler's
+//! checks, the replicator's loop) and the network, disks and clocks.
 
 use crate::check::{inv, Coverage, Violation};
-use crate::core::{self, AttemptOutcome, DeliveryEvent, DeliveryState};
-use crate::relay::{Acct, Attempt, Effect, Item, Ix, Rec, Relay};
+use crate::core::{self, AccountCmd, AccountEvent, AttemptOutcome, Decision, DeliveryEvent, DeliveryState, Reply};
+use crate::relay::{Acct, Attempt, Effect, Here, Ix, Rec, Relay, SimReads};
 use crate::Plant;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
+use relay_core::account::replica::Page;
 use relay_core::Policy;
-use relay_schemas::methods::DeliverParams;
+use relay_schemas::client::{self, key_box};
+use relay_schemas::methods::{
+    DeliverParams, DeviceAddParams, DeviceRevokeParams, PeerStatusResult, RegisterParams, ReplicateParams,
+    RouteUpdateParams, SendParams,
+};
 use relay_schemas::objects::Route;
 use relay_schemas::{DeliveryStatus, ErrorCode, RelayError, Status, UnixMillis, UnixSecs, Wire};
+use serde_json::{json, Value};
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 /// Unix time (ms) the simulated world starts at.
 const T0_MS: u64 = 1_764_400_000_000;
@@ -30,7 +38,23 @@ const HEAL_MS: u64 = 30 * MIN;
 /// Every deadline (created + 90 min) has passed by then.
 const END_MS: u64 = SEND_WINDOW_MS + 100 * MIN;
 const PULL_EVERY_MS: u64 = 10 * SEC;
+const SWEEP_EVERY_MS: u64 = MIN;
 const CLIENT_TIMEOUT_MS: u64 = 15 * SEC;
+/// Items per replication page.
+const PAGE_ITEMS: u32 = 64;
+
+/// Who asks a relay for a receipt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Via {
+    /// The send process's own first receipt (`Supervisor::receive`): the
+    /// device was checked by the send a moment ago.
+    Send,
+    /// A delivery's attempt at a recipient on its own relay
+    /// (`Supervisor::deliver_local`).
+    OwnAttempt,
+    /// `message.deliver` from another relay.
+    Peer(Ix),
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Node {
@@ -40,10 +64,26 @@ pub enum Node {
 
 #[derive(Clone, Debug)]
 pub enum Req {
-    Send { msg: usize, try_no: u32, mid: String },
-    Deliver { mid: String, attempt: u32, params: Box<DeliverParams> },
-    PeerStatus { mid: String, attempts: u32 },
-    Pull { account: Acct, after: usize },
+    Send {
+        msg: usize,
+        try_no: u32,
+        mid: String,
+    },
+    Deliver {
+        mid: String,
+        attempt: u32,
+        params: Box<DeliverParams>,
+    },
+    PeerStatus {
+        mid: String,
+        from: Acct,
+        attempts: u32,
+    },
+    /// `timeline.replicate` of `account`.
+    Replicate {
+        account: Acct,
+        params: ReplicateParams,
+    },
 }
 
 #[derive(Debug)]
@@ -51,7 +91,7 @@ pub enum Resp {
     SendAck { msg: usize, try_no: u32, mid: String, result: Result<DeliveryStatus, RelayError> },
     Outcome { mid: String, attempt: u32, target: Ix, outcome: AttemptOutcome },
     PeerStatus { mid: String, attempts: u32, status: Option<DeliveryStatus> },
-    Pulled { partner: Ix, account: Acct, partner_inc: u64, after: usize, items: Vec<Item> },
+    Page { partner: Ix, account: Acct, result: Result<Box<Page>, RelayError> },
 }
 
 #[derive(Debug)]
@@ -96,6 +136,10 @@ enum Ev {
         attempts: u32,
     },
     PullTick {
+        relay: Ix,
+        inc: u64,
+    },
+    Sweep {
         relay: Ix,
         inc: u64,
     },
@@ -151,6 +195,7 @@ impl Ev {
             Ev::Partition { .. } => 14,
             Ev::Heal => 15,
             Ev::ArmCrash { .. } => 16,
+            Ev::Sweep { .. } => 17,
         }
     }
 }
@@ -182,11 +227,18 @@ impl Ord for Queued {
 
 struct Account {
     id: String,
+    /// The account's key and its two devices' (the client's side: it
+    /// signs the routes, certificates, revocation and envelopes).
+    keys: client::Account,
+    devices: [client::Device; 2],
+    certs: [Value; 2],
     /// Routes by revision (index = revision - 1), and their relays.
     routes: Vec<Wire<Route>>,
     homes: Vec<Vec<Ix>>,
     /// The highest revision issued so far.
     current: u64,
+    /// When the client revoked device 1 (Unix seconds), once it has.
+    revoked: Option<u64>,
 }
 
 /// One message a client means to send (a logical message: its id may
@@ -197,6 +249,8 @@ struct Msg {
     to: Acct,
     created_at_ms: u64,
     mid: String,
+    /// The signed params and their digest, made at the first send.
+    params: Option<(SendParams, String)>,
     try_no: u32,
     acked: Option<String>,
     done: bool,
@@ -231,7 +285,8 @@ pub struct World {
     now: u64,
     seq: u64,
     queue: BinaryHeap<Queued>,
-    policy: Policy,
+    /// Each relay's policy (its own relay id); all alike otherwise.
+    policies: Vec<Policy>,
     plant: Option<Plant>,
     relays: Vec<Relay>,
     accounts: Vec<Account>,
@@ -243,6 +298,14 @@ pub struct World {
     /// (relay, message id) → deadline seen durable; status seen durable.
     deadlines: BTreeMap<(Ix, String), UnixSecs>,
     finals: BTreeMap<(Ix, String), DeliveryStatus>,
+    /// (relay, account, message id) → a record's visible devices, durable.
+    visible: BTreeMap<(Ix, Acct, String), Vec<String>>,
+    /// (relay, account, logical message) of every record ever durable.
+    ever_held: BTreeSet<(Ix, Acct, usize)>,
+    /// Account ids by index (what a relay's fold names accounts by).
+    ids: Vec<String>,
+    /// Accounts whose replication stalled on a revocation race.
+    stalled: BTreeSet<Acct>,
     cov: Coverage,
     violation: Option<Violation>,
     hash: blake3::Hasher,
@@ -255,8 +318,20 @@ impl World {
         let mut rng = StdRng::seed_from_u64(seed);
         let n = rng.random_range(3..=6usize);
         let relays: Vec<Relay> = (0..n).map(|i| Relay::new(format!("relay-{i}"))).collect();
-        let mut policy = Policy::with_relay_id("sim");
-        policy.clock_tolerance = 5 * 60;
+        // A quarter of the seeds keep messages only 20 to 60 minutes: the
+        // sweep then runs within the run (never before a promise ends).
+        let retention = rng.random_bool(0.25).then(|| rng.random_range(20 * 60..60 * 60u64));
+        let policies = relays
+            .iter()
+            .map(|r| {
+                let mut p = Policy::with_relay_id(&r.id);
+                p.clock_tolerance = 5 * 60;
+                if let Some(secs) = retention {
+                    p.message_retention = secs;
+                }
+                p
+            })
+            .collect();
         let faults = Faults {
             loss: rng.random_range(0.0..0.08),
             dup: rng.random_range(0.0..0.05),
@@ -270,7 +345,7 @@ impl World {
             now: 0,
             seq: 0,
             queue: BinaryHeap::new(),
-            policy,
+            policies,
             plant,
             relays,
             accounts: vec![],
@@ -280,6 +355,10 @@ impl World {
             fault_count: 0,
             deadlines: BTreeMap::new(),
             finals: BTreeMap::new(),
+            visible: BTreeMap::new(),
+            ever_held: BTreeSet::new(),
+            ids: vec![],
+            stalled: BTreeSet::new(),
             cov: Coverage::default(),
             violation: None,
             hash: blake3::Hasher::new(),
@@ -316,15 +395,24 @@ impl World {
 
     fn populate(&mut self, n: usize, messages: usize) {
         let accounts = n * 4;
+        let t0 = T0_MS / 1000;
         for a in 0..accounts {
-            let id = format!("{:032x}", 0xacc0_0000_u64 + a as u64);
+            // The same keys in every seed: objects signed once are verified
+            // once per process (relay-schemas' memo), as a relay's are.
+            let keys = client::Account::from_seed([a as u8 + 1; 32]);
+            let devices = [0u8, 1].map(|d| {
+                let mut seed = [0x5e; 32];
+                (seed[0], seed[1]) = (a as u8 + 1, d + 1);
+                client::Device::from_seed(&format!("d{d}"), seed)
+            });
+            let certs = [0, 1].map(|d| keys.certificate(&devices[d], t0 - 86_400, None));
             let two = self.rng.random_bool(0.4);
             let first = self.rng.random_range(0..n);
             let mut homes = vec![first];
             if two {
                 homes.push((first + self.rng.random_range(1..n)) % n);
             }
-            let mut all = vec![homes.clone()];
+            let mut all = vec![(homes.clone(), t0 - 3_600)];
             // Some accounts move one home to another relay during the run.
             if self.rng.random_bool(0.3) {
                 let mut moved = homes.clone();
@@ -332,13 +420,27 @@ impl World {
                 let new = (0..n).filter(|r| !homes.contains(r)).nth(self.rng.random_range(0..n - homes.len()));
                 if let Some(new) = new {
                     moved[last] = new;
-                    all.push(moved);
                     let at = self.rng.random_range(MIN..20 * MIN);
+                    all.push((moved, t0 + at / 1000));
                     self.at(at, Ev::RouteChange { account: a });
                 }
             }
-            let routes = all.iter().enumerate().map(|(i, h)| self.route(&id, i as u64 + 1, h)).collect();
-            self.accounts.push(Account { id, routes, homes: all, current: 1 });
+            let routes = all
+                .iter()
+                .enumerate()
+                .map(|(i, (h, issued_at))| self.route(&keys, i as u64 + 1, h, *issued_at))
+                .collect();
+            let homes = all.into_iter().map(|(h, _)| h).collect();
+            self.ids.push(keys.id.clone());
+            let id = keys.id.clone();
+            self.accounts.push(Account { id, keys, devices, certs, routes, homes, current: 1, revoked: None });
+        }
+        // Each account registers at its first homes and adds its second
+        // device, before any message.
+        for a in 0..accounts {
+            for h in self.accounts[a].homes[0].clone() {
+                self.register(h, a, 1);
+            }
         }
         for m in 0..messages {
             let from = self.rng.random_range(0..accounts);
@@ -347,7 +449,7 @@ impl World {
             let mid = format!("m{m:06}-0-{}", self.rng.random_range(0..u32::MAX));
             self.logical.insert(mid.clone(), m);
             let device = self.rng.random_range(0..2u8);
-            let msg = Msg { from, device, to, created_at_ms, mid, try_no: 0, acked: None, done: false };
+            let msg = Msg { from, device, to, created_at_ms, mid, params: None, try_no: 0, acked: None, done: false };
             self.msgs.push(msg);
             self.at(created_at_ms, Ev::ClientSend { msg: m });
         }
@@ -383,18 +485,28 @@ impl World {
         for relay in 0..n {
             let at = self.rng.random_range(0..PULL_EVERY_MS);
             self.at(at, Ev::PullTick { relay, inc: 0 });
+            if self.short_retention() {
+                let at = self.rng.random_range(0..SWEEP_EVERY_MS);
+                self.at(at, Ev::Sweep { relay, inc: 0 });
+            }
         }
         self.at(HEAL_MS, Ev::Heal);
     }
 
-    /// A route object as the core reads it (the core checks no signature;
-    /// the shells do, before anything reaches it).
-    fn route(&self, account: &str, revision: u64, homes: &[Ix]) -> Wire<Route> {
-        let relays: Vec<_> =
-            homes.iter().map(|h| serde_json::json!({"id": self.relays[*h].id, "url": format!("sim://{h}")})).collect();
-        let v = serde_json::json!({"account_id": account, "account_key": "sim", "revision": revision,
-            "relays": relays, "issued_at": T0_MS / 1000, "signature": "sim"});
-        Wire::from_value(&v).expect("a route the sim builds parses")
+    fn short_retention(&self) -> bool {
+        self.policies[0].message_retention < 24 * 3600
+    }
+
+    /// A route signed by the account's key.
+    fn route(&self, keys: &client::Account, revision: u64, homes: &[Ix], issued_at: u64) -> Wire<Route> {
+        let relays: Vec<(String, String)> =
+            homes.iter().map(|h| (self.relays[*h].id.clone(), format!("http://{}.sim", self.relays[*h].id))).collect();
+        let relays: Vec<(&str, &str)> = relays.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+        Wire::from_value(&keys.route(revision, &relays, issued_at)).expect("a route the sim signs parses")
+    }
+
+    fn pol(&self, r: Ix) -> &Policy {
+        &self.policies[r]
     }
 
     fn relay_of(&self, id: &str) -> Option<Ix> {
@@ -407,9 +519,129 @@ impl World {
         &self.accounts[account].routes[rev - 1]
     }
 
+    /// Whether relay `r` holds `account` and its route there names `r`.
     fn serves(&self, r: Ix, account: Acct) -> bool {
-        let rev = self.relays[r].route(account) as usize;
-        self.accounts[account].homes[rev - 1].contains(&r)
+        let id = &self.relays[r].id;
+        self.relays[r].accts.get(&account).and_then(|h| h.state.route()).is_some_and(|route| route.lists_relay(id))
+    }
+
+    // ---- the account side: relay-core decides, the world writes -----------
+
+    /// Decides `cmd` on `account` as relay `r` holds it (an account not
+    /// held is an empty state, as the actor loads one).
+    fn decide_at(&self, r: Ix, account: Acct, cmd: &AccountCmd<()>) -> Result<Decision, RelayError> {
+        let relay = &self.relays[r];
+        let empty;
+        let here = match relay.accts.get(&account) {
+            Some(h) => h,
+            None => {
+                empty = Here::new(&self.ids[account]);
+                &empty
+            }
+        };
+        let forget_receipts =
+            self.plant == Some(Plant::ReplicateTwice) && matches!(cmd, AccountCmd::ReplicaApply { .. });
+        let reads = SimReads { here, deliveries: &relay.deliveries, forget_receipts };
+        let (now, policy) = (self.ctx_now(r), self.pol(r));
+        if self.plant == Some(Plant::DeliverAfterRevocation) {
+            // Planted: the shell loads the account without its revocations.
+            let mut state = here.state.clone();
+            state.revocations = Default::default();
+            return core::decide(&state, cmd, &reads, now, policy);
+        }
+        core::decide(&here.state, cmd, &reads, now, policy)
+    }
+
+    /// Writes what `account` decided at `r` as one group, with `extra`
+    /// (a settling delivery's last events) and the first events of the
+    /// deliveries it begins; starts those. Returns the reply.
+    fn commit(&mut self, r: Ix, account: Acct, d: Decision, extra: Vec<Rec>) -> Reply {
+        let mut group: Vec<Rec> = d.events.into_iter().map(|event| Rec::Account { account, event }).collect();
+        group.extend(extra);
+        let mut begun = vec![];
+        for effect in d.effects {
+            let b = match effect {
+                core::Effect::BeginDelivery(b) => b,
+                core::Effect::Forward(b) => {
+                    self.cov.forwarded_deliveries += 1;
+                    b
+                }
+                core::Effect::StoreSession { .. } | core::Effect::EndDevice { .. } => continue,
+            };
+            let mid = b.state.message_id.to_string();
+            group.extend(b.events.iter().map(|event| Rec::Delivery { mid: mid.clone(), event: event.clone() }));
+            begun.push(b);
+        }
+        self.persist(r, group);
+        for b in begun {
+            let mid = b.state.message_id.to_string();
+            let deadline = b.state.deadline.0;
+            self.note(|| format!("relay-{r} begins delivery of {mid} deadline {deadline}"));
+            if b.state.finished.is_some() {
+                continue;
+            }
+            if b.state.in_flight.is_some() {
+                self.after_barrier(r, Effect::SendAttempt(mid));
+            } else if let Some(due) = b.due_ms {
+                self.schedule_due(r, &mid, due);
+            }
+        }
+        d.reply
+    }
+
+    /// Decides and writes; an error writes nothing.
+    fn command(&mut self, r: Ix, account: Acct, cmd: &AccountCmd<()>) -> Result<Reply, RelayError> {
+        let d = self.decide_at(r, account, cmd)?;
+        Ok(self.commit(r, account, d, vec![]))
+    }
+
+    /// `account.register` of `account` at `h` under route `revision`, then
+    /// its devices as its client adds (and revokes) them there.
+    fn register(&mut self, h: Ix, account: Acct, revision: u64) {
+        let now = self.ctx_now(h).0;
+        let acct = &self.accounts[account];
+        let route = acct.routes[revision as usize - 1].clone();
+        let v = acct.keys.register_params(
+            &serde_json::to_value(&route).expect("json"),
+            &acct.certs[0],
+            &self.relays[h].id,
+            true,
+            now,
+        );
+        let digest = blake3::Hash::from(relay_schemas::encoding::jcs_digest(&v).expect("jcs")).to_hex().to_string();
+        let params: RegisterParams = parse(&v);
+        let cert: Wire<_> = Wire::from_value(&acct.certs[1]).expect("certificate");
+        let revoked = acct.revoked.map(|at| acct.keys.revocation("d1", at));
+        let cmds = [
+            Some(AccountCmd::AccountRegister { params, digest, known: None }),
+            Some(AccountCmd::DeviceAdd { device: "d0".into(), params: DeviceAddParams { device_certificate: cert } }),
+            revoked.map(|rev| AccountCmd::DeviceRevoke {
+                device: "d0".into(),
+                params: DeviceRevokeParams { revocation: Wire::from_value(&rev).expect("revocation") },
+            }),
+        ];
+        for cmd in cmds.into_iter().flatten() {
+            if let Err(e) = self.command(h, account, &cmd) {
+                self.note(|| format!("relay-{h} refused {cmd:?} of account {account}: {e}"));
+            }
+        }
+    }
+
+    /// Relay `h` learns revision `revision` of `account`'s route: its route
+    /// book; `route.update` when it holds the account; `account.register`
+    /// when it is a new home.
+    fn learn_route(&mut self, h: Ix, account: Acct, revision: u64) {
+        self.persist(h, vec![Rec::Route { account, revision }]);
+        let held = self.relays[h].accts.get(&account).is_some_and(|x| x.state.is_registered());
+        if held {
+            let route = self.accounts[account].routes[revision as usize - 1].clone();
+            let cmd = AccountCmd::RouteUpdate { device: "d0".into(), params: RouteUpdateParams { route } };
+            if let Err(e) = self.command(h, account, &cmd) {
+                self.note(|| format!("relay-{h} refused the route update of account {account}: {e}"));
+            }
+        } else if self.accounts[account].homes[revision as usize - 1].contains(&h) {
+            self.register(h, account, revision);
+        }
     }
 
     fn relay_now(&self, r: Ix) -> u64 {
@@ -437,7 +669,7 @@ impl World {
             self.finish();
         }
         let acked = self.msgs.iter().filter(|m| m.acked.is_some()).count();
-        let delivered = self.msgs.iter().filter(|m| self.delivered_anywhere(m)).count();
+        let delivered = (0..self.msgs.len()).filter(|i| self.delivered_anywhere(*i)).count();
         if let Some(v) = &self.violation {
             self.hash.update(v.to_string().as_bytes());
         }
@@ -466,6 +698,7 @@ impl World {
                         let mid = format!("m{msg:06}-{}-{}", try_no + 1, self.rng.random_range(0..u32::MAX));
                         self.logical.insert(mid.clone(), msg);
                         self.msgs[msg].mid = mid;
+                        self.msgs[msg].params = None;
                     }
                     let backoff = self.rng.random_range(SEC..20 * SEC);
                     self.after(backoff, Ev::ClientSend { msg });
@@ -496,6 +729,7 @@ impl World {
                 }
             }
             Ev::PullTick { relay, inc } if self.live(relay, inc) => self.pull_tick(relay),
+            Ev::Sweep { relay, inc } if self.live(relay, inc) => self.sweep(relay),
             Ev::Crash { relay, power_cut } => self.crash(relay, power_cut),
             Ev::Restart { relay } => self.restart(relay),
             Ev::ArmCrash { relay, power_cut } => self.relays[relay].crash_armed = Some(power_cut),
@@ -527,7 +761,7 @@ impl World {
                 }
             }
             Ev::Flush { .. } | Ev::Due { .. } | Ev::AttemptTimeout { .. } | Ev::AskTimeout { .. } => {}
-            Ev::PullTick { .. } => {}
+            Ev::PullTick { .. } | Ev::Sweep { .. } => {}
         }
     }
 
@@ -602,7 +836,7 @@ impl World {
             return;
         }
         // A client stops once the relay could no longer accept it.
-        if self.now > m.created_at_ms + self.policy.delivery_age_limit * SEC {
+        if self.now > m.created_at_ms + self.policies[0].delivery_age_limit * SEC {
             self.msgs[msg].done = true;
             return;
         }
@@ -610,6 +844,9 @@ impl World {
         let acct = &self.accounts[from];
         let homes = acct.homes[acct.current as usize - 1].clone();
         let home = homes[self.rng.random_range(0..homes.len())];
+        if self.msgs[msg].params.is_none() {
+            self.msgs[msg].params = Some(self.send_params(msg));
+        }
         let m = &mut self.msgs[msg];
         m.try_no += 1;
         let (try_no, mid) = (m.try_no, m.mid.clone());
@@ -628,7 +865,13 @@ impl World {
                 m.acked = Some(mid);
                 self.check_acked(Some(msg));
             }
-            Err(e) if matches!(e.code, ErrorCode::DeviceUnknown | ErrorCode::MessageExpired) => m.done = true,
+            // Refused for good: a revoked device (its session ended), an
+            // expired message.
+            Err(e)
+                if matches!(e.code, ErrorCode::DeviceUnknown | ErrorCode::MessageExpired | ErrorCode::Unauthorized) =>
+            {
+                m.done = true
+            }
             // Not served there (a route change): try again elsewhere.
             Err(_) if m.try_no == try_no => {
                 let backoff = self.rng.random_range(SEC..10 * SEC);
@@ -640,118 +883,123 @@ impl World {
 
     // ---- a relay's requests ---------------------------------------------
 
+    /// The client's `message.send` params: its envelope signed by the
+    /// sending device, a box for each of the recipient's devices.
+    fn send_params(&self, msg: usize) -> (SendParams, String) {
+        let m = &self.msgs[msg];
+        let (from, to) = (&self.accounts[m.from], &self.accounts[m.to]);
+        let created_at = (T0_MS + m.created_at_ms) / 1000;
+        let env = from.devices[m.device as usize].envelope(&from.id, &to.id, &m.mid, created_at, b"sim");
+        let v = json!({"envelope": env, "recipient_boxes": [key_box("d0", b"k0"), key_box("d1", b"k1")]});
+        let digest = relay_schemas::encoding::jcs_digest(&v).expect("jcs");
+        (parse(&v), blake3::Hash::from(digest).to_hex().to_string())
+    }
+
     fn on_request(&mut self, r: Ix, from: Node, req: Req) {
         match req {
             Req::Send { msg, try_no, mid } => {
-                let result = self.accept(r, msg, &mid);
+                let result = self.accept(r, msg);
                 let resp = |result| Resp::SendAck { msg, try_no, mid, result };
                 match result {
                     Ok(status) if self.plant == Some(Plant::AckBeforeBarrier) => {
                         self.respond(r, from, resp(Ok(status)));
                     }
-                    Ok(status) => self.after_barrier(r, Effect::Reply(from, resp(Ok(status)))),
-                    Err(e) => self.respond(r, from, resp(Err(e))),
+                    // Answered once what it wrote (or read) is durable.
+                    result => self.after_barrier(r, Effect::Reply(from, resp(result))),
                 }
             }
             Req::Deliver { mid, attempt, params } => {
-                let outcome = self.receive(r, &mid, &params);
+                let Node::Relay(c) = from else { return };
+                let outcome = self.receive(r, &params, Via::Peer(c));
                 let resp = Resp::Outcome { mid, attempt, target: r, outcome };
                 // A receipt is answered once durable (persist before effect).
                 self.after_barrier(r, Effect::Reply(from, resp));
             }
-            Req::PeerStatus { mid, attempts } => {
-                let status = self.relays[r].deliveries.get(&mid).map(DeliveryState::status);
+            Req::PeerStatus { mid, from: sender, attempts } => {
+                let Node::Relay(c) = from else { return };
+                let cmd =
+                    AccountCmd::MessageDeliveryPeerStatus { peer: self.relays[c].id.clone(), message_id: mid.clone() };
+                let status = match self.relays[r].accts.contains_key(&sender).then(|| self.decide_at(r, sender, &cmd)) {
+                    Some(Ok(Decision { reply: Reply::Json(text), .. })) => {
+                        serde_json::from_str::<PeerStatusResult>(&text).ok().and_then(|p| p.status)
+                    }
+                    _ => None,
+                };
                 self.respond(r, from, Resp::PeerStatus { mid, attempts, status });
             }
-            Req::Pull { account, after } => {
-                let log = self.relays[r].repl_log.get(&account).map(Vec::as_slice).unwrap_or_default();
-                let items = log.iter().skip(after).take(64).cloned().collect();
-                let partner_inc = self.relays[r].inc;
-                self.respond(r, from, Resp::Pulled { partner: r, account, partner_inc, after, items });
+            Req::Replicate { account, params } => {
+                let Node::Relay(c) = from else { return };
+                let result = match self.relays[r].accts.contains_key(&account) {
+                    true => {
+                        let cmd = AccountCmd::TimelineReplicate { peer: self.relays[c].id.clone(), params };
+                        self.command(r, account, &cmd).and_then(|reply| match reply {
+                            Reply::Json(text) => serde_json::from_str::<Page>(&text)
+                                .map(Box::new)
+                                .map_err(|e| RelayError::internal(e.to_string())),
+                            other => Err(RelayError::internal(format!("unexpected {other:?}"))),
+                        })
+                    }
+                    false => Err(core::not_served_here(Some(self.known_route(r, account)))),
+                };
+                let resp = Resp::Page { partner: r, account, result };
+                self.after_barrier(r, Effect::Reply(from, resp));
             }
         }
     }
 
-    /// `message.send` at the sender's home `r`, as the sim models the
-    /// sender's account: idempotent by message id, refused for a device
-    /// this home knows revoked; times and deadline by the core's rule
-    /// (`sent_times`), the delivery begun by `decide_acceptance`.
-    fn accept(&mut self, r: Ix, msg: usize, mid: &str) -> Result<DeliveryStatus, RelayError> {
+    /// `message.send` at the sender's home `r`, as the send process runs
+    /// it (`actors/src/send.rs`): the sender's account decides; a
+    /// recipient served here alone takes its receipt first (commit 1) and
+    /// the acceptance carries that attempt's outcome (commit 2), so a crash
+    /// can fall between the two; otherwise the acceptance begins the
+    /// delivery.
+    fn accept(&mut self, r: Ix, msg: usize) -> Result<DeliveryStatus, RelayError> {
         let m = &self.msgs[msg];
-        let (from, to, device, created_at) = (m.from, m.to, m.device, (T0_MS + m.created_at_ms) / 1000);
-        if !self.serves(r, from) {
-            return Err(RelayError::new(ErrorCode::TargetNotLocal, "not a home of the sender"));
+        let (from, to, device) = (m.from, m.to, format!("d{}", m.device));
+        let (params, digest) = m.params.clone().expect("made at the first send");
+        if !self.relays[r].accts.contains_key(&from) {
+            // No session can be opened here for an account not held.
+            return Err(RelayError::unauthorized("session account unknown"));
         }
-        if let Some(s) = self.relays[r].deliveries.get(mid) {
-            return Ok(s.status());
-        }
-        let revoked = self.relays[r].revoked_at(from, device).filter(|at| *at <= created_at);
-        if revoked.is_some() && self.plant != Some(Plant::DeliverAfterRevocation) {
-            return Err(RelayError::device_unknown("sending device revoked"));
-        }
-        let now = self.ctx_now(r);
-        if created_at + self.policy.delivery_age_limit <= now.0 {
-            return Err(RelayError::new(ErrorCode::MessageExpired, "past the delivery age limit"));
-        }
-        if revoked.is_some() {
-            self.violate(inv::REVOKED, Some(mid), format!("relay-{r} accepted {mid} from a device it knows revoked"));
-        }
-        let params = self.params(r, msg, mid);
         let route = self.known_route(r, to).clone();
-        // The send process (actors/src/send.rs): a recipient served here
-        // alone takes its receipt first (commit 1), and the acceptance
-        // carries that attempt's outcome (commit 2). A crash between the
-        // two leaves a receipt without an acceptance; the client retries.
-        let local = core::local_first(&route, &self.relays[r].id);
-        if local && self.relays[r].has_record(to, mid) {
-            self.cov.receipt_before_acceptance += 1;
+        let cmd = AccountCmd::MessageSend { device, params, digest, route: Some(route.clone()) };
+        let d = self.decide_at(r, from, &cmd)?;
+        let reply = match d.reply {
+            Reply::Accept(acceptance) => {
+                let mid = acceptance.deliver.envelope.message_id.clone();
+                if self.relays[r].has_record(to, &mid) {
+                    self.cov.receipt_before_acceptance += 1;
+                }
+                let outcome = self.receive(r, &acceptance.deliver, Via::Send);
+                if let AttemptOutcome::Rejected(e) = &outcome {
+                    if e.code == ErrorCode::StateConflict {
+                        return Err(e.clone());
+                    }
+                }
+                let cmd = match core::final_status(&outcome, acceptance.status.accepted_at) {
+                    Some(status) => AccountCmd::Settle { acceptance, status },
+                    None => AccountCmd::Accept { acceptance, route: Some(route), first: Some(outcome) },
+                };
+                self.command(r, from, &cmd)?
+            }
+            _ => self.commit(r, from, d, vec![]),
+        };
+        match reply {
+            Reply::Status(s) | Reply::Settled(s) => Ok(s),
+            other => Err(RelayError::internal(format!("unexpected reply {other:?}"))),
         }
-        let first = local.then(|| self.receive(r, mid, &params));
-        let now_ms = UnixMillis(self.relay_now(r));
-        let (accepted_at, begun) =
-            core::accept(params, format!("digest-{mid}"), created_at, now_ms, &route, first, &self.policy);
-        let deadline = begun.state.deadline.0;
-        let mut group = vec![Rec::Sent { mid: mid.into(), from, device, created_at, accepted_at }];
-        group.extend(begun.events.into_iter().map(|event| Rec::Delivery { mid: mid.into(), event }));
-        self.persist(r, group);
-        self.note(|| format!("relay-{r} accepted {mid} deadline {deadline}"));
-        if begun.state.in_flight.is_some() {
-            self.after_barrier(r, Effect::SendAttempt(mid.into()));
-        } else if let Some(due) = begun.due_ms {
-            self.schedule_due(r, mid, due);
-        }
-        Ok(begun.state.status())
     }
 
-    /// The deliver params the sender's home builds (the certificate and
-    /// route on file; nothing here is verified by the core).
-    fn params(&self, r: Ix, msg: usize, mid: &str) -> DeliverParams {
-        let m = &self.msgs[msg];
-        let (from, to) = (&self.accounts[m.from].id, &self.accounts[m.to].id);
-        let created_at = (T0_MS + m.created_at_ms) / 1000;
-        let text = format!(
-            r#"{{"envelope":{{"message_id":"{mid}","from":"{from}","from_device_id":"d{dev}","to":"{to}","created_at":{created_at},"ciphertext":"AA","signature":"sim"}},
-            "recipient_boxes":[{{"device_id":"d0","box":"AA"}}],
-            "sender_device_certificate":{{"account_id":"{from}","account_key":"sim","device_id":"d{dev}","device_key":"sim","box_key":"sim","issued_at":1,"signature":"sim"}},
-            "sender_route":{route}}}"#,
-            dev = m.device,
-            route = self.known_route(r, m.from).raw().get(),
-        );
-        serde_json::from_str(&text).expect("params the sim builds parse")
-    }
-
-    /// `message.deliver` at a recipient's home, as the sim models the
-    /// recipient's account: refused when this relay does not serve the
-    /// recipient, or serves the sender and knows the device revoked;
-    /// idempotent by message id.
-    fn receive(&mut self, r: Ix, mid: &str, params: &DeliverParams) -> AttemptOutcome {
+    /// A receipt at relay `r`, as its shell runs it: `message.deliver` from
+    /// another relay asks who may deliver; it and this relay's own attempts
+    /// ask the sender's device when this relay serves the sender
+    /// (`Supervisor::check_sending_device`); then the recipient's account
+    /// decides the receipt.
+    fn receive(&mut self, r: Ix, params: &DeliverParams, via: Via) -> AttemptOutcome {
         let env = &params.envelope;
         let (Some(to), Some(from)) = (self.account_of(&env.to), self.account_of(&env.from)) else {
             return AttemptOutcome::Rejected(RelayError::new(ErrorCode::InvalidParams, "unknown account"));
         };
-        if !self.serves(r, to) {
-            return AttemptOutcome::Rejected(RelayError::new(ErrorCode::TargetNotLocal, "moved"));
-        }
         if !self.faults.healed && self.rng.random_bool(self.faults.server_error) {
             let e = match self.rng.random_range(0..3) {
                 0 => RelayError::internal("sim"),
@@ -761,27 +1009,32 @@ impl World {
             };
             return AttemptOutcome::Rejected(e);
         }
-        let device: u8 = env.from_device_id.trim_start_matches('d').parse().unwrap_or(0);
-        let revoked = self.serves(r, from)
-            && self.relays[r].revoked_at(from, device).is_some_and(|at| at <= env.created_at)
-            && !self.relays[r].has_record(to, mid);
-        if revoked {
-            if self.plant != Some(Plant::DeliverAfterRevocation) {
-                return AttemptOutcome::Rejected(RelayError::device_unknown("sending device revoked"));
+        let known = self.known_route(r, from);
+        if let Via::Peer(c) = via {
+            if let Err(e) = core::may_deliver(params, Some(known), &self.relays[c].id, self.ctx_now(r), self.pol(r)) {
+                return AttemptOutcome::Rejected(e);
             }
-            self.violate(inv::REVOKED, Some(mid), format!("relay-{r} took {mid} from a device it knows revoked"));
         }
-        if let Some(rec) = self.relays[r].records.get(&to).and_then(|v| v.iter().find(|x| x.mid == mid)) {
-            return AttemptOutcome::Answered(DeliveryStatus::target_accepted(rec.accepted_at));
+        let serves_sender = known.lists_relay(&self.relays[r].id);
+        if via != Via::Send && serves_sender && self.relays[r].accts.contains_key(&from) {
+            let cmd = AccountCmd::CheckSender { device_id: env.from_device_id.clone() };
+            if let Err(e) = self.decide_at(r, from, &cmd) {
+                return AttemptOutcome::Rejected(e);
+            }
         }
-        let accepted_at = self.ctx_now(r).0;
-        let rec = Rec::Received { to, mid: mid.into(), from, device, created_at: env.created_at, accepted_at };
-        self.persist(r, vec![rec]);
-        AttemptOutcome::Answered(DeliveryStatus::target_accepted(accepted_at))
+        if !self.relays[r].accts.contains_key(&to) {
+            return AttemptOutcome::Rejected(core::not_served_here(Some(self.known_route(r, to))));
+        }
+        let cmd = AccountCmd::MessageDeliver { params: params.clone(), digest: core::deliver_digest(params) };
+        match self.command(r, to, &cmd) {
+            Ok(Reply::Status(status)) => AttemptOutcome::Answered(status),
+            Ok(other) => AttemptOutcome::Unknown(RelayError::internal(format!("unexpected reply {other:?}"))),
+            Err(e) => AttemptOutcome::Rejected(e),
+        }
     }
 
     fn account_of(&self, id: &str) -> Option<Acct> {
-        self.accounts.iter().position(|a| a.id == id)
+        self.ids.iter().position(|a| a == id)
     }
 
     // ---- the disk -------------------------------------------------------
@@ -794,7 +1047,7 @@ impl World {
         }
         for rec in &group {
             self.check_write(r, rec);
-            self.relays[r].apply(rec);
+            self.relays[r].apply(rec, &self.ids);
         }
         self.relays[r].disk.append(group);
         self.hash.update(&[0xd1, r as u8]);
@@ -820,13 +1073,21 @@ impl World {
         let relay = &mut self.relays[r];
         relay.flush_armed = false;
         let mut finals = vec![];
+        let mut records = vec![];
         for rec in relay.disk.barrier().iter().flatten() {
-            if let Rec::Delivery { mid, event } = rec {
-                match event {
-                    DeliveryEvent::Accepted { deadline, .. } => finals.push((mid.clone(), Err(*deadline))),
-                    DeliveryEvent::Finished { status } => finals.push((mid.clone(), Ok(status.clone()))),
-                    _ => {}
+            match rec {
+                Rec::Delivery { mid, event: DeliveryEvent::Accepted { deadline, .. } } => {
+                    finals.push((mid.clone(), Err(*deadline)))
                 }
+                Rec::Delivery { mid, event: DeliveryEvent::Finished { status } } => {
+                    finals.push((mid.clone(), Ok(status.clone())))
+                }
+                Rec::Account { account, event } => {
+                    if let AccountEvent::MessageReceived { message_id, record, .. } = event.origin() {
+                        records.push((*account, message_id.clone(), record.visible.clone()));
+                    }
+                }
+                _ => {}
             }
         }
         for (mid, f) in finals {
@@ -842,6 +1103,12 @@ impl World {
                     self.finals.insert((r, mid), status);
                 }
             }
+        }
+        for (account, mid, visible) in records {
+            if let Some(&logical) = self.logical.get(&mid) {
+                self.ever_held.insert((r, account, logical));
+            }
+            self.visible.insert((r, account, mid), visible);
         }
         let durable = self.relays[r].disk.durable();
         let waiting = std::mem::take(&mut self.relays[r].waiting);
@@ -888,15 +1155,76 @@ impl World {
                     _ => {}
                 }
             }
-            Rec::Received { to, mid, .. } => {
+            Rec::Account { account, event } => self.check_account_write(r, *account, event),
+            Rec::Swept { account, seq, .. } => {
+                let Some(h) = self.relays[r].accts.get(account) else { return };
+                let Some(event) = h.events.get(*seq as usize - 1) else { return };
+                let (mid, until) = match event.origin() {
+                    AccountEvent::MessageSent { message_id, retention_until, .. }
+                    | AccountEvent::SelfDelivered { message_id, retention_until, .. }
+                    | AccountEvent::MessageReceived { message_id, retention_until, .. } => {
+                        (message_id.clone(), *retention_until)
+                    }
+                    _ => return,
+                };
+                self.cov.swept += 1;
+                let now = self.ctx_now(r).0;
+                if now <= until {
+                    let d = format!("relay-{r} account {account}: {mid} swept at {now}, kept through {until}");
+                    self.violate(inv::RETENTION, Some(&mid), d);
+                }
+            }
+            Rec::Route { .. } => {}
+        }
+    }
+
+    /// A write to an account's stream: no second record of one message; a
+    /// record's visible devices valid here when it is accepted here; no
+    /// acceptance of a later envelope of a device this home knows revoked.
+    fn check_account_write(&mut self, r: Ix, account: Acct, event: &AccountEvent) {
+        let replicated = matches!(event, AccountEvent::Replicated { .. });
+        match event.origin() {
+            AccountEvent::MessageReceived { message_id: mid, record, .. } => {
                 let logical = self.logical.get(mid).copied();
-                let twice = self.relays[r]
-                    .records
-                    .get(to)
-                    .is_some_and(|v| v.iter().any(|x| x.mid == *mid || self.logical.get(&x.mid).copied() == logical));
-                if twice {
-                    let d = format!("relay-{r}: account {to} got message {logical:?} ({mid}) a second time");
-                    self.violate(inv::DELIVERED_TWICE, Some(mid), d);
+                let relay = &self.relays[r];
+                let held = relay
+                    .records(account)
+                    .iter()
+                    .any(|x| x.mid == *mid || self.logical.get(&x.mid).copied() == logical);
+                let before = logical.is_some_and(|l| self.ever_held.contains(&(r, account, l)));
+                if held || before {
+                    let d = format!("relay-{r}: account {account} got message {logical:?} ({mid}) a second time");
+                    return self.violate(inv::DELIVERED_TWICE, Some(mid), d);
+                }
+                let state = relay.accts.get(&account).map(|h| &h.state);
+                let revoked =
+                    record.visible.iter().find(|v| state.is_some_and(|s| s.revocations.contains_key(v.as_str())));
+                if let (false, Some(v)) = (replicated, revoked) {
+                    let d = format!("relay-{r}: {mid} visible to device {v}, revoked here before its acceptance");
+                    return self.violate(inv::VISIBILITY, Some(mid), d);
+                }
+                // A home of the sender (by its newest route known here, as the
+                // handler asks) that knows the device revoked.
+                let Some(sender) = self.account_of(&record.envelope.from) else { return };
+                let home = self.known_route(r, sender).lists_relay(&self.relays[r].id) && self.serves(r, sender);
+                if !replicated && home {
+                    let state = &self.relays[r].accts[&sender].state;
+                    if core::revoked_before(state, &record.envelope) {
+                        let d = format!("relay-{r} took {mid} from a device it knows revoked");
+                        self.violate(inv::REVOKED, Some(mid), d);
+                    }
+                }
+            }
+            // An acceptance made here (a replicated one without an envelope is
+            // a result learned, and one with is checked by `check_sent`).
+            AccountEvent::MessageSent { message_id: mid, .. } if !replicated => {
+                let Some(&m) = self.logical.get(mid) else { return };
+                let Some(h) = self.relays[r].accts.get(&account) else { return };
+                let (device, created_at) =
+                    (format!("d{}", self.msgs[m].device), (T0_MS + self.msgs[m].created_at_ms) / 1000);
+                if h.state.revocations.get(&device).is_some_and(|x| x.revoked_at <= created_at) {
+                    let d = format!("relay-{r} accepted {mid} from a device it knows revoked");
+                    self.violate(inv::REVOKED, Some(mid), d);
                 }
             }
             _ => {}
@@ -928,11 +1256,11 @@ impl World {
         if let Some(other) = core::other_home(s, sender_route, &relay.id) {
             let attempts = s.attempts;
             let other = self.relay_of(&other).expect("a relay of the world");
-            let req = Req::PeerStatus { mid: mid.into(), attempts };
+            let req = Req::PeerStatus { mid: mid.into(), from, attempts };
             if self.request(Node::Relay(r), other, req) {
                 self.relays[r].asking.insert(mid.into(), attempts);
                 let inc = self.relays[r].inc;
-                let timeout = self.policy.attempt_timeout_ms;
+                let timeout = self.pol(r).attempt_timeout_ms;
                 self.after(timeout, Ev::AskTimeout { relay: r, inc, mid: mid.into(), attempts });
                 return;
             }
@@ -975,10 +1303,32 @@ impl World {
             events.insert(0, DeliveryEvent::RouteRefreshed { revision, relays });
         }
         let ends = events.iter().any(DeliveryEvent::ends);
-        let group = events.into_iter().map(|event| Rec::Delivery { mid: mid.into(), event }).collect();
-        self.persist(r, group);
+        self.write_delivery(r, mid, events);
         if !ends {
             self.after_barrier(r, Effect::SendAttempt(mid.into()));
+        }
+    }
+
+    /// Writes a delivery's events; one that ends it rides in the sender's
+    /// account's `RecordDelivery` commit (its status and ledger entry), as
+    /// the delivery actor's settlement does.
+    fn write_delivery(&mut self, r: Ix, mid: &str, events: Vec<DeliveryEvent>) {
+        let status = events.iter().find_map(|e| match e {
+            DeliveryEvent::Finished { status } => Some(status.clone()),
+            _ => None,
+        });
+        let group: Vec<Rec> = events.into_iter().map(|event| Rec::Delivery { mid: mid.into(), event }).collect();
+        let from = self.relays[r].deliveries.get(mid).and_then(|s| self.account_of(&s.from));
+        let (Some(status), Some(from)) = (status, from) else { return self.persist(r, group) };
+        let cmd = AccountCmd::RecordDelivery { message_id: mid.into(), status, settlement: None };
+        match self.decide_at(r, from, &cmd) {
+            Ok(d) => {
+                self.commit(r, from, d, group);
+            }
+            Err(e) => {
+                self.note(|| format!("relay-{r} {mid}: recording its status failed: {e}"));
+                self.persist(r, group);
+            }
         }
     }
 
@@ -997,7 +1347,7 @@ impl World {
         let Some(params) = params else { return self.conclude(r, mid) };
         for (i, t) in targets.iter().enumerate() {
             let outcome = if *t == r {
-                Some(self.receive(r, mid, &params))
+                Some(self.receive(r, &params, Via::OwnAttempt))
             } else {
                 let req = Req::Deliver { mid: mid.into(), attempt, params: params.clone() };
                 let sent = self.request(Node::Relay(r), *t, req);
@@ -1010,7 +1360,7 @@ impl World {
         if self.relays[r].attempts[mid].outcomes.iter().all(Option::is_some) {
             return self.conclude(r, mid);
         }
-        let (inc, timeout) = (self.relays[r].inc, self.policy.attempt_timeout_ms);
+        let (inc, timeout) = (self.relays[r].inc, self.pol(r).attempt_timeout_ms);
         self.after(timeout, Ev::AttemptTimeout { relay: r, inc, mid: mid.into(), attempt });
     }
 
@@ -1021,13 +1371,12 @@ impl World {
         let outcome = core::combine(a.outcomes.into_iter().map(|o| o.unwrap_or_else(timed_out)).collect());
         self.note(|| format!("relay-{r} attempt {} of {mid}: {outcome:?}", a.attempt));
         let s = &self.relays[r].deliveries[mid];
-        let events = core::outcome(s, a.attempt, outcome, UnixMillis(self.relay_now(r)), &self.policy);
+        let events = core::outcome(s, a.attempt, outcome, UnixMillis(self.relay_now(r)), self.pol(r));
         let next = events.iter().find_map(|e| match e {
             DeliveryEvent::AttemptFailed { next_due_ms, .. } => Some(*next_due_ms),
             _ => None,
         });
-        let group = events.into_iter().map(|event| Rec::Delivery { mid: mid.into(), event }).collect();
-        self.persist(r, group);
+        self.write_delivery(r, mid, events);
         if let Some(next) = next {
             self.schedule_due(r, mid, next);
         }
@@ -1052,7 +1401,7 @@ impl World {
                 if s.finished.is_some() {
                     self.cov.late_reply_after_final_status += 1;
                 }
-                let changed = core::outcome(s, attempt, outcome, UnixMillis(self.relay_now(r)), &self.policy);
+                let changed = core::outcome(s, attempt, outcome, UnixMillis(self.relay_now(r)), self.pol(r));
                 if !changed.is_empty() && s.in_flight != Some(attempt) {
                     let d = format!("relay-{r} {mid}: late answer to attempt {attempt} decided {changed:?}");
                     self.violate(inv::LATE_ANSWER, Some(&mid), d);
@@ -1065,89 +1414,95 @@ impl World {
                 self.relays[r].asking.remove(&mid);
                 if status.is_some_and(|s| s.status == Status::TargetAccepted) {
                     self.cov.peer_confirmed += 1;
-                    let events = core::peer_confirmed(&self.relays[r].deliveries[&mid]);
-                    let group = events.into_iter().map(|event| Rec::Delivery { mid: mid.clone(), event }).collect();
-                    return self.persist(r, group);
+                    let Some(s) = self.relays[r].deliveries.get(&mid) else { return };
+                    let events = core::peer_confirmed(s);
+                    return self.write_delivery(r, &mid, events);
                 }
                 self.start_attempt(r, &mid);
             }
-            Resp::Pulled { partner, account, partner_inc, after, items } => {
-                self.pulled(r, partner, account, partner_inc, after, items)
-            }
+            Resp::Page { partner, account, result } => self.page(r, partner, account, result),
             Resp::SendAck { .. } => {}
         }
     }
 
     // ---- two homes ----------------------------------------------------
 
-    /// Every few seconds a home pulls what its account's other home wrote.
+    /// Every few seconds a home pulls each of its accounts from the other
+    /// home its route names (the replicator's loop, `src/replication.rs`).
     fn pull_tick(&mut self, r: Ix) {
-        for a in 0..self.accounts.len() {
-            if !self.serves(r, a) {
-                continue;
-            }
-            let rev = self.relays[r].route(a) as usize;
-            let Some(&partner) = self.accounts[a].homes[rev - 1].iter().find(|x| **x != r) else { continue };
-            let after = self.relays[r].cursors.get(&(a, partner)).map_or(0, |c| c.1);
-            if !self.request(Node::Relay(r), partner, Req::Pull { account: a, after }) {
-                self.cov.partner_home_apart += 1;
-            }
+        let accounts: Vec<Acct> = self.relays[r].accts.keys().copied().collect();
+        for a in accounts {
+            self.pull(r, a);
         }
         let inc = self.relays[r].inc;
         self.after(PULL_EVERY_MS, Ev::PullTick { relay: r, inc });
     }
 
-    /// A page from the other home: what is new here is written here. A
-    /// partner that restarted may have lost its tail: read it again from
-    /// the start.
-    fn pulled(&mut self, r: Ix, partner: Ix, account: Acct, partner_inc: u64, after: usize, items: Vec<Item>) {
-        let cursor = self.relays[r].cursors.entry((account, partner)).or_insert((partner_inc, 0));
-        if cursor.0 != partner_inc {
-            *cursor = (partner_inc, 0);
+    /// One `timeline.replicate` of `a` from its other home, after this
+    /// relay's cursor there, acknowledging what it applied.
+    fn pull(&mut self, r: Ix, a: Acct) {
+        let Some(h) = self.relays[r].accts.get(&a) else { return };
+        let own = &self.relays[r].id;
+        let Some(route) = h.state.route().filter(|route| route.lists_relay(own)) else { return };
+        let Some(partner) = route.relays.iter().find(|x| x.id != *own).and_then(|x| self.relay_of(&x.id)) else {
             return;
-        }
-        if cursor.1 != after {
-            return;
-        }
-        cursor.1 += items.len();
-        for item in items {
-            self.take_item(r, account, item);
+        };
+        let after = h.state.replica(&self.relays[partner].id).pulled;
+        let params = ReplicateParams {
+            account_id: self.ids[a].clone(),
+            after,
+            limit: PAGE_ITEMS,
+            ack: Some(after),
+            notify: false,
+        };
+        if !self.request(Node::Relay(r), partner, Req::Replicate { account: a, params }) {
+            self.cov.partner_home_apart += 1;
         }
     }
 
-    fn take_item(&mut self, r: Ix, account: Acct, item: Item) {
-        match item {
-            Item::Sent { mid, params, digest, created_at, accepted_at } => {
-                if self.relays[r].ledger.contains_key(&mid) {
-                    return;
+    /// A page from the other home, applied by the account's `ReplicaApply`;
+    /// the next page at once while there is more.
+    fn page(&mut self, r: Ix, partner: Ix, account: Acct, result: Result<Box<Page>, RelayError>) {
+        let partner_id = self.relays[partner].id.clone();
+        match result {
+            Ok(page) => {
+                let (more, items) = (page.has_more, page.items.len());
+                if items > 0 {
+                    let known = Some(self.known_route(r, account).clone());
+                    let cmd = AccountCmd::ReplicaApply { partner: partner_id, page, known, senders: vec![] };
+                    match self.command(r, account, &cmd) {
+                        // The account moved while the page was on its way.
+                        Err(e) if matches!(e.code, ErrorCode::RouteStale | ErrorCode::TargetNotLocal) => return,
+                        // PROTOCOL §5 refuses the page of a sent message from a
+                        // device revoked here by its `created_at`, which the
+                        // partner accepted before it learned the revocation: the
+                        // page, and every later one, is refused for good (a
+                        // known limit, reported; this account's homes diverge).
+                        Err(e)
+                            if e.code == ErrorCode::Forbidden && e.message.contains("not valid here at created_at") =>
+                        {
+                            self.cov.replication_stalled += 1;
+                            self.stalled.insert(account);
+                        }
+                        Err(e) => {
+                            let d = format!("relay-{r} refused relay-{partner}'s page of account {account}: {e}");
+                            return self.violate(inv::PAGE_REFUSED, None, d);
+                        }
+                        Ok(_) => {}
+                    }
                 }
-                let device: u8 = params.envelope.from_device_id.trim_start_matches('d').parse().unwrap_or(0);
-                if self.relays[r].revoked_at(account, device).is_some_and(|at| at <= created_at) {
-                    return;
-                }
-                let now_ms = UnixMillis(self.relay_now(r));
-                let (accepted_at, begun) =
-                    core::forwarded(params, digest, (created_at, accepted_at), now_ms, &self.policy);
-                self.cov.forwarded_deliveries += 1;
-                let mut group = vec![Rec::Sent { mid: mid.clone(), from: account, device, created_at, accepted_at }];
-                group.extend(begun.events.into_iter().map(|event| Rec::Delivery { mid: mid.clone(), event }));
-                self.persist(r, group);
-                if let Some(due) = begun.due_ms {
-                    self.schedule_due(r, &mid, due);
+                if more || items > 0 {
+                    self.pull(r, account);
                 }
             }
-            Item::Received { to, mid, from, device, created_at, accepted_at } => {
-                let twice = self.plant == Some(Plant::ReplicateTwice);
-                if self.relays[r].has_record(to, &mid) && !twice {
-                    return;
-                }
-                self.persist(r, vec![Rec::Received { to, mid, from, device, created_at, accepted_at }]);
-            }
-            Item::Revoked { device, at } => {
-                if self.relays[r].revoked_at(account, device).is_none() {
-                    self.persist(r, vec![Rec::Revoked { account, device, at }]);
+            Err(e) if e.code == ErrorCode::RouteStale => {
+                let route = e.data.as_ref().and_then(|d| Wire::<Route>::from_value(&d["route"]).ok());
+                if let Some(route) = route {
+                    let cmd = AccountCmd::ReplicaMoved { partner: partner_id, route };
+                    let _ = self.command(r, account, &cmd);
                 }
             }
+            Err(_) => {}
         }
     }
 
@@ -1155,8 +1510,8 @@ impl World {
         let acct = &mut self.accounts[a];
         acct.current += 1;
         let rev = acct.current;
-        // Both the old homes and the new learn it with the change (it is
-        // their migration); the others when they look it up.
+        // The client tells its old homes (`route.update`) and registers at
+        // the new one; the others learn it when they look it up.
         let mut homes: Vec<Ix> = acct.homes[rev as usize - 2].clone();
         homes.extend(acct.homes[rev as usize - 1].iter().copied());
         homes.sort_unstable();
@@ -1165,18 +1520,47 @@ impl World {
         for h in homes {
             // A home that is down learns it at its restart.
             if self.relays[h].up {
-                self.persist(h, vec![Rec::Route { account: a, revision: rev }]);
+                self.learn_route(h, a, rev);
             }
         }
     }
 
+    /// The client revokes `device` at one home of the account it reaches;
+    /// the other home learns it by replication.
     fn revoke(&mut self, account: Acct, device: u8) {
         let acct = &self.accounts[account];
         let homes = acct.homes[acct.current as usize - 1].clone();
         let Some(&home) = homes.iter().find(|h| self.relays[**h].up) else { return };
-        let at = (T0_MS + self.now) / 1000;
+        let at = self.ctx_now(home).0;
+        let rev = acct.keys.revocation(&format!("d{device}"), at);
+        let params = DeviceRevokeParams { revocation: Wire::from_value(&rev).expect("revocation") };
         self.note(|| format!("relay-{home} revokes device {device} of account {account}"));
-        self.persist(home, vec![Rec::Revoked { account, device, at }]);
+        if self.command(home, account, &AccountCmd::DeviceRevoke { device: "d0".into(), params }).is_ok() {
+            self.accounts[account].revoked = Some(at);
+        }
+    }
+
+    // ---- retention --------------------------------------------------------
+
+    /// The sweep: every message whose retention (fixed at acceptance) has
+    /// passed loses its traces, by relay-core's retention rules.
+    fn sweep(&mut self, r: Ix) {
+        let mut now = self.ctx_now(r);
+        if self.plant == Some(Plant::SweepEarly) {
+            now = now.plus(self.pol(r).message_retention / 2);
+        }
+        let mut group = vec![];
+        for (a, h) in &self.relays[r].accts {
+            for &(_, seq) in h.due.range(..(now.0, 0)) {
+                let event = &h.events[seq as usize - 1];
+                if let Some(ledger) = core::sweep(&self.ids[*a], event, now, self.pol(r)) {
+                    group.push(Rec::Swept { account: *a, seq, ledger });
+                }
+            }
+        }
+        self.persist(r, group);
+        let inc = self.relays[r].inc;
+        self.after(SWEEP_EVERY_MS, Ev::Sweep { relay: r, inc });
     }
 
     // ---- crashes --------------------------------------------------------
@@ -1199,7 +1583,7 @@ impl World {
         relay.disk.cut(keep);
         relay.up = false;
         relay.inc += 1;
-        relay.refold();
+        relay.refold(&self.ids);
         self.note(|| format!("crash relay-{r} power_cut={power_cut} kept {keep}/{pending} pending groups"));
         self.check_acked(None);
         let back = self.rng.random_range(100..90 * SEC);
@@ -1220,11 +1604,30 @@ impl World {
         // was down then learns it now.
         for a in 0..self.accounts.len() {
             let acct = &self.accounts[a];
-            let known = self.relays[r].route(a);
+            let held = self.relays[r].accts.get(&a).and_then(|h| h.state.route()).map_or(0, |route| route.revision);
             let listed = acct.homes[..acct.current as usize].iter().any(|h| h.contains(&r));
-            if known < acct.current && listed {
+            if held < acct.current && listed {
                 let revision = acct.current;
-                self.persist(r, vec![Rec::Route { account: a, revision }]);
+                self.learn_route(r, a, revision);
+            }
+        }
+        if self.plant == Some(Plant::RecomputeVisibility) {
+            let now = self.ctx_now(r);
+            for h in self.relays[r].accts.values_mut() {
+                let state = &h.state;
+                h.records.iter_mut().for_each(|rec| rec.visible.retain(|d| state.device_valid(d, now)));
+            }
+        }
+        // A record's visible devices are those fixed at its acceptance.
+        for (a, h) in &self.relays[r].accts {
+            for rec in &h.records {
+                let fixed = self.visible.get(&(r, *a, rec.mid.clone()));
+                if fixed.is_some_and(|v| *v != rec.visible) {
+                    let d =
+                        format!("relay-{r} {}: visible {:?} after restart, {fixed:?} durable", rec.mid, rec.visible);
+                    let mid = rec.mid.clone();
+                    return self.violate(inv::VISIBILITY, Some(&mid), d);
+                }
             }
         }
         let mids: Vec<String> = self.relays[r].deliveries.keys().cloned().collect();
@@ -1232,7 +1635,7 @@ impl World {
             if self.plant == Some(Plant::ForgetDeadline) {
                 let now = self.ctx_now(r);
                 let s = self.relays[r].deliveries.get_mut(&mid).expect("listed");
-                s.deadline = now.plus(self.policy.delivery_age_limit);
+                s.deadline = now.plus(self.policies[r].delivery_age_limit);
             }
             let s = self.relays[r].deliveries[&mid].clone();
             if let Some(fixed) = self.deadlines.get(&(r, mid.clone())) {
@@ -1255,6 +1658,18 @@ impl World {
         }
         let inc = self.relays[r].inc;
         self.after(PULL_EVERY_MS, Ev::PullTick { relay: r, inc });
+        if self.short_retention() {
+            self.after(SWEEP_EVERY_MS, Ev::Sweep { relay: r, inc });
+        }
+    }
+
+    /// Whether message `i` may have reached the end of its retention (its
+    /// acceptance is at least its creation less the clock tolerance and
+    /// the clock offsets): its traces may be gone, and rightly so.
+    fn maybe_swept(&self, i: usize) -> bool {
+        let p = self.pol(0);
+        let created = (T0_MS + self.msgs[i].created_at_ms) / 1000;
+        self.short_retention() && (T0_MS + self.now) / 1000 + p.clock_tolerance + 240 > created + p.message_retention
     }
 
     /// Every acknowledged message (or just `only`, as its answer arrives)
@@ -1263,8 +1678,11 @@ impl World {
     fn check_acked(&mut self, only: Option<usize>) {
         for i in only.map_or(0..self.msgs.len(), |i| i..i + 1) {
             let Some(mid) = &self.msgs[i].acked else { continue };
-            let to = self.msgs[i].to;
-            let held = self.relays.iter().any(|x| x.ledger.contains_key(mid) || x.has_record(to, mid));
+            let (from, to) = (self.msgs[i].from, self.msgs[i].to);
+            if self.maybe_swept(i) {
+                continue;
+            }
+            let held = self.relays.iter().any(|x| x.has_sent(from, mid) || x.has_record(to, mid));
             if !held {
                 let mid = mid.clone();
                 let d = format!("message {i} ({mid}) was acknowledged and no relay holds it");
@@ -1273,12 +1691,55 @@ impl World {
         }
     }
 
-    fn delivered_anywhere(&self, m: &Msg) -> bool {
+    /// Whether a home of the recipient holds (or held, durably, before the
+    /// sweep) message `i`.
+    fn delivered_anywhere(&self, i: usize) -> bool {
+        let m = &self.msgs[i];
         let mid = m.acked.as_ref().unwrap_or(&m.mid);
-        self.relays.iter().any(|x| x.has_record(m.to, mid))
+        (0..self.relays.len()).any(|r| self.relays[r].has_record(m.to, mid) || self.ever_held.contains(&(r, m.to, i)))
     }
 
     // ---- the end ------------------------------------------------------
+
+    /// Whether a delivery healed in time may still end without delivering:
+    /// its sending device was revoked (the sender's homes then refuse it,
+    /// `device_unknown` or `forbidden`, PROTOCOL §5 *Who may deliver*); the
+    /// sender's route changed in the second the message was created; or
+    /// the recipient holds the message from the sender's other home under
+    /// other params (`state_conflict`: the client's retry at a home added by
+    /// a route change, accepted there before it pulled the first
+    /// acceptance). The last two are known limits, reported.
+    fn may_fail(&mut self, s: &DeliveryState, done: &DeliveryStatus) -> bool {
+        let Some(e) = &done.error else { return false };
+        let revoked = || {
+            let from = self.account_of(&s.from);
+            let device = s.params.as_ref().map(|p| p.envelope.from_device_id.as_str());
+            from.is_some_and(|a| self.accounts[a].revoked.is_some()) && device == Some("d1")
+        };
+        // The sender's route changed in the second its envelope was created:
+        // *who may deliver* counts that route as issued before the message
+        // (`issued_at <= created_at`), and refuses a home of the older one.
+        let same_second = || {
+            let from = self.account_of(&s.from);
+            let created = s.params.as_ref().map(|p| p.envelope.created_at);
+            from.is_some_and(|a| self.accounts[a].routes.iter().skip(1).any(|r| Some(r.issued_at) == created))
+        };
+        match e.code {
+            ErrorCode::DeviceUnknown => true,
+            ErrorCode::Forbidden if revoked() => true,
+            ErrorCode::Forbidden if e.message.contains("superseded") && same_second() => {
+                self.cov.same_second_route_change += 1;
+                true
+            }
+            ErrorCode::StateConflict => {
+                let to = self.account_of(&s.to).expect("known");
+                let held = self.relays.iter().any(|x| x.has_record(to, &s.message_id));
+                self.cov.other_params_conflict += u64::from(held);
+                held
+            }
+            _ => false,
+        }
+    }
 
     /// After the heal and every deadline: liveness, convergence, and what
     /// was acknowledged arrived.
@@ -1298,37 +1759,52 @@ impl World {
                 };
                 // Two slots of the timetable after the heal: enough for a
                 // route error to be followed; it must have been delivered.
-                let slots = core::slots_between(&s, heal_ms, &self.policy);
-                let revoked = done.error.as_ref().is_some_and(|e| e.code == ErrorCode::DeviceUnknown);
-                if slots >= 2 && done.status != Status::TargetAccepted && !revoked {
+                let slots = core::slots_between(&s, heal_ms, self.pol(r));
+                if slots >= 2 && done.status != Status::TargetAccepted && !self.may_fail(&s, done) {
                     let d = format!("relay-{r} {mid}: ended {done:?} with {slots} attempts left after the heal");
                     return self.violate(inv::LIVENESS, Some(&mid), d);
                 }
                 let to = self.account_of(&s.to).expect("known");
-                if done.status == Status::TargetAccepted && !self.relays.iter().any(|x| x.has_record(to, &mid)) {
+                let swept = self.logical.get(&mid).is_some_and(|m| self.maybe_swept(*m));
+                if done.status == Status::TargetAccepted
+                    && !swept
+                    && !self.relays.iter().any(|x| x.has_record(to, &mid))
+                {
                     let d = format!("relay-{r} {mid}: target_accepted and no home of the recipient holds it");
                     return self.violate(inv::ACKED_LOST, Some(&mid), d);
                 }
             }
         }
+        // Both homes hold the same records (but for an account whose
+        // replication stalled, above): each record one home holds
+        // that is not near the end of its retention, the other holds too
+        // (or held, and swept at the end of its own).
+        let cutoff = (T0_MS + self.now) / 1000 + 15 * 60;
         for a in 0..self.accounts.len() {
             let acct = &self.accounts[a];
             let homes = &acct.homes[acct.current as usize - 1];
-            if let [x, y] = homes[..] {
-                let mids = |r: Ix| -> Vec<String> {
-                    let mut v: Vec<String> =
-                        self.relays[r].records.get(&a).into_iter().flatten().map(|x| x.mid.clone()).collect();
-                    v.sort();
-                    v
-                };
-                let (mx, my) = (mids(x), mids(y));
-                if mx != my {
-                    let odd = mx.iter().chain(&my).find(|m| !mx.contains(m) || !my.contains(m)).cloned();
-                    let d =
-                        format!("account {a}: relay-{x} holds {} records, relay-{y} {}; {odd:?}", mx.len(), my.len());
-                    return self.violate(inv::CONVERGE, odd.as_deref(), d);
+            if let ([x, y], false) = (&homes[..], self.stalled.contains(&a)) {
+                let (x, y) = (*x, *y);
+                for (p, q) in [(x, y), (y, x)] {
+                    let held_q = self.relays[q].accts.get(&a).map(Here::mids).unwrap_or_default();
+                    let missing = self.relays[p]
+                        .records(a)
+                        .iter()
+                        .find(|rec| rec.retention_until > cutoff && !held_q.contains(&rec.mid));
+                    if let Some(rec) = missing {
+                        let (n, m) = (self.relays[p].records(a).len(), self.relays[q].records(a).len());
+                        let d =
+                            format!("account {a}: relay-{p} holds {} ({n} records), relay-{q} does not ({m})", rec.mid);
+                        let mid = rec.mid.clone();
+                        return self.violate(inv::CONVERGE, Some(&mid), d);
+                    }
                 }
             }
         }
     }
+}
+
+/// Params the sim built, as a relay parses them from a body.
+fn parse<T: serde::de::DeserializeOwned>(v: &Value) -> T {
+    serde_json::from_str(&v.to_string()).expect("params the sim builds parse")
 }

@@ -31,11 +31,7 @@ async fn may_deliver(relay: &Relay, peer: &str, p: &DeliverParams) -> Result<(),
     let policy = sup.policy();
     let ctx = Ctx::new(sup.clock().now(), &policy);
     decide::may_deliver(p.sender_route.as_ref(), known.as_ref(), peer, env, ctx)?;
-    let serves_sender = known.as_ref().is_some_and(|r| r.lists_relay(&policy.relay_id));
-    if serves_sender && sup.account_exists(&env.from)? {
-        let device_id = env.from_device_id.clone();
-        sup.ask(&env.from, AccountCmd::CheckSender { device_id }).await?;
-    }
+    sup.check_sending_device(env, known.as_ref()).await?;
     if let Some(route) = &p.sender_route {
         // Checked valid above: the route book keeps it if it is newer.
         let _ = sup.routes().offer(route);

@@ -467,6 +467,13 @@ fn decide_item(
         }
         AccountEvent::DeviceAdded { device_certificate } => {
             check_replicated_certificate(device_certificate, ctx)?;
+            // The same certificate on file is known, even revoked since (a
+            // client may add a device at both homes and revoke it at one
+            // before that one pulls the other's add): as a new add of a
+            // revoked id it would refuse the page, and every later one.
+            if state.certificate(&device_certificate.device_id) == Some(device_certificate) {
+                return Ok((vec![], None));
+            }
             decide::add_signed_device(state, device_certificate, ctx.policy)?
         }
         AccountEvent::DeviceRevoked { revocation } => decide::revoke_device(state, revocation, ctx)?,
@@ -526,9 +533,14 @@ fn decide_item(
                     events.push(AccountEvent::DeliveryUpdated { message_id: message_id.clone(), status: s.clone() });
                 }
                 // Delivered from here too, under this relay's signature: as
-                // `message.send` would, only from a device valid now.
+                // `message.send` would, only from a device valid now, and
+                // only under a sender route naming this relay (one accepted
+                // before this relay became a home: recipients would refuse
+                // it `forbidden`, *who may deliver*, ending it `failed`).
                 (_, Some(params))
-                    if UnixSecs(deadline) > ctx.now && state.device_valid(&params.envelope.from_device_id, ctx.now) =>
+                    if UnixSecs(deadline) > ctx.now
+                        && state.device_valid(&params.envelope.from_device_id, ctx.now)
+                        && params.sender_route.as_ref().is_some_and(|r| r.lists_relay(&ctx.policy.relay_id)) =>
                 {
                     let digest = decide::deliver_digest(params)?;
                     let times = (UnixSecs(accepted_at), UnixSecs(deadline));

@@ -196,6 +196,29 @@ fn a_replicated_registration_makes_the_account_at_the_other_home() {
     assert!(b.events[..2].iter().all(|e| matches!(e, AccountEvent::Replicated { partner, .. } if partner == RELAY)));
 }
 
+/// Found by relay-sim: the client added the laptop at both homes and
+/// revoked it at `relay-b` before `relay-b` pulled `a`'s add. The add is
+/// known there (the same certificate is on file): before, it was decided
+/// as a new `device.add` of a revoked id, refused, and the refusal took
+/// the whole page, so nothing of `a` ever reached `relay-b` again.
+#[test]
+fn a_replicated_device_add_of_a_certificate_held_here_is_known_even_once_revoked() {
+    let a = at_a();
+    let b_history = [
+        registered_with(&alice(), &register_value(&alice(), &phone(), &[RELAY, OTHER], None)),
+        device_added(&alice(), &laptop()),
+        device_revoked(&alice(), "laptop"),
+    ];
+    let b = given(&alice(), &b_history);
+    let applied = replica::apply(&b, RELAY, &history_page(&a), None, &[], &b, at_b(NOW)).unwrap();
+    assert!(replicated(&applied).is_empty(), "nothing new: {:?}", applied.events);
+    assert!(matches!(applied.events[..], [AccountEvent::ReplicaPulled { through: 2, .. }]), "{:?}", applied.events);
+    // Another certificate under the revoked id is still refused.
+    let mut page = history_page(&a);
+    page.items[1].event = device_added_cert(&cert(&alice(), &Device::from_seed("laptop", [13; 32])));
+    then_error(replica::apply(&b, RELAY, &page, None, &[], &b, at_b(NOW)), ErrorCode::Forbidden);
+}
+
 /// The page `a` would serve from the start, whoever asks (its items and
 /// route as they are).
 fn history_page(a: &Given) -> Page {
@@ -322,6 +345,26 @@ fn a_send_still_delivering_is_delivered_from_the_other_home_with_its_original_de
     assert_eq!(begun.due_ms, Some(after_first), "the partner made the first attempt: the next slot is this home's");
     let b = given(&alice(), &applied.events);
     assert_eq!(b.sent(&mid(1)).status, DeliveryStatus::delivering(NOW));
+}
+
+/// Found by relay-sim: a home added by a route update took on the
+/// deliveries of messages accepted before it was a home. Their params name
+/// the route they were accepted under, which does not list it, so every
+/// recipient refused its attempts `forbidden` (*who may deliver*): a
+/// defined error, which ended its delivery `failed` and left that status
+/// in its ledger for good, while the accepting home delivered the message.
+#[test]
+fn a_send_whose_sender_route_does_not_name_this_home_is_not_delivered_from_here() {
+    let mut a = given_alice([]);
+    let sent = then_sent(when_send(&a, "phone", &alice_to_bob(1), at(NOW)));
+    a.apply(&sent.event);
+    a.deliveries.insert(mid(1), sent.deliver.clone());
+    a.apply(&route_updated(&route(&alice(), 2, &[RELAY, OTHER])));
+    let page = serve(&mut a, 0, None);
+    let applied = pull(&Given::new(&alice().id), &page, NOW + 5);
+    assert!(applied.forwarded.is_empty(), "not deliverable under this relay's name: {:?}", applied.forwarded);
+    let b = given(&alice(), &applied.events);
+    assert_eq!(b.sent(&mid(1)).status, DeliveryStatus::delivering(NOW), "kept, its result to come from `a`");
 }
 
 #[test]
