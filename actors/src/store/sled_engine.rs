@@ -419,18 +419,26 @@ impl Segments {
             let bytes = usize::try_from(offset).ok().zip(usize::try_from(end).ok()).and_then(|(o, e)| map.get(o..e));
             return bytes.map(<[u8]>::to_vec).ok_or_else(|| corrupt(format!("past the segment's end ({})", map.len())));
         }
-        let reader = self.reader(segment).map_err(|e| corrupt(e.to_string()))?;
+        let mut bytes = Vec::new();
+        self.read_into(segment, offset, len, &mut bytes).map_err(corrupt)?;
+        Ok(bytes)
+    }
+
+    /// The `len` bytes at `offset` in `segment`, with `pread`, into `buf`.
+    /// A read past the length last seen looks at the file again first: the
+    /// segment may have grown since it was opened.
+    fn read_into(&self, segment: u64, offset: u64, len: u64, buf: &mut Vec<u8>) -> Result<(), String> {
+        let reader = self.reader(segment).map_err(|e| e.to_string())?;
+        let end = offset.saturating_add(len);
         if end > reader.len.load(Relaxed) {
-            // The segment may have grown since it was opened.
-            let now = reader.file.metadata().map_err(|e| corrupt(e.to_string()))?.len();
+            let now = reader.file.metadata().map_err(|e| e.to_string())?.len();
             reader.len.store(now, Relaxed);
             if end > now {
-                return Err(corrupt(format!("past the segment's end ({now})")));
+                return Err(format!("past the segment's end ({now})"));
             }
         }
-        let mut bytes = vec![0; len as usize];
-        reader.file.read_exact_at(&mut bytes, offset).map_err(|e| corrupt(e.to_string()))?;
-        Ok(bytes)
+        buf.resize(len as usize, 0);
+        reader.file.read_exact_at(buf, offset).map_err(|e| e.to_string())
     }
 }
 
@@ -1566,16 +1574,7 @@ impl Segments {
                 .map(|(offset, end)| Lent::Mapped(i, offset..end))
                 .ok_or_else(|| corrupt(format!("past the segment's end ({size})")));
         }
-        let reader = self.reader(segment).map_err(|e| corrupt(e.to_string()))?;
-        if end > reader.len.load(Relaxed) {
-            let now = reader.file.metadata().map_err(|e| corrupt(e.to_string()))?.len();
-            reader.len.store(now, Relaxed);
-            if end > now {
-                return Err(corrupt(format!("past the segment's end ({now})")));
-            }
-        }
-        buf.resize(len as usize, 0);
-        reader.file.read_exact_at(buf, offset).map_err(|e| corrupt(e.to_string()))?;
+        self.read_into(segment, offset, len, buf).map_err(corrupt)?;
         Ok(Lent::Read)
     }
 }
