@@ -714,9 +714,11 @@ async fn pongs_keep_a_connection_open_and_a_silent_one_is_closed_as_idle() {
     let mut answering = WsClient::connect(&relay.url, alice.token(0)).await;
     // A raw client reads (so it sees the pings) but never answers them; on
     // its own thread, while the other client keeps reading here.
+    // Timed from before the upgrade, which starts the relay's idle clock:
+    // the thread below may start well after it on a loaded machine.
+    let started = Instant::now();
     let mut silent = RawWs::connect(&relay.url, alice.token(0), None).expect("upgrade");
     let silent = std::thread::spawn(move || {
-        let started = Instant::now();
         let mut pings = 0;
         loop {
             match silent.frame(WAIT) {
