@@ -325,12 +325,7 @@ impl Segments {
 
     /// Names `segment` as where the next open's replay starts, atomically.
     fn set_replay_from(&self, segment: u64) -> std::io::Result<()> {
-        let aside = self.dir.join(format!("{REPLAY_FROM}.new"));
-        let mut f = File::create(&aside)?;
-        f.write_all(format!("{segment:016x}\n").as_bytes())?;
-        f.sync_all()?;
-        std::fs::rename(&aside, self.dir.join(REPLAY_FROM))?;
-        File::open(&self.dir)?.sync_all()?;
+        write_aside(&self.dir, REPLAY_FROM, &format!("{segment:016x}\n"))?;
         self.replay_from.store(segment, Relaxed);
         Ok(())
     }
@@ -589,7 +584,7 @@ impl SledEngine {
             synced += 1;
             let mut bytes = Vec::new();
             file.read_to_end(&mut bytes).map_err(io("read log segment"))?;
-            if !replay(&db, &blobs, &bytes, Some(segment), "log segment")? {
+            if !replay(&db, &blobs, &bytes, Some((segment, 0)), "log segment")? {
                 // Only the last segment with records can end torn: a bad
                 // record with records after it is damage, not a crash.
                 if let Some(j) = lens[i + 1..].iter().position(|&len| len > 0) {
@@ -1011,7 +1006,7 @@ impl SledEngine {
     /// runs: a rewrite of sled is due once sled's file has grown past its
     /// due size and the open's scans (which hold the old sled) have ended.
     fn rewrite_due(&self) -> bool {
-        let size = std::fs::metadata(self.current().dir.join("db")).map_or(0, |m| m.len());
+        let size = db_bytes(&self.current().dir);
         let due = self.rewrite_floor.max(REWRITE_GROWTH.saturating_mul(self.fresh_bytes.load(Relaxed)));
         size >= due && self.scans.iter().all(|(_, job)| job.is_finished())
     }
@@ -1068,16 +1063,14 @@ impl SledEngine {
             }
             None => return Ok(true),
         };
-        let size = std::fs::metadata(self.current().dir.join("db")).map_or(0, |m| m.len());
         match job.join().unwrap_or_else(|_| Rewritten::Failed(StoreError::Io("the rewrite thread panicked".into()))) {
             Rewritten::Done { pairs, bytes, took } => {
-                self.rewrites.fetch_add(1, Relaxed);
-                self.fresh_bytes.store(bytes, Relaxed);
+                self.rewritten(bytes);
                 tracing::info!(pairs, bytes, took_ms = took.as_millis() as u64, "the store's sled was rewritten");
             }
             Rewritten::Abandoned(e) => {
                 // Not again before the same growth from here.
-                self.fresh_bytes.store(size, Relaxed);
+                self.fresh_bytes.store(db_bytes(&self.current().dir), Relaxed);
                 if !self.rewrite_stop.load(Relaxed) {
                     tracing::warn!(error = %e, "rewriting the store's sled failed; the old one stays");
                 }
@@ -1115,13 +1108,19 @@ impl SledEngine {
         }
         let pairs = match self.rewrite_job().run() {
             Rewritten::Done { pairs, bytes, .. } => {
-                self.rewrites.fetch_add(1, Relaxed);
-                self.fresh_bytes.store(bytes, Relaxed);
+                self.rewritten(bytes);
                 pairs
             }
             Rewritten::Abandoned(e) | Rewritten::Failed(e) => return Err(e),
         };
         Ok(pairs)
+    }
+
+    /// A rewrite ended with sled's file at `bytes`: the next is due at
+    /// [`REWRITE_GROWTH`] times that.
+    fn rewritten(&self, bytes: u64) {
+        self.rewrites.fetch_add(1, Relaxed);
+        self.fresh_bytes.store(bytes, Relaxed);
     }
 
     /// Rewrites of sled so far, and the size of its file after the last.
@@ -1285,10 +1284,7 @@ impl Rewrite {
             let mut bytes = Vec::new();
             file.read_to_end(&mut bytes).map_err(io("read log segment"))?;
             let end = if segment == to.0 { (to.1 as usize).min(bytes.len()) } else { bytes.len() };
-            let decoded = wal::decode(&bytes[start as usize..end]);
-            for (group, &at) in decoded.groups.iter().zip(&decoded.starts) {
-                insert_all(db, &self.blobs, group, Some((segment, start + at as u64)), None)?;
-            }
+            replay(db, &self.blobs, &bytes[start as usize..end], Some((segment, start)), "log segment")?;
         }
         Ok(())
     }
@@ -1303,17 +1299,13 @@ impl Rewrite {
             format::write(&self.dir, TREE_FORMAT)?;
         }
         crate::crash::engine_point("rewrite.before_switch");
-        let aside = self.dir.join(format!("{TREE_FILE}.new"));
-        let mut f = File::create(&aside).map_err(io("write tree"))?;
-        f.write_all(format!("{}\n", self.name).as_bytes()).and_then(|()| f.sync_all()).map_err(io("write tree"))?;
-        std::fs::rename(&aside, self.dir.join(TREE_FILE)).map_err(io("write tree"))?;
-        File::open(&self.dir).and_then(|d| d.sync_all()).map_err(io("sync store directory"))?;
+        write_aside(&self.dir, TREE_FILE, &format!("{}\n", self.name)).map_err(io("write tree"))?;
         crate::crash::engine_point("rewrite.after_switch");
         // Its last handles go (reads under way keep theirs); then its files.
         let old_dir = old.dir.clone();
         drop(old);
         remove_stale_trees(&self.dir, Some(&self.name))?;
-        let bytes = std::fs::metadata(new_dir.join("db")).map_or(0, |m| m.len());
+        let bytes = db_bytes(&new_dir);
         drop(new);
         tracing::debug!(from = %old_dir.display(), "the old sled's files were removed");
         Ok((pairs, bytes))
@@ -1337,6 +1329,11 @@ fn tree_named(dir: &Path) -> Result<Option<String>, StoreError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(io("read tree")(e)),
     }
+}
+
+/// The size of sled's `db` file in `dir` (0 when it cannot be read).
+fn db_bytes(dir: &Path) -> u64 {
+    std::fs::metadata(dir.join("db")).map_or(0, |m| m.len())
 }
 
 /// Whether `name`, in a store's directory, is one of sled's own files.
@@ -1395,6 +1392,17 @@ fn settle(
     Ok(synced + 2 + removed)
 }
 
+/// Writes `text` as the file `name` in `dir` so that a crash leaves the old
+/// file or the new one: written aside, synced, renamed, `dir` synced.
+fn write_aside(dir: &Path, name: &str, text: &str) -> std::io::Result<()> {
+    let aside = dir.join(format!("{name}.new"));
+    let mut f = File::create(&aside)?;
+    f.write_all(text.as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&aside, dir.join(name))?;
+    File::open(dir)?.sync_all()
+}
+
 /// Copies the first `len` bytes of `from` (all of it for `u64::MAX`) into
 /// the new file `to`, synced; the bytes copied.
 fn copy_prefix(from: &Path, to: &Path, len: u64) -> std::io::Result<u64> {
@@ -1422,22 +1430,23 @@ fn read_or_empty(path: &Path) -> Result<Vec<u8>, StoreError> {
 }
 
 /// Inserts the valid prefix of a log's records into sled, event values as
-/// pointers when the log is a segment. Returns whether the log was whole.
+/// pointers when the log is a segment: `at` is (segment, offset of
+/// `bytes` in it). Returns whether the log was whole.
 fn replay(
     db: &sled::Db,
     blobs: &KeyFilter,
     bytes: &[u8],
-    segment: Option<u64>,
+    at: Option<(u64, u64)>,
     what: &str,
 ) -> Result<bool, StoreError> {
     let decoded = wal::decode(bytes);
     for (group, &start) in decoded.groups.iter().zip(&decoded.starts) {
-        insert_all(db, blobs, group, segment.map(|s| (s, start as u64)), None)?;
+        insert_all(db, blobs, group, at.map(|(s, base)| (s, base + start as u64)), None)?;
     }
     let whole = decoded.valid_len == bytes.len();
     if !whole {
         tracing::warn!(
-            segment = segment.map(|s| format!("{s:016x}")),
+            segment = at.map(|(s, _)| format!("{s:016x}")),
             valid = decoded.valid_len,
             len = bytes.len(),
             "event store {what} ends in a torn or damaged record; replaying the records before it"
