@@ -7,7 +7,7 @@
 #   MESSAGES=5000 CONCURRENCY=16 scripts/cluster-bench.sh 1
 #   SHARDS=3 scripts/cluster-bench.sh 3          # accounts in 3 shards shared by the nodes
 #
-# Needs the fastest build (cargo build --profile fastest) and nats-server (.ci/nats.sh).
+# Needs the fastest build (cargo build --profile fastest; or RELAY=path) and nats-server (.ci/nats.sh).
 # With one shard node 1 takes the lease first, so VIA=1 sends straight to
 # the owner's front and VIA=2 through a standby's (one more hop on
 # loopback). With several, every front routes each request to its
@@ -19,7 +19,7 @@ VIA="${2:-1}"
 MESSAGES="${MESSAGES:-5000}"
 CONCURRENCY="${CONCURRENCY:-16}"
 SHARDS="${SHARDS:-1}"
-RELAY=target/fastest/relay
+RELAY="${RELAY:-target/fastest/relay}"
 DIR="$(mktemp -d)"
 trap 'kill -TERM "$UP" 2>/dev/null; wait "$UP" 2>/dev/null; rm -rf "$DIR"' EXIT
 

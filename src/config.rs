@@ -103,7 +103,32 @@ pub struct ClusterSection {
     pub nats_ca_file: Option<PathBuf>,
     /// Read from `nats_password_file` when the config is loaded.
     #[serde(skip)]
-    pub nats_password: Option<String>,
+    pub nats_password: Option<Secret>,
+    /// A file whose first line is the cluster's secret (at least 32
+    /// characters, the same on every node): fronts, owners and sibling
+    /// shards authenticate each other with it and encrypt what passes
+    /// between them (`src/cluster/hop.rs`). Required unless
+    /// `internal_listen` is a loopback address.
+    #[serde(default)]
+    pub secret_file: Option<PathBuf>,
+    /// Read from `secret_file` when the config is loaded.
+    #[serde(skip)]
+    pub secret: Option<Secret>,
+}
+
+/// The shortest cluster secret accepted, in bytes of its text (e.g. 128
+/// random bits in hex).
+pub const MIN_CLUSTER_SECRET: usize = 32;
+
+/// A secret read from a file: never printed (`Debug` says only that it
+/// is there).
+#[derive(Clone)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
 }
 
 fn default_shards() -> u32 {
@@ -131,18 +156,14 @@ fn default_internal_listen() -> String {
 }
 
 impl ClusterSection {
-    /// Reads `nats_password_file` (its first line) into `nats_password`.
-    fn read_nats_password(&mut self) -> Result<(), Bad> {
+    /// Reads `nats_password_file` and `secret_file` (their first lines).
+    fn read_secrets(&mut self) -> Result<(), Bad> {
         if let Some(path) = &self.nats_password_file {
-            let text = std::fs::read_to_string(path).map_err(|e| {
-                bad("cluster.nats_password_file", format!("cluster.nats_password_file {}: {e}", path.display()))
-            })?;
-            let password = text.lines().next().unwrap_or_default().trim();
-            if password.is_empty() {
-                let what = format!("cluster.nats_password_file {}: no password in it", path.display());
-                return Err(bad("cluster.nats_password_file", what));
-            }
-            self.nats_password = Some(password.to_owned());
+            self.nats_password = Some(first_line("cluster.nats_password_file", path, "no password in it", 1, false)?);
+        }
+        if let Some(path) = &self.secret_file {
+            let short = "shorter than 32 characters";
+            self.secret = Some(first_line("cluster.secret_file", path, short, MIN_CLUSTER_SECRET, true)?);
         }
         Ok(())
     }
@@ -150,7 +171,7 @@ impl ClusterSection {
     /// How this node authenticates to the nats-servers and checks them.
     pub fn nats_auth(&self) -> relay_actors::store::NatsAuth {
         relay_actors::store::NatsAuth {
-            user: self.nats_user.clone().zip(self.nats_password.clone()),
+            user: self.nats_user.clone().zip(self.nats_password.as_ref().map(|p| p.0.clone())),
             ca_file: self.nats_ca_file.clone(),
         }
     }
@@ -726,6 +747,22 @@ fn bad(key: &'static str, what: impl Into<String>) -> Bad {
     (Some(key), what.into())
 }
 
+/// The first line of the file at `path` (trimmed), refused when shorter
+/// than `min` bytes, and when `private` and others may read the file (as
+/// a key file is).
+fn first_line(key: &'static str, path: &Path, short: &str, min: usize, private: bool) -> Result<Secret, Bad> {
+    let shown = path.display();
+    let text = match private {
+        true => crate::keys::read_private(path).map_err(|e| bad(key, format!("{key} {e}")))?,
+        false => std::fs::read_to_string(path).map_err(|e| bad(key, format!("{key} {shown}: {e}")))?,
+    };
+    let line = text.lines().next().unwrap_or_default().trim();
+    if line.len() < min.max(1) {
+        return Err(bad(key, format!("{key} {shown}: {short}")));
+    }
+    Ok(Secret(line.to_owned()))
+}
+
 impl Config {
     /// How deliveries to a peer are grouped ([`crate::peer_batch`]): a
     /// batch's body is at most our own body limit, which a peer on the
@@ -774,7 +811,7 @@ impl Config {
         cfg.resolve_paths(path.parent().unwrap_or(Path::new("")));
         cfg.check().map_err(|(key, what)| ConfigError::Invalid { origin: origin(&shown, key), what })?;
         if let Some(c) = cfg.cluster.as_mut() {
-            c.read_nats_password().map_err(|(key, what)| ConfigError::Invalid { origin: origin(&shown, key), what })?;
+            c.read_secrets().map_err(|(key, what)| ConfigError::Invalid { origin: origin(&shown, key), what })?;
         }
         Ok(cfg)
     }
@@ -797,6 +834,7 @@ impl Config {
             for (path, var) in [
                 (&mut c.nats_password_file, "RELAY__CLUSTER__NATS_PASSWORD_FILE"),
                 (&mut c.nats_ca_file, "RELAY__CLUSTER__NATS_CA_FILE"),
+                (&mut c.secret_file, "RELAY__CLUSTER__SECRET_FILE"),
             ] {
                 if let Some(path) = path.as_mut().filter(|_| in_file(var)) {
                     *path = config_dir.join(&*path);
@@ -846,14 +884,23 @@ impl Config {
                 if !(1..=MAX_SHARDS).contains(&c.shards) {
                     return Err(bad("cluster.shards", format!("cluster.shards must be 1 to {MAX_SHARDS}")));
                 }
-                c.internal_listen.parse::<std::net::SocketAddr>().map_err(|e| {
-                    bad("cluster.internal_listen", format!("cluster.internal_listen {:?}: {e}", c.internal_listen))
-                })?;
                 relay_schemas::ids::check_relay_id("cluster.node", &c.node)
                     .map_err(|e| bad("cluster.node", e.message))?;
                 if let Some(at) = &c.metrics_listen {
                     at.parse::<std::net::SocketAddr>()
                         .map_err(|e| bad("cluster.metrics_listen", format!("cluster.metrics_listen {at:?}: {e}")))?;
+                }
+                let internal: std::net::SocketAddr = c.internal_listen.parse().map_err(|e| {
+                    bad("cluster.internal_listen", format!("cluster.internal_listen {:?}: {e}", c.internal_listen))
+                })?;
+                if c.secret_file.is_none() && !internal.ip().is_loopback() {
+                    return Err(bad(
+                        "cluster.secret_file",
+                        format!(
+                            "cluster.internal_listen {internal} is reachable from other machines: set \
+                             cluster.secret_file, so that only the cluster's nodes reach its owners"
+                        ),
+                    ));
                 }
                 if c.nats_user.is_some() != c.nats_password_file.is_some() {
                     return Err(bad(
@@ -1294,6 +1341,38 @@ key_file = "data/relay-a/relay.key"
         let auth = cfg.cluster.unwrap().nats_auth();
         assert_eq!(auth.user, Some(("relay".to_owned(), "s3cret-pw".to_owned())));
         assert!(!format!("{auth:?}").contains("s3cret"), "{auth:?}");
+    }
+
+    #[test]
+    fn an_internal_address_other_machines_reach_needs_the_cluster_secret_which_is_never_shown() {
+        let dir = tempfile::tempdir().unwrap();
+        let cluster = |extra: &str| {
+            format!(
+                "{MINIMAL}\n[store]\nengine = \"jetstream\"\n[cluster]\nnode = \"n1\"\n\
+                 nats_urls = [\"nats://127.0.0.1:4222\"]\n{extra}"
+            )
+        };
+        let secret = dir.path().join("cluster.secret");
+        let write_secret = |text: &str, mode: u32| {
+            std::fs::write(&secret, text).unwrap();
+            std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(mode)).unwrap();
+        };
+        // Loopback only (one machine): the hop may be plain.
+        Config::load(&write(dir.path(), &cluster("internal_listen = \"127.0.0.1:7900\"\n"))).unwrap();
+        let reachable = "internal_listen = \"0.0.0.0:7900\"\n";
+        let err = Config::load(&write(dir.path(), &cluster(reachable))).unwrap_err().to_string();
+        assert!(err.contains("cluster.secret_file"), "{err}");
+        let with_secret = cluster(&format!("{reachable}secret_file = \"cluster.secret\"\n"));
+        write_secret("0123456789abcdef0123456789abcdef-cluster\n", 0o600);
+        let cfg = Config::load(&write(dir.path(), &with_secret)).unwrap();
+        assert!(!format!("{cfg:?}").contains("0123456789abcdef"), "the secret is printed");
+        assert_eq!(cfg.cluster.unwrap().secret.unwrap().0, "0123456789abcdef0123456789abcdef-cluster");
+        write_secret("too short\n", 0o600);
+        let err = Config::load(&write(dir.path(), &with_secret)).unwrap_err().to_string();
+        assert!(err.contains("shorter than 32"), "{err}");
+        write_secret("0123456789abcdef0123456789abcdef-cluster\n", 0o644);
+        let err = Config::load(&write(dir.path(), &with_secret)).unwrap_err().to_string();
+        assert!(err.contains("readable by others"), "{err}");
     }
 
     fn peer(id: &str, url: &str, key: &str) -> String {

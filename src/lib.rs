@@ -274,9 +274,16 @@ pub(crate) async fn run(
     if place.is_none() {
         actix_web::rt::spawn(http::tls::on_sighup(cert.clone()));
     }
-    let server = match cert {
-        Some(cert) => server.listen_rustls_0_23(listener, http::tls::Certificate::server_config(cert)?),
-        None => server.listen(listener),
+    // A cluster shard's core listens on its internal address: with the
+    // cluster's secret, only a holder of its key is answered (`cluster/hop.rs`).
+    let hop = match cfg.cluster.as_ref().and_then(|c| c.secret.as_ref()) {
+        Some(secret) => Some(cluster::hop::Hop::from_secret(secret.0.as_bytes())?),
+        None => None,
+    };
+    let server = match (cert, hop) {
+        (Some(cert), _) => server.listen_rustls_0_23(listener, http::tls::Certificate::server_config(cert)?),
+        (None, Some(hop)) => server.listen_rustls_0_23(listener, (*hop.server).clone()),
+        (None, None) => server.listen(listener),
     };
     let server = server.map_err(|e| e.to_string())?.run();
     let metrics_server = match metrics_listener {

@@ -24,6 +24,8 @@ use std::time::Duration;
 thread_local! {
     /// awc clients are per thread; each keeps its own connection pool.
     static HTTP: std::cell::OnceCell<awc::Client> = const { std::cell::OnceCell::new() };
+    /// Calls to sibling shards over the cluster hop.
+    static HOP_HTTP: std::cell::OnceCell<awc::Client> = const { std::cell::OnceCell::new() };
 }
 
 /// How a call to a peer ended, before any protocol interpretation.
@@ -166,6 +168,25 @@ impl PeerClient {
         })
     }
 
+    /// The cluster hop's TLS to sibling shards' owners, when it has a secret.
+    fn sibling_hop(&self) -> Option<&Arc<rustls::ClientConfig>> {
+        self.inner.siblings.as_ref()?.hop.as_ref()
+    }
+
+    /// The client for sibling shards over the cluster hop (`cluster/hop.rs`).
+    fn hop_http(&self, hop: &Arc<rustls::ClientConfig>) -> awc::Client {
+        let timeout = self.inner.timeout;
+        HOP_HTTP.with(|c| {
+            c.get_or_init(|| {
+                awc::Client::builder()
+                    .timeout(timeout)
+                    .connector(awc::Connector::new().timeout(timeout).limit(0).rustls_0_23(hop.clone()))
+                    .finish()
+            })
+            .clone()
+        })
+    }
+
     /// A signed call of relay method `method` at peer `peer_id`; the result
     /// body on HTTP 200. Counted in `relay_peer_requests_total`; a refusal of
     /// our authentication, no answer or a 5xx answer is logged (WARN).
@@ -227,7 +248,10 @@ impl PeerClient {
             To::Sibling(account_id) => {
                 let own = self.inner.relay_id.as_str();
                 match self.inner.siblings.as_ref().map(|s| s.owner_of(account_id)) {
-                    Some(Ok(at)) => (own, format!("http://{at}")),
+                    Some(Ok(at)) => {
+                        let scheme = if self.sibling_hop().is_some() { "https" } else { "http" };
+                        (own, format!("{scheme}://{at}"))
+                    }
                     Some(Err(shard)) => {
                         let why = format!("{own}: shard {shard} has no owner now");
                         return Err(CallError::NotSent(RelayError::unavailable(why)));
@@ -242,8 +266,11 @@ impl PeerClient {
         let ts = self.inner.clock.now().0;
         let sig = sign_relay_request(&self.inner.key, method, peer_id, ts, &body);
         let url = format!("{base}/v1/relay/{method}");
-        let sent = self
-            .http()
+        let client = match (&to, self.sibling_hop()) {
+            (To::Sibling(_), Some(hop)) => self.hop_http(hop),
+            _ => self.http(),
+        };
+        let sent = client
             .post(url)
             .content_type("application/json")
             .insert_header(("Relay-Id", self.inner.relay_id.as_str()))

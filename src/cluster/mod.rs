@@ -22,7 +22,9 @@
 //!    each request to its account's shard. Either waits up to
 //!    [`FRONT_WAIT`] for an owner, and applies the per-address connection
 //!    cap (`http.max_connections_per_ip`), since owners see every
-//!    connection come from a front.
+//!    connection come from a front. With `cluster.secret_file` a front
+//!    reaches an owner, and a shard its siblings, over TLS with the
+//!    cluster's key (`hop.rs`): an internal address serves no one else.
 //! 5. **Siblings**: a shard's core reaches the others ([`ShardPlace`]) as
 //!    peers under the relay's own id: a send to an account of another
 //!    shard is a `message.deliver` to that shard's owner.
@@ -59,6 +61,7 @@ use tokio::sync::watch;
 
 use crate::config::{ClusterSection, Config};
 
+pub mod hop;
 mod lease;
 mod router;
 pub(crate) use lease::Serving;
@@ -135,6 +138,8 @@ pub struct ShardPlace {
     pub index: u32,
     pub shards: u32,
     pub(crate) owners: Owners,
+    /// TLS to a sibling's owner (`cluster.secret_file`), or plain HTTP.
+    pub(crate) hop: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl ShardPlace {
@@ -174,6 +179,11 @@ pub async fn serve(cfg: Config) -> Result<(), String> {
     if let Some(at) = &c.metrics_listen {
         metrics.serve(at)?;
     }
+    // The hop's client side; each shard's core makes its server side.
+    let hop = match &c.secret {
+        Some(secret) => Some(hop::Hop::from_secret(secret.0.as_bytes())?.client),
+        None => None,
+    };
     let (owners_tx, owners) = watch::channel(Arc::new(vec![None; c.shards as usize]));
     let balance = Arc::new(Balance { live: AtomicUsize::new(1), ..Default::default() });
     let presence = Presence { node: c.node.clone(), every: c.lease_ttl / 3, balance: balance.clone() };
@@ -183,9 +193,10 @@ pub async fn serve(cfg: Config) -> Result<(), String> {
         let listener = tokio::net::TcpListener::from_std(front_listener).map_err(|e| e.to_string())?;
         let per_ip = crate::http::conn::PerIp::new(cfg.http.max_connections_per_ip);
         let slots = Arc::new(tokio::sync::Semaphore::new(cfg.http.max_connections));
-        actix_web::rt::spawn(front(listener, owners.clone(), per_ip, slots, metrics.clone()));
+        let to_owner = Upstream { owners: owners.clone(), hop: hop.clone() };
+        actix_web::rt::spawn(front(listener, to_owner, per_ip, slots, metrics.clone()));
     } else {
-        let router = router::start(front_listener, owners.clone(), c.shards, &cfg, metrics.clone())?;
+        let router = router::start(front_listener, owners.clone(), hop.clone(), c.shards, &cfg, metrics.clone())?;
         actix_web::rt::spawn(router);
     }
     tracing::info!(relay = %cfg.relay.id, node = %c.node, listen = %front_addr, shards = c.shards,
@@ -209,6 +220,7 @@ pub async fn serve(cfg: Config) -> Result<(), String> {
             balance: balance.clone(),
             claims: claims.clone(),
             owners: owners.clone(),
+            hop: hop.clone(),
             metrics: metrics.clone(),
         };
         tasks.push(actix_web::rt::spawn(shard.run(stopping.clone())));
@@ -274,6 +286,8 @@ struct Shard {
     balance: Arc<Balance>,
     claims: Arc<lease::Claims>,
     owners: Owners,
+    /// The hop's client side, for calls to sibling shards.
+    hop: Option<Arc<rustls::ClientConfig>>,
     metrics: NodeMetrics,
 }
 
@@ -396,7 +410,12 @@ impl Shard {
         // Why the core stopped at once, when it did: the shard is given up.
         let gave_up = Arc::new(std::sync::Mutex::new(None::<String>));
         let giving_up = gave_up.clone();
-        let place = (c.shards > 1).then(|| ShardPlace { index: k, shards: c.shards, owners: self.owners.clone() });
+        let place = (c.shards > 1).then(|| ShardPlace {
+            index: k,
+            shards: c.shards,
+            owners: self.owners.clone(),
+            hop: self.hop.clone(),
+        });
         let (done_tx, done) = tokio::sync::oneshot::channel();
         let arbiter = actix::Arbiter::new();
         arbiter.spawn_fn(move || {
@@ -649,7 +668,7 @@ impl NodeMetrics {
 /// Accepts connections and pipes each to the owner (module doc, 3).
 async fn front(
     listener: tokio::net::TcpListener,
-    owner: Owners,
+    owner: Upstream,
     per_ip: crate::http::conn::PerIp,
     slots: Arc<tokio::sync::Semaphore>,
     metrics: NodeMetrics,
@@ -701,22 +720,44 @@ async fn refuse(mut conn: tokio::net::TcpStream) {
     let _ = tokio::time::timeout(Duration::from_secs(5), conn.write_all(answer.as_bytes())).await;
 }
 
-async fn pipe(mut conn: tokio::net::TcpStream, mut owner: Owners) -> std::io::Result<()> {
+/// Where a single shard's front sends its connections, and how.
+#[derive(Clone)]
+struct Upstream {
+    owners: Owners,
+    /// TLS with the cluster's key (`hop.rs`), or the bytes as they are.
+    hop: Option<Arc<rustls::ClientConfig>>,
+}
+
+async fn pipe(mut conn: tokio::net::TcpStream, mut to: Upstream) -> std::io::Result<()> {
     let deadline = tokio::time::Instant::now() + FRONT_WAIT;
-    let mut upstream = loop {
-        let at = owner.borrow_and_update().first().copied().flatten();
+    let (at, upstream) = loop {
+        let at = to.owners.borrow_and_update().first().copied().flatten();
         if let Some(at) = at {
             if let Ok(Ok(s)) = tokio::time::timeout(Duration::from_secs(1), tokio::net::TcpStream::connect(at)).await {
-                break s;
+                break (at, s);
             }
         }
         if tokio::time::Instant::now() >= deadline {
             return Err(std::io::Error::other("no owner reachable"));
         }
         // A new owner, or a moment for the lease to change.
-        let _ = tokio::time::timeout(OWNER_POLL, owner.changed()).await;
+        let _ = tokio::time::timeout(OWNER_POLL, to.owners.changed()).await;
     };
     conn.set_nodelay(true)?;
     upstream.set_nodelay(true)?;
-    tokio::io::copy_bidirectional(&mut conn, &mut upstream).await.map(|_| ())
+    match to.hop {
+        Some(hop) => {
+            // Nothing of the client's is sent before the owner proved it holds the key.
+            let name = rustls::pki_types::ServerName::IpAddress(at.ip().into());
+            let handshake = tokio_rustls::TlsConnector::from(hop).connect(name, upstream);
+            let mut upstream = tokio::time::timeout(Duration::from_secs(5), handshake)
+                .await
+                .map_err(|_| std::io::Error::other("cluster hop: no TLS handshake within 5 s"))??;
+            tokio::io::copy_bidirectional(&mut conn, &mut upstream).await.map(|_| ())
+        }
+        None => {
+            let mut upstream = upstream;
+            tokio::io::copy_bidirectional(&mut conn, &mut upstream).await.map(|_| ())
+        }
+    }
 }

@@ -61,24 +61,31 @@ const SLOW: u16 = 4002;
 
 thread_local! {
     /// awc clients are per thread; each keeps a pool of keep-alive
-    /// connections to the owners.
+    /// connections to the owners: one plain, one over the cluster hop.
     static UPSTREAM: std::cell::OnceCell<awc::Client> = const { std::cell::OnceCell::new() };
+    static UPSTREAM_HOP: std::cell::OnceCell<awc::Client> = const { std::cell::OnceCell::new() };
 }
 
-fn upstream() -> awc::Client {
-    UPSTREAM.with(|c| {
-        c.get_or_init(|| {
-            // No pool-wide cap: the front's own connection limits bound it.
-            // No redirects and no default headers: answers and requests pass as they are.
-            awc::Client::builder()
-                .timeout(ANSWER_TIMEOUT)
-                .disable_redirects()
-                .no_default_headers()
-                .connector(awc::Connector::new().timeout(CONNECT_TIMEOUT).limit(0))
-                .finish()
-        })
-        .clone()
-    })
+/// The client to the owners, and the URL scheme it speaks (`http` or, over
+/// the cluster hop, `https`).
+fn upstream(hop: Option<&Arc<rustls::ClientConfig>>) -> (awc::Client, &'static str) {
+    // No pool-wide cap: the front's own connection limits bound it.
+    // No redirects and no default headers: answers and requests pass as they are.
+    let build = |connector: awc::Connector<_>| {
+        awc::Client::builder()
+            .timeout(ANSWER_TIMEOUT)
+            .disable_redirects()
+            .no_default_headers()
+            .connector(connector.timeout(CONNECT_TIMEOUT).limit(0))
+            .finish()
+    };
+    match hop {
+        Some(hop) => (
+            UPSTREAM_HOP.with(|c| c.get_or_init(|| build(awc::Connector::new().rustls_0_23(hop.clone()))).clone()),
+            "https",
+        ),
+        None => (UPSTREAM.with(|c| c.get_or_init(|| build(awc::Connector::new())).clone()), "http"),
+    }
 }
 
 /// The shard a request goes to, of `shards`:
@@ -162,6 +169,8 @@ struct Front {
     /// `metrics.listen` is set: the relay's metrics are not for the
     /// public address, so the front answers `/metrics` itself (404).
     metrics_private: bool,
+    /// TLS to the owners with the cluster's key (`hop.rs`), or plain HTTP.
+    hop: Option<Arc<rustls::ClientConfig>>,
 }
 
 /// Serves the front on `listener`, routing to `owners` (`shards` of them).
@@ -170,6 +179,7 @@ struct Front {
 pub(crate) fn start(
     listener: std::net::TcpListener,
     owners: Owners,
+    hop: Option<Arc<rustls::ClientConfig>>,
     shards: u32,
     cfg: &Config,
     metrics: NodeMetrics,
@@ -187,6 +197,7 @@ pub(crate) fn start(
             .max(limits.max_page_bytes.saturating_add(2 * limits.max_body_bytes)),
         metrics,
         metrics_private: cfg.metrics.listen.is_some(),
+        hop,
     });
     let h = &cfg.http;
     let mut server = HttpServer::new(move || {
@@ -229,7 +240,7 @@ async fn route(front: web::Data<Front>, req: HttpRequest, body: web::Payload) ->
     let authorization = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
     let shard = shard_of(req.path(), authorization, &body, front.shards);
     let held = Held::new(&front.metrics.connections);
-    match with_owner(front.owners.clone(), shard, |at| send(at, &req, body.clone())).await {
+    match with_owner(front.owners.clone(), shard, |at| send(front.hop.as_ref(), at, &req, body.clone())).await {
         Some(Ok(answer)) => {
             let bodiless = req.method() == Method::HEAD || matches!(answer.status().as_u16(), 204 | 304);
             pass_on(answer, bodiless, held, front.metrics.unserved.clone())
@@ -270,9 +281,15 @@ async fn with_owner<T, F: Future<Output = Option<T>>>(
 }
 
 /// Sends the request to the owner at `at`; `None` if it was not sent.
-async fn send(at: SocketAddr, req: &HttpRequest, body: Bytes) -> Option<Result<awc::ClientResponse, SendRequestError>> {
+async fn send(
+    hop: Option<&Arc<rustls::ClientConfig>>,
+    at: SocketAddr,
+    req: &HttpRequest,
+    body: Bytes,
+) -> Option<Result<awc::ClientResponse, SendRequestError>> {
     let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
-    let mut request = upstream().request(req.method().clone(), format!("http://{at}{path}")).no_decompress();
+    let (client, scheme) = upstream(hop);
+    let mut request = client.request(req.method().clone(), format!("{scheme}://{at}{path}")).no_decompress();
     for (name, value) in req.headers().iter().filter(|(name, _)| !hop_by_hop(name)) {
         request = request.append_header((name.clone(), value.clone()));
     }
@@ -418,7 +435,9 @@ async fn connect(
     path: &str,
     authorization: Option<&HeaderValue>,
 ) -> Option<Result<impl OwnerSocket, Option<StatusCode>>> {
-    let mut request = upstream().ws(format!("ws://{at}{path}")).max_frame_size(front.owner_frame_bytes);
+    let (client, scheme) = upstream(front.hop.as_ref());
+    let scheme = if scheme == "https" { "wss" } else { "ws" };
+    let mut request = client.ws(format!("{scheme}://{at}{path}")).max_frame_size(front.owner_frame_bytes);
     if let Some(authorization) = authorization {
         request = request.set_header(header::AUTHORIZATION, authorization.clone());
     }
@@ -738,7 +757,7 @@ mod tests {
         let (tx, rx) = tokio::sync::watch::channel(Arc::new(vec![None, Some(owner(1))]));
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let at = listener.local_addr().expect("addr");
-        actix_web::rt::spawn(start(listener, rx, 2, &cfg, NodeMetrics::new("test", 2)).expect("front"));
+        actix_web::rt::spawn(start(listener, rx, None, 2, &cfg, NodeMetrics::new("test", 2)).expect("front"));
         (at, tx)
     }
 

@@ -84,7 +84,9 @@ pub fn run(args: UpArgs) -> Result<(), String> {
         .collect::<Result<Vec<_>, String>>()?;
     // The nats-servers take only the relay's user: an anonymous client
     // could read every event stream and write leases and fences.
-    let password = nats_password(&dir.join(NATS_PASSWORD_FILE))?;
+    let password = secret_in(&dir.join(NATS_PASSWORD_FILE))?;
+    // The fronts, owners and sibling shards authenticate each other with it.
+    secret_in(&dir.join(CLUSTER_SECRET_FILE))?;
     let mut servers = Vec::new();
     for m in &members {
         let user = (NATS_USER, password.as_str());
@@ -147,16 +149,18 @@ pub fn run(args: UpArgs) -> Result<(), String> {
 /// `--dir`) holding its password.
 const NATS_USER: &str = "relay";
 const NATS_PASSWORD_FILE: &str = "nats.password";
+/// The file (in `--dir`) holding the cluster's secret (`cluster.secret_file`).
+const CLUSTER_SECRET_FILE: &str = "cluster.secret";
 
-/// The password in `path`, made (random, readable by this user only) on
-/// the first run.
-fn nats_password(path: &Path) -> Result<String, String> {
+/// The secret in `path`, made on the first run: 256 random bits in hex,
+/// readable by this user only.
+fn secret_in(path: &Path) -> Result<String, String> {
     if let Ok(text) = std::fs::read_to_string(path) {
         if let Some(password) = text.lines().next().map(str::trim).filter(|p| !p.is_empty()) {
             return Ok(password.to_owned());
         }
     }
-    let password = format!("{:032x}", rand::random::<u128>());
+    let password = format!("{:032x}{:032x}", rand::random::<u128>(), rand::random::<u128>());
     use std::os::unix::fs::OpenOptionsExt;
     let mut file = std::fs::OpenOptions::new()
         .write(true)
@@ -179,13 +183,14 @@ fn write_node_config(dir: &Path, args: &UpArgs, i: u16, listen: &str, urls: &[St
          data_dir = {data:?}\nkey_file = {key:?}\n\n\
          [store]\nengine = \"jetstream\"\n\n\
          [cluster]\nnode = \"node{i}\"\nnats_urls = [{urls}]\nreplicas = 3\nlease_ttl = \"3s\"\nshards = {shards}\n\
-         nats_user = {NATS_USER:?}\nnats_password_file = {password:?}\n\n\
+         nats_user = {NATS_USER:?}\nnats_password_file = {password:?}\nsecret_file = {secret:?}\n\n\
          # The cluster's, like relay.key: push subscriptions outlive a takeover.\n\
          [push]\nvapid_key_file = {vapid:?}\n",
         data = dir.join(format!("node{i}")).display().to_string(),
         key = dir.join("relay.key").display().to_string(),
         vapid = dir.join("vapid.key").display().to_string(),
         password = dir.join(NATS_PASSWORD_FILE).display().to_string(),
+        secret = dir.join(CLUSTER_SECRET_FILE).display().to_string(),
         urls = urls.join(", "),
     );
     let path = dir.join(format!("node{i}.toml"));

@@ -39,6 +39,9 @@ struct Cluster {
     per_ip: usize,
     /// `cluster.shards`.
     shards: u32,
+    /// The nodes' configs name `cluster.secret` as `cluster.secret_file`
+    /// (the hop between fronts, owners and siblings is then TLS).
+    secret: bool,
     dir: tempfile::TempDir,
 }
 
@@ -59,6 +62,16 @@ impl Cluster {
     /// With `shards` > 1 the nodes start together (they share the shards
     /// out); with one, node1 serves before the others start.
     fn start_sharded(bin: &Path, nodes: usize, extra: &str, per_ip: usize, shards: u32) -> Cluster {
+        Cluster::start_all(bin, nodes, extra, per_ip, shards, true)
+    }
+
+    /// Like [`Cluster::start`], its hop plain HTTP (no `cluster.secret_file`):
+    /// for a test that talks to an owner's internal address itself.
+    fn start_without_secret(bin: &Path, nodes: usize) -> Cluster {
+        Cluster::start_all(bin, nodes, "", 100_000, 1, false)
+    }
+
+    fn start_all(bin: &Path, nodes: usize, extra: &str, per_ip: usize, shards: u32, secret: bool) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let members: Vec<Member> = (1..=3)
             .map(|i| Member {
@@ -74,11 +87,21 @@ impl Cluster {
             n.wait_jetstream(Duration::from_secs(30)).unwrap();
         }
         write_key(&dir.path().join("relay.key"), [77; 32]);
+        write_key(&dir.path().join("cluster.secret"), [78; 32]);
         // Room for three nodes, however many start now.
         let metrics = (0..nodes.max(3)).map(|_| format!("127.0.0.1:{}", free_port())).collect();
         let internal = (0..nodes.max(3)).map(|_| (shards == 1).then(free_port)).collect();
-        let mut cluster =
-            Cluster { nodes: Vec::new(), nats, metrics, internal, extra: extra.to_owned(), per_ip, shards, dir };
+        let mut cluster = Cluster {
+            nodes: Vec::new(),
+            nats,
+            metrics,
+            internal,
+            extra: extra.to_owned(),
+            per_ip,
+            shards,
+            secret,
+            dir,
+        };
         for i in 1..=nodes {
             let node = cluster.start_node(i);
             if i == 1 && shards == 1 {
@@ -108,7 +131,7 @@ impl Cluster {
              data_dir = {data:?}\nkey_file = {key:?}\n\
              [store]\nengine = \"jetstream\"\n\
              [cluster]\nnode = \"node{i}\"\nnats_urls = [{urls}]\nreplicas = 3\nlease_ttl = \"{LEASE_TTL}\"\n\
-             metrics_listen = {metrics:?}\nsnapshot_bytes = 200000\nshards = {shards}\ninternal_listen = {internal:?}\n\
+             metrics_listen = {metrics:?}\nsnapshot_bytes = 200000\nshards = {shards}\ninternal_listen = {internal:?}\n{secret}\
              [limits]\nsession_rate = 1000000\nsession_burst = 1000000\nanonymous_rate = 1000000\nanonymous_burst = 1000000\n\
              [http]\nmax_connections = 512\nmax_connections_per_ip = {per_ip}\n\
              [push]\nvapid_key_file = {vapid:?}\n{extra}\n",
@@ -120,6 +143,10 @@ impl Cluster {
             internal = format!("127.0.0.1:{}", self.internal[i - 1].unwrap_or(0)),
             extra = self.extra,
             per_ip = self.per_ip,
+            secret = match self.secret {
+                true => format!("secret_file = {:?}\n", dir.join("cluster.secret").display().to_string()),
+                false => String::new(),
+            },
         );
         std::fs::write(&path, body).unwrap();
         path
@@ -610,6 +637,12 @@ async fn cluster_up_serves_one_relay_starts_a_killed_node_again_and_stops_everyt
     assert!(node1.contains("nats_user = \"relay\"") && node1.contains("nats_password_file"), "{node1}");
     let with_user = async_nats::ConnectOptions::new().user_and_password("relay".into(), password.trim().into());
     assert!(with_user.connect(&nats).await.is_ok(), "the relay's user is taken");
+    // The nodes share a secret of their own for the hop between them.
+    let secret = dir.path().join("cluster.secret");
+    assert!(node1.contains(&format!("secret_file = {:?}", secret.display().to_string())), "{node1}");
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&secret).unwrap().permissions());
+    assert_eq!(mode & 0o077, 0, "the secret is readable by others");
+    assert_eq!(std::fs::read_to_string(&secret).unwrap().trim().len(), 64);
     let (a, b) = (Client::new(urls[0]), Client::new(urls[1]));
     let alice = User::register(&a, "relay-c", 1, true).await;
     let bob = User::register(&b, "relay-c", 2, true).await;
@@ -722,6 +755,39 @@ fn listens(port: u16) -> bool {
     std::net::TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_secs(2)).is_ok()
 }
 
+/// With `cluster.secret_file`, a front reaches its shard's owner over TLS
+/// with the cluster's key (every request below passes that way), and a
+/// client at the owner's internal address without the key gets no HTTP
+/// answer: whoever reaches that address is not served by it.
+#[actix_rt::test]
+async fn an_owners_internal_address_answers_only_holders_of_the_cluster_secret() {
+    let Some(bin) = nats_server::binary_for_test() else { return };
+    let cluster = Cluster::start(&bin, 1);
+    let via = Client::with_timeout(&cluster.nodes[0].url, Duration::from_secs(20));
+    let alice = User::register(&via, RELAY, 1, true).await;
+    let bob = User::register(&via, RELAY, 2, true).await;
+    via.ok("message.send", alice.token(0), &alice.send_params(&bob, &mid(1), false)).await;
+    assert_eq!(message_ids(&bob.sync_all(&via, 0).await), [mid(1)]);
+
+    use std::io::{Read, Write};
+    let internal = ([127, 0, 0, 1], cluster.internal[0].unwrap()).into();
+    let mut plain = std::net::TcpStream::connect_timeout(&internal, Duration::from_secs(5)).unwrap();
+    plain.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let body = json!({"after": 0, "limit": 10}).to_string();
+    let request = format!(
+        "POST /v1/rpc/message.timeline.sync HTTP/1.1\r\nhost: owner\r\nauthorization: Bearer {}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        bob.token(0).unwrap(),
+        body.len()
+    );
+    let _ = plain.write_all(request.as_bytes());
+    let mut answer = Vec::new();
+    let _ = plain.read_to_end(&mut answer);
+    // At most a TLS alert (record type 21), never an HTTP answer.
+    assert!(!answer.starts_with(b"HTTP/"), "answered in plain HTTP: {:?}", String::from_utf8_lossy(&answer));
+    assert!(answer.len() < 64, "{} bytes came back to a client without the key", answer.len());
+}
+
 /// The lease bucket of the test relay.
 async fn lease_bucket(cluster: &Cluster) -> async_nats::jetstream::kv::Store {
     let client = async_nats::connect(relay_actors::store::server_addrs(&cluster.urls()).unwrap()).await.unwrap();
@@ -777,7 +843,7 @@ async fn a_lost_lease_gives_the_shard_up_without_exiting_and_only_a_served_shard
 #[actix_rt::test]
 async fn an_owner_paused_past_its_lease_answers_no_read_from_its_stale_view_on_waking() {
     let Some(bin) = nats_server::binary_for_test() else { return };
-    let cluster = Cluster::start(&bin, 2);
+    let cluster = Cluster::start_without_secret(&bin, 2);
     assert_eq!(cluster.owner(), Some(0));
     let via2 = Client::with_timeout(&cluster.nodes[1].url, Duration::from_secs(5));
     let alice = User::register(&via2, RELAY, 1, true).await;
