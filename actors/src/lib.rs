@@ -3,7 +3,7 @@
 //! The event-sourced shells of the relay: actors, store, supervisor. No
 //! HTTP here, and no rules: those are pure functions in `relay-core`
 //! (`actors/core`), re-exported at the paths below (`account::command`,
-//! `account::decide`, `delivery::core`, `push`, `clock`, `policy`).
+//! `account::method`, `delivery::core`, `push`, `clock`, `policy`).
 //!
 //! - [`store`]: the sled event store: append-only, hash-chained streams,
 //!   group commit, snapshots and a kv space for projections and indexes;

@@ -4,7 +4,8 @@
 //! and the world does not.
 
 use crate::relay::SimReads;
-use relay_core::account::decide::{self as account, Ctx};
+use relay_core::account::method::message_deliver;
+use relay_core::account::shared::{self, Ctx};
 use relay_core::account::session::Challenges;
 use relay_core::account::{self as acct, AccountState};
 use relay_core::delivery::core::{self as delivery};
@@ -44,19 +45,19 @@ pub fn may_deliver(
     now: UnixSecs,
     policy: &Policy,
 ) -> Result<(), RelayError> {
-    account::may_deliver(params.sender_route.as_ref(), known, caller, &params.envelope, Ctx::new(now, policy))
+    message_deliver::may_deliver(params.sender_route.as_ref(), known, caller, &params.envelope, Ctx::new(now, policy))
 }
 
 /// Where an account this relay does not hold lives now (the handler's
 /// answer before any account decides).
 pub fn not_served_here(known: Option<&Wire<Route>>) -> RelayError {
-    account::not_served_here(known)
+    shared::not_served_here(known)
 }
 
 /// The digest a receipt is keyed on (the destination computes it from the
 /// body; the same bytes).
 pub fn deliver_digest(p: &DeliverParams) -> String {
-    account::deliver_digest(p).expect("params the sim built canonicalize")
+    message_deliver::deliver_digest(p).expect("params the sim built canonicalize")
 }
 
 /// The status the send process settles a local first attempt with, if it

@@ -14,7 +14,7 @@ use crate::relay::{Acct, Attempt, Effect, Here, Ix, Rec, Relay, SimReads};
 use crate::Plant;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
-use relay_core::account::replica::Page;
+use relay_core::account::method::timeline_replicate::Page;
 use relay_core::Policy;
 use relay_schemas::client::{self, key_box};
 use relay_schemas::methods::{

@@ -4,13 +4,14 @@
 //! apply, run the effects, reply once durable.
 
 use super::command::{self, Acceptance, Decision, Effect, Reply as Decided};
-use super::decide::{self, Ctx};
+use super::method::push_subscribe::push_targets;
+use super::method::timeline_replicate as replica;
 use super::events::{AccountEvent, PushSubscription};
 use super::ledger::{self, SendEntry};
 use super::reads::{StoreReads, UnfinishedSends};
 use super::session::{Challenges, Grant};
 use super::state::AccountState;
-use super::{replica, stream_id, sweep, timeline, Reads};
+use super::{stream_id, sweep, timeline, Ctx, Reads};
 use super::{Env, Ports};
 use crate::delivery::{self, core::Begun};
 use crate::internal;
@@ -593,7 +594,7 @@ impl AccountActor {
 }
 
 impl AccountActor {
-    /// `decide::push_targets` on the current state; none without a push
+    /// [`push_targets`] on the current state; none without a push
     /// sender.
     fn push_targets(
         &self,
@@ -605,7 +606,7 @@ impl AccountActor {
             return Vec::new();
         }
         let now = self.env.clock.now();
-        decide::push_targets(&self.state, visible, sender_device, connected, now)
+        push_targets(&self.state, visible, sender_device, connected, now)
             .into_iter()
             .map(|(device, subscription)| (device.to_owned(), subscription.clone()))
             .collect()

@@ -1,18 +1,21 @@
 //! An account's rules: its events, the state they fold into, the ledger
-//! of idempotent results and the timeline index, and `decide` for every
-//! command.
+//! of idempotent results and the timeline index, and one file per
+//! protocol method under [`method`] holding that method's decision;
+//! [`command::decide`] forwards every command to its method.
 
 pub mod command;
-pub mod decide;
 pub mod events;
 pub mod ledger;
-pub mod replica;
+pub mod method;
 pub mod session;
+pub mod shared;
 pub mod state;
-pub mod sync;
 pub mod timeline;
+#[cfg(test)]
+pub(crate) mod testkit;
 
 pub use command::{Acceptance, AccountCmd, Decision, Effect, Reads, Reply};
 pub use events::{AccountEvent, PushSubscription, Record};
 pub use ledger::{Ledger, ReceiptEntry, SendEntry};
+pub use shared::Ctx;
 pub use state::AccountState;

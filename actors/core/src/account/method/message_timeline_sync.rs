@@ -1,15 +1,33 @@
-//! `message.timeline.sync`: which records one page holds. The shell hands
+//! `message.timeline.sync` (PROTOCOL §4): which records one page holds. The shell hands
 //! in the timeline index from the cursor on and a way to read an event;
 //! the rules here choose the page: records the device may read, at most
 //! `limit` of them and about `max_page_bytes` of them, and a bounded scan
 //! past records it may not read, so one call costs at most a few pages of
 //! index whatever the account holds.
 
-use super::events::AccountEvent;
-use super::timeline::{fits_page, IndexEntry, RECORD_OVERHEAD};
-use relay_schemas::methods::{SyncParams, SYNC_DEFAULT_LIMIT, SYNC_MAX_LIMIT};
+use crate::account::command::{Decision, Reads};
+use crate::account::events::AccountEvent;
+use crate::account::shared::{check_session, json, Ctx};
+use crate::account::state::AccountState;
+use crate::account::timeline::{fits_page, IndexEntry, RECORD_OVERHEAD};
+use relay_schemas::methods::{SyncParams, SyncResult, SYNC_DEFAULT_LIMIT, SYNC_MAX_LIMIT};
 use relay_schemas::objects::{Direction, TimelineRecord};
 use relay_schemas::{DeliveryStatus, RelayError};
+
+/// Reads one page through the reads view; writes nothing.
+pub(crate) fn decide(
+    state: &AccountState,
+    device: &str,
+    params: &SyncParams,
+    reads: &impl Reads,
+    ctx: Ctx,
+) -> Result<Decision, RelayError> {
+    check_session(state, device, ctx)?;
+    let index = reads.timeline_after(params.after);
+    let page = page(device, params, ctx.policy.max_page_bytes, index, |seq| reads.event(seq))?;
+    let records = records(device, &page.found, |id| Ok(reads.send_entry(id)?.map(|e| e.status)))?;
+    Ok(Decision::reply(json(&SyncResult { records, next: page.next, has_more: page.has_more })?))
+}
 
 /// Index entries scanned per record asked for, at most.
 const SCAN_PER_RECORD: usize = 10;

@@ -34,18 +34,74 @@
 //! place in the conversation is `(envelope.created_at,
 //! envelope.message_id)`, the same at both homes.
 
-use super::decide::{self, Ctx};
-use super::events::{AccountEvent, Record};
-use super::ledger::{Ledger, SendEntry};
-use super::state::AccountState;
-use super::timeline::fits_page;
-use super::Reads;
+use super::{contact_revoke, device_add, device_revoke, message_deliver, message_delivery_status, route_update};
+use crate::account::command::{Decision, Effect, Reads, Reply};
+use crate::account::events::{AccountEvent, Record};
+use crate::account::ledger::{Ledger, SendEntry};
+use crate::account::shared::{json, not_served_here, Ctx};
+use crate::account::state::AccountState;
+use crate::account::timeline::fits_page;
 use crate::delivery::core::{decide_forwarded, Begun};
 use relay_schemas::methods::{DeliverParams, ReplicateParams};
 use relay_schemas::objects::{DeviceCertificate, MessageEnvelope, Registration, Route};
 use relay_schemas::sign::Tag;
 use relay_schemas::{DeliveryStatus, ErrorCode, RelayError, Status, UnixSecs, Wire};
 use serde::{Deserialize, Serialize};
+
+/// `TimelineReplicate`: serves `peer` a page of the account's stream,
+/// writing how far it acknowledged.
+pub(crate) fn decide(
+    state: &AccountState,
+    peer: &str,
+    params: &ReplicateParams,
+    reads: &impl Reads,
+    ctx: Ctx,
+) -> Result<Decision, RelayError> {
+    let (events, page) = serve(state, peer, params, reads, ctx)?;
+    Ok(Decision::write(events, json(&page)?))
+}
+
+/// `ReplicaApply`: a page pulled from `partner`, decided item by item.
+pub(crate) fn decide_apply(
+    state: &AccountState,
+    partner: &str,
+    page: &Page,
+    known: Option<&Wire<Route>>,
+    senders: &[Wire<DeviceCertificate>],
+    reads: &impl Reads,
+    ctx: Ctx,
+) -> Result<Decision, RelayError> {
+    let applied = apply(state, partner, page, known, senders, reads, ctx)?;
+    let reply = Reply::Replica(Outcome::Applied { items: applied.applied });
+    // A revocation made at the other home ends the device here too.
+    let revoked = applied.events.iter().filter_map(|e| match e.origin() {
+        AccountEvent::DeviceRevoked { revocation } => Some(revocation.device_id.clone()),
+        _ => None,
+    });
+    let mut effects: Vec<Effect> = revoked.map(|device_id| Effect::EndDevice { device_id }).collect();
+    effects.extend(applied.forwarded.into_iter().map(|b| Effect::Forward(Box::new(b))));
+    Ok(Decision { events: applied.events, reply, effects })
+}
+
+/// `ReplicaMoved`: `partner` answered `route_stale` with `route`.
+pub(crate) fn decide_moved(state: &AccountState, partner: &str, route: &Wire<Route>, ctx: Ctx) -> Decision {
+    Decision::write(moved(state, partner, route, ctx), Reply::ok())
+}
+
+/// `ReplicaCursor`: where the next pull from `partner` starts.
+pub(crate) fn decide_cursor(state: &AccountState, partner: &str) -> Decision {
+    Decision::reply(Reply::Replica(Outcome::Cursor(state.replica(partner).pulled)))
+}
+
+/// `ReplicaReset`: everything is offered to `partner` again.
+pub(crate) fn decide_reset(state: &AccountState, partner: &str) -> Decision {
+    let mark = state.replica(partner);
+    let events = match mark.served > 0 || mark.acked > 0 {
+        true => vec![AccountEvent::ReplicaReset { partner: partner.to_owned() }],
+        false => vec![],
+    };
+    Decision::write(events, Reply::ok())
+}
 
 /// One replicated event of the serving relay's account stream.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -122,7 +178,7 @@ pub fn may_replicate(state: &AccountState, partner: &str, ctx: Ctx) -> Result<()
         return Err(RelayError::forbidden("a relay does not replicate with itself"));
     }
     if !route.lists_relay(&ctx.policy.relay_id) || !route.lists_relay(partner) {
-        return Err(decide::not_served_here(Some(route)));
+        return Err(not_served_here(Some(route)));
     }
     Ok(())
 }
@@ -134,7 +190,7 @@ pub fn moved(state: &AccountState, partner: &str, route: &Wire<Route>, ctx: Ctx)
     if !state.is_registered() || state.route().is_some_and(|r| r.revision >= route.revision) {
         return vec![];
     }
-    match decide::update_route(state, route, ctx) {
+    match route_update::update_route(state, route, ctx) {
         Ok(events) => events
             .into_iter()
             .map(|e| AccountEvent::Replicated { partner: partner.to_owned(), origin_seq: 0, event: Box::new(e) })
@@ -413,7 +469,7 @@ fn arriving(
         return Err(RelayError::forbidden("the partner's route names another account"));
     }
     if !route.lists_relay(&ctx.policy.relay_id) || !route.lists_relay(partner) {
-        return Err(decide::not_served_here(Some(route)));
+        return Err(not_served_here(Some(route)));
     }
     match known {
         Some(k) if k.revision > route.revision || (k.revision == route.revision && k != route) => {
@@ -474,9 +530,9 @@ fn decide_item(
             if state.certificate(&device_certificate.device_id) == Some(device_certificate) {
                 return Ok((vec![], None));
             }
-            decide::add_signed_device(state, device_certificate, ctx.policy)?
+            device_add::add_signed_device(state, device_certificate, ctx.policy)?
         }
-        AccountEvent::DeviceRevoked { revocation } => decide::revoke_device(state, revocation, ctx)?,
+        AccountEvent::DeviceRevoked { revocation } => device_revoke::revoke_device(state, revocation, ctx)?,
         AccountEvent::SettingsUpdated { public_discovery, at } => {
             let at = at.map(|at| clamped_time(at, ctx));
             match later_setting(state, *public_discovery, at) {
@@ -486,9 +542,9 @@ fn decide_item(
         }
         // A revision older than this home's: history offered again, known.
         AccountEvent::RouteUpdated { route } if state.route().is_some_and(|r| route.revision < r.revision) => vec![],
-        AccountEvent::RouteUpdated { route } => decide::update_route(state, route, ctx)?,
+        AccountEvent::RouteUpdated { route } => route_update::update_route(state, route, ctx)?,
         // Under this home's own cap, like a `contact.revoke` made here.
-        AccountEvent::ContactRevoked { kind, id } => decide::revoke_contact_id(state, kind, id, ctx)?,
+        AccountEvent::ContactRevoked { kind, id } => contact_revoke::revoke_contact_id(state, kind, id, ctx)?,
         AccountEvent::MessageReceived { from, message_id, record, sender_certificate, .. } => {
             check_received(state, from, record, sender_certificate.as_deref(), senders, ctx.policy.max_object_bytes)?;
             if record.envelope.message_id != *message_id {
@@ -542,7 +598,7 @@ fn decide_item(
                         && state.device_valid(&params.envelope.from_device_id, ctx.now)
                         && params.sender_route.as_ref().is_some_and(|r| r.lists_relay(&ctx.policy.relay_id)) =>
                 {
-                    let digest = decide::deliver_digest(params)?;
+                    let digest = message_deliver::deliver_digest(params)?;
                     let times = (UnixSecs(accepted_at), UnixSecs(deadline));
                     let begun = decide_forwarded(params.clone(), digest, times, ctx.now.millis(), ctx.policy);
                     return Ok((events, Some(begun)));
@@ -560,7 +616,7 @@ fn decide_item(
             if status.status == Status::Failed && reads.delivery_params(message_id)?.is_some() {
                 vec![]
             } else {
-                decide::record_delivery(entry.as_ref(), message_id, status)
+                message_delivery_status::record_delivery(entry.as_ref(), message_id, status)
             }
         }
         other => return Err(RelayError::invalid_params(format!("{} is not replicated", other.event_type()))),
