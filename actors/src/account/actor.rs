@@ -4,10 +4,10 @@
 //! apply, run the effects, reply once durable.
 
 use super::command::{self, Acceptance, Decision, Effect, Reply as Decided};
-use super::method::push_subscribe::push_targets;
-use super::method::timeline_replicate as replica;
 use super::events::{AccountEvent, PushSubscription};
 use super::ledger::{self, SendEntry};
+use super::method::push_subscribe::push_targets;
+use super::method::timeline_replicate as replica;
 use super::reads::{StoreReads, UnfinishedSends};
 use super::session::{Challenges, Grant};
 use super::state::AccountState;

@@ -302,7 +302,9 @@ pub fn decide<S>(
 ) -> Result<Decision, RelayError> {
     use AccountCmd as C;
     match cmd {
-        C::AccountRegister { params, digest, known } => account_register::decide(state, params, digest, known.as_ref(), ctx),
+        C::AccountRegister { params, digest, known } => {
+            account_register::decide(state, params, digest, known.as_ref(), ctx)
+        }
         C::SessionChallenge { device_id } => session_challenge::decide(state, challenges, device_id, ctx),
         C::SessionOpen { params } => session_open::decide(state, challenges, params, ctx),
         C::CheckSession { device } => session_attach::decide_check(state, device, ctx),
@@ -323,7 +325,9 @@ pub fn decide<S>(
         }
         C::MessageDeliver { params, digest } => message_deliver::decide(state, params, digest, reads, ctx),
         C::CheckSender { device_id } => message_deliver::decide_check_sender(state, device_id, ctx),
-        C::RecordDelivery { message_id, status, .. } => message_delivery_status::decide_record(message_id, status, reads),
+        C::RecordDelivery { message_id, status, .. } => {
+            message_delivery_status::decide_record(message_id, status, reads)
+        }
         C::MessageDeliveryStatus { device, message_id } => {
             message_delivery_status::decide(state, device, message_id, reads, ctx)
         }

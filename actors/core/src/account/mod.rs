@@ -10,9 +10,9 @@ pub mod method;
 pub mod session;
 pub mod shared;
 pub mod state;
+#[cfg(any(test, feature = "testkit"))]
+pub mod testkit;
 pub mod timeline;
-#[cfg(test)]
-pub(crate) mod testkit;
 
 pub use command::{Acceptance, AccountCmd, Decision, Effect, Reads, Reply};
 pub use events::{AccountEvent, PushSubscription, Record};

@@ -117,7 +117,7 @@ fn serving(state: &AccountState, ctx: Ctx) -> Result<(), RelayError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::account::method::account_register as decide;
+    use crate::account::method::account_register::register;
     use crate::policy::Policy;
     use relay_schemas::client::{Account, Device};
     use relay_schemas::ErrorCode;
@@ -146,7 +146,7 @@ mod tests {
         let p = serde_json::from_str(&params.to_string()).unwrap();
         let policy = policy();
         let mut state = AccountState::new(&a.id);
-        for e in decide::register(&state, &p, "digest", None, Ctx::new(UnixSecs(NOW), &policy)).unwrap() {
+        for e in register(&state, &p, "digest", None, Ctx::new(UnixSecs(NOW), &policy)).unwrap() {
             state.apply(&e);
         }
         state

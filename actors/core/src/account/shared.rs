@@ -38,7 +38,7 @@ impl<'a> Ctx<'a> {
     }
 }
 
-pub(crate) fn registered(state: &AccountState) -> Result<&Wire<Route>, RelayError> {
+pub(crate) fn registered_route(state: &AccountState) -> Result<&Wire<Route>, RelayError> {
     state.route().ok_or_else(|| RelayError::not_found(format!("unknown account {}", state.account_id)))
 }
 
@@ -46,7 +46,7 @@ pub(crate) fn registered(state: &AccountState) -> Result<&Wire<Route>, RelayErro
 /// route. An account that moved away keeps its new route here, and callers
 /// get it back with `route_stale`.
 pub(crate) fn served_here(state: &AccountState, ctx: Ctx) -> Result<(), RelayError> {
-    let route = registered(state)?;
+    let route = registered_route(state)?;
     if route.lists_relay(&ctx.policy.relay_id) {
         return Ok(());
     }
@@ -66,7 +66,7 @@ pub fn not_served_here(known: Option<&Wire<Route>>) -> RelayError {
 /// The session's device must still be valid (a revoked device's sessions
 /// end at once).
 pub fn check_session(state: &AccountState, device_id: &str, ctx: Ctx) -> Result<(), RelayError> {
-    registered(state).map_err(|_| RelayError::unauthorized("session account unknown"))?;
+    registered_route(state).map_err(|_| RelayError::unauthorized("session account unknown"))?;
     if !state.device_valid(device_id, ctx.now) {
         return Err(RelayError::unauthorized("session device is no longer valid"));
     }
@@ -110,7 +110,12 @@ pub(crate) fn record(
 /// Idempotency lookup shared by sends and receipts: `Some(accepted_at)` for
 /// the same content, `state_conflict` for different content,
 /// `message_expired` once the promised retention has passed.
-pub(crate) fn idempotent(digest: &str, stored_digest: &str, retention_until: u64, now: UnixSecs) -> Result<(), RelayError> {
+pub(crate) fn idempotent(
+    digest: &str,
+    stored_digest: &str,
+    retention_until: u64,
+    now: UnixSecs,
+) -> Result<(), RelayError> {
     retained(retention_until, now)?;
     if stored_digest != digest {
         return Err(RelayError::state_conflict("message_id already used with different content"));
@@ -145,7 +150,43 @@ pub(crate) fn route_after<'a>(
 
 #[cfg(test)]
 mod tests {
+    //! `device.add`, `device.revoke` and the sessions of devices.
+
     use super::*;
+    use crate::account::testkit::*;
+
+    #[test]
+    fn a_revoked_devices_session_is_refused() {
+        let s = given_alice([]);
+        check_session(&s, "laptop", at(NOW)).expect("laptop valid before revocation");
+        let s = given_alice([device_revoked(&alice(), "laptop")]);
+        then_error(check_session(&s, "laptop", at(NOW)), ErrorCode::Unauthorized);
+        check_session(&s, "phone", at(NOW)).expect("other devices keep their sessions");
+    }
+
+    #[test]
+    fn a_session_of_an_unknown_device_or_account_is_refused() {
+        let s = given_alice([]);
+        then_error(check_session(&s, "tablet", at(NOW)), ErrorCode::Unauthorized);
+        let unregistered = AccountState::new(&alice().id);
+        then_error(check_session(&unregistered, "phone", at(NOW)), ErrorCode::Unauthorized);
+    }
+
+    #[test]
+    fn an_expired_certificate_makes_the_device_invalid() {
+        let expiring = alice().certificate(&tablet(), ISSUED, Some(NOW + 100));
+        let s = given_alice([device_added_cert(&expiring)]);
+        assert!(s.device_valid("tablet", UnixSecs(NOW + 99)));
+        check_session(&s, "tablet", at(NOW + 99)).unwrap();
+        assert!(!s.device_valid("tablet", UnixSecs(NOW + 100)));
+        then_error(check_session(&s, "tablet", at(NOW + 100)), ErrorCode::Unauthorized);
+        // It can no longer send ...
+        let v = send_value(envelope(&tablet(), &alice(), &bob(), 1, NOW + 100), &["bob-phone"], None);
+        then_error(when_send(&s, "tablet", &v, at(NOW + 100)), ErrorCode::DeviceUnknown);
+        // ... nor be the only reader of a record.
+        let v = send_value(envelope(&phone(), &alice(), &alice(), 2, NOW + 100), &["tablet"], None);
+        then_error(when_send(&s, "phone", &v, at(NOW + 100)), ErrorCode::DeviceUnknown);
+    }
 
     #[test]
     fn an_account_not_served_here_is_pointed_at_its_newer_route_or_is_not_local() {

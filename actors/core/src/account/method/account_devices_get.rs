@@ -44,8 +44,8 @@ pub fn check_devices_answer(answer: &DevicesAnswer, policy: &Policy) -> Result<(
 mod tests {
     use super::*;
     use crate::account::testkit::limits::*;
-    use relay_schemas::sign::Tag;
     use relay_schemas::objects::MAX_OBJECT_BYTES_SETTING;
+    use relay_schemas::sign::Tag;
     use serde_json::{json, Value};
 
     #[test]

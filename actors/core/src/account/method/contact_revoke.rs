@@ -4,7 +4,7 @@
 
 use crate::account::command::{Decision, Reply};
 use crate::account::events::AccountEvent;
-use crate::account::shared::{check_session, registered, Ctx};
+use crate::account::shared::{check_session, registered_route, Ctx};
 use crate::account::state::{contact_key, AccountState};
 use crate::policy::MAX_REVOKED_CONTACTS_SETTING;
 use relay_schemas::methods::ContactRevokeParams;
@@ -25,7 +25,7 @@ pub fn revoke_contact(
     p: &ContactRevokeParams,
     ctx: Ctx,
 ) -> Result<Vec<AccountEvent>, RelayError> {
-    registered(state)?;
+    registered_route(state)?;
     let (kind, id) = match (&p.grant_id, &p.invite_id) {
         (Some(g), None) => ("grant", g),
         (None, Some(i)) => ("invite", i),
@@ -63,7 +63,8 @@ pub fn revoke_contact_id(
 }
 
 #[cfg(test)]
-mod tests {
+/// The rule at the limits of its policy.
+mod at_the_limits {
     use super::*;
     use crate::account::testkit::limits::*;
     use relay_schemas::UnixSecs;
@@ -84,5 +85,28 @@ mod tests {
         let invite = ContactRevokeParams { grant_id: None, invite_id: Some("i1".into()) };
         assert_eq!(limit_of(&revoke_contact(&state, &invite, ctx).unwrap_err()), "limits.max_revoked_contacts");
         assert!(revoke_contact(&state, &grant("g1"), ctx).unwrap().is_empty());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! `route.update`, `account.settings.update` and `contact.revoke`.
+
+    use super::*;
+    use crate::account::testkit::*;
+
+    #[test]
+    fn contact_revoke_is_idempotent_and_keyed_by_kind_and_id() {
+        let s = given_alice([]);
+        let p = ContactRevokeParams { grant_id: Some("grant-bob".into()), invite_id: None };
+        let events = then_events(revoke_contact(&s, &p, at(NOW)));
+        assert_eq!(events.len(), 1);
+        let s = given_alice(events);
+        then_no_events(revoke_contact(&s, &p, at(NOW)));
+        // An invite with the same id is another credential.
+        let invite = ContactRevokeParams { grant_id: None, invite_id: Some("grant-bob".into()) };
+        assert_eq!(then_events(revoke_contact(&s, &invite, at(NOW))).len(), 1);
+        let both = ContactRevokeParams { grant_id: Some("a".into()), invite_id: Some("b".into()) };
+        then_error(revoke_contact(&s, &both, at(NOW)), ErrorCode::InvalidParams);
     }
 }

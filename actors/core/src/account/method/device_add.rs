@@ -4,7 +4,7 @@
 
 use crate::account::command::{Decision, Reply};
 use crate::account::events::AccountEvent;
-use crate::account::shared::{check_session, registered, Ctx};
+use crate::account::shared::{check_session, registered_route, Ctx};
 use crate::account::state::AccountState;
 use crate::policy::{Policy, MAX_DEVICES_SETTING};
 use relay_schemas::methods::DeviceAddParams;
@@ -30,7 +30,7 @@ pub fn add_device(
     cert: &Wire<DeviceCertificate>,
     ctx: Ctx,
 ) -> Result<Vec<AccountEvent>, RelayError> {
-    registered(state)?;
+    registered_route(state)?;
     cert.check(ctx.now, ctx.policy.clock_tolerance, ctx.policy.max_object_bytes)?;
     add_signed_device(state, cert, ctx.policy)
 }
@@ -43,7 +43,7 @@ pub fn add_signed_device(
     cert: &Wire<DeviceCertificate>,
     policy: &Policy,
 ) -> Result<Vec<AccountEvent>, RelayError> {
-    let route = registered(state)?;
+    let route = registered_route(state)?;
     if cert.account_id != state.account_id || cert.account_key != route.account_key {
         return Err(RelayError::forbidden("device_certificate names another account"));
     }
@@ -62,14 +62,15 @@ pub fn add_signed_device(
 }
 
 #[cfg(test)]
-mod tests {
+/// The rule at the limits of its policy.
+mod at_the_limits {
     use super::*;
-    use crate::account::testkit::limits::*;
-    use relay_schemas::UnixSecs;
     use crate::account::method::account_register::register;
     use crate::account::method::device_revoke::revoke_device;
+    use crate::account::testkit::limits::*;
     use relay_schemas::methods::RegisterParams;
     use relay_schemas::objects::MAX_OBJECT_BYTES_SETTING;
+    use relay_schemas::UnixSecs;
 
     #[test]
     fn a_device_add_past_max_devices_is_payload_too_large_naming_the_setting() {
@@ -109,5 +110,73 @@ mod tests {
             serde_json::from_str(&register_value(&padded_certificate(0, 20_000)).to_string()).unwrap();
         let e = register(&AccountState::new(&alice().id), &p, "digest", None, ctx).unwrap_err();
         assert_eq!(limit_of(&e), MAX_OBJECT_BYTES_SETTING);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! `device.add`, `device.revoke` and the sessions of devices.
+
+    use super::*;
+    use crate::account::testkit::*;
+
+    #[test]
+    fn add_device_appends_device_added_for_a_new_certificate() {
+        let s = given(&alice(), &[registered(&alice(), &phone())]);
+        let events = then_events(add_device(&s, &wire(&cert(&alice(), &laptop())), at(NOW)));
+        assert!(matches!(events.as_slice(), [AccountEvent::DeviceAdded { .. }]));
+        let s = given(&alice(), &history([]));
+        assert!(s.device_valid("laptop", UnixSecs(NOW)));
+    }
+
+    #[test]
+    fn add_device_with_the_identical_certificate_is_a_no_op() {
+        let s = given_alice([]);
+        then_no_events(add_device(&s, &wire(&cert(&alice(), &laptop())), at(NOW)));
+    }
+
+    #[test]
+    fn add_device_with_another_certificate_for_a_known_device_id_is_state_conflict() {
+        let s = given_alice([]);
+        // Same id "laptop", another key.
+        let other = Device::from_seed("laptop", [99; 32]);
+        then_error(add_device(&s, &wire(&cert(&alice(), &other)), at(NOW)), ErrorCode::StateConflict);
+        // Same key, other validity window.
+        let reissued = alice().certificate(&laptop(), ISSUED + 1, None);
+        then_error(add_device(&s, &wire(&reissued), at(NOW)), ErrorCode::StateConflict);
+    }
+
+    #[test]
+    fn a_revoked_device_id_cannot_be_added_again() {
+        let s = given_alice([device_revoked(&alice(), "laptop")]);
+        then_error(add_device(&s, &wire(&cert(&alice(), &laptop())), at(NOW)), ErrorCode::InvalidState);
+        let fresh = Device::from_seed("laptop", [98; 32]);
+        then_error(add_device(&s, &wire(&cert(&alice(), &fresh)), at(NOW)), ErrorCode::InvalidState);
+    }
+
+    #[test]
+    fn add_device_refuses_a_certificate_of_another_account() {
+        let s = given_alice([]);
+        then_error(add_device(&s, &wire(&cert(&bob(), &bob_phone())), at(NOW)), ErrorCode::Forbidden);
+    }
+
+    #[test]
+    fn add_device_rejects_a_certificate_not_signed_by_the_account_key() {
+        let s = given_alice([]);
+        let by_device = signed(Tag::DeviceCertificate, cert(&alice(), &tablet()), &tablet().key);
+        then_error(add_device(&s, &wire(&by_device), at(NOW)), ErrorCode::InvalidSignature);
+    }
+
+    #[test]
+    fn add_device_on_an_unregistered_account_is_not_found() {
+        let s = AccountState::new(&alice().id);
+        then_error(add_device(&s, &wire(&cert(&alice(), &laptop())), at(NOW)), ErrorCode::NotFound);
+    }
+
+    #[test]
+    fn add_device_refuses_an_already_expired_certificate() {
+        let s = given_alice([]);
+        let expired = alice().certificate(&tablet(), ISSUED, Some(NOW));
+        then_rejected(add_device(&s, &wire(&expired), at(NOW)));
     }
 }

@@ -32,3 +32,20 @@ pub fn may_ask_peer_status(state: &AccountState, peer: &str) -> Result<(), Relay
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    //! `message.delivery.peer_status`.
+
+    use super::*;
+    use crate::account::testkit::*;
+
+    #[test]
+    fn peer_status_is_answered_only_to_a_relay_the_accounts_route_names() {
+        let two_homes = registered_with(&alice(), &register_value(&alice(), &phone(), &[RELAY, "relay-b"], None));
+        let s = given(&alice(), &[two_homes]);
+        assert!(may_ask_peer_status(&s, "relay-b").is_ok());
+        then_error(may_ask_peer_status(&s, "relay-c"), ErrorCode::Forbidden);
+        then_error(may_ask_peer_status(&AccountState::new(&alice().id), "relay-b"), ErrorCode::NotFound);
+    }
+}

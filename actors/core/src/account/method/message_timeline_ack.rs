@@ -28,3 +28,55 @@ pub fn ack(state: &AccountState, device_id: &str, through: u64) -> Result<Vec<Ac
     }
     Ok(vec![AccountEvent::CursorMoved { device_id: device_id.into(), through }])
 }
+
+#[cfg(test)]
+mod tests {
+    //! Timeline sequences and `message.timeline.ack`.
+
+    use super::*;
+    use crate::account::testkit::*;
+
+    // =============================================================================
+    // message.timeline.ack
+    // =============================================================================
+
+    fn alice_with_two_records() -> Given {
+        let s = given_alice([]);
+        let first = send_event(&s, &alice_to_self(1, &["phone", "laptop"]));
+        let s = given_alice([first.clone()]);
+        let second = send_event(&s, &alice_to_self(2, &["phone", "laptop"]));
+        given_alice([first, second])
+    }
+
+    #[test]
+    fn ack_moves_the_devices_cursor_forward() {
+        let s = alice_with_two_records();
+        let events = then_events(ack(&s, "phone", 1));
+        assert!(
+            matches!(events.as_slice(), [AccountEvent::CursorMoved { device_id, through: 1 }] if device_id == "phone")
+        );
+        let mut s = s;
+        events.iter().for_each(|e| s.apply(e));
+        assert_eq!(s.cursors["phone"], 1);
+        assert_eq!(then_events(ack(&s, "phone", 2)).len(), 1);
+        // Cursors are per device.
+        assert_eq!(then_events(ack(&s, "laptop", 1)).len(), 1);
+    }
+
+    #[test]
+    fn ack_beyond_the_last_sequence_is_invalid_params() {
+        let s = alice_with_two_records();
+        then_error(ack(&s, "phone", 3), ErrorCode::InvalidParams);
+        let empty = given_alice([]);
+        then_error(ack(&empty, "phone", 1), ErrorCode::InvalidParams);
+    }
+
+    #[test]
+    fn ack_at_or_behind_the_cursor_is_a_no_op() {
+        let mut s = alice_with_two_records();
+        s.apply(&AccountEvent::CursorMoved { device_id: "phone".into(), through: 2 });
+        then_no_events(ack(&s, "phone", 2));
+        then_no_events(ack(&s, "phone", 1));
+        then_no_events(ack(&s, "phone", 0));
+    }
+}

@@ -43,3 +43,31 @@ pub fn push_gone(state: &AccountState, device_id: &str, endpoint: &str) -> Vec<A
         _ => vec![],
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! `push.subscribe`, `push.unsubscribe` and gone subscriptions (PROTOCOL §9).
+
+    use super::*;
+    use crate::account::testkit::*;
+
+    #[test]
+    fn push_unsubscribe_removes_it_and_revoking_the_device_does_too() {
+        let s = given_alice([subscribed("phone", 1), subscribed("laptop", 2)]);
+        let events = push_unsubscribe(&s, "phone");
+        let s = given_alice([subscribed("phone", 1), subscribed("laptop", 2), events[0].clone()]);
+        assert!(!s.push.contains_key("phone"));
+        assert!(push_unsubscribe(&s, "phone").is_empty(), "nothing left to remove");
+        let s = given_alice([subscribed("phone", 1), subscribed("laptop", 2), device_revoked(&alice(), "laptop")]);
+        assert!(!s.push.contains_key("laptop"), "a revoked device's subscription leaves with it");
+        assert!(s.push.contains_key("phone"));
+    }
+
+    #[test]
+    fn a_gone_endpoint_drops_only_the_subscription_it_belongs_to() {
+        let s = given_alice([subscribed("phone", 1), subscribed("phone", 2)]);
+        assert!(push_gone(&s, "phone", "https://push.example/sub/1").is_empty(), "resubscribed since");
+        let events = push_gone(&s, "phone", "https://push.example/sub/2");
+        assert!(matches!(&events[..], [AccountEvent::PushUnsubscribed { reason, .. }] if reason == "gone"));
+    }
+}

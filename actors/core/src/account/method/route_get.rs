@@ -11,3 +11,19 @@ pub(crate) fn decide(state: &AccountState) -> Result<Decision, RelayError> {
         state.route().ok_or_else(|| RelayError::new(ErrorCode::RouteNotFound, "no route known for this account"))?;
     Ok(Decision::reply(json(route)?))
 }
+
+#[cfg(test)]
+mod tests {
+    //! `command::decide`: the one entry the actor calls. What it answers and
+    //! which effects it asks of the shell, for the rules that used to live in
+    //! the shell (replies built after writing, session tokens, a revoked
+    //! device's sessions, beginning a delivery, the backlog).
+
+    use super::*;
+    use crate::account::testkit::*;
+
+    #[test]
+    fn a_route_get_for_an_account_without_a_route_is_route_not_found() {
+        then_error(when(&Given::new(&alice().id), Cmd::RouteGet), ErrorCode::RouteNotFound);
+    }
+}

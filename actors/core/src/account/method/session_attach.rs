@@ -32,3 +32,33 @@ pub(crate) fn decide_backlog(
     }
     Ok(Decision::reply(Reply::Backlog(latest)))
 }
+
+#[cfg(test)]
+mod tests {
+    //! `command::decide`: the one entry the actor calls. What it answers and
+    //! which effects it asks of the shell, for the rules that used to live in
+    //! the shell (replies built after writing, session tokens, a revoked
+    //! device's sessions, beginning a delivery, the backlog).
+
+    use super::*;
+    use crate::account::testkit::*;
+
+    #[test]
+    fn the_backlog_is_the_latest_record_past_the_cursor_the_device_may_read() {
+        let mut s = given_alice([]);
+        let backlog = |s: &Given, device: &str| match when(s, Cmd::Backlog { device: device.into() }).unwrap().reply {
+            Reply::Backlog(b) => b,
+            r => panic!("expected a backlog, got {r:?}"),
+        };
+        assert_eq!(backlog(&s, "phone"), None);
+        s.apply(&receive_event(&s, &bob_to_alice(1)));
+        s.apply(&send_event(&s, &alice_to_self(2, &["phone"])));
+        assert_eq!(backlog(&s, "phone"), Some(2));
+        assert_eq!(backlog(&s, "laptop"), Some(1), "record 2 is not the laptop's");
+        let acked = when(&s, Cmd::MessageTimelineAck { device: "phone".into(), params: parse(&json!({"through": 2})) })
+            .unwrap()
+            .events;
+        s.apply(&acked[0]);
+        assert_eq!(backlog(&s, "phone"), None);
+    }
+}
