@@ -5,8 +5,8 @@
 
 use crate::relay::SimReads;
 use relay_core::account::method::message_deliver;
-use relay_core::account::shared::{self, Ctx};
 use relay_core::account::session::Challenges;
+use relay_core::account::shared::{self, Ctx};
 use relay_core::account::{self as acct, AccountState};
 use relay_core::delivery::core::{self as delivery};
 use relay_core::delivery::timetable::slot_offset_ms;

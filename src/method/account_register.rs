@@ -4,8 +4,8 @@
 
 use crate::rpc::{parse_with_digest, Relay};
 use relay_actors::account::method::account_register::check_register;
-use relay_actors::account::Ctx;
 use relay_actors::account::AccountCmd;
+use relay_actors::account::Ctx;
 use relay_schemas::ids::check_account_id;
 use relay_schemas::methods::RegisterParams;
 use relay_schemas::RelayError;

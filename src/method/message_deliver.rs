@@ -6,8 +6,8 @@
 
 use crate::rpc::{parse_with_digest, Relay};
 use relay_actors::account::method::message_deliver;
-use relay_actors::account::Ctx;
 use relay_actors::account::AccountCmd;
+use relay_actors::account::Ctx;
 use relay_schemas::ids::check_account_id;
 use relay_schemas::methods::DeliverParams;
 use relay_schemas::RelayError;
