@@ -7,8 +7,8 @@
 //!
 //! - [`store`]: the sled event store: append-only, hash-chained streams,
 //!   group commit, snapshots and a kv space for projections and indexes;
-//! - [`account`]: the AccountActor: it decides every command with
-//!   `account::command::decide`, persists, runs the effects, and reaches
+//! - [`account`]: the AccountActor: it decides every command through the
+//!   core's `Aggregate` (`account::command::decide`), persists, runs the effects, and reaches
 //!   the rest of the relay only through `account::Env` and `account::Ports`;
 //! - [`delivery`]: the DeliveryActor, its core (the seed's error table and
 //!   deadlines), the retry timetable, and the narrow ports it reaches

@@ -8,7 +8,8 @@ use relay_core::account::method::message_deliver;
 use relay_core::account::session::Challenges;
 use relay_core::account::shared::{self, Ctx};
 use relay_core::account::{self as acct, AccountState};
-use relay_core::delivery::core::{self as delivery};
+use relay_core::aggregate::Aggregate;
+use relay_core::delivery::core::{self as delivery, DeliveryCmd, DeliveryCtx};
 use relay_core::delivery::timetable::slot_offset_ms;
 use relay_core::retention;
 use relay_core::Policy;
@@ -80,8 +81,14 @@ pub fn revoked_before(state: &AccountState, env: &MessageEnvelope) -> bool {
     state.revocations.get(&env.from_device_id).is_some_and(|r| r.revoked_at <= env.created_at)
 }
 
-pub fn due(s: &DeliveryState, now_ms: UnixMillis, route: &Wire<Route>) -> Vec<DeliveryEvent> {
-    delivery::decide_due(s, now_ms, Some(route))
+/// The delivery's events for `cmd`, as its actor decides them.
+fn delivery_decide(s: &DeliveryState, cmd: &DeliveryCmd, now_ms: UnixMillis, policy: &Policy) -> Vec<DeliveryEvent> {
+    let decided = s.decide(cmd, DeliveryCtx { now_ms, policy });
+    decided.expect("a begun delivery takes every command but a second beginning").events
+}
+
+pub fn due(s: &DeliveryState, now_ms: UnixMillis, route: &Wire<Route>, policy: &Policy) -> Vec<DeliveryEvent> {
+    delivery_decide(s, &DeliveryCmd::Due { route: Some(route) }, now_ms, policy)
 }
 
 /// One outcome for the answers of every relay of the target (a timeout
@@ -99,7 +106,7 @@ pub fn outcome(
     now_ms: UnixMillis,
     policy: &Policy,
 ) -> Vec<DeliveryEvent> {
-    delivery::decide_outcome(s, attempt, answer, now_ms, policy)
+    delivery_decide(s, &DeliveryCmd::Outcome { attempt, outcome: &answer }, now_ms, policy)
 }
 
 /// The sender's other home to ask before this attempt, if any.
@@ -107,8 +114,8 @@ pub fn other_home(s: &DeliveryState, sender_route: &Wire<Route>, own: &str) -> O
     delivery::other_home_to_ask(s, Some(sender_route), own).map(|r| r.id)
 }
 
-pub fn peer_confirmed(s: &DeliveryState) -> Vec<DeliveryEvent> {
-    delivery::decide_peer_confirmed(s)
+pub fn peer_confirmed(s: &DeliveryState, now_ms: UnixMillis, policy: &Policy) -> Vec<DeliveryEvent> {
+    delivery_decide(s, &DeliveryCmd::PeerConfirmed, now_ms, policy)
 }
 
 /// Timetable slots of `s` strictly between `after_ms` and its deadline.

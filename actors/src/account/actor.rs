@@ -1,9 +1,9 @@
 //! The thin actix shell around the account core: load (snapshot + tail),
-//! decide ([`command::decide`], reading the ledger and timeline through
+//! decide (the core's [`Aggregate`], reading the ledger and timeline through
 //! [`StoreReads`]), append (with the ledger and timeline projections),
 //! apply, run the effects, reply once durable.
 
-use super::command::{self, Acceptance, Decision, Effect, Reply as Decided};
+use super::command::{AccountEnv, Decision, Effect, Reply as Decided, Written};
 use super::events::{AccountEvent, PushSubscription};
 use super::ledger::{self, SendEntry};
 use super::method::push_subscribe::push_targets;
@@ -19,6 +19,7 @@ use crate::policy::Policy;
 use crate::sessions::Session;
 use crate::store::{Batch, Head, NewEvent, Snapshot, StoreError, Ticket};
 use actix::prelude::*;
+use relay_core::aggregate::Aggregate;
 use relay_core::retention::{self, IndexEntry};
 use relay_schemas::{DeliveryStatus, RelayError, UnixMillis, UnixSecs};
 use std::collections::VecDeque;
@@ -32,31 +33,19 @@ pub type AccountCmd = relay_core::account::AccountCmd<Settlement>;
 
 pub use crate::delivery::Settlement;
 
-/// What a command answers.
+/// What a command answers once written: the core's reply, with the
+/// delivery stream's head beside a settled status and the delivery to
+/// start beside an accepted one.
+pub type Reply = relay_core::account::Reply<Stored>;
+
+/// What the account's shell adds to a reply by writing the decision.
 #[derive(Debug)]
-pub enum Reply {
-    /// A serialized result object.
-    Json(String),
-    Status(DeliveryStatus),
-    /// A send decided, nothing written: deliver, then `Settle` or `Accept`.
-    Accept(Box<Acceptance>),
-    /// A cross-account send was accepted: its delivery is to start (an
-    /// effect for the caller; nothing has started it).
-    Accepted {
-        status: DeliveryStatus,
-        start: Box<delivery::actor::Start>,
-    },
-    /// A delivery outcome recorded; `head`: the delivery stream's head
-    /// after its settlement, when one was written.
-    Settled {
-        status: DeliveryStatus,
-        head: Option<Head>,
-    },
-    /// A device's backlog: the latest record beyond its ack cursor it may
-    /// read, if any (never on the wire; the WebSocket attach uses it).
-    Backlog(Option<u64>),
-    /// What a replication command tells the replicator (never on the wire).
-    Replica(replica::Outcome),
+pub struct Stored;
+
+impl Written for Stored {
+    /// The delivery stream's head after a settlement, when one was written.
+    type Head = Option<Head>;
+    type Start = Box<delivery::actor::Start>;
 }
 
 /// What rides in an account's commit besides its own events: a settling
@@ -486,7 +475,8 @@ impl AccountActor {
             stream: &self.stream,
             unfinished: Some(&self.unfinished),
         };
-        let Decision { events, reply, effects } = command::decide(&self.state, &mut self.challenges, cmd, &reads, ctx)?;
+        let env = AccountEnv { ctx, reads: &reads, challenges: &mut self.challenges };
+        let Decision { events, reply, effects } = self.state.decide(cmd, env)?;
         let begun = effects.iter().filter_map(|e| match e {
             Effect::BeginDelivery(b) | Effect::Forward(b) => Some(&**b),
             _ => None,
@@ -519,9 +509,10 @@ impl AccountActor {
             (None, Decided::Backlog(seq)) => Reply::Backlog(seq),
             (None, Decided::Replica(outcome)) => Reply::Replica(outcome),
             // Settled by a delivery's report, or at acceptance.
-            (None, Decided::Settled(status)) => {
+            (None, Decided::Settled { status, head: () }) => {
                 Reply::Settled { status, head: heads.settled.or(heads.begun.first().map(|(_, head)| *head)) }
             }
+            (None, Decided::Accepted { start, .. }) => match start {},
         })
     }
 

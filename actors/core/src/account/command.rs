@@ -16,6 +16,7 @@ use super::session::{Challenges, Grant};
 use super::shared::Ctx;
 use super::state::AccountState;
 use super::timeline::IndexEntry;
+use crate::aggregate::Aggregate;
 use crate::delivery::core::Begun;
 use crate::delivery::AttemptOutcome;
 use relay_schemas::methods::*;
@@ -218,18 +219,16 @@ pub trait Reads {
     fn delivery_params(&self, message_id: &str) -> Result<Option<DeliverParams>, RelayError>;
 }
 
-/// What a command decided: the events to append (in one commit), what it
-/// answers, and what the shell does besides.
-#[derive(Debug)]
-pub struct Decision {
-    pub events: Vec<AccountEvent>,
-    pub reply: Reply,
-    pub effects: Vec<Effect>,
-}
+/// What an account command decided: the events to append (in one
+/// commit), what it answers, and what the shell does besides.
+pub type Decision = crate::aggregate::Decision<AccountEvent, Reply, Effect>;
 
-/// What a command answers, as far as the rules know it.
+/// What a command answers: as the rules decide it (`Reply`, of
+/// [`AsDecided`]), and as the actor shell answers it once the decision is
+/// written (`W` adds what writing it made: a stream's head, a delivery to
+/// start).
 #[derive(Debug)]
-pub enum Reply {
+pub enum Reply<W: Written = AsDecided> {
     /// A serialized result object.
     Json(String),
     Status(DeliveryStatus),
@@ -237,13 +236,42 @@ pub enum Reply {
     Accept(Box<Acceptance>),
     /// A delivery's status as this command recorded it (`Settle`,
     /// `RecordDelivery`, an `Accept` or `MessageSend` whose delivery ended
-    /// at acceptance): the caller reports the delivery finished.
-    Settled(DeliveryStatus),
+    /// at acceptance): the caller reports the delivery finished. `head`:
+    /// the delivery stream's head after the commit, once written.
+    Settled {
+        status: DeliveryStatus,
+        head: W::Head,
+    },
+    /// A cross-account send accepted with its delivery still running: the
+    /// caller starts it. Only a shell answers it, from the decision's
+    /// [`Effect::BeginDelivery`].
+    Accepted {
+        status: DeliveryStatus,
+        start: W::Start,
+    },
     /// A device's backlog: the latest record beyond its ack cursor it may
     /// read, if any (never on the wire; the WebSocket attach uses it).
     Backlog(Option<u64>),
     /// What a replication command tells the replicator.
     Replica(replica::Outcome),
+}
+
+/// What writing a decision adds to its reply.
+pub trait Written: std::fmt::Debug {
+    /// Beside a settled status: the delivery stream's head after the commit.
+    type Head: std::fmt::Debug;
+    /// A delivery begun and still running, for the caller to start.
+    type Start: std::fmt::Debug;
+}
+
+/// A reply as decided, nothing written: no head, and never
+/// [`Reply::Accepted`] (its `start` cannot be made).
+#[derive(Debug)]
+pub enum AsDecided {}
+
+impl Written for AsDecided {
+    type Head = ();
+    type Start = AsDecided;
 }
 
 /// A session token on its way to the store: never printed.
@@ -272,21 +300,33 @@ pub enum Effect {
     Forward(Box<Begun>),
 }
 
-impl Reply {
+impl<W: Written> Reply<W> {
     /// The empty result object.
     pub fn ok() -> Self {
         Reply::Json("{}".into())
     }
 }
 
-impl Decision {
-    /// Writes nothing; answers `reply`.
-    pub(crate) fn reply(reply: Reply) -> Self {
-        Decision { events: Vec::new(), reply, effects: Vec::new() }
+/// What an account decision is given besides its state and command: time,
+/// policy and randomness, the store's view, and the outstanding session
+/// challenges (kept in memory only).
+pub struct AccountEnv<'a, R> {
+    pub ctx: Ctx<'a>,
+    pub reads: &'a R,
+    pub challenges: &'a mut Challenges,
+}
+
+impl<'a, S, R: Reads> Aggregate<AccountCmd<S>, AccountEnv<'a, R>> for AccountState {
+    type Event = AccountEvent;
+    type Reply = Reply;
+    type Effect = Effect;
+
+    fn decide(&self, cmd: &AccountCmd<S>, env: AccountEnv<'a, R>) -> Result<Decision, RelayError> {
+        decide(self, env.challenges, cmd, env.reads, env.ctx)
     }
-    /// Writes `events`; answers `reply`.
-    pub(crate) fn write(events: Vec<AccountEvent>, reply: Reply) -> Self {
-        Decision { events, reply, effects: Vec::new() }
+
+    fn apply(&mut self, event: &AccountEvent) {
+        AccountState::apply(self, event)
     }
 }
 

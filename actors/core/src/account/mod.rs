@@ -14,7 +14,7 @@ pub mod state;
 pub mod testkit;
 pub mod timeline;
 
-pub use command::{Acceptance, AccountCmd, Decision, Effect, Reads, Reply};
+pub use command::{Acceptance, AccountCmd, AccountEnv, AsDecided, Decision, Effect, Reads, Reply, Written};
 pub use events::{AccountEvent, PushSubscription, Record};
 pub use ledger::{Ledger, ReceiptEntry, SendEntry};
 pub use shared::Ctx;

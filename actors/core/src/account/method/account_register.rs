@@ -103,14 +103,11 @@ pub fn register(
 #[cfg(test)]
 mod tests {
     //! `account.register`.
-    //! `command::decide`: the one entry the actor calls. What it answers and
-    //! which effects it asks of the shell, for the rules that used to live in
-    //! the shell (replies built after writing, session tokens, a revoked
-    //! device's sessions, beginning a delivery, the backlog).
+    //! Through `command::decide`, the one entry the shell calls: what the
+    //! method answers and which effects it asks of the shell.
 
     use super::*;
     use crate::account::testkit::*;
-
     #[test]
     fn register_accepts_a_route_listing_this_relay_and_records_the_first_device() {
         let s = AccountState::new(&alice().id);

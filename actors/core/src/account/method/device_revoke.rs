@@ -44,15 +44,12 @@ pub fn revoke_device(
 
 #[cfg(test)]
 mod tests {
-    //! `command::decide`: the one entry the actor calls. What it answers and
-    //! which effects it asks of the shell, for the rules that used to live in
-    //! the shell (replies built after writing, session tokens, a revoked
-    //! device's sessions, beginning a delivery, the backlog).
     //! `device.add`, `device.revoke` and the sessions of devices.
+    //! Through `command::decide`, the one entry the shell calls: what the
+    //! method answers and which effects it asks of the shell.
 
     use super::*;
     use crate::account::testkit::*;
-
     #[test]
     fn a_revoked_device_has_its_sessions_ended_by_the_shell() {
         let s = given_alice([]);

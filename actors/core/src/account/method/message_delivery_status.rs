@@ -38,7 +38,7 @@ pub(crate) fn decide_record(
         Some(AccountEvent::DeliveryUpdated { status, .. }) => status.clone(),
         _ => entry.map_or_else(|| status.clone(), |e| e.status),
     };
-    Ok(Decision::write(events, Reply::Settled(current)))
+    Ok(Decision::write(events, Reply::Settled { status: current, head: () }))
 }
 
 /// `message.delivery.status`: the ledger's result while it is retained
@@ -79,15 +79,12 @@ mod at_the_limits {
 
 #[cfg(test)]
 mod tests {
-    //! `command::decide`: the one entry the actor calls. What it answers and
-    //! which effects it asks of the shell, for the rules that used to live in
-    //! the shell (replies built after writing, session tokens, a revoked
-    //! device's sessions, beginning a delivery, the backlog).
     //! Delivery results recorded at the source.
+    //! Through `command::decide`, the one entry the shell calls: what the
+    //! method answers and which effects it asks of the shell.
 
     use super::*;
     use crate::account::testkit::*;
-
     fn alice_sent_one() -> Given {
         let s = given_alice([]);
         given_alice([send_event(&s, &alice_to_bob(1))])

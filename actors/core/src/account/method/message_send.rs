@@ -18,7 +18,7 @@ use crate::account::shared::{
     check_created_at, check_session, idempotent, record, registered_route, served_here, visible_devices, Ctx,
 };
 use crate::account::state::AccountState;
-use crate::delivery::core::{decide_acceptance, delivered_here_first};
+use crate::delivery::core::{begin, delivered_here_first, DeliveryCmd, DeliveryCtx};
 use crate::delivery::AttemptOutcome;
 use relay_schemas::methods::{DeliverParams, SendParams};
 use relay_schemas::objects::{check_boxes, Route};
@@ -48,7 +48,7 @@ pub(crate) fn decide(
             if delivered_here_first(route, &ctx.policy.relay_id) {
                 return Ok(Decision::reply(Reply::Accept(Box::new(acceptance))));
             }
-            accept(state, acceptance, route, None, ctx)
+            accept(state, acceptance, route, None, ctx)?
         }
     })
 }
@@ -65,7 +65,7 @@ pub(crate) fn decide_settle(
     let prior = reads.send_entry(&acceptance.deliver.envelope.message_id)?;
     Ok(match settle(state, prior.as_ref(), &acceptance.event, status, ctx)? {
         SettleDecision::Duplicate(status) => Decision::reply(Reply::Status(status)),
-        SettleDecision::Settled { events, status } => Decision::write(events, Reply::Settled(status)),
+        SettleDecision::Settled { events, status } => Decision::write(events, Reply::Settled { status, head: () }),
     })
 }
 
@@ -87,7 +87,7 @@ pub(crate) fn decide_accept(
                 Decision::reply(Reply::Status(status))
             }
         },
-        None => accept(state, acceptance.clone(), route, first.cloned(), ctx),
+        None => accept(state, acceptance.clone(), route, first, ctx)?,
     })
 }
 
@@ -101,23 +101,24 @@ fn accept(
     state: &AccountState,
     a: Acceptance,
     route: Option<&Wire<Route>>,
-    first: Option<AttemptOutcome>,
+    first: Option<&AttemptOutcome>,
     ctx: Ctx,
-) -> Decision {
+) -> Result<Decision, RelayError> {
     let Acceptance { event, status, deliver, deliver_digest, deadline } = a;
     let message_id = deliver.envelope.message_id.clone();
-    let times = (UnixSecs(status.accepted_at), UnixSecs(deadline));
-    let begun = decide_acceptance(deliver, deliver_digest, times, route, first, ctx.now.millis(), ctx.policy);
+    let (accepted_at, deadline) = (UnixSecs(status.accepted_at), UnixSecs(deadline));
+    let cmd = DeliveryCmd::Accept { params: &deliver, digest: &deliver_digest, accepted_at, deadline, route, first };
+    let begun = begin(&cmd, DeliveryCtx { now_ms: ctx.now.millis(), policy: ctx.policy })?;
     let mut events = vec![restamp(state, event)];
     let reply = match &begun.state.finished {
         // Ended by the attempt made before: reported finished with the acceptance.
         Some(done) => {
             events.push(AccountEvent::DeliveryUpdated { message_id, status: done.clone() });
-            Reply::Settled(done.clone())
+            Reply::Settled { status: done.clone(), head: () }
         }
         None => Reply::Status(status),
     };
-    Decision { events, reply, effects: vec![Effect::BeginDelivery(Box::new(begun))] }
+    Ok(Decision { events, reply, effects: vec![Effect::BeginDelivery(Box::new(begun))] })
 }
 
 /// What a `message.send` decided.
@@ -268,15 +269,12 @@ pub fn restamp(state: &AccountState, mut sent: AccountEvent) -> AccountEvent {
 
 #[cfg(test)]
 mod tests {
-    //! `command::decide`: the one entry the actor calls. What it answers and
-    //! which effects it asks of the shell, for the rules that used to live in
-    //! the shell (replies built after writing, session tokens, a revoked
-    //! device's sessions, beginning a delivery, the backlog).
     //! `message.send` at the source, account self-delivery included.
+    //! Through `command::decide`, the one entry the shell calls: what the
+    //! method answers and which effects it asks of the shell.
 
     use super::*;
     use crate::account::testkit::*;
-
     use relay_schemas::objects::RelayRef;
 
     fn send_cmd(v: &Value, route: Option<Value>) -> Cmd {
@@ -329,7 +327,7 @@ mod tests {
             "the acceptance and its final status, one event: {:?}",
             first.events
         );
-        assert!(matches!(first.reply, Reply::Settled(_)), "the settling command reports the delivery finished");
+        assert!(matches!(first.reply, Reply::Settled { .. }), "the settling command reports the delivery finished");
         let after = given(&alice(), &[alice_history(), first.events].concat());
         let late = when(&after, Cmd::Accept { acceptance: a, route: None, first: None }).unwrap();
         assert!(late.events.is_empty() && late.effects.is_empty());

@@ -14,14 +14,11 @@ pub(crate) fn decide(state: &AccountState) -> Result<Decision, RelayError> {
 
 #[cfg(test)]
 mod tests {
-    //! `command::decide`: the one entry the actor calls. What it answers and
-    //! which effects it asks of the shell, for the rules that used to live in
-    //! the shell (replies built after writing, session tokens, a revoked
-    //! device's sessions, beginning a delivery, the backlog).
+    //! Through `command::decide`, the one entry the shell calls: what the
+    //! method answers and which effects it asks of the shell.
 
     use super::*;
     use crate::account::testkit::*;
-
     #[test]
     fn a_route_get_for_an_account_without_a_route_is_route_not_found() {
         then_error(when(&Given::new(&alice().id), Cmd::RouteGet), ErrorCode::RouteNotFound);

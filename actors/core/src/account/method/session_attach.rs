@@ -35,14 +35,11 @@ pub(crate) fn decide_backlog(
 
 #[cfg(test)]
 mod tests {
-    //! `command::decide`: the one entry the actor calls. What it answers and
-    //! which effects it asks of the shell, for the rules that used to live in
-    //! the shell (replies built after writing, session tokens, a revoked
-    //! device's sessions, beginning a delivery, the backlog).
+    //! Through `command::decide`, the one entry the shell calls: what the
+    //! method answers and which effects it asks of the shell.
 
     use super::*;
     use crate::account::testkit::*;
-
     #[test]
     fn the_backlog_is_the_latest_record_past_the_cursor_the_device_may_read() {
         let mut s = given_alice([]);

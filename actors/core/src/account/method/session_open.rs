@@ -25,10 +25,8 @@ pub(crate) fn decide(
 
 #[cfg(test)]
 mod tests {
-    //! `command::decide`: the one entry the actor calls. What it answers and
-    //! which effects it asks of the shell, for the rules that used to live in
-    //! the shell (replies built after writing, session tokens, a revoked
-    //! device's sessions, beginning a delivery, the backlog).
+    //! Through `command::decide`, the one entry the shell calls: what the
+    //! method answers and which effects it asks of the shell.
 
     use super::*;
     use crate::account::command::decide;

@@ -27,7 +27,7 @@
 //! relay's next sequence. A sent message still delivering is delivered
 //! from here too, from a device valid now, by this relay's own delivery
 //! state with the original `accepted_at` and the deadline recomputed here
-//! ([`decide_forwarded`]).
+//! ([`DeliveryCmd::Forward`]).
 //!
 //! Timeline order both homes agree on: each home numbers its records in
 //! the order it stored them (`sequence`, the sync cursor), and a record's
@@ -41,7 +41,7 @@ use crate::account::ledger::{Ledger, SendEntry};
 use crate::account::shared::{json, not_served_here, Ctx};
 use crate::account::state::AccountState;
 use crate::account::timeline::fits_page;
-use crate::delivery::core::{decide_forwarded, Begun};
+use crate::delivery::core::{begin, Begun, DeliveryCmd, DeliveryCtx};
 use relay_schemas::methods::{DeliverParams, ReplicateParams};
 use relay_schemas::objects::{DeviceCertificate, MessageEnvelope, Registration, Route};
 use relay_schemas::sign::Tag;
@@ -599,8 +599,9 @@ fn decide_item(
                         && params.sender_route.as_ref().is_some_and(|r| r.lists_relay(&ctx.policy.relay_id)) =>
                 {
                     let digest = message_deliver::deliver_digest(params)?;
-                    let times = (UnixSecs(accepted_at), UnixSecs(deadline));
-                    let begun = decide_forwarded(params.clone(), digest, times, ctx.now.millis(), ctx.policy);
+                    let (accepted_at, deadline) = (UnixSecs(accepted_at), UnixSecs(deadline));
+                    let cmd = DeliveryCmd::Forward { params, digest: &digest, accepted_at, deadline };
+                    let begun = begin(&cmd, DeliveryCtx { now_ms: ctx.now.millis(), policy: ctx.policy })?;
                     return Ok((events, Some(begun)));
                 }
                 // Past its deadline, from a device no longer valid here, or

@@ -549,7 +549,7 @@ pub fn reply_json(reply: &Reply) -> Value {
 
 pub fn reply_status(reply: &Reply) -> &DeliveryStatus {
     match reply {
-        Reply::Status(s) | Reply::Settled(s) => s,
+        Reply::Status(s) | Reply::Settled { status: s, .. } => s,
         r => panic!("expected a status, got {r:?}"),
     }
 }
