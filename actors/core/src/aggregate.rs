@@ -30,6 +30,9 @@ impl<Event, Reply, Effect> Decision<Event, Reply, Effect> {
     }
 }
 
+/// A decision, or the refusal that writes nothing.
+pub type Decided<Event, Reply, Effect> = Result<Decision<Event, Reply, Effect>, RelayError>;
+
 /// An event-sourced aggregate taking commands `Cmd` under `Env`.
 pub trait Aggregate<Cmd, Env> {
     type Event;
@@ -37,7 +40,7 @@ pub trait Aggregate<Cmd, Env> {
     type Effect;
 
     /// Decides `cmd` on this state. Pure: on error nothing is to be written.
-    fn decide(&self, cmd: &Cmd, env: Env) -> Result<Decision<Self::Event, Self::Reply, Self::Effect>, RelayError>;
+    fn decide(&self, cmd: &Cmd, env: Env) -> Decided<Self::Event, Self::Reply, Self::Effect>;
 
     /// Folds one event in. Cannot fail: an event is a fact already written.
     fn apply(&mut self, event: &Self::Event);

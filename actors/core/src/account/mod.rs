@@ -7,6 +7,8 @@ pub mod command;
 pub mod events;
 pub mod ledger;
 pub mod method;
+#[cfg(test)]
+mod model;
 pub mod session;
 pub mod shared;
 pub mod state;
