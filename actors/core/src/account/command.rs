@@ -1,7 +1,8 @@
 //! Every command an account takes, and the one `decide` that forwards
 //! each to its method's file (`method/<wire name>.rs`):
 //! `decide(state, challenges, command, reads, ctx) -> Decision { events,
-//! reply, effects }`. The shell loads the state, calls `decide`, appends
+//! reply, effects }`, which is the account's [`Aggregate`] (with
+//! [`AccountEnv`]). The shell loads the state, calls `decide`, appends
 //! the events (with their projections), runs the effects and answers the
 //! reply; nothing else. Time and randomness come in through [`Ctx`]; what
 //! a decision reads besides the state (the ledger of idempotent results,
