@@ -92,7 +92,7 @@ impl Relay {
     /// Where an account this relay does not serve lives now: `route_stale`
     /// with the newer route when one is known, else `target_not_local`.
     fn not_served_here(&self, account_id: &str) -> RelayError {
-        relay_actors::account::decide::not_served_here(
+        relay_actors::account::shared::not_served_here(
             self.supervisor().routes().get(account_id).ok().flatten().as_ref(),
         )
     }

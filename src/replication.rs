@@ -1,6 +1,6 @@
 //! The replicator: keeps each account that has two home relays the same
 //! account at both, by pulling its partner's news with `timeline.replicate`
-//! (PROTOCOL §5; the rules are in `relay_core::account::replica`).
+//! (PROTOCOL §5; the rules are in `relay_core::account::method::timeline_replicate`).
 //!
 //! When pulls happen:
 //! - an account here wrote something its partner has not seen: this relay
@@ -26,7 +26,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use relay_actors::account::events::AccountEvent;
-use relay_actors::account::replica::{Outcome, Page};
+use relay_actors::account::method::timeline_replicate::{Outcome, Page};
 use relay_actors::account::{AccountCmd, ReplicaSink, Reply};
 use relay_actors::Supervisor;
 use relay_schemas::methods::{AccountIdParams, ReplicateParams};

@@ -3,12 +3,12 @@
 //! The event-sourced shells of the relay: actors, store, supervisor. No
 //! HTTP here, and no rules: those are pure functions in `relay-core`
 //! (`actors/core`), re-exported at the paths below (`account::command`,
-//! `account::decide`, `delivery::core`, `push`, `clock`, `policy`).
+//! `account::method`, `delivery::core`, `push`, `clock`, `policy`).
 //!
 //! - [`store`]: the sled event store: append-only, hash-chained streams,
 //!   group commit, snapshots and a kv space for projections and indexes;
-//! - [`account`]: the AccountActor: it decides every command with
-//!   `account::command::decide`, persists, runs the effects, and reaches
+//! - [`account`]: the AccountActor: it decides every command through the
+//!   core's `Aggregate` (`account::command::decide`), persists, runs the effects, and reaches
 //!   the rest of the relay only through `account::Env` and `account::Ports`;
 //! - [`delivery`]: the DeliveryActor, its core (the seed's error table and
 //!   deadlines), the retry timetable, and the narrow ports it reaches

@@ -174,7 +174,7 @@ async fn other_home_relay_reporting_target_accepted_ends_the_delivery_without_co
 /// next due step, before any attempt and without asking.
 #[actix_rt::test]
 async fn a_result_replicated_from_the_other_home_ends_the_delivery_without_asking_or_contacting() {
-    use relay_actors::account::replica::{Item, Page};
+    use relay_actors::account::method::timeline_replicate::{Item, Page};
     use relay_actors::account::AccountEvent;
     let w = world(Some("relay-a2")).await;
     let (mid, _) = w.send(1).await;

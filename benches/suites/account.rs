@@ -2,7 +2,9 @@
 
 use super::{Fixture, NOW};
 use criterion::{criterion_group, BatchSize, Criterion, Throughput};
-use relay_actors::account::decide::{self, Ctx, SendDecision};
+use relay_actors::account::method::account_register::register;
+use relay_actors::account::method::message_send::{send, SendDecision};
+use relay_actors::account::Ctx;
 use relay_actors::account::{AccountEvent, AccountState};
 use relay_actors::Policy;
 use relay_schemas::methods::{RegisterParams, SendParams};
@@ -15,7 +17,7 @@ fn account(c: &mut Criterion) {
     let reg = f.alice.register_params(&route, &f.alice.certificate(&f.phone, NOW, None), "relay-a", false, NOW);
     let reg: RegisterParams = serde_json::from_str(&reg.to_string()).unwrap();
     let mut state = AccountState::new(f.alice.id.clone());
-    for e in decide::register(&state, &reg, "d", None, ctx).unwrap() {
+    for e in register(&state, &reg, "d", None, ctx).unwrap() {
         state.apply(&e);
     }
     let mut n = 0u64;
@@ -28,7 +30,7 @@ fn account(c: &mut Criterion) {
                 let p = serde_json::from_str::<SendParams>(&f.send_params(n, 256).to_string()).unwrap();
                 (p, format!("{n:064x}"))
             },
-            |(p, digest)| match decide::send(&state, None, "phone", &p, &digest, ctx).unwrap() {
+            |(p, digest)| match send(&state, None, "phone", &p, &digest, ctx).unwrap() {
                 SendDecision::Sent { event, .. } => {
                     let mut s = state.clone();
                     s.apply(&event);

@@ -4,11 +4,12 @@
 
 use super::NOW;
 use criterion::{criterion_group, BatchSize, Criterion, SamplingMode, Throughput};
-use relay_actors::delivery::core::{decide_outcome, DeliveryEvent, DeliveryState};
+use relay_actors::delivery::core::{DeliveryCmd, DeliveryCtx, DeliveryEvent, DeliveryState};
 use relay_actors::delivery::timetable::{next_attempt_ms, slot_offset_ms};
 use relay_actors::delivery::{self, AttemptOutcome, NoPeers};
 use relay_actors::store::Store;
 use relay_actors::{Clock, Policy, Supervisor, SystemClock};
+use relay_core::aggregate::Aggregate;
 use relay_schemas::{ErrorCode, RelayError, UnixMillis, UnixSecs};
 use std::hint::black_box;
 use std::sync::Arc;
@@ -43,7 +44,7 @@ fn failure(i: usize) -> AttemptOutcome {
     }
 }
 
-/// Sum of the next due times `decide_outcome` picks (one per delivery).
+/// Sum of the next due times `DeliveryCmd::Outcome` picks (one per delivery).
 fn decide_all(
     states: &[(DeliveryState, u32, UnixMillis)],
     outcomes: Vec<AttemptOutcome>,
@@ -51,7 +52,8 @@ fn decide_all(
 ) -> (usize, u64) {
     let (mut failed, mut sum) = (0, 0u64);
     for ((s, attempt, now_ms), outcome) in states.iter().zip(outcomes) {
-        for e in decide_outcome(s, *attempt, outcome, *now_ms, policy) {
+        let ctx = DeliveryCtx { now_ms: *now_ms, policy };
+        for e in s.decide(&DeliveryCmd::Outcome { attempt: *attempt, outcome: &outcome }, ctx).unwrap().events {
             if let DeliveryEvent::AttemptFailed { next_due_ms, .. } = e {
                 failed += 1;
                 sum = sum.wrapping_add(next_due_ms.0);

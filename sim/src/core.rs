@@ -4,10 +4,12 @@
 //! and the world does not.
 
 use crate::relay::SimReads;
-use relay_core::account::decide::{self as account, Ctx};
+use relay_core::account::method::message_deliver;
 use relay_core::account::session::Challenges;
+use relay_core::account::shared::{self, Ctx};
 use relay_core::account::{self as acct, AccountState};
-use relay_core::delivery::core::{self as delivery};
+use relay_core::aggregate::Aggregate;
+use relay_core::delivery::core::{self as delivery, DeliveryCmd, DeliveryCtx};
 use relay_core::delivery::timetable::slot_offset_ms;
 use relay_core::retention;
 use relay_core::Policy;
@@ -44,19 +46,19 @@ pub fn may_deliver(
     now: UnixSecs,
     policy: &Policy,
 ) -> Result<(), RelayError> {
-    account::may_deliver(params.sender_route.as_ref(), known, caller, &params.envelope, Ctx::new(now, policy))
+    message_deliver::may_deliver(params.sender_route.as_ref(), known, caller, &params.envelope, Ctx::new(now, policy))
 }
 
 /// Where an account this relay does not hold lives now (the handler's
 /// answer before any account decides).
 pub fn not_served_here(known: Option<&Wire<Route>>) -> RelayError {
-    account::not_served_here(known)
+    shared::not_served_here(known)
 }
 
 /// The digest a receipt is keyed on (the destination computes it from the
 /// body; the same bytes).
 pub fn deliver_digest(p: &DeliverParams) -> String {
-    account::deliver_digest(p).expect("params the sim built canonicalize")
+    message_deliver::deliver_digest(p).expect("params the sim built canonicalize")
 }
 
 /// The status the send process settles a local first attempt with, if it
@@ -79,8 +81,14 @@ pub fn revoked_before(state: &AccountState, env: &MessageEnvelope) -> bool {
     state.revocations.get(&env.from_device_id).is_some_and(|r| r.revoked_at <= env.created_at)
 }
 
-pub fn due(s: &DeliveryState, now_ms: UnixMillis, route: &Wire<Route>) -> Vec<DeliveryEvent> {
-    delivery::decide_due(s, now_ms, Some(route))
+/// The delivery's events for `cmd`, as its actor decides them.
+fn delivery_decide(s: &DeliveryState, cmd: &DeliveryCmd, now_ms: UnixMillis, policy: &Policy) -> Vec<DeliveryEvent> {
+    let decided = s.decide(cmd, DeliveryCtx { now_ms, policy });
+    decided.expect("a begun delivery takes every command but a second beginning").events
+}
+
+pub fn due(s: &DeliveryState, now_ms: UnixMillis, route: &Wire<Route>, policy: &Policy) -> Vec<DeliveryEvent> {
+    delivery_decide(s, &DeliveryCmd::Due { route: Some(route) }, now_ms, policy)
 }
 
 /// One outcome for the answers of every relay of the target (a timeout
@@ -98,7 +106,7 @@ pub fn outcome(
     now_ms: UnixMillis,
     policy: &Policy,
 ) -> Vec<DeliveryEvent> {
-    delivery::decide_outcome(s, attempt, answer, now_ms, policy)
+    delivery_decide(s, &DeliveryCmd::Outcome { attempt, outcome: &answer }, now_ms, policy)
 }
 
 /// The sender's other home to ask before this attempt, if any.
@@ -106,8 +114,8 @@ pub fn other_home(s: &DeliveryState, sender_route: &Wire<Route>, own: &str) -> O
     delivery::other_home_to_ask(s, Some(sender_route), own).map(|r| r.id)
 }
 
-pub fn peer_confirmed(s: &DeliveryState) -> Vec<DeliveryEvent> {
-    delivery::decide_peer_confirmed(s)
+pub fn peer_confirmed(s: &DeliveryState, now_ms: UnixMillis, policy: &Policy) -> Vec<DeliveryEvent> {
+    delivery_decide(s, &DeliveryCmd::PeerConfirmed, now_ms, policy)
 }
 
 /// Timetable slots of `s` strictly between `after_ms` and its deadline.

@@ -14,7 +14,7 @@ use crate::relay::{Acct, Attempt, Effect, Here, Ix, Rec, Relay, SimReads};
 use crate::Plant;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
-use relay_core::account::replica::Page;
+use relay_core::account::method::timeline_replicate::Page;
 use relay_core::Policy;
 use relay_schemas::client::{self, key_box};
 use relay_schemas::methods::{
@@ -985,7 +985,7 @@ impl World {
             _ => self.commit(r, from, d, vec![]),
         };
         match reply {
-            Reply::Status(s) | Reply::Settled(s) => Ok(s),
+            Reply::Status(s) | Reply::Settled { status: s, .. } => Ok(s),
             other => Err(RelayError::internal(format!("unexpected reply {other:?}"))),
         }
     }
@@ -1296,7 +1296,7 @@ impl World {
         let (fresh, to) = (s.wants_fresh_route(), self.account_of(&s.to).expect("a known recipient"));
         let route = self.lookup(r, to, fresh);
         let s = &self.relays[r].deliveries[mid];
-        let mut events = core::due(s, UnixMillis(self.relay_now(r)), &route);
+        let mut events = core::due(s, UnixMillis(self.relay_now(r)), &route, self.pol(r));
         let other_revision = s.target.as_ref().is_some_and(|t| t.revision != route.revision);
         if self.plant == Some(Plant::LowerRevision) && s.may_switch && other_revision {
             let (revision, relays) = (route.revision, route.relays.clone());
@@ -1415,7 +1415,7 @@ impl World {
                 if status.is_some_and(|s| s.status == Status::TargetAccepted) {
                     self.cov.peer_confirmed += 1;
                     let Some(s) = self.relays[r].deliveries.get(&mid) else { return };
-                    let events = core::peer_confirmed(s);
+                    let events = core::peer_confirmed(s, UnixMillis(self.relay_now(r)), self.pol(r));
                     return self.write_delivery(r, &mid, events);
                 }
                 self.start_attempt(r, &mid);

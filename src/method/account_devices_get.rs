@@ -5,7 +5,7 @@
 
 use crate::peers::CallError;
 use crate::rpc::{parse, Relay};
-use relay_actors::account::decide;
+use relay_actors::account::method::account_devices_get::check_devices_answer;
 use relay_actors::account::AccountCmd;
 use relay_schemas::ids::check_account_id;
 use relay_schemas::methods::{AccountIdParams, DevicesAnswer};
@@ -57,7 +57,7 @@ async fn remote_devices(relay: &Relay, account_id: &str, body: &[u8]) -> Result<
                     RelayError::new(ErrorCode::BadGateway, format!("the home relay's answer: {}", e.message))
                 })?;
                 // Passed on only within this relay's own bounds.
-                decide::check_devices_answer(&answer, &relay.supervisor().policy())?;
+                check_devices_answer(&answer, &relay.supervisor().policy())?;
                 return Ok(text);
             }
             Err(CallError::Answered { error, .. }) => return Err(error),

@@ -3,8 +3,9 @@
 //! for the account, so a refused stranger leaves nothing behind.
 
 use crate::rpc::{parse_with_digest, Relay};
-use relay_actors::account::decide::{self, Ctx};
+use relay_actors::account::method::account_register::check_register;
 use relay_actors::account::AccountCmd;
+use relay_actors::account::Ctx;
 use relay_schemas::ids::check_account_id;
 use relay_schemas::methods::RegisterParams;
 use relay_schemas::RelayError;
@@ -17,7 +18,7 @@ pub(crate) async fn handle(relay: &Relay, _token: Option<&str>, body: &[u8]) -> 
     // Every stateless check before an actor exists for the account.
     let sup = relay.supervisor();
     let policy = sup.policy();
-    decide::check_register(&params, Ctx::new(sup.clock().now(), &policy))?;
+    check_register(&params, Ctx::new(sup.clock().now(), &policy))?;
     let account_id = params.route.account_id.clone();
     // The highest revision known here or at the peers.
     let known = sup.resolve_route(&account_id, true).await;

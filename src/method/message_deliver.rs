@@ -5,8 +5,9 @@
 //! the stored result.
 
 use crate::rpc::{parse_with_digest, Relay};
-use relay_actors::account::decide::{self, Ctx};
+use relay_actors::account::method::message_deliver;
 use relay_actors::account::AccountCmd;
+use relay_actors::account::Ctx;
 use relay_schemas::ids::check_account_id;
 use relay_schemas::methods::DeliverParams;
 use relay_schemas::RelayError;
@@ -30,7 +31,7 @@ async fn may_deliver(relay: &Relay, peer: &str, p: &DeliverParams) -> Result<(),
     let known = sup.routes().get(&env.from).map_err(|e| RelayError::internal(e.to_string()))?;
     let policy = sup.policy();
     let ctx = Ctx::new(sup.clock().now(), &policy);
-    decide::may_deliver(p.sender_route.as_ref(), known.as_ref(), peer, env, ctx)?;
+    message_deliver::may_deliver(p.sender_route.as_ref(), known.as_ref(), peer, env, ctx)?;
     sup.check_sending_device(env, known.as_ref()).await?;
     if let Some(route) = &p.sender_route {
         // Checked valid above: the route book keeps it if it is newer.

@@ -1,10 +1,10 @@
 //! `timeline.replicate` (PROTOCOL §5): the account's other home relay
 //! pulls what it has not acknowledged (`AccountCmd::TimelineReplicate`;
-//! the rules are in `relay_core::account::replica`, the puller is
+//! the rules are in `relay_core::account::method::timeline_replicate`, the puller is
 //! [`crate::replication`]).
 
 use crate::rpc::{parse, Relay};
-use relay_actors::account::replica::Page;
+use relay_actors::account::method::timeline_replicate::Page;
 use relay_actors::account::AccountCmd;
 use relay_schemas::ids::check_account_id;
 use relay_schemas::methods::ReplicateParams;

@@ -7,8 +7,10 @@
 //! `relay-actors` load state, call these, persist what they return and run
 //! the effects.
 //!
+//! - [`aggregate`]: the one shape of an aggregate (decide/apply), which
+//!   accounts and deliveries both have;
 //! - [`account`]: an account's events, state (`apply`), ledger and
-//!   timeline index, and `decide` for every account command;
+//!   timeline index, and one file per protocol method (`account::method`);
 //! - [`delivery`]: a delivery's events and state, the seed's error table
 //!   and deadlines, and the retry timetable;
 //! - [`lease`]: shard ownership in cluster mode (lease, epoch, renewal);
@@ -18,6 +20,7 @@
 //! - [`clock`] and [`policy`]: injected time and configured limits.
 
 pub mod account;
+pub mod aggregate;
 pub mod clock;
 pub mod delivery;
 pub mod lease;

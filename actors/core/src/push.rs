@@ -1,5 +1,5 @@
 //! Web Push (PROTOCOL §9): the sender's pure core. Which devices get a push
-//! is decided by the account ([`crate::account::decide::push_targets`]);
+//! is decided by the account ([`crate::account::method::push_subscribe::push_targets`]);
 //! this module holds what happens to a wake-up after that: a bounded
 //! queue that coalesces per device, at most one push per device per
 //! `min_interval`, fair shares of the sender's slots (per account and per

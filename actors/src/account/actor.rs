@@ -1,16 +1,17 @@
 //! The thin actix shell around the account core: load (snapshot + tail),
-//! decide ([`command::decide`], reading the ledger and timeline through
+//! decide (the core's [`Aggregate`], reading the ledger and timeline through
 //! [`StoreReads`]), append (with the ledger and timeline projections),
 //! apply, run the effects, reply once durable.
 
-use super::command::{self, Acceptance, Decision, Effect, Reply as Decided};
-use super::decide::{self, Ctx};
+use super::command::{AccountEnv, Decision, Effect, Reply as Decided, Written};
 use super::events::{AccountEvent, PushSubscription};
 use super::ledger::{self, SendEntry};
+use super::method::push_subscribe::push_targets;
+use super::method::timeline_replicate as replica;
 use super::reads::{StoreReads, UnfinishedSends};
 use super::session::{Challenges, Grant};
 use super::state::AccountState;
-use super::{replica, stream_id, sweep, timeline, Reads};
+use super::{stream_id, sweep, timeline, Ctx, Reads};
 use super::{Env, Ports};
 use crate::delivery::{self, core::Begun};
 use crate::internal;
@@ -18,6 +19,7 @@ use crate::policy::Policy;
 use crate::sessions::Session;
 use crate::store::{Batch, Head, NewEvent, Snapshot, StoreError, Ticket};
 use actix::prelude::*;
+use relay_core::aggregate::Aggregate;
 use relay_core::retention::{self, IndexEntry};
 use relay_schemas::{DeliveryStatus, RelayError, UnixMillis, UnixSecs};
 use std::collections::VecDeque;
@@ -31,31 +33,19 @@ pub type AccountCmd = relay_core::account::AccountCmd<Settlement>;
 
 pub use crate::delivery::Settlement;
 
-/// What a command answers.
+/// What a command answers once written: the core's reply, with the
+/// delivery stream's head beside a settled status and the delivery to
+/// start beside an accepted one.
+pub type Reply = relay_core::account::Reply<Stored>;
+
+/// What the account's shell adds to a reply by writing the decision.
 #[derive(Debug)]
-pub enum Reply {
-    /// A serialized result object.
-    Json(String),
-    Status(DeliveryStatus),
-    /// A send decided, nothing written: deliver, then `Settle` or `Accept`.
-    Accept(Box<Acceptance>),
-    /// A cross-account send was accepted: its delivery is to start (an
-    /// effect for the caller; nothing has started it).
-    Accepted {
-        status: DeliveryStatus,
-        start: Box<delivery::actor::Start>,
-    },
-    /// A delivery outcome recorded; `head`: the delivery stream's head
-    /// after its settlement, when one was written.
-    Settled {
-        status: DeliveryStatus,
-        head: Option<Head>,
-    },
-    /// A device's backlog: the latest record beyond its ack cursor it may
-    /// read, if any (never on the wire; the WebSocket attach uses it).
-    Backlog(Option<u64>),
-    /// What a replication command tells the replicator (never on the wire).
-    Replica(replica::Outcome),
+pub struct Stored;
+
+impl Written for Stored {
+    /// The delivery stream's head after a settlement, when one was written.
+    type Head = Option<Head>;
+    type Start = Box<delivery::actor::Start>;
 }
 
 /// What rides in an account's commit besides its own events: a settling
@@ -485,7 +475,8 @@ impl AccountActor {
             stream: &self.stream,
             unfinished: Some(&self.unfinished),
         };
-        let Decision { events, reply, effects } = command::decide(&self.state, &mut self.challenges, cmd, &reads, ctx)?;
+        let env = AccountEnv { ctx, reads: &reads, challenges: &mut self.challenges };
+        let Decision { events, reply, effects } = self.state.decide(cmd, env)?;
         let begun = effects.iter().filter_map(|e| match e {
             Effect::BeginDelivery(b) | Effect::Forward(b) => Some(&**b),
             _ => None,
@@ -518,9 +509,10 @@ impl AccountActor {
             (None, Decided::Backlog(seq)) => Reply::Backlog(seq),
             (None, Decided::Replica(outcome)) => Reply::Replica(outcome),
             // Settled by a delivery's report, or at acceptance.
-            (None, Decided::Settled(status)) => {
+            (None, Decided::Settled { status, head: () }) => {
                 Reply::Settled { status, head: heads.settled.or(heads.begun.first().map(|(_, head)| *head)) }
             }
+            (None, Decided::Accepted { start, .. }) => match start {},
         })
     }
 
@@ -593,7 +585,7 @@ impl AccountActor {
 }
 
 impl AccountActor {
-    /// `decide::push_targets` on the current state; none without a push
+    /// [`push_targets`] on the current state; none without a push
     /// sender.
     fn push_targets(
         &self,
@@ -605,7 +597,7 @@ impl AccountActor {
             return Vec::new();
         }
         let now = self.env.clock.now();
-        decide::push_targets(&self.state, visible, sender_device, connected, now)
+        push_targets(&self.state, visible, sender_device, connected, now)
             .into_iter()
             .map(|(device, subscription)| (device.to_owned(), subscription.clone()))
             .collect()

@@ -9,9 +9,9 @@ mod reads;
 pub mod sweep;
 mod upgrade;
 
-// The rules live in the core crate; their paths stay `account::decide` etc.
-pub use relay_core::account::{command, decide, events, ledger, replica, session, state, sync, timeline};
-pub use relay_core::account::{Acceptance, Reads};
+// The rules live in the core crate; one file per method under `account::method`.
+pub use relay_core::account::{command, events, ledger, method, session, shared, state, timeline};
+pub use relay_core::account::{Acceptance, Ctx, Reads};
 
 pub use actor::{AccountActor, AccountCmd, Reply, Settlement};
 pub use events::{AccountEvent, PushSubscription, Record};

@@ -3,15 +3,14 @@
 //! due. Persist before effect: the attempt is durable before the request
 //! goes out, the outcome before the next timer is armed.
 
-use super::core::{
-    combine, decide_due, decide_outcome, decide_peer_confirmed, other_home_to_ask, DeliveryEvent, DeliveryState,
-};
+use super::core::{combine, other_home_to_ask, DeliveryCmd, DeliveryCtx, DeliveryEvent, DeliveryState};
 use super::transport::{AttemptOutcome, LocalFuture, RouteLookup};
 use super::{due_key, Env, Ports, Recorded, ReportOutcome, Settlement};
 use crate::internal;
 use crate::metrics::DestinationLabels;
 use crate::store::{Batch, Head, NewEvent, StoreError, Ticket};
 use actix::prelude::*;
+use relay_core::aggregate::Aggregate;
 use relay_schemas::objects::Route;
 use relay_schemas::{DeliveryStatus, RelayError, UnixMillis, Wire};
 use std::sync::Arc;
@@ -178,6 +177,26 @@ impl DeliveryActor {
 
     /// A step could not be recorded (store trouble): try again later from
     /// the index, which still holds this delivery.
+    /// The events the core decides for `cmd` on this delivery's state.
+    fn decide(&self, cmd: &DeliveryCmd, now_ms: UnixMillis) -> Result<Vec<DeliveryEvent>, RelayError> {
+        let policy = &self.env.policy;
+        Ok(self.state.decide(cmd, DeliveryCtx { now_ms, policy })?.events)
+    }
+
+    /// Decides `cmd` now and hands its events to `then`; a refusal is
+    /// retried later.
+    fn decide_then(
+        &mut self,
+        cmd: DeliveryCmd,
+        ctx: &mut Context<Self>,
+        then: fn(&mut Self, Vec<DeliveryEvent>, &mut Context<Self>),
+    ) {
+        match self.decide(&cmd, self.env.clock.now_ms()) {
+            Ok(events) => then(self, events, ctx),
+            Err(e) => self.retry_later(ctx, &e),
+        }
+    }
+
     fn retry_later(&mut self, ctx: &mut Context<Self>, why: &RelayError) {
         tracing::warn!(stream = %self.stream, error = %why, "delivery step failed; retrying later");
         self.stop_until(self.env.clock.now_ms().plus(1000), ctx);
@@ -214,8 +233,7 @@ impl DeliveryActor {
         // may already have delivered it. Known here (its result came by
         // replication): end now; else ask it (attempts after the second).
         if self.ports.delivered_by_other_home(&self.state.from, &self.state.message_id) {
-            let events = decide_peer_confirmed(&self.state);
-            return self.finish(events, ctx);
+            return self.decide_then(DeliveryCmd::PeerConfirmed, ctx, Self::finish);
         }
         let (transport, ports) = (self.env.transport.clone(), self.ports.clone());
         let sender_route = self.env.routes.get(&self.state.from).ok().flatten();
@@ -235,8 +253,7 @@ impl DeliveryActor {
         };
         ctx.wait(prepare.into_actor(self).map(|lookup, act, ctx| {
             let Some(lookup) = lookup else {
-                let events = decide_peer_confirmed(&act.state);
-                return act.finish(events, ctx);
+                return act.decide_then(DeliveryCmd::PeerConfirmed, ctx, Self::finish);
             };
             act.start_attempt(lookup, ctx)
         }));
@@ -246,7 +263,11 @@ impl DeliveryActor {
         let now = self.env.clock.now_ms();
         // With no route, the attempt goes nowhere and fails saying why.
         let no_route = lookup.no_route_error();
-        let events = decide_due(&self.state, now, lookup.route().as_ref());
+        let route = lookup.route();
+        let events = match self.decide(&DeliveryCmd::Due { route: route.as_ref() }, now) {
+            Ok(events) => events,
+            Err(e) => return self.retry_later(ctx, &e),
+        };
         if events.iter().any(DeliveryEvent::ends) {
             return self.finish(events, ctx);
         }
@@ -355,7 +376,10 @@ impl DeliveryActor {
             self.ports.peer_seen(relay);
         }
         super::count_attempt(&self.env.metrics, &outcome);
-        let events = decide_outcome(&self.state, attempt, outcome, now, &self.env.policy);
+        let events = match self.decide(&DeliveryCmd::Outcome { attempt, outcome: &outcome }, now) {
+            Ok(events) => events,
+            Err(e) => return self.retry_later(ctx, &e),
+        };
         let next_due = events.iter().find_map(|e| match e {
             DeliveryEvent::AttemptFailed { next_due_ms, .. } => Some(*next_due_ms),
             _ => None,

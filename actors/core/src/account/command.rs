@@ -1,26 +1,28 @@
-//! Every command an account takes, and the one `decide` over them:
+//! Every command an account takes, and the one `decide` that forwards
+//! each to its method's file (`method/<wire name>.rs`):
 //! `decide(state, challenges, command, reads, ctx) -> Decision { events,
-//! reply, effects }`. The shell loads the state, calls `decide`, appends
+//! reply, effects }`, which is the account's [`Aggregate`] (with
+//! [`AccountEnv`]). The shell loads the state, calls `decide`, appends
 //! the events (with their projections), runs the effects and answers the
 //! reply; nothing else. Time and randomness come in through [`Ctx`]; what
 //! a decision reads besides the state (the ledger of idempotent results,
 //! the timeline index) comes in through [`Reads`], a read-only view the
 //! shell serves from the store and the tests from a map.
 
-use super::decide::{self, Ctx, ReceiveDecision, SendDecision, SettleDecision};
 use super::events::AccountEvent;
 use super::ledger::{ReceiptEntry, SendEntry};
-use super::replica::{self, Outcome, Page};
+use super::method::timeline_replicate::{self as replica, Page};
+use super::method::*;
 use super::session::{Challenges, Grant};
+use super::shared::Ctx;
 use super::state::AccountState;
-use super::sync;
 use super::timeline::IndexEntry;
-use crate::delivery::core::{decide_acceptance, delivered_here_first, Begun};
+use crate::aggregate::Aggregate;
+use crate::delivery::core::Begun;
 use crate::delivery::AttemptOutcome;
-use relay_schemas::encoding::b64_encode;
 use relay_schemas::methods::*;
 use relay_schemas::objects::{DeviceCertificate, Route};
-use relay_schemas::{DeliveryStatus, ErrorCode, RelayError, UnixSecs, Wire};
+use relay_schemas::{DeliveryStatus, RelayError, Wire};
 
 /// Every command an account takes. `device` is the session's device, taken
 /// from the authenticated session, never from params. A command that
@@ -218,18 +220,16 @@ pub trait Reads {
     fn delivery_params(&self, message_id: &str) -> Result<Option<DeliverParams>, RelayError>;
 }
 
-/// What a command decided: the events to append (in one commit), what it
-/// answers, and what the shell does besides.
-#[derive(Debug)]
-pub struct Decision {
-    pub events: Vec<AccountEvent>,
-    pub reply: Reply,
-    pub effects: Vec<Effect>,
-}
+/// What an account command decided: the events to append (in one
+/// commit), what it answers, and what the shell does besides.
+pub type Decision = crate::aggregate::Decision<AccountEvent, Reply, Effect>;
 
-/// What a command answers, as far as the rules know it.
+/// What a command answers: as the rules decide it (`Reply`, of
+/// [`AsDecided`]), and as the actor shell answers it once the decision is
+/// written (`W` adds what writing it made: a stream's head, a delivery to
+/// start).
 #[derive(Debug)]
-pub enum Reply {
+pub enum Reply<W: Written = AsDecided> {
     /// A serialized result object.
     Json(String),
     Status(DeliveryStatus),
@@ -237,13 +237,42 @@ pub enum Reply {
     Accept(Box<Acceptance>),
     /// A delivery's status as this command recorded it (`Settle`,
     /// `RecordDelivery`, an `Accept` or `MessageSend` whose delivery ended
-    /// at acceptance): the caller reports the delivery finished.
-    Settled(DeliveryStatus),
+    /// at acceptance): the caller reports the delivery finished. `head`:
+    /// the delivery stream's head after the commit, once written.
+    Settled {
+        status: DeliveryStatus,
+        head: W::Head,
+    },
+    /// A cross-account send accepted with its delivery still running: the
+    /// caller starts it. Only a shell answers it, from the decision's
+    /// [`Effect::BeginDelivery`].
+    Accepted {
+        status: DeliveryStatus,
+        start: W::Start,
+    },
     /// A device's backlog: the latest record beyond its ack cursor it may
     /// read, if any (never on the wire; the WebSocket attach uses it).
     Backlog(Option<u64>),
     /// What a replication command tells the replicator.
     Replica(replica::Outcome),
+}
+
+/// What writing a decision adds to its reply.
+pub trait Written: std::fmt::Debug {
+    /// Beside a settled status: the delivery stream's head after the commit.
+    type Head: std::fmt::Debug;
+    /// A delivery begun and still running, for the caller to start.
+    type Start: std::fmt::Debug;
+}
+
+/// A reply as decided, nothing written: no head, and never
+/// [`Reply::Accepted`] (its `start` cannot be made).
+#[derive(Debug)]
+pub enum AsDecided {}
+
+impl Written for AsDecided {
+    type Head = ();
+    type Start = AsDecided;
 }
 
 /// A session token on its way to the store: never printed.
@@ -272,37 +301,39 @@ pub enum Effect {
     Forward(Box<Begun>),
 }
 
-impl Reply {
+impl<W: Written> Reply<W> {
     /// The empty result object.
     pub fn ok() -> Self {
         Reply::Json("{}".into())
     }
 }
 
-impl Decision {
-    fn reply(reply: Reply) -> Self {
-        Decision { events: Vec::new(), reply, effects: Vec::new() }
+/// What an account decision is given besides its state and command: time,
+/// policy and randomness, the store's view, and the outstanding session
+/// challenges (kept in memory only).
+pub struct AccountEnv<'a, R> {
+    pub ctx: Ctx<'a>,
+    pub reads: &'a R,
+    pub challenges: &'a mut Challenges,
+}
+
+impl<'a, S, R: Reads> Aggregate<AccountCmd<S>, AccountEnv<'a, R>> for AccountState {
+    type Event = AccountEvent;
+    type Reply = Reply;
+    type Effect = Effect;
+
+    fn decide(&self, cmd: &AccountCmd<S>, env: AccountEnv<'a, R>) -> Result<Decision, RelayError> {
+        decide(self, env.challenges, cmd, env.reads, env.ctx)
     }
-    fn write(events: Vec<AccountEvent>, reply: Reply) -> Self {
-        Decision { events, reply, effects: Vec::new() }
+
+    fn apply(&mut self, event: &AccountEvent) {
+        AccountState::apply(self, event)
     }
 }
 
-fn json<T: serde::Serialize>(v: &T) -> Result<Reply, RelayError> {
-    serde_json::to_string(v).map(Reply::Json).map_err(|e| RelayError::internal(e.to_string()))
-}
-
-/// The account's route once `events` are applied.
-fn route_after<'a>(state: &'a AccountState, events: &'a [AccountEvent]) -> Result<&'a Wire<Route>, RelayError> {
-    let written = events.iter().rev().find_map(|e| match e {
-        AccountEvent::Registered { route, .. } | AccountEvent::RouteUpdated { route } => Some(route),
-        _ => None,
-    });
-    written.or(state.route()).ok_or_else(|| RelayError::internal("route missing"))
-}
-
-/// Decides `cmd` on `state`. On error nothing is to be written.
-/// `challenges`: the outstanding session challenges, kept in memory only.
+/// Decides `cmd` on `state` by forwarding it to its method's file. On
+/// error nothing is to be written. `challenges`: the outstanding session
+/// challenges, kept in memory only.
 pub fn decide<S>(
     state: &AccountState,
     challenges: &mut Challenges,
@@ -310,228 +341,51 @@ pub fn decide<S>(
     reads: &impl Reads,
     ctx: Ctx,
 ) -> Result<Decision, RelayError> {
-    let session = |device: &str| decide::check_session(state, device, ctx);
-    Ok(match cmd {
-        AccountCmd::AccountRegister { params, digest, known } => {
-            let events = decide::register(state, params, digest, known.as_ref(), ctx)?;
-            let route = route_after(state, &events)?;
-            let reply = json(&RegisterResult { account_id: &state.account_id, route })?;
-            Decision::write(events, reply)
+    use AccountCmd as C;
+    match cmd {
+        C::AccountRegister { params, digest, known } => {
+            account_register::decide(state, params, digest, known.as_ref(), ctx)
         }
-        AccountCmd::SessionChallenge { device_id } => {
-            Decision::reply(json(&challenges.issue(state, device_id, ctx.random()?, ctx)?)?)
+        C::SessionChallenge { device_id } => session_challenge::decide(state, challenges, device_id, ctx),
+        C::SessionOpen { params } => session_open::decide(state, challenges, params, ctx),
+        C::CheckSession { device } => session_attach::decide_check(state, device, ctx),
+        C::Backlog { device } => session_attach::decide_backlog(state, device, reads, ctx),
+        C::DeviceAdd { device, params } => device_add::decide(state, device, params, ctx),
+        C::DeviceRevoke { device, params } => device_revoke::decide(state, device, params, ctx),
+        C::AccountDevicesGet => account_devices_get::decide(state),
+        C::AccountSettingsUpdate { device, params } => account_settings_update::decide(state, device, params, ctx),
+        C::RouteGet => route_get::decide(state),
+        C::RouteUpdate { device, params } => route_update::decide(state, device, params, ctx),
+        C::ContactRevoke { device, params } => contact_revoke::decide(state, device, params, ctx),
+        C::MessageSend { device, params, digest, route } => {
+            message_send::decide(state, device, params, digest, route.as_ref(), reads, ctx)
         }
-        AccountCmd::SessionOpen { params } => {
-            // Drawn first: a refusal must not use up the challenge.
-            let token = format!("{}{}", ctx.policy.token_prefix, b64_encode(&ctx.random()?));
-            let grant = challenges.answer(state, params, ctx)?;
-            let reply = json(&SessionOpenResult { token: token.clone(), expires_at: grant.expires_at })?;
-            Decision { events: Vec::new(), reply, effects: vec![Effect::StoreSession { token: Token(token), grant }] }
+        C::Settle { acceptance, status } => message_send::decide_settle(state, acceptance, status, reads, ctx),
+        C::Accept { acceptance, route, first } => {
+            message_send::decide_accept(state, acceptance, route.as_ref(), first.as_ref(), reads, ctx)
         }
-        AccountCmd::CheckSession { device } => {
-            session(device)?;
-            Decision::reply(Reply::ok())
+        C::MessageDeliver { params, digest } => message_deliver::decide(state, params, digest, reads, ctx),
+        C::CheckSender { device_id } => message_deliver::decide_check_sender(state, device_id, ctx),
+        C::RecordDelivery { message_id, status, .. } => {
+            message_delivery_status::decide_record(message_id, status, reads)
         }
-        AccountCmd::CheckSender { device_id } => {
-            decide::check_sender(state, device_id, ctx)?;
-            Decision::reply(Reply::ok())
+        C::MessageDeliveryStatus { device, message_id } => {
+            message_delivery_status::decide(state, device, message_id, reads, ctx)
         }
-        AccountCmd::DeviceAdd { device, params } => {
-            session(device)?;
-            Decision::write(decide::add_device(state, &params.device_certificate, ctx)?, Reply::ok())
+        C::MessageDeliveryPeerStatus { peer, message_id } => {
+            message_delivery_peer_status::decide(state, peer, message_id, reads)
         }
-        AccountCmd::DeviceRevoke { device, params } => {
-            session(device)?;
-            let events = decide::revoke_device(state, &params.revocation, ctx)?;
-            let device_id = params.revocation.device_id.clone();
-            Decision { events, reply: Reply::ok(), effects: vec![Effect::EndDevice { device_id }] }
+        C::MessageTimelineSync { device, params } => message_timeline_sync::decide(state, device, params, reads, ctx),
+        C::MessageTimelineAck { device, params } => message_timeline_ack::decide(state, device, params, ctx),
+        C::PushSubscribe { device, params } => push_subscribe::decide(state, device, params, ctx),
+        C::PushUnsubscribe { device } => push_unsubscribe::decide(state, device, ctx),
+        C::PushGone { device_id, endpoint } => Ok(push_unsubscribe::decide_gone(state, device_id, endpoint)),
+        C::TimelineReplicate { peer, params } => timeline_replicate::decide(state, peer, params, reads, ctx),
+        C::ReplicaApply { partner, page, known, senders } => {
+            timeline_replicate::decide_apply(state, partner, page, known.as_ref(), senders, reads, ctx)
         }
-        AccountCmd::AccountDevicesGet => {
-            if !state.is_registered() {
-                return Err(RelayError::not_found("unknown account"));
-            }
-            Decision::reply(json(&DevicesResult {
-                certificates: state.certificates().collect(),
-                revocations: state.revocations.values().collect(),
-            })?)
-        }
-        AccountCmd::AccountSettingsUpdate { device, params } => {
-            session(device)?;
-            Decision::write(decide::update_settings(state, params.public_discovery, ctx)?, Reply::ok())
-        }
-        AccountCmd::RouteGet => {
-            let route = state
-                .route()
-                .ok_or_else(|| RelayError::new(ErrorCode::RouteNotFound, "no route known for this account"))?;
-            Decision::reply(json(route)?)
-        }
-        AccountCmd::RouteUpdate { device, params } => {
-            session(device)?;
-            let events = decide::update_route(state, &params.route, ctx)?;
-            let reply = json(route_after(state, &events)?)?;
-            Decision::write(events, reply)
-        }
-        AccountCmd::ContactRevoke { device, params } => {
-            session(device)?;
-            Decision::write(decide::revoke_contact(state, params, ctx)?, Reply::ok())
-        }
-        AccountCmd::MessageSend { device, params, digest, route } => {
-            session(device)?;
-            let prior = reads.send_entry(&params.envelope.message_id)?;
-            match decide::send(state, prior.as_ref(), device, params, digest, ctx)? {
-                SendDecision::Duplicate(status) => Decision::reply(Reply::Status(status)),
-                SendDecision::SelfDelivered { event, status } => Decision::write(vec![event], Reply::Status(status)),
-                SendDecision::Sent { event, status, deliver, deadline } => {
-                    let deliver_digest = decide::deliver_digest(&deliver)?;
-                    let acceptance = Acceptance { event, status, deliver, deliver_digest, deadline };
-                    if delivered_here_first(route.as_ref(), &ctx.policy.relay_id) {
-                        return Ok(Decision::reply(Reply::Accept(Box::new(acceptance))));
-                    }
-                    accept(state, acceptance, route.as_ref(), None, ctx)
-                }
-            }
-        }
-        AccountCmd::Settle { acceptance, status } => {
-            let prior = reads.send_entry(&acceptance.deliver.envelope.message_id)?;
-            match decide::settle(state, prior.as_ref(), &acceptance.event, status, ctx)? {
-                SettleDecision::Duplicate(status) => Decision::reply(Reply::Status(status)),
-                SettleDecision::Settled { events, status } => Decision::write(events, Reply::Settled(status)),
-            }
-        }
-        AccountCmd::Accept { acceptance, route, first } => {
-            match reads.send_entry(&acceptance.deliver.envelope.message_id)? {
-                // A retry racing this one was accepted first.
-                Some(entry) => match decide::settle(state, Some(&entry), &acceptance.event, &acceptance.status, ctx)? {
-                    SettleDecision::Duplicate(status) | SettleDecision::Settled { status, .. } => {
-                        Decision::reply(Reply::Status(status))
-                    }
-                },
-                None => accept(state, (**acceptance).clone(), route.as_ref(), first.clone(), ctx),
-            }
-        }
-        AccountCmd::MessageDeliver { params, digest } => {
-            let prior = reads.receipt_entry(&params.envelope.from, &params.envelope.message_id)?;
-            match decide::receive(state, prior.as_ref(), params, digest, ctx)? {
-                ReceiveDecision::Duplicate(status) => Decision::reply(Reply::Status(status)),
-                ReceiveDecision::Accepted { event, status } => Decision::write(vec![*event], Reply::Status(status)),
-            }
-        }
-        AccountCmd::RecordDelivery { message_id, status, .. } => {
-            let entry = reads.send_entry(message_id)?;
-            let events = decide::record_delivery(entry.as_ref(), message_id, status);
-            // The status as recorded: a terminal one never changes.
-            let current = match events.first() {
-                Some(AccountEvent::DeliveryUpdated { status, .. }) => status.clone(),
-                _ => entry.map_or_else(|| status.clone(), |e| e.status),
-            };
-            Decision::write(events, Reply::Settled(current))
-        }
-        AccountCmd::MessageDeliveryStatus { device, message_id } => {
-            session(device)?;
-            relay_schemas::ids::check_message_id("message_id", message_id)?;
-            let entry = reads.send_entry(message_id)?;
-            Decision::reply(Reply::Status(decide::delivery_status(entry.as_ref(), ctx.now)?))
-        }
-        AccountCmd::MessageDeliveryPeerStatus { peer, message_id } => {
-            decide::may_ask_peer_status(state, peer)?;
-            let status = reads.send_entry(message_id)?.map(|e| e.status);
-            let result = PeerStatusResult { known: status.is_some(), status };
-            // Through a JSON value, as this answer has always been sent: members sorted.
-            let value = serde_json::to_value(result).map_err(|e| RelayError::internal(e.to_string()))?;
-            Decision::reply(json(&value)?)
-        }
-        AccountCmd::MessageTimelineSync { device, params } => {
-            session(device)?;
-            let index = reads.timeline_after(params.after);
-            let page = sync::page(device, params, ctx.policy.max_page_bytes, index, |seq| reads.event(seq))?;
-            let records = sync::records(device, &page.found, |id| Ok(reads.send_entry(id)?.map(|e| e.status)))?;
-            Decision::reply(json(&SyncResult { records, next: page.next, has_more: page.has_more })?)
-        }
-        AccountCmd::Backlog { device } => {
-            session(device)?;
-            let cursor = state.cursors.get(device).copied().unwrap_or(0);
-            let mut latest = None;
-            for item in reads.timeline_after(cursor) {
-                let (seq, entry) = item?;
-                if entry.visible.iter().any(|d| d == device) {
-                    latest = Some(seq);
-                }
-            }
-            Decision::reply(Reply::Backlog(latest))
-        }
-        AccountCmd::MessageTimelineAck { device, params } => {
-            session(device)?;
-            Decision::write(decide::ack(state, device, params.through)?, Reply::ok())
-        }
-        AccountCmd::PushSubscribe { device, params } => {
-            session(device)?;
-            Decision::write(decide::push_subscribe(state, device, params)?, Reply::ok())
-        }
-        AccountCmd::PushUnsubscribe { device } => {
-            session(device)?;
-            Decision::write(decide::push_unsubscribe(state, device), Reply::ok())
-        }
-        AccountCmd::PushGone { device_id, endpoint } => {
-            Decision::write(decide::push_gone(state, device_id, endpoint), Reply::ok())
-        }
-        AccountCmd::TimelineReplicate { peer, params } => {
-            let (events, page) = replica::serve(state, peer, params, reads, ctx)?;
-            Decision::write(events, json(&page)?)
-        }
-        AccountCmd::ReplicaApply { partner, page, known, senders } => {
-            let applied = replica::apply(state, partner, page, known.as_ref(), senders, reads, ctx)?;
-            let reply = Reply::Replica(Outcome::Applied { items: applied.applied });
-            // A revocation made at the other home ends the device here too.
-            let revoked = applied.events.iter().filter_map(|e| match e.origin() {
-                AccountEvent::DeviceRevoked { revocation } => Some(revocation.device_id.clone()),
-                _ => None,
-            });
-            let mut effects: Vec<Effect> = revoked.map(|device_id| Effect::EndDevice { device_id }).collect();
-            effects.extend(applied.forwarded.into_iter().map(|b| Effect::Forward(Box::new(b))));
-            Decision { events: applied.events, reply, effects }
-        }
-        AccountCmd::ReplicaMoved { partner, route } => {
-            Decision::write(replica::moved(state, partner, route, ctx), Reply::ok())
-        }
-        AccountCmd::ReplicaCursor { partner } => {
-            Decision::reply(Reply::Replica(Outcome::Cursor(state.replica(partner).pulled)))
-        }
-        AccountCmd::ReplicaReset { partner } => {
-            let mark = state.replica(partner);
-            let events = match mark.served > 0 || mark.acked > 0 {
-                true => vec![AccountEvent::ReplicaReset { partner: partner.clone() }],
-                false => vec![],
-            };
-            Decision::write(events, Reply::ok())
-        }
-    })
-}
-
-/// Atomic acceptance: the sent record, the idempotency result, the
-/// delivery's first events and its due-index entry in one commit. With the
-/// route known, the first attempt rides in it: in flight (`first` is
-/// `None`: the shell starts it once the commit is durable), or already
-/// made here with outcome `first` (then the next is due by the timetable,
-/// or the delivery ended and its status is written too).
-fn accept(
-    state: &AccountState,
-    a: Acceptance,
-    route: Option<&Wire<Route>>,
-    first: Option<AttemptOutcome>,
-    ctx: Ctx,
-) -> Decision {
-    let Acceptance { event, status, deliver, deliver_digest, deadline } = a;
-    let message_id = deliver.envelope.message_id.clone();
-    let times = (UnixSecs(status.accepted_at), UnixSecs(deadline));
-    let begun = decide_acceptance(deliver, deliver_digest, times, route, first, ctx.now.millis(), ctx.policy);
-    let mut events = vec![decide::restamp(state, event)];
-    let reply = match &begun.state.finished {
-        // Ended by the attempt made before: reported finished with the acceptance.
-        Some(done) => {
-            events.push(AccountEvent::DeliveryUpdated { message_id, status: done.clone() });
-            Reply::Settled(done.clone())
-        }
-        None => Reply::Status(status),
-    };
-    Decision { events, reply, effects: vec![Effect::BeginDelivery(Box::new(begun))] }
+        C::ReplicaMoved { partner, route } => Ok(timeline_replicate::decide_moved(state, partner, route, ctx)),
+        C::ReplicaCursor { partner } => Ok(timeline_replicate::decide_cursor(state, partner)),
+        C::ReplicaReset { partner } => Ok(timeline_replicate::decide_reset(state, partner)),
+    }
 }

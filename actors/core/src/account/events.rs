@@ -64,7 +64,7 @@ pub enum AccountEvent {
         record: Option<Box<Record>>,
         /// The delivery's final status when it ended before the acceptance
         /// was written (a recipient on this relay took or refused it at
-        /// once: `decide::settle`): acceptance and outcome in one event, no
+        /// once: `message_send::settle`): acceptance and outcome in one event, no
         /// delivery stream. Absent: `delivering`, and a `delivery_updated`
         /// follows (and in every event written before this field).
         #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -3,7 +3,7 @@
 //! account actor's memory, never in its event stream: a restart forgets
 //! them and the device asks again. The randomness comes in as bytes.
 
-use super::decide::Ctx;
+use super::shared::Ctx;
 use super::state::AccountState;
 use relay_schemas::encoding::b64_encode;
 use relay_schemas::methods::{ChallengeResult, SessionOpenParams};
@@ -109,7 +109,7 @@ impl Challenges {
 /// revocations made since) but admits no device.
 fn serving(state: &AccountState, ctx: Ctx) -> Result<(), RelayError> {
     match state.route() {
-        Some(route) if !route.lists_relay(&ctx.policy.relay_id) => Err(super::decide::not_served_here(Some(route))),
+        Some(route) if !route.lists_relay(&ctx.policy.relay_id) => Err(super::shared::not_served_here(Some(route))),
         _ => Ok(()),
     }
 }
@@ -117,7 +117,7 @@ fn serving(state: &AccountState, ctx: Ctx) -> Result<(), RelayError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::account::decide;
+    use crate::account::method::account_register::register;
     use crate::policy::Policy;
     use relay_schemas::client::{Account, Device};
     use relay_schemas::ErrorCode;
@@ -146,7 +146,7 @@ mod tests {
         let p = serde_json::from_str(&params.to_string()).unwrap();
         let policy = policy();
         let mut state = AccountState::new(&a.id);
-        for e in decide::register(&state, &p, "digest", None, Ctx::new(UnixSecs(NOW), &policy)).unwrap() {
+        for e in register(&state, &p, "digest", None, Ctx::new(UnixSecs(NOW), &policy)).unwrap() {
             state.apply(&e);
         }
         state

@@ -309,3 +309,94 @@ impl AccountState {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! `apply` and snapshots.
+
+    use super::*;
+    use crate::account::testkit::*;
+
+    /// What a relay restoring from a snapshot does: serde round trip of the
+    /// state, then the derived caches. The ledger stays in the store.
+    fn snapshot_round_trip(s: &Given) -> Given {
+        let bytes = serde_json::to_vec(&s.state).expect("snapshot serializes");
+        let mut restored: AccountState = serde_json::from_slice(&bytes).expect("snapshot deserializes");
+        restored.rebuild_caches();
+        Given { state: restored, ..s.clone() }
+    }
+
+    #[test]
+    fn a_snapshot_decides_exactly_like_the_state_it_was_taken_from() {
+        let original = busy_alice();
+        let restored = snapshot_round_trip(&original);
+        let (before, after) = (decisions(&original), decisions(&restored));
+        for (i, (b, a)) in before.iter().zip(&after).enumerate() {
+            assert_eq!(b, a, "decision {i} differs after the snapshot");
+        }
+        // And the decisions compared are the interesting ones.
+        then_send_duplicate(when_send(&restored, "phone", &alice_to_bob(1), at(NOW + 5)));
+        then_receive_duplicate(when_receive(&restored, &bob_to_alice(3), at(NOW + 5)));
+        assert!(restored.device_valid("phone", UnixSecs(NOW + 5)));
+        assert!(!restored.device_valid("laptop", UnixSecs(NOW + 5)));
+        assert!(restored.device_valid("tablet", UnixSecs(NOW + 5)));
+        assert!(!restored.device_valid("tablet", UnixSecs(NOW + 100)));
+        then_no_events(add_device(&restored, &wire(&cert(&alice(), &phone())), at(NOW + 5)));
+        then_no_events(when_register(&restored, &register_value(&alice(), &phone(), &[RELAY], None), at(NOW + 5)));
+        assert_eq!(
+            then_events(revoke_device(&restored, &wire(&alice().revocation("tablet", NOW)), at(NOW + 5))).len(),
+            1
+        );
+        let (event, _) = then_accepted(when_receive(&restored, &bob_to_alice_without_auth(14), at(NOW + 5)));
+        assert_eq!(record_of(&event).sequence, 4);
+        assert_eq!(record_of(&event).visible, strings(&["phone"]));
+    }
+
+    #[test]
+    fn a_snapshot_keeps_signed_objects_byte_for_byte() {
+        // A certificate with an unknown member, covered by its signature.
+        let mut with_extra = cert(&alice(), &tablet());
+        with_extra["x-future"] = json!({"b": 1, "a": [2, 1]});
+        let with_extra = signed(Tag::DeviceCertificate, with_extra, &alice().key);
+        let s = given_alice([]);
+        assert_eq!(then_events(add_device(&s, &wire(&with_extra), at(NOW))).len(), 1);
+        let s = given_alice([device_added_cert(&with_extra)]);
+        let restored = snapshot_round_trip(&s);
+        assert_eq!(restored.devices["tablet"].certificate.raw().get(), s.devices["tablet"].certificate.raw().get());
+        then_no_events(add_device(&restored, &wire(&with_extra), at(NOW)));
+        assert!(restored.device_valid("tablet", UnixSecs(NOW)));
+    }
+
+    #[test]
+    fn apply_folds_registration_into_a_usable_account() {
+        let s = given(&alice(), &[registered(&alice(), &phone())]);
+        assert_eq!(s.route().map(|r| r.revision), Some(1));
+        assert!(s.account_key().is_some());
+        assert!(s.devices.contains_key("phone"));
+        let _: &Wire<Route> = s.route().unwrap();
+        let _: &Wire<DeviceCertificate> = &s.devices["phone"].certificate;
+    }
+
+    #[test]
+    fn a_snapshot_holds_no_idempotency_results() {
+        let s = busy_alice();
+        assert!(!s.ledger.sends.is_empty() && !s.ledger.receipts.is_empty());
+        let snapshot = serde_json::to_value(&s.state).unwrap();
+        assert!(snapshot.get("sends").is_none() && snapshot.get("receipts").is_none(), "{snapshot}");
+    }
+
+    #[test]
+    fn a_small_map_reads_and_writes_as_the_btree_map_it_replaces() {
+        use crate::account::state::SmallMap;
+        let json = r#"{"tablet":3,"laptop":1,"phone":2,"laptop":4}"#;
+        let small: SmallMap<u64> = serde_json::from_str(json).unwrap();
+        let btree: std::collections::BTreeMap<String, u64> = serde_json::from_str(json).unwrap();
+        assert_eq!(serde_json::to_string(&small).unwrap(), serde_json::to_string(&btree).unwrap());
+        let mut m = SmallMap::default();
+        for (k, v) in [("phone", 1), ("laptop", 2), ("phone", 3)] {
+            m.insert(k.to_string(), v);
+        }
+        assert_eq!(m.iter().collect::<Vec<_>>(), [("laptop", &2), ("phone", &3)]);
+        assert_eq!((m["phone"], m.get("tablet"), m.len()), (3, None, 2));
+    }
+}

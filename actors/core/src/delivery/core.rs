@@ -4,6 +4,7 @@
 
 use super::outcome::AttemptOutcome;
 use super::timetable::next_attempt_ms;
+use crate::aggregate::{Aggregate, Decision};
 use crate::policy::Policy;
 use relay_schemas::methods::DeliverParams;
 use relay_schemas::objects::{RelayRef, Route};
@@ -163,7 +164,7 @@ impl DeliveryState {
 /// answer allowed it and the route has a higher revision. An attempt left
 /// in flight by a crash is confirmed by a new attempt with the same
 /// unchanged params to the same target.
-pub fn decide_due(s: &DeliveryState, now_ms: UnixMillis, route: Option<&Wire<Route>>) -> Vec<DeliveryEvent> {
+fn due(s: &DeliveryState, now_ms: UnixMillis, route: Option<&Wire<Route>>) -> Vec<DeliveryEvent> {
     if s.finished.is_some() {
         return vec![];
     }
@@ -229,16 +230,16 @@ pub struct Begun {
 /// acceptance's commit; `first` is its outcome when the process manager
 /// made it before writing (a local recipient whose attempt did not end at
 /// once). Without a route the first attempt is due now and resolves one.
-pub fn decide_acceptance(
-    params: Box<DeliverParams>,
-    digest: String,
-    (accepted_at, deadline): (UnixSecs, UnixSecs),
+fn acceptance(
+    params: &DeliverParams,
+    digest: &str,
+    times: (UnixSecs, UnixSecs),
     route: Option<&Wire<Route>>,
-    first: Option<AttemptOutcome>,
-    now_ms: UnixMillis,
-    policy: &Policy,
-) -> Begun {
-    let accepted = accepted(params, digest, (accepted_at, deadline), now_ms);
+    first: Option<&AttemptOutcome>,
+    ctx: DeliveryCtx,
+) -> Vec<DeliveryEvent> {
+    let now_ms = ctx.now_ms;
+    let accepted = accepted(Box::new(params.clone()), digest.to_owned(), times, now_ms);
     let mut state = DeliveryState::default();
     state.apply(&accepted);
     let mut events = vec![accepted];
@@ -247,18 +248,17 @@ pub fn decide_acceptance(
         events.extend(new);
     };
     if let Some(route) = route {
-        let attempt = decide_due(&state, now_ms, Some(route));
+        let attempt = due(&state, now_ms, Some(route));
         // Past its deadline already: due now, where it ends by the timetable.
         if !attempt.iter().any(DeliveryEvent::ends) {
             take(&mut state, attempt);
             if let Some(outcome) = first {
-                let after = decide_outcome(&state, state.attempts, outcome, now_ms, policy);
+                let after = outcome_of(&state, state.attempts, outcome.clone(), now_ms, ctx.policy);
                 take(&mut state, after);
             }
         }
     }
-    let due_ms = state.finished.is_none().then(|| state.next_due_ms.unwrap_or(now_ms));
-    Begun { events, state, due_ms }
+    events
 }
 
 /// A message the sender's other home accepted and attempted first (SHiNE:
@@ -266,19 +266,27 @@ pub fn decide_acceptance(
 /// attempt): this relay delivers it too, by its own state with the
 /// original `accepted_at` and deadline, from the timetable's next slot
 /// after now. Past the deadline it is due now, and ends by the timetable.
-pub fn decide_forwarded(
-    params: Box<DeliverParams>,
-    digest: String,
+fn forwarded(
+    params: &DeliverParams,
+    digest: &str,
     (accepted_at, deadline): (UnixSecs, UnixSecs),
-    now_ms: UnixMillis,
-    policy: &Policy,
-) -> Begun {
+    ctx: DeliveryCtx,
+) -> DeliveryEvent {
+    let now_ms = ctx.now_ms;
     let first_due_ms =
-        next_attempt_ms(policy, accepted_at.millis(), now_ms, UnixMillis(0), deadline.millis()).unwrap_or(now_ms);
-    let accepted = accepted(params, digest, (accepted_at, deadline), first_due_ms);
+        next_attempt_ms(ctx.policy, accepted_at.millis(), now_ms, UnixMillis(0), deadline.millis()).unwrap_or(now_ms);
+    accepted(Box::new(params.clone()), digest.to_owned(), (accepted_at, deadline), first_due_ms)
+}
+
+/// A delivery begun by `cmd` ([`DeliveryCmd::Accept`] or
+/// [`DeliveryCmd::Forward`]): its first events, the state they fold into,
+/// and its due-index entry (none once it ended).
+pub fn begin(cmd: &DeliveryCmd, ctx: DeliveryCtx) -> Result<Begun, RelayError> {
     let mut state = DeliveryState::default();
-    state.apply(&accepted);
-    Begun { events: vec![accepted], state, due_ms: Some(first_due_ms) }
+    let events = state.decide(cmd, ctx)?.events;
+    events.iter().for_each(|e| state.apply(e));
+    let due_ms = state.finished.is_none().then(|| state.next_due_ms.unwrap_or(ctx.now_ms));
+    Ok(Begun { events, state, due_ms })
 }
 
 /// Whether a `message.send` is delivered before its acceptance is written:
@@ -292,7 +300,7 @@ pub fn delivered_here_first(route: Option<&Wire<Route>>, own_relay_id: &str) -> 
 /// The final status an attempt's outcome settles at once, if any: the
 /// target took it, or refused it for good (the seed's error table). Anything
 /// else (a busy account, a retryable or route error, an unknown result) is
-/// left to the timetable. [`decide_outcome`] starts with it, and the process
+/// left to the timetable. [`DeliveryCmd::Outcome`] starts with it, and the process
 /// manager asks it of a local attempt made before acceptance.
 pub fn final_status(outcome: &AttemptOutcome, accepted_at: UnixSecs) -> Option<DeliveryStatus> {
     let accepted_at = accepted_at.0;
@@ -333,7 +341,7 @@ pub fn combine(outcomes: Vec<AttemptOutcome>) -> AttemptOutcome {
 
 /// The answer to attempt `attempt`, by the seed's error table. Late answers
 /// (to an older attempt, or after the end) change nothing.
-pub fn decide_outcome(
+fn outcome_of(
     s: &DeliveryState,
     attempt: u32,
     outcome: AttemptOutcome,
@@ -375,7 +383,7 @@ pub fn decide_outcome(
 /// Before an attempt after the second, the sender's other home relay is
 /// asked whether it has delivered the message already (SHiNE: a user's two
 /// servers exchange delivery results read-only); a `target_accepted` there
-/// ends this delivery ([`decide_peer_confirmed`]). Which relay to ask: the
+/// ends this delivery ([`DeliveryCmd::PeerConfirmed`]). Which relay to ask: the
 /// other one of a sender route naming this relay and one more.
 pub fn other_home_to_ask(s: &DeliveryState, sender_route: Option<&Route>, own_relay_id: &str) -> Option<RelayRef> {
     let names_us = |r: &&Route| r.relays.iter().any(|x| x.id == own_relay_id);
@@ -385,11 +393,79 @@ pub fn other_home_to_ask(s: &DeliveryState, sender_route: Option<&Route>, own_re
 
 /// The sender's other home relay reports the message `target_accepted`
 /// (SHiNE schedule): this relay's delivery ends the same way.
-pub fn decide_peer_confirmed(s: &DeliveryState) -> Vec<DeliveryEvent> {
+fn peer_confirmed(s: &DeliveryState) -> Vec<DeliveryEvent> {
     if s.finished.is_some() {
         return vec![];
     }
     vec![DeliveryEvent::Finished { status: DeliveryStatus::target_accepted(s.accepted_at.0) }]
+}
+
+/// Every command a delivery takes.
+#[derive(Debug)]
+pub enum DeliveryCmd<'a> {
+    /// The sender's account accepted the message: the delivery begins
+    /// (on a fresh state), its first attempt riding in the acceptance when
+    /// `route` is known, with `first`, its outcome, when the process
+    /// manager already made it here.
+    Accept {
+        params: &'a DeliverParams,
+        digest: &'a str,
+        accepted_at: UnixSecs,
+        deadline: UnixSecs,
+        route: Option<&'a Wire<Route>>,
+        first: Option<&'a AttemptOutcome>,
+    },
+    /// A delivery taken on for the sender's other home (on a fresh state).
+    Forward { params: &'a DeliverParams, digest: &'a str, accepted_at: UnixSecs, deadline: UnixSecs },
+    /// An attempt is due; `route` is the recipient's best known route now.
+    Due { route: Option<&'a Wire<Route>> },
+    /// The answer to attempt `attempt`, by the seed's error table.
+    Outcome { attempt: u32, outcome: &'a AttemptOutcome },
+    /// The sender's other home reports the message `target_accepted`.
+    PeerConfirmed,
+}
+
+/// The time and policy a delivery decides under (milliseconds: the
+/// timetable's unit).
+#[derive(Clone, Copy)]
+pub struct DeliveryCtx<'a> {
+    pub now_ms: UnixMillis,
+    pub policy: &'a Policy,
+}
+
+/// What a delivery command decided: events only. A delivery answers nobody
+/// (its outcome reaches the sender's account through the process manager);
+/// what its shell does next follows from the state.
+pub type DeliveryDecision = Decision<DeliveryEvent, (), ()>;
+
+impl<'a> Aggregate<DeliveryCmd<'_>, DeliveryCtx<'a>> for DeliveryState {
+    type Event = DeliveryEvent;
+    type Reply = ();
+    type Effect = ();
+
+    fn decide(&self, cmd: &DeliveryCmd<'_>, ctx: DeliveryCtx<'a>) -> Result<DeliveryDecision, RelayError> {
+        let events = match cmd {
+            DeliveryCmd::Accept { .. } | DeliveryCmd::Forward { .. } if self.params.is_some() => {
+                return Err(RelayError::internal("a delivery begins once"));
+            }
+            DeliveryCmd::Accept { params, digest, accepted_at, deadline, route, first } => {
+                acceptance(params, digest, (*accepted_at, *deadline), *route, *first, ctx)
+            }
+            DeliveryCmd::Forward { params, digest, accepted_at, deadline } => {
+                vec![forwarded(params, digest, (*accepted_at, *deadline), ctx)]
+            }
+            DeliveryCmd::Due { route } => due(self, ctx.now_ms, *route),
+            DeliveryCmd::Outcome { attempt, outcome } => {
+                outcome_of(self, *attempt, (*outcome).clone(), ctx.now_ms, ctx.policy)
+            }
+            DeliveryCmd::PeerConfirmed => peer_confirmed(self),
+        };
+        Ok(Decision::write(events, ()))
+    }
+
+    fn apply(&mut self, event: &DeliveryEvent) {
+        DeliveryState::apply(self, event)
+    }
 }
 
 #[cfg(test)]
@@ -433,7 +509,7 @@ mod tests {
 
     /// when(due) with `r` as the best known route.
     fn start_with(s: &mut DeliveryState, now_ms: u64, r: &Wire<Route>) -> u32 {
-        let ev = decide_due(s, UnixMillis(now_ms), Some(r));
+        let ev = when_due(s, UnixMillis(now_ms), Some(r));
         assert!(matches!(ev.last(), Some(DeliveryEvent::AttemptStarted { .. })), "{ev:?}");
         apply_all(s, &ev);
         s.attempts
@@ -445,7 +521,7 @@ mod tests {
 
     /// when(outcome) then apply the decided events.
     fn step(s: &mut DeliveryState, attempt: u32, outcome: AttemptOutcome, now_ms: u64, p: &Policy) {
-        let ev = decide_outcome(s, attempt, outcome, UnixMillis(now_ms), p);
+        let ev = when_outcome(s, attempt, outcome, UnixMillis(now_ms), p);
         apply_all(s, &ev);
     }
 
@@ -460,15 +536,44 @@ mod tests {
     /// An acceptance at t=1000 s with a 90-minute deadline.
     fn begin(route: Option<&Wire<Route>>, first: Option<AttemptOutcome>) -> Begun {
         let p = Policy::with_relay_id("r");
-        decide_acceptance(
-            Box::new(params()),
-            "d".into(),
-            (UnixSecs(1000), UnixSecs(1000 + 5400)),
-            route,
-            first,
-            UnixMillis(1_000_000),
-            &p,
-        )
+        when_accepted(&params(), (1000, 1000 + 5400), route, first.as_ref(), 1_000_000, &p)
+    }
+
+    /// when(Accept) on a fresh delivery: what the acceptance begins.
+    fn when_accepted(
+        params: &DeliverParams,
+        (accepted_at, deadline): (u64, u64),
+        route: Option<&Wire<Route>>,
+        first: Option<&AttemptOutcome>,
+        now_ms: u64,
+        policy: &Policy,
+    ) -> Begun {
+        let (accepted_at, deadline) = (UnixSecs(accepted_at), UnixSecs(deadline));
+        let cmd = DeliveryCmd::Accept { params, digest: "d", accepted_at, deadline, route, first };
+        super::begin(&cmd, DeliveryCtx { now_ms: UnixMillis(now_ms), policy }).unwrap()
+    }
+
+    /// when(Due) with `route` the best known route.
+    fn when_due(s: &DeliveryState, now_ms: UnixMillis, route: Option<&Wire<Route>>) -> Vec<DeliveryEvent> {
+        let policy = Policy::with_relay_id("r");
+        s.decide(&DeliveryCmd::Due { route }, DeliveryCtx { now_ms, policy: &policy }).unwrap().events
+    }
+
+    /// when(Outcome) of attempt `attempt`.
+    fn when_outcome(
+        s: &DeliveryState,
+        attempt: u32,
+        outcome: AttemptOutcome,
+        now_ms: UnixMillis,
+        policy: &Policy,
+    ) -> Vec<DeliveryEvent> {
+        s.decide(&DeliveryCmd::Outcome { attempt, outcome: &outcome }, DeliveryCtx { now_ms, policy }).unwrap().events
+    }
+
+    /// when(PeerConfirmed).
+    fn when_peer_confirmed(s: &DeliveryState) -> Vec<DeliveryEvent> {
+        let policy = Policy::with_relay_id("r");
+        s.decide(&DeliveryCmd::PeerConfirmed, DeliveryCtx { now_ms: UnixMillis(0), policy: &policy }).unwrap().events
     }
 
     #[test]
@@ -545,7 +650,7 @@ mod tests {
         {
             let mut s = accepted();
             let n = start(&mut s, 1_000_000);
-            let ev = decide_outcome(&s, n, rejected(code), UnixMillis(1_000_100), &p);
+            let ev = when_outcome(&s, n, rejected(code), UnixMillis(1_000_100), &p);
             assert!(
                 matches!(
                     ev[..],
@@ -618,7 +723,7 @@ mod tests {
     #[test]
     fn deadline_reached_before_completion_fails_with_message_expired() {
         let mut s = accepted();
-        let ev = decide_due(&s, UnixMillis((1000 + 5400) * 1000), Some(&route(1, &["relay-b"])));
+        let ev = when_due(&s, UnixMillis((1000 + 5400) * 1000), Some(&route(1, &["relay-b"])));
         apply_all(&mut s, &ev);
         assert_eq!(s.status().error.unwrap().code, ErrorCode::MessageExpired);
     }
@@ -640,9 +745,9 @@ mod tests {
         step(&mut s, n, rejected(ErrorCode::DeviceUnknown), 1_000_100, &p);
         let before = s.status();
         let late = AttemptOutcome::Answered(DeliveryStatus::target_accepted(5));
-        assert!(decide_outcome(&s, n, late, UnixMillis(1_000_200), &p).is_empty());
-        assert!(decide_due(&s, UnixMillis(1_000_300), Some(&route(1, &["relay-b"]))).is_empty());
-        assert!(decide_peer_confirmed(&s).is_empty());
+        assert!(when_outcome(&s, n, late, UnixMillis(1_000_200), &p).is_empty());
+        assert!(when_due(&s, UnixMillis(1_000_300), Some(&route(1, &["relay-b"]))).is_empty());
+        assert!(when_peer_confirmed(&s).is_empty());
         assert_eq!(s.status(), before);
     }
 
@@ -654,7 +759,7 @@ mod tests {
         step(&mut s, first, rejected(ErrorCode::InternalError), 1_000_100, &p);
         let _second = start(&mut s, 1_030_000);
         let late = AttemptOutcome::Answered(DeliveryStatus::target_accepted(5));
-        assert!(decide_outcome(&s, first, late, UnixMillis(1_030_100), &p).is_empty());
+        assert!(when_outcome(&s, first, late, UnixMillis(1_030_100), &p).is_empty());
     }
 
     #[test]
@@ -663,7 +768,7 @@ mod tests {
         let mut s = accepted();
         let n = start(&mut s, 1_000_000);
         let e = RelayError::new(ErrorCode::RateLimited, "wait").with_data(serde_json::json!({"retry_after": 120}));
-        let ev = decide_outcome(&s, n, AttemptOutcome::Rejected(e), UnixMillis(1_000_000), &p);
+        let ev = when_outcome(&s, n, AttemptOutcome::Rejected(e), UnixMillis(1_000_000), &p);
         assert!(matches!(ev[..], [DeliveryEvent::AttemptFailed { next_due_ms: UnixMillis(1_120_000), .. }]), "{ev:?}");
     }
 
@@ -690,21 +795,13 @@ mod tests {
         // Stored and read back as events, through attempts, a failure and a
         // newer route: what the next attempt sends is still those bytes.
         let policy = Policy::with_relay_id("r");
-        let begun = decide_acceptance(
-            Box::new(p),
-            "d".into(),
-            (UnixSecs(1000), UnixSecs(6400)),
-            Some(&route(1, &["x"])),
-            None,
-            UnixMillis(1_000_000),
-            &policy,
-        );
+        let begun = when_accepted(&p, (1000, 6400), Some(&route(1, &["x"])), None, 1_000_000, &policy);
         let mut events = begun.events;
         let mut s = begun.state;
-        let failed = decide_outcome(&s, 1, rejected(ErrorCode::RouteStale), UnixMillis(1_000_100), &policy);
+        let failed = when_outcome(&s, 1, rejected(ErrorCode::RouteStale), UnixMillis(1_000_100), &policy);
         apply_all(&mut s, &failed);
         events.extend(failed);
-        events.extend(decide_due(&s, UnixMillis(1_030_000), Some(&route(2, &["y"]))));
+        events.extend(when_due(&s, UnixMillis(1_030_000), Some(&route(2, &["y"]))));
         let stored: Vec<String> = events.iter().map(|e| serde_json::to_string(e).unwrap()).collect();
         let mut replayed = DeliveryState::default();
         for e in &stored {
@@ -763,7 +860,7 @@ mod tests {
     fn no_route_known_is_an_attempt_without_target_that_retries() {
         let p = Policy::with_relay_id("r");
         let mut s = accepted();
-        let ev = decide_due(&s, UnixMillis(1_000_000), None);
+        let ev = when_due(&s, UnixMillis(1_000_000), None);
         assert!(matches!(&ev[..], [DeliveryEvent::AttemptStarted { targets, .. }] if targets.is_empty()));
         apply_all(&mut s, &ev);
         step(&mut s, 1, combine(vec![]), 1_000_100, &p);
@@ -788,7 +885,7 @@ mod tests {
     #[test]
     fn peer_confirmation_ends_the_delivery_target_accepted() {
         let mut s = accepted();
-        let ev = decide_peer_confirmed(&s);
+        let ev = when_peer_confirmed(&s);
         apply_all(&mut s, &ev);
         assert_eq!(s.status(), DeliveryStatus::target_accepted(1000));
     }

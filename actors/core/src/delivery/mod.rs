@@ -2,6 +2,8 @@
 //! fixed deadline (`core`), and the retry timetable.
 
 pub mod core;
+#[cfg(test)]
+mod model;
 pub mod outcome;
 pub mod timetable;
 

@@ -1,7 +1,7 @@
 //! The ledger of data written before it left the state: accounts written
-//! by the previous version are upgraded on load.
+//! by the previous version are upgraded on load. Stays in the shell: the
+//! upgrade is the store's layout, read and rewritten by the actor's load.
 
-use super::snapshots::{busy_alice, busy_alice_events, decisions};
 use super::*;
 use crate::account::actor::AccountActor;
 use crate::account::{ledger, stream_id};

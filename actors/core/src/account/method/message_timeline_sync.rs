@@ -1,15 +1,33 @@
-//! `message.timeline.sync`: which records one page holds. The shell hands
+//! `message.timeline.sync` (PROTOCOL §4): which records one page holds. The shell hands
 //! in the timeline index from the cursor on and a way to read an event;
 //! the rules here choose the page: records the device may read, at most
 //! `limit` of them and about `max_page_bytes` of them, and a bounded scan
 //! past records it may not read, so one call costs at most a few pages of
 //! index whatever the account holds.
 
-use super::events::AccountEvent;
-use super::timeline::{fits_page, IndexEntry, RECORD_OVERHEAD};
-use relay_schemas::methods::{SyncParams, SYNC_DEFAULT_LIMIT, SYNC_MAX_LIMIT};
+use crate::account::command::{Decision, Reads};
+use crate::account::events::AccountEvent;
+use crate::account::shared::{check_session, json, Ctx};
+use crate::account::state::AccountState;
+use crate::account::timeline::{fits_page, IndexEntry, RECORD_OVERHEAD};
+use relay_schemas::methods::{SyncParams, SyncResult, SYNC_DEFAULT_LIMIT, SYNC_MAX_LIMIT};
 use relay_schemas::objects::{Direction, TimelineRecord};
 use relay_schemas::{DeliveryStatus, RelayError};
+
+/// Reads one page through the reads view; writes nothing.
+pub(crate) fn decide(
+    state: &AccountState,
+    device: &str,
+    params: &SyncParams,
+    reads: &impl Reads,
+    ctx: Ctx,
+) -> Result<Decision, RelayError> {
+    check_session(state, device, ctx)?;
+    let index = reads.timeline_after(params.after);
+    let page = page(device, params, ctx.policy.max_page_bytes, index, |seq| reads.event(seq))?;
+    let records = records(device, &page.found, |id| Ok(reads.send_entry(id)?.map(|e| e.status)))?;
+    Ok(Decision::reply(json(&SyncResult { records, next: page.next, has_more: page.has_more })?))
+}
 
 /// Index entries scanned per record asked for, at most.
 const SCAN_PER_RECORD: usize = 10;
@@ -106,7 +124,8 @@ pub fn records<'a>(
 }
 
 #[cfg(test)]
-mod tests {
+/// The page's own rules, on hand-made index entries.
+mod page {
     use super::*;
     use serde_json::json;
 
@@ -192,5 +211,76 @@ mod tests {
         let r = records("laptop", &p.found, |_| panic!("no sent record here")).unwrap();
         assert_eq!((r.len(), r[0].sequence, r[0].direction, r[0].accepted_at), (1, 1, Direction::Received, 101));
         assert_eq!(r[0].key_box.get(), r#"{"box":"AA","device_id":"laptop"}"#, "its own box, as stored");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Timeline sequences and `message.timeline.ack`.
+    //! Through `command::decide`, the one entry the shell calls: what the
+    //! method answers and which effects it asks of the shell.
+
+    use super::*;
+    use crate::account::testkit::*;
+    use relay_schemas::methods::SyncParams;
+
+    #[test]
+    fn sync_pages_the_records_the_device_may_read_through_the_reads_view() {
+        let mut s = given_alice([]);
+        s.apply(&receive_event(&s, &bob_to_alice(1)));
+        s.apply(&send_event(&s, &alice_to_self(2, &["phone"])));
+        s.apply(&receive_event(&s, &bob_to_alice(3)));
+        let sync = |device: &str, after: u64, limit: u32| {
+            let params: SyncParams = parse(&json!({"after": after, "limit": limit}));
+            reply_json(&when(&s, Cmd::MessageTimelineSync { device: device.into(), params }).unwrap().reply)
+        };
+        let page = sync("laptop", 0, 10);
+        let seqs: Vec<_> = page["records"].as_array().unwrap().iter().map(|r| r["sequence"].clone()).collect();
+        assert_eq!(seqs, [json!(1), json!(3)]);
+        assert_eq!((page["next"].clone(), page["has_more"].clone()), (json!(3), json!(false)));
+        let page = sync("phone", 0, 2);
+        assert_eq!(page["records"].as_array().unwrap().len(), 2);
+        assert_eq!((page["next"].clone(), page["has_more"].clone()), (json!(2), json!(true)));
+    }
+
+    #[test]
+    fn timeline_sequences_strictly_increase_across_sent_self_and_received_records() {
+        let mut events = alice_history();
+        let mut sequences = Vec::new();
+        let mut step = |events: &mut Vec<AccountEvent>, event: AccountEvent| {
+            if let Some(r) = event.record() {
+                sequences.push(r.sequence);
+            }
+            events.push(event);
+        };
+        let s = given(&alice(), &events);
+        step(&mut events, send_event(&s, &alice_to_bob(1)));
+        let s = given(&alice(), &events);
+        let no_record = send_value(envelope(&phone(), &alice(), &bob(), 2, NOW), &["bob-phone"], None);
+        step(&mut events, send_event(&s, &no_record));
+        let s = given(&alice(), &events);
+        step(&mut events, receive_event(&s, &bob_to_alice(3)));
+        let s = given(&alice(), &events);
+        step(&mut events, send_event(&s, &alice_to_self(4, &["phone"])));
+        let s = given(&alice(), &events);
+        let grant = alice().grant("grant-carol", &carol().id, ISSUED, None);
+        let from_carol = with_auth(
+            deliver_value(
+                envelope(&carol_phone(), &carol(), &alice(), 5, NOW),
+                &["laptop"],
+                cert(&carol(), &carol_phone()),
+            ),
+            grant_auth(grant),
+        );
+        step(&mut events, receive_event(&s, &from_carol));
+        let s = given(&alice(), &events);
+        step(&mut events, send_event(&s, &alice_to_bob(6)));
+        let s = given(&alice(), &events);
+        assert_eq!(sequences, vec![1, 2, 3, 4, 5]);
+        assert_eq!(s.last_sequence, 5);
+        assert_eq!(s.sent(&mid(1)).sequence, Some(1));
+        assert_eq!(s.sent(&mid(2)).sequence, None);
+        assert_eq!(s.sent(&mid(4)).sequence, Some(3));
+        assert_eq!(s.sent(&mid(6)).sequence, Some(5));
     }
 }

@@ -1,0 +1,694 @@
+//! `message.send` (PROTOCOL §4): the source accepts a message from the
+//! session's device ([`send`]) and begins its delivery. Three commands:
+//!
+//! - `MessageSend` decides; to an account served here alone it writes
+//!   nothing and answers [`Reply::Accept`], as the process manager
+//!   delivers first;
+//! - `Settle` writes that acceptance with the final status the local
+//!   delivery gave at once ([`settle`]);
+//! - `Accept` writes it with its delivery (and the outcome of a local
+//!   attempt that did not end it), as `MessageSend` does for any other
+//!   route ([`accept`]).
+
+use crate::account::command::{Acceptance, Decision, Effect, Reads, Reply};
+use crate::account::events::AccountEvent;
+use crate::account::ledger::SendEntry;
+use crate::account::method::message_deliver::deliver_digest;
+use crate::account::shared::{
+    check_created_at, check_session, idempotent, record, registered_route, served_here, visible_devices, Ctx,
+};
+use crate::account::state::AccountState;
+use crate::delivery::core::{begin, delivered_here_first, DeliveryCmd, DeliveryCtx};
+use crate::delivery::AttemptOutcome;
+use relay_schemas::methods::{DeliverParams, SendParams};
+use relay_schemas::objects::{check_boxes, Route};
+use relay_schemas::sign::Tag;
+use relay_schemas::{DeliveryStatus, RelayError, UnixSecs, Wire};
+
+/// `MessageSend`: a duplicate answers its status, a self-delivery writes
+/// its record, a send to an account served here alone is decided only
+/// (answered [`Reply::Accept`]), any other is accepted with its delivery.
+pub(crate) fn decide(
+    state: &AccountState,
+    device: &str,
+    params: &SendParams,
+    digest: &str,
+    route: Option<&Wire<Route>>,
+    reads: &impl Reads,
+    ctx: Ctx,
+) -> Result<Decision, RelayError> {
+    check_session(state, device, ctx)?;
+    let prior = reads.send_entry(&params.envelope.message_id)?;
+    Ok(match send(state, prior.as_ref(), device, params, digest, ctx)? {
+        SendDecision::Duplicate(status) => Decision::reply(Reply::Status(status)),
+        SendDecision::SelfDelivered { event, status } => Decision::write(vec![event], Reply::Status(status)),
+        SendDecision::Sent { event, status, deliver, deadline } => {
+            let deliver_digest = deliver_digest(&deliver)?;
+            let acceptance = Acceptance { event, status, deliver, deliver_digest, deadline };
+            if delivered_here_first(route, &ctx.policy.relay_id) {
+                return Ok(Decision::reply(Reply::Accept(Box::new(acceptance))));
+            }
+            accept(state, acceptance, route, None, ctx)?
+        }
+    })
+}
+
+/// `Settle`: the decided acceptance with the final status its local
+/// delivery gave at once, unless a retry settled first.
+pub(crate) fn decide_settle(
+    state: &AccountState,
+    acceptance: &Acceptance,
+    status: &DeliveryStatus,
+    reads: &impl Reads,
+    ctx: Ctx,
+) -> Result<Decision, RelayError> {
+    let prior = reads.send_entry(&acceptance.deliver.envelope.message_id)?;
+    Ok(match settle(state, prior.as_ref(), &acceptance.event, status, ctx)? {
+        SettleDecision::Duplicate(status) => Decision::reply(Reply::Status(status)),
+        SettleDecision::Settled { events, status } => Decision::write(events, Reply::Settled { status, head: () }),
+    })
+}
+
+/// `Accept`: the decided acceptance with its delivery and `first`, the
+/// outcome of the local attempt made before, unless a retry was accepted
+/// first.
+pub(crate) fn decide_accept(
+    state: &AccountState,
+    acceptance: &Acceptance,
+    route: Option<&Wire<Route>>,
+    first: Option<&AttemptOutcome>,
+    reads: &impl Reads,
+    ctx: Ctx,
+) -> Result<Decision, RelayError> {
+    Ok(match reads.send_entry(&acceptance.deliver.envelope.message_id)? {
+        // A retry racing this one was accepted first.
+        Some(entry) => match settle(state, Some(&entry), &acceptance.event, &acceptance.status, ctx)? {
+            SettleDecision::Duplicate(status) | SettleDecision::Settled { status, .. } => {
+                Decision::reply(Reply::Status(status))
+            }
+        },
+        None => accept(state, acceptance.clone(), route, first, ctx)?,
+    })
+}
+
+/// Atomic acceptance: the sent record, the idempotency result, the
+/// delivery's first events and its due-index entry in one commit. With the
+/// route known, the first attempt rides in it: in flight (`first` is
+/// `None`: the shell starts it once the commit is durable), or already
+/// made here with outcome `first` (then the next is due by the timetable,
+/// or the delivery ended and its status is written too).
+fn accept(
+    state: &AccountState,
+    a: Acceptance,
+    route: Option<&Wire<Route>>,
+    first: Option<&AttemptOutcome>,
+    ctx: Ctx,
+) -> Result<Decision, RelayError> {
+    let Acceptance { event, status, deliver, deliver_digest, deadline } = a;
+    let message_id = deliver.envelope.message_id.clone();
+    let (accepted_at, deadline) = (UnixSecs(status.accepted_at), UnixSecs(deadline));
+    let cmd = DeliveryCmd::Accept { params: &deliver, digest: &deliver_digest, accepted_at, deadline, route, first };
+    let begun = begin(&cmd, DeliveryCtx { now_ms: ctx.now.millis(), policy: ctx.policy })?;
+    let mut events = vec![restamp(state, event)];
+    let reply = match &begun.state.finished {
+        // Ended by the attempt made before: reported finished with the acceptance.
+        Some(done) => {
+            events.push(AccountEvent::DeliveryUpdated { message_id, status: done.clone() });
+            Reply::Settled { status: done.clone(), head: () }
+        }
+        None => Reply::Status(status),
+    };
+    Ok(Decision { events, reply, effects: vec![Effect::BeginDelivery(Box::new(begun))] })
+}
+
+/// What a `message.send` decided.
+#[derive(Debug)]
+pub enum SendDecision {
+    /// Same key, same content: the latest status, nothing appended.
+    Duplicate(DeliveryStatus),
+    /// Self-delivery: one record, `target_accepted` at once.
+    SelfDelivered { event: AccountEvent, status: DeliveryStatus },
+    /// Cross-account: accepted, delivery to start with these params.
+    Sent { event: AccountEvent, status: DeliveryStatus, deliver: Box<DeliverParams>, deadline: u64 },
+}
+
+/// `message.send` at the source. `digest` is blake3(JCS(params)); `prior`
+/// is the ledger's entry for `envelope.message_id`.
+pub fn send(
+    state: &AccountState,
+    prior: Option<&SendEntry>,
+    device_id: &str,
+    p: &SendParams,
+    digest: &str,
+    ctx: Ctx,
+) -> Result<SendDecision, RelayError> {
+    let env = &p.envelope;
+    // Basic parameter validation and invocation requirements come first,
+    // even for a duplicate (seed: idempotent retries).
+    env.check_constraints(ctx.policy.max_ciphertext_bytes)?;
+    check_boxes("recipient_boxes", &p.recipient_boxes, ctx.policy.max_boxes)?;
+    if let Some(sb) = &p.sender_boxes {
+        check_boxes("sender_boxes", sb, ctx.policy.max_boxes)?;
+    }
+    // Kept with the delivery and sent on: bounded here, though only the
+    // recipient's home can verify it.
+    if let Some(auth) = &p.authorization {
+        auth.check_size(ctx.policy.max_object_bytes)?;
+    }
+    if env.from != state.account_id {
+        return Err(RelayError::forbidden("envelope.from is not the session's account"));
+    }
+    if env.from_device_id != device_id {
+        return Err(RelayError::forbidden("envelope.from_device_id is not the session's device"));
+    }
+    if let Some(entry) = prior {
+        idempotent(digest, &entry.digest, entry.retention_until, ctx.now)?;
+        return Ok(SendDecision::Duplicate(entry.status.clone()));
+    }
+    served_here(state, ctx)?;
+    let device_key = state
+        .device_key(device_id, ctx.now)
+        .ok_or_else(|| RelayError::device_unknown("sending device is not valid"))?;
+    env.verify(Tag::Envelope, device_key)?;
+    check_created_at(env, ctx)?;
+
+    // Events and statuses carry the protocol's plain seconds.
+    let accepted_at = ctx.now.0;
+    let retention_until = crate::retention::retention_until(accepted_at, ctx.policy);
+    if env.to == state.account_id {
+        // Self-delivery: receiving rules for our own account; no authorization.
+        let visible = visible_devices(state, &p.recipient_boxes, ctx.now);
+        if visible.is_empty() {
+            return Err(RelayError::device_unknown("no recipient box names a valid device"));
+        }
+        let status = DeliveryStatus::target_accepted(accepted_at);
+        let event = AccountEvent::SelfDelivered {
+            message_id: env.message_id.clone(),
+            digest: digest.into(),
+            accepted_at,
+            retention_until,
+            record: record(state, env, &p.recipient_boxes, visible, retention_until),
+        };
+        return Ok(SendDecision::SelfDelivered { event, status });
+    }
+    let sent_record = p
+        .sender_boxes
+        .as_ref()
+        .map(|boxes| record(state, env, boxes, visible_devices(state, boxes, ctx.now), retention_until));
+    let deadline = (env.created_at + ctx.policy.delivery_age_limit).min(retention_until);
+    let deliver = Box::new(DeliverParams {
+        envelope: env.clone(),
+        recipient_boxes: p.recipient_boxes.clone(),
+        sender_device_certificate: state
+            .certificate(device_id)
+            .ok_or_else(|| RelayError::device_unknown("sending device is not valid"))?
+            .clone(),
+        sender_route: Some(registered_route(state)?.clone()),
+        authorization: p.authorization.clone(),
+    });
+    let event = AccountEvent::MessageSent {
+        message_id: env.message_id.clone(),
+        to: env.to.clone(),
+        digest: digest.into(),
+        accepted_at,
+        deadline,
+        retention_until,
+        record: sent_record,
+        status: None,
+    };
+    Ok(SendDecision::Sent { event, status: DeliveryStatus::delivering(accepted_at), deliver, deadline })
+}
+
+/// What settling a `message.send` at once decided.
+#[derive(Debug)]
+pub enum SettleDecision {
+    /// A retry of the same send settled first: its status, nothing appended.
+    Duplicate(DeliveryStatus),
+    Settled {
+        events: Vec<AccountEvent>,
+        status: DeliveryStatus,
+    },
+}
+
+/// A `message.send` whose delivery ended before its acceptance was written
+/// (the recipient is an account of this relay and took or refused it at
+/// once): the acceptance `sent` (a `MessageSent` from [`send`]) and its
+/// final status are one commit. `prior` is the ledger's entry now: a retry
+/// racing this one may have settled first.
+pub fn settle(
+    state: &AccountState,
+    prior: Option<&SendEntry>,
+    sent: &AccountEvent,
+    status: &DeliveryStatus,
+    ctx: Ctx,
+) -> Result<SettleDecision, RelayError> {
+    let AccountEvent::MessageSent { digest, accepted_at, .. } = sent else {
+        return Err(RelayError::internal("only a message_sent settles"));
+    };
+    if let Some(entry) = prior {
+        idempotent(digest, &entry.digest, entry.retention_until, ctx.now)?;
+        return Ok(SettleDecision::Duplicate(entry.status.clone()));
+    }
+    let status = DeliveryStatus { accepted_at: *accepted_at, ..status.clone() };
+    let mut settled = restamp(state, sent.clone());
+    if let AccountEvent::MessageSent { status: s, .. } = &mut settled {
+        *s = Some(status.clone());
+    }
+    Ok(SettleDecision::Settled { events: vec![settled], status })
+}
+
+/// A `message_sent` decided earlier and written now: other records may
+/// have been written in between, so its record takes the sequence that is
+/// next now (timeline sequences are dense and never reused).
+pub fn restamp(state: &AccountState, mut sent: AccountEvent) -> AccountEvent {
+    if let AccountEvent::MessageSent { record: Some(r), .. } = &mut sent {
+        r.sequence = state.last_sequence + 1;
+    }
+    sent
+}
+
+#[cfg(test)]
+mod tests {
+    //! `message.send` at the source, account self-delivery included.
+    //! Through `command::decide`, the one entry the shell calls: what the
+    //! method answers and which effects it asks of the shell.
+
+    use super::*;
+    use crate::account::testkit::*;
+    use relay_schemas::objects::RelayRef;
+
+    fn send_cmd(v: &Value, route: Option<Value>) -> Cmd {
+        AccountCmd::MessageSend {
+            device: "phone".into(),
+            params: parse(v),
+            digest: digest(v),
+            route: route.map(|r| wire(&r)),
+        }
+    }
+
+    /// Bob's route naming `relays`.
+    fn bob_route(relays: &[&str]) -> Value {
+        route(&bob(), 1, relays)
+    }
+
+    #[test]
+    fn a_send_to_an_account_served_here_alone_is_decided_without_writing() {
+        let d = when(&given_alice([]), send_cmd(&alice_to_bob(1), Some(bob_route(&[RELAY])))).unwrap();
+        assert!(d.events.is_empty() && d.effects.is_empty());
+        let Reply::Accept(a) = d.reply else { panic!("expected an acceptance to deliver first, got {:?}", d.reply) };
+        assert_eq!(a.status, DeliveryStatus::delivering(NOW));
+        assert_eq!(a.deadline, NOW + age_limit());
+    }
+
+    #[test]
+    fn a_send_elsewhere_writes_its_acceptance_and_begins_its_delivery_in_one_decision() {
+        let d = when(&given_alice([]), send_cmd(&alice_to_bob(1), Some(bob_route(&["relay-b"])))).unwrap();
+        assert!(matches!(&d.events[..], [AccountEvent::MessageSent { .. }]));
+        assert_eq!(*reply_status(&d.reply), DeliveryStatus::delivering(NOW));
+        let [Effect::BeginDelivery(begun)] = &d.effects[..] else {
+            panic!("expected one delivery, got {:?}", d.effects)
+        };
+        assert_eq!(begun.due_ms.map(|ms| ms.secs()), Some(UnixSecs(NOW)), "its first attempt is due now");
+        let target = begun.state.target.as_ref().expect("the route resolved at acceptance is the first target");
+        assert_eq!(target.relays, vec![RelayRef { id: "relay-b".into(), url: URL_B.into() }]);
+        assert_eq!(begun.state.finished, None);
+    }
+
+    #[test]
+    fn an_accept_that_lost_the_race_to_a_retry_answers_the_first_result_and_writes_nothing() {
+        let s = given_alice([]);
+        let Reply::Accept(a) = when(&s, send_cmd(&alice_to_bob(1), Some(bob_route(&[RELAY])))).unwrap().reply else {
+            panic!("expected an acceptance")
+        };
+        let settled = DeliveryStatus::target_accepted(NOW);
+        let first = when(&s, Cmd::Settle { acceptance: a.clone(), status: settled.clone() }).unwrap();
+        assert!(
+            matches!(&first.events[..], [AccountEvent::MessageSent { status: Some(st), .. }] if *st == settled),
+            "the acceptance and its final status, one event: {:?}",
+            first.events
+        );
+        assert!(matches!(first.reply, Reply::Settled { .. }), "the settling command reports the delivery finished");
+        let after = given(&alice(), &[alice_history(), first.events].concat());
+        let late = when(&after, Cmd::Accept { acceptance: a, route: None, first: None }).unwrap();
+        assert!(late.events.is_empty() && late.effects.is_empty());
+        assert!(matches!(&late.reply, Reply::Status(s) if *s == settled), "the first settlement was reported");
+    }
+
+    #[test]
+    fn send_requires_the_session_account_to_be_the_envelope_sender() {
+        let s = given_alice([]);
+        // Bob's envelope, properly signed by Bob's device, submitted on Alice's account.
+        let v = send_value(envelope(&bob_phone(), &bob(), &alice(), 1, NOW), &["phone"], None);
+        then_error(when_send(&s, "phone", &v, at(NOW)), ErrorCode::Forbidden);
+        then_error(when_send(&s, "bob-phone", &v, at(NOW)), ErrorCode::Forbidden);
+    }
+
+    #[test]
+    fn send_requires_the_session_device_to_be_the_envelope_sending_device() {
+        let s = given_alice([]);
+        let v = send_value(envelope(&laptop(), &alice(), &bob(), 1, NOW), &["bob-phone"], None);
+        then_error(when_send(&s, "phone", &v, at(NOW)), ErrorCode::Forbidden);
+        then_sent(when_send(&s, "laptop", &v, at(NOW)));
+    }
+
+    #[test]
+    fn send_rejects_a_forged_envelope_signature() {
+        let s = given_alice([]);
+        // Claims to be from the phone, signed by a key that is not the phone's.
+        let forged = signed(Tag::Envelope, envelope(&phone(), &alice(), &bob(), 1, NOW), &tablet().key);
+        let v = send_value(forged, &["bob-phone"], None);
+        then_error(when_send(&s, "phone", &v, at(NOW)), ErrorCode::InvalidSignature);
+        // The phone's signature over other content.
+        let altered = tampered(envelope(&phone(), &alice(), &bob(), 1, NOW), "created_at", json!(NOW - 1));
+        let v = send_value(altered, &["bob-phone"], None);
+        then_error(when_send(&s, "phone", &v, at(NOW)), ErrorCode::InvalidSignature);
+    }
+
+    #[test]
+    fn send_rejects_an_envelope_signed_under_another_domain_tag() {
+        let s = given_alice([]);
+        let wrong_tag = signed(Tag::Route, envelope(&phone(), &alice(), &bob(), 1, NOW), &phone().key);
+        let v = send_value(wrong_tag, &["bob-phone"], None);
+        then_error(when_send(&s, "phone", &v, at(NOW)), ErrorCode::InvalidSignature);
+    }
+
+    #[test]
+    fn send_rejects_ciphertext_over_the_size_limit() {
+        let s = given_alice([]);
+        let max = POLICY.max_ciphertext_bytes;
+        let over = phone().envelope(&alice().id, &bob().id, &mid(1), NOW, &vec![7u8; max + 1]);
+        then_error(
+            when_send(&s, "phone", &send_value(over, &["bob-phone"], None), at(NOW)),
+            ErrorCode::PayloadTooLarge,
+        );
+        let at_limit = phone().envelope(&alice().id, &bob().id, &mid(2), NOW, &vec![7u8; max]);
+        then_sent(when_send(&s, "phone", &send_value(at_limit, &["bob-phone"], None), at(NOW)));
+    }
+
+    #[test]
+    fn send_rejects_ciphertext_that_is_not_base64url_without_padding() {
+        let s = given_alice([]);
+        for bad in ["AQ==", "a+b/", "AQID!"] {
+            let env = signed(
+                Tag::Envelope,
+                tampered(envelope(&phone(), &alice(), &bob(), 1, NOW), "ciphertext", json!(bad)),
+                &phone().key,
+            );
+            let v = send_value(env, &["bob-phone"], None);
+            then_error(when_send(&s, "phone", &v, at(NOW)), ErrorCode::InvalidParams);
+        }
+    }
+
+    #[test]
+    fn send_rejects_an_empty_ciphertext() {
+        let s = given_alice([]);
+        let env = phone().envelope(&alice().id, &bob().id, &mid(1), NOW, b"");
+        then_error(when_send(&s, "phone", &send_value(env, &["bob-phone"], None), at(NOW)), ErrorCode::InvalidParams);
+    }
+
+    #[test]
+    fn send_requires_key_boxes_with_distinct_device_ids() {
+        let s = given_alice([]);
+        let v = send_value(envelope(&phone(), &alice(), &bob(), 1, NOW), &["bob-phone", "bob-phone"], None);
+        then_error(when_send(&s, "phone", &v, at(NOW)), ErrorCode::InvalidParams);
+        let v = send_value(envelope(&phone(), &alice(), &bob(), 1, NOW), &["bob-phone"], Some(&["phone", "phone"]));
+        then_error(when_send(&s, "phone", &v, at(NOW)), ErrorCode::InvalidParams);
+        let v = send_value(envelope(&phone(), &alice(), &bob(), 1, NOW), &[], None);
+        then_error(when_send(&s, "phone", &v, at(NOW)), ErrorCode::InvalidParams);
+    }
+
+    #[test]
+    fn send_rejects_created_at_beyond_the_clock_tolerance() {
+        let s = given_alice([]);
+        let tol = POLICY.clock_tolerance;
+        let v = send_value(envelope(&phone(), &alice(), &bob(), 1, NOW + tol + 1), &["bob-phone"], None);
+        then_error(when_send(&s, "phone", &v, at(NOW)), ErrorCode::ClockSkew);
+        let v = send_value(envelope(&phone(), &alice(), &bob(), 2, NOW + tol), &["bob-phone"], None);
+        then_sent(when_send(&s, "phone", &v, at(NOW)));
+    }
+
+    #[test]
+    fn send_rejects_created_at_older_than_the_delivery_age_limit() {
+        let s = given_alice([]);
+        let v = send_value(envelope(&phone(), &alice(), &bob(), 1, NOW - age_limit() - 1), &["bob-phone"], None);
+        then_error(when_send(&s, "phone", &v, at(NOW)), ErrorCode::MessageExpired);
+        let v = send_value(envelope(&phone(), &alice(), &bob(), 2, NOW - age_limit() + 1), &["bob-phone"], None);
+        then_sent(when_send(&s, "phone", &v, at(NOW)));
+    }
+
+    #[test]
+    fn send_from_a_revoked_or_unknown_device_is_device_unknown() {
+        let s = given_alice([device_revoked(&alice(), "laptop")]);
+        let v = send_value(envelope(&laptop(), &alice(), &bob(), 1, NOW), &["bob-phone"], None);
+        then_error(when_send(&s, "laptop", &v, at(NOW)), ErrorCode::DeviceUnknown);
+        let v = send_value(envelope(&tablet(), &alice(), &bob(), 2, NOW), &["bob-phone"], None);
+        then_error(when_send(&s, "tablet", &v, at(NOW)), ErrorCode::DeviceUnknown);
+    }
+
+    #[test]
+    fn send_is_refused_when_this_relay_no_longer_serves_the_sender() {
+        let moved = route(&alice(), 2, &["relay-b"]);
+        let s = given_alice([route_updated(&moved)]);
+        then_route_error(when_send(&s, "phone", &alice_to_bob(1), at(NOW)), &moved);
+    }
+
+    #[test]
+    fn send_accepts_with_status_delivering_at_the_source_acceptance_time() {
+        let s = given_alice([]);
+        let sent = then_sent(when_send(&s, "phone", &alice_to_bob(1), at(NOW + 7)));
+        assert_eq!(sent.status, DeliveryStatus::delivering(NOW + 7));
+        match &sent.event {
+            AccountEvent::MessageSent { message_id, to, accepted_at, retention_until, .. } => {
+                assert_eq!(message_id, &mid(1));
+                assert_eq!(to, &bob().id);
+                assert_eq!(*accepted_at, NOW + 7);
+                assert_eq!(*retention_until, NOW + 7 + retention());
+            }
+            e => panic!("expected MessageSent, got {e:?}"),
+        }
+    }
+
+    #[test]
+    fn send_forwards_the_original_envelope_recipient_boxes_certificate_on_file_and_authorization() {
+        let s = given_alice([]);
+        let auth = grant_auth(bob().grant("grant-alice", &alice().id, ISSUED, None));
+        let v = with_auth(alice_to_bob(1), auth.clone());
+        let sent = then_sent(when_send(&s, "phone", &v, at(NOW)));
+        let forwarded = serde_json::to_value(&sent.deliver).unwrap();
+        assert_eq!(sent.deliver.envelope.raw().get(), v["envelope"].to_string());
+        assert_eq!(forwarded["envelope"], v["envelope"]);
+        assert_eq!(forwarded["recipient_boxes"], v["recipient_boxes"]);
+        assert_eq!(forwarded["sender_device_certificate"], cert(&alice(), &phone()));
+        assert_eq!(forwarded["authorization"], auth);
+        // Sender key boxes remain at the source.
+        assert!(forwarded.get("sender_boxes").is_none());
+    }
+
+    #[test]
+    fn send_retry_with_identical_content_returns_the_original_status_and_appends_nothing() {
+        let s = given_alice([]);
+        let v = alice_to_bob(1);
+        let s = given_alice([send_event(&s, &v)]);
+        let status = then_send_duplicate(when_send(&s, "phone", &v, at(NOW + 60)));
+        assert_eq!(status, DeliveryStatus::delivering(NOW));
+        // The latest known status, still with the original accepted_at.
+        let done = when_record_delivery(&s, &mid(1), &DeliveryStatus::target_accepted(NOW + 5));
+        let s2 = {
+            let mut s2 = s.clone();
+            done.iter().for_each(|e| s2.apply(e));
+            s2
+        };
+        let status = then_send_duplicate(when_send(&s2, "phone", &v, at(NOW + 120)));
+        assert_eq!(status, DeliveryStatus::target_accepted(NOW));
+    }
+
+    #[test]
+    fn send_retry_with_different_content_is_state_conflict_and_leaves_the_original_untouched() {
+        let s = given_alice([]);
+        let original = alice_to_bob(1);
+        let s = given_alice([send_event(&s, &original)]);
+        let entry_before = s.sent(&mid(1)).clone();
+        // Other ciphertext under the same message id.
+        let other_env = phone().envelope(&alice().id, &bob().id, &mid(1), NOW, b"other ciphertext");
+        let other = send_value(other_env, &["bob-phone"], Some(&["phone", "laptop"]));
+        then_error(when_send(&s, "phone", &other, at(NOW + 1)), ErrorCode::StateConflict);
+        // Only optional-field presence differs.
+        let without_sender_boxes = send_value(original["envelope"].clone(), &["bob-phone"], None);
+        then_error(when_send(&s, "phone", &without_sender_boxes, at(NOW + 1)), ErrorCode::StateConflict);
+        // Only array order differs.
+        let reordered = send_value(original["envelope"].clone(), &["bob-phone"], Some(&["laptop", "phone"]));
+        then_error(when_send(&s, "phone", &reordered, at(NOW + 1)), ErrorCode::StateConflict);
+        assert_eq!(*s.sent(&mid(1)), entry_before);
+        then_send_duplicate(when_send(&s, "phone", &original, at(NOW + 2)));
+    }
+
+    #[test]
+    fn send_retry_after_result_retention_is_message_expired() {
+        // Retention shorter than the age limit, so only the retention rule can
+        // reject the retry.
+        let mut short = Policy::with_relay_id(RELAY);
+        short.message_retention = 600;
+        let s = given_alice([]);
+        let v = alice_to_bob(1);
+        let event = then_sent(when_send(&s, "phone", &v, under(&short, NOW))).event;
+        let s = given_alice([event]);
+        then_send_duplicate(when_send(&s, "phone", &v, under(&short, NOW + 599)));
+        then_error(when_send(&s, "phone", &v, under(&short, NOW + 601)), ErrorCode::MessageExpired);
+    }
+
+    #[test]
+    fn result_retention_promised_at_acceptance_is_not_shortened_by_a_later_policy() {
+        let s = given_alice([]);
+        let v = alice_to_bob(1);
+        let s = given_alice([send_event(&s, &v)]);
+        let mut shorter = Policy::with_relay_id(RELAY);
+        shorter.message_retention = 3600;
+        let status = then_send_duplicate(when_send(&s, "phone", &v, under(&shorter, NOW + 2 * 86_400)));
+        assert_eq!(status.accepted_at, NOW);
+    }
+
+    #[test]
+    fn send_deadline_is_created_at_plus_the_age_limit_when_that_is_earlier() {
+        let s = given_alice([]);
+        let created_at = NOW - 600;
+        let v = send_value(envelope(&phone(), &alice(), &bob(), 1, created_at), &["bob-phone"], None);
+        let sent = then_sent(when_send(&s, "phone", &v, at(NOW)));
+        assert_eq!(sent.deadline, created_at + age_limit());
+        assert!(
+            matches!(sent.event, AccountEvent::MessageSent { deadline, .. } if deadline == created_at + age_limit())
+        );
+        let s = given_alice([sent.event]);
+        assert_eq!(s.sent(&mid(1)).deadline, created_at + age_limit());
+    }
+
+    #[test]
+    fn send_deadline_is_accepted_at_plus_retention_when_that_is_earlier() {
+        let mut short = Policy::with_relay_id(RELAY);
+        short.message_retention = 1800;
+        let s = given_alice([]);
+        let v = send_value(envelope(&phone(), &alice(), &bob(), 1, NOW), &["bob-phone"], None);
+        let sent = then_sent(when_send(&s, "phone", &v, under(&short, NOW + 10)));
+        assert_eq!(sent.deadline, NOW + 10 + 1800);
+        assert!(matches!(sent.event, AccountEvent::MessageSent { deadline, retention_until, .. }
+            if deadline == NOW + 10 + 1800 && retention_until == NOW + 10 + 1800));
+    }
+
+    #[test]
+    fn send_appends_a_sent_record_only_when_sender_boxes_are_given() {
+        let s = given_alice([]);
+        let without = send_value(envelope(&phone(), &alice(), &bob(), 1, NOW), &["bob-phone"], None);
+        let sent = then_sent(when_send(&s, "phone", &without, at(NOW)));
+        assert!(sent.event.record().is_none());
+        let s = given_alice([sent.event]);
+        assert_eq!(s.last_sequence, 0, "no sequence is used without a record");
+        assert_eq!(s.sent(&mid(1)).sequence, None);
+
+        let with = alice_to_bob(2);
+        let sent = then_sent(when_send(&s, "phone", &with, at(NOW)));
+        let r = record_of(&sent.event);
+        assert_eq!(r.sequence, 1);
+        assert_eq!(box_ids(r), strings(&["phone", "laptop"]));
+        assert_eq!(r.envelope.raw().get(), with["envelope"].to_string());
+        assert_eq!(r.expires_at, NOW + retention());
+        let s = given_alice([sent.event]);
+        assert_eq!(s.last_sequence, 1);
+    }
+
+    #[test]
+    fn sent_record_is_visible_only_to_devices_valid_at_acceptance_among_sender_boxes() {
+        let expiring = alice().certificate(&tablet(), ISSUED, Some(NOW + 10));
+        let s = given_alice([device_revoked(&alice(), "laptop"), device_added_cert(&expiring)]);
+        let v = send_value(
+            envelope(&phone(), &alice(), &bob(), 1, NOW + 10),
+            &["bob-phone"],
+            Some(&["phone", "laptop", "tablet", "unknown-device"]),
+        );
+        let sent = then_sent(when_send(&s, "phone", &v, at(NOW + 10)));
+        let r = record_of(&sent.event);
+        assert_eq!(r.visible, strings(&["phone"]));
+        // The record keeps every box as submitted.
+        assert_eq!(box_ids(r), strings(&["phone", "laptop", "tablet", "unknown-device"]));
+    }
+
+    // =============================================================================
+    // account self-delivery
+    // =============================================================================
+
+    #[test]
+    fn self_delivery_appends_exactly_one_record_and_returns_target_accepted() {
+        let s = given_alice([]);
+        // Sender boxes, if any, are not used for self-delivery.
+        let mut v = alice_to_self(1, &["phone", "laptop"]);
+        v["sender_boxes"] = boxes(&["phone"]);
+        let (event, status) = then_self_delivered(when_send(&s, "phone", &v, at(NOW)));
+        assert_eq!(status, DeliveryStatus::target_accepted(NOW));
+        assert!(matches!(event, AccountEvent::SelfDelivered { .. }));
+        let r = record_of(&event);
+        assert_eq!(r.sequence, 1);
+        assert_eq!(box_ids(r), strings(&["phone", "laptop"]));
+        let s = given_alice([event]);
+        assert_eq!(s.last_sequence, 1);
+        assert_eq!(s.sent(&mid(1)).status, DeliveryStatus::target_accepted(NOW));
+    }
+
+    #[test]
+    fn self_delivery_needs_no_contact_authorization() {
+        let s = given_alice([]);
+        assert!(!s.public_discovery);
+        then_self_delivered(when_send(&s, "phone", &alice_to_self(1, &["laptop"]), at(NOW)));
+    }
+
+    #[test]
+    fn self_delivery_stores_the_complete_recipient_boxes_but_only_valid_devices_may_read() {
+        let s = given_alice([device_revoked(&alice(), "laptop")]);
+        let v = alice_to_self(1, &["phone", "laptop", "tablet"]);
+        let (event, _) = then_self_delivered(when_send(&s, "phone", &v, at(NOW)));
+        let r = record_of(&event);
+        assert_eq!(box_ids(r), strings(&["phone", "laptop", "tablet"]));
+        assert_eq!(r.visible, strings(&["phone"]));
+    }
+
+    #[test]
+    fn self_delivery_device_visibility_is_fixed_at_acceptance() {
+        let s = given_alice([]);
+        // The tablet has a box but is not a device yet.
+        let v = alice_to_self(1, &["phone", "tablet"]);
+        let event = send_event(&s, &v);
+        assert_eq!(record_of(&event).visible, strings(&["phone"]));
+        // Adding the tablet later neither re-decides nor appends anything.
+        let s = given_alice([event.clone(), device_added(&alice(), &tablet())]);
+        assert!(s.device_valid("tablet", UnixSecs(NOW)));
+        let status = then_send_duplicate(when_send(&s, "phone", &v, at(NOW + 5)));
+        assert_eq!(status, DeliveryStatus::target_accepted(NOW));
+        assert_eq!(s.last_sequence, 1);
+        assert_eq!(record_of(&event).visible, strings(&["phone"]));
+    }
+
+    #[test]
+    fn self_delivery_with_every_recipient_box_naming_an_unavailable_device_is_device_unknown() {
+        let s = given_alice([device_revoked(&alice(), "laptop")]);
+        let v = alice_to_self(1, &["laptop", "tablet"]);
+        then_error(when_send(&s, "phone", &v, at(NOW)), ErrorCode::DeviceUnknown);
+    }
+
+    #[test]
+    fn self_delivery_retry_returns_target_accepted_with_the_original_accepted_at() {
+        let s = given_alice([]);
+        let v = alice_to_self(1, &["phone", "laptop"]);
+        let s = given_alice([send_event(&s, &v)]);
+        let status = then_send_duplicate(when_send(&s, "phone", &v, at(NOW + 30)));
+        assert_eq!(status, DeliveryStatus::target_accepted(NOW));
+        let other = alice_to_self(1, &["phone"]);
+        then_error(when_send(&s, "phone", &other, at(NOW + 30)), ErrorCode::StateConflict);
+    }
+
+    #[test]
+    fn self_delivery_still_meets_the_clock_rules() {
+        let s = given_alice([]);
+        let v =
+            send_value(envelope(&phone(), &alice(), &alice(), 1, NOW + POLICY.clock_tolerance + 1), &["phone"], None);
+        then_error(when_send(&s, "phone", &v, at(NOW)), ErrorCode::ClockSkew);
+        let v = send_value(envelope(&phone(), &alice(), &alice(), 2, NOW - age_limit() - 1), &["phone"], None);
+        then_error(when_send(&s, "phone", &v, at(NOW)), ErrorCode::MessageExpired);
+    }
+}
