@@ -89,6 +89,14 @@ impl Vapid {
 
     /// The `Authorization` header for a push to `endpoint` at `now`:
     /// `vapid t=<JWT>, k=<public key>` (RFC 8292 §3).
+    ///
+    /// Signed here, not by `web-push-native`'s `vapid` feature: its
+    /// `VapidSignature::sign` (0.5.0, the newest) sets `aud` to
+    /// `scheme://host` and drops the endpoint's port, so a push service on
+    /// a non-default port (RFC 8292 §2: `aud` is the origin) refuses the
+    /// token; it also reads the wall clock (`now` could not be injected)
+    /// and brings in `jwt-simple` with its own crypto stack. Ours is a JSON
+    /// object and one p256 signature, tested against RFC 8292's format.
     pub fn authorization(&self, endpoint: &str, now: u64) -> Result<String, String> {
         let aud = origin(endpoint)?;
         let header = b64_encode(br#"{"typ":"JWT","alg":"ES256"}"#);
@@ -625,5 +633,23 @@ mod tests {
         let sig = p256::ecdsa::Signature::from_slice(&b64_decode("s", parts[2]).unwrap()).unwrap();
         key.verify(format!("{}.{}", parts[0], parts[1]).as_bytes(), &sig).unwrap();
         assert_eq!(origin("https://fcm.googleapis.com:443/fcm/send/x").unwrap(), "https://fcm.googleapis.com");
+    }
+
+    /// Why the JWT is not `web-push-native`'s: its `aud` is `scheme://host`
+    /// for every endpoint, which a push service on another port refuses.
+    #[test]
+    fn the_vapid_audience_keeps_a_non_default_port_and_drops_a_default_one() {
+        for (endpoint, aud) in [
+            ("https://push.example.net:8443/wpush/abc", "https://push.example.net:8443"),
+            ("https://push.example.net:443/wpush/abc", "https://push.example.net"),
+            ("https://push.example.net/wpush/abc", "https://push.example.net"),
+            ("http://127.0.0.1:8080/push", "http://127.0.0.1:8080"),
+            ("http://127.0.0.1:80/push", "http://127.0.0.1"),
+            ("https://[::1]:8443/push", "https://[::1]:8443"),
+        ] {
+            assert_eq!(origin(endpoint).unwrap(), aud, "{endpoint}");
+        }
+        assert!(origin("ftp://push.example.net/x").is_err());
+        assert!(origin("/relative/only").is_err());
     }
 }

@@ -3,8 +3,12 @@
 //! `RELAY_CRASH_AT=<name>` in the environment of `relay serve` makes the
 //! process abort when it first reaches the point `<name>`, once everything
 //! committed before the point is durable: the state a SIGKILL or power cut
-//! leaves exactly there. Unset (always, in production) a point costs one
-//! load of a value read once. The points:
+//! leaves exactly there. The points are `fail` crate fail points, compiled
+//! in only with the `crash-points` feature: the test builds enable it (a
+//! dev-dependency of this crate and of the server on this crate with the
+//! feature), a release build without it has no point and reads no
+//! variable. With it, `fail::cfg` arms a point in-process too (any `fail`
+//! action; `return` aborts as above). The points:
 //!
 //! - `send.after_receipt`: a local send's receipt is durable, its
 //!   acceptance not written (the client gets no answer);
@@ -33,22 +37,36 @@
 //!   are still there.
 
 use crate::store::Store;
-use std::sync::OnceLock;
 
-fn armed() -> Option<&'static str> {
-    static AT: OnceLock<Option<String>> = OnceLock::new();
-    AT.get_or_init(|| std::env::var("RELAY_CRASH_AT").ok().filter(|s| !s.is_empty())).as_deref()
+/// Whether crash points are compiled in (the `crash-points` feature).
+pub fn compiled_in() -> bool {
+    cfg!(feature = "crash-points")
 }
 
-/// Whether the point `name` is armed (then [`point`] does not return).
-pub fn is_armed(name: &str) -> bool {
-    armed() == Some(name)
+/// Whether the point `name` fires now (then the caller aborts). The point
+/// named by `RELAY_CRASH_AT` is armed as a fail point (`return`, every
+/// time) on the first evaluation of any point.
+#[cfg(feature = "crash-points")]
+fn fires(name: &str) -> bool {
+    static ARMED: std::sync::Once = std::sync::Once::new();
+    ARMED.call_once(|| {
+        if let Some(at) = std::env::var("RELAY_CRASH_AT").ok().filter(|s| !s.is_empty()) {
+            fail::cfg(at, "return").expect("`return` is a fail action");
+        }
+    });
+    fail::fail_point!(name, |_| true);
+    false
+}
+
+#[cfg(not(feature = "crash-points"))]
+fn fires(_name: &str) -> bool {
+    false
 }
 
 /// The crash point `name`: aborts the process if armed, after what was
 /// committed so far is durable.
 pub async fn point(store: &Store, name: &str) {
-    if !is_armed(name) {
+    if !fires(name) {
         return;
     }
     let _ = store.durable(store.committed()).await;
@@ -59,7 +77,7 @@ pub async fn point(store: &Store, name: &str) {
 /// A crash point inside the store's engine, where what precedes it is
 /// durable by the engine's own order of writes: aborts if armed.
 pub fn engine_point(name: &str) {
-    if is_armed(name) {
+    if fires(name) {
         eprintln!("crash point {name}: aborting");
         std::process::abort();
     }

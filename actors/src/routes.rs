@@ -5,13 +5,17 @@
 //! not fit; a miss costs one kv read).
 
 use crate::store::{Store, StoreError};
-use dashmap::DashMap;
+use quick_cache::sync::{Cache, EntryAction, EntryResult};
 use relay_schemas::objects::Route;
 use relay_schemas::Wire;
 use std::sync::{Arc, Mutex};
 
-/// Routes kept in memory; past this the cache starts over.
+/// Routes kept in memory; past this the least used leave.
 const CACHE_ROUTES: usize = 65_536;
+
+fn route_cache() -> Cache<String, Wire<Route>> {
+    Cache::new(CACHE_ROUTES)
+}
 
 fn key(account_id: &str) -> Vec<u8> {
     format!("route/{account_id}").into_bytes()
@@ -32,19 +36,19 @@ pub enum Offer {
 pub struct RouteBook {
     store: Store,
     /// Sharded: every send looks its recipient's route up here.
-    cache: Arc<DashMap<String, Wire<Route>>>,
+    cache: Arc<Cache<String, Wire<Route>>>,
     write: Arc<Mutex<()>>,
 }
 
 impl RouteBook {
     pub fn new(store: Store) -> Self {
-        RouteBook { store, cache: Default::default(), write: Default::default() }
+        RouteBook { store, cache: Arc::new(route_cache()), write: Default::default() }
     }
 
     /// The best known route of `account_id`.
     pub fn get(&self, account_id: &str) -> Result<Option<Wire<Route>>, StoreError> {
         if let Some(r) = self.cache.get(account_id) {
-            return Ok(Some(r.clone()));
+            return Ok(Some(r));
         }
         let Some(bytes) = self.store.kv_get(&key(account_id))? else { return Ok(None) };
         let route = std::str::from_utf8(&bytes)
@@ -58,17 +62,15 @@ impl RouteBook {
     /// Caches a route unless a higher revision is cached already (a reader
     /// that missed may come back after an `offer` cached a newer one).
     fn remember(&self, route: Wire<Route>) {
-        if self.cache.len() >= CACHE_ROUTES {
-            self.cache.clear();
+        let cached = self.cache.entry(route.account_id.as_str(), None, |_, known| {
+            if route.revision > known.revision {
+                *known = route.clone();
+            }
+            EntryAction::Retain(())
+        });
+        if let EntryResult::Vacant(slot) = cached {
+            let _ = slot.insert(route);
         }
-        self.cache
-            .entry(route.account_id.clone())
-            .and_modify(|known| {
-                if route.revision > known.revision {
-                    *known = route.clone();
-                }
-            })
-            .or_insert(route);
     }
 
     /// Every account whose known route names this relay (`own_id`) and one
@@ -111,5 +113,24 @@ impl RouteBook {
             self.remember(route.clone());
         }
         Ok(offer)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use relay_schemas::client::Account;
+
+    #[test]
+    fn a_hot_route_survives_a_full_cache() {
+        let route: Wire<Route> =
+            Wire::from_value(&Account::from_seed([5; 32]).route(1, &[("relay-b", "http://b")], 1)).unwrap();
+        let cache = route_cache();
+        cache.insert("hot".into(), route.clone());
+        for n in 0..CACHE_ROUTES * 2 {
+            cache.insert(format!("cold-{n}"), route.clone());
+            assert!(cache.get("hot").is_some(), "evicted after {n} others");
+        }
+        assert!(cache.len() <= CACHE_ROUTES, "{} routes kept", cache.len());
     }
 }

@@ -59,15 +59,19 @@ struct Inner {
     lookups: Mutex<HashMap<String, Vec<oneshot::Sender<RouteLookup>>>>,
     /// Recent lookups that found no route (account → (until ms, result)),
     /// so a flood of unknown ids costs the peers one question per id.
-    misses: DashMap<String, (UnixMillis, RouteLookup)>,
+    misses: quick_cache::sync::Cache<String, (UnixMillis, RouteLookup)>,
 }
 
 /// How long a lookup that found no route is remembered: long enough that
 /// repeated asks for one unknown account cost the peers one question, short
 /// enough that an account registered elsewhere is found by the next send.
 const MISS_TTL_MS: u64 = 5_000;
-/// Remembered misses at most; past this the cache starts over.
+/// Remembered misses at most; past this the least used leave.
 const MISS_ENTRIES: usize = 65_536;
+
+fn miss_cache() -> quick_cache::sync::Cache<String, (UnixMillis, RouteLookup)> {
+    quick_cache::sync::Cache::new(MISS_ENTRIES)
+}
 
 /// Cheap to clone; shared by the transport and every actor.
 #[derive(Clone)]
@@ -96,7 +100,7 @@ impl Supervisor {
                 replica: Arc::default(),
                 checkpointer: OnceLock::new(),
                 lookups: Mutex::default(),
-                misses: DashMap::new(),
+                misses: miss_cache(),
             }),
         }
     }
@@ -193,7 +197,7 @@ impl Supervisor {
             }
             let now = self.clock().now_ms();
             if let Some(miss) = self.inner.misses.get(account_id).filter(|m| m.0 > now) {
-                return miss.1.clone();
+                return miss.1;
             }
         }
         let waiting = {
@@ -226,9 +230,6 @@ impl Supervisor {
             miss => match self.routes().get(account_id).ok().flatten() {
                 Some(route) => RouteLookup::Found(route),
                 None => {
-                    if self.inner.misses.len() >= MISS_ENTRIES {
-                        self.inner.misses.clear();
-                    }
                     let until = self.clock().now_ms().plus(MISS_TTL_MS);
                     self.inner.misses.insert(account_id.to_owned(), (until, miss.clone()));
                     miss
@@ -818,8 +819,19 @@ impl Handler<Armed> for Scheduler {
 
 #[cfg(test)]
 mod tests {
-    use super::DueQueue;
+    use super::{miss_cache, DueQueue, RouteLookup, MISS_ENTRIES};
     use relay_schemas::UnixMillis as Ms;
+
+    #[test]
+    fn a_hot_route_miss_survives_a_full_cache() {
+        let misses = miss_cache();
+        misses.insert("hot".into(), (Ms(5_000), RouteLookup::Absent));
+        for n in 0..MISS_ENTRIES * 2 {
+            misses.insert(format!("cold-{n}"), (Ms(5_000), RouteLookup::Absent));
+            assert!(misses.get("hot").is_some(), "evicted after {n} others");
+        }
+        assert!(misses.len() <= MISS_ENTRIES, "{} misses kept", misses.len());
+    }
 
     #[test]
     fn due_queue_pops_what_is_due_earliest_first_and_keeps_the_rest() {

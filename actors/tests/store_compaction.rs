@@ -472,6 +472,13 @@ fn killed_at(point: &str) {
     assert_eq!(holds_kill_history(&store, steps), Ok(()), "reopened after the rewrite after {point}");
 }
 
+/// The kill tests need the crash points: a test build without the
+/// `crash-points` feature fails here by name, besides in each kill test.
+#[test]
+fn the_crash_points_are_compiled_into_the_test_build() {
+    assert!(relay_actors::crash::compiled_in(), "relay-actors was built without its crash-points feature");
+}
+
 #[test]
 fn a_kill_after_the_compaction_record_is_written_before_its_install_loses_nothing() {
     killed_at("compact.before_install");

@@ -39,46 +39,40 @@ struct Reply {
     used: usize,
 }
 
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
-}
-
 /// The reply at the start of `buf`, or `None` while it is incomplete.
 fn parse_reply(buf: &[u8]) -> Result<Option<Reply>, String> {
-    let Some(end) = find(buf, b"\r\n\r\n") else {
-        return Ok(None);
+    let mut fields = [httparse::EMPTY_HEADER; 32];
+    let mut head = httparse::Response::new(&mut fields);
+    let start = match head.parse(buf).map_err(|e| format!("bad reply head: {e}"))? {
+        httparse::Status::Complete(start) => start,
+        httparse::Status::Partial => return Ok(None),
     };
-    let head = std::str::from_utf8(&buf[..end]).map_err(|_| "reply head is not UTF-8".to_string())?;
-    let mut lines = head.split("\r\n");
-    let status_line = lines.next().unwrap_or("");
-    let status: u16 = status_line
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| format!("bad status line {status_line:?}"))?;
+    let status = head.code.ok_or("reply without a status")?;
     let (mut len, mut chunked) = (0, false);
-    for line in lines {
-        let (name, value) = line.split_once(':').unwrap_or((line, ""));
-        if name.eq_ignore_ascii_case("content-length") {
-            len = value.trim().parse().map_err(|_| "bad content-length".to_string())?;
-        } else if name.eq_ignore_ascii_case("transfer-encoding") && value.to_ascii_lowercase().contains("chunked") {
+    for field in head.headers.iter() {
+        if field.name.eq_ignore_ascii_case("content-length") {
+            len = std::str::from_utf8(field.value)
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .ok_or_else(|| "bad content-length".to_string())?;
+        } else if field.name.eq_ignore_ascii_case("transfer-encoding")
+            && String::from_utf8_lossy(field.value).to_ascii_lowercase().contains("chunked")
+        {
             chunked = true;
         }
     }
-    let start = end + 4;
     if !chunked {
         return Ok(buf.get(start..start + len).map(|b| Reply { status, body: b.to_vec(), used: start + len }));
     }
     // Chunks up to the last (size 0), no trailers.
     let (mut at, mut body) = (start, Vec::new());
     loop {
-        let Some(eol) = find(&buf[at..], b"\r\n") else {
-            return Ok(None);
+        let (size_len, n) = match httparse::parse_chunk_size(&buf[at..]).map_err(|_| "bad chunk size".to_string())? {
+            httparse::Status::Complete(sized) => sized,
+            httparse::Status::Partial => return Ok(None),
         };
-        let size = std::str::from_utf8(&buf[at..at + eol]).unwrap_or("");
-        let n = usize::from_str_radix(size.trim().split(';').next().unwrap_or(""), 16)
-            .map_err(|_| "bad chunk size".to_string())?;
-        let data = at + eol + 2;
+        let n = usize::try_from(n).map_err(|_| "bad chunk size".to_string())?;
+        let data = at + size_len;
         let Some(chunk) = buf.get(data..data + n + 2) else {
             return Ok(None);
         };

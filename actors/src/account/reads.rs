@@ -12,7 +12,6 @@ use relay_schemas::methods::DeliverParams;
 use relay_schemas::RelayError;
 use serde::de::DeserializeOwned;
 use std::cell::RefCell;
-use std::collections::HashMap;
 
 pub struct StoreReads<'a> {
     pub store: &'a Store,
@@ -32,11 +31,17 @@ pub struct StoreReads<'a> {
 /// upgrade of the ledger's layout runs before it starts), and it records
 /// each entry it writes once the commit is made: what the memo holds is
 /// what the store holds, durable or not. A send leaves the memo when its
-/// entry becomes terminal (a later retry reads the store), and the memo
-/// is cleared whole at [`UnfinishedSends::CAPACITY`], so it stays small
+/// entry becomes terminal (a later retry reads the store), and past
+/// [`UnfinishedSends::CAPACITY`] the least used leave, so it stays small
 /// whatever ids clients send.
-#[derive(Debug, Default)]
-pub struct UnfinishedSends(RefCell<HashMap<String, Option<SendEntry>>>);
+#[derive(Debug)]
+pub struct UnfinishedSends(RefCell<quick_cache::unsync::Cache<String, Option<SendEntry>>>);
+
+impl Default for UnfinishedSends {
+    fn default() -> Self {
+        UnfinishedSends(RefCell::new(quick_cache::unsync::Cache::new(Self::CAPACITY)))
+    }
+}
 
 impl UnfinishedSends {
     pub const CAPACITY: usize = 256;
@@ -51,9 +56,6 @@ impl UnfinishedSends {
         if entry.is_some_and(|e| e.status.status.is_terminal()) {
             known.remove(message_id);
             return;
-        }
-        if known.len() >= Self::CAPACITY && !known.contains_key(message_id) {
-            *known = HashMap::new();
         }
         known.insert(message_id.to_owned(), entry.cloned());
     }
@@ -162,9 +164,21 @@ mod tests {
             memo.record(&format!("m{n}"), None);
             assert!(memo.len() <= UnfinishedSends::CAPACITY);
         }
-        // Past the capacity it starts over; an id it holds is updated in place.
-        assert_eq!(memo.len(), 7);
-        memo.record("m0", None);
-        assert_eq!(memo.len(), 8);
+        // The newest is kept; an id it holds is updated in place.
+        let last = format!("m{}", UnfinishedSends::CAPACITY * 3 + 6);
+        assert_eq!(memo.get(&last), Some(None));
+        let len = memo.len();
+        memo.record(&last, Some(&entry(DeliveryStatus::delivering(1))));
+        assert_eq!(memo.len(), len);
+    }
+
+    #[test]
+    fn a_hot_unfinished_send_survives_a_full_memo() {
+        let memo = UnfinishedSends::default();
+        memo.record("hot", None);
+        for n in 0..UnfinishedSends::CAPACITY * 2 {
+            memo.record(&format!("m{n}"), None);
+            assert_eq!(memo.get("hot"), Some(None), "forgotten after {n} others");
+        }
     }
 }

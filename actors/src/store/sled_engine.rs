@@ -187,8 +187,14 @@ const LEGACY_WAL: &str = "wal";
 const LOG_DIR: &str = "log";
 const REPLAY_FROM: &str = "replay-from";
 pub(super) const POINTER_LEN: usize = 20;
-/// Open segment files kept for reads; past it the cache starts over.
+/// Open segment files kept for reads; past it the least used are closed.
 const READERS_KEPT: usize = 128;
+
+type Readers = quick_cache::unsync::Cache<u64, Arc<Reader>>;
+
+fn readers() -> Mutex<Readers> {
+    Mutex::new(Readers::new(READERS_KEPT))
+}
 
 pub struct SledEngine {
     /// sled, and the directory it lives in (step 9 swaps both).
@@ -271,7 +277,7 @@ struct Pending {
 /// The segment files, for reading values through pointers.
 struct Segments {
     dir: PathBuf,
-    readers: Mutex<HashMap<u64, Arc<Reader>>>,
+    readers: Mutex<Readers>,
     /// What `replay-from` names on disk (synced): segments before it are
     /// never replayed, so compaction may take them.
     replay_from: AtomicU64,
@@ -362,10 +368,13 @@ impl Segments {
         let file = File::open(self.path(segment))?;
         let len = AtomicU64::new(file.metadata()?.len());
         let mut readers = lock(&self.readers);
-        if readers.len() >= READERS_KEPT {
-            readers.clear();
+        // Another reader may have opened it meanwhile: one Reader a segment.
+        if let Some(r) = readers.get(&segment) {
+            return Ok(r.clone());
         }
-        Ok(readers.entry(segment).or_insert_with(|| Arc::new(Reader { file, len })).clone())
+        let reader = Arc::new(Reader { file, len });
+        readers.insert(segment, reader.clone());
+        Ok(reader)
     }
 
     /// `segment` mapped, when this engine maps segments and `segment` is
@@ -551,7 +560,7 @@ impl SledEngine {
         replay(&db, &blobs, &legacy, None, "write-ahead log")?;
         let segments = Arc::new(Segments {
             dir: dir.join(LOG_DIR),
-            readers: Mutex::default(),
+            readers: readers(),
             replay_from: AtomicU64::new(0),
             removed: AtomicU64::new(0),
             maps: to_read.then(Mutex::default),
@@ -990,7 +999,7 @@ impl SledEngine {
         if replay_from > 0 {
             let copied = Segments {
                 dir: log_dir.clone(),
-                readers: Mutex::default(),
+                readers: readers(),
                 replay_from: AtomicU64::new(0),
                 removed: AtomicU64::new(0),
                 maps: None,
@@ -1813,6 +1822,19 @@ impl Engine for SledEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hot_segment_reader_survives_a_full_cache() {
+        let reader = Arc::new(Reader { file: tempfile::tempfile().unwrap(), len: AtomicU64::new(0) });
+        let readers = readers();
+        let mut readers = lock(&readers);
+        readers.insert(0, reader.clone());
+        for segment in 1..=READERS_KEPT as u64 * 2 {
+            readers.insert(segment, reader.clone());
+            assert!(readers.get(&0).is_some(), "closed after {segment} others");
+        }
+        assert!(readers.len() <= READERS_KEPT, "{} readers kept", readers.len());
+    }
 
     #[test]
     fn an_open_replays_consecutive_segments_from_the_one_replay_from_names() {

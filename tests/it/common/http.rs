@@ -49,16 +49,24 @@ impl Head {
     }
 }
 
-/// Parses a complete head at the start of `buf`: the head and where the
-/// body starts; None until `buf` holds the blank line ending the head.
+/// Parses a complete head at the start of `buf` (`httparse`: a response
+/// if it starts `HTTP/`, else a request): the head and where the body
+/// starts; None until `buf` holds the blank line ending the head, or if
+/// the head is not HTTP/1.x.
 pub fn parse_head(buf: &[u8]) -> Option<(Head, usize)> {
-    let end = find(buf, b"\r\n\r\n")?;
-    let text = String::from_utf8_lossy(&buf[..end]).into_owned();
-    let mut lines = text.split("\r\n");
-    let line = lines.next()?.to_string();
+    let mut fields = [httparse::EMPTY_HEADER; 64];
+    let (status, fields) = if buf.starts_with(b"HTTP/") {
+        let mut response = httparse::Response::new(&mut fields);
+        (response.parse(buf).ok()?, response.headers)
+    } else {
+        let mut request = httparse::Request::new(&mut fields);
+        (request.parse(buf).ok()?, request.headers)
+    };
+    let httparse::Status::Complete(start) = status else { return None };
+    let line = String::from_utf8_lossy(&buf[..find(buf, b"\r\n")?]).into_owned();
     let headers =
-        lines.filter_map(|l| l.split_once(':')).map(|(n, v)| (n.trim().to_string(), v.trim().to_string())).collect();
-    Some((Head { line, headers }, end + 4))
+        fields.iter().map(|f| (f.name.to_string(), String::from_utf8_lossy(f.value).trim().to_string())).collect();
+    Some((Head { line, headers }, start))
 }
 
 /// Decodes a chunked body at the start of `buf` (no trailers): the body and
@@ -67,12 +75,13 @@ pub fn dechunk(buf: &[u8]) -> Option<(Vec<u8>, usize)> {
     let mut body = Vec::new();
     let mut at = 0;
     loop {
-        let line_end = at + find(&buf[at..], b"\r\n")?;
-        let size_text = String::from_utf8_lossy(&buf[at..line_end]).into_owned();
-        let size = usize::from_str_radix(size_text.split(';').next()?.trim(), 16).ok()?;
-        body.extend_from_slice(buf.get(line_end + 2..line_end + 2 + size)?);
-        buf.get(line_end + 2 + size..line_end + 2 + size + 2)?;
-        at = line_end + 2 + size + 2;
+        let httparse::Status::Complete((size_len, size)) = httparse::parse_chunk_size(&buf[at..]).ok()? else {
+            return None;
+        };
+        let (data, size) = (at + size_len, usize::try_from(size).ok()?);
+        body.extend_from_slice(buf.get(data..data + size)?);
+        buf.get(data + size..data + size + 2)?;
+        at = data + size + 2;
         if size == 0 {
             return Some((body, at));
         }
