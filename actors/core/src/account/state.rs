@@ -8,6 +8,7 @@ use relay_schemas::sign::parse_public_key;
 use relay_schemas::{AccountId, UnixSecs, Wire};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::OnceLock;
 
 /// A device's certificate and its key, parsed once (derived: a snapshot
 /// holds the certificate alone).
@@ -151,8 +152,11 @@ pub struct AccountState {
     /// (`timeline.replicate`). Absent from snapshots while empty.
     #[serde(default, skip_serializing_if = "SmallMap::is_empty")]
     pub replicas: SmallMap<Replica>,
+    /// Parsed when first asked (adding or revoking a device, a contact
+    /// grant checked): an idle account does not hold the ~200 bytes of a
+    /// decompressed key.
     #[serde(skip)]
-    account_key: Option<VerifyingKey>,
+    account_key: OnceLock<Option<Box<VerifyingKey>>>,
 }
 
 /// Replication with one partner home relay: `pulled`, this relay's cursor
@@ -188,7 +192,12 @@ impl AccountState {
     }
 
     pub fn account_key(&self) -> Option<&VerifyingKey> {
-        self.account_key.as_ref()
+        self.account_key
+            .get_or_init(|| {
+                let route = self.route.as_ref()?;
+                parse_public_key("account_key", &route.account_key).ok().map(Box::new)
+            })
+            .as_deref()
     }
 
     /// A device is valid when its certificate is on file, unrevoked and
@@ -233,7 +242,7 @@ impl AccountState {
         for device in self.devices.values_mut() {
             device.key = parse_public_key("device_key", &device.certificate.device_key).ok();
         }
-        self.account_key = self.route.as_ref().and_then(|r| parse_public_key("account_key", &r.account_key).ok());
+        self.account_key = OnceLock::new();
     }
 
     /// Replication with `partner` so far (all zero before any).
@@ -252,7 +261,7 @@ impl AccountState {
     pub fn apply(&mut self, event: &AccountEvent) {
         match event {
             AccountEvent::Registered { route, device_certificate, public_discovery, params_digest, .. } => {
-                self.account_key = parse_public_key("account_key", &route.account_key).ok();
+                self.account_key = OnceLock::new();
                 self.route = Some(route.clone());
                 self.register_digest = params_digest.clone();
                 self.public_discovery = *public_discovery;
