@@ -91,7 +91,7 @@ impl Supervisor {
     pub fn new(store: Store, policy: Policy, clock: SharedClock, transport: Arc<dyn Transport>) -> Self {
         Supervisor {
             inner: Arc::new(Inner {
-                sessions: Sessions::new(store.clone()),
+                sessions: Sessions::with_cache_entries(store.clone(), policy.session_cache_entries),
                 notifier: Notifier::new(policy.notify_queue),
                 metrics: Arc::new(Metrics::default()),
                 destinations: Mutex::default(),

@@ -10,20 +10,27 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::OnceLock;
 
-/// A device's certificate and its key, parsed once (derived: a snapshot
-/// holds the certificate alone).
+/// A device's certificate and its key, parsed once, when its first
+/// message is checked (derived: a snapshot holds the certificate alone; a
+/// device that only receives never holds the ~200 bytes of a decompressed
+/// key).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct Device {
     pub certificate: Wire<DeviceCertificate>,
     #[serde(skip)]
-    key: Option<VerifyingKey>,
+    key: OnceLock<Option<Box<VerifyingKey>>>,
 }
 
 impl Device {
     fn new(certificate: Wire<DeviceCertificate>) -> Self {
-        let key = parse_public_key("device_key", &certificate.device_key).ok();
-        Device { certificate, key }
+        Device { certificate, key: OnceLock::new() }
+    }
+
+    fn key(&self) -> Option<&VerifyingKey> {
+        self.key
+            .get_or_init(|| parse_public_key("device_key", &self.certificate.device_key).ok().map(Box::new))
+            .as_deref()
     }
 }
 
@@ -207,7 +214,7 @@ impl AccountState {
         if self.revocations.contains_key(device_id) || device.certificate.is_expired(now) {
             return None;
         }
-        device.key.as_ref()
+        device.key()
     }
 
     /// A device valid at `at` (an envelope's `created_at`), not only now:
@@ -222,7 +229,7 @@ impl AccountState {
         if self.revocations.get(device_id).is_some_and(|r| r.revoked_at <= at.0) {
             return None;
         }
-        device.key.as_ref()
+        device.key()
     }
 
     pub fn certificate(&self, device_id: &str) -> Option<&Wire<DeviceCertificate>> {
@@ -237,10 +244,11 @@ impl AccountState {
         self.device_key(device_id, now).is_some()
     }
 
-    /// Rebuilds the derived caches after loading a snapshot.
+    /// Forgets the derived keys after loading a snapshot (each is parsed
+    /// again when first asked).
     pub fn rebuild_caches(&mut self) {
         for device in self.devices.values_mut() {
-            device.key = parse_public_key("device_key", &device.certificate.device_key).ok();
+            device.key = OnceLock::new();
         }
         self.account_key = OnceLock::new();
     }
