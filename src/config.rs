@@ -561,6 +561,8 @@ pub struct Sessions {
     /// How often expired sessions are dropped from memory and the store.
     #[serde(deserialize_with = "duration")]
     pub sweep_interval: Duration,
+    /// Sessions kept in memory at most; a lookup that misses reads the store.
+    pub cache_entries: usize,
 }
 
 impl Default for Sessions {
@@ -570,6 +572,7 @@ impl Default for Sessions {
             challenge_ttl: Duration::from_secs(300),
             max_per_device: 16,
             sweep_interval: Duration::from_secs(60),
+            cache_entries: 65_536,
         }
     }
 }
@@ -970,8 +973,14 @@ impl Config {
         if self.limits.retention_sweep.is_zero() {
             return Err((None, "limits.retention_sweep must be positive".into()));
         }
-        if self.sessions.max_per_device == 0 || self.sessions.sweep_interval.is_zero() {
-            return Err((None, "sessions.max_per_device and sessions.sweep_interval must be positive".into()));
+        if self.sessions.max_per_device == 0
+            || self.sessions.sweep_interval.is_zero()
+            || self.sessions.cache_entries == 0
+        {
+            return Err((
+                None,
+                "sessions.max_per_device, sessions.sweep_interval and sessions.cache_entries must be positive".into(),
+            ));
         }
         let p = &self.push;
         if p.queue == 0 || p.concurrency == 0 || p.max_attempts == 0 || p.timeout.is_zero() || p.ttl.is_zero() {
@@ -1095,6 +1104,7 @@ impl Config {
             max_resident_accounts: self.limits.max_resident_accounts,
             max_page_bytes: self.limits.max_page_bytes,
             max_sessions_per_device: self.sessions.max_per_device,
+            session_cache_entries: self.sessions.cache_entries,
             token_prefix: String::new(),
         }
     }

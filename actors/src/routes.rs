@@ -73,6 +73,17 @@ impl RouteBook {
         }
     }
 
+    /// Makes `route` the cached copy when the cache holds the same bytes:
+    /// an account actor loaded from its events parsed a route of its own,
+    /// and sharing the book's leaves one copy in memory, not two.
+    pub fn share(&self, route: &mut Wire<Route>) {
+        if let Some(known) = self.cache.get(&route.account_id) {
+            if known.raw().get() == route.raw().get() {
+                *route = known.clone();
+            }
+        }
+    }
+
     /// Every account whose known route names this relay (`own_id`) and one
     /// more, with that other home: the accounts kept in step with a
     /// partner by `timeline.replicate`.

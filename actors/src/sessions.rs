@@ -62,15 +62,33 @@ pub fn over_cap(mut existing: Vec<([u8; 32], u64)>, max_per_device: usize) -> Ve
     existing.into_iter().take(drop).map(|(hash, _)| hash).collect()
 }
 
+/// Sessions kept in memory by default (`sessions.cache_entries`).
+pub const CACHE_ENTRIES: usize = 65_536;
+
 #[derive(Clone)]
 pub struct Sessions {
     store: Store,
     cache: Arc<Mutex<HashMap<[u8; 32], Session>>>,
+    /// Sessions the cache holds at most; past this it starts over (the
+    /// store has them all: a miss is one kv read).
+    cache_entries: usize,
 }
 
 impl Sessions {
     pub fn new(store: Store) -> Self {
-        Sessions { store, cache: Default::default() }
+        Sessions::with_cache_entries(store, CACHE_ENTRIES)
+    }
+
+    pub fn with_cache_entries(store: Store, cache_entries: usize) -> Self {
+        Sessions { store, cache: Default::default(), cache_entries: cache_entries.max(1) }
+    }
+
+    /// Caches `session`, starting the cache over when it is full.
+    fn cache_insert(&self, cache: &mut HashMap<[u8; 32], Session>, hash: [u8; 32], session: Session) {
+        if cache.len() >= self.cache_entries && !cache.contains_key(&hash) {
+            cache.clear();
+        }
+        cache.insert(hash, session);
     }
 
     fn cache(&self) -> MutexGuard<'_, HashMap<[u8; 32], Session>> {
@@ -120,7 +138,7 @@ impl Sessions {
         for h in &issued.dropped {
             cache.remove(h);
         }
-        cache.insert(issued.hash, session);
+        self.cache_insert(&mut cache, issued.hash, session);
     }
 
     /// The live session of `token`, if any.
@@ -135,7 +153,7 @@ impl Sessions {
                 None => {
                     let bytes = self.store.kv_get(&key(&hash)).ok()??;
                     let s: Session = serde_json::from_slice(&bytes).ok()?;
-                    cache.insert(hash, s.clone());
+                    self.cache_insert(&mut cache, hash, s.clone());
                     s
                 }
             }
@@ -265,6 +283,24 @@ mod tests {
         assert!(s.lookup(&tokens[2].token, UnixSecs(0)).is_some());
         assert!(s.lookup(&other.token, UnixSecs(0)).is_some(), "another device's sessions are not counted");
         assert_eq!((stored(&s, PREFIX), stored(&s, DEVICE_PREFIX.as_bytes())), (3, 3));
+    }
+
+    /// 40 sessions, a cache of 16: it never holds more, and every token
+    /// still opens its session (from the store when the cache lost it).
+    #[test]
+    fn the_sessions_cache_holds_at_most_its_configured_entries() {
+        let s = Sessions::with_cache_entries(Store::temporary().unwrap(), 16);
+        let mut issued = vec![];
+        for i in 0..40 {
+            issued.push(issue(&s, &session(&format!("d{i}"), 10_000), UnixMillis(1), 16));
+            assert!(s.cached() <= 16, "{} cached after {} issued", s.cached(), i + 1);
+        }
+        for (i, t) in issued.iter().enumerate() {
+            let found = s.lookup(&t.token, UnixSecs(0)).unwrap();
+            assert_eq!(found.device_id, format!("d{i}"));
+            assert!(s.cached() <= 16);
+        }
+        assert!(s.cached() > 0);
     }
 
     #[test]

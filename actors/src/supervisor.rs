@@ -17,11 +17,18 @@ use dashmap::DashMap;
 use relay_schemas::objects::Route;
 use relay_schemas::{DeliveryStatus, RelayError, UnixMillis, Wire};
 use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 use tokio::sync::oneshot;
 
 use crate::internal;
+
+/// A resident account actor and its last use (a stamp of `Inner::uses`).
+struct Resident {
+    addr: Addr<AccountActor>,
+    used: AtomicU64,
+}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -40,7 +47,10 @@ struct Inner {
     transport: Arc<dyn Transport>,
     /// Resident account actors. Sharded (dashmap): every request looks its
     /// account up here, and loading one actor locks only its shard.
-    accounts: DashMap<String, Addr<AccountActor>>,
+    accounts: DashMap<String, Resident>,
+    /// The last stamp handed out: a request stamps its account with the
+    /// next one, so residents are ordered by last use (`relay_core::resident`).
+    uses: AtomicU64,
     /// Arbiters new account actors are spread over by account, so accounts
     /// use every core (the HTTP workers register theirs); none registered:
     /// the caller's arbiter.
@@ -60,6 +70,8 @@ struct Inner {
     /// Recent lookups that found no route (account → (until ms, result)),
     /// so a flood of unknown ids costs the peers one question per id.
     misses: quick_cache::sync::Cache<String, (UnixMillis, RouteLookup)>,
+    /// What every account actor shares ([`Supervisor::account_env`]).
+    account_env: OnceLock<Arc<account::Env>>,
 }
 
 /// How long a lookup that found no route is remembered: long enough that
@@ -83,7 +95,7 @@ impl Supervisor {
     pub fn new(store: Store, policy: Policy, clock: SharedClock, transport: Arc<dyn Transport>) -> Self {
         Supervisor {
             inner: Arc::new(Inner {
-                sessions: Sessions::new(store.clone()),
+                sessions: Sessions::with_cache_entries(store.clone(), policy.session_cache_entries),
                 notifier: Notifier::new(policy.notify_queue),
                 metrics: Arc::new(Metrics::default()),
                 destinations: Mutex::default(),
@@ -93,6 +105,7 @@ impl Supervisor {
                 policy: Arc::new(policy),
                 clock,
                 accounts: DashMap::new(),
+                uses: AtomicU64::new(0),
                 arbiters: Default::default(),
                 deliveries: Mutex::default(),
                 scheduler: OnceLock::new(),
@@ -101,6 +114,7 @@ impl Supervisor {
                 checkpointer: OnceLock::new(),
                 lookups: Mutex::default(),
                 misses: miss_cache(),
+                account_env: OnceLock::new(),
             }),
         }
     }
@@ -288,44 +302,68 @@ impl Supervisor {
         Some(arbiters[h.finish() as usize % arbiters.len()].clone())
     }
 
-    fn account_addr(&self, account_id: &str) -> Result<Addr<AccountActor>, RelayError> {
+    /// The resident actor of `account_id`, loaded if it is not. `used`: the
+    /// request counts as a use (a retention sweep does not).
+    fn account_addr(&self, account_id: &str, used: bool) -> Result<Addr<AccountActor>, RelayError> {
         use dashmap::mapref::entry::Entry;
-        if let Some(addr) = self.inner.accounts.get(account_id) {
-            if addr.connected() {
-                return Ok(addr.clone());
+        let stamp = || self.inner.uses.fetch_add(1, Relaxed) + 1;
+        if let Some(r) = self.inner.accounts.get(account_id) {
+            if r.addr.connected() {
+                if used {
+                    r.used.store(stamp(), Relaxed);
+                }
+                return Ok(r.addr.clone());
             }
         }
         // Not resident: loaded under its shard's lock, so two requests never
         // start two actors for one account.
         let addr = match self.inner.accounts.entry(account_id.to_owned()) {
-            Entry::Occupied(o) if o.get().connected() => return Ok(o.get().clone()),
+            Entry::Occupied(o) if o.get().addr.connected() => return Ok(o.get().addr.clone()),
             Entry::Occupied(mut o) => {
                 let addr = self.start_account(account_id)?;
-                o.insert(addr.clone());
+                o.insert(Resident { addr: addr.clone(), used: AtomicU64::new(stamp()) });
                 addr
             }
-            Entry::Vacant(v) => v.insert(self.start_account(account_id)?).clone(),
+            Entry::Vacant(v) => {
+                let addr = self.start_account(account_id)?;
+                v.insert(Resident { addr: addr.clone(), used: AtomicU64::new(stamp()) });
+                addr
+            }
         };
         let resident = self.inner.accounts.len();
         self.metrics().actors_resident.set(resident as i64);
-        let cap = self.inner.policy.max_resident_accounts;
-        if resident > cap {
-            self.evict(resident - cap + cap / 64, account_id);
+        let n = relay_core::resident::to_evict(resident, self.inner.policy.max_resident_accounts);
+        if n > 0 {
+            self.evict(n, account_id);
         }
         Ok(addr)
     }
 
-    /// Over the cap of resident actors: asks `n` of them (in the map's
-    /// order, which is by hash: effectively random, never `keep`) to leave
-    /// memory now. Each leaves unless it still owes a reply.
+    /// Over the cap of resident actors: asks the `n` least recently used
+    /// (never `keep`, just loaded) to leave memory now. Each leaves unless
+    /// it still owes a reply. Two passes over the residents, no key copied.
     fn evict(&self, n: usize, keep: &str) {
-        for entry in self.inner.accounts.iter().filter(|e| e.key() != keep).take(n) {
-            entry.value().do_send(account::actor::Evict);
+        let mut stamps: Vec<u64> =
+            self.inner.accounts.iter().filter(|e| e.key() != keep).map(|e| e.used.load(Relaxed)).collect();
+        let Some(cutoff) = relay_core::resident::lru_cutoff(&mut stamps, n) else { return };
+        drop(stamps);
+        let leaving = self.inner.accounts.iter().filter(|e| e.key() != keep && e.used.load(Relaxed) <= cutoff);
+        for entry in leaving.take(n) {
+            entry.addr.do_send(account::actor::Evict);
         }
     }
 
-    /// The handles an account actor works with.
-    pub(crate) fn account_env(&self) -> account::Env {
+    /// Whether `account_id`'s actor is resident (tests).
+    pub fn is_resident(&self, account_id: &str) -> bool {
+        self.inner.accounts.get(account_id).is_some_and(|r| r.addr.connected())
+    }
+
+    /// The handles an account actor works with: one `Env` shared by all.
+    pub(crate) fn account_env(&self) -> Arc<account::Env> {
+        self.inner.account_env.get_or_init(|| Arc::new(self.new_account_env())).clone()
+    }
+
+    fn new_account_env(&self) -> account::Env {
         account::Env {
             store: self.store(),
             clock: self.clock().clone(),
@@ -364,7 +402,7 @@ impl Supervisor {
     async fn ask_with(&self, account_id: &str, cmd: AccountCmd, answer: Answer) -> Result<Reply, RelayError> {
         let cmd = Arc::new(cmd);
         for _ in 0..3 {
-            let addr = self.account_addr(account_id)?;
+            let addr = self.account_addr(account_id, true)?;
             self.metrics().actor_messages.inc();
             match addr.send(account::actor::Ask(cmd.clone(), answer)).await {
                 Ok(Ok(reply)) => return reply,
@@ -384,7 +422,7 @@ impl Supervisor {
         due: Vec<(relay_core::retention::IndexEntry, Vec<u8>)>,
     ) -> Result<account::sweep::Swept, RelayError> {
         for _ in 0..3 {
-            let addr = self.account_addr(account_id)?;
+            let addr = self.account_addr(account_id, false)?;
             match addr.send(account::actor::Sweep(due.clone())).await {
                 Ok(Ok(swept)) => return swept,
                 Ok(Err(account::actor::Passivated)) | Err(MailboxError::Closed) => continue,
@@ -475,7 +513,7 @@ impl Supervisor {
 
 impl account::Ports for Supervisor {
     fn passivated(&self, account_id: &str, addr: &Addr<AccountActor>) {
-        if self.inner.accounts.remove_if(account_id, |_, a| a == addr).is_some() {
+        if self.inner.accounts.remove_if(account_id, |_, r| r.addr == *addr).is_some() {
             self.metrics().actors_passivated.inc();
             self.metrics().actors_resident.set(self.inner.accounts.len() as i64);
         }

@@ -1,6 +1,7 @@
 //! What stays in memory: no account actor outlives a command for an account
 //! without events, the resident actors never exceed
-//! `Policy::max_resident_accounts` for long, whatever is asked, and an idle
+//! `Policy::max_resident_accounts` for long, whatever is asked, the least
+//! recently used leave first, and an idle
 //! actor passivates when the injected clock says it is idle.
 
 use relay_actors::account::{AccountCmd, Reply};
@@ -83,6 +84,36 @@ async fn resident_account_actors_are_capped_and_evicted_ones_load_again() {
         }
     }
     eventually("resident actors back under the cap", || sup.resident_accounts() <= 8).await;
+}
+
+/// Past the cap the least recently used leave, not any: four accounts
+/// used between every new load stay resident through 24 loads that each
+/// push one actor out (with eviction in any other order, one of the four
+/// would be out at some check: half the residents are theirs).
+#[actix_rt::test]
+async fn past_the_cap_the_least_recently_used_actors_leave() {
+    let mut policy = Policy::with_relay_id("relay-a");
+    policy.max_resident_accounts = 8;
+    let sup = supervisor(policy);
+    let mut ids = vec![];
+    for n in 1..=8u8 {
+        let (id, cmd) = register(n);
+        sup.ask(&id, cmd).await.unwrap();
+        ids.push(id);
+    }
+    let busy = ids[..4].to_vec();
+    for n in 9..=32u8 {
+        for id in &busy {
+            sup.ask(id, AccountCmd::RouteGet).await.unwrap();
+        }
+        let (id, cmd) = register(n);
+        sup.ask(&id, cmd).await.unwrap();
+        eventually("resident actors back at the cap", || sup.resident_accounts() <= 8).await;
+        for id in &busy {
+            assert!(sup.is_resident(id), "account {n}'s load pushed out a busy account");
+        }
+        assert!(sup.is_resident(&id), "the account just loaded stays");
+    }
 }
 
 /// Passivation is decided by the injected clock and fired by the runtime's

@@ -16,6 +16,7 @@
 //! - [`lease`]: shard ownership in cluster mode (lease, epoch, renewal);
 //! - [`peer_auth`]: relay request authentication and its replay window;
 //! - [`push`]: the Web Push queue's coalescing and retry rules;
+//! - [`resident`]: which resident account actors leave memory past the cap;
 //! - [`shard`]: which cluster shard an account (or a session token) is in;
 //! - [`clock`] and [`policy`]: injected time and configured limits.
 
@@ -27,6 +28,7 @@ pub mod lease;
 pub mod peer_auth;
 pub mod policy;
 pub mod push;
+pub mod resident;
 pub mod retention;
 pub mod shard;
 

@@ -53,14 +53,16 @@ pub struct Policy {
     /// A peer heard from again makes its pending deliveries due now, at
     /// most this often (milliseconds).
     pub wake_min_interval_ms: u64,
-    /// Account actors resident at most; past this some are passivated at
-    /// once, however recently used (memory stays bounded whatever is asked).
+    /// Account actors resident at most; past this the least recently used
+    /// are passivated at once (memory stays bounded whatever is asked).
     pub max_resident_accounts: usize,
     /// Bytes of records one `message.timeline.sync` page may hold (at least
     /// one record is always served); past that the page ends with `has_more`.
     pub max_page_bytes: usize,
     /// Sessions one device may hold; opening one more drops its oldest.
     pub max_sessions_per_device: usize,
+    /// Sessions kept in memory at most (the store holds them all).
+    pub session_cache_entries: usize,
     /// What every session token this relay issues starts with: in a
     /// cluster of several shards, the shard's name (`shard::token_prefix`),
     /// so any node's front routes a request by its token alone.
@@ -93,6 +95,7 @@ impl Policy {
             wake_min_interval_ms: 10_000,
             max_page_bytes: 4 << 20,
             max_sessions_per_device: 16,
+            session_cache_entries: 65_536,
             token_prefix: String::new(),
         }
     }

@@ -134,7 +134,8 @@ impl Message for Ask {
 }
 
 pub struct AccountActor {
-    env: Env,
+    /// Shared by every account actor (one `Arc`, not a copy of each handle).
+    env: Arc<Env>,
     ports: Arc<dyn Ports>,
     stream: String,
     head: Head,
@@ -175,7 +176,7 @@ enum Notice {
 
 impl AccountActor {
     /// Rebuilds the account from its snapshot and the events after it.
-    pub fn load(env: Env, ports: Arc<dyn Ports>, account_id: &str) -> Result<Self, StoreError> {
+    pub fn load(env: Arc<Env>, ports: Arc<dyn Ports>, account_id: &str) -> Result<Self, StoreError> {
         let stream = stream_id(account_id);
         let store = env.store.clone();
         let snapshot = store.load_snapshot(&stream)?;
@@ -218,8 +219,9 @@ impl AccountActor {
         };
         // The route book may have missed the account's latest route if the
         // relay stopped between the two writes.
-        if let Some(route) = state.route() {
+        if let Some(route) = state.route.as_mut() {
             env.routes.offer(route)?;
+            env.routes.share(route);
         }
         Ok(AccountActor {
             last_active_ms: env.clock.now_ms(),

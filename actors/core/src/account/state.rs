@@ -8,21 +8,29 @@ use relay_schemas::sign::parse_public_key;
 use relay_schemas::{AccountId, UnixSecs, Wire};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::OnceLock;
 
-/// A device's certificate and its key, parsed once (derived: a snapshot
-/// holds the certificate alone).
+/// A device's certificate and its key, parsed once, when its first
+/// message is checked (derived: a snapshot holds the certificate alone; a
+/// device that only receives never holds the ~200 bytes of a decompressed
+/// key).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct Device {
     pub certificate: Wire<DeviceCertificate>,
     #[serde(skip)]
-    key: Option<VerifyingKey>,
+    key: OnceLock<Option<Box<VerifyingKey>>>,
 }
 
 impl Device {
     fn new(certificate: Wire<DeviceCertificate>) -> Self {
-        let key = parse_public_key("device_key", &certificate.device_key).ok();
-        Device { certificate, key }
+        Device { certificate, key: OnceLock::new() }
+    }
+
+    fn key(&self) -> Option<&VerifyingKey> {
+        self.key
+            .get_or_init(|| parse_public_key("device_key", &self.certificate.device_key).ok().map(Box::new))
+            .as_deref()
     }
 }
 
@@ -151,8 +159,11 @@ pub struct AccountState {
     /// (`timeline.replicate`). Absent from snapshots while empty.
     #[serde(default, skip_serializing_if = "SmallMap::is_empty")]
     pub replicas: SmallMap<Replica>,
+    /// Parsed when first asked (adding or revoking a device, a contact
+    /// grant checked): an idle account does not hold the ~200 bytes of a
+    /// decompressed key.
     #[serde(skip)]
-    account_key: Option<VerifyingKey>,
+    account_key: OnceLock<Option<Box<VerifyingKey>>>,
 }
 
 /// Replication with one partner home relay: `pulled`, this relay's cursor
@@ -188,7 +199,12 @@ impl AccountState {
     }
 
     pub fn account_key(&self) -> Option<&VerifyingKey> {
-        self.account_key.as_ref()
+        self.account_key
+            .get_or_init(|| {
+                let route = self.route.as_ref()?;
+                parse_public_key("account_key", &route.account_key).ok().map(Box::new)
+            })
+            .as_deref()
     }
 
     /// A device is valid when its certificate is on file, unrevoked and
@@ -198,7 +214,7 @@ impl AccountState {
         if self.revocations.contains_key(device_id) || device.certificate.is_expired(now) {
             return None;
         }
-        device.key.as_ref()
+        device.key()
     }
 
     /// A device valid at `at` (an envelope's `created_at`), not only now:
@@ -213,7 +229,7 @@ impl AccountState {
         if self.revocations.get(device_id).is_some_and(|r| r.revoked_at <= at.0) {
             return None;
         }
-        device.key.as_ref()
+        device.key()
     }
 
     pub fn certificate(&self, device_id: &str) -> Option<&Wire<DeviceCertificate>> {
@@ -228,12 +244,13 @@ impl AccountState {
         self.device_key(device_id, now).is_some()
     }
 
-    /// Rebuilds the derived caches after loading a snapshot.
+    /// Forgets the derived keys after loading a snapshot (each is parsed
+    /// again when first asked).
     pub fn rebuild_caches(&mut self) {
         for device in self.devices.values_mut() {
-            device.key = parse_public_key("device_key", &device.certificate.device_key).ok();
+            device.key = OnceLock::new();
         }
-        self.account_key = self.route.as_ref().and_then(|r| parse_public_key("account_key", &r.account_key).ok());
+        self.account_key = OnceLock::new();
     }
 
     /// Replication with `partner` so far (all zero before any).
@@ -252,7 +269,7 @@ impl AccountState {
     pub fn apply(&mut self, event: &AccountEvent) {
         match event {
             AccountEvent::Registered { route, device_certificate, public_discovery, params_digest, .. } => {
-                self.account_key = parse_public_key("account_key", &route.account_key).ok();
+                self.account_key = OnceLock::new();
                 self.route = Some(route.clone());
                 self.register_digest = params_digest.clone();
                 self.public_discovery = *public_discovery;
