@@ -727,16 +727,6 @@ fn bad(key: &'static str, what: impl Into<String>) -> Bad {
 }
 
 impl Config {
-    /// How deliveries to a peer are grouped ([`crate::peer_batch`]): a
-    /// batch's body is at most our own body limit, which a peer on the
-    /// defaults shares.
-    pub fn batching(&self) -> crate::peer_batch::Batching {
-        crate::peer_batch::Batching {
-            in_flight: self.delivery.batches_in_flight,
-            max_bytes: self.limits.max_body_bytes,
-        }
-    }
-
     /// The request budgets of [`crate::limits::RateLimits`].
     pub fn rates(&self) -> crate::limits::Rates {
         let l = &self.limits;
@@ -1011,16 +1001,6 @@ impl Config {
                 .map_err(|e| bad("http.tls_extra_roots", format!("http.tls_extra_roots: {e}")))?;
         }
         Ok(())
-    }
-
-    pub fn replication_settings(&self) -> crate::replication::Settings {
-        let r = &self.replication;
-        crate::replication::Settings {
-            interval: r.interval.max(Duration::from_millis(100)),
-            page: r.page.clamp(1, relay_schemas::methods::REPLICATE_MAX_LIMIT),
-            concurrency: r.concurrency.max(1),
-            queue: r.queue.max(1),
-        }
     }
 
     pub fn policy(&self) -> Policy {

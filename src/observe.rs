@@ -215,6 +215,41 @@ impl Collector for ProcessCollector {
     }
 }
 
+/// Clock ticks per second of `/proc/<pid>/stat` times (`AT_CLKTCK` in the
+/// auxiliary vector; Linux's USER_HZ is 100 everywhere in practice).
+fn clock_ticks_per_sec() -> f64 {
+    const AT_CLKTCK: usize = 17;
+    const W: usize = std::mem::size_of::<usize>();
+    let word = |b: &[u8]| b.try_into().ok().map(usize::from_ne_bytes);
+    if let Ok(auxv) = std::fs::read("/proc/self/auxv") {
+        for pair in auxv.chunks_exact(2 * W) {
+            match (word(&pair[..W]), word(&pair[W..])) {
+                (Some(AT_CLKTCK), Some(v)) if v > 0 => return v as f64,
+                (Some(0), _) | (None, _) => break,
+                _ => {}
+            }
+        }
+    }
+    100.0
+}
+
+/// CPU seconds (user + system, all threads) process `pid` has used.
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name `(…)`, which may hold spaces: state is
+    // field 3, utime 14, stime 15.
+    let fields: Vec<&str> = stat.rsplit(')').next()?.split_whitespace().collect();
+    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(ticks as f64 / clock_ticks_per_sec())
+}
+
+/// A `kB` line of `/proc/{pid}/status` (Linux), in bytes.
+pub fn status_bytes(pid: u32, field: &str) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: u64 = s.lines().find_map(|l| l.strip_prefix(field))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kb * 1024)
+}
+
 /// What `/proc/self` says about this process; a field it could not read is `None`.
 #[derive(Debug, Default)]
 pub struct ProcStats {
@@ -228,13 +263,12 @@ pub struct ProcStats {
 impl ProcStats {
     #[cfg(target_os = "linux")]
     pub fn read() -> ProcStats {
-        use crate::bench::report;
         let pid = std::process::id();
         let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
         ProcStats {
-            cpu_seconds: report::cpu_seconds(pid),
-            resident_bytes: report::status_bytes(pid, "VmRSS:"),
-            virtual_bytes: report::status_bytes(pid, "VmSize:"),
+            cpu_seconds: cpu_seconds(pid),
+            resident_bytes: status_bytes(pid, "VmRSS:"),
+            virtual_bytes: status_bytes(pid, "VmSize:"),
             open_fds: std::fs::read_dir("/proc/self/fd").ok().map(|d| d.count() as u64),
             max_fds: limits
                 .lines()
@@ -281,5 +315,32 @@ mod tests {
         assert!(p.open_fds.unwrap() >= 3);
         assert!(p.max_fds.unwrap() >= p.open_fds.unwrap());
         assert!(p.cpu_seconds.unwrap() >= 0.0);
+    }
+
+    #[test]
+    fn clock_ticks_come_from_the_auxiliary_vector() {
+        let hz = clock_ticks_per_sec();
+        assert!((10.0..=10_000.0).contains(&hz), "{hz}");
+    }
+
+    #[test]
+    fn cpu_seconds_of_a_busy_process_grow() {
+        // Spins until the count shows CPU used, not for a wall time: on a
+        // loaded machine a spinning thread may get little of it.
+        let pid = std::process::id();
+        let before = cpu_seconds(pid).unwrap();
+        let t = Instant::now();
+        let (mut x, mut used) = (0u64, 0.0);
+        while used < 0.05 && t.elapsed() < Duration::from_secs(60) {
+            for _ in 0..1_000_000 {
+                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+            }
+            used = cpu_seconds(pid).unwrap() - before;
+        }
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        let wall = t.elapsed().as_secs_f64();
+        assert!(used >= 0.05, "{used} s of CPU counted in {wall} s of spinning");
+        // A tick (10 ms) of slack for where the count was when we started.
+        assert!(used <= wall * cores + 0.011, "{used} s of CPU in {wall} s of wall time on {cores} cores");
     }
 }

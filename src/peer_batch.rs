@@ -36,6 +36,14 @@ pub struct Batching {
     pub max_bytes: usize,
 }
 
+impl Batching {
+    /// From the configuration: a batch's body is at most our own body
+    /// limit, which a peer on the defaults shares.
+    pub fn from_config(cfg: &crate::config::Config) -> Self {
+        Batching { in_flight: cfg.delivery.batches_in_flight, max_bytes: cfg.limits.max_body_bytes }
+    }
+}
+
 /// One delivery waiting for a call: its `message.deliver` body and who
 /// waits for its outcome.
 struct Item {

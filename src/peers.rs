@@ -60,7 +60,7 @@ struct Inner {
     max_object_bytes: usize,
     /// In a cluster of several shards: the other shards of this relay,
     /// reached at their owners' internal addresses under our own id.
-    siblings: Option<crate::cluster::ShardPlace>,
+    siblings: Option<crate::cluster::place::ShardPlace>,
     /// Deliveries to each peer, grouped into batches under load.
     batcher: Batcher,
 }
@@ -90,7 +90,7 @@ impl PeerClient {
         connect: Connect,
         clock: SharedClock,
         policy: &relay_actors::Policy,
-        siblings: Option<crate::cluster::ShardPlace>,
+        siblings: Option<crate::cluster::place::ShardPlace>,
     ) -> Self {
         let (clock_tolerance, max_object_bytes) = (policy.clock_tolerance, policy.max_object_bytes);
         let peers: HashMap<_, _> = peers.iter().map(|p| (p.id.clone(), p.clone())).collect();

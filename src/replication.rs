@@ -49,6 +49,19 @@ pub struct Settings {
     pub queue: usize,
 }
 
+impl Settings {
+    /// The `[replication]` settings, each within its bounds.
+    pub fn from_config(cfg: &crate::config::Config) -> Self {
+        let r = &cfg.replication;
+        Settings {
+            interval: r.interval.max(Duration::from_millis(100)),
+            page: r.page.clamp(1, relay_schemas::methods::REPLICATE_MAX_LIMIT),
+            concurrency: r.concurrency.max(1),
+            queue: r.queue.max(1),
+        }
+    }
+}
+
 type Key = (String, String);
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -390,8 +390,8 @@ fn bench(args: &BenchArgs) -> Result<(serde_json::Value, u64), String> {
 
     let before: Vec<_> = targets.iter().map(|t| report::scrape(&t.addr)).collect();
     let disk_before = own.iter().map(|p| report::disk_write_bytes(p.child.id())).collect();
-    let cpu_before = own.iter().map(|p| report::cpu_seconds(p.child.id())).collect();
-    let load_cpu_before = report::cpu_seconds(std::process::id());
+    let cpu_before = own.iter().map(|p| crate::observe::cpu_seconds(p.child.id())).collect();
+    let load_cpu_before = crate::observe::cpu_seconds(std::process::id());
     let bar = progress(sends.len() as u64, "sends");
     // The relays' CPU seconds and RSS over time, summed: those the bench
     // started, or with `--relays` those listening on this machine.
@@ -404,7 +404,7 @@ fn bench(args: &BenchArgs) -> Result<(serde_json::Value, u64), String> {
         if pids.is_empty() {
             return (None, None);
         }
-        let cpu = pids.iter().map(|&p| report::cpu_seconds(p)).sum::<Option<f64>>();
+        let cpu = pids.iter().map(|&p| crate::observe::cpu_seconds(p)).sum::<Option<f64>>();
         (cpu, pids.iter().map(|&p| report::rss_bytes(p)).sum::<Option<u64>>())
     });
     let mut tick = |n, elapsed| {
@@ -416,8 +416,8 @@ fn bench(args: &BenchArgs) -> Result<(serde_json::Value, u64), String> {
     bar.finish_and_clear();
     let after: Vec<_> = targets.iter().map(|t| report::scrape(&t.addr)).collect();
     let disk_after = own.iter().map(|p| report::disk_write_bytes(p.child.id())).collect();
-    let cpu_after = own.iter().map(|p| report::cpu_seconds(p.child.id())).collect();
-    let load_cpu = (load_cpu_before, report::cpu_seconds(std::process::id()));
+    let cpu_after = own.iter().map(|p| crate::observe::cpu_seconds(p.child.id())).collect();
+    let load_cpu = (load_cpu_before, crate::observe::cpu_seconds(std::process::id()));
     let rss = own.iter().map(|p| report::rss_bytes(p.child.id())).collect();
     let rss_peak = own.iter().map(|p| report::rss_peak_bytes(p.child.id())).collect();
     let mut notify = match listener {

@@ -93,20 +93,20 @@ pub fn run(args: &BenchArgs, n: usize, run_id: u64) -> Result<(Value, u64), Stri
     let attempts0 = sum(&metrics(&targets[0].addr)?, "relay_delivery_attempts_total");
     let before = vec![report::scrape(&targets[0].addr)];
     let disk_before = vec![report::disk_write_bytes(pid)];
-    let cpu_before = vec![report::cpu_seconds(pid)];
+    let cpu_before = vec![crate::observe::cpu_seconds(pid)];
     let bar = progress(sends.len() as u64, "sends to a dead relay");
     let mut outcome = load::run(&targets, &sends, args.concurrency, None, None, &mut |k, _| bar.set_position(k));
     bar.finish_and_clear();
     let after = vec![report::scrape(&targets[0].addr)];
     let disk_after = vec![report::disk_write_bytes(pid)];
-    let cpu_after = vec![report::cpu_seconds(pid)];
+    let cpu_after = vec![crate::observe::cpu_seconds(pid)];
 
     let accepted = outcome.delivering + outcome.target_accepted;
     let settled = settle(&targets[0].addr, attempts0, accepted)?;
-    let cpu0 = report::cpu_seconds(pid).ok_or("cannot read relay-a's CPU time from /proc")?;
+    let cpu0 = crate::observe::cpu_seconds(pid).ok_or("cannot read relay-a's CPU time from /proc")?;
     let t0 = Instant::now();
     std::thread::sleep(args.idle_window);
-    let cpu1 = report::cpu_seconds(pid).ok_or("cannot read relay-a's CPU time from /proc")?;
+    let cpu1 = crate::observe::cpu_seconds(pid).ok_or("cannot read relay-a's CPU time from /proc")?;
     let window = t0.elapsed().as_secs_f64();
     let m = metrics(&targets[0].addr)?;
     let pending = report::sample(&m, "relay_deliveries_in_flight").map(|v| v as u64);

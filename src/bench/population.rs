@@ -89,7 +89,7 @@ fn registration(i: u64, relay_id: &str, url: &str, issued: u64) -> Result<Regist
     let cert = account.certificate(&device(i), issued, None);
     let body = serde_json::to_vec(&account.register_params(&route, &cert, relay_id, true, issued))
         .map_err(|e| e.to_string())?;
-    let (params, digest): (RegisterParams, _) = crate::rpc::parse_with_digest(&body).map_err(|e| e.message)?;
+    let (params, digest): (RegisterParams, _) = crate::app::parse_with_digest(&body).map_err(|e| e.message)?;
     Ok(Registration { account_id: account.id, params, digest })
 }
 

@@ -4,6 +4,7 @@ use super::http::Conn;
 use super::load::Outcome;
 use super::series::{self, percentile_ms as pct};
 use super::ws::Notify;
+use crate::observe::status_bytes;
 use serde_json::{json, Value};
 
 /// The value of the first sample line named `name` (labels or not).
@@ -53,41 +54,6 @@ pub fn scrape(addr: &str) -> Option<Scrape> {
 pub fn disk_write_bytes(pid: u32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
     s.lines().find_map(|l| l.strip_prefix("write_bytes:"))?.trim().parse().ok()
-}
-
-/// Clock ticks per second of `/proc/<pid>/stat` times (`AT_CLKTCK` in the
-/// auxiliary vector; Linux's USER_HZ is 100 everywhere in practice).
-fn clock_ticks_per_sec() -> f64 {
-    const AT_CLKTCK: usize = 17;
-    const W: usize = std::mem::size_of::<usize>();
-    let word = |b: &[u8]| b.try_into().ok().map(usize::from_ne_bytes);
-    if let Ok(auxv) = std::fs::read("/proc/self/auxv") {
-        for pair in auxv.chunks_exact(2 * W) {
-            match (word(&pair[..W]), word(&pair[W..])) {
-                (Some(AT_CLKTCK), Some(v)) if v > 0 => return v as f64,
-                (Some(0), _) | (None, _) => break,
-                _ => {}
-            }
-        }
-    }
-    100.0
-}
-
-/// CPU seconds (user + system, all threads) process `pid` has used.
-pub fn cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name `(…)`, which may hold spaces: state is
-    // field 3, utime 14, stime 15.
-    let fields: Vec<&str> = stat.rsplit(')').next()?.split_whitespace().collect();
-    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    Some(ticks as f64 / clock_ticks_per_sec())
-}
-
-/// A `kB` line of `/proc/{pid}/status` (Linux), in bytes.
-pub fn status_bytes(pid: u32, field: &str) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kb: u64 = s.lines().find_map(|l| l.strip_prefix(field))?.trim().trim_end_matches("kB").trim().parse().ok()?;
-    Some(kb * 1024)
 }
 
 /// The process on this machine listening on TCP `host:port` (Linux: the
@@ -458,7 +424,6 @@ pub fn table(r: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::{Duration, Instant};
 
     #[test]
     fn compare_prints_both_figures_and_their_ratio() {
@@ -493,32 +458,5 @@ mod tests {
         assert_eq!(p["version"], env!("CARGO_PKG_VERSION"));
         assert!(p["nproc"].as_u64() >= Some(1), "{p}");
         assert!(humantime::parse_rfc3339(p["date"].as_str().unwrap()).is_ok(), "{p}");
-    }
-
-    #[test]
-    fn clock_ticks_come_from_the_auxiliary_vector() {
-        let hz = clock_ticks_per_sec();
-        assert!((10.0..=10_000.0).contains(&hz), "{hz}");
-    }
-
-    #[test]
-    fn cpu_seconds_of_a_busy_process_grow() {
-        // Spins until the count shows CPU used, not for a wall time: on a
-        // loaded machine a spinning thread may get little of it.
-        let pid = std::process::id();
-        let before = cpu_seconds(pid).unwrap();
-        let t = Instant::now();
-        let (mut x, mut used) = (0u64, 0.0);
-        while used < 0.05 && t.elapsed() < Duration::from_secs(60) {
-            for _ in 0..1_000_000 {
-                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
-            }
-            used = cpu_seconds(pid).unwrap() - before;
-        }
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
-        let wall = t.elapsed().as_secs_f64();
-        assert!(used >= 0.05, "{used} s of CPU counted in {wall} s of spinning");
-        // A tick (10 ms) of slack for where the count was when we started.
-        assert!(used <= wall * cores + 0.011, "{used} s of CPU in {wall} s of wall time on {cores} cores");
     }
 }

@@ -27,7 +27,7 @@ pub fn now_ms() -> u64 {
 
 /// Whether this node may answer a shard's requests now: its lease task
 /// keeps `relay_core::lease::answers_until` here, the shard's core checks
-/// it around every request (`rpc::Relay`), so an owner paused past its
+/// it around every request (`app::App::under_lease`), so an owner paused past its
 /// lease answers nothing stale on waking.
 #[derive(Clone, Default)]
 pub struct Serving(Arc<AtomicU64>);

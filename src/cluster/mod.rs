@@ -20,10 +20,10 @@
 //!    one shard it pipes each, bytes both ways, to the owner (HTTP,
 //!    keep-alive and WebSocket alike); with several, `router.rs` routes
 //!    each request to its account's shard. Either waits up to
-//!    [`FRONT_WAIT`] for an owner, and applies the per-address connection
+//!    [`FRONT_WAIT`](place::FRONT_WAIT) for an owner, and applies the per-address connection
 //!    cap (`http.max_connections_per_ip`), since owners see every
 //!    connection come from a front.
-//! 5. **Siblings**: a shard's core reaches the others ([`ShardPlace`]) as
+//! 5. **Siblings**: a shard's core reaches the others ([`ShardPlace`](place::ShardPlace)) as
 //!    peers under the relay's own id: a send to an account of another
 //!    shard is a `message.deliver` to that shard's owner.
 //! 6. **Takeover**: when an owner stops renewing (killed, cut off), its key
@@ -33,7 +33,7 @@
 //!    ttl, or whose store failed, stops serving that shard at once and
 //!    stands by for it again; its other shards serve on. Its core answers
 //!    a request only while its own clock says the lease holds
-//!    ([`Serving`]), so an owner paused past its lease answers nothing
+//!    ([`Serving`](lease::Serving)), so an owner paused past its lease answers nothing
 //!    stale on waking.
 //!
 //! The relay's id, key and VAPID key are the cluster's: every node is
@@ -58,21 +58,14 @@ use relay_actors::store::{JetStreamConfig, JetStreamEngine, Store};
 use tokio::sync::watch;
 
 use crate::config::{ClusterSection, Config};
+use metrics::NodeMetrics;
+use place::{Owners, ShardPlace, FRONT_WAIT, OWNER_POLL};
 
-mod lease;
+pub(crate) mod lease;
+mod metrics;
+pub mod place;
 mod router;
-pub(crate) use lease::Serving;
 pub mod up;
-
-/// The internal address of each shard's owner (index = shard; `None`
-/// while a shard has no owner), as the lease bucket says.
-pub(crate) type Owners = watch::Receiver<Arc<Vec<Option<SocketAddr>>>>;
-
-/// A connection at a front waits this long for an owner to reach.
-pub const FRONT_WAIT: Duration = Duration::from_secs(15);
-
-/// How often a node reads who owns each shard.
-const OWNER_POLL: Duration = Duration::from_millis(100);
 
 /// Between two tries to open the store after taking the lease.
 const OPEN_RETRY: Duration = Duration::from_millis(500);
@@ -128,36 +121,13 @@ async fn check_shard_count(js: &JetStream, c: &ClusterSection, relay_id: &str) -
     }
 }
 
-/// Where one core of a cluster of several shards stands: its shard, and
-/// where its siblings are served now.
-#[derive(Clone)]
-pub struct ShardPlace {
-    pub index: u32,
-    pub shards: u32,
-    pub(crate) owners: Owners,
-}
-
-impl ShardPlace {
-    /// Whether `account_id` lives in this core's shard.
-    pub fn is_mine(&self, account_id: &str) -> bool {
-        relay_core::shard::of(account_id, self.shards) == self.index
-    }
-
-    /// The internal address of the owner of `account_id`'s shard, or that
-    /// shard's number while it has none.
-    pub fn owner_of(&self, account_id: &str) -> Result<SocketAddr, u32> {
-        let k = relay_core::shard::of(account_id, self.shards);
-        self.owners.borrow().get(k as usize).copied().flatten().ok_or(k)
-    }
-}
-
 /// Runs a cluster node until SIGINT/SIGTERM. A shard whose lease is lost
 /// or whose store fails is given up and stood by for again; the node exits
 /// only on errors no shard can serve through (its listeners, its config).
 pub async fn serve(cfg: Config) -> Result<(), String> {
     let c = cfg.cluster.clone().ok_or("cluster mode needs a [cluster] section")?;
-    crate::private_files();
-    crate::prepare_data_dir(&cfg.relay.data_dir)?;
+    crate::server::private_files();
+    crate::server::prepare_data_dir(&cfg.relay.data_dir)?;
     // One connection for the node's own reads (each lease has its own).
     let js = lease::connect(&c).await?;
     check_shard_count(&js, &c, &cfg.relay.id).await?;
@@ -190,7 +160,7 @@ pub async fn serve(cfg: Config) -> Result<(), String> {
     }
     tracing::info!(relay = %cfg.relay.id, node = %c.node, listen = %front_addr, shards = c.shards,
         "cluster node started; standing by");
-    crate::announce_listening(&cfg.relay.id, "http", front_addr);
+    crate::server::announce_listening(&cfg.relay.id, "http", front_addr);
 
     // Nodes started together count each other before taking shards.
     if c.shards > 1 {
@@ -411,14 +381,16 @@ impl Shard {
                         why = failed => format!("cluster: the store of shard {k} failed: {why}"),
                         () = hand_over_when_due(balance, every) => {
                             handing.store(true, Relaxed);
-                            return crate::Stop::Gracefully("handing the shard over");
+                            return crate::server::Stop::Gracefully("handing the shard over");
                         }
-                        _ = stopping.wait_for(|s| *s) => return crate::Stop::Gracefully("the node stops"),
+                        _ = stopping.wait_for(|s| *s) => return crate::server::Stop::Gracefully("the node stops"),
                     };
                     *giving_up.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.clone());
-                    crate::Stop::Now(why)
+                    crate::server::Stop::Now(why)
                 };
-                let ran = crate::run(cfg, store, internal, crate::Announce::No, place, Some(serving), stop).await;
+                let ran =
+                    crate::server::run(cfg, store, internal, crate::server::Announce::No, place, Some(serving), stop)
+                        .await;
                 let _ = done_tx.send(ran);
             });
         });
@@ -566,86 +538,6 @@ async fn watch_owners(
     }
 }
 
-/// This node's own metrics (`cluster.metrics_listen`).
-#[derive(Clone)]
-struct NodeMetrics {
-    registry: Arc<prometheus_client::registry::Registry>,
-    /// Per shard: 1 while this node serves it; the lease epoch it serves
-    /// it under (0: standing by).
-    shards: Arc<Vec<(Gauge, Gauge)>>,
-    /// Connections (one shard) or requests and WebSockets (several) the
-    /// front is forwarding now.
-    connections: Gauge,
-    /// Front connections or requests that ended in an error (no owner
-    /// reachable within FRONT_WAIT, or a broken upstream).
-    unserved: prometheus_client::metrics::counter::Counter,
-}
-
-type Gauge = prometheus_client::metrics::gauge::Gauge;
-
-impl NodeMetrics {
-    fn new(node: &str, shards: u32) -> NodeMetrics {
-        let mut registry = prometheus_client::registry::Registry::with_labels(
-            [(std::borrow::Cow::Borrowed("node"), std::borrow::Cow::Owned(node.to_owned()))].into_iter(),
-        );
-        let per_shard: Vec<(Gauge, Gauge)> = (0..shards).map(|_| Default::default()).collect();
-        for (k, (owned, epoch)) in per_shard.iter().enumerate() {
-            let shard = registry.sub_registry_with_label(("shard".into(), k.to_string().into()));
-            shard.register("relay_cluster_shard_owned", "1 while this node serves the shard", owned.clone());
-            shard.register(
-                "relay_cluster_shard_epoch",
-                "The lease epoch this node serves the shard under",
-                epoch.clone(),
-            );
-        }
-        let (connections, unserved) = (Gauge::default(), prometheus_client::metrics::counter::Counter::default());
-        registry.register(
-            "relay_cluster_front_connections",
-            "Connections (one shard) or requests (several) the front forwards now",
-            connections.clone(),
-        );
-        registry.register(
-            "relay_cluster_front_unserved",
-            "Front connections or requests that ended in an error",
-            unserved.clone(),
-        );
-        NodeMetrics { registry: Arc::new(registry), shards: Arc::new(per_shard), connections, unserved }
-    }
-
-    fn encode(&self) -> String {
-        let mut out = String::new();
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
-        out
-    }
-
-    fn serve(&self, at: &str) -> Result<(), String> {
-        let metrics = self.clone();
-        let server = actix_web::HttpServer::new(move || {
-            let metrics = metrics.clone();
-            actix_web::App::new().route(
-                "/metrics",
-                actix_web::web::get().to(move || {
-                    let body = metrics.encode();
-                    async move {
-                        actix_web::HttpResponse::Ok()
-                            .content_type("application/openmetrics-text; version=1.0.0; charset=utf-8")
-                            .body(body)
-                    }
-                }),
-            )
-        })
-        .workers(1)
-        .shutdown_timeout(1)
-        // The node handles SIGTERM itself (standing by) or through the relay's server.
-        .disable_signals()
-        .bind(at)
-        .map_err(|e| format!("cluster.metrics_listen {at}: {e}"))?
-        .run();
-        actix_web::rt::spawn(server);
-        Ok(())
-    }
-}
-
 /// Accepts connections and pipes each to the owner (module doc, 3).
 async fn front(
     listener: tokio::net::TcpListener,
@@ -692,7 +584,7 @@ async fn front(
 /// would (`rate_limited`, 429), then closes it.
 async fn refuse(mut conn: tokio::net::TcpStream) {
     use tokio::io::AsyncWriteExt;
-    let body = crate::http::over_cap().to_body().to_string();
+    let body = crate::http::reply::over_cap().to_body().to_string();
     let answer = format!(
         "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
          connection: close\r\n\r\n{body}",

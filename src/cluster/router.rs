@@ -40,9 +40,11 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio::time::{timeout, timeout_at, Instant};
 
-use super::{NodeMetrics, Owners, FRONT_WAIT, OWNER_POLL};
+use super::metrics::NodeMetrics;
+use super::place::{Owners, FRONT_WAIT, OWNER_POLL};
 use crate::config::{Config, Websocket};
-use crate::http::{bearer, error_and_close, error_response, over_connection_cap, read_body, BodyTimeout};
+use crate::http::reply::{bearer, error_and_close, error_response};
+use crate::http::{over_connection_cap, read_body, BodyTimeout};
 use crate::observe::Held;
 
 /// How long an owner has to answer a request, head and body.

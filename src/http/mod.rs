@@ -1,40 +1,28 @@
 //! The actix-web transport: `POST /v1/rpc/{method}` (clients),
 //! `POST /v1/relay/{method}` (peers), `GET /v1/ws` (client WebSocket) and
 //! `GET /healthz`, and the web client at `/` ([`webapp`]).
-//! Protocol logic is in [`crate::rpc`]; this module only maps HTTP to it.
+//! Protocol logic is in [`crate::app`]; this module only maps HTTP to it.
 
 pub mod client_addr;
 pub mod conn;
 pub mod flow;
+pub mod reply;
 pub mod tls;
 pub mod webapp;
 pub mod ws;
 
+use crate::app::App;
 use crate::config::Websocket;
 use crate::observe::{shown_id, Direction, PeerObserver};
-use crate::relay_rpc::{Admitted, RelayHeaders};
-use crate::rpc::Relay;
+use crate::peer_rpc::Admitted;
 use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
-use actix_web::http::header::{self, HeaderValue};
-use actix_web::http::StatusCode;
 use actix_web::middleware::Next;
 use actix_web::{web, HttpRequest, HttpResponse};
+use relay_core::peer_auth::RelayHeaders;
 use relay_schemas::{Caller, Method, RelayError};
+use reply::{bearer, error_and_close, error_response, over_cap};
 use std::time::Duration;
-
-pub fn error_response(e: &RelayError) -> HttpResponse {
-    let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    HttpResponse::build(status).json(e.to_body())
-}
-
-pub(crate) fn bearer(req: &HttpRequest) -> Option<&str> {
-    req.headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v: &HeaderValue| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim)
-}
 
 /// How long a request body may take to arrive (`http.body_timeout`).
 #[derive(Clone, Copy, Debug)]
@@ -55,16 +43,8 @@ pub(crate) async fn read_body(body: web::Payload, limit: usize, within: BodyTime
     }
 }
 
-/// An error answer after which the connection is closed: the rest of a
-/// body that timed out is not worth reading.
-pub(crate) fn error_and_close(e: &RelayError) -> HttpResponse {
-    let mut resp = error_response(e);
-    resp.head_mut().set_connection_type(actix_web::http::ConnectionType::Close);
-    resp
-}
-
 async fn rpc_call(
-    relay: web::Data<Relay>,
+    relay: web::Data<App>,
     method: web::Path<String>,
     req: HttpRequest,
     body: web::Payload,
@@ -75,7 +55,7 @@ async fn rpc_call(
 
 async fn rpc_call_named(
     method: &str,
-    relay: web::Data<Relay>,
+    relay: web::Data<App>,
     req: HttpRequest,
     body: web::Payload,
     within: web::Data<BodyTimeout>,
@@ -84,7 +64,7 @@ async fn rpc_call_named(
         Ok(b) => b,
         Err(e) => return error_and_close(&e),
     };
-    match relay.call(method, bearer(&req), client_addr::client_ip(&req), &body).await {
+    match crate::rpc::call(&relay, method, bearer(&req), client_addr::client_ip(&req), &body).await {
         Ok(json) => HttpResponse::Ok().content_type("application/json").body(json),
         Err(e) => error_response(&e),
     }
@@ -92,7 +72,7 @@ async fn rpc_call_named(
 
 /// `POST /v1/relay/{method}`: authenticated peer calls.
 async fn relay_call(
-    relay: web::Data<Relay>,
+    relay: web::Data<App>,
     observer: web::Data<PeerObserver>,
     method: web::Path<String>,
     req: HttpRequest,
@@ -104,7 +84,7 @@ async fn relay_call(
 
 async fn relay_call_named(
     method: &str,
-    relay: web::Data<Relay>,
+    relay: web::Data<App>,
     observer: web::Data<PeerObserver>,
     req: HttpRequest,
     body: web::Payload,
@@ -141,13 +121,13 @@ async fn relay_call_named(
     };
     // The peer is up: deliveries to it need not wait for their next slot.
     relay.supervisor().peer_seen(&peer);
-    let result = relay.call_relay(method, &peer, &body).await;
+    let result = crate::rpc::call_relay(&relay, method, &peer, &body).await;
     relay.peer_keys().answered(&request, &result);
     observer.count(&peer, Direction::In, result.as_ref().map_or_else(|e| e.code.as_str(), |_| "ok"));
     relay_answer(result)
 }
 
-fn relay_answer(answer: crate::relay_rpc::Answer) -> HttpResponse {
+fn relay_answer(answer: crate::peer_rpc::Answer) -> HttpResponse {
     match answer {
         Ok(json) => HttpResponse::Ok().content_type("application/json").body(json),
         Err(e) => error_response(&e),
@@ -182,7 +162,7 @@ async fn healthz() -> HttpResponse {
 }
 
 /// Readiness: the store can still make writes durable.
-async fn readyz(relay: web::Data<Relay>) -> HttpResponse {
+async fn readyz(relay: web::Data<App>) -> HttpResponse {
     if relay.supervisor().store().is_healthy() {
         HttpResponse::Ok().json(serde_json::json!({"status": "ready"}))
     } else {
@@ -191,7 +171,7 @@ async fn readyz(relay: web::Data<Relay>) -> HttpResponse {
 }
 
 /// Prometheus text exposition.
-pub async fn metrics(relay: web::Data<Relay>) -> HttpResponse {
+pub async fn metrics(relay: web::Data<App>) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("application/openmetrics-text; version=1.0.0; charset=utf-8")
         .body(relay.supervisor().metrics().encode())
@@ -208,16 +188,6 @@ pub fn over_connection_cap(req: &HttpRequest) -> Option<HttpResponse> {
     (!slot.within).then(|| error_and_close(&over_cap()))
 }
 
-/// The refusal of a connection over `http.max_connections_per_ip` (also
-/// a cluster front's, `src/cluster/mod.rs`).
-pub fn over_cap() -> RelayError {
-    RelayError::new(
-        relay_schemas::ErrorCode::RateLimited,
-        "too many connections from this address (http.max_connections_per_ip)",
-    )
-    .with_data(serde_json::json!({ "retry_after": 1 }))
-}
-
 /// Who the clients are: the trusted proxies, and the open WebSockets of
 /// each client behind them (`http.max_connections_per_ip` per client).
 #[derive(Clone)]
@@ -229,7 +199,7 @@ pub struct Clients {
 /// The public listener's routes; `/metrics` only when `with_metrics` (no
 /// `[metrics] listen` of its own).
 pub fn configure(
-    relay: web::Data<Relay>,
+    relay: web::Data<App>,
     websocket: web::Data<Websocket>,
     observer: web::Data<PeerObserver>,
     body_timeout: BodyTimeout,
@@ -276,7 +246,7 @@ pub fn configure(
 }
 
 /// The separate metrics listener (`[metrics] listen`): `/metrics` only.
-pub fn configure_metrics(relay: web::Data<Relay>) -> impl FnOnce(&mut web::ServiceConfig) {
+pub fn configure_metrics(relay: web::Data<App>) -> impl FnOnce(&mut web::ServiceConfig) {
     move |cfg: &mut web::ServiceConfig| {
         cfg.app_data(relay).route("/metrics", web::get().to(metrics)).default_service(web::to(not_found));
     }

@@ -124,7 +124,7 @@ pub async fn cors(
                 .insert_header((header::ACCESS_CONTROL_MAX_AGE, "600"))
                 .finish()
         } else {
-            super::error_response(&RelayError::forbidden("origin not in http.cors_origins"))
+            super::reply::error_response(&RelayError::forbidden("origin not in http.cors_origins"))
         };
         return Ok(with_cors(req.into_response(resp), origin.as_deref().filter(|_| allowed)));
     }

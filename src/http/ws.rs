@@ -33,9 +33,9 @@
 
 use super::client_addr::{client_ip, TrustedProxies};
 use super::flow::Flow;
-use super::{bearer, error_response};
+use super::reply::{bearer, error_response, over_cap};
+use crate::app::App;
 use crate::config::Websocket;
-use crate::rpc::Relay;
 use actix_web::rt::time::timeout;
 use actix_web::web::Bytes;
 use actix_web::{web, HttpRequest, HttpResponse};
@@ -102,12 +102,12 @@ fn proxied_slot(req: &HttpRequest, client: Option<IpAddr>) -> Result<Option<supe
     if slot.within {
         Ok(Some(slot))
     } else {
-        Err(super::over_cap())
+        Err(over_cap())
     }
 }
 
 pub async fn upgrade(
-    relay: web::Data<Relay>,
+    relay: web::Data<App>,
     ws: web::Data<Websocket>,
     req: HttpRequest,
     body: web::Payload,
@@ -138,7 +138,7 @@ pub async fn upgrade(
 }
 
 /// A live session whose device is still valid (not revoked or expired).
-async fn check_token(relay: &Relay, token: &str) -> Result<sessions::Session, RelayError> {
+async fn check_token(relay: &App, token: &str) -> Result<sessions::Session, RelayError> {
     let sup = relay.supervisor();
     let session = sup
         .sessions()
@@ -151,7 +151,7 @@ async fn check_token(relay: &Relay, token: &str) -> Result<sessions::Session, Re
 /// Registers a session's device for notifications, then asks for its
 /// backlog: the latest record beyond its ack cursor, if any. In this order,
 /// so a record appended in between is notified or in the backlog.
-async fn register(relay: &Relay, session: &sessions::Session) -> (Attached, Option<u64>) {
+async fn register(relay: &App, session: &sessions::Session) -> (Attached, Option<u64>) {
     let sup = relay.supervisor();
     let attached = sup.notifier().attach(&session.account_id, &session.device_id);
     let backlog = sup.ask(&session.account_id, AccountCmd::Backlog { device: session.device_id.clone() }).await;
@@ -169,7 +169,7 @@ enum Done {
 }
 
 struct Connection {
-    relay: Arc<Relay>,
+    relay: Arc<App>,
     ws: Websocket,
     session: Session,
     attachment: Option<Attachment>,
@@ -199,7 +199,7 @@ enum Next {
 
 impl Connection {
     fn new(
-        relay: Arc<Relay>,
+        relay: Arc<App>,
         ws: Websocket,
         session: Session,
         ip: Option<IpAddr>,
@@ -413,7 +413,7 @@ impl Connection {
             };
             let params = req.params.map_or("{}", RawValue::get);
             if req.method != "session.attach" {
-                let result = relay.call(&req.method, token.as_deref(), ip, params.as_bytes()).await;
+                let result = crate::rpc::call(&relay, &req.method, token.as_deref(), ip, params.as_bytes()).await;
                 return Done::Answer(req.id, result);
             }
             #[derive(Deserialize)]
@@ -421,7 +421,7 @@ impl Connection {
                 token: String,
             }
             let attach = async {
-                let p: Attach = crate::rpc::parse(params.as_bytes())?;
+                let p: Attach = crate::app::parse(params.as_bytes())?;
                 if token.is_some() {
                     return Err(RelayError::invalid_state("this connection is already attached to a session"));
                 }

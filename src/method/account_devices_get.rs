@@ -3,8 +3,8 @@
 //! is asked of its home relay. A peer (PROTOCOL §5) reads only accounts
 //! served here, so a question never travels further.
 
+use crate::app::{parse, App};
 use crate::peers::CallError;
-use crate::rpc::{parse, Relay};
 use relay_actors::account::decide;
 use relay_actors::account::AccountCmd;
 use relay_schemas::ids::check_account_id;
@@ -14,7 +14,7 @@ use relay_schemas::{ErrorCode, Method, RelayError};
 caller!(AccountDevicesGet, Session);
 caller!(RelayAccountDevicesGet, Relay);
 
-pub(crate) async fn handle(relay: &Relay, token: Option<&str>, body: &[u8]) -> Result<String, RelayError> {
+pub(crate) async fn handle(relay: &App, token: Option<&str>, body: &[u8]) -> Result<String, RelayError> {
     let s = relay.session(token)?;
     let p: AccountIdParams = parse(body)?;
     // The caller's own session must still be valid.
@@ -37,7 +37,7 @@ pub(crate) async fn handle(relay: &Relay, token: Option<&str>, body: &[u8]) -> R
 
 /// For an account served elsewhere: asked of its home relay (the first of
 /// its route that answers), or of the shard of this relay that holds it.
-async fn remote_devices(relay: &Relay, account_id: &str, body: &[u8]) -> Result<String, RelayError> {
+async fn remote_devices(relay: &App, account_id: &str, body: &[u8]) -> Result<String, RelayError> {
     let route = relay.supervisor().resolve_route(account_id, false).await;
     let route = route.ok_or_else(|| RelayError::not_found(format!("account {account_id} is not known")))?;
     let mut last = RelayError::new(ErrorCode::BadGateway, "no home relay answered");
@@ -67,7 +67,7 @@ async fn remote_devices(relay: &Relay, account_id: &str, body: &[u8]) -> Result<
     Err(RelayError::new(ErrorCode::BadGateway, last.message))
 }
 
-pub(crate) async fn handle_relay(relay: &Relay, _peer: &str, body: &[u8]) -> Result<String, RelayError> {
+pub(crate) async fn handle_relay(relay: &App, _peer: &str, body: &[u8]) -> Result<String, RelayError> {
     let p: AccountIdParams = parse(body)?;
-    Relay::json_of(relay.on_local(&p.account_id, AccountCmd::AccountDevicesGet).await?)
+    App::json_of(relay.on_local(&p.account_id, AccountCmd::AccountDevicesGet).await?)
 }

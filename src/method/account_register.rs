@@ -2,7 +2,7 @@
 //! route lists this relay. Every stateless check runs before an actor exists
 //! for the account, so a refused stranger leaves nothing behind.
 
-use crate::rpc::{parse_with_digest, Relay};
+use crate::app::{parse_with_digest, App};
 use relay_actors::account::decide::{self, Ctx};
 use relay_actors::account::AccountCmd;
 use relay_schemas::ids::check_account_id;
@@ -11,7 +11,7 @@ use relay_schemas::RelayError;
 
 caller!(AccountRegister, None);
 
-pub(crate) async fn handle(relay: &Relay, _token: Option<&str>, body: &[u8]) -> Result<String, RelayError> {
+pub(crate) async fn handle(relay: &App, _token: Option<&str>, body: &[u8]) -> Result<String, RelayError> {
     let (params, digest): (RegisterParams, _) = parse_with_digest(body)?;
     check_account_id("route.account_id", &params.route.account_id)?;
     // Every stateless check before an actor exists for the account.
@@ -21,5 +21,5 @@ pub(crate) async fn handle(relay: &Relay, _token: Option<&str>, body: &[u8]) -> 
     let account_id = params.route.account_id.clone();
     // The highest revision known here or at the peers.
     let known = sup.resolve_route(&account_id, true).await;
-    Relay::json_of(sup.ask(&account_id, AccountCmd::AccountRegister { params, digest, known }).await?)
+    App::json_of(sup.ask(&account_id, AccountCmd::AccountRegister { params, digest, known }).await?)
 }

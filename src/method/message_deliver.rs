@@ -4,7 +4,7 @@
 //! writes the receipt (`AccountCmd::MessageDeliver`), answering a retry with
 //! the stored result.
 
-use crate::rpc::{parse_with_digest, Relay};
+use crate::app::{parse_with_digest, App};
 use relay_actors::account::decide::{self, Ctx};
 use relay_actors::account::AccountCmd;
 use relay_schemas::ids::check_account_id;
@@ -13,17 +13,17 @@ use relay_schemas::RelayError;
 
 caller!(MessageDeliver, Relay);
 
-pub(crate) async fn handle_relay(relay: &Relay, peer: &str, body: &[u8]) -> Result<String, RelayError> {
+pub(crate) async fn handle_relay(relay: &App, peer: &str, body: &[u8]) -> Result<String, RelayError> {
     let (params, digest): (DeliverParams, _) = parse_with_digest(body)?;
     may_deliver(relay, peer, &params).await?;
     let to = params.envelope.to.clone();
-    Relay::json_of(relay.on_local(&to, AccountCmd::MessageDeliver { params, digest }).await?)
+    App::json_of(relay.on_local(&to, AccountCmd::MessageDeliver { params, digest }).await?)
 }
 
 /// PROTOCOL §5 *Who may deliver*: `peer` must be a home relay of the
 /// sender under the route the message was accepted with, and when this
 /// relay serves the sender too, the sending device must be valid here.
-async fn may_deliver(relay: &Relay, peer: &str, p: &DeliverParams) -> Result<(), RelayError> {
+async fn may_deliver(relay: &App, peer: &str, p: &DeliverParams) -> Result<(), RelayError> {
     let sup = relay.supervisor();
     let env = &p.envelope;
     check_account_id("envelope.from", &env.from)?;

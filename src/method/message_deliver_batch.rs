@@ -11,13 +11,13 @@
 //! back to single calls.
 
 use super::message_deliver;
-use crate::rpc::{parse, Relay};
+use crate::app::{parse, App};
 use relay_schemas::methods::DeliverBatchParams;
 use relay_schemas::RelayError;
 
 caller!(MessageDeliverBatch, Relay);
 
-pub(crate) async fn handle_relay(relay: &Relay, peer: &str, body: &[u8]) -> Result<String, RelayError> {
+pub(crate) async fn handle_relay(relay: &App, peer: &str, body: &[u8]) -> Result<String, RelayError> {
     if relay.peers().sharded() {
         return Err(RelayError::not_found("message.deliver.batch is not offered by a cluster of several shards"));
     }

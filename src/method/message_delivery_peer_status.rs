@@ -2,7 +2,7 @@
 //! sender asks whether this relay accepted a message, and its status
 //! (`AccountCmd::MessageDeliveryPeerStatus`, read-only).
 
-use crate::rpc::{parse, Relay};
+use crate::app::{parse, App};
 use relay_actors::account::AccountCmd;
 use relay_schemas::ids::check_message_id;
 use relay_schemas::methods::PeerStatusParams;
@@ -10,9 +10,9 @@ use relay_schemas::RelayError;
 
 caller!(MessageDeliveryPeerStatus, Relay);
 
-pub(crate) async fn handle_relay(relay: &Relay, peer: &str, body: &[u8]) -> Result<String, RelayError> {
+pub(crate) async fn handle_relay(relay: &App, peer: &str, body: &[u8]) -> Result<String, RelayError> {
     let p: PeerStatusParams = parse(body)?;
     check_message_id("message_id", &p.message_id)?;
     let cmd = AccountCmd::MessageDeliveryPeerStatus { peer: peer.to_owned(), message_id: p.message_id };
-    Relay::json_of(relay.on_local(&p.from, cmd).await?)
+    App::json_of(relay.on_local(&p.from, cmd).await?)
 }

@@ -5,14 +5,14 @@
 //! delivery attempt (a local delivery is immediate), so the client usually
 //! gets the terminal status at once.
 
-use crate::rpc::{parse_with_digest, status_json, Relay};
+use crate::app::{parse_with_digest, status_json, App};
 use relay_schemas::methods::SendParams;
 use relay_schemas::RelayError;
 use std::time::Duration;
 
 caller!(MessageSend, Session);
 
-pub(crate) async fn handle(relay: &Relay, token: Option<&str>, body: &[u8]) -> Result<String, RelayError> {
+pub(crate) async fn handle(relay: &App, token: Option<&str>, body: &[u8]) -> Result<String, RelayError> {
     let s = relay.session(token)?;
     let (params, digest): (SendParams, _) = parse_with_digest(body)?;
     let sup = relay.supervisor();

@@ -8,12 +8,12 @@
 //! A file holds the method's handler and the params it reads; who may call
 //! it is declared with `caller!` and checked at compile time against
 //! [`Method::caller`], where the wire name and caller are listed once.
-//! The shared plumbing stays in [`crate::rpc`] (params parsing, sessions,
-//! rate limits, result mapping) and [`crate::relay_rpc`] (peer
+//! The shared plumbing stays in [`crate::app`] (params parsing, sessions,
+//! rate limits, result mapping) and [`crate::peer_rpc`] (peer
 //! authentication). `client` and `relay` dispatch with exhaustive
 //! matches: a new [`Method`] variant fails to compile until it is routed.
 
-use crate::rpc::Relay;
+use crate::app::App;
 use relay_schemas::{Method, RelayError};
 
 /// Declares who may call `Method::$method`; a mismatch with
@@ -51,7 +51,7 @@ mod timeline_replicate;
 /// A client method (`/v1/rpc/{method}` or a WebSocket frame); `token` is
 /// the caller's session token, if it sent one.
 pub(crate) async fn client(
-    relay: &Relay,
+    relay: &App,
     method: Method,
     token: Option<&str>,
     body: &[u8],
@@ -87,7 +87,7 @@ pub(crate) async fn client(
 }
 
 /// A relay method (`/v1/relay/{method}`) from the authenticated `peer`.
-pub(crate) async fn relay(relay: &Relay, method: Method, peer: &str, body: &[u8]) -> Result<String, RelayError> {
+pub(crate) async fn relay(relay: &App, method: Method, peer: &str, body: &[u8]) -> Result<String, RelayError> {
     use Method::*;
     match method {
         MessageDeliver => message_deliver::handle_relay(relay, peer, body).await,

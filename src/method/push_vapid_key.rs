@@ -1,13 +1,13 @@
 //! `push.vapid_key` (PROTOCOL §9): anyone may read the relay's VAPID public
 //! key to subscribe a browser.
 
-use crate::rpc::{parse, Relay};
+use crate::app::{parse, App};
 use relay_schemas::methods::VapidKeyResult;
 use relay_schemas::RelayError;
 
 caller!(PushVapidKey, None);
 
-pub(crate) async fn handle(relay: &Relay, _token: Option<&str>, body: &[u8]) -> Result<String, RelayError> {
+pub(crate) async fn handle(relay: &App, _token: Option<&str>, body: &[u8]) -> Result<String, RelayError> {
     let _: serde_json::Value = parse(body)?;
     let push = relay.push();
     if push.vapid_public_key.is_empty() {

@@ -3,7 +3,7 @@
 //! here makes it ask its peers. A peer (PROTOCOL §5) gets only what this
 //! relay knows, so a question never recurses through relays.
 
-use crate::rpc::{parse, Relay};
+use crate::app::{parse, App};
 use relay_schemas::ids::check_account_id;
 use relay_schemas::methods::AccountIdParams;
 use relay_schemas::{ErrorCode, RelayError};
@@ -11,7 +11,7 @@ use relay_schemas::{ErrorCode, RelayError};
 caller!(RouteGet, None);
 caller!(RelayRouteGet, Relay);
 
-pub(crate) async fn handle(relay: &Relay, token: Option<&str>, body: &[u8]) -> Result<String, RelayError> {
+pub(crate) async fn handle(relay: &App, token: Option<&str>, body: &[u8]) -> Result<String, RelayError> {
     let p: AccountIdParams = parse(body)?;
     check_account_id("account_id", &p.account_id)?;
     let sup = relay.supervisor();
@@ -23,7 +23,7 @@ pub(crate) async fn handle(relay: &Relay, token: Option<&str>, body: &[u8]) -> R
     Ok(route.raw().get().to_owned())
 }
 
-pub(crate) async fn handle_relay(relay: &Relay, _peer: &str, body: &[u8]) -> Result<String, RelayError> {
+pub(crate) async fn handle_relay(relay: &App, _peer: &str, body: &[u8]) -> Result<String, RelayError> {
     let p: AccountIdParams = parse(body)?;
     check_account_id("account_id", &p.account_id)?;
     let route = relay.supervisor().routes().get(&p.account_id).map_err(|e| RelayError::internal(e.to_string()))?;

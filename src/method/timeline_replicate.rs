@@ -3,7 +3,7 @@
 //! the rules are in `relay_core::account::replica`, the puller is
 //! [`crate::replication`]).
 
-use crate::rpc::{parse, Relay};
+use crate::app::{parse, App};
 use relay_actors::account::replica::Page;
 use relay_actors::account::AccountCmd;
 use relay_schemas::ids::check_account_id;
@@ -12,7 +12,7 @@ use relay_schemas::RelayError;
 
 caller!(TimelineReplicate, Relay);
 
-pub(crate) async fn handle_relay(relay: &Relay, peer: &str, body: &[u8]) -> Result<String, RelayError> {
+pub(crate) async fn handle_relay(relay: &App, peer: &str, body: &[u8]) -> Result<String, RelayError> {
     let p: ReplicateParams = parse(body)?;
     check_account_id("account_id", &p.account_id)?;
     if p.notify {
@@ -25,5 +25,5 @@ pub(crate) async fn handle_relay(relay: &Relay, peer: &str, body: &[u8]) -> Resu
     }
     let account_id = p.account_id.clone();
     let cmd = AccountCmd::TimelineReplicate { peer: peer.to_owned(), params: p };
-    Relay::json_of(relay.supervisor().ask(&account_id, cmd).await?)
+    App::json_of(relay.supervisor().ask(&account_id, cmd).await?)
 }

@@ -1,17 +1,14 @@
-//! The relay methods of PROTOCOL §5 (`POST /v1/relay/{method}`), called by
-//! peers. Every request is authenticated first: the `Relay-Id` must be a
-//! configured peer, `Relay-Timestamp` within the clock tolerance, and
-//! `Relay-Signature` the peer key's signature of the request digest, not
-//! seen before in its window ([`relay_core::peer_auth`]).
-//! Each method's handler is its own file in [`crate::method`].
+//! Peer authentication for the relay methods of PROTOCOL §5 (`POST
+//! /v1/relay/{method}`): the `Relay-Id` must be a configured peer,
+//! `Relay-Timestamp` within the clock tolerance, and `Relay-Signature` the
+//! peer key's signature of the request digest, not seen before in its
+//! window ([`relay_core::peer_auth`]). [`crate::rpc::call_relay`] then
+//! dispatches the call.
 
-use crate::rpc::Relay;
 use ed25519_dalek::VerifyingKey;
-use relay_actors::account::{AccountCmd, Reply};
-pub use relay_core::peer_auth::RelayHeaders;
-use relay_core::peer_auth::{self, Admission, Authenticated, ReplayWindow};
-use relay_schemas::ids::check_account_id;
-use relay_schemas::{Method, RelayError};
+
+use relay_core::peer_auth::{self, Admission, Authenticated, RelayHeaders, ReplayWindow};
+use relay_schemas::RelayError;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
@@ -86,49 +83,4 @@ impl PeerKeys {
 pub fn replay_window_cap(peers: usize, requests_per_second: u64, clock_tolerance: u64) -> usize {
     let per_window = requests_per_second.saturating_mul(clock_tolerance.saturating_add(1));
     usize::try_from(per_window.saturating_mul(peers.max(1) as u64)).unwrap_or(usize::MAX).max(65_536)
-}
-
-impl Relay {
-    /// Where an account this relay does not serve lives now: `route_stale`
-    /// with the newer route when one is known, else `target_not_local`.
-    fn not_served_here(&self, account_id: &str) -> RelayError {
-        relay_actors::account::decide::not_served_here(
-            self.supervisor().routes().get(account_id).ok().flatten().as_ref(),
-        )
-    }
-
-    /// A command to a local account named by a peer; an account not served
-    /// here gets where it lives now.
-    pub(crate) async fn on_local(&self, account_id: &str, cmd: AccountCmd) -> Result<Reply, RelayError> {
-        check_account_id("account_id", account_id)?;
-        if self.peers().in_sibling_shard(account_id) {
-            // Reached through an owner address that changed hands: not a
-            // statement about the account, so nothing the caller acts on.
-            return Err(RelayError::unavailable("the account's shard is not served here now"));
-        }
-        if !self.supervisor().account_exists(account_id)? {
-            return Err(self.not_served_here(account_id));
-        }
-        self.supervisor().ask(account_id, cmd).await
-    }
-
-    pub async fn call_relay(&self, method: &str, peer: &str, body: &[u8]) -> Result<String, RelayError> {
-        let started = std::time::Instant::now();
-        // A sibling shard of this relay (same id and key) is not a
-        // stranger to rate-limit: its calls are this relay's own sends.
-        let limited = if peer == self.supervisor().policy().relay_id.as_str() {
-            Ok(())
-        } else {
-            self.limits().peer(peer, method)
-        };
-        let result = match limited {
-            Ok(()) => match Method::from_relay_wire(method) {
-                Some(m) => self.under_lease(crate::method::relay(self, m, peer, body)).await,
-                None => Err(RelayError::not_found(format!("unknown relay method {method:?}"))),
-            },
-            Err(e) => Err(e),
-        };
-        self.observe(&format!("relay/{method}"), started, &result);
-        result
-    }
 }
