@@ -68,7 +68,7 @@ pub fn open_store(data_dir: &Path) -> Result<Store, AuditError> {
         return Err(AuditError::NoStore(data_dir.to_path_buf()));
     }
     Store::open_to_read(&dir).map_err(|e| {
-        if crate::config::store_in_use(&e) {
+        if relay::config::store_in_use(&e) {
             AuditError::InUse(data_dir.to_path_buf())
         } else {
             AuditError::Store(e)

@@ -26,7 +26,7 @@
 
 use super::http::Conn;
 use super::plan::{BenchAccount, Send};
-use super::Target;
+use crate::setup::Target;
 use awc::ws::{Frame, Message};
 use futures_util::StreamExt;
 use serde_json::{json, Value};

@@ -1071,7 +1071,7 @@ key_file = "data/relay-a/relay.key"
 
     #[test]
     fn default_config_file_loads_with_protocol_defaults() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/default.toml");
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/default.toml");
         let cfg = Config::load(&path).unwrap();
         let p = cfg.policy();
         assert_eq!(p.clock_tolerance, 300);

@@ -4,9 +4,9 @@
 
 use super::terminal::{safe, SafeWriter};
 use super::{checkpoint, export, open_store, parse_time, replay, story, verify, AuditError};
-use crate::config::Config;
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use relay::config::Config;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -121,7 +121,7 @@ fn data_dir(args: &AuditArgs) -> Result<PathBuf, AuditError> {
 fn stores(args: &AuditArgs, account: Option<&str>) -> Result<Vec<(relay_actors::store::Store, String)>, AuditError> {
     if let Some(path) = &args.config {
         let cfg = Config::load(path).map_err(|e| AuditError::Usage(e.to_string()))?;
-        let shards = crate::cluster::shards(&cfg);
+        let shards = relay::cluster::shards(&cfg);
         if !shards.is_empty() {
             let n = shards.len() as u32;
             let only = account.map(|a| relay_core::shard::of(a, n));

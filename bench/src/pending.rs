@@ -11,7 +11,8 @@
 //! across `--idle-window` and reports the share of one core.
 
 use super::http::Conn;
-use super::{load, plan, progress, report, BenchArgs};
+use super::{load, plan, report};
+use crate::setup::{progress, BenchArgs};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
@@ -74,7 +75,7 @@ pub fn run(args: &BenchArgs, n: usize, run_id: u64) -> Result<(Value, u64), Stri
     if args.idle_window.is_zero() {
         return Err("--idle-window must be positive".into());
     }
-    let (targets, mut own, dir) = super::own_relays(run_id, 2, &[TIMETABLE, ""], None)?;
+    let (targets, mut own, dir) = crate::setup::own_relays(run_id, 2, &[TIMETABLE, ""], None)?;
 
     let setup = progress(3, "setup: registering accounts");
     // Account 0 (the sender) on relay-a, account 1 (the recipient) on relay-b.
@@ -93,20 +94,20 @@ pub fn run(args: &BenchArgs, n: usize, run_id: u64) -> Result<(Value, u64), Stri
     let attempts0 = sum(&metrics(&targets[0].addr)?, "relay_delivery_attempts_total");
     let before = vec![report::scrape(&targets[0].addr)];
     let disk_before = vec![report::disk_write_bytes(pid)];
-    let cpu_before = vec![crate::observe::cpu_seconds(pid)];
+    let cpu_before = vec![relay::observe::cpu_seconds(pid)];
     let bar = progress(sends.len() as u64, "sends to a dead relay");
     let mut outcome = load::run(&targets, &sends, args.concurrency, None, None, &mut |k, _| bar.set_position(k));
     bar.finish_and_clear();
     let after = vec![report::scrape(&targets[0].addr)];
     let disk_after = vec![report::disk_write_bytes(pid)];
-    let cpu_after = vec![crate::observe::cpu_seconds(pid)];
+    let cpu_after = vec![relay::observe::cpu_seconds(pid)];
 
     let accepted = outcome.delivering + outcome.target_accepted;
     let settled = settle(&targets[0].addr, attempts0, accepted)?;
-    let cpu0 = crate::observe::cpu_seconds(pid).ok_or("cannot read relay-a's CPU time from /proc")?;
+    let cpu0 = relay::observe::cpu_seconds(pid).ok_or("cannot read relay-a's CPU time from /proc")?;
     let t0 = Instant::now();
     std::thread::sleep(args.idle_window);
-    let cpu1 = crate::observe::cpu_seconds(pid).ok_or("cannot read relay-a's CPU time from /proc")?;
+    let cpu1 = relay::observe::cpu_seconds(pid).ok_or("cannot read relay-a's CPU time from /proc")?;
     let window = t0.elapsed().as_secs_f64();
     let m = metrics(&targets[0].addr)?;
     let pending = report::sample(&m, "relay_deliveries_in_flight").map(|v| v as u64);

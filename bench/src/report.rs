@@ -4,7 +4,7 @@ use super::http::Conn;
 use super::load::Outcome;
 use super::series::{self, percentile_ms as pct};
 use super::ws::Notify;
-use crate::observe::status_bytes;
+use relay::observe::status_bytes;
 use serde_json::{json, Value};
 
 /// The value of the first sample line named `name` (labels or not).

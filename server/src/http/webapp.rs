@@ -13,13 +13,13 @@ use actix_web::middleware::Next;
 use actix_web::{web, HttpResponse};
 use relay_schemas::RelayError;
 
-const INDEX: &str = include_str!("../../web/src/index.html");
-const APP: &str = include_str!("../../web/dist/app.js");
+const INDEX: &str = include_str!("../../../web/src/index.html");
+const APP: &str = include_str!("../../../web/dist/app.js");
 /// The service worker (Web Push: shows "New message"; PROTOCOL §9).
-const SERVICE_WORKER: &str = include_str!("../../web/dist/sw.js");
+const SERVICE_WORKER: &str = include_str!("../../../web/dist/sw.js");
 /// The QR decoder, loaded by the page only to scan with a camera in a
 /// browser without a BarcodeDetector: kept out of `app.js` to keep it small.
-const SCANNER: &str = include_str!("../../web/dist/scan.js");
+const SCANNER: &str = include_str!("../../../web/dist/scan.js");
 
 /// What the page needs to know about the relay that served it.
 #[derive(Clone, Debug)]

@@ -8,7 +8,7 @@
 
 use super::http::AsyncConn;
 use super::plan::Send;
-use super::Target;
+use crate::setup::Target;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;

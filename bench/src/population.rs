@@ -18,9 +18,9 @@
 //! and only their ids are derived again.
 
 use super::plan::{now, send_request, BenchAccount, Send};
-use super::progress;
-use crate::config::Config;
+use crate::setup::progress;
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use relay::config::Config;
 use relay_actors::account::AccountCmd;
 use relay_actors::delivery::NoPeers;
 use relay_actors::store::Store;
@@ -89,7 +89,7 @@ fn registration(i: u64, relay_id: &str, url: &str, issued: u64) -> Result<Regist
     let cert = account.certificate(&device(i), issued, None);
     let body = serde_json::to_vec(&account.register_params(&route, &cert, relay_id, true, issued))
         .map_err(|e| e.to_string())?;
-    let (params, digest): (RegisterParams, _) = crate::app::parse_with_digest(&body).map_err(|e| e.message)?;
+    let (params, digest): (RegisterParams, _) = relay::app::parse_with_digest(&body).map_err(|e| e.message)?;
     Ok(Registration { account_id: account.id, params, digest })
 }
 

@@ -87,7 +87,7 @@ fn invalid(e: serde_json::Error) -> RelayError {
 /// idempotency comparison of the seed: unknown members, array order and
 /// optional members all count). The text is I-JSON-checked and read into
 /// the digest's value in one pass, then into the typed params.
-pub(crate) fn parse_with_digest<T: DeserializeOwned>(body: &[u8]) -> Result<(T, String), RelayError> {
+pub fn parse_with_digest<T: DeserializeOwned>(body: &[u8]) -> Result<(T, String), RelayError> {
     let text = object_text(body)?;
     let value = relay_schemas::ijson::value(text).map_err(invalid)?;
     let digest = hex::encode(jcs_digest(&value)?);

@@ -15,8 +15,8 @@
 //! store of a stopped relay.
 
 use super::{open_store, AuditError};
-use crate::checkpoint::{self, witness};
 use ed25519_dalek::VerifyingKey;
+use relay::checkpoint::{self, witness};
 use relay_actors::store::Store;
 use relay_schemas::checkpoint::{check_kept, extends_leaf, Checkpoint, Leaf, StreamNow};
 use serde_json::{json, Map, Value};
@@ -81,8 +81,8 @@ pub fn print_witnesses(
 /// check a checkpoint's signature; `None` without a config.
 pub fn relay_key(config: Option<&Path>) -> Result<Option<(String, VerifyingKey)>, AuditError> {
     let Some(path) = config else { return Ok(None) };
-    let cfg = crate::config::Config::load(path).map_err(|e| AuditError::Usage(e.to_string()))?;
-    let key = crate::keys::load(&cfg.relay.key_file).map_err(AuditError::Usage)?;
+    let cfg = relay::config::Config::load(path).map_err(|e| AuditError::Usage(e.to_string()))?;
+    let key = relay::keys::load(&cfg.relay.key_file).map_err(AuditError::Usage)?;
     Ok(Some((cfg.relay.id, key.verifying_key())))
 }
 

@@ -1,10 +1,23 @@
 //! # relay
 //!
-//! A relay for end-to-end encrypted messages between accounts. This crate
-//! is the binary's wiring; the protocol vocabulary is in `relay-schemas`
-//! and the event-sourced core in `relay-actors`.
+//! A relay for end-to-end encrypted messages between accounts: the server
+//! library (package `relay`, folder `server/`). The protocol vocabulary is
+//! in `relay-schemas`, the rules in `relay-core`, the event-sourced shells
+//! and the store in `relay-actors`. The tools are crates of their own that
+//! use this one and that it never uses: `relay-audit` (`audit/`) and
+//! `relay-bench` (`bench/`); the `relay` binary (the root package,
+//! `src/main.rs`) makes the server and the tools subcommands of one
+//! program. The library is a crate apart so that the binary may depend on
+//! the tools and the tools on the server: cargo refuses a package whose
+//! binary depends on a crate that depends on its own library.
 //!
 //! # Layout
+//! Modules import one way: settings and leaves (`config`, `keys`,
+//! `limits`, `observe`, `http::reply`, `cluster::place`), then the app
+//! state ([`app`]), the methods ([`method`]), their dispatch ([`rpc`]),
+//! the transport ([`http`]) and the servers that start it all ([`server`],
+//! [`cluster`], [`serve`]). The layering test (`tests/it/layering.rs`)
+//! fails on an import cycle.
 //! - [`config`]: TOML configuration with `RELAY__SECTION__KEY` overrides;
 //! - [`keys`]: the relay's own key file;
 //! - [`method`]: one file per protocol method, named after it
@@ -24,7 +37,6 @@
 //!   its TLS ([`http::tls`]) and the client address behind trusted proxies
 //!   ([`http::client_addr`]);
 //! - [`fds`]: the open-file limit checked against the connection limits;
-//! - [`bench`]: `relay bench`, the load generator;
 //! - [`backup`]: `relay backup` (over the admin socket of a running relay)
 //!   and `relay restore`;
 //! - [`observe`]: peer request metrics and WARN lines, `process_*` metrics;
@@ -33,9 +45,7 @@
 //!   the HTTP server ([`serve`] runs it standalone, or [`cluster`] per shard).
 
 pub mod app;
-pub mod audit;
 pub mod backup;
-pub mod bench;
 pub mod checkpoint;
 pub mod cluster;
 pub mod config;

@@ -2,7 +2,7 @@
 //! sessions, and every signed `message.send` request as ready-to-write bytes.
 
 use super::http::{rpc_request, Conn};
-use super::Target;
+use crate::setup::Target;
 use relay_schemas::client::{key_box, Account, Device};
 use serde_json::json;
 
