@@ -49,7 +49,7 @@ pub struct Config {
     pub replication: ReplicationSection,
     #[serde(default)]
     pub audit: AuditSection,
-    /// Cluster mode (`store.engine = "jetstream"`): `src/cluster.rs`.
+    /// Cluster mode (`store.engine = "jetstream"`): `crate::cluster`.
     pub cluster: Option<ClusterSection>,
 }
 
@@ -163,7 +163,7 @@ impl ClusterSection {
 }
 
 /// `timeline.replicate` between an account's two home relays
-/// (`src/replication.rs`).
+/// (`crate::replication`).
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ReplicationSection {
@@ -185,7 +185,7 @@ impl Default for ReplicationSection {
     }
 }
 
-/// Signed checkpoints and witnesses (PROTOCOL §10; `src/checkpoint/`).
+/// Signed checkpoints and witnesses (PROTOCOL §10; `crate::checkpoint`).
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuditSection {

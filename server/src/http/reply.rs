@@ -32,7 +32,7 @@ pub(crate) fn bearer(req: &HttpRequest) -> Option<&str> {
 }
 
 /// The refusal of a connection over `http.max_connections_per_ip` (also
-/// a cluster front's, `src/cluster/mod.rs`).
+/// a cluster front's, `crate::cluster`).
 pub fn over_cap() -> RelayError {
     RelayError::new(
         relay_schemas::ErrorCode::RateLimited,

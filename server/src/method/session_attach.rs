@@ -1,5 +1,5 @@
 //! `session.attach` (PROTOCOL §4) attaches a session to a WebSocket
-//! (`src/http/ws.rs` serves it there); over HTTP it is refused.
+//! (`http/ws.rs` serves it there); over HTTP it is refused.
 
 use crate::app::App;
 use relay_schemas::RelayError;
