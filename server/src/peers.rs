@@ -5,14 +5,14 @@
 
 use crate::config::Peer;
 use crate::observe::{Direction, PeerObserver};
-use crate::peer_batch::{Batcher, Batching};
+use crate::peer_batch::{Batcher, Batching, Item, Slot, ENVELOPE_BYTES};
 use actix_web::http::StatusCode;
 use awc::error::{ConnectError, SendRequestError};
 use ed25519_dalek::SigningKey;
 use relay_actors::delivery::transport::{AttemptOutcome, LocalFuture, PeerRoute, RouteLookup, Transport};
 use relay_actors::SharedClock;
-use relay_schemas::error::RemoteErrorBody;
-use relay_schemas::methods::{AccountIdParams, DeliverParams, PeerStatusParams, PeerStatusResult};
+use relay_schemas::error::{RemoteError, RemoteErrorBody};
+use relay_schemas::methods::{AccountIdParams, DeliverBatchResult, DeliverParams, PeerStatusParams, PeerStatusResult};
 use relay_schemas::objects::{RelayRef, Route};
 use relay_schemas::sign::sign_relay_request;
 use relay_schemas::Method;
@@ -20,6 +20,7 @@ use relay_schemas::{DeliveryStatus, ErrorCode, RelayError, Wire};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::oneshot;
 
 thread_local! {
     /// awc clients are per thread; each keeps its own connection pool.
@@ -375,7 +376,7 @@ impl Transport for PeerClient {
             };
             match sibling {
                 Some(to) => Self::deliver_outcome(me.call_sibling(&to, Method::MessageDeliver, body).await),
-                None if batched => Batcher::deliver(me, peer, body).await,
+                None if batched => deliver_batched(me, peer, body).await,
                 // Not a configured peer: refused unsent, by `call`.
                 None => me.deliver_one(&peer, body).await,
             }
@@ -403,5 +404,138 @@ impl Transport for PeerClient {
             let answer: PeerStatusResult = serde_json::from_slice(&bytes).ok()?;
             answer.known.then_some(answer.status).flatten()
         })
+    }
+}
+
+// Batched delivery: this client's calls drive the queues of
+// `crate::peer_batch`.
+
+/// `message.deliver` with `body` at `peer` (a configured peer), alone
+/// or in a batch.
+async fn deliver_batched(client: PeerClient, peer: String, body: Vec<u8>) -> AttemptOutcome {
+    let batcher = client.batcher();
+    if batcher.batching.in_flight == 0 {
+        return client.deliver_one(&peer, body).await;
+    }
+    let (done, outcome) = oneshot::channel();
+    let start = {
+        let mut peers = batcher.lock();
+        let q = peers.entry(peer.clone()).or_default();
+        q.waiting.push_back(Item { body, done });
+        let start = q.busy < batcher.batching.in_flight;
+        q.busy += usize::from(start);
+        start
+    };
+    if start {
+        // Spawned, not awaited here: deliveries arriving before it runs
+        // join its first call, and it outlives this caller if need be.
+        actix_rt::spawn(drain(client, peer));
+    }
+    outcome.await.unwrap_or_else(|_| {
+        AttemptOutcome::Unknown(RelayError::internal("the batch carrying this delivery was dropped"))
+    })
+}
+
+/// One call's worth of `peer`'s queue at a time, until it is empty.
+async fn drain(client: PeerClient, peer: String) {
+    let mut slot = Slot { batcher: client.batcher(), peer: &peer, held: true };
+    loop {
+        let (items, batch) = client.batcher().next(&peer);
+        match items.len() {
+            0 => {
+                // `next` gave the slot back.
+                slot.held = false;
+                return;
+            }
+            1 => singly(&client, &peer, items).await,
+            _ if !batch => singly(&client, &peer, items).await,
+            _ => as_batch(&client, &peer, items).await,
+        }
+    }
+}
+
+async fn singly(client: &PeerClient, peer: &str, items: Vec<Item>) {
+    let calls = items.into_iter().map(|Item { body, done }| async move {
+        let _ = done.send(client.deliver_one(peer, body).await);
+    });
+    futures_util::future::join_all(calls).await;
+}
+
+async fn as_batch(client: &PeerClient, peer: &str, items: Vec<Item>) {
+    let mut body = Vec::with_capacity(ENVELOPE_BYTES + items.iter().map(|i| i.body.len() + 1).sum::<usize>());
+    body.extend_from_slice(br#"{"items":["#);
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            body.push(b',');
+        }
+        body.extend_from_slice(&item.body);
+    }
+    body.extend_from_slice(b"]}");
+    let outcomes = match client.call(peer, Method::MessageDeliverBatch, body).await {
+        Ok(bytes) => match serde_json::from_slice::<DeliverBatchResult>(&bytes) {
+            Ok(r) if r.results.len() == items.len() => r.results.iter().map(|raw| item_outcome(raw.get())).collect(),
+            Ok(r) => {
+                let why = format!("{peer}: {} results for a batch of {}", r.results.len(), items.len());
+                vec![AttemptOutcome::Unknown(RelayError::new(ErrorCode::BadGateway, why)); items.len()]
+            }
+            Err(e) => {
+                let why = format!("{peer}: unreadable batch answer: {e}");
+                vec![AttemptOutcome::Unknown(RelayError::new(ErrorCode::BadGateway, why)); items.len()]
+            }
+        },
+        // A relay without the batch method, or a callee whose body limit
+        // is lower than ours: the same deliveries, one by one.
+        Err(CallError::Answered { error, .. }) if error.code == ErrorCode::NotFound => {
+            client.batcher().no_batch(peer);
+            return singly(client, peer, items).await;
+        }
+        Err(CallError::Answered { error, .. }) if error.code == ErrorCode::PayloadTooLarge => {
+            return singly(client, peer, items).await;
+        }
+        // Whatever ended the whole call (unreachable, no answer, a refusal
+        // of our authentication, rate_limited) ends each item alike.
+        Err(e) => {
+            let outcome = PeerClient::deliver_outcome(Err(e));
+            vec![outcome; items.len()]
+        }
+    };
+    for (item, outcome) in items.into_iter().zip(outcomes) {
+        let _ = item.done.send(outcome);
+    }
+}
+
+/// A batch item's answer: a `DeliveryStatus`, or `{"error": …}` (an object
+/// without `status`), read as the same answer to a single call would be.
+fn item_outcome(raw: &str) -> AttemptOutcome {
+    #[derive(serde::Deserialize)]
+    struct ErrorItem {
+        status: Option<serde::de::IgnoredAny>,
+        error: RemoteError,
+    }
+    match serde_json::from_str::<ErrorItem>(raw) {
+        Ok(ErrorItem { status: None, error: e }) => {
+            let error = RelayError::from_remote(&e.code, &e.message, e.data);
+            PeerClient::deliver_outcome(Err(CallError::Answered { code: e.code, error }))
+        }
+        _ => PeerClient::deliver_outcome(Ok(actix_web::web::Bytes::copy_from_slice(raw.as_bytes()))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_item_reads_as_the_same_answer_to_a_single_call_would() {
+        let accepted = serde_json::to_string(&DeliveryStatus::target_accepted(7)).unwrap();
+        assert!(matches!(item_outcome(&accepted), AttemptOutcome::Answered(s) if s.accepted_at == 7));
+        // A failed status carries `error` too, and stays a status.
+        let failed = serde_json::to_string(&DeliveryStatus::failed(8, RelayError::invalid_params("x"))).unwrap();
+        assert!(matches!(item_outcome(&failed), AttemptOutcome::Answered(s) if s.accepted_at == 8));
+        let refused = r#"{"error":{"code":"forbidden","message":"no"}}"#;
+        assert!(matches!(item_outcome(refused), AttemptOutcome::Rejected(e) if e.code == ErrorCode::Forbidden));
+        let unknown = r#"{"error":{"code":"something_new","message":"?"}}"#;
+        assert!(matches!(item_outcome(unknown), AttemptOutcome::Unrecognized(_)));
+        assert!(matches!(item_outcome("[]"), AttemptOutcome::Unknown(_)));
     }
 }

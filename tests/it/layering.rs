@@ -644,16 +644,6 @@ fn crate_roots() -> Vec<PathBuf> {
 /// sources disagree either way, so no cycle is added and none comes back.
 const NOT_YET_ONE_WAY: &[(&str, &[&str])] = &[
     (
-        "server/src/lib.rs",
-        &[
-            // The peer client holds its batcher, whose batches call back
-            // through the client: a trait seam between them changes both
-            // bodies, left for after the core's rework (issue 42 item 2).
-            "crate::peer_batch",
-            "crate::peers",
-        ],
-    ),
-    (
         "schemas/src/lib.rs",
         &[
             // The signing domains and the verified types use each other's
