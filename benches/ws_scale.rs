@@ -110,16 +110,16 @@ impl Relay {
 
 // ---- a minimal HTTP/1.1 client ---------------------------------------------
 
-/// The bench's blocking keep-alive client (`relay::bench::http`).
-struct Http(relay::bench::http::Conn);
+/// The bench's blocking keep-alive client (`relay_bench::http`).
+struct Http(relay_bench::http::Conn);
 
 impl Http {
     fn open(addr: &str) -> Http {
-        Http(relay::bench::http::Conn::open(addr).unwrap())
+        Http(relay_bench::http::Conn::open(addr).unwrap())
     }
 
     fn call(&mut self, method: &str, token: Option<&str>, params: &Value) -> (u16, Value) {
-        let request = relay::bench::http::rpc_request(method, token, &serde_json::to_vec(params).unwrap());
+        let request = relay_bench::http::rpc_request(method, token, &serde_json::to_vec(params).unwrap());
         let (status, body) = self.0.roundtrip(&request).unwrap();
         (status, serde_json::from_slice(&body).unwrap())
     }

@@ -59,9 +59,9 @@ enum Command {
         config: PathBuf,
     },
     /// Audit a stopped relay's event logs: verify, replay, message, export.
-    Audit(relay::audit::cli::AuditArgs),
+    Audit(relay_audit::cli::AuditArgs),
     /// Load generator: drive real relays (its own, or --relays) over HTTP.
-    Bench(relay::bench::BenchArgs),
+    Bench(relay_bench::setup::BenchArgs),
     /// Back up a relay's data dir into a new directory: a running relay
     /// copies itself (over its admin socket) while it serves; a stopped
     /// one's store is opened here.
@@ -189,8 +189,8 @@ fn main() -> ExitCode {
         LogFormat::Json => logs.json().flatten_event(true).with_current_span(true).init(),
     }
     let result = match cli.command {
-        Command::Audit(args) => return ExitCode::from(relay::audit::cli::run(args)),
-        Command::Bench(args) => return ExitCode::from(relay::bench::run(args)),
+        Command::Audit(args) => return ExitCode::from(relay_audit::cli::run(args)),
+        Command::Bench(args) => return ExitCode::from(relay_bench::run(args)),
         Command::Key { command: KeyCommand::Generate { out } } => {
             relay::keys::generate(&out).map(|key| println!("{}", relay::keys::public_key(&key)))
         }

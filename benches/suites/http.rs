@@ -9,15 +9,15 @@ use std::process::{Child, Command, Stdio};
 
 /// The bench's blocking keep-alive client (`relay bench` uses it too): the
 /// benchmark should measure the relay, not a client library.
-struct Conn(relay::bench::http::Conn);
+struct Conn(relay_bench::http::Conn);
 
 impl Conn {
     fn open(addr: &str) -> Conn {
-        Conn(relay::bench::http::Conn::open(addr).unwrap())
+        Conn(relay_bench::http::Conn::open(addr).unwrap())
     }
 
     fn post(&mut self, method: &str, token: Option<&str>, body: &[u8]) -> (u16, Vec<u8>) {
-        self.0.roundtrip(&relay::bench::http::rpc_request(method, token, body)).unwrap()
+        self.0.roundtrip(&relay_bench::http::rpc_request(method, token, body)).unwrap()
     }
 
     fn ok(&mut self, method: &str, token: Option<&str>, params: &Value) -> Value {

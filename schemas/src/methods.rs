@@ -51,7 +51,7 @@ methods! {
     /// `route.get` and `account.devices.get` are served to clients
     /// (`/v1/rpc`) and to peers (`/v1/relay`), with different callers and
     /// rules, so each has a `Relay…` variant too. The variant is the wire name
-    /// in camel case; the relay's handler is `src/method/<wire_name>.rs`
+    /// in camel case; the relay's handler is `server/src/method/<wire_name>.rs`
     /// (dots as underscores). `Caller::None` methods are rate limited per
     /// client address; `route.get` also takes an optional session (then it
     /// asks the peers too); `session.attach` attaches a session on a

@@ -1428,7 +1428,7 @@ impl World {
     // ---- two homes ----------------------------------------------------
 
     /// Every few seconds a home pulls each of its accounts from the other
-    /// home its route names (the replicator's loop, `src/replication.rs`).
+    /// home its route names (the replicator's loop, `server/src/replication.rs`).
     fn pull_tick(&mut self, r: Ix) {
         let accounts: Vec<Acct> = self.relays[r].accts.keys().copied().collect();
         for a in accounts {

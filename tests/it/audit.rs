@@ -807,7 +807,7 @@ fn replaying_a_pruned_account_gives_the_state_before_pruning() {
 /// same as from decoding every event whole.
 #[test]
 fn the_fold_that_skips_record_bodies_gives_what_the_full_one_gives() {
-    use relay::audit::Folded;
+    use relay_audit::Folded;
     let f = fixture();
     let folds = with_store(&f.data_dir, |store| {
         let mut folds = 0;

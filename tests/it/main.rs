@@ -27,6 +27,7 @@ mod hostile_peer;
 mod hostile_push;
 mod hostile_ws;
 mod idempotency;
+mod layering;
 mod limits;
 mod methods;
 mod net_faults;

@@ -97,7 +97,7 @@ async fn unknown_method_fails_with_not_found() {
 }
 
 /// Each method has a path of its own, matched before the `{method}`
-/// pattern (`src/http/mod.rs`): whichever of the two answers, the answer
+/// pattern (`server/src/http/mod.rs`): whichever of the two answers, the answer
 /// is the same, for a percent-encoded name and for a request that is not a
 /// POST alike.
 #[actix_rt::test]

@@ -1,6 +1,6 @@
 //! Property tests of the relay binary against hostile input.
 //!
-//! - relay-request authentication (`relay::relay_rpc::PeerKeys`, public):
+//! - relay-request authentication (`relay::peer_rpc::PeerKeys`, public):
 //!   arbitrary headers, bodies and times never panic, every refusal is
 //!   `unauthorized`, and only the exact signed (method, target, timestamp,
 //!   body) of a configured peer's key within the clock tolerance passes;
@@ -8,7 +8,7 @@
 //!   and `POST /v1/relay/{method}`): arbitrary bodies, methods and tokens get
 //!   either a result that matches the method's result schema or a
 //!   `{"error":RelayError}` with the code's HTTP status, and the process is
-//!   still healthy afterwards. `relay::rpc::parse` is crate-private, so the
+//!   still healthy afterwards. `relay::app::parse` is crate-private, so the
 //!   real parsing is reached through the process; `schemas/tests/
 //!   properties.rs` covers the same parsing in-process with the public types.
 //!
@@ -26,7 +26,8 @@ use common::schema::{assert_valid, assert_valid_result};
 use ed25519_dalek::SigningKey;
 use proptest::prelude::*;
 use proptest::test_runner::Config;
-use relay::relay_rpc::{PeerKeys, RelayHeaders};
+use relay::peer_rpc::PeerKeys;
+use relay_core::peer_auth::RelayHeaders;
 use relay_schemas::sign::sign_relay_request;
 use relay_schemas::ErrorCode;
 use serde_json::Value;

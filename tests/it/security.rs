@@ -174,7 +174,7 @@ async fn a_flood_of_refused_registrations_leaves_no_actor_and_bounded_memory() {
     let relay = RelayProc::start(dir.path(), "relay-a", "");
     let c = Client::new(&relay.url);
     c.assert_healthy().await;
-    let before = relay::bench::report::rss_bytes(relay.pid()).unwrap();
+    let before = relay_bench::report::rss_bytes(relay.pid()).unwrap();
     let bodies: Vec<Value> = (0..N)
         .map(|i| {
             let key = b64_encode(&rand::random::<[u8; 32]>());
@@ -196,7 +196,7 @@ async fn a_flood_of_refused_registrations_leaves_no_actor_and_bounded_memory() {
             assert!(matches!(status, 400), "{body}");
         }
     }
-    let after = relay::bench::report::rss_bytes(relay.pid()).unwrap();
+    let after = relay_bench::report::rss_bytes(relay.pid()).unwrap();
     assert_eq!(c.metric("relay_account_actors_resident").await.unwrap_or(0.0), 0.0);
     assert!(after.saturating_sub(before) < BOUND, "RSS {before} -> {after} bytes after {N} refused registrations");
     c.assert_healthy().await;

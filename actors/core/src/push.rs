@@ -6,7 +6,7 @@
 //! endpoint origin, accounts served round-robin), and the retry rules by
 //! the push service's answer. Time
 //! comes in as arguments (milliseconds); the HTTP shell (encryption,
-//! VAPID, the request) is in the binary (`src/push.rs`).
+//! VAPID, the request) is in the binary (`server/src/push.rs`).
 
 use crate::account::PushSubscription;
 use relay_schemas::{UnixMillis, UnixSecs};

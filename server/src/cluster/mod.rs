@@ -1,0 +1,653 @@
+//! Cluster mode: one relay on several machines (docs/cluster.md).
+//! Accounts are hashed into `cluster.shards` shards (`relay_core::shard`);
+//! every node runs this, serves the shards whose leases it holds, each
+//! with a relay core of its own, and stands by for the others.
+//!
+//! 1. **Store**: each shard's event store is a NATS JetStream stream
+//!    (`store::jetstream`: file storage, `sync_interval: always`, R3), so
+//!    an acknowledged commit survives the loss of any one machine.
+//! 2. **Lease**: per shard, a key of a JetStream KV bucket whose entries
+//!    expire after `cluster.lease_ttl`; its value is the owner's name, the
+//!    address it serves the shard on (`cluster.internal_listen`, + k,
+//!    listening only while it serves it) and a nonce per try. The rules are in `relay_core::lease`, the task
+//!    that follows them in `lease.rs`; the creation revision is the
+//!    owner's epoch, written as a fence into the stream before it serves.
+//! 3. **Balance** ([`Balance`]): nodes write presence keys in the same
+//!    bucket; the least loaded take free shards first, and a node with two
+//!    shards more than the least loaded hands one over (a graceful stop,
+//!    then the key deleted).
+//! 4. **Front**: every node accepts connections on `relay.listen`. With
+//!    one shard it pipes each, bytes both ways, to the owner (HTTP,
+//!    keep-alive and WebSocket alike); with several, `router.rs` routes
+//!    each request to its account's shard. Either waits up to
+//!    [`FRONT_WAIT`](place::FRONT_WAIT) for an owner, and applies the per-address connection
+//!    cap (`http.max_connections_per_ip`), since owners see every
+//!    connection come from a front. With `cluster.secret_file` a front
+//!    reaches an owner, and a shard its siblings, over TLS with the
+//!    cluster's key (`hop.rs`): an internal address serves no one else.
+//! 5. **Siblings**: a shard's core reaches the others ([`ShardPlace`](place::ShardPlace)) as
+//!    peers under the relay's own id: a send to an account of another
+//!    shard is a `message.deliver` to that shard's owner.
+//! 6. **Takeover**: when an owner stops renewing (killed, cut off), its key
+//!    expires, another node creates it, fences the stream, replays it and
+//!    serves; deliveries resume from their stored due times. An owner
+//!    whose renewal is refused, who cannot renew for two thirds of the
+//!    ttl, or whose store failed, stops serving that shard at once and
+//!    stands by for it again; its other shards serve on. Its core answers
+//!    a request only while its own clock says the lease holds
+//!    ([`Serving`](lease::Serving)), so an owner paused past its lease answers nothing
+//!    stale on waking.
+//!
+//! The relay's id, key and VAPID key are the cluster's: every node is
+//! configured with the same `relay.id`, `relay.key_file` and
+//! `push.vapid_key_file` (files every node reads: the same contents on
+//! each machine), so peers and clients see one relay, and push
+//! subscriptions outlive a takeover.
+//!
+//! Why HTTP (a byte pipe with one shard, a router with several) and not
+//! NATS request/reply: a WebSocket session and a keep-alive connection
+//! pass through as they are, and a front adds one copy per byte (about
+//! 40 µs per send through a pipe, `scripts/cluster-bench.sh`).
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{kv, Context as JetStream};
+use relay_actors::store::{JetStreamConfig, JetStreamEngine, Store};
+use tokio::sync::watch;
+
+use crate::config::{ClusterSection, Config};
+use metrics::NodeMetrics;
+use place::{Owners, ShardPlace, FRONT_WAIT, OWNER_POLL};
+
+pub mod hop;
+pub(crate) mod lease;
+mod metrics;
+pub mod place;
+mod router;
+pub mod up;
+
+/// Between two tries to open the store after taking the lease.
+const OPEN_RETRY: Duration = Duration::from_millis(500);
+
+/// The lease key of shard `k`.
+fn lease_key(k: u32) -> String {
+    format!("shard-{k}")
+}
+
+/// Shard `k`'s stream for this cluster (`None` outside cluster mode).
+pub fn shard(cfg: &Config, k: u32) -> Option<JetStreamConfig> {
+    let c = cfg.cluster.as_ref()?;
+    let shard = JetStreamConfig::shard(c.nats_urls.clone(), &c.name(&cfg.relay.id), k, c.replicas);
+    Some(JetStreamConfig { snapshot_bytes: c.snapshot_bytes, auth: c.nats_auth(), ..shard })
+}
+
+/// Every shard's stream, in shard order (empty outside cluster mode).
+pub fn shards(cfg: &Config) -> Vec<JetStreamConfig> {
+    let n = cfg.cluster.as_ref().map_or(0, |c| c.shards);
+    (0..n).filter_map(|k| shard(cfg, k)).collect()
+}
+
+fn bucket(c: &ClusterSection, relay_id: &str) -> String {
+    format!("RELAY_{}_LEASES", c.name(relay_id))
+}
+
+/// The shard count is the cluster's for its whole life: the first node
+/// to start writes it (bucket `RELAY_<id>_CLUSTER`, no expiry), and a node
+/// configured with another count refuses to start, since it would look
+/// for accounts in streams that do not hold them.
+async fn check_shard_count(js: &JetStream, c: &ClusterSection, relay_id: &str) -> Result<(), String> {
+    let settings = lease::bucket(js, c, &format!("RELAY_{}_CLUSTER", c.name(relay_id)), Duration::ZERO).await?;
+    let ours = c.shards.to_string();
+    let theirs = lease::patiently("cluster settings", || async {
+        match settings.create("shards", ours.clone().into()).await {
+            Ok(_) => Ok(None),
+            Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {
+                let theirs = settings.get("shards").await.map_err(|e| e.to_string())?;
+                Ok(Some(theirs.ok_or("the shard count is missing")))
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    })
+    .await?;
+    match theirs {
+        None => Ok(()),
+        Some(Ok(theirs)) if theirs == ours.as_bytes() => Ok(()),
+        Some(Ok(theirs)) => Err(format!(
+            "cluster.shards = {ours}, but this cluster was created with {} shards: the count cannot change",
+            String::from_utf8_lossy(&theirs)
+        )),
+        Some(Err(missing)) => Err(format!("cluster settings: {missing}")),
+    }
+}
+
+/// Runs a cluster node until SIGINT/SIGTERM. A shard whose lease is lost
+/// or whose store fails is given up and stood by for again; the node exits
+/// only on errors no shard can serve through (its listeners, its config).
+pub async fn serve(cfg: Config) -> Result<(), String> {
+    let c = cfg.cluster.clone().ok_or("cluster mode needs a [cluster] section")?;
+    crate::server::private_files();
+    crate::server::prepare_data_dir(&cfg.relay.data_dir)?;
+    // One connection for the node's own reads (each lease has its own).
+    let js = lease::connect(&c).await?;
+    check_shard_count(&js, &c, &cfg.relay.id).await?;
+    let bucket = bucket(&c, &cfg.relay.id);
+    let leases = lease::lease_bucket(&js, &c, &bucket).await?;
+    // Created (if missing) once, before the shards' cores read them.
+    crate::keys::load_or_generate(&cfg.relay.key_file)?;
+    crate::push::Vapid::load_or_generate(&cfg.vapid_key_file(), cfg.vapid_subject())?;
+
+    let front_listener =
+        std::net::TcpListener::bind(&cfg.relay.listen).map_err(|e| format!("listen {}: {e}", cfg.relay.listen))?;
+    let front_addr = front_listener.local_addr().map_err(|e| e.to_string())?;
+    let metrics = NodeMetrics::new(&c.node, c.shards);
+    if let Some(at) = &c.metrics_listen {
+        metrics.serve(at)?;
+    }
+    // The hop's client side; each shard's core makes its server side.
+    let hop = match &c.secret {
+        Some(secret) => Some(hop::Hop::from_secret(secret.0.as_bytes())?.client),
+        None => None,
+    };
+    let (owners_tx, owners) = watch::channel(Arc::new(vec![None; c.shards as usize]));
+    let balance = Arc::new(Balance { live: AtomicUsize::new(1), ..Default::default() });
+    let presence = Presence { node: c.node.clone(), every: c.lease_ttl / 3, balance: balance.clone() };
+    actix_web::rt::spawn(watch_owners(leases, c.shards, owners_tx, presence));
+    if c.shards == 1 {
+        front_listener.set_nonblocking(true).map_err(|e| e.to_string())?;
+        let listener = tokio::net::TcpListener::from_std(front_listener).map_err(|e| e.to_string())?;
+        let per_ip = crate::http::conn::PerIp::new(cfg.http.max_connections_per_ip);
+        let slots = Arc::new(tokio::sync::Semaphore::new(cfg.http.max_connections));
+        let to_owner = Upstream { owners: owners.clone(), hop: hop.clone() };
+        actix_web::rt::spawn(front(listener, to_owner, per_ip, slots, metrics.clone()));
+    } else {
+        let router = router::start(front_listener, owners.clone(), hop.clone(), c.shards, &cfg, metrics.clone())?;
+        actix_web::rt::spawn(router);
+    }
+    tracing::info!(relay = %cfg.relay.id, node = %c.node, listen = %front_addr, shards = c.shards,
+        "cluster node started; standing by");
+    crate::server::announce_listening(&cfg.relay.id, "http", front_addr);
+
+    // Nodes started together count each other before taking shards.
+    if c.shards > 1 {
+        actix_web::rt::time::sleep(c.lease_ttl / 2).await;
+    }
+    // Each shard: stand by for its lease, then serve it until it is lost.
+    let (for_claims, shards, ttl) = (balance.clone(), c.shards, c.lease_ttl);
+    let claims = Arc::new(lease::Claims::new(move |held| for_claims.patience(held, shards, ttl)));
+    let (stopping_tx, stopping) = watch::channel(false);
+    let mut tasks = futures_util::stream::FuturesUnordered::new();
+    for k in 0..c.shards {
+        let shard = Shard {
+            cfg: cfg.clone(),
+            k,
+            bucket: bucket.clone(),
+            balance: balance.clone(),
+            claims: claims.clone(),
+            owners: owners.clone(),
+            hop: hop.clone(),
+            metrics: metrics.clone(),
+        };
+        tasks.push(actix_web::rt::spawn(shard.run(stopping.clone())));
+    }
+    use futures_util::StreamExt;
+    let mut signal = std::pin::pin!(stop_signal());
+    loop {
+        tokio::select! {
+            signal = &mut signal, if !*stopping_tx.borrow() => {
+                // Serving shards stop gracefully, standing-by ones at once.
+                tracing::info!(signal, node = %c.node, "stopping");
+                let _ = stopping_tx.send(true);
+            }
+            done = tasks.next() => match done {
+                None => return Ok(()),
+                Some(Ok(Ok(()))) => {}
+                Some(Ok(Err(why))) => return Err(why),
+                Some(Err(e)) => return Err(format!("a shard task ended: {e}")),
+            },
+        }
+    }
+}
+
+/// What a node knows of the balance of shards over the nodes.
+#[derive(Default)]
+struct Balance {
+    /// Nodes alive (their presence keys).
+    live: AtomicUsize,
+    /// This node serves at least two shards more than the least loaded
+    /// live node: it should hand one over.
+    surplus: AtomicBool,
+    /// One of this node's shards is being handed over (one at a time, so
+    /// that the counts catch up before the next).
+    handing: AtomicBool,
+}
+
+impl Balance {
+    /// How long this node, serving `held` shards, waits before taking a
+    /// free one (`relay_core::shard::patience_ms`).
+    fn patience(&self, held: usize, shards: u32, ttl: Duration) -> Duration {
+        let live = self.live.load(Relaxed);
+        Duration::from_millis(relay_core::shard::patience_ms(held, live, shards, ttl.as_millis() as u64))
+    }
+}
+
+/// How a shard's service ended.
+enum Served {
+    /// Handed over to a less loaded node: stand by for it again.
+    HandedOver,
+    /// SIGTERM/SIGINT: the node stops.
+    Stopped,
+    /// Given up (the lease lost, the store failed or fenced by a newer
+    /// owner): the core stopped at once; stand by for it again.
+    Lost(String),
+}
+
+/// One shard on this node: its lease, then its relay core, again after
+/// each hand-over.
+struct Shard {
+    cfg: Config,
+    k: u32,
+    bucket: String,
+    balance: Arc<Balance>,
+    claims: Arc<lease::Claims>,
+    owners: Owners,
+    /// The hop's client side, for calls to sibling shards.
+    hop: Option<Arc<rustls::ClientConfig>>,
+    metrics: NodeMetrics,
+}
+
+impl Shard {
+    async fn run(self, mut stopping: watch::Receiver<bool>) -> Result<(), String> {
+        loop {
+            let Some(lease) = self.stand_by(&mut stopping).await? else { return Ok(()) };
+            match self.serve(lease, stopping.clone()).await? {
+                Served::Stopped => return Ok(()),
+                Served::HandedOver => {
+                    // Let the lease and the counts settle before another.
+                    actix_web::rt::time::sleep(self.cluster()?.lease_ttl * 2).await;
+                    self.balance.handing.store(false, Relaxed);
+                }
+                // This shard only: the node's other shards serve on, and
+                // this one is stood by for again (taken back once free).
+                Served::Lost(why) => {
+                    let node = &self.cluster()?.node;
+                    tracing::warn!(node = %node, shard = self.k, reason = %why, "gave the shard up; standing by for it");
+                }
+            }
+        }
+    }
+
+    fn cluster(&self) -> Result<&ClusterSection, String> {
+        self.cfg.cluster.as_ref().ok_or_else(|| "cluster mode needs a [cluster] section".to_string())
+    }
+
+    /// Until this node holds the shard's lease (None: stopping first).
+    async fn stand_by(&self, stopping: &mut watch::Receiver<bool>) -> Result<Option<Held>, String> {
+        let (c, k) = (self.cluster()?, self.k);
+        // A fixed port is the first shard's; shard k listens k ports up.
+        let mut at: SocketAddr = c.internal_listen.parse().map_err(|e| format!("cluster.internal_listen: {e}"))?;
+        if at.port() != 0 {
+            at.set_port(at.port().checked_add(k as u16).ok_or("cluster.internal_listen: port out of range")?);
+        }
+        // Bound before the lease is taken (the lease names the address),
+        // but listening only once the shard is served: until then a front
+        // that connects (to a previous run's lease, say) is refused at once
+        // and tries again, instead of waiting in an accept queue nobody serves.
+        let internal = reserve(at).await?;
+        let internal_addr = internal.local_addr().map_err(|e| e.to_string())?;
+        // The value names this node, where it serves and this try: a node
+        // started again, or standing by after losing the lease, never takes
+        // an earlier lease of its own, whose ttl runs from an earlier write.
+        let value = format!("{} {internal_addr} {:016x}", c.node, rand::random::<u64>());
+        let lease = lease::start(c, self.bucket.clone(), lease_key(k), value, self.claims.clone())?;
+        tracing::info!(node = %c.node, shard = k, internal = %internal_addr, "standing by for the shard");
+        let epoch = tokio::select! {
+            owner = lease.owner => owner.map_err(|_| "the lease task ended".to_string())??,
+            _ = stopping.wait_for(|s| *s) => return Ok(None),
+        };
+        Ok(Some(Held {
+            epoch,
+            internal,
+            lost: lease.lost,
+            release: lease.release,
+            serving: lease.serving,
+            since: Instant::now(),
+        }))
+    }
+
+    /// Serves the shard under `held` until it is lost, handed over or
+    /// stopped; whatever way it ends, this node no longer counts it.
+    async fn serve(&self, held: Held, stopping: watch::Receiver<bool>) -> Result<Served, String> {
+        let (owned, epoch_gauge) = &self.metrics.shards[self.k as usize];
+        epoch_gauge.set(held.epoch as i64);
+        let served = self.fence_and_serve(held, stopping).await;
+        owned.set(0);
+        epoch_gauge.set(0);
+        self.claims.held.fetch_sub(1, Relaxed);
+        served
+    }
+
+    /// Fences and replays the shard's stream, then serves it on a thread
+    /// of its own (an arbiter stopped afterwards, taking the core's actors
+    /// and tasks with it).
+    async fn fence_and_serve(&self, held: Held, mut stopping: watch::Receiver<bool>) -> Result<Served, String> {
+        let (c, k) = (self.cluster()?, self.k);
+        let Held { epoch, internal, mut lost, release, serving, since } = held;
+        tracing::info!(node = %c.node, shard = k, epoch, "took the lease: fencing and replaying the shard");
+        // JetStream may be electing a leader right now (it answers nothing
+        // then): try again while the lease holds. A replay that stops
+        // making progress fails (`store::jetstream`) and is tried again.
+        let took_at = Instant::now();
+        let opened = loop {
+            let stream = shard(&self.cfg, k).ok_or("cluster mode needs a [cluster] section")?;
+            let opening = actix_web::rt::task::spawn_blocking(move || JetStreamEngine::open(stream, epoch));
+            match opening.await.map_err(|e| e.to_string())? {
+                Ok(engine) => break engine,
+                // Fenced by a newer owner: the lease is someone else's.
+                Err(e @ relay_actors::store::StoreError::Flush(_)) => {
+                    let _ = release.send(());
+                    return Ok(Served::Lost(format!("open the JetStream store of shard {k}: {e}")));
+                }
+                Err(e) => tracing::warn!(shard = k, error = %e, "could not open the JetStream store yet; trying again"),
+            }
+            if !matches!(lost.try_recv(), Err(tokio::sync::oneshot::error::TryRecvError::Empty)) {
+                return Ok(Served::Lost(format!("lost the lease of shard {k} while opening its store")));
+            }
+            actix_web::rt::time::sleep(OPEN_RETRY).await;
+        };
+        let store = Store::with_engine(Arc::new(opened)).map_err(|e| e.to_string())?;
+        store.set_group_commit_window(self.cfg.store.group_commit_window);
+        let at = internal.local_addr().map_err(|e| e.to_string())?;
+        let internal = match internal.listen(INTERNAL_BACKLOG).and_then(|l| l.into_std()) {
+            Ok(listener) => listener,
+            Err(e) => {
+                let _ = release.send(());
+                return Err(format!("cluster.internal_listen {at}: {e}"));
+            }
+        };
+        tracing::info!(node = %c.node, shard = k, epoch, took_ms = took_at.elapsed().as_millis() as u64,
+            standing_by_ms = (took_at - since).as_millis() as u64, "serving the shard");
+        self.metrics.shards[k as usize].0.set(1);
+
+        let (cfg, balance, every) = (self.cfg.clone(), self.balance.clone(), c.lease_ttl);
+        let handed = Arc::new(AtomicBool::new(false));
+        let handing = handed.clone();
+        // Why the core stopped at once, when it did: the shard is given up.
+        let gave_up = Arc::new(std::sync::Mutex::new(None::<String>));
+        let giving_up = gave_up.clone();
+        let place = (c.shards > 1).then(|| ShardPlace {
+            index: k,
+            shards: c.shards,
+            owners: self.owners.clone(),
+            hop: self.hop.clone(),
+        });
+        let (done_tx, done) = tokio::sync::oneshot::channel();
+        let arbiter = actix::Arbiter::new();
+        arbiter.spawn_fn(move || {
+            actix_web::rt::spawn(async move {
+                // A failed store (an append fenced out, or JetStream
+                // unreachable past the engine's retries) takes no more
+                // commits: the node gives the shard up.
+                let failed = store.failure();
+                let stop = async move {
+                    let why = tokio::select! {
+                        why = lost => why.unwrap_or_else(|_| "the lease task ended".into()),
+                        why = failed => format!("cluster: the store of shard {k} failed: {why}"),
+                        () = hand_over_when_due(balance, every) => {
+                            handing.store(true, Relaxed);
+                            return crate::server::Stop::Gracefully("handing the shard over");
+                        }
+                        _ = stopping.wait_for(|s| *s) => return crate::server::Stop::Gracefully("the node stops"),
+                    };
+                    *giving_up.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.clone());
+                    crate::server::Stop::Now(why)
+                };
+                let ran =
+                    crate::server::run(cfg, store, internal, crate::server::Announce::No, place, Some(serving), stop)
+                        .await;
+                let _ = done_tx.send(ran);
+            });
+        });
+        let ran = done.await.unwrap_or_else(|_| Err(format!("shard {k}: its relay core ended")));
+        arbiter.stop();
+        if let Some(why) = gave_up.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            // After a store failure the lease task still renews: free the
+            // key (expecting our revision, so never a successor's).
+            let _ = release.send(());
+            return Ok(Served::Lost(why));
+        }
+        ran?;
+        if handed.load(Relaxed) {
+            // Stopped gracefully and flushed: free the key for the next owner.
+            let _ = release.send(());
+            tracing::info!(node = %c.node, shard = k, "handed the shard over");
+            return Ok(Served::HandedOver);
+        }
+        Ok(Served::Stopped)
+    }
+}
+
+/// Connections an owner's internal address queues before its core accepts.
+const INTERNAL_BACKLOG: u32 = 1024;
+
+/// A socket bound to `at` and not listening (module doc, 4: a shard's
+/// internal port listens only while the shard is served). Tried again for
+/// a moment: a previous core's listener on it may still be closing.
+async fn reserve(at: SocketAddr) -> Result<tokio::net::TcpSocket, String> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let socket = if at.is_ipv4() { tokio::net::TcpSocket::new_v4() } else { tokio::net::TcpSocket::new_v6() };
+        let bound = socket.and_then(|s| {
+            s.set_reuseaddr(true)?;
+            s.bind(at)?;
+            Ok(s)
+        });
+        match bound {
+            Ok(socket) => return Ok(socket),
+            Err(e) if Instant::now() < deadline => {
+                tracing::debug!(error = %e, %at, "cluster.internal_listen: busy; trying again");
+                actix_web::rt::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => return Err(format!("cluster.internal_listen {at}: {e}")),
+        }
+    }
+}
+
+/// A lease this node holds, and what it serves the shard on.
+struct Held {
+    epoch: u64,
+    /// Bound, listening once the shard is served.
+    internal: tokio::net::TcpSocket,
+    lost: tokio::sync::oneshot::Receiver<String>,
+    release: tokio::sync::oneshot::Sender<()>,
+    serving: lease::Serving,
+    since: Instant,
+}
+
+/// Resolves when this node should hand a shard over (it has a surplus and
+/// no other hand-over of its own is under way): checked every `every`.
+async fn hand_over_when_due(balance: Arc<Balance>, every: Duration) {
+    loop {
+        actix_web::rt::time::sleep(every).await;
+        if balance.surplus.load(Relaxed) && !balance.handing.swap(true, Relaxed) {
+            return;
+        }
+    }
+}
+
+/// SIGTERM or SIGINT.
+async fn stop_signal() -> &'static str {
+    use actix_web::rt::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    }
+}
+
+/// A node's presence in the lease bucket (`node-<name>`, expiring a ttl
+/// after its last write), and what it learns of the balance.
+struct Presence {
+    node: String,
+    every: Duration,
+    balance: Arc<Balance>,
+}
+
+/// Publishes every shard's owner's internal address whenever a lease
+/// changes. With several shards, also keeps this node's presence written
+/// and, from the presence keys and the leases' values, counts the live
+/// nodes and whether this one serves two shards more than the least
+/// loaded (then it hands one over: `hand_over_when_due`).
+async fn watch_owners(
+    leases: kv::Store,
+    shards: u32,
+    owners: watch::Sender<Arc<Vec<Option<SocketAddr>>>>,
+    presence: Presence,
+) {
+    let mut present_at: Option<Instant> = None;
+    loop {
+        let mut now = Vec::with_capacity(shards as usize);
+        let mut load: std::collections::HashMap<String, usize> = Default::default();
+        for k in 0..shards {
+            now.push(match leases.entry(lease_key(k)).await {
+                Ok(Some(entry)) if entry.operation == kv::Operation::Put => {
+                    let value = String::from_utf8_lossy(&entry.value).into_owned();
+                    let mut fields = value.split(' ');
+                    let node = fields.next().unwrap_or_default().to_owned();
+                    *load.entry(node).or_default() += 1;
+                    fields.next().and_then(|a| a.parse().ok())
+                }
+                Ok(_) => None,
+                // Unreachable: keep the last known owner; a dead one fails to connect.
+                Err(_) => owners.borrow().get(k as usize).copied().flatten(),
+            });
+        }
+        owners.send_if_modified(|was| {
+            let changed = **was != now;
+            if changed {
+                *was = Arc::new(now);
+            }
+            changed
+        });
+        if shards > 1 && present_at.is_none_or(|t| t.elapsed() >= presence.every) {
+            if leases.put(format!("node-{}", presence.node), Vec::new().into()).await.is_ok() {
+                present_at = Some(Instant::now());
+            }
+            if let Ok(keys) = leases.keys().await {
+                use futures_util::StreamExt;
+                let live: Vec<String> = keys
+                    .filter_map(|k| std::future::ready(k.ok().and_then(|k| Some(k.strip_prefix("node-")?.to_owned()))))
+                    .collect()
+                    .await;
+                let b = &presence.balance;
+                b.live.store(live.len().max(1), Relaxed);
+                let mine = load.get(&presence.node).copied().unwrap_or(0);
+                let loads = live.iter().map(|n| load.get(n).copied().unwrap_or(0));
+                b.surplus.store(relay_core::shard::should_hand_over(mine, loads), Relaxed);
+            }
+        }
+        actix_web::rt::time::sleep(OWNER_POLL).await;
+    }
+}
+
+/// Accepts connections and pipes each to the owner (module doc, 3).
+async fn front(
+    listener: tokio::net::TcpListener,
+    owner: Upstream,
+    per_ip: crate::http::conn::PerIp,
+    slots: Arc<tokio::sync::Semaphore>,
+    metrics: NodeMetrics,
+) {
+    loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else { return };
+        let (conn, from) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                // Out of descriptors, most likely: let some close first.
+                tracing::warn!(error = %e, "front: accept failed");
+                actix_web::rt::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        // Counted like the relay's own connections (`http::conn`).
+        let guard = per_ip.open(from.ip());
+        if !guard.within {
+            tracing::debug!(from = %from.ip(), "front: over http.max_connections_per_ip");
+            actix_web::rt::spawn(async move {
+                refuse(conn).await;
+                drop((guard, slot))
+            });
+            continue;
+        }
+        let (owner, metrics) = (owner.clone(), metrics.clone());
+        actix_web::rt::spawn(async move {
+            metrics.connections.inc();
+            if let Err(e) = pipe(conn, owner).await {
+                metrics.unserved.inc();
+                tracing::debug!(error = %e, "front: connection ended");
+            }
+            metrics.connections.dec();
+            drop((guard, slot));
+        });
+    }
+}
+
+/// Answers a connection over the per-address cap as the relay itself
+/// would (`rate_limited`, 429), then closes it.
+async fn refuse(mut conn: tokio::net::TcpStream) {
+    use tokio::io::AsyncWriteExt;
+    let body = crate::http::reply::over_cap().to_body().to_string();
+    let answer = format!(
+        "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(5), conn.write_all(answer.as_bytes())).await;
+}
+
+/// Where a single shard's front sends its connections, and how.
+#[derive(Clone)]
+struct Upstream {
+    owners: Owners,
+    /// TLS with the cluster's key (`hop.rs`), or the bytes as they are.
+    hop: Option<Arc<rustls::ClientConfig>>,
+}
+
+async fn pipe(mut conn: tokio::net::TcpStream, mut to: Upstream) -> std::io::Result<()> {
+    let deadline = tokio::time::Instant::now() + FRONT_WAIT;
+    let (at, upstream) = loop {
+        let at = to.owners.borrow_and_update().first().copied().flatten();
+        if let Some(at) = at {
+            if let Ok(Ok(s)) = tokio::time::timeout(Duration::from_secs(1), tokio::net::TcpStream::connect(at)).await {
+                break (at, s);
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(std::io::Error::other("no owner reachable"));
+        }
+        // A new owner, or a moment for the lease to change.
+        let _ = tokio::time::timeout(OWNER_POLL, to.owners.changed()).await;
+    };
+    conn.set_nodelay(true)?;
+    upstream.set_nodelay(true)?;
+    match to.hop {
+        Some(hop) => {
+            // Nothing of the client's is sent before the owner proved it holds the key.
+            let name = rustls::pki_types::ServerName::IpAddress(at.ip().into());
+            let handshake = tokio_rustls::TlsConnector::from(hop).connect(name, upstream);
+            let mut upstream = tokio::time::timeout(Duration::from_secs(5), handshake)
+                .await
+                .map_err(|_| std::io::Error::other("cluster hop: no TLS handshake within 5 s"))??;
+            tokio::io::copy_bidirectional(&mut conn, &mut upstream).await.map(|_| ())
+        }
+        None => {
+            let mut upstream = upstream;
+            tokio::io::copy_bidirectional(&mut conn, &mut upstream).await.map(|_| ())
+        }
+    }
+}

@@ -1,0 +1,144 @@
+//! Deliveries to one peer coalesced into `message.deliver.batch` calls
+//! (PROTOCOL §5), without adding a wait: a delivery goes out at once while
+//! fewer than `in_flight` calls to its peer are under way; past that,
+//! deliveries queue, and each call that ends takes what queued meanwhile
+//! (up to 256 items and the body limit) as its next batch. Light load
+//! thus sends single `message.deliver` calls with no added latency, and
+//! heavy load sends batches, as the store's writer groups commits.
+//!
+//! A peer that answers the batch method `not_found` (a relay without it)
+//! gets single calls for [`NO_BATCH_FOR`], then is tried again.
+//!
+//! This module holds the queues and their rules; the peer client
+//! (`crate::peers`) drives them with its calls, so the two import one way.
+
+use relay_actors::delivery::transport::AttemptOutcome;
+use relay_schemas::methods::DeliverBatchParams;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+
+/// How long a peer without the batch method gets single calls only.
+pub const NO_BATCH_FOR: Duration = Duration::from_secs(600);
+
+/// `{"items":[` and `]}`.
+pub(crate) const ENVELOPE_BYTES: usize = 12;
+
+/// How deliveries to peers are grouped (`delivery.batches_in_flight`,
+/// `limits.max_body_bytes`).
+#[derive(Clone, Copy, Debug)]
+pub struct Batching {
+    /// Calls under way to one peer before deliveries queue for a batch;
+    /// 0 sends every delivery alone.
+    pub in_flight: usize,
+    /// A batch's body at most: the callee's body limit, assumed ours.
+    pub max_bytes: usize,
+}
+
+impl Batching {
+    /// From the configuration: a batch's body is at most our own body
+    /// limit, which a peer on the defaults shares.
+    pub fn from_config(cfg: &crate::config::Config) -> Self {
+        Batching { in_flight: cfg.delivery.batches_in_flight, max_bytes: cfg.limits.max_body_bytes }
+    }
+}
+
+/// One delivery waiting for a call: its `message.deliver` body and who
+/// waits for its outcome.
+pub(crate) struct Item {
+    pub(crate) body: Vec<u8>,
+    pub(crate) done: oneshot::Sender<AttemptOutcome>,
+}
+
+#[derive(Default)]
+pub(crate) struct PeerQueue {
+    /// Calls to this peer under way (each drains the queue when it ends).
+    pub(crate) busy: usize,
+    pub(crate) waiting: VecDeque<Item>,
+    /// Until when this peer gets single calls (it lacks the batch method).
+    no_batch_until: Option<Instant>,
+}
+
+pub struct Batcher {
+    pub(crate) batching: Batching,
+    peers: Mutex<HashMap<String, PeerQueue>>,
+}
+
+impl Batcher {
+    pub fn new(batching: Batching) -> Self {
+        Batcher { batching, peers: Mutex::default() }
+    }
+
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, PeerQueue>> {
+        self.peers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The next call's items for `peer` (none: the caller's call ends),
+    /// and whether they may go as a batch.
+    pub(crate) fn next(&self, peer: &str) -> (Vec<Item>, bool) {
+        let mut peers = self.lock();
+        let Some(q) = peers.get_mut(peer) else { return (vec![], false) };
+        let mut items: Vec<Item> = vec![];
+        let mut bytes = ENVELOPE_BYTES;
+        while let Some(item) = q.waiting.front() {
+            let fits = bytes + item.body.len() < self.batching.max_bytes;
+            if !items.is_empty() && (!fits || items.len() == DeliverBatchParams::MAX_ITEMS) {
+                break;
+            }
+            bytes += item.body.len() + 1;
+            items.extend(q.waiting.pop_front());
+        }
+        if items.is_empty() {
+            // The entry stays: one per configured peer, with its
+            // `no_batch_until`.
+            q.busy -= 1;
+            return (items, false);
+        }
+        let batch = q.no_batch_until.is_none_or(|until| Instant::now() >= until);
+        (items, batch)
+    }
+
+    pub(crate) fn no_batch(&self, peer: &str) {
+        if let Some(q) = self.lock().get_mut(peer) {
+            q.no_batch_until = Some(Instant::now() + NO_BATCH_FOR);
+        }
+    }
+}
+
+/// A drain's call slot, given back should its task be dropped mid-call
+/// (its arbiter stopping): the peer's later deliveries would otherwise
+/// queue behind a call that never ends.
+pub(crate) struct Slot<'a> {
+    pub(crate) batcher: &'a Batcher,
+    pub(crate) peer: &'a str,
+    pub(crate) held: bool,
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        if self.held {
+            if let Some(q) = self.batcher.lock().get_mut(self.peer) {
+                q.busy -= 1;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_drain_dropped_mid_call_gives_its_slot_back_once() {
+        let b = Batcher::new(Batching { in_flight: 1, max_bytes: 1 << 20 });
+        b.lock().entry("relay-b".into()).or_default().busy = 1;
+        drop(Slot { batcher: &b, peer: "relay-b", held: true });
+        assert_eq!(b.lock()["relay-b"].busy, 0);
+        // A slot `next` gave back (the queue was empty) is not given back twice.
+        b.lock().get_mut("relay-b").unwrap().busy = 1;
+        assert!(b.next("relay-b").0.is_empty());
+        drop(Slot { batcher: &b, peer: "relay-b", held: false });
+        assert_eq!(b.lock()["relay-b"].busy, 0);
+    }
+}
