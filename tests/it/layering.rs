@@ -685,11 +685,9 @@ const NOT_YET_ONE_WAY: &[(&str, &[&str])] = &[
     (
         "actors/core/src/lib.rs",
         &[
-            // Reworked by issue 42 items 1-3 (one home per method).
-            "crate::account::command",
+            // The ledger's record formats and the ledger's keys.
             "crate::account::ledger",
             "crate::account::ledger::v1",
-            "crate::account::replica",
         ],
     ),
     (

@@ -3,7 +3,8 @@
 //! [`StoreReads`]), append (with the ledger and timeline projections),
 //! apply, run the effects, reply once durable.
 
-use super::command::{AccountEnv, Decision, Effect, Reply as Decided, Written};
+use super::command::AccountEnv;
+use super::decision::{Decision, Effect, Reply as Decided, Written};
 use super::events::{AccountEvent, PushSubscription};
 use super::ledger::{self, SendEntry};
 use super::method::push_subscribe::push_targets;

@@ -10,7 +10,7 @@ pub mod sweep;
 mod upgrade;
 
 // The rules live in the core crate; one file per method under `account::method`.
-pub use relay_core::account::{command, events, ledger, method, session, shared, state, timeline};
+pub use relay_core::account::{command, decision, events, ledger, method, session, shared, state, timeline};
 pub use relay_core::account::{Acceptance, Ctx, Reads};
 
 pub use actor::{AccountActor, AccountCmd, Reply, Settlement};

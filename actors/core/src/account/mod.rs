@@ -4,6 +4,7 @@
 //! [`command::decide`] forwards every command to its method.
 
 pub mod command;
+pub mod decision;
 pub mod events;
 pub mod ledger;
 pub mod method;
@@ -16,7 +17,8 @@ pub mod state;
 pub mod testkit;
 pub mod timeline;
 
-pub use command::{Acceptance, AccountCmd, AccountEnv, AsDecided, Decision, Effect, Reads, Reply, Written};
+pub use command::{AccountCmd, AccountEnv};
+pub use decision::{Acceptance, AsDecided, Decision, Effect, Reads, Reply, Written};
 pub use events::{AccountEvent, PushSubscription, Record};
 pub use ledger::{Ledger, ReceiptEntry, SendEntry};
 pub use shared::Ctx;

@@ -4,7 +4,6 @@
 //! idempotency key), and the helpers that build records and replies.
 //! Pure: no I/O, no clock, no actix.
 
-use super::command::Reply;
 use super::events::{AccountEvent, Record};
 use super::state::AccountState;
 use crate::policy::Policy;
@@ -129,11 +128,6 @@ pub(crate) fn retained(retention_until: u64, now: UnixSecs) -> Result<(), RelayE
         return Err(RelayError::new(ErrorCode::MessageExpired, "result retention has ended"));
     }
     Ok(())
-}
-
-/// A serialized result object.
-pub(crate) fn json<T: serde::Serialize>(v: &T) -> Result<Reply, RelayError> {
-    serde_json::to_string(v).map(Reply::Json).map_err(|e| RelayError::internal(e.to_string()))
 }
 
 /// The account's route once `events` are applied.

@@ -2,8 +2,8 @@
 //! revocations, to anyone; an answer read from another relay is held to
 //! this relay's bounds before it is passed on ([`check_devices_answer`]).
 
-use crate::account::command::Decision;
-use crate::account::shared::json;
+use crate::account::decision::json;
+use crate::account::decision::Decision;
 use crate::account::state::AccountState;
 use crate::policy::{Policy, MAX_DEVICES_SETTING};
 use relay_schemas::methods::{DevicesAnswer, DevicesResult};

@@ -3,9 +3,10 @@
 //! The stateless checks ([`check_register`]) run before any actor exists
 //! for the account; [`register`] decides against its state.
 
-use crate::account::command::Decision;
+use crate::account::decision::json;
+use crate::account::decision::Decision;
 use crate::account::events::AccountEvent;
-use crate::account::shared::{json, route_after, Ctx};
+use crate::account::shared::{route_after, Ctx};
 use crate::account::state::AccountState;
 use relay_schemas::methods::{RegisterParams, RegisterResult};
 use relay_schemas::objects::Route;

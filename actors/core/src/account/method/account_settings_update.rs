@@ -1,7 +1,7 @@
 //! `account.settings.update` (PROTOCOL §4): the account's public
 //! discovery setting.
 
-use crate::account::command::{Decision, Reply};
+use crate::account::decision::{Decision, Reply};
 use crate::account::events::AccountEvent;
 use crate::account::shared::{check_session, registered_route, Ctx};
 use crate::account::state::AccountState;

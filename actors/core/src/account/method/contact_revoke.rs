@@ -2,7 +2,7 @@
 //! longer honours; also how one revoked at the other home is decided here
 //! ([`revoke_contact_id`]).
 
-use crate::account::command::{Decision, Reply};
+use crate::account::decision::{Decision, Reply};
 use crate::account::events::AccountEvent;
 use crate::account::shared::{check_session, registered_route, Ctx};
 use crate::account::state::{contact_key, AccountState};

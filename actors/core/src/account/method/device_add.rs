@@ -2,7 +2,7 @@
 //! signed by the account key; also how a device added at the other home
 //! is decided here ([`add_signed_device`]).
 
-use crate::account::command::{Decision, Reply};
+use crate::account::decision::{Decision, Reply};
 use crate::account::events::AccountEvent;
 use crate::account::shared::{check_session, registered_route, Ctx};
 use crate::account::state::AccountState;

@@ -2,7 +2,7 @@
 //! ends the device for good; the shell ends its sessions and sockets
 //! ([`Effect::EndDevice`]).
 
-use crate::account::command::{Decision, Effect, Reply};
+use crate::account::decision::{Decision, Effect, Reply};
 use crate::account::events::AccountEvent;
 use crate::account::shared::{check_session, registered_route, Ctx};
 use crate::account::state::AccountState;

@@ -4,7 +4,7 @@
 //! ([`may_deliver`], and [`check_sender`] where this relay serves the
 //! sender too). A local delivery is decided by the same rules.
 
-use crate::account::command::{Decision, Reads, Reply};
+use crate::account::decision::{Decision, Reads, Reply};
 use crate::account::events::AccountEvent;
 use crate::account::ledger::ReceiptEntry;
 use crate::account::shared::{check_created_at, idempotent, record, served_here, visible_devices, Ctx};

@@ -1,8 +1,8 @@
 //! `message.delivery.peer_status` (PROTOCOL §5): the account's other home
 //! reads a message's delivery status from the ledger here.
 
-use crate::account::command::{Decision, Reads};
-use crate::account::shared::json;
+use crate::account::decision::json;
+use crate::account::decision::{Decision, Reads};
 use crate::account::state::AccountState;
 use relay_schemas::methods::PeerStatusResult;
 use relay_schemas::RelayError;

@@ -3,7 +3,7 @@
 //! `RecordDelivery`, the relay's own command that writes a delivery's
 //! outcome there ([`record_delivery`]).
 
-use crate::account::command::{Decision, Reads, Reply};
+use crate::account::decision::{Decision, Reads, Reply};
 use crate::account::events::AccountEvent;
 use crate::account::ledger::SendEntry;
 use crate::account::shared::{check_session, retained, Ctx};

@@ -10,7 +10,7 @@
 //!   attempt that did not end it), as `MessageSend` does for any other
 //!   route ([`accept`]).
 
-use crate::account::command::{Acceptance, Decision, Effect, Reads, Reply};
+use crate::account::decision::{Acceptance, Decision, Effect, Reads, Reply};
 use crate::account::events::AccountEvent;
 use crate::account::ledger::SendEntry;
 use crate::account::method::message_deliver::deliver_digest;

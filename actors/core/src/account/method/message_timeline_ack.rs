@@ -1,7 +1,7 @@
 //! `message.timeline.ack` (PROTOCOL §4): the device's read cursor moves
 //! forward.
 
-use crate::account::command::{Decision, Reply};
+use crate::account::decision::{Decision, Reply};
 use crate::account::events::AccountEvent;
 use crate::account::shared::{check_session, Ctx};
 use crate::account::state::AccountState;

@@ -5,9 +5,10 @@
 //! past records it may not read, so one call costs at most a few pages of
 //! index whatever the account holds.
 
-use crate::account::command::{Decision, Reads};
+use crate::account::decision::json;
+use crate::account::decision::{Decision, Reads};
 use crate::account::events::AccountEvent;
-use crate::account::shared::{check_session, json, Ctx};
+use crate::account::shared::{check_session, Ctx};
 use crate::account::state::AccountState;
 use crate::account::timeline::{fits_page, IndexEntry, RECORD_OVERHEAD};
 use relay_schemas::methods::{SyncParams, SyncResult, SYNC_DEFAULT_LIMIT, SYNC_MAX_LIMIT};

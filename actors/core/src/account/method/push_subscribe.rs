@@ -1,7 +1,7 @@
 //! `push.subscribe` (PROTOCOL §9): the session's device's Web Push
 //! subscription; and who a new record is pushed to ([`push_targets`]).
 
-use crate::account::command::{Decision, Reply};
+use crate::account::decision::{Decision, Reply};
 use crate::account::events::{AccountEvent, PushSubscription};
 use crate::account::shared::{check_session, registered_route, Ctx};
 use crate::account::state::AccountState;

@@ -2,7 +2,7 @@
 //! subscription; and `PushGone`, the relay's own command when the push
 //! service says the endpoint is gone ([`push_gone`]).
 
-use crate::account::command::{Decision, Reply};
+use crate::account::decision::{Decision, Reply};
 use crate::account::events::AccountEvent;
 use crate::account::shared::{check_session, Ctx};
 use crate::account::state::AccountState;

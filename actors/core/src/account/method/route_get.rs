@@ -1,7 +1,7 @@
 //! `route.get` (PROTOCOL §4): the account's current route, to anyone.
 
-use crate::account::command::Decision;
-use crate::account::shared::json;
+use crate::account::decision::json;
+use crate::account::decision::Decision;
 use crate::account::state::AccountState;
 use relay_schemas::{ErrorCode, RelayError};
 

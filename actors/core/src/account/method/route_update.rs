@@ -2,9 +2,10 @@
 //! the account key; also how a route updated at the other home is decided
 //! here.
 
-use crate::account::command::Decision;
+use crate::account::decision::json;
+use crate::account::decision::Decision;
 use crate::account::events::AccountEvent;
-use crate::account::shared::{check_session, json, registered_route, route_after, Ctx};
+use crate::account::shared::{check_session, registered_route, route_after, Ctx};
 use crate::account::state::AccountState;
 use relay_schemas::methods::RouteUpdateParams;
 use relay_schemas::objects::Route;

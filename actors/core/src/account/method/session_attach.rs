@@ -2,7 +2,7 @@
 //! session token): the session's device is still valid, and what it has
 //! to catch up on. Both read only.
 
-use crate::account::command::{Decision, Reads, Reply};
+use crate::account::decision::{Decision, Reads, Reply};
 use crate::account::shared::{check_session, Ctx};
 use crate::account::state::AccountState;
 use relay_schemas::RelayError;

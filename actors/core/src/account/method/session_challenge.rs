@@ -1,9 +1,10 @@
 //! `session.challenge` (PROTOCOL §4): a fresh challenge for a device of
 //! the account, kept in memory by the challenge book ([`Challenges`]).
 
-use crate::account::command::Decision;
+use crate::account::decision::json;
+use crate::account::decision::Decision;
 use crate::account::session::Challenges;
-use crate::account::shared::{json, Ctx};
+use crate::account::shared::Ctx;
 use crate::account::state::AccountState;
 use relay_schemas::RelayError;
 

@@ -1,9 +1,10 @@
 //! `session.open` (PROTOCOL §4): the device signs its challenge and gets a
 //! session token; the shell stores the session ([`Effect::StoreSession`]).
 
-use crate::account::command::{Decision, Effect, Token};
+use crate::account::decision::json;
+use crate::account::decision::{Decision, Effect, Token};
 use crate::account::session::Challenges;
-use crate::account::shared::{json, Ctx};
+use crate::account::shared::Ctx;
 use crate::account::state::AccountState;
 use relay_schemas::encoding::b64_encode;
 use relay_schemas::methods::{SessionOpenParams, SessionOpenResult};

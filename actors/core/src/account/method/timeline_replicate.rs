@@ -35,10 +35,11 @@
 //! envelope.message_id)`, the same at both homes.
 
 use super::{contact_revoke, device_add, device_revoke, message_deliver, message_delivery_status, route_update};
-use crate::account::command::{Decision, Effect, Reads, Reply};
+use crate::account::decision::json;
+use crate::account::decision::{Decision, Effect, Outcome, Reads, Reply};
 use crate::account::events::{AccountEvent, Record};
 use crate::account::ledger::{Ledger, SendEntry};
-use crate::account::shared::{json, not_served_here, Ctx};
+use crate::account::shared::{not_served_here, Ctx};
 use crate::account::state::AccountState;
 use crate::account::timeline::fits_page;
 use crate::delivery::core::{begin, Begun, DeliveryCmd, DeliveryCtx};
@@ -270,15 +271,6 @@ fn item(sequence: u64, event: AccountEvent, reads: &impl Reads) -> Result<Item, 
         _ => (None, None),
     };
     Ok(Item { sequence, event, status, deliver })
-}
-
-/// What the replication commands answer the replicator (never on the wire).
-#[derive(Debug)]
-pub enum Outcome {
-    /// `ReplicaCursor`: this relay's cursor in the partner's stream.
-    Cursor(u64),
-    /// `ReplicaApply`: how many items wrote something here.
-    Applied { items: usize },
 }
 
 /// What applying a page decided.
@@ -1058,7 +1050,7 @@ mod tests {
         let d = crate::account::command::decide(&b, &mut Default::default(), &cmd, &b, at_b(NOW)).unwrap();
         assert!(
             d.effects.iter().any(
-                |e| matches!(e, crate::account::command::Effect::EndDevice { device_id } if device_id == "laptop")
+                |e| matches!(e, crate::account::decision::Effect::EndDevice { device_id } if device_id == "laptop")
             ),
             "{:?}",
             d.effects

@@ -10,7 +10,8 @@
 pub mod limits;
 
 // The rules, for tests that call another method's rule than their own.
-pub use crate::account::command::{AccountCmd, Decision, Effect, Reply};
+pub use crate::account::command::AccountCmd;
+pub use crate::account::decision::{Decision, Effect, Reply};
 pub use crate::account::method::account_register::register;
 pub use crate::account::method::account_settings_update::update_settings;
 pub use crate::account::method::contact_revoke::revoke_contact;
