@@ -145,3 +145,115 @@ impl<S: Stream + Serialize> EventSourced<S> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stream of numbers whose state is their sum.
+    #[derive(Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+    struct Sum(u64);
+
+    impl Stream for Sum {
+        type Event = u64;
+        const VERSION: u32 = 1;
+
+        fn event_type(_: &u64) -> &'static str {
+            "added"
+        }
+
+        fn decode(event: &StoredEvent) -> Result<u64, StoreError> {
+            serde_json::from_str(event.data.get()).map_err(|e| StoreError::Invalid(e.to_string()))
+        }
+
+        fn fold(&mut self, event: &u64) {
+            self.0 += event;
+        }
+    }
+
+    const STREAM: &str = "sum/a";
+
+    /// `1, 2, 3, 4` written one commit each; the stream's heads after each.
+    fn written(store: &Store) -> Vec<Head> {
+        let mut es = EventSourced::at(STREAM.into(), Sum::default(), Head::default());
+        (1..=4)
+            .map(|n| {
+                let mut batch = store.batch();
+                let head = es.stage(&mut batch, &[n], UnixSecs(0)).unwrap();
+                es.commit(store, batch, head, 1).unwrap();
+                es.apply(&[n]);
+                head
+            })
+            .collect()
+    }
+
+    fn loaded(store: &Store) -> EventSourced<Sum> {
+        let snapshot = store.load_snapshot(STREAM).unwrap();
+        let (state, head) = start(store, STREAM, snapshot.as_ref()).unwrap().unwrap_or_default();
+        let mut es = EventSourced::at(STREAM.into(), state, head);
+        es.replay(store, |_| {}).unwrap();
+        es
+    }
+
+    fn snapshot_at(store: &Store, head: Head, sum: u64) {
+        let mut batch = store.batch();
+        let state = serde_json::to_vec(&Sum(sum)).unwrap();
+        batch.put_snapshot(STREAM, Snapshot { seq: head.seq, hash: head.hash, state });
+        store.commit(batch).unwrap();
+    }
+
+    fn pruned_through(store: &Store, head: Head, sum: u64) {
+        let mut batch = store.batch();
+        batch.prune(STREAM, 0, head, UnixSecs(0), serde_json::to_vec(&Sum(sum)).unwrap());
+        store.commit(batch).unwrap();
+    }
+
+    #[test]
+    fn a_stream_without_snapshot_replays_every_event_and_counts_them_toward_the_next_snapshot() {
+        let store = Store::temporary().unwrap();
+        let heads = written(&store);
+        let es = loaded(&store);
+        assert_eq!((es.state, es.head, es.since_snapshot), (Sum(10), heads[3], 4));
+    }
+
+    #[test]
+    fn replay_starts_at_the_snapshot_and_folds_only_the_tail() {
+        let store = Store::temporary().unwrap();
+        let heads = written(&store);
+        // A snapshot whose sum differs from the events': only what follows it is replayed.
+        snapshot_at(&store, heads[1], 100);
+        let es = loaded(&store);
+        assert_eq!((es.state, es.head, es.since_snapshot), (Sum(107), heads[3], 2));
+    }
+
+    #[test]
+    fn a_prefix_pruned_past_the_snapshot_starts_replay_at_its_marker() {
+        let store = Store::temporary().unwrap();
+        let heads = written(&store);
+        snapshot_at(&store, heads[0], 100);
+        pruned_through(&store, heads[2], 1000);
+        let es = loaded(&store);
+        assert_eq!((es.state, es.head), (Sum(1004), heads[3]));
+    }
+
+    #[test]
+    fn a_snapshot_later_than_the_pruned_prefix_is_where_replay_starts() {
+        let store = Store::temporary().unwrap();
+        let heads = written(&store);
+        pruned_through(&store, heads[0], 1000);
+        snapshot_at(&store, heads[2], 100);
+        let es = loaded(&store);
+        assert_eq!((es.state, es.head), (Sum(104), heads[3]));
+    }
+
+    #[test]
+    fn a_snapshot_is_due_after_the_cadences_number_of_events_and_resets_the_count() {
+        let store = Store::temporary().unwrap();
+        written(&store);
+        let mut es = loaded(&store);
+        assert!(es.snapshot_due(4) && !es.snapshot_due(5));
+        es.snapshot(&store);
+        assert!(!es.snapshot_due(1));
+        assert_eq!(loaded(&store).since_snapshot, 0, "the next load replays nothing");
+    }
+}
