@@ -37,6 +37,7 @@ pub mod retention;
 pub mod routes;
 pub mod send;
 pub mod sessions;
+pub mod shell;
 pub mod store;
 pub mod supervisor;
 pub mod upcast;

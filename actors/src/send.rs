@@ -1,6 +1,7 @@
-//! The process manager of `message.send`: accept → receipt → settle, in
-//! this one place. The actors only decide and write; the order of their
-//! commits, and what happens between them, is here.
+//! The process manager of `message.send`, carried out: its rules (which
+//! command goes to whom, in which order, and what a `StateConflict` at
+//! the recipient means) are [`relay_core::send`]; this drives them with
+//! the actors, the route lookup and the store.
 //!
 //! **Recipient served by this relay alone** (two commits): the sender's
 //! account decides and writes nothing; the recipient's account takes the
@@ -22,12 +23,12 @@
 //! status and ledger entry and the due-index removal as one commit.
 
 use crate::account::{AccountCmd, Reply};
-use crate::delivery::core::final_status;
 use crate::delivery::{self, AttemptOutcome};
 use crate::supervisor::Supervisor;
+use relay_core::send::{Input, Next, SendProcess};
 use relay_schemas::methods::SendParams;
 use relay_schemas::objects::RelayRef;
-use relay_schemas::{DeliveryStatus, ErrorCode, RelayError, UnixSecs};
+use relay_schemas::{DeliveryStatus, RelayError};
 use tokio::sync::oneshot;
 
 /// A `message.send` answered by the sender's account.
@@ -62,6 +63,8 @@ impl Supervisor {
         rx.await.unwrap_or_else(|_| Err(RelayError::unavailable("message.send interrupted")))
     }
 
+    /// Carries out each step [`SendProcess`] decides and feeds back what
+    /// came of it.
     async fn run_send(
         &self,
         account: &str,
@@ -69,59 +72,37 @@ impl Supervisor {
         params: SendParams,
         digest: String,
     ) -> Result<Sent, RelayError> {
-        let to = params.envelope.to.clone();
-        relay_schemas::ids::check_account_id("envelope.to", &to)?;
-        let route = if to == account {
-            None
-        } else {
-            let lookup = self.lookup_route(&to, false).await;
-            lookup.check_send(&to)?;
-            lookup.route()
-        };
-        let cmd = AccountCmd::MessageSend { device, params, digest, route: route.clone() };
-        let acceptance = match self.ask(account, cmd).await? {
-            Reply::Accept(acceptance) => acceptance,
-            other => return self.sent(other),
-        };
-        let receipt = AccountCmd::MessageDeliver {
-            params: (*acceptance.deliver).clone(),
-            digest: acceptance.deliver_digest.clone(),
-        };
-        let outcome = self.receive(&to, receipt).await;
-        crate::crash::point(&self.store(), "send.after_receipt").await;
-        delivery::count_attempt(self.metrics(), &outcome);
-        // The recipient holds other deliver params under this message id: a
-        // send of another content under the same id, racing this one, was
-        // received first, or a retry after a crash differs from the original
-        // (in content, or in the sender's route the params carry). Nothing
-        // is written here, so this request is refused as the sender's ledger
-        // would refuse it once the other settles: settling it as `failed`
-        // could let it win the sender's ledger while the recipient holds the
-        // other content. The refusal rests on the recipient's receipt, which
-        // may not be durable yet: it is answered once it is.
-        if let AttemptOutcome::Rejected(e) = &outcome {
-            if e.code == ErrorCode::StateConflict {
-                let store = self.store();
-                store.durable(store.committed()).await.map_err(|e| crate::internal(&e))?;
-                return Err(e.clone());
-            }
+        let (mut process, mut next) = SendProcess::start(account, device, params, digest)?;
+        loop {
+            let input = match next {
+                Next::LookupRoute => {
+                    let lookup = self.lookup_route(process.to(), false).await;
+                    lookup.check_send(process.to())?;
+                    Input::Routed(lookup.route())
+                }
+                Next::AskSender(cmd) => Input::Replied(self.ask(account, cmd).await?),
+                Next::Receive(receipt) => {
+                    let outcome = self.receive(process.to(), receipt).await;
+                    crate::crash::point(&self.store(), "send.after_receipt").await;
+                    delivery::count_attempt(self.metrics(), &outcome);
+                    Input::Received(outcome)
+                }
+                Next::RefuseWhenDurable(e) => {
+                    let store = self.store();
+                    store.durable(store.committed()).await.map_err(|e| crate::internal(&e))?;
+                    return Err(e);
+                }
+                Next::Answer { reply, finished } => {
+                    if let (Some(f), Reply::Settled { status, .. }) = (finished, &reply) {
+                        let ids = delivery::Ids { from: &f.from, message_id: &f.message_id, to: &f.to };
+                        let elapsed_s = self.clock().now().since(f.accepted_at);
+                        delivery::finished(self.metrics(), ids, &self.policy().relay_id, 1, elapsed_s, status);
+                    }
+                    return self.sent(reply);
+                }
+            };
+            next = process.on(input)?;
         }
-        let accepted_at = UnixSecs(acceptance.status.accepted_at);
-        let env = acceptance.deliver.envelope.clone();
-        let cmd = match final_status(&outcome, accepted_at) {
-            Some(status) => AccountCmd::Settle { acceptance, status },
-            // The attempt is recorded with the acceptance; the timetable
-            // makes the next one.
-            None => AccountCmd::Accept { acceptance, route, first: Some(outcome) },
-        };
-        let reply = self.ask(account, cmd).await?;
-        if let Reply::Settled { status, .. } = &reply {
-            // Written by this request (a racing retry answers `Status`).
-            let ids = delivery::Ids { from: &env.from, message_id: &env.message_id, to: &env.to };
-            let elapsed_s = self.clock().now().since(accepted_at);
-            delivery::finished(self.metrics(), ids, &self.policy().relay_id, 1, elapsed_s, status);
-        }
-        self.sent(reply)
     }
 
     /// The recipient's receipt of a message this relay serves it: its

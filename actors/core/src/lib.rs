@@ -16,6 +16,8 @@
 //! - [`lease`]: shard ownership in cluster mode (lease, epoch, renewal);
 //! - [`peer_auth`]: relay request authentication and its replay window;
 //! - [`push`]: the Web Push queue's coalescing and retry rules;
+//! - [`send`]: the process manager of `message.send` (which command goes
+//!   to whom, between the sender's and the recipient's commits);
 //! - [`resident`]: which resident account actors leave memory past the cap;
 //! - [`shard`]: which cluster shard an account (or a session token) is in;
 //! - [`clock`] and [`policy`]: injected time and configured limits.
@@ -30,6 +32,7 @@ pub mod policy;
 pub mod push;
 pub mod resident;
 pub mod retention;
+pub mod send;
 pub mod shard;
 
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock};

@@ -18,7 +18,8 @@ use crate::delivery::{self, core::Begun};
 use crate::internal;
 use crate::policy::Policy;
 use crate::sessions::Session;
-use crate::store::{Batch, Head, NewEvent, Snapshot, StoreError, Ticket};
+use crate::shell::{self, EventSourced, Stream};
+use crate::store::{Batch, Head, NewEvent, StoreError, StoredEvent, Ticket};
 use actix::prelude::*;
 use relay_core::aggregate::Aggregate;
 use relay_core::retention::{self, IndexEntry};
@@ -109,6 +110,23 @@ impl<'a> Rides<'a> {
     }
 }
 
+impl Stream for AccountState {
+    type Event = AccountEvent;
+    const VERSION: u32 = AccountEvent::VERSION;
+
+    fn event_type(event: &AccountEvent) -> &'static str {
+        event.event_type()
+    }
+
+    fn decode(event: &StoredEvent) -> Result<AccountEvent, StoreError> {
+        crate::upcast::account_event(event)
+    }
+
+    fn fold(&mut self, event: &AccountEvent) {
+        self.apply(event);
+    }
+}
+
 /// A command on its way to an account actor (shared, so a retry after
 /// passivation costs no copy).
 pub struct Ask(pub Arc<AccountCmd>, pub Answer);
@@ -138,11 +156,8 @@ pub struct AccountActor {
     /// Shared by every account actor (one `Arc`, not a copy of each handle).
     env: Arc<Env>,
     ports: Arc<dyn Ports>,
-    stream: String,
-    head: Head,
-    state: AccountState,
-    since_snapshot: u64,
-    last_ticket: Option<Ticket>,
+    /// The account's stream and state.
+    es: EventSourced<AccountState>,
     /// Outstanding session challenges (memory only).
     challenges: Challenges,
     last_active_ms: UnixMillis,
@@ -181,32 +196,12 @@ impl AccountActor {
         let stream = stream_id(account_id);
         let store = env.store.clone();
         let snapshot = store.load_snapshot(&stream)?;
-        // A prefix pruned past the snapshot: its marker holds the state there.
-        let start = match (store.pruned(&stream)?, &snapshot) {
-            (Some(m), Some(s)) if m.head.seq <= s.seq => Some((s.state.clone(), Head { seq: s.seq, hash: s.hash })),
-            (Some(m), _) => Some((m.state, m.head)),
-            (None, s) => s.as_ref().map(|s| (s.state.clone(), Head { seq: s.seq, hash: s.hash })),
-        };
-        let (mut state, mut head) = match start {
-            Some((bytes, head)) => {
-                let state: AccountState = serde_json::from_slice(&bytes).map_err(|e| StoreError::Corrupt {
-                    stream: stream.clone(),
-                    seq: head.seq,
-                    what: format!("snapshot: {e}"),
-                })?;
-                (state, head)
-            }
-            None => (AccountState::new(account_id), Head::default()),
-        };
+        let (mut state, head) = shell::start(&store, &stream, snapshot.as_ref())?
+            .unwrap_or_else(|| (AccountState::new(account_id), Head::default()));
         state.rebuild_caches();
-        let mut since_snapshot = 0;
-        for ev in store.read(&stream, head.seq) {
-            let ev = ev?;
-            let event: AccountEvent = crate::upcast::account_event(&ev)?;
-            state.apply(&event);
-            head = ev.head();
-            since_snapshot += 1;
-        }
+        let mut es = EventSourced::at(stream, state, head);
+        es.replay(&store, |_| {})?;
+        let (stream, head) = (&es.stream, es.head);
         let layout = super::stored_layout(&store, account_id)?.map_err(|what| StoreError::Corrupt {
             stream: stream.clone(),
             seq: head.seq,
@@ -216,11 +211,12 @@ impl AccountActor {
             ledger::Layout::Current => None,
             // A new stream's first events write the current marker.
             _ if head.seq == 0 => None,
-            layout => Some(super::upgrade::ledger(&store, &stream, account_id, snapshot.as_ref(), layout)?),
+            layout => Some(super::upgrade::ledger(&store, stream, account_id, snapshot.as_ref(), layout)?),
         };
+        es.last_ticket = last_ticket;
         // The route book may have missed the account's latest route if the
         // relay stopped between the two writes.
-        if let Some(route) = state.route.as_mut() {
+        if let Some(route) = es.state.route.as_mut() {
             env.routes.offer(route)?;
             env.routes.share(route);
         }
@@ -228,11 +224,7 @@ impl AccountActor {
             last_active_ms: env.clock.now_ms(),
             env,
             ports,
-            stream,
-            head,
-            state,
-            since_snapshot,
-            last_ticket,
+            es,
             challenges: Challenges::default(),
             pending: Arc::new(AtomicUsize::new(0)),
             passivated: false,
@@ -242,7 +234,7 @@ impl AccountActor {
     }
 
     pub fn state(&self) -> &AccountState {
-        &self.state
+        &self.es.state
     }
 
     /// Appends `events` (plus whatever `extra` adds to the same atomic batch,
@@ -253,9 +245,8 @@ impl AccountActor {
         let store = self.env.store.clone();
         let mut batch = store.batch();
         let now = self.env.clock.now();
-        let first = self.head.seq + 1;
-        let account = &self.state.account_id;
-        let mut new_events = Vec::with_capacity(events.len());
+        let first = self.es.head.seq + 1;
+        let account = &self.es.state.account_id;
         // The ledger entry each event writes (the projection, in this batch).
         let mut written: Vec<Option<ledger::Entry>> = Vec::with_capacity(events.len());
         for (i, e) in events.iter().enumerate() {
@@ -285,27 +276,24 @@ impl AccountActor {
                 }
             }
             written.push(entry);
-            new_events.push(NewEvent::new(e.event_type(), AccountEvent::VERSION, now, e).map_err(|e| internal(&e))?);
         }
-        if self.head.seq == 0 && !events.is_empty() {
+        if self.es.head.seq == 0 && !events.is_empty() {
             // A stream begun by this code: its ledger is complete from the start.
             batch.kv_put(&ledger::version_key(account), ledger::VERSION);
         }
-        let head = batch.append(&self.stream, self.head, new_events);
+        let head = self.es.stage(&mut batch, &events, now)?;
         let extra = extra(&mut batch);
-        let ticket = store.commit(batch).map_err(|e| e.to_relay_error())?;
         // Partners before this commit too (one the account just left learns
         // the move), looked up only when the partners have news.
         let news = events.iter().any(replica::offered).then(|| self.partners());
-        self.head = head;
-        self.last_ticket = Some(ticket);
+        let ticket = self.es.commit(&store, batch, head, events.len())?;
         for w in written.iter().flatten() {
             if let ledger::Entry::Send { message_id, entry } = w {
                 self.unfinished.record(message_id, Some(entry));
             }
         }
         for (e, w) in events.iter().zip(&written) {
-            self.state.apply(e);
+            self.es.state.apply(e);
             for mut n in Self::notices(e, w.as_ref()) {
                 if let Notice::Timeline { visible, sender_device, subscribed, .. } = &mut n {
                     *subscribed = self.push_targets(visible, sender_device.as_deref(), |_| false);
@@ -313,7 +301,6 @@ impl AccountActor {
                 self.outbox.push_back((ticket, n));
             }
         }
-        self.since_snapshot += events.len() as u64;
         for e in &events {
             if let AccountEvent::Registered { route, .. } | AccountEvent::RouteUpdated { route } = e.origin() {
                 self.env.routes.offer(route).map_err(|e| e.to_relay_error())?;
@@ -322,7 +309,7 @@ impl AccountActor {
         if let Some(partners_before) = news {
             self.tell_partners(partners_before);
         }
-        if self.since_snapshot >= self.env.policy.snapshot_every {
+        if self.es.snapshot_due(self.env.policy.snapshot_every) {
             self.snapshot();
         }
         Ok(extra)
@@ -331,7 +318,7 @@ impl AccountActor {
     /// The relays besides this one the account's route names.
     fn partners(&self) -> Vec<String> {
         let own = &self.env.policy.relay_id;
-        let relays = self.state.route().map(|r| r.relays.as_slice()).unwrap_or_default();
+        let relays = self.es.state.route().map(|r| r.relays.as_slice()).unwrap_or_default();
         relays.iter().filter(|r| r.id != **own).map(|r| r.id.clone()).collect()
     }
 
@@ -343,7 +330,7 @@ impl AccountActor {
         partners.sort();
         partners.dedup();
         for partner in partners {
-            sink.changed(&self.state.account_id, &partner);
+            sink.changed(&self.es.state.account_id, &partner);
         }
     }
 
@@ -389,8 +376,8 @@ impl AccountActor {
     fn reads(&self) -> StoreReads<'_> {
         StoreReads {
             store: &self.env.store,
-            account_id: &self.state.account_id,
-            stream: &self.stream,
+            account_id: &self.es.state.account_id,
+            stream: &self.es.stream,
             unfinished: Some(&self.unfinished),
         }
     }
@@ -403,17 +390,7 @@ impl AccountActor {
     /// Writes a snapshot of the current state. A failed snapshot only costs
     /// a longer replay next time.
     fn snapshot(&mut self) {
-        let store = self.env.store.clone();
-        let Ok(state) = serde_json::to_vec(&self.state) else { return };
-        let mut batch = store.batch();
-        batch.put_snapshot(&self.stream, Snapshot { seq: self.head.seq, hash: self.head.hash, state });
-        match store.commit(batch) {
-            Ok(t) => {
-                self.last_ticket = Some(t);
-                self.since_snapshot = 0;
-            }
-            Err(e) => tracing::warn!(stream = %self.stream, error = %e, "snapshot failed"),
-        }
+        self.es.snapshot(&self.env.store);
     }
 
     /// The reply, sent once everything this actor wrote so far is durable
@@ -428,7 +405,7 @@ impl AccountActor {
         answer: Answer,
         me: Addr<Self>,
     ) -> ResponseFuture<Result<Reply, RelayError>> {
-        let ticket = self.last_ticket;
+        let ticket = self.es.last_ticket;
         let publish = !self.outbox.is_empty();
         if answer == Answer::AtOnce && !publish {
             return Box::pin(async move { reply });
@@ -474,12 +451,12 @@ impl AccountActor {
         let ctx = Ctx::new(self.env.clock.now(), &policy).with_random(rand::random());
         let reads = StoreReads {
             store: &self.env.store,
-            account_id: &self.state.account_id,
-            stream: &self.stream,
+            account_id: &self.es.state.account_id,
+            stream: &self.es.stream,
             unfinished: Some(&self.unfinished),
         };
         let env = AccountEnv { ctx, reads: &reads, challenges: &mut self.challenges };
-        let Decision { events, reply, effects } = self.state.decide(cmd, env)?;
+        let Decision { events, reply, effects } = self.es.state.decide(cmd, env)?;
         let begun = effects.iter().filter_map(|e| match e {
             Effect::BeginDelivery(b) | Effect::Forward(b) => Some(&**b),
             _ => None,
@@ -526,7 +503,7 @@ impl AccountActor {
         let Begun { state, due_ms, .. } = begun;
         let (Some(due), Some((stream, head))) = (due_ms, written) else { return Ok(None) };
         self.env.metrics.deliveries_in_flight.inc();
-        let ticket = self.last_ticket.ok_or_else(|| RelayError::internal("acceptance without a commit"))?;
+        let ticket = self.es.last_ticket.ok_or_else(|| RelayError::internal("acceptance without a commit"))?;
         let status = state.status();
         let start = delivery::actor::Start { stream: stream.clone(), head: *head, state, indexed_due_ms: due, ticket };
         Ok(Some(Reply::Accepted { status, start: Box::new(start) }))
@@ -534,11 +511,11 @@ impl AccountActor {
 
     /// A revoked device: its stored sessions end, its sockets close.
     fn end_device(&self, device_id: &str) {
-        if let Err(e) = self.env.sessions.forget_device(&self.state.account_id, device_id) {
+        if let Err(e) = self.env.sessions.forget_device(&self.es.state.account_id, device_id) {
             // Only the stored tokens stay; the account refuses them.
-            tracing::warn!(account = %self.state.account_id, error = %e, "dropping a revoked device's sessions");
+            tracing::warn!(account = %self.es.state.account_id, error = %e, "dropping a revoked device's sessions");
         }
-        self.env.notifier.disconnect(&self.state.account_id, device_id, "device revoked");
+        self.env.notifier.disconnect(&self.es.state.account_id, device_id, "device revoked");
     }
 
     /// Stores the session `session.open` granted, under the token decided.
@@ -551,7 +528,7 @@ impl AccountActor {
         let issued = sessions
             .issue(&mut batch, &session, token, self.env.clock.now_ms(), policy.max_sessions_per_device)
             .map_err(|e| internal(&e))?;
-        self.last_ticket = Some(store.commit(batch).map_err(|e| e.to_relay_error())?);
+        self.es.last_ticket = Some(store.commit(batch).map_err(|e| e.to_relay_error())?);
         sessions.remember_issued(&issued, session);
         Ok(())
     }
@@ -574,7 +551,7 @@ impl AccountActor {
         if self.pending.load(Ordering::SeqCst) != 0 || !self.outbox.is_empty() {
             return;
         }
-        if self.since_snapshot > 0 {
+        if self.es.since_snapshot > 0 {
             self.snapshot();
         }
         self.leave(ctx);
@@ -582,7 +559,7 @@ impl AccountActor {
 
     fn leave(&mut self, ctx: &mut Context<Self>) {
         self.passivated = true;
-        self.ports.passivated(&self.state.account_id, &ctx.address());
+        self.ports.passivated(&self.es.state.account_id, &ctx.address());
         ctx.stop();
     }
 }
@@ -600,7 +577,7 @@ impl AccountActor {
             return Vec::new();
         }
         let now = self.env.clock.now();
-        push_targets(&self.state, visible, sender_device, connected, now)
+        push_targets(&self.es.state, visible, sender_device, connected, now)
             .into_iter()
             .map(|(device, subscription)| (device.to_owned(), subscription.clone()))
             .collect()
@@ -620,7 +597,7 @@ impl AccountActor {
         subscribed: &[(String, PushSubscription)],
     ) {
         let Some(sink) = self.env.push.get() else { return };
-        let (notifier, account) = (&self.env.notifier, &self.state.account_id);
+        let (notifier, account) = (&self.env.notifier, &self.es.state.account_id);
         let connected = |device: &str| notifier.is_connected(account, device);
         for (device_id, subscription) in self.push_targets(visible, sender_device, connected) {
             if !subscribed.iter().any(|(d, s)| *d == device_id && *s == subscription) {
@@ -662,7 +639,7 @@ impl Handler<Ask> for AccountActor {
         // No actor outlives a command for an account without events: a
         // stranger's refused request leaves nothing resident.
         // (Nothing was written, so no reply waits on durability.)
-        if self.head.seq == 0 {
+        if self.es.head.seq == 0 {
             self.leave(ctx);
         }
         Box::pin(async move { Ok(reply.await) })
@@ -686,8 +663,8 @@ impl Handler<Sweep> for AccountActor {
         let store = self.env.store.clone();
         let sweep = sweep::Sweep {
             store: &store,
-            state: &self.state,
-            stream: &self.stream,
+            state: &self.es.state,
+            stream: &self.es.stream,
             now: self.env.clock.now(),
             policy: &self.env.policy,
         };
@@ -697,10 +674,10 @@ impl Handler<Sweep> for AccountActor {
                 return Ok((swept, None));
             }
             let ticket = store.commit(batch).map_err(|e| e.to_relay_error())?;
-            self.last_ticket = Some(ticket);
+            self.es.last_ticket = Some(ticket);
             Ok((swept, Some(ticket)))
         });
-        if self.head.seq == 0 {
+        if self.es.head.seq == 0 {
             self.leave(ctx);
         }
         Box::pin(async move {
@@ -741,7 +718,7 @@ impl Handler<Publish> for AccountActor {
     type Result = ();
 
     fn handle(&mut self, msg: Publish, _ctx: &mut Self::Context) {
-        let (notifier, account) = (&self.env.notifier, &self.state.account_id);
+        let (notifier, account) = (&self.env.notifier, &self.es.state.account_id);
         while self.outbox.front().is_some_and(|(t, _)| *t <= msg.0) {
             let Some((_, notice)) = self.outbox.pop_front() else { break };
             match notice {

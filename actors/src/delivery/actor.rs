@@ -6,9 +6,9 @@
 use super::core::{combine, other_home_to_ask, DeliveryCmd, DeliveryCtx, DeliveryEvent, DeliveryState};
 use super::transport::{AttemptOutcome, LocalFuture, RouteLookup};
 use super::{due_key, Env, Ports, Recorded, ReportOutcome, Settlement};
-use crate::internal;
 use crate::metrics::DestinationLabels;
-use crate::store::{Batch, Head, NewEvent, StoreError, Ticket};
+use crate::shell::{EventSourced, Stream};
+use crate::store::{Batch, Head, StoreError, StoredEvent, Ticket};
 use actix::prelude::*;
 use relay_core::aggregate::Aggregate;
 use relay_schemas::objects::Route;
@@ -37,12 +37,10 @@ pub struct Start {
 pub struct DeliveryActor {
     env: Env,
     ports: Arc<dyn Ports>,
-    stream: String,
-    head: Head,
-    state: DeliveryState,
+    /// The delivery's stream and state.
+    es: EventSourced<DeliveryState>,
     /// The due-index entry currently stored for this delivery.
     indexed_due_ms: Option<UnixMillis>,
-    last_ticket: Option<Ticket>,
     watchers: Vec<oneshot::Sender<DeliveryStatus>>,
     /// Started because its destination came back, not because it is due.
     woken: bool,
@@ -65,11 +63,11 @@ impl DeliveryActor {
             env,
             ports,
             attempt_ready: start.state.in_flight.is_some(),
-            stream: start.stream,
-            head: start.head,
-            state: start.state,
+            es: EventSourced {
+                last_ticket: Some(start.ticket),
+                ..EventSourced::at(start.stream, start.state, start.head)
+            },
             indexed_due_ms: Some(start.indexed_due_ms),
-            last_ticket: Some(start.ticket),
             watchers: watch.into_iter().collect(),
             woken: false,
         }
@@ -82,45 +80,30 @@ impl DeliveryActor {
         watch: Option<oneshot::Sender<DeliveryStatus>>,
         woken: bool,
     ) -> Result<Self, StoreError> {
-        let mut state = DeliveryState::default();
-        let mut head = Head::default();
+        // No snapshots: a delivery's stream is a handful of events.
+        let mut es = EventSourced::at(stream.to_owned(), DeliveryState::default(), Head::default());
         let mut indexed_due_ms = None;
-        for ev in env.store.read(stream, 0) {
-            let ev = ev?;
-            let event: DeliveryEvent = crate::upcast::delivery_event(&ev)?;
-            match &event {
-                DeliveryEvent::Accepted { first_due_ms, .. } => indexed_due_ms = Some(*first_due_ms),
-                DeliveryEvent::AttemptFailed { next_due_ms, .. } => indexed_due_ms = Some(*next_due_ms),
-                _ => {}
-            }
-            state.apply(&event);
-            head = ev.head();
-        }
+        es.replay(&env.store, |event| match event {
+            DeliveryEvent::Accepted { first_due_ms, .. } => indexed_due_ms = Some(*first_due_ms),
+            DeliveryEvent::AttemptFailed { next_due_ms, .. } => indexed_due_ms = Some(*next_due_ms),
+            _ => {}
+        })?;
         Ok(DeliveryActor {
             env,
             ports,
-            stream: stream.to_owned(),
-            head,
-            state,
+            es,
             indexed_due_ms,
-            last_ticket: None,
             watchers: watch.into_iter().collect(),
             woken,
             attempt_ready: false,
         })
     }
 
-    fn encode(&self, events: &[DeliveryEvent]) -> Result<Vec<NewEvent>, RelayError> {
-        let at = self.env.clock.now();
-        events.iter().map(|e| super::encode(e, at).map_err(|e| internal(&e))).collect()
-    }
-
     fn persist(&mut self, events: Vec<DeliveryEvent>, extra: impl FnOnce(&mut Batch)) -> Result<(), RelayError> {
         let mut batch = self.env.store.batch();
-        let head = batch.append(&self.stream, self.head, self.encode(&events)?);
+        let head = self.es.stage(&mut batch, &events, self.env.clock.now())?;
         extra(&mut batch);
-        self.last_ticket = Some(self.env.store.commit(batch).map_err(|e| e.to_relay_error())?);
-        self.head = head;
+        self.es.commit(&self.env.store, batch, head, events.len())?;
         self.applied(&events);
         Ok(())
     }
@@ -128,7 +111,7 @@ impl DeliveryActor {
     /// Folds events that are written into the state.
     fn applied(&mut self, events: &[DeliveryEvent]) {
         for e in events {
-            self.state.apply(e);
+            self.es.state.fold(e);
             if let DeliveryEvent::Finished { status } = e {
                 self.log_finished(status);
             }
@@ -138,13 +121,13 @@ impl DeliveryActor {
     /// The other relays this delivery targets now (empty: no route known).
     fn destinations(&self) -> Vec<String> {
         let own = &self.env.policy.relay_id;
-        let relays = self.state.target.iter().flat_map(|t| t.relays.iter());
+        let relays = self.es.state.target.iter().flat_map(|t| t.relays.iter());
         relays.filter(|r| &r.id != own).map(|r| r.id.clone()).collect()
     }
 
     /// The relays of the current target, comma-separated (`-` before one is known).
     fn target_ids(&self) -> String {
-        match &self.state.target {
+        match &self.es.state.target {
             Some(t) => t.relays.iter().map(|r| r.id.as_str()).collect::<Vec<_>>().join(","),
             None => "-".into(),
         }
@@ -152,24 +135,18 @@ impl DeliveryActor {
 
     /// One line per delivery at its end: INFO when accepted, WARN when failed.
     fn log_finished(&self, status: &DeliveryStatus) {
-        let s = &self.state;
+        let s = &self.es.state;
         let elapsed_s = self.env.clock.now().since(s.accepted_at);
         let ids = super::Ids { from: &s.from, message_id: &s.message_id, to: &s.to };
         super::finished(&self.env.metrics, ids, &self.target_ids(), s.attempts, elapsed_s, status);
     }
 
     fn durable(&self) -> impl std::future::Future<Output = Result<(), RelayError>> + 'static {
-        let wait = self.last_ticket.map(|t| self.env.store.durable(t));
-        async move {
-            match wait {
-                Some(w) => w.await.map_err(|e| e.to_relay_error()),
-                None => Ok(()),
-            }
-        }
+        self.es.durable(&self.env.store)
     }
 
     fn tell_watchers(&mut self) {
-        let status = self.state.status();
+        let status = self.es.state.status();
         for w in self.watchers.drain(..) {
             let _ = w.send(status.clone());
         }
@@ -180,7 +157,7 @@ impl DeliveryActor {
     /// The events the core decides for `cmd` on this delivery's state.
     fn decide(&self, cmd: &DeliveryCmd, now_ms: UnixMillis) -> Result<Vec<DeliveryEvent>, RelayError> {
         let policy = &self.env.policy;
-        Ok(self.state.decide(cmd, DeliveryCtx { now_ms, policy })?.events)
+        Ok(self.es.state.decide(cmd, DeliveryCtx { now_ms, policy })?.events)
     }
 
     /// Decides `cmd` now and hands its events to `then`; a refusal is
@@ -198,7 +175,7 @@ impl DeliveryActor {
     }
 
     fn retry_later(&mut self, ctx: &mut Context<Self>, why: &RelayError) {
-        tracing::warn!(stream = %self.stream, error = %why, "delivery step failed; retrying later");
+        tracing::warn!(stream = %self.es.stream, error = %why, "delivery step failed; retrying later");
         self.stop_until(self.env.clock.now_ms().plus(1000), ctx);
     }
 
@@ -208,39 +185,40 @@ impl DeliveryActor {
     /// attempt's actor runs on the thread that accepted the send), and must then start
     /// a new actor, not find this stopping one and be dropped.
     fn stop_until(&mut self, due_ms: UnixMillis, ctx: &mut Context<Self>) {
-        self.ports.stopping(&self.stream, &ctx.address());
-        self.ports.schedule_to(self.stream.clone(), due_ms, self.destinations());
+        self.ports.stopping(&self.es.stream, &ctx.address());
+        self.ports.schedule_to(self.es.stream.clone(), due_ms, self.destinations());
         self.tell_watchers();
         ctx.stop();
     }
 
     fn step_due(&mut self, ctx: &mut Context<Self>) {
-        if self.state.params.is_none() {
-            tracing::error!(stream = %self.stream, "delivery without acceptance; dropping index entry");
+        if self.es.state.params.is_none() {
+            tracing::error!(stream = %self.es.stream, "delivery without acceptance; dropping index entry");
             self.remove_index(ctx);
             return;
         }
-        if self.state.finished.is_some() {
+        if self.es.state.finished.is_some() {
             return self.report(ctx);
         }
         // Woken before its time by a stale timer: wait for the real due
         // time. (Woken because its destination came back: go now.)
         let now = self.env.clock.now_ms();
-        if let Some(due) = self.state.next_due_ms.filter(|due| *due > now && !self.woken) {
+        if let Some(due) = self.es.state.next_due_ms.filter(|due| *due > now && !self.woken) {
             return self.stop_until(due, ctx);
         }
         // Before the route and the attempt: the sender's other home relay
         // may already have delivered it. Known here (its result came by
         // replication): end now; else ask it (attempts after the second).
-        if self.ports.delivered_by_other_home(&self.state.from, &self.state.message_id) {
+        if self.ports.delivered_by_other_home(&self.es.state.from, &self.es.state.message_id) {
             return self.decide_then(DeliveryCmd::PeerConfirmed, ctx, Self::finish);
         }
         let (transport, ports) = (self.env.transport.clone(), self.ports.clone());
-        let sender_route = self.env.routes.get(&self.state.from).ok().flatten();
+        let sender_route = self.env.routes.get(&self.es.state.from).ok().flatten();
         let own = &self.env.policy.relay_id;
-        let other_home = other_home_to_ask(&self.state, sender_route.as_deref(), own);
-        let (from, message_id, to) = (self.state.from.clone(), self.state.message_id.clone(), self.state.to.clone());
-        let fresh = self.state.wants_fresh_route();
+        let other_home = other_home_to_ask(&self.es.state, sender_route.as_deref(), own);
+        let (from, message_id, to) =
+            (self.es.state.from.clone(), self.es.state.message_id.clone(), self.es.state.to.clone());
+        let fresh = self.es.state.wants_fresh_route();
         // `None`: the other home relay reports it `target_accepted`.
         let prepare = async move {
             if let Some(relay) = other_home {
@@ -281,20 +259,20 @@ impl DeliveryActor {
     /// `no_route`: why there is no target, if there is none.
     fn send_attempt(&mut self, no_route: Option<RelayError>, ctx: &mut Context<Self>) {
         self.attempt_ready = false;
-        let attempt = self.state.attempts;
-        tracing::debug!(from = %self.state.from, message_id = %self.state.message_id, attempt,
+        let attempt = self.es.state.attempts;
+        tracing::debug!(from = %self.es.state.from, message_id = %self.es.state.message_id, attempt,
             target = %self.target_ids(), "delivery attempt");
-        let Some(mut params) = self.state.params.clone() else {
+        let Some(mut params) = self.es.state.params.clone() else {
             return self.retry_later(ctx, &RelayError::internal("delivery without acceptance"));
         };
         if params.sender_route.is_none() {
             // Accepted before deliveries carried the sender's route: the
             // sender's route now is the best evidence a destination can get.
-            params.sender_route = self.env.routes.get(&self.state.from).ok().flatten();
+            params.sender_route = self.env.routes.get(&self.es.state.from).ok().flatten();
         }
-        let relays = self.state.target.as_ref().map(|t| t.relays.clone()).unwrap_or_default();
+        let relays = self.es.state.target.as_ref().map(|t| t.relays.clone()).unwrap_or_default();
         let (env, ports, digest, to) =
-            (self.env.clone(), self.ports.clone(), self.state.digest.clone(), self.state.to.clone());
+            (self.env.clone(), self.ports.clone(), self.es.state.digest.clone(), self.es.state.to.clone());
         let own = env.policy.relay_id.clone();
         let timeout = Duration::from_millis(env.policy.attempt_timeout_ms);
         // A request leaving the process waits until the attempt is on disk.
@@ -387,7 +365,7 @@ impl DeliveryActor {
         if events.iter().any(DeliveryEvent::ends) {
             return self.finish(events, ctx);
         }
-        let (old, stream) = (self.indexed_due_ms, self.stream.clone());
+        let (old, stream) = (self.indexed_due_ms, self.es.stream.clone());
         let result = self.persist(events, |batch| {
             if let Some(next) = next_due {
                 if let Some(old) = old {
@@ -422,21 +400,22 @@ impl DeliveryActor {
         }) else {
             return self.retry_later(ctx, &RelayError::internal("finish without a final status"));
         };
-        let encoded = match self.encode(&events) {
+        let encoded = match EventSourced::<DeliveryState>::encode(&events, self.env.clock.now()) {
             Ok(e) => e,
             Err(e) => return self.retry_later(ctx, &e),
         };
         let settlement = Settlement {
-            stream: self.stream.clone(),
-            head: self.head,
+            stream: self.es.stream.clone(),
+            head: self.es.head,
             events: encoded,
-            remove_due: self.indexed_due_ms.map(|due| due_key(due, &self.stream)),
+            remove_due: self.indexed_due_ms.map(|due| due_key(due, &self.es.stream)),
         };
-        let outcome = ReportOutcome { message_id: self.state.message_id.clone(), status, settlement: Some(settlement) };
-        let fut = self.ports.report(&self.state.from, outcome);
+        let outcome =
+            ReportOutcome { message_id: self.es.state.message_id.clone(), status, settlement: Some(settlement) };
+        let fut = self.ports.report(&self.es.state.from, outcome);
         ctx.wait(fut.into_actor(self).map(move |res, act, ctx| match res {
             Ok(Recorded { head: Some(head), .. }) => {
-                act.head = head;
+                act.es.head = head;
                 act.applied(&events);
                 if act.indexed_due_ms.take().is_some() {
                     act.env.metrics.deliveries_in_flight.dec();
@@ -455,9 +434,9 @@ impl DeliveryActor {
         let Some(route) = outcome.error().and_then(|e| e.data.as_ref()).and_then(|d| d.get("route")) else { return };
         let Ok(route) = Wire::<Route>::from_value(route) else { return };
         let (tolerance, max_bytes) = (self.env.policy.clock_tolerance, self.env.policy.max_object_bytes);
-        if route.account_id == self.state.to && route.check(self.env.clock.now(), tolerance, max_bytes).is_ok() {
+        if route.account_id == self.es.state.to && route.check(self.env.clock.now(), tolerance, max_bytes).is_ok() {
             if let Err(e) = self.env.routes.offer(&route) {
-                tracing::warn!(stream = %self.stream, error = %e, "cannot keep route from data.route");
+                tracing::warn!(stream = %self.es.stream, error = %e, "cannot keep route from data.route");
             }
         }
     }
@@ -466,11 +445,14 @@ impl DeliveryActor {
     /// a separate commit): tell the sender's account (idempotent), then drop
     /// the index entry. A crash in between re-reports on restart.
     fn report(&mut self, ctx: &mut Context<Self>) {
-        let outcome =
-            ReportOutcome { message_id: self.state.message_id.clone(), status: self.state.status(), settlement: None };
+        let outcome = ReportOutcome {
+            message_id: self.es.state.message_id.clone(),
+            status: self.es.state.status(),
+            settlement: None,
+        };
         // No wait for `Finished` here: it was read back from a store an
         // earlier run wrote (this version writes it in the account's commit).
-        let fut = self.ports.report(&self.state.from, outcome);
+        let fut = self.ports.report(&self.es.state.from, outcome);
         ctx.wait(fut.into_actor(self).map(|res, act, ctx| match res {
             Ok(_) => act.remove_index(ctx),
             Err(e) => act.retry_later(ctx, &e),
@@ -481,13 +463,30 @@ impl DeliveryActor {
         if let Some(due) = self.indexed_due_ms.take() {
             self.env.metrics.deliveries_in_flight.dec();
             let mut batch = self.env.store.batch();
-            batch.kv_remove(&due_key(due, &self.stream));
+            batch.kv_remove(&due_key(due, &self.es.stream));
             if let Err(e) = self.env.store.commit(batch) {
-                tracing::warn!(stream = %self.stream, error = %e, "cannot drop due index entry");
+                tracing::warn!(stream = %self.es.stream, error = %e, "cannot drop due index entry");
             }
         }
         self.tell_watchers();
         ctx.stop();
+    }
+}
+
+impl Stream for DeliveryState {
+    type Event = DeliveryEvent;
+    const VERSION: u32 = DeliveryEvent::VERSION;
+
+    fn event_type(event: &DeliveryEvent) -> &'static str {
+        event.event_type()
+    }
+
+    fn decode(event: &StoredEvent) -> Result<DeliveryEvent, StoreError> {
+        crate::upcast::delivery_event(event)
+    }
+
+    fn fold(&mut self, event: &DeliveryEvent) {
+        self.apply(event);
     }
 }
 
@@ -504,7 +503,7 @@ impl Actor for DeliveryActor {
 
     fn stopped(&mut self, _ctx: &mut Self::Context) {
         self.tell_watchers();
-        self.ports.stopped(&self.stream);
+        self.ports.stopped(&self.es.stream);
     }
 }
 
