@@ -29,10 +29,14 @@
 //! state with the original `accepted_at` and the deadline recomputed here
 //! ([`DeliveryCmd::Forward`]).
 //!
+//! Pulling ([`pull`]): what the puller asks next and when it is done.
+//!
 //! Timeline order both homes agree on: each home numbers its records in
 //! the order it stored them (`sequence`, the sync cursor), and a record's
 //! place in the conversation is `(envelope.created_at,
 //! envelope.message_id)`, the same at both homes.
+
+pub mod pull;
 
 use super::{contact_revoke, device_add, device_revoke, message_deliver, message_delivery_status, route_update};
 use crate::account::command::{Decision, Effect, Reads, Reply};
