@@ -496,7 +496,7 @@ impl Supervisor {
     /// `wake_min_interval`, through the scheduler's bounded start queue.
     pub fn peer_seen(&self, relay_id: &str) {
         if let Some(s) = self.inner.scheduler.get() {
-            s.do_send(Wake { relay: relay_id.to_owned() });
+            s.do_send(PeerSeen { relay: relay_id.to_owned() });
         }
     }
 
@@ -506,7 +506,7 @@ impl Supervisor {
     /// once before `start`. For tests and benchmarks.
     pub async fn timers_armed(&self) {
         if let Some(s) = self.inner.scheduler.get() {
-            let _ = s.send(Armed).await;
+            let _ = s.send(TimersArmed).await;
         }
     }
 }
@@ -636,16 +636,17 @@ struct Schedule {
     destinations: Vec<String>,
 }
 
+/// A peer answered: its waiting deliveries may start now ([`Supervisor::peer_seen`]).
 #[derive(Message)]
 #[rtype(result = "()")]
-struct Wake {
+struct PeerSeen {
     relay: String,
 }
 
 /// Answered after every `Schedule` sent before it ([`Supervisor::timers_armed`]).
 #[derive(Message)]
 #[rtype(result = "()")]
-struct Armed;
+struct TimersArmed;
 
 /// The key of deliveries that know no destination yet: any peer that comes
 /// back may be theirs.
@@ -835,10 +836,10 @@ impl Handler<Schedule> for Scheduler {
     }
 }
 
-impl Handler<Wake> for Scheduler {
+impl Handler<PeerSeen> for Scheduler {
     type Result = ();
 
-    fn handle(&mut self, msg: Wake, ctx: &mut Self::Context) {
+    fn handle(&mut self, msg: PeerSeen, ctx: &mut Self::Context) {
         let (now, every) = (self.sup.clock().now_ms(), self.sup.policy().wake_min_interval_ms);
         let woken = self.queue.wake(&msg.relay, now, every);
         if !woken.is_empty() {
@@ -849,10 +850,10 @@ impl Handler<Wake> for Scheduler {
     }
 }
 
-impl Handler<Armed> for Scheduler {
+impl Handler<TimersArmed> for Scheduler {
     type Result = ();
 
-    fn handle(&mut self, _: Armed, _: &mut Self::Context) {}
+    fn handle(&mut self, _: TimersArmed, _: &mut Self::Context) {}
 }
 
 #[cfg(test)]
