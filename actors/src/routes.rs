@@ -9,6 +9,7 @@
 use crate::store::{Store, StoreError};
 use quick_cache::sync::{Cache, EntryAction, EntryResult};
 use relay_core::account::method::route_update::{offer, Offer};
+use relay_core::account::method::timeline_replicate::pull;
 use relay_schemas::objects::Route;
 use relay_schemas::Wire;
 use std::sync::{Arc, Mutex};
@@ -87,9 +88,8 @@ impl RouteBook {
                 Err(e) => return Some(Err(e)),
             };
             let route = std::str::from_utf8(&bytes).ok().and_then(|s| Wire::<Route>::parse(s).ok())?;
-            let partner = route.relays.iter().find(|r| r.id != own_id)?;
-            (route.relays.len() == 2 && route.lists_relay(&own_id))
-                .then(|| Ok((route.account_id.clone(), partner.id.clone())))
+            let partner = pull::partner(&route, &own_id)?;
+            Some(Ok((route.account_id.clone(), partner.to_owned())))
         })
     }
 

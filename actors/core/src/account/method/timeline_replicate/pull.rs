@@ -20,6 +20,13 @@ use relay_schemas::{ErrorCode, RelayError, Wire};
 /// back of the queue when more is waiting).
 pub const PAGES_PER_PULL: usize = 64;
 
+/// The partner this relay pulls an account from in every round: the other
+/// home of a route that names this relay and exactly one other relay.
+pub fn partner<'r>(route: &'r Wire<Route>, own_id: &str) -> Option<&'r str> {
+    let partner = route.relays.iter().find(|r| r.id != own_id)?;
+    (route.relays.len() == 2 && route.lists_relay(own_id)).then_some(partner.id.as_str())
+}
+
 /// One pull of an account from its partner.
 #[derive(Clone, Debug)]
 pub struct Pull {
@@ -209,6 +216,20 @@ mod tests {
         assert_eq!(other.refused(&stale(&route)), Refusal::Moved(None), "another account's route is not kept");
         assert_eq!(pull.refused(&RelayError::new(ErrorCode::RouteStale, "no data")), Refusal::Moved(None));
         assert_eq!(pull.refused(&RelayError::internal("down")), Refusal::Failed);
+    }
+
+    #[test]
+    fn an_account_is_pulled_in_rounds_from_its_other_home_when_its_route_names_this_relay_and_one_other() {
+        let alice = Account::from_seed([1; 32]);
+        let route = |relays: &[&str]| {
+            let relays: Vec<(&str, &str)> = relays.iter().map(|id| (*id, "https://x.example")).collect();
+            let route: Wire<Route> = Wire::from_value(&alice.route(1, &relays, 1)).unwrap();
+            route
+        };
+        assert_eq!(partner(&route(&["relay-a", "relay-b"]), "relay-a"), Some("relay-b"));
+        assert_eq!(partner(&route(&["relay-b", "relay-a"]), "relay-a"), Some("relay-b"));
+        assert_eq!(partner(&route(&["relay-a"]), "relay-a"), None, "one home");
+        assert_eq!(partner(&route(&["relay-b", "relay-c"]), "relay-a"), None, "not a home here");
     }
 
     #[test]
