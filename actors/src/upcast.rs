@@ -28,7 +28,7 @@
 //!   (`timeline.replicate`); again no existing type changed.
 
 use crate::account::AccountEvent;
-use crate::delivery::DeliveryEvent;
+use relay_core::delivery::core::DeliveryEvent;
 use crate::store::{RawEvent, StoreError, StoredEvent};
 use relay_schemas::{DeliveryHandling, ErrorCode};
 use serde::de::DeserializeOwned;
@@ -200,7 +200,7 @@ pub fn attempt_failed_v0(mut data: Value) -> Result<Value, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::delivery::DeliveryState;
+    use relay_core::delivery::core::DeliveryState;
     use crate::store::{Head, NewEvent, Store};
     use relay_schemas::Status;
     use serde_json::json;

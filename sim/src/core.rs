@@ -18,8 +18,9 @@ use relay_schemas::objects::{MessageEnvelope, Route};
 use relay_schemas::{DeliveryStatus, RelayError, UnixMillis, UnixSecs, Wire};
 
 pub use relay_core::account::{AccountCmd, AccountEvent, Decision, Effect, Reply};
+pub use relay_core::delivery::core::DeliveryState;
 pub use relay_core::delivery::core::{Begun, DeliveryEvent};
-pub use relay_core::delivery::{AttemptOutcome, DeliveryState};
+pub use relay_core::delivery::outcome::AttemptOutcome;
 pub use relay_core::retention::LedgerSweep;
 
 /// An account command, as the account actor decides it: `state` at this

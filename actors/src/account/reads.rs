@@ -5,7 +5,7 @@
 use super::ledger::{self, ReceiptEntry, SendEntry};
 use super::timeline::{self, IndexEntry};
 use super::{AccountEvent, Reads};
-use crate::delivery::core::DeliveryEvent;
+use relay_core::delivery::core::DeliveryEvent;
 use crate::internal;
 use crate::store::Store;
 use relay_schemas::methods::DeliverParams;

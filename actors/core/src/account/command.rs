@@ -19,7 +19,7 @@ use super::state::AccountState;
 use super::timeline::IndexEntry;
 use crate::aggregate::Aggregate;
 use crate::delivery::core::Begun;
-use crate::delivery::AttemptOutcome;
+use crate::delivery::outcome::AttemptOutcome;
 use relay_schemas::methods::*;
 use relay_schemas::objects::{DeviceCertificate, Route};
 use relay_schemas::{DeliveryStatus, RelayError, Wire};

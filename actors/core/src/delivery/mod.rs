@@ -6,6 +6,3 @@ pub mod core;
 mod model;
 pub mod outcome;
 pub mod timetable;
-
-pub use self::core::{DeliveryEvent, DeliveryState};
-pub use outcome::AttemptOutcome;

@@ -10,7 +10,7 @@
 //! keeps the source's `accepted_at`.
 
 use super::core::{DeliveryCmd, DeliveryCtx, DeliveryEvent, DeliveryState};
-use super::AttemptOutcome;
+use super::outcome::AttemptOutcome;
 use crate::aggregate::Aggregate;
 use crate::policy::Policy;
 use proptest::prelude::*;

@@ -19,7 +19,7 @@ use crate::account::shared::{
 };
 use crate::account::state::AccountState;
 use crate::delivery::core::{begin, delivered_here_first, DeliveryCmd, DeliveryCtx};
-use crate::delivery::AttemptOutcome;
+use crate::delivery::outcome::AttemptOutcome;
 use relay_schemas::methods::{DeliverParams, SendParams};
 use relay_schemas::objects::{check_boxes, Route};
 use relay_schemas::sign::Tag;
