@@ -2,6 +2,7 @@
 //! fixed deadline (`core`), and the retry timetable.
 
 pub mod core;
+pub mod due;
 #[cfg(test)]
 mod model;
 pub mod outcome;
