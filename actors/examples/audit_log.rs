@@ -18,7 +18,7 @@
 
 use relay_actors::account::{ledger, AccountEvent, AccountState, Ledger, Record};
 use relay_actors::store::{Head, NewEvent, Store};
-use relay_core::delivery::core::DeliveryEvent;
+use relay_core::delivery::aggregate::DeliveryEvent;
 use relay_schemas::client::{key_box, Account, Device};
 use relay_schemas::{DeliveryStatus, RelayError, UnixMillis, UnixSecs, Wire};
 use serde_json::{json, Value};

@@ -22,7 +22,7 @@
 //! status and ledger entry and the due-index removal as one commit.
 
 use crate::account::{AccountCmd, Reply};
-use crate::delivery::core::final_status;
+use crate::delivery::aggregate::final_status;
 use crate::delivery::{self, AttemptOutcome};
 use crate::supervisor::Supervisor;
 use relay_schemas::methods::SendParams;

@@ -29,7 +29,7 @@
 
 use crate::account::AccountEvent;
 use crate::store::{RawEvent, StoreError, StoredEvent};
-use relay_core::delivery::core::DeliveryEvent;
+use relay_core::delivery::aggregate::DeliveryEvent;
 use relay_schemas::{DeliveryHandling, ErrorCode};
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
@@ -201,7 +201,7 @@ pub fn attempt_failed_v0(mut data: Value) -> Result<Value, String> {
 mod tests {
     use super::*;
     use crate::store::{Head, NewEvent, Store};
-    use relay_core::delivery::core::DeliveryState;
+    use relay_core::delivery::aggregate::DeliveryState;
     use relay_schemas::Status;
     use serde_json::json;
 

@@ -7,7 +7,7 @@ use super::timeline::{self, IndexEntry};
 use super::{AccountEvent, Reads};
 use crate::internal;
 use crate::store::Store;
-use relay_core::delivery::core::DeliveryEvent;
+use relay_core::delivery::aggregate::DeliveryEvent;
 use relay_schemas::methods::DeliverParams;
 use relay_schemas::RelayError;
 use serde::de::DeserializeOwned;

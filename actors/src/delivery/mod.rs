@@ -9,7 +9,7 @@ pub mod transport;
 pub use self::transport::{NoPeers, PeerRoute, RouteLookup, Transport};
 // The rules are relay-core's, named from outside by their one path
 // (`relay_core::delivery::…`); these short names are for this crate only.
-pub(crate) use relay_core::delivery::core::{self, DeliveryEvent};
+pub(crate) use relay_core::delivery::aggregate::{self, DeliveryEvent};
 pub(crate) use relay_core::delivery::outcome::AttemptOutcome;
 
 use self::actor::DeliveryActor;

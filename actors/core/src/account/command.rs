@@ -18,7 +18,7 @@ use super::shared::Ctx;
 use super::state::AccountState;
 use super::timeline::IndexEntry;
 use crate::aggregate::Aggregate;
-use crate::delivery::core::Begun;
+use crate::delivery::aggregate::Begun;
 use crate::delivery::outcome::AttemptOutcome;
 use relay_schemas::methods::*;
 use relay_schemas::objects::{DeviceCertificate, Route};

@@ -18,7 +18,7 @@ use crate::account::shared::{
     check_created_at, check_session, idempotent, record, registered_route, served_here, visible_devices, Ctx,
 };
 use crate::account::state::AccountState;
-use crate::delivery::core::{begin, delivered_here_first, DeliveryCmd, DeliveryCtx};
+use crate::delivery::aggregate::{begin, delivered_here_first, DeliveryCmd, DeliveryCtx};
 use crate::delivery::outcome::AttemptOutcome;
 use relay_schemas::methods::{DeliverParams, SendParams};
 use relay_schemas::objects::{check_boxes, Route};

@@ -45,7 +45,7 @@ use crate::account::ledger::{Ledger, SendEntry};
 use crate::account::shared::{json, not_served_here, Ctx};
 use crate::account::state::AccountState;
 use crate::account::timeline::fits_page;
-use crate::delivery::core::{begin, Begun, DeliveryCmd, DeliveryCtx};
+use crate::delivery::aggregate::{begin, Begun, DeliveryCmd, DeliveryCtx};
 use relay_schemas::methods::{DeliverParams, ReplicateParams};
 use relay_schemas::objects::{DeviceCertificate, MessageEnvelope, Registration, Route};
 use relay_schemas::sign::Tag;
