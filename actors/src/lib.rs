@@ -2,8 +2,9 @@
 //!
 //! The event-sourced shells of the relay: actors, store, supervisor. No
 //! HTTP here, and no rules: those are pure functions in `relay-core`
-//! (`actors/core`), re-exported at the paths below (`account::command`,
-//! `account::method`, `delivery::core`, `push`, `clock`, `policy`).
+//! (`actors/core`). The account's are re-exported at the paths below
+//! (`account::command`, `account::method`, `push`, `clock`, `policy`); the
+//! delivery's are named by their one path, `relay_core::delivery::…`.
 //!
 //! - [`store`]: the sled event store: append-only, hash-chained streams,
 //!   group commit, snapshots and a kv space for projections and indexes;

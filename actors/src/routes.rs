@@ -2,10 +2,14 @@
 //! Route this relay knows (its own accounts' and those fetched from peers).
 //! Stored in the kv space (`route/{account_id}`) so it survives restarts;
 //! read through a bounded in-memory cache (a million accounts' routes would
-//! not fit; a miss costs one kv read).
+//! not fit; a miss costs one kv read). Which route wins is the core's rule
+//! (`relay_core::account::method::route_update::offer`); this file keeps
+//! the winner.
 
 use crate::store::{Store, StoreError};
 use quick_cache::sync::{Cache, EntryAction, EntryResult};
+use relay_core::account::method::route_update::{offer, Offer};
+use relay_core::account::method::timeline_replicate::pull;
 use relay_schemas::objects::Route;
 use relay_schemas::Wire;
 use std::sync::{Arc, Mutex};
@@ -19,17 +23,6 @@ fn route_cache() -> Cache<String, Wire<Route>> {
 
 fn key(account_id: &str) -> Vec<u8> {
     format!("route/{account_id}").into_bytes()
-}
-
-/// What offering a route did.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Offer {
-    /// Newer than what we had (or the first): now the account's route.
-    Newer,
-    /// Same revision and content, or older: nothing changes.
-    Known,
-    /// Same revision, other content (`state_conflict`): ignored.
-    Conflict,
 }
 
 #[derive(Clone)]
@@ -63,7 +56,7 @@ impl RouteBook {
     /// that missed may come back after an `offer` cached a newer one).
     fn remember(&self, route: Wire<Route>) {
         let cached = self.cache.entry(route.account_id.as_str(), None, |_, known| {
-            if route.revision > known.revision {
+            if offer(Some(known), &route) == Offer::Newer {
                 *known = route.clone();
             }
             EntryAction::Retain(())
@@ -95,20 +88,15 @@ impl RouteBook {
                 Err(e) => return Some(Err(e)),
             };
             let route = std::str::from_utf8(&bytes).ok().and_then(|s| Wire::<Route>::parse(s).ok())?;
-            let partner = route.relays.iter().find(|r| r.id != own_id)?;
-            (route.relays.len() == 2 && route.lists_relay(&own_id))
-                .then(|| Ok((route.account_id.clone(), partner.id.clone())))
+            let partner = pull::partner(&route, &own_id)?;
+            Some(Ok((route.account_id.clone(), partner.to_owned())))
         })
     }
 
-    /// Compares a route (already checked valid by the caller) with the known one.
+    /// Compares a route (already checked valid by the caller) with the
+    /// known one, by `relay_core`'s route rule.
     pub fn compare(&self, route: &Wire<Route>) -> Result<Offer, StoreError> {
-        Ok(match self.get(&route.account_id)? {
-            None => Offer::Newer,
-            Some(known) if route.revision > known.revision => Offer::Newer,
-            Some(known) if route.revision == known.revision && known != *route => Offer::Conflict,
-            Some(_) => Offer::Known,
-        })
+        Ok(offer(self.get(&route.account_id)?.as_ref(), route))
     }
 
     /// Keeps a route (already checked valid by the caller) if it is newer

@@ -7,11 +7,14 @@
 //! Sessions do not pile up: a device holds at most `max_per_device` (opening
 //! one more drops its oldest), a revoked device's are dropped, and a sweep
 //! ([`Sessions::sweep`]) removes expired ones from the cache and the store.
+//! When a session expires and which ones the cap drops are rules of
+//! `relay_core::account::session`; this file keeps them in the store.
 //! The kv space holds `sess/{hash}` → the session and a per-device index
 //! `sessd/{account}/{device}/{hash}` → when it was issued (ms), written in the
 //! same batch. Sessions stored before the index existed are only swept.
 
 use crate::store::{Batch, Store, StoreError};
+use relay_core::account::session::{expired, over_cap};
 use relay_schemas::{UnixMillis, UnixSecs};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -42,24 +45,6 @@ fn device_key(session: &Session, token_hash: &[u8; 32]) -> Vec<u8> {
 
 fn token_hash(token: &str) -> [u8; 32] {
     *blake3::hash(token.as_bytes()).as_bytes()
-}
-
-/// Whether a session has expired at `now` (Unix seconds): from its
-/// `expires_at` on, its token is refused and the sweep drops it.
-pub fn expired(session: &Session, now: UnixSecs) -> bool {
-    session.expires_at <= now
-}
-
-/// Which of a device's sessions (token hash, issued at ms) to drop so that
-/// one more fits under `max_per_device`: the oldest ones.
-pub fn over_cap(mut existing: Vec<([u8; 32], u64)>, max_per_device: usize) -> Vec<[u8; 32]> {
-    let keep = max_per_device.saturating_sub(1);
-    if existing.len() <= keep {
-        return vec![];
-    }
-    existing.sort_by_key(|&(hash, issued)| (issued, hash));
-    let drop = existing.len() - keep;
-    existing.into_iter().take(drop).map(|(hash, _)| hash).collect()
 }
 
 /// Sessions kept in memory by default (`sessions.cache_entries`).
@@ -158,7 +143,7 @@ impl Sessions {
                 }
             }
         };
-        (!expired(&session, now)).then_some(session)
+        (!expired(session.expires_at, now)).then_some(session)
     }
 
     /// Drops a revoked device's sessions: from the cache at once, and from
@@ -188,7 +173,7 @@ impl Sessions {
             let (k, v) = kv?;
             let Ok(session) = serde_json::from_slice::<Session>(&v) else { continue };
             let Some(hash) = k.get(PREFIX.len()..).and_then(|h| <[u8; 32]>::try_from(h).ok()) else { continue };
-            if expired(&session, now) {
+            if expired(session.expires_at, now) {
                 batch.kv_remove(&k);
                 batch.kv_remove(&device_key(&session, &hash));
                 removed += 1;
@@ -197,7 +182,7 @@ impl Sessions {
         if !batch.is_empty() {
             self.store.commit(batch)?;
         }
-        self.cache().retain(|_, s| !expired(s, now));
+        self.cache().retain(|_, s| !expired(s.expires_at, now));
         Ok(removed)
     }
 
@@ -236,22 +221,6 @@ mod tests {
 
     fn stored(s: &Sessions, prefix: &[u8]) -> usize {
         s.store.kv_scan_prefix(prefix).count()
-    }
-
-    #[test]
-    fn a_session_expires_at_its_expires_at() {
-        assert!(!expired(&session("phone", 100), UnixSecs(99)));
-        assert!(expired(&session("phone", 100), UnixSecs(100)));
-        assert!(expired(&session("phone", 100), UnixSecs(101)));
-    }
-
-    #[test]
-    fn the_cap_drops_the_oldest_sessions_to_make_room_for_one() {
-        let h = |n: u8| [n; 32];
-        assert_eq!(over_cap(vec![(h(1), 10), (h(2), 20)], 3), Vec::<[u8; 32]>::new());
-        assert_eq!(over_cap(vec![(h(2), 20), (h(1), 10), (h(3), 30)], 3), vec![h(1)]);
-        assert_eq!(over_cap(vec![(h(3), 30), (h(2), 20), (h(1), 10), (h(4), 40)], 2), vec![h(1), h(2), h(3)]);
-        assert_eq!(over_cap(vec![(h(1), 10)], 1), vec![h(1)]);
     }
 
     #[test]

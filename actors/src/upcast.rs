@@ -28,8 +28,8 @@
 //!   (`timeline.replicate`); again no existing type changed.
 
 use crate::account::AccountEvent;
-use crate::delivery::DeliveryEvent;
 use crate::store::{RawEvent, StoreError, StoredEvent};
+use relay_core::delivery::aggregate::DeliveryEvent;
 use relay_schemas::{DeliveryHandling, ErrorCode};
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
@@ -200,8 +200,8 @@ pub fn attempt_failed_v0(mut data: Value) -> Result<Value, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::delivery::DeliveryState;
     use crate::store::{Head, NewEvent, Store};
+    use relay_core::delivery::aggregate::DeliveryState;
     use relay_schemas::Status;
     use serde_json::json;
 

@@ -3,9 +3,11 @@
 //! decided from the clock, not from sleeps.
 
 use relay_actors::account::{AccountCmd, Reply};
-use relay_actors::delivery::transport::{AttemptOutcome, LocalFuture, RouteLookup, Transport};
-use relay_actors::delivery::{self, DeliveryEvent};
+use relay_actors::delivery;
+use relay_actors::delivery::transport::{LocalFuture, RouteLookup, Transport};
 use relay_actors::{ManualClock, Policy, Supervisor};
+use relay_core::delivery::aggregate::DeliveryEvent;
+use relay_core::delivery::outcome::AttemptOutcome;
 use relay_schemas::client::{key_box, Account, Device};
 use relay_schemas::methods::{DeliverParams, RegisterParams, SendParams};
 use relay_schemas::objects::{RelayRef, Route};

@@ -26,9 +26,9 @@ pub mod terminal;
 pub mod verify;
 
 use relay_actors::account::{AccountEvent, AccountState, Ledger};
-use relay_actors::delivery::{DeliveryEvent, DeliveryState};
 use relay_actors::store::{Pruned, Store, StoreError, StoredEvent};
 use relay_actors::upcast::{self, EventText};
+use relay_core::delivery::aggregate::{DeliveryEvent, DeliveryState};
 use relay_schemas::{UnixMillis, UnixSecs};
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};

@@ -4,12 +4,13 @@
 
 use super::NOW;
 use criterion::{criterion_group, BatchSize, Criterion, SamplingMode, Throughput};
-use relay_actors::delivery::core::{DeliveryCmd, DeliveryCtx, DeliveryEvent, DeliveryState};
-use relay_actors::delivery::timetable::{next_attempt_ms, slot_offset_ms};
-use relay_actors::delivery::{self, AttemptOutcome, NoPeers};
+use relay_actors::delivery::{self, NoPeers};
 use relay_actors::store::Store;
 use relay_actors::{Clock, Policy, Supervisor, SystemClock};
 use relay_core::aggregate::Aggregate;
+use relay_core::delivery::aggregate::{DeliveryCmd, DeliveryCtx, DeliveryEvent, DeliveryState};
+use relay_core::delivery::outcome::AttemptOutcome;
+use relay_core::delivery::timetable::{next_attempt_ms, slot_offset_ms};
 use relay_schemas::{ErrorCode, RelayError, UnixMillis, UnixSecs};
 use std::hint::black_box;
 use std::sync::Arc;

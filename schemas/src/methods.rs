@@ -310,7 +310,7 @@ pub struct DeliverBatchResult {
 /// the caller stored from the last page. `notify` (an extension member the
 /// protocol's params allow): the caller has new items of its own, so the
 /// callee should pull from it soon.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplicateParams {
     pub account_id: String,
     pub after: u64,

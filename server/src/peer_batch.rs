@@ -12,7 +12,7 @@
 //! This module holds the queues and their rules; the peer client
 //! (`crate::peers`) drives them with its calls, so the two import one way.
 
-use relay_actors::delivery::transport::AttemptOutcome;
+use relay_core::delivery::outcome::AttemptOutcome;
 use relay_schemas::methods::DeliverBatchParams;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;

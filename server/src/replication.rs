@@ -15,7 +15,9 @@
 //!
 //! A pull pages until the partner has nothing more, acknowledging each page
 //! in the next request only after this relay's account stored it; so an
-//! interrupted pull sends the unacknowledged items again. A partner that is
+//! interrupted pull sends the unacknowledged items again. What to ask next,
+//! when a pull is done and when it goes again are the core's
+//! (`timeline_replicate::pull`); this file sends, applies and queues. A partner that is
 //! down costs one failed request per pull and never blocks anything: the
 //! next round retries. At most one pull per account and partner runs at a
 //! time (a request for one that is running makes it go once more), and the
@@ -27,20 +29,17 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use relay_actors::account::decision::Outcome;
 use relay_actors::account::events::AccountEvent;
+use relay_actors::account::method::timeline_replicate::pull::{Pull, Queued, Refusal, Step};
 use relay_actors::account::method::timeline_replicate::Page;
 use relay_actors::account::{AccountCmd, ReplicaSink, Reply};
 use relay_actors::Supervisor;
-use relay_schemas::methods::{AccountIdParams, ReplicateParams};
+use relay_schemas::methods::AccountIdParams;
 use relay_schemas::objects::{DeviceCertificate, Route};
 use relay_schemas::{ErrorCode, Method, RelayError, Wire};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, Semaphore};
-
-/// Pages one pull takes at most before it lets others run (it goes to the
-/// back of the queue when more is waiting).
-const PAGES_PER_PULL: usize = 64;
 
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -70,13 +69,6 @@ struct OutcomeLabels {
     outcome: &'static str,
 }
 
-/// A pull wanted again while it runs, and whether any asker wants `notify`.
-#[derive(Default)]
-struct Slot {
-    again: bool,
-    notify: bool,
-}
-
 pub struct Replicator {
     sup: Supervisor,
     /// `relay_replication_items_total{outcome}`: items pulled from partners,
@@ -87,7 +79,7 @@ pub struct Replicator {
     settings: Settings,
     tx: mpsc::Sender<(Key, bool)>,
     /// Pulls queued or running.
-    slots: Mutex<HashMap<Key, Slot>>,
+    slots: Mutex<HashMap<Key, Queued>>,
 }
 
 impl Replicator {
@@ -118,13 +110,12 @@ impl Replicator {
         }
         let key = (account_id.to_owned(), partner.to_owned());
         let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(slot) = slots.get_mut(&key) {
-            slot.again = true;
-            slot.notify |= notify;
+        if let Some(queued) = slots.get_mut(&key) {
+            queued.ask_again(notify);
             return;
         }
         if self.tx.try_send((key.clone(), notify)).is_ok() {
-            slots.insert(key, Slot::default());
+            slots.insert(key, Queued::default());
         }
     }
 
@@ -138,8 +129,7 @@ impl Replicator {
                 drop(permit);
                 let again = {
                     let mut slots = me.slots.lock().unwrap_or_else(|e| e.into_inner());
-                    let slot = slots.remove(&key).unwrap_or_default();
-                    (slot.again || more).then_some(slot.notify)
+                    slots.remove(&key).unwrap_or_default().after(more)
                 };
                 // Asked for again while it ran, or more is waiting: to the
                 // back of the queue, so other accounts get their turn.
@@ -170,7 +160,7 @@ impl Replicator {
     }
 
     /// Pulls `account_id` from `partner` until it has nothing more (or
-    /// [`PAGES_PER_PULL`]); whether more is waiting.
+    /// the core's page budget is spent); whether more is waiting.
     async fn pull_once(&self, account_id: &str, partner: &str, notify: bool) -> bool {
         match self.try_pull(account_id, partner, notify).await {
             Ok(more) => more,
@@ -182,35 +172,30 @@ impl Replicator {
         }
     }
 
+    /// Drives the core's [`Pull`]: sends its requests, has the account
+    /// apply each page, and stops where it says.
     async fn try_pull(&self, account_id: &str, partner: &str, notify: bool) -> Result<bool, RelayError> {
         let cursor = AccountCmd::ReplicaCursor { partner: partner.to_owned() };
-        let mut after = match self.sup.ask(account_id, cursor).await? {
+        let cursor = match self.sup.ask(account_id, cursor).await? {
             Reply::Replica(Outcome::Cursor(pulled)) => pulled,
             _ => return Err(RelayError::internal("replica cursor: unexpected reply")),
         };
-        for i in 0..PAGES_PER_PULL {
-            let params = ReplicateParams {
-                account_id: account_id.to_owned(),
-                after,
-                limit: self.settings.page,
-                ack: Some(after),
-                notify: notify && i == 0,
-            };
+        let (mut pull, mut params) = Pull::start(account_id, cursor, self.settings.page, notify);
+        loop {
             let body = serde_json::to_vec(&params).map_err(|e| RelayError::internal(e.to_string()))?;
             let bytes = match self.peers.call(partner, Method::TimelineReplicate, body).await {
                 Ok(bytes) => bytes,
-                // The account left the partner, or left this relay: keep the newer route.
-                Err(CallError::Answered { error, .. }) if error.code == ErrorCode::RouteStale => {
-                    let route = error.data.as_ref().and_then(|d| Wire::<Route>::from_value(&d["route"]).ok());
-                    if let Some(route) = route.filter(|r| r.account_id == account_id) {
-                        let cmd = AccountCmd::ReplicaMoved { partner: partner.to_owned(), route };
-                        self.sup.ask(account_id, cmd).await?;
+                Err(CallError::Answered { error, .. }) => match pull.refused(&error) {
+                    Refusal::Moved(route) => {
+                        if let Some(route) = route {
+                            let cmd = AccountCmd::ReplicaMoved { partner: partner.to_owned(), route };
+                            self.sup.ask(account_id, cmd).await?;
+                        }
+                        return Ok(false);
                     }
-                    return Ok(false);
-                }
-                Err(CallError::NotSent(e) | CallError::Unknown(e) | CallError::Answered { error: e, .. }) => {
-                    return Err(e)
-                }
+                    Refusal::Failed => return Err(error),
+                },
+                Err(CallError::NotSent(e) | CallError::Unknown(e)) => return Err(e),
             };
             let page: Page = serde_json::from_slice(&bytes).map_err(|e| {
                 RelayError::new(
@@ -218,11 +203,17 @@ impl Replicator {
                     format!("{partner}: unreadable timeline.replicate page: {e}"),
                 )
             })?;
-            let had_items = !page.items.is_empty();
             let items = page.items.len();
-            tracing::debug!(account = account_id, partner, after, items, next = page.next, "replication page");
-            let (next, has_more) = (page.next, page.has_more);
-            if had_items {
+            tracing::debug!(
+                account = account_id,
+                partner,
+                after = params.after,
+                items,
+                next = page.next,
+                "replication page"
+            );
+            let step = pull.after_page(&page);
+            if items > 0 {
                 let known = self.known_route(account_id).await?;
                 let senders = self.senders_of(&page).await;
                 let cmd =
@@ -239,14 +230,12 @@ impl Replicator {
                     self.items.get_or_create(&OutcomeLabels { outcome: "known" }).inc_by(known as u64);
                 }
             }
-            // The next request acknowledges this page: one more after the
-            // last page with items, so the partner marks them synced now.
-            if !had_items && !has_more {
-                return Ok(false);
-            }
-            after = next;
+            params = match step {
+                Step::Ask(next) => next,
+                Step::Done => return Ok(false),
+                Step::More => return Ok(true),
+            };
         }
-        Ok(true)
     }
 }
 

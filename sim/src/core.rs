@@ -9,7 +9,7 @@ use relay_core::account::session::Challenges;
 use relay_core::account::shared::{self, Ctx};
 use relay_core::account::{self as acct, AccountState};
 use relay_core::aggregate::Aggregate;
-use relay_core::delivery::core::{self as delivery, DeliveryCmd, DeliveryCtx};
+use relay_core::delivery::aggregate::{self as delivery, DeliveryCmd, DeliveryCtx};
 use relay_core::delivery::timetable::slot_offset_ms;
 use relay_core::retention;
 use relay_core::Policy;
@@ -18,8 +18,9 @@ use relay_schemas::objects::{MessageEnvelope, Route};
 use relay_schemas::{DeliveryStatus, RelayError, UnixMillis, UnixSecs, Wire};
 
 pub use relay_core::account::{AccountCmd, AccountEvent, Decision, Effect, Reply};
-pub use relay_core::delivery::core::{Begun, DeliveryEvent};
-pub use relay_core::delivery::{AttemptOutcome, DeliveryState};
+pub use relay_core::delivery::aggregate::DeliveryState;
+pub use relay_core::delivery::aggregate::{Begun, DeliveryEvent};
+pub use relay_core::delivery::outcome::AttemptOutcome;
 pub use relay_core::retention::LedgerSweep;
 
 /// An account command, as the account actor decides it: `state` at this

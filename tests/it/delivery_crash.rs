@@ -6,8 +6,8 @@ use crate::common;
 
 use common::client::{mid, Client, User};
 use common::cluster::Cluster;
-use relay_actors::delivery::DeliveryEvent;
 use relay_actors::store::Store;
+use relay_core::delivery::aggregate::DeliveryEvent;
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -22,8 +22,8 @@
 //! settles, and only once the recipient's receipt is durable.
 
 use crate::account::{Acceptance, AccountCmd, Reply, Written};
-use crate::delivery::core::final_status;
-use crate::delivery::AttemptOutcome;
+use crate::delivery::aggregate::final_status;
+use crate::delivery::outcome::AttemptOutcome;
 use relay_schemas::methods::SendParams;
 use relay_schemas::objects::Route;
 use relay_schemas::{ErrorCode, RelayError, UnixSecs, Wire};

@@ -14,7 +14,7 @@ use super::session::{Challenges, Grant};
 use super::state::AccountState;
 use super::{stream_id, sweep, timeline, Ctx, Reads};
 use super::{Env, Ports};
-use crate::delivery::{self, core::Begun};
+use crate::delivery::{self, aggregate::Begun};
 use crate::internal;
 use crate::policy::Policy;
 use crate::sessions::Session;

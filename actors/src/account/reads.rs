@@ -5,9 +5,9 @@
 use super::ledger::{self, ReceiptEntry, SendEntry};
 use super::timeline::{self, IndexEntry};
 use super::{AccountEvent, Reads};
-use crate::delivery::core::DeliveryEvent;
 use crate::internal;
 use crate::store::Store;
+use relay_core::delivery::aggregate::DeliveryEvent;
 use relay_schemas::methods::DeliverParams;
 use relay_schemas::RelayError;
 use serde::de::DeserializeOwned;

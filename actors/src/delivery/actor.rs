@@ -3,7 +3,7 @@
 //! due. Persist before effect: the attempt is durable before the request
 //! goes out, the outcome before the next timer is armed.
 
-use super::core::{combine, other_home_to_ask, DeliveryCmd, DeliveryCtx, DeliveryEvent, DeliveryState};
+use super::aggregate::{combine, other_home_to_ask, DeliveryCmd, DeliveryCtx, DeliveryEvent, DeliveryState};
 use super::transport::{AttemptOutcome, LocalFuture, RouteLookup};
 use super::{due_key, Env, Ports, Recorded, ReportOutcome, Settlement};
 use crate::metrics::DestinationLabels;

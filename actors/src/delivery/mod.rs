@@ -6,9 +6,11 @@
 pub mod actor;
 pub mod transport;
 
-// The rules live in the core crate; their paths stay `delivery::core` etc.
 pub use self::transport::{NoPeers, PeerRoute, RouteLookup, Transport};
-pub use relay_core::delivery::{core, timetable, AttemptOutcome, DeliveryEvent, DeliveryState};
+// The rules are relay-core's, named from outside by their one path
+// (`relay_core::delivery::…`); these short names are for this crate only.
+pub(crate) use relay_core::delivery::aggregate::{self, DeliveryEvent};
+pub(crate) use relay_core::delivery::outcome::AttemptOutcome;
 
 use self::actor::DeliveryActor;
 use self::transport::LocalFuture;

@@ -6,6 +6,7 @@
 //! gets the terminal status at once.
 
 use crate::app::{parse_with_digest, status_json, App};
+use relay_core::account::method::message_send::first_attempt_wait_ms;
 use relay_schemas::methods::SendParams;
 use relay_schemas::RelayError;
 use std::time::Duration;
@@ -19,7 +20,7 @@ pub(crate) async fn handle(relay: &App, token: Option<&str>, body: &[u8]) -> Res
     let sent = sup.message_send(&s.account_id, s.device_id, params, digest).await?;
     let status = match sent.first_attempt {
         Some(first_attempt) => {
-            let wait = Duration::from_millis(sup.policy().attempt_timeout_ms + 1000);
+            let wait = Duration::from_millis(first_attempt_wait_ms(&sup.policy()));
             match tokio::time::timeout(wait, first_attempt).await {
                 Ok(Ok(after_attempt)) => after_attempt,
                 _ => sent.status,

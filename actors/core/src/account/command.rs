@@ -17,7 +17,7 @@ use super::session::Challenges;
 use super::shared::Ctx;
 use super::state::AccountState;
 use crate::aggregate::Aggregate;
-use crate::delivery::AttemptOutcome;
+use crate::delivery::outcome::AttemptOutcome;
 use relay_schemas::methods::*;
 use relay_schemas::objects::{DeviceCertificate, Route};
 use relay_schemas::{DeliveryStatus, RelayError, Wire};

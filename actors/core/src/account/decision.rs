@@ -10,7 +10,7 @@ use super::events::AccountEvent;
 use super::ledger::{ReceiptEntry, SendEntry};
 use super::session::Grant;
 use super::timeline::IndexEntry;
-use crate::delivery::core::Begun;
+use crate::delivery::aggregate::Begun;
 use relay_schemas::methods::DeliverParams;
 use relay_schemas::{DeliveryStatus, RelayError};
 

@@ -2,6 +2,10 @@
 //! key by signing a fresh challenge. Challenges are kept only in the
 //! account actor's memory, never in its event stream: a restart forgets
 //! them and the device asks again. The randomness comes in as bytes.
+//!
+//! The sessions a grant becomes live in the shell's session store
+//! (`relay_actors::sessions`); when one ends ([`expired`]) and which a
+//! device gives up for a new one ([`over_cap`]) are decided here.
 
 use super::shared::Ctx;
 use super::state::AccountState;
@@ -102,6 +106,26 @@ impl Challenges {
     pub fn is_empty(&self) -> bool {
         self.by_device.is_empty()
     }
+}
+
+/// Whether a session expiring at `expires_at` (Unix seconds) has expired
+/// at `now`: from its `expires_at` on, its token is refused and the sweep
+/// drops it.
+pub fn expired(expires_at: u64, now: UnixSecs) -> bool {
+    expires_at <= now.0
+}
+
+/// Which of a device's sessions (an id, issued at ms) to drop so that one
+/// more fits under `max_per_device`: the oldest ones (ties by id, so the
+/// choice does not depend on the order they were read in).
+pub fn over_cap<Id: Ord>(mut existing: Vec<(Id, u64)>, max_per_device: usize) -> Vec<Id> {
+    let keep = max_per_device.saturating_sub(1);
+    if existing.len() <= keep {
+        return vec![];
+    }
+    existing.sort_by(|(a, at_a), (b, at_b)| (at_a, a).cmp(&(at_b, b)));
+    let drop = existing.len() - keep;
+    existing.into_iter().take(drop).map(|(id, _)| id).collect()
 }
 
 /// New sessions open only at a relay the account's route names: one the
@@ -231,5 +255,31 @@ mod tests {
         for i in &issued[1..] {
             assert!(c.answer(&state, &open_params(&i.challenge, &phone(), RELAY), ctx).is_ok());
         }
+    }
+
+    #[test]
+    fn a_session_expires_at_its_expires_at() {
+        assert!(!expired(100, UnixSecs(99)));
+        assert!(expired(100, UnixSecs(100)));
+        assert!(expired(100, UnixSecs(101)));
+    }
+
+    #[test]
+    fn the_cap_drops_the_oldest_sessions_to_make_room_for_one() {
+        let h = |n: u8| [n; 32];
+        assert_eq!(over_cap(vec![(h(1), 10), (h(2), 20)], 3), Vec::<[u8; 32]>::new());
+        assert_eq!(over_cap(vec![(h(2), 20), (h(1), 10), (h(3), 30)], 3), vec![h(1)]);
+        assert_eq!(over_cap(vec![(h(3), 30), (h(2), 20), (h(1), 10), (h(4), 40)], 2), vec![h(1), h(2), h(3)]);
+        assert_eq!(over_cap(vec![(h(1), 10)], 1), vec![h(1)]);
+    }
+
+    #[test]
+    fn sessions_issued_in_the_same_millisecond_drop_in_id_order() {
+        assert_eq!(over_cap(vec![(3, 10), (1, 10), (2, 10)], 2), vec![1, 2]);
+    }
+
+    #[test]
+    fn a_cap_of_zero_drops_every_session_like_a_cap_of_one() {
+        assert_eq!(over_cap(vec![(1, 10), (2, 20)], 0), vec![1, 2]);
     }
 }

@@ -1,11 +1,9 @@
 //! A delivery's rules: its events and state, the seed's error table and
-//! fixed deadline (`core`), and the retry timetable.
+//! fixed deadline (`aggregate`), and the retry timetable.
 
-pub mod core;
+pub mod aggregate;
+pub mod due;
 #[cfg(test)]
 mod model;
 pub mod outcome;
 pub mod timetable;
-
-pub use self::core::{DeliveryEvent, DeliveryState};
-pub use outcome::AttemptOutcome;

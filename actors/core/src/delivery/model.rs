@@ -9,8 +9,8 @@
 //! the error table decides how an answer ends it, and the final status
 //! keeps the source's `accepted_at`.
 
-use super::core::{DeliveryCmd, DeliveryCtx, DeliveryEvent, DeliveryState};
-use super::AttemptOutcome;
+use super::aggregate::{DeliveryCmd, DeliveryCtx, DeliveryEvent, DeliveryState};
+use super::outcome::AttemptOutcome;
 use crate::aggregate::Aggregate;
 use crate::policy::Policy;
 use proptest::prelude::*;
@@ -165,7 +165,7 @@ fn run(steps: &[Step]) -> Result<(), TestCaseError> {
         route: None,
         first: None,
     };
-    let mut s = super::core::begin(&begin, DeliveryCtx { now_ms: now, policy: &policy }).unwrap().state;
+    let mut s = super::aggregate::begin(&begin, DeliveryCtx { now_ms: now, policy: &policy }).unwrap().state;
     let mut m = Model::default();
     for step in steps {
         let ctx = DeliveryCtx { now_ms: now, policy: &policy };

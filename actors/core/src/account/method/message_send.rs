@@ -18,8 +18,8 @@ use crate::account::shared::{
     check_created_at, check_session, idempotent, record, registered_route, served_here, visible_devices, Ctx,
 };
 use crate::account::state::AccountState;
-use crate::delivery::core::{begin, delivered_here_first, DeliveryCmd, DeliveryCtx};
-use crate::delivery::AttemptOutcome;
+use crate::delivery::aggregate::{begin, delivered_here_first, DeliveryCmd, DeliveryCtx};
+use crate::delivery::outcome::AttemptOutcome;
 use relay_schemas::methods::{DeliverParams, SendParams};
 use relay_schemas::objects::{check_boxes, Route};
 use relay_schemas::sign::Tag;
@@ -267,6 +267,18 @@ pub fn restamp(state: &AccountState, mut sent: AccountEvent) -> AccountEvent {
     sent
 }
 
+/// How much longer than one attempt's timeout the `message.send` handler
+/// waits for the first delivery attempt: the attempt ends itself at
+/// `attempt_timeout_ms`, so the client gets that outcome; the margin covers
+/// the attempt's scheduling and commit, and past it the client gets the
+/// status the acceptance wrote (the delivery goes on either way).
+pub const FIRST_ATTEMPT_MARGIN_MS: u64 = 1_000;
+
+/// How long the `message.send` answer waits for the first attempt's outcome.
+pub fn first_attempt_wait_ms(policy: &crate::policy::Policy) -> u64 {
+    policy.attempt_timeout_ms.saturating_add(FIRST_ATTEMPT_MARGIN_MS)
+}
+
 #[cfg(test)]
 mod tests {
     //! `message.send` at the source, account self-delivery included.
@@ -289,6 +301,15 @@ mod tests {
     /// Bob's route naming `relays`.
     fn bob_route(relays: &[&str]) -> Value {
         route(&bob(), 1, relays)
+    }
+
+    #[test]
+    fn the_send_answer_waits_for_the_first_attempt_one_second_past_its_timeout() {
+        let policy =
+            crate::policy::Policy { attempt_timeout_ms: 10_000, ..crate::policy::Policy::with_relay_id("relay-a") };
+        assert_eq!(first_attempt_wait_ms(&policy), 11_000);
+        let never = crate::policy::Policy { attempt_timeout_ms: u64::MAX, ..policy };
+        assert_eq!(first_attempt_wait_ms(&never), u64::MAX, "no overflow");
     }
 
     #[test]

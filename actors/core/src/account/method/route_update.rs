@@ -25,6 +25,32 @@ pub(crate) fn decide(
     Ok(Decision::write(events, reply))
 }
 
+/// A valid route of an account next to the one known for it: the rule by
+/// which `route.update` and the route book both keep the highest revision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Offer {
+    /// A higher revision (or none known): it replaces the known one.
+    Newer,
+    /// The known route itself: nothing changes.
+    Same,
+    /// A lower revision: the known one stays.
+    Older,
+    /// The same revision with other content (`state_conflict`): the known
+    /// one stays, so a route once seen is never replaced at its revision.
+    Conflict,
+}
+
+/// How `route` compares with `known` (both already checked valid).
+pub fn offer(known: Option<&Wire<Route>>, route: &Wire<Route>) -> Offer {
+    match known {
+        None => Offer::Newer,
+        Some(known) if route.revision > known.revision => Offer::Newer,
+        Some(known) if route.revision < known.revision => Offer::Older,
+        Some(known) if known == route => Offer::Same,
+        Some(_) => Offer::Conflict,
+    }
+}
+
 /// `route.update`: a higher revision replaces a lower one; an equal
 /// revision with other content is `state_conflict`; a lower one is stale.
 pub fn update_route(state: &AccountState, route: &Wire<Route>, ctx: Ctx) -> Result<Vec<AccountEvent>, RelayError> {
@@ -33,18 +59,13 @@ pub fn update_route(state: &AccountState, route: &Wire<Route>, ctx: Ctx) -> Resu
     if route.account_id != state.account_id || route.account_key != current.account_key {
         return Err(RelayError::forbidden("route names another account"));
     }
-    if route.revision < current.revision {
-        return Err(RelayError::new(ErrorCode::RouteStale, "a newer route revision is known")
-            .with_data(serde_json::json!({ "route": current })));
+    match offer(Some(current), route) {
+        Offer::Newer => Ok(vec![AccountEvent::RouteUpdated { route: route.clone() }]),
+        Offer::Same => Ok(vec![]),
+        Offer::Older => Err(RelayError::new(ErrorCode::RouteStale, "a newer route revision is known")
+            .with_data(serde_json::json!({ "route": current }))),
+        Offer::Conflict => Err(RelayError::state_conflict("same route revision with different content")),
     }
-    if route.revision == current.revision {
-        return if route == current {
-            Ok(vec![])
-        } else {
-            Err(RelayError::state_conflict("same route revision with different content"))
-        };
-    }
-    Ok(vec![AccountEvent::RouteUpdated { route: route.clone() }])
 }
 
 #[cfg(test)]
@@ -97,6 +118,18 @@ mod tests {
         then_no_events(update_route(&s, &wire(&route(&alice(), 1, &[RELAY])), at(NOW)));
         let other = route(&alice(), 1, &[RELAY, "relay-b"]);
         then_error(update_route(&s, &wire(&other), at(NOW)), ErrorCode::StateConflict);
+    }
+
+    #[test]
+    fn the_highest_revision_wins_and_a_known_revision_is_never_replaced_by_other_content() {
+        let r1: Wire<Route> = wire(&route(&alice(), 1, &[RELAY]));
+        let r1_other: Wire<Route> = wire(&route(&alice(), 1, &[RELAY, "relay-b"]));
+        let r2: Wire<Route> = wire(&route(&alice(), 2, &[RELAY, "relay-b"]));
+        assert_eq!(offer(None, &r1), Offer::Newer, "the first route known");
+        assert_eq!(offer(Some(&r1), &r2), Offer::Newer);
+        assert_eq!(offer(Some(&r2), &r1), Offer::Older);
+        assert_eq!(offer(Some(&r1), &r1.clone()), Offer::Same);
+        assert_eq!(offer(Some(&r1), &r1_other), Offer::Conflict);
     }
 
     #[test]

@@ -29,10 +29,14 @@
 //! state with the original `accepted_at` and the deadline recomputed here
 //! ([`DeliveryCmd::Forward`]).
 //!
+//! Pulling ([`pull`]): what the puller asks next and when it is done.
+//!
 //! Timeline order both homes agree on: each home numbers its records in
 //! the order it stored them (`sequence`, the sync cursor), and a record's
 //! place in the conversation is `(envelope.created_at,
 //! envelope.message_id)`, the same at both homes.
+
+pub mod pull;
 
 use super::{contact_revoke, device_add, device_revoke, message_deliver, message_delivery_status, route_update};
 use crate::account::decision::json;
@@ -42,7 +46,7 @@ use crate::account::ledger::{Ledger, SendEntry};
 use crate::account::shared::{not_served_here, Ctx};
 use crate::account::state::AccountState;
 use crate::account::timeline::fits_page;
-use crate::delivery::core::{begin, Begun, DeliveryCmd, DeliveryCtx};
+use crate::delivery::aggregate::{begin, Begun, DeliveryCmd, DeliveryCtx};
 use relay_schemas::methods::{DeliverParams, ReplicateParams};
 use relay_schemas::objects::{DeviceCertificate, MessageEnvelope, Registration, Route};
 use relay_schemas::sign::Tag;
