@@ -1478,11 +1478,14 @@ impl World {
                         // partner accepted before it learned the revocation: the
                         // page, and every later one, is refused for good (a
                         // known limit, reported; this account's homes diverge).
+                        // As the replicator's pull, a refused page ends the
+                        // pull: the next round asks again, not this moment.
                         Err(e)
                             if e.code == ErrorCode::Forbidden && e.message.contains("not valid here at created_at") =>
                         {
                             self.cov.replication_stalled += 1;
                             self.stalled.insert(account);
+                            return;
                         }
                         Err(e) => {
                             let d = format!("relay-{r} refused relay-{partner}'s page of account {account}: {e}");
