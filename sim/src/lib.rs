@@ -23,6 +23,7 @@
 
 pub mod check;
 pub mod core;
+pub mod fixtures;
 pub mod relay;
 pub mod world;
 
