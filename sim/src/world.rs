@@ -248,6 +248,8 @@ struct Msg {
     to: Acct,
     created_at_ms: u64,
     mid: String,
+    /// Every id it had (more than one only under `retry-new-id`).
+    ids: Vec<String>,
     /// The signed params and their digest, made at the first send.
     params: Option<(SendParams, String)>,
     try_no: u32,
@@ -444,7 +446,9 @@ impl World {
             let mid = format!("m{m:06}-0-{:010}", self.rng.random_range(0..u32::MAX));
             self.logical.insert(mid.clone(), m);
             let device = self.rng.random_range(0..2u8);
-            let msg = Msg { from, device, to, created_at_ms, mid, params: None, try_no: 0, acked: None, done: false };
+            let ids = vec![mid.clone()];
+            let msg =
+                Msg { from, device, to, created_at_ms, mid, ids, params: None, try_no: 0, acked: None, done: false };
             self.msgs.push(msg);
             self.at(created_at_ms, Ev::ClientSend { msg: m });
         }
@@ -685,6 +689,7 @@ impl World {
                     if self.plant == Some(Plant::RetryNewId) {
                         let mid = format!("m{msg:06}-{}-{:010}", try_no + 1, self.rng.random_range(0..u32::MAX));
                         self.logical.insert(mid.clone(), msg);
+                        self.msgs[msg].ids.push(mid.clone());
                         self.msgs[msg].mid = mid;
                         self.msgs[msg].params = None;
                     }
@@ -1189,10 +1194,8 @@ impl World {
             AccountEvent::MessageReceived { message_id: mid, record, .. } => {
                 let logical = self.logical.get(mid).copied();
                 let relay = &self.relays[r];
-                let held = relay
-                    .records(account)
-                    .iter()
-                    .any(|x| x.mid == *mid || self.logical.get(&x.mid).copied() == logical);
+                let ids = logical.map_or(&[][..], |l| &self.msgs[l].ids[..]);
+                let held = relay.has_record(account, mid) || ids.iter().any(|id| relay.has_record(account, id));
                 let before = logical.is_some_and(|l| self.ever_held.contains(&(r, account, l)));
                 if held || before {
                     let d = format!("relay-{r}: account {account} got message {logical:?} ({mid}) a second time");
