@@ -69,10 +69,14 @@ impl<K: Eq + Hash, V: Clone> Memo<K, V> {
     }
 }
 
+/// What a route is made of: its account, revision, relays (id, url) and
+/// issue time.
+type RouteKey = (usize, u64, Vec<(String, String)>, u64);
+
 /// Account `a`'s route of `revision` naming `relays` (id, url), issued at
 /// `issued_at`.
 pub fn route(a: usize, revision: u64, relays: &[(String, String)], issued_at: u64, t0: u64) -> Wire<Route> {
-    static MEMO: Memo<(usize, u64, Vec<(String, String)>, u64), Wire<Route>> = Memo::new();
+    static MEMO: Memo<RouteKey, Wire<Route>> = Memo::new();
     MEMO.get_or((a, revision, relays.to_vec(), issued_at), || {
         let relays: Vec<(&str, &str)> = relays.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
         let v = client(a, t0).keys.route(revision, &relays, issued_at);
