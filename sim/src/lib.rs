@@ -17,12 +17,15 @@
 //! - [`relay`]: one relay's disk (groups and barrier), its accounts and
 //!   deliveries folded by relay-core's `apply`, and the reads its
 //!   decisions make;
-//! - [`check`]: the invariants' names, the violation, the coverage counters.
+//! - [`check`]: the invariants' names, the violation, the coverage counters;
+//! - [`fixtures`]: what the clients sign that is the same in every seed,
+//!   made once per process.
 //!
 //! What is simulated and what is not: `docs/simulation.md`.
 
 pub mod check;
 pub mod core;
+pub mod fixtures;
 pub mod relay;
 pub mod world;
 

@@ -99,6 +99,8 @@ fn many(cli: &Cli, plant: Option<Plant>) -> ExitCode {
     let next = AtomicU64::new(cli.first);
     let end = cli.first + cli.seeds;
     let totals = Mutex::new((Coverage::default(), 0u64, 0u64, 0u64, Vec::new()));
+    // Each seed's wall time (seed, ms): the band's median and its slowest.
+    let times = Mutex::new(Vec::with_capacity(cli.seeds as usize));
     std::thread::scope(|scope| {
         for _ in 0..cli.jobs.max(1) {
             scope.spawn(|| loop {
@@ -106,7 +108,10 @@ fn many(cli: &Cli, plant: Option<Plant>) -> ExitCode {
                 if seed >= end {
                     break;
                 }
+                let one = Instant::now();
                 let r = run(seed, cli.messages, plant, false);
+                let ms = one.elapsed().as_secs_f64() * 1000.0;
+                times.lock().unwrap_or_else(|e| e.into_inner()).push((seed, ms));
                 let mut t = totals.lock().unwrap_or_else(|e| e.into_inner());
                 t.0.add(&r.coverage);
                 t.1 += r.messages as u64;
@@ -127,6 +132,11 @@ fn many(cli: &Cli, plant: Option<Plant>) -> ExitCode {
         failed.len(),
         started.elapsed().as_secs_f64()
     );
+    let mut times = times.into_inner().unwrap_or_else(|e| e.into_inner());
+    times.sort_by(|a, b| a.1.total_cmp(&b.1));
+    if let (Some((_, median)), Some((slowest, max))) = (times.get(times.len() / 2), times.last()) {
+        println!("per seed: median {median:.0} ms, max {max:.0} ms (seed {slowest})");
+    }
     print!("coverage:\n{coverage}");
     for (seed, v) in failed.iter().take(10) {
         println!(

@@ -104,6 +104,9 @@ pub struct Here {
     pub events: Vec<AccountEvent>,
     pub swept: BTreeSet<u64>,
     pub records: Vec<Record>,
+    /// The message ids of `records` (the checks ask for one at every
+    /// receipt and crash: a scan of the records made them quadratic).
+    pub held: BTreeSet<String>,
     /// (retention_until, seq) of every message event not yet swept: the
     /// sweep's index, as the store's `r/` keys.
     pub due: BTreeSet<(u64, u64)>,
@@ -117,6 +120,7 @@ impl Here {
             events: vec![],
             swept: BTreeSet::new(),
             records: vec![],
+            held: BTreeSet::new(),
             due: BTreeSet::new(),
         }
     }
@@ -136,6 +140,7 @@ impl Here {
         if let AccountEvent::MessageReceived { from, message_id, accepted_at, retention_until, record, .. } =
             event.origin()
         {
+            self.held.insert(message_id.clone());
             self.records.push(Record {
                 mid: message_id.clone(),
                 from: from.clone(),
@@ -161,7 +166,9 @@ impl Here {
         let Some(event) = self.events.get(seq as usize - 1) else { return };
         let origin = event.origin().clone();
         self.due.retain(|(_, s)| *s != seq);
-        self.records.retain(|r| r.seq != seq);
+        if let Some(i) = self.records.iter().position(|r| r.seq == seq) {
+            self.held.remove(&self.records.remove(i).mid);
+        }
         match origin {
             AccountEvent::MessageSent { message_id, retention_until, .. }
             | AccountEvent::SelfDelivered { message_id, retention_until, .. } => match how {
@@ -289,7 +296,7 @@ impl Relay {
 
     /// Whether `to` holds a record of message `mid`.
     pub fn has_record(&self, to: Acct, mid: &str) -> bool {
-        self.accts.get(&to).is_some_and(|h| h.records.iter().any(|r| r.mid == mid))
+        self.accts.get(&to).is_some_and(|h| h.held.contains(mid))
     }
 
     /// Whether the sender's ledger here holds `mid` (swept forms too).
