@@ -129,14 +129,12 @@ impl Supervisor {
     /// Starts the timer actor on the current arbiter and restores the timers
     /// of every in-flight delivery. Call once, inside an actix system.
     pub fn start(&self) -> Result<usize, RelayError> {
-        let mut restored = Vec::new();
+        // Counted here; the scheduler reads back what its bound holds.
+        let mut n = 0;
         for kv in self.store().kv_scan_prefix(delivery::DUE_PREFIX) {
             let (key, _) = kv.map_err(|e| internal(&e))?;
-            if let Some(entry) = delivery::parse_due_key(&key) {
-                restored.push(entry);
-            }
+            n += usize::from(delivery::parse_due_key(&key).is_some());
         }
-        let n = restored.len();
         self.metrics().deliveries_in_flight.set(n as i64);
         let metrics = self.metrics().clone();
         self.store().set_group_observer(move |group| {
@@ -148,11 +146,6 @@ impl Supervisor {
             metrics.store_bytes_written.inc_by(group.bytes);
         });
         let addr = Scheduler::new(self.clone()).start();
-        // Destinations are not in the index: a restored delivery waits for
-        // any peer that comes back, and learns its own at its next attempt.
-        for (due_ms, stream) in restored {
-            addr.do_send(Schedule { stream, due_ms, destinations: Vec::new() });
-        }
         let _ = self.inner.scheduler.set(addr);
         Ok(n)
     }
@@ -501,6 +494,15 @@ impl Supervisor {
         }
     }
 
+    /// Delivery timers the scheduler holds in memory (at most
+    /// `delivery.timers_in_memory`, plus retries set without a write).
+    pub async fn timers_in_memory(&self) -> usize {
+        match self.inner.scheduler.get() {
+            Some(s) => s.send(TimersHeld).await.unwrap_or(0),
+            None => 0,
+        }
+    }
+
     /// Resolves once the timer actor has handled every [`Supervisor::schedule`]
     /// made before this call and every timer [`Supervisor::start`] restored
     /// (its mailbox is first in, first out): those timers are all armed. At
@@ -659,8 +661,13 @@ const START_PAUSE: Duration = Duration::from_millis(20);
 /// a [`DueQueue`] and one actix timer is armed for the earliest. (A timer
 /// per delivery would cost every wake a pass over all of them: actix polls
 /// each item of a context on every wake.) Memory per pending delivery is one
-/// queue entry; the delivery's actor exists only while an attempt runs.
-/// Due and woken deliveries start through a bounded queue (`ready`).
+/// queue entry, for at most `delivery.timers_in_memory` of them (the
+/// earliest; the rest are read back from the store's due index as memory
+/// empties, [`DueQueue`]); the delivery's actor exists only while an
+/// attempt runs. Due and woken deliveries start through a bounded queue
+/// (`ready`), counted in that bound. Restored deliveries' destinations are
+/// not in the index: they wait for any peer that comes back, and learn
+/// their own at their next attempt.
 pub struct Scheduler {
     sup: Supervisor,
     queue: DueQueue,
@@ -674,7 +681,52 @@ pub struct Scheduler {
 
 impl Scheduler {
     fn new(sup: Supervisor) -> Self {
-        Scheduler { sup, queue: DueQueue::default(), armed: None, ready: Default::default(), starting: false }
+        let queue = DueQueue::bounded_over_index(sup.policy().timers_in_memory);
+        Scheduler { sup, queue, armed: None, ready: Default::default(), starting: false }
+    }
+
+    /// Reads the store's due index back into memory when the queue has room
+    /// for what it spilled. A failed read leaves the queue as it is and is
+    /// tried again a second later.
+    fn top_up(&mut self, ctx: &mut Context<Self>) -> bool {
+        let Some(((due, stream), room)) = self.queue.wants_refill(self.ready.len()) else { return true };
+        let from = delivery::due_key(due, stream);
+        let mut entries = Vec::with_capacity(room.min(4096));
+        let mut rest = None;
+        for kv in self.sup.store().kv_scan_from(delivery::DUE_PREFIX, &from) {
+            let key = match kv {
+                Ok((key, _)) => key,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot read the due index; trying again in 1 s");
+                    ctx.run_later(Duration::from_secs(1), |act, ctx| act.fire(ctx));
+                    return false;
+                }
+            };
+            let Some(entry) = delivery::parse_due_key(&key) else { continue };
+            if entries.len() == room {
+                rest = Some(entry);
+                break;
+            }
+            entries.push(entry);
+        }
+        self.queue.refill(entries, rest);
+        true
+    }
+
+    /// Moves every due delivery to `ready`, reading the index back as the
+    /// queue empties.
+    fn collect_due(&mut self, ctx: &mut Context<Self>) {
+        loop {
+            let read = self.top_up(ctx);
+            let due = self.queue.pop_due(self.sup.clock().now_ms());
+            if due.is_empty() && read {
+                break;
+            }
+            self.ready.extend(due.into_iter().map(|s| (s, false)));
+            if !read {
+                break;
+            }
+        }
     }
 
     /// Arms the timer for the earliest due time, unless it already is.
@@ -697,24 +749,25 @@ impl Scheduler {
 
     /// Queues every delivery that is due, then arms for the next.
     fn fire(&mut self, ctx: &mut Context<Self>) {
-        let due = self.queue.pop_due(self.sup.clock().now_ms());
-        self.ready.extend(due.into_iter().map(|s| (s, false)));
+        self.collect_due(ctx);
         self.start_some(ctx);
         self.arm(ctx);
     }
 
     /// Starts up to [`START_BATCH`] queued deliveries; plans the next turn
-    /// if more wait.
+    /// if more wait, or if the starts made room to read the index back.
     fn start_some(&mut self, ctx: &mut Context<Self>) {
         for _ in 0..START_BATCH {
             let Some((stream, woken)) = self.ready.pop_front() else { break };
             self.sup.start_delivery_with(&stream, None, woken);
         }
-        if !self.ready.is_empty() && !self.starting {
+        let more = !self.ready.is_empty() || self.queue.wants_refill(0).is_some();
+        if more && !self.starting {
             self.starting = true;
             ctx.run_later(START_PAUSE, |act, ctx| {
                 act.starting = false;
-                act.start_some(ctx);
+                // Room made by the starts may let the index be read back.
+                act.fire(ctx);
             });
         }
     }
@@ -722,13 +775,22 @@ impl Scheduler {
 
 impl Actor for Scheduler {
     type Context = Context<Self>;
+
+    /// Restores the timers of the deliveries in flight from the index.
+    fn started(&mut self, ctx: &mut Self::Context) {
+        self.fire(ctx);
+    }
 }
 
 impl Handler<Schedule> for Scheduler {
     type Result = ();
 
     fn handle(&mut self, msg: Schedule, ctx: &mut Self::Context) {
-        self.queue.insert(msg.due_ms, msg.stream, msg.destinations);
+        // Asked only of a timer about to be left to the index: one the index
+        // does not hold (a retry after a failed write) stays in memory.
+        let store = self.sup.store();
+        let indexed = |due, stream: &str| store.kv_get(&delivery::due_key(due, stream)).is_ok_and(|v| v.is_some());
+        self.queue.insert_bounded(msg.due_ms, msg.stream, msg.destinations, indexed);
         self.arm(ctx);
     }
 }
@@ -742,8 +804,22 @@ impl Handler<PeerSeen> for Scheduler {
         if !woken.is_empty() {
             tracing::info!(peer = %msg.relay, deliveries = woken.len(), "peer is back: pending deliveries start now");
             self.ready.extend(woken.into_iter().map(|s| (s, true)));
-            self.start_some(ctx);
+            self.fire(ctx);
         }
+    }
+}
+
+/// How many delivery timers the scheduler holds in memory (its queue and
+/// what waits to start): [`Supervisor::timers_in_memory`].
+#[derive(Message)]
+#[rtype(result = "usize")]
+struct TimersHeld;
+
+impl Handler<TimersHeld> for Scheduler {
+    type Result = usize;
+
+    fn handle(&mut self, _: TimersHeld, _: &mut Self::Context) -> usize {
+        self.queue.len() + self.ready.len()
     }
 }
 

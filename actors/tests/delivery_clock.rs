@@ -65,10 +65,20 @@ struct World {
 /// Alice on relay-a (this relay; her route may also name `alice_second`),
 /// Bob served by relay-b (down).
 async fn world(alice_second: Option<&str>) -> World {
-    let clock = ManualClock::at_ms(T0 * 1000);
-    let script = Arc::new(Scripted::default());
+    world_with(alice_second, Policy::with_relay_id("relay-a").timers_in_memory).await
+}
+
+fn policy(timers_in_memory: usize) -> Policy {
     let mut policy = Policy::with_relay_id("relay-a");
     policy.delivery_age_limit = 3600;
+    policy.timers_in_memory = timers_in_memory;
+    policy
+}
+
+async fn world_with(alice_second: Option<&str>, timers_in_memory: usize) -> World {
+    let clock = ManualClock::at_ms(T0 * 1000);
+    let script = Arc::new(Scripted::default());
+    let policy = policy(timers_in_memory);
     let store = relay_actors::store::Store::temporary().unwrap();
     let sup = Supervisor::new(store, policy, clock.clone(), Arc::new(Fake(script.clone())));
     sup.start().unwrap();
@@ -266,5 +276,41 @@ async fn a_local_attempt_checks_the_sending_device_as_a_delivery_from_another_re
     match w.sup.ask(&carol.id, AccountCmd::Backlog { device: "carol-phone".into() }).await.unwrap() {
         Reply::Backlog(latest) => assert_eq!(latest, None, "carol holds the revoked laptop's message"),
         other => panic!("{other:?}"),
+    }
+}
+
+/// `delivery.timers_in_memory`: past the bound, pending deliveries wait in
+/// the store's due index and are read back in due order as memory
+/// empties; none is lost and none fires late, after a restart included.
+#[actix_rt::test]
+async fn timers_past_the_bound_wait_in_the_index_and_every_one_fires_on_time() {
+    let w = world_with(None, 4).await;
+    let mut mids = Vec::new();
+    for n in 0..12 {
+        let (mid, st) = w.send(n).await;
+        assert_eq!(st.status, Status::Delivering);
+        mids.push(mid);
+    }
+    w.sup.timers_armed().await;
+    assert!(w.sup.timers_in_memory().await <= 4, "12 pending, 4 in memory at most");
+    // Each attempt is due 30 s after acceptance, then 5 min. A relay that
+    // starts then (its timers read back from the index) makes them all,
+    // reading the index back in turns while it holds 4.
+    for (elapsed_ms, attempts) in [(30_000, 2), (300_000, 3)] {
+        w.clock.set_ms(T0 * 1000 + elapsed_ms);
+        let transport = Arc::new(Fake(w.script.clone()));
+        let sup = Supervisor::new(w.sup.store(), policy(4), w.clock.clone(), transport);
+        sup.start().unwrap();
+        let all_made = || mids.iter().all(|m| w.attempts(m).len() == attempts);
+        for _ in 0..1000 {
+            if all_made() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let made: Vec<usize> = mids.iter().map(|m| w.attempts(m).len()).collect();
+        assert_eq!(made, vec![attempts; 12], "every delivery made its attempt {attempts} at +{elapsed_ms} ms");
+        sup.timers_armed().await;
+        assert!(sup.timers_in_memory().await <= 4);
     }
 }

@@ -531,6 +531,9 @@ pub struct Delivery {
     /// this often per peer.
     #[serde(deserialize_with = "duration")]
     pub wake_min_interval: Duration,
+    /// Pending deliveries' timers held in memory at most (the earliest);
+    /// the rest wait in the store's due index and are read back in order.
+    pub timers_in_memory: usize,
     /// Calls under way to one peer before further deliveries to it queue
     /// and go together in one `message.deliver.batch` when one ends; 0
     /// sends every delivery alone (see `peer_batch`).
@@ -544,6 +547,7 @@ impl Default for Delivery {
             retry_then_every: Duration::from_secs(3600),
             attempt_timeout: Duration::from_secs(10),
             wake_min_interval: Duration::from_secs(10),
+            timers_in_memory: 262_144,
             batches_in_flight: 4,
         }
     }
@@ -1077,6 +1081,7 @@ impl Config {
             retry_then_every_ms: ms(self.delivery.retry_then_every),
             attempt_timeout_ms: ms(self.delivery.attempt_timeout),
             wake_min_interval_ms: ms(self.delivery.wake_min_interval),
+            timers_in_memory: self.delivery.timers_in_memory.max(2),
             snapshot_every: self.actors.snapshot_every.max(1),
             passivate_after_ms: ms(self.actors.passivate_after),
             notify_queue: self.websocket.queue.max(1),

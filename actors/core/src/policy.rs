@@ -53,6 +53,9 @@ pub struct Policy {
     /// A peer heard from again makes its pending deliveries due now, at
     /// most this often (milliseconds).
     pub wake_min_interval_ms: u64,
+    /// Delivery timers held in memory at most; the rest wait in the store's
+    /// due index (`delivery::due`).
+    pub timers_in_memory: usize,
     /// Account actors resident at most; past this the least recently used
     /// are passivated at once (memory stays bounded whatever is asked).
     pub max_resident_accounts: usize,
@@ -93,6 +96,7 @@ impl Policy {
             max_in_flight_per_destination: 64,
             max_resident_accounts: 100_000,
             wake_min_interval_ms: 10_000,
+            timers_in_memory: 262_144,
             max_page_bytes: 4 << 20,
             max_sessions_per_device: 16,
             session_cache_entries: 65_536,
