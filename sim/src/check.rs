@@ -33,6 +33,7 @@ pub mod inv {
     pub const VISIBILITY: &str = "visibility fixed at acceptance";
     pub const RETENTION: &str = "retention never deletes early";
     pub const PAGE_REFUSED: &str = "a partner home's honest page is never refused";
+    pub const CHAIN: &str = "the hash chains verify";
 }
 
 /// How often a run reached the states that are hard to reach by luck.

@@ -53,10 +53,12 @@ pub enum Plant {
     /// A restart recomputes each record's visible devices from the account
     /// as it is now.
     RecomputeVisibility,
+    /// A restart folds each stream's last sequence but not its last hash.
+    ForgetChainHead,
 }
 
 impl Plant {
-    pub const ALL: [Plant; 8] = [
+    pub const ALL: [Plant; 9] = [
         Plant::AckBeforeBarrier,
         Plant::RetryNewId,
         Plant::LowerRevision,
@@ -65,6 +67,7 @@ impl Plant {
         Plant::DeliverAfterRevocation,
         Plant::SweepEarly,
         Plant::RecomputeVisibility,
+        Plant::ForgetChainHead,
     ];
 
     pub fn name(self) -> &'static str {
@@ -77,6 +80,7 @@ impl Plant {
             Plant::DeliverAfterRevocation => "deliver-after-revocation",
             Plant::SweepEarly => "sweep-early",
             Plant::RecomputeVisibility => "recompute-visibility",
+            Plant::ForgetChainHead => "forget-chain-head",
         }
     }
 

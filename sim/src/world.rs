@@ -10,11 +10,12 @@
 
 use crate::check::{inv, Coverage, Violation};
 use crate::core::{self, AccountCmd, AccountEvent, AttemptOutcome, Decision, DeliveryEvent, DeliveryState, Reply};
-use crate::relay::{Acct, Attempt, Effect, Here, Ix, Rec, Relay, SimReads};
+use crate::relay::{hex8, Acct, Attempt, Chain, Effect, Here, Ix, Link, Rec, Relay, SimReads, Written};
 use crate::{fixtures, Plant};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use relay_core::account::method::timeline_replicate::Page;
+use relay_core::chain::{self, Hash};
 use relay_core::Policy;
 use relay_schemas::client::key_box;
 use relay_schemas::methods::{
@@ -201,11 +202,13 @@ impl Ev {
 }
 
 /// A queued event, ordered by (time, sequence): ties go in the order
-/// they were scheduled, so nothing depends on the heap's layout.
+/// they were scheduled, so nothing depends on the heap's layout. The event
+/// is boxed: the heap moves its entries at every push and pop, and an
+/// `Ev` is a few hundred bytes.
 struct Queued {
     at: u64,
     seq: u64,
-    ev: Ev,
+    ev: Box<Ev>,
 }
 
 impl PartialEq for Queued {
@@ -307,6 +310,9 @@ pub struct World {
     ids: Vec<String>,
     /// Accounts whose replication stalled on a revocation race.
     stalled: BTreeSet<Acct>,
+    /// Each relay's chain heads as its disk holds them (the checker's
+    /// own: walked at every crash, advanced at every write).
+    tips: Vec<BTreeMap<Chain, (u64, Hash)>>,
     /// The last page text served per (server, puller, account), and its
     /// parse (see [`World::read_page`]).
     pages: BTreeMap<(Ix, Ix, Acct), (String, Box<Page>)>,
@@ -363,6 +369,7 @@ impl World {
             ever_held: BTreeSet::new(),
             ids: vec![],
             stalled: BTreeSet::new(),
+            tips: vec![BTreeMap::new(); n],
             pages: BTreeMap::new(),
             cov: Coverage::default(),
             violation: None,
@@ -376,7 +383,7 @@ impl World {
 
     fn at(&mut self, at: u64, ev: Ev) {
         self.seq += 1;
-        self.queue.push(Queued { at: at.max(self.now), seq: self.seq, ev });
+        self.queue.push(Queued { at: at.max(self.now), seq: self.seq, ev: Box::new(ev) });
     }
 
     fn after(&mut self, delay: u64, ev: Ev) {
@@ -655,7 +662,7 @@ impl World {
             self.events += 1;
             self.hash.update(&q.at.to_le_bytes());
             self.hash.update(&[q.ev.kind()]);
-            self.dispatch(q.ev);
+            self.dispatch(*q.ev);
         }
         if self.violation.is_none() {
             self.finish();
@@ -1052,11 +1059,18 @@ impl World {
         if group.is_empty() {
             return;
         }
-        for rec in &group {
-            self.check_write(r, rec);
-            self.relays[r].apply(rec, &self.ids);
+        let at = self.ctx_now(r).0;
+        let mut written = Vec::with_capacity(group.len());
+        for rec in group {
+            self.check_write(r, &rec);
+            self.relays[r].apply(&rec, &self.ids);
+            let link = self.relays[r].link(&rec, at, &self.ids);
+            if let Some((key, link)) = &link {
+                self.check_link(r, key, link);
+            }
+            written.push(Written { rec, link });
         }
-        self.relays[r].disk.append(group);
+        self.relays[r].disk.append(written);
         self.hash.update(&[0xd1, r as u8]);
         if let Some(power_cut) = self.relays[r].crash_armed.take() {
             self.after(0, Ev::Crash { relay: r, power_cut });
@@ -1081,8 +1095,8 @@ impl World {
         relay.flush_armed = false;
         let mut finals = vec![];
         let mut records = vec![];
-        for rec in relay.disk.barrier().iter().flatten() {
-            match rec {
+        for w in relay.disk.barrier().iter().flatten() {
+            match &w.rec {
                 Rec::Delivery { mid, event: DeliveryEvent::Accepted { deadline, .. } } => {
                     finals.push((mid.clone(), Err(*deadline)))
                 }
@@ -1182,6 +1196,35 @@ impl World {
                 }
             }
             Rec::Route { .. } => {}
+        }
+    }
+
+    /// An event continues its stream's chain from the head the disk holds
+    /// (after a crash, the head of what survived).
+    fn check_link(&mut self, r: Ix, key: &Chain, link: &Link) {
+        let (seq, prev) = self.tips[r].get(key).copied().unwrap_or((0, chain::ZERO));
+        if link.seq != seq + 1 || link.prev != prev {
+            let mid = match key {
+                Chain::Delivery(mid) => Some(mid.clone()),
+                Chain::Account(_) => None,
+            };
+            let d = format!(
+                "relay-{r} {key:?}: event {} follows {} (prev {}), the disk's head is {seq} ({})",
+                link.seq,
+                link.seq - 1,
+                hex8(&link.prev),
+                hex8(&prev)
+            );
+            return self.violate(inv::CHAIN, mid.as_deref(), d);
+        }
+        self.tips[r].insert(key.clone(), (link.seq, link.hash));
+    }
+
+    /// Every chain on `r`'s disk verifies; its heads are the checker's.
+    fn verify_chains(&mut self, r: Ix) {
+        match self.relays[r].disk.verify_chains() {
+            Ok(heads) => self.tips[r] = heads,
+            Err(e) => self.violate(inv::CHAIN, None, format!("relay-{r} {e}")),
         }
     }
 
@@ -1592,7 +1635,12 @@ impl World {
         relay.up = false;
         relay.inc += 1;
         relay.refold(&self.ids);
+        if self.plant == Some(Plant::ForgetChainHead) {
+            // Planted: the writer folds each stream's sequence, not its hash.
+            self.relays[r].heads.values_mut().for_each(|(_, hash)| *hash = chain::ZERO);
+        }
         self.note(|| format!("crash relay-{r} power_cut={power_cut} kept {keep}/{pending} pending groups"));
+        self.verify_chains(r);
         self.check_acked(None);
         let back = self.rng.random_range(100..90 * SEC);
         self.after(back, Ev::Restart { relay: r });
@@ -1754,6 +1802,7 @@ impl World {
     fn finish(&mut self) {
         for r in 0..self.relays.len() {
             self.flush(r);
+            self.verify_chains(r);
         }
         self.check_acked(None);
         let heal_ms = T0_MS + HEAL_MS + 2 * MIN + 90 * SEC;
