@@ -62,7 +62,7 @@ pub struct Coverage {
     pub swept: u64,
     /// Page refusals (each pull counts) for a sent message from a device
     /// revoked here by its `created_at` that the partner accepted before it
-    /// knew (PROTOCOL §5).
+    /// knew (PROTOCOL §5), until the partner learns it and passes it over.
     pub replication_stalled: u64,
     /// Deliveries ended `state_conflict` while the recipient held the
     /// message under the params of the sender's other home.

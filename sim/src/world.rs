@@ -308,8 +308,6 @@ pub struct World {
     ever_held: BTreeSet<(Ix, Acct, usize)>,
     /// Account ids by index (what a relay's fold names accounts by).
     ids: Vec<String>,
-    /// Accounts whose replication stalled on a revocation race.
-    stalled: BTreeSet<Acct>,
     /// Each relay's chain heads as its disk holds them (the checker's
     /// own: walked at every crash, advanced at every write).
     tips: Vec<BTreeMap<Chain, (u64, Hash)>>,
@@ -368,7 +366,6 @@ impl World {
             visible: BTreeMap::new(),
             ever_held: BTreeSet::new(),
             ids: vec![],
-            stalled: BTreeSet::new(),
             tips: vec![BTreeMap::new(); n],
             pages: BTreeMap::new(),
             cov: Coverage::default(),
@@ -1523,16 +1520,15 @@ impl World {
                         Err(e) if matches!(e.code, ErrorCode::RouteStale | ErrorCode::TargetNotLocal) => return,
                         // PROTOCOL §5 refuses the page of a sent message from a
                         // device revoked here by its `created_at`, which the
-                        // partner accepted before it learned the revocation: the
-                        // page, and every later one, is refused for good (a
-                        // known limit, reported; this account's homes diverge).
+                        // partner accepted before it learned the revocation,
+                        // until the partner learns it (from this home's pages)
+                        // and stops offering it; the homes converge after.
                         // As the replicator's pull, a refused page ends the
                         // pull: the next round asks again, not this moment.
                         Err(e)
                             if e.code == ErrorCode::Forbidden && e.message.contains("not valid here at created_at") =>
                         {
                             self.cov.replication_stalled += 1;
-                            self.stalled.insert(account);
                             return;
                         }
                         Err(e) => {
@@ -1832,15 +1828,14 @@ impl World {
                 }
             }
         }
-        // Both homes hold the same records (but for an account whose
-        // replication stalled, above): each record one home holds
+        // Both homes hold the same records: each record one home holds
         // that is not near the end of its retention, the other holds too
         // (or held, and swept at the end of its own).
         let cutoff = (T0_MS + self.now) / 1000 + 15 * 60;
         for a in 0..self.accounts.len() {
             let acct = &self.accounts[a];
             let homes = &acct.homes[acct.current as usize - 1];
-            if let ([x, y], false) = (&homes[..], self.stalled.contains(&a)) {
+            if let [x, y] = &homes[..] {
                 let (x, y) = (*x, *y);
                 for (p, q) in [(x, y), (y, x)] {
                     let held_q = self.relays[q].accts.get(&a).map(Here::mids).unwrap_or_default();
