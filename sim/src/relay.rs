@@ -13,10 +13,11 @@
 //! (`account/{id}`, `delivery/{from}/{message_id}`). The writer's heads are
 //! memory, folded again from what survived a crash.
 
-use crate::core::{AttemptOutcome, DeliveryEvent, DeliveryState};
 use relay_core::account::timeline::IndexEntry;
 use relay_core::account::{AccountEvent, AccountState, Ledger, Reads, ReceiptEntry, SendEntry};
 use relay_core::chain::{self, Hash};
+use relay_core::delivery::aggregate::{DeliveryEvent, DeliveryState};
+use relay_core::delivery::outcome::AttemptOutcome;
 use relay_core::retention::LedgerSweep;
 use relay_schemas::methods::DeliverParams;
 use relay_schemas::RelayError;
@@ -314,13 +315,6 @@ pub struct Attempt {
     pub outcomes: Vec<Option<AttemptOutcome>>,
 }
 
-/// What waits for the barrier covering a group: persist before effect.
-#[derive(Debug)]
-pub enum Effect {
-    Reply(crate::world::Node, crate::world::Resp),
-    SendAttempt(String),
-}
-
 #[derive(Default)]
 pub struct Relay {
     pub id: String,
@@ -339,7 +333,6 @@ pub struct Relay {
     pub attempts: BTreeMap<String, Attempt>,
     /// Deliveries waiting for the sender's other home to answer.
     pub asking: BTreeMap<String, u32>,
-    pub waiting: Vec<(usize, Effect)>,
     pub flush_armed: bool,
     /// Crash (a power cut when `true`) right after the next write.
     pub crash_armed: Option<bool>,
@@ -447,7 +440,6 @@ impl Relay {
         self.routes.clear();
         self.attempts.clear();
         self.asking.clear();
-        self.waiting.clear();
         self.pulling.clear();
         self.heads.clear();
         self.flush_armed = false;

@@ -10,8 +10,9 @@
 
 use crate::check::{inv, Coverage, Violation};
 use crate::core::{self, AccountCmd, AccountEvent, AttemptOutcome, Decision, DeliveryEvent, DeliveryState, Reply};
-use crate::relay::{hex8, Acct, Attempt, Chain, Effect, Here, Ix, Link, Rec, Relay, SimReads, Written};
-use crate::{fixtures, Plant};
+use crate::fixtures;
+use crate::plant::Plant;
+use crate::relay::{hex8, Acct, Attempt, Chain, Here, Ix, Link, Rec, Relay, SimReads, Written};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use relay_core::account::method::timeline_replicate::Page;
@@ -201,6 +202,13 @@ impl Ev {
     }
 }
 
+/// What waits for the barrier covering a group: persist before effect.
+#[derive(Debug)]
+enum Effect {
+    Reply(Node, Resp),
+    SendAttempt(String),
+}
+
 /// A queued event, ordered by (time, sequence): ties go in the order
 /// they were scheduled, so nothing depends on the heap's layout. The event
 /// is boxed: the heap moves its entries at every push and pop, and an
@@ -308,6 +316,9 @@ pub struct World {
     ever_held: BTreeSet<(Ix, Acct, usize)>,
     /// Account ids by index (what a relay's fold names accounts by).
     ids: Vec<String>,
+    /// Each relay's effects waiting for a barrier, with the group they
+    /// wait for (memory: a crash drops them).
+    waiting: Vec<Vec<(usize, Effect)>>,
     /// Each relay's chain heads as its disk holds them (the checker's
     /// own: walked at every crash, advanced at every write).
     tips: Vec<BTreeMap<Chain, (u64, Hash)>>,
@@ -366,6 +377,7 @@ impl World {
             visible: BTreeMap::new(),
             ever_held: BTreeSet::new(),
             ids: vec![],
+            waiting: (0..n).map(|_| vec![]).collect(),
             tips: vec![BTreeMap::new(); n],
             pages: BTreeMap::new(),
             cov: Coverage::default(),
@@ -1084,7 +1096,7 @@ impl World {
         if group <= self.relays[r].disk.durable() {
             return self.run_effect(r, effect);
         }
-        self.relays[r].waiting.push((group, effect));
+        self.waiting[r].push((group, effect));
     }
 
     fn flush(&mut self, r: Ix) {
@@ -1129,9 +1141,9 @@ impl World {
             self.visible.insert((r, account, mid), visible);
         }
         let durable = self.relays[r].disk.durable();
-        let waiting = std::mem::take(&mut self.relays[r].waiting);
+        let waiting = std::mem::take(&mut self.waiting[r]);
         let (ready, rest): (Vec<_>, Vec<_>) = waiting.into_iter().partition(|(g, _)| *g <= durable);
-        self.relays[r].waiting = rest;
+        self.waiting[r] = rest;
         for (_, effect) in ready {
             self.run_effect(r, effect);
         }
@@ -1631,6 +1643,7 @@ impl World {
         relay.up = false;
         relay.inc += 1;
         relay.refold(&self.ids);
+        self.waiting[r].clear();
         if self.plant == Some(Plant::ForgetChainHead) {
             // Planted: the writer folds each stream's sequence, not its hash.
             self.relays[r].heads.values_mut().for_each(|(_, hash)| *hash = chain::ZERO);
