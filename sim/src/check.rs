@@ -33,6 +33,7 @@ pub mod inv {
     pub const VISIBILITY: &str = "visibility fixed at acceptance";
     pub const RETENTION: &str = "retention never deletes early";
     pub const PAGE_REFUSED: &str = "a partner home's honest page is never refused";
+    pub const CHAIN: &str = "the hash chains verify";
 }
 
 /// How often a run reached the states that are hard to reach by luck.
@@ -61,7 +62,7 @@ pub struct Coverage {
     pub swept: u64,
     /// Page refusals (each pull counts) for a sent message from a device
     /// revoked here by its `created_at` that the partner accepted before it
-    /// knew (PROTOCOL §5).
+    /// knew (PROTOCOL §5), until the partner learns it and passes it over.
     pub replication_stalled: u64,
     /// Deliveries ended `state_conflict` while the recipient held the
     /// message under the params of the sender's other home.

@@ -19,71 +19,23 @@
 //!   decisions make;
 //! - [`check`]: the invariants' names, the violation, the coverage counters;
 //! - [`fixtures`]: what the clients sign that is the same in every seed,
-//!   made once per process.
+//!   made once per process;
+//! - [`plant`]: the bugs planted on purpose.
+//!
+//! Modules import one way: `world` → `core` → `relay` → relay-core.
 //!
 //! What is simulated and what is not: `docs/simulation.md`.
 
 pub mod check;
 pub mod core;
 pub mod fixtures;
+pub mod plant;
 pub mod relay;
 pub mod world;
 
 pub use check::{Coverage, Violation};
+pub use plant::Plant;
 pub use world::Run;
-
-/// A bug planted on purpose, in the simulator's adapter only (never in the
-/// relay's code): each must be caught by an invariant.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Plant {
-    /// The client is answered before the acceptance is behind a barrier.
-    AckBeforeBarrier,
-    /// A client retries with a fresh message id.
-    RetryNewId,
-    /// A delivery follows the first route answer, even of a lower revision.
-    LowerRevision,
-    /// A replicated record is applied even when already held.
-    ReplicateTwice,
-    /// A restart recomputes deadlines from now.
-    ForgetDeadline,
-    /// A home accepts envelopes from a device it knows revoked.
-    DeliverAfterRevocation,
-    /// The sweep runs on a clock half a retention ahead.
-    SweepEarly,
-    /// A restart recomputes each record's visible devices from the account
-    /// as it is now.
-    RecomputeVisibility,
-}
-
-impl Plant {
-    pub const ALL: [Plant; 8] = [
-        Plant::AckBeforeBarrier,
-        Plant::RetryNewId,
-        Plant::LowerRevision,
-        Plant::ReplicateTwice,
-        Plant::ForgetDeadline,
-        Plant::DeliverAfterRevocation,
-        Plant::SweepEarly,
-        Plant::RecomputeVisibility,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Plant::AckBeforeBarrier => "ack-before-barrier",
-            Plant::RetryNewId => "retry-new-id",
-            Plant::LowerRevision => "lower-revision",
-            Plant::ReplicateTwice => "replicate-twice",
-            Plant::ForgetDeadline => "forget-deadline",
-            Plant::DeliverAfterRevocation => "deliver-after-revocation",
-            Plant::SweepEarly => "sweep-early",
-            Plant::RecomputeVisibility => "recompute-visibility",
-        }
-    }
-
-    pub fn parse(name: &str) -> Option<Plant> {
-        Plant::ALL.into_iter().find(|p| p.name() == name)
-    }
-}
 
 /// Runs one seed: `messages` messages between the accounts of 3 to 6
 /// relays; `trace` keeps a line per step (for a replay).

@@ -27,7 +27,7 @@ struct Cli {
     messages: usize,
     /// A planted bug: ack-before-barrier, retry-new-id, lower-revision,
     /// replicate-twice, forget-deadline, deliver-after-revocation,
-    /// sweep-early, recompute-visibility.
+    /// sweep-early, recompute-visibility, forget-chain-head.
     #[arg(long)]
     plant: Option<String>,
     /// With --seed: print the whole trace.

@@ -6,10 +6,18 @@
 //! `AccountState::apply` and `Ledger::apply`; a delivery's stream is the
 //! delivery core's events. What the sim adds is only the disk and the
 //! indexes its checks read (records by account).
+//!
+//! Every event written is also linked into its stream's hash chain as the
+//! store links it (relay-core's `chain`: the body the store's codec writes,
+//! `blake3(prev ‖ body)`), under the stream name the relay gives it
+//! (`account/{id}`, `delivery/{from}/{message_id}`). The writer's heads are
+//! memory, folded again from what survived a crash.
 
-use crate::core::{AttemptOutcome, DeliveryEvent, DeliveryState};
 use relay_core::account::timeline::IndexEntry;
 use relay_core::account::{AccountEvent, AccountState, Ledger, Reads, ReceiptEntry, SendEntry};
+use relay_core::chain::{self, Hash};
+use relay_core::delivery::aggregate::{DeliveryEvent, DeliveryState};
+use relay_core::delivery::outcome::AttemptOutcome;
 use relay_core::retention::LedgerSweep;
 use relay_schemas::methods::DeliverParams;
 use relay_schemas::RelayError;
@@ -47,16 +55,47 @@ pub enum Rec {
     },
 }
 
+/// A stream with a hash chain: an account's, or a delivery's (by its
+/// message id, which the sim's ids make unique).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Chain {
+    Account(Acct),
+    Delivery(String),
+}
+
+/// An event's place in its stream's chain, as the store keeps it: its
+/// sequence, the hash it follows, and its own (of the body the store
+/// would write; the sim's disk never changes a byte it holds, so the body
+/// is not kept to be hashed again).
+#[derive(Clone, Debug)]
+pub struct Link {
+    pub seq: u64,
+    pub prev: Hash,
+    pub hash: Hash,
+}
+
+/// A record as written: an event carries its link.
+#[derive(Clone, Debug)]
+pub struct Written {
+    pub rec: Rec,
+    pub link: Option<(Chain, Link)>,
+}
+
 /// Groups in the order applied, and how many a barrier made durable.
 #[derive(Default)]
 pub struct Disk {
-    groups: Vec<Vec<Rec>>,
+    groups: Vec<Vec<Written>>,
     durable: usize,
+    /// How many groups [`Disk::verify_chains`] walked, and the heads it
+    /// found there: those groups are durable (a recovery makes what it
+    /// verified durable before writing), so no cut reaches them and their
+    /// bytes never change; the next walk goes on from there.
+    verified: (usize, BTreeMap<Chain, (u64, Hash)>),
 }
 
 impl Disk {
     /// Applies a group; returns its number (1-based).
-    pub fn append(&mut self, group: Vec<Rec>) -> usize {
+    pub fn append(&mut self, group: Vec<Written>) -> usize {
         self.groups.push(group);
         self.groups.len()
     }
@@ -64,7 +103,7 @@ impl Disk {
         self.groups.len() - self.durable
     }
     /// The groups the next barrier makes durable.
-    pub fn barrier(&mut self) -> &[Vec<Rec>] {
+    pub fn barrier(&mut self) -> &[Vec<Written>] {
         let from = self.durable;
         self.durable = self.groups.len();
         &self.groups[from..]
@@ -76,10 +115,38 @@ impl Disk {
     /// of `keep` groups, whole (the engine seam's promise).
     pub fn cut(&mut self, keep: usize) {
         self.groups.truncate(self.durable + keep);
+        assert!(self.verified.0 <= self.groups.len(), "a cut never reaches a verified group");
     }
-    pub fn groups(&self) -> &[Vec<Rec>] {
+    pub fn groups(&self) -> &[Vec<Written>] {
         &self.groups
     }
+
+    /// Walks every chain on the disk as a reader opening the store does:
+    /// each event follows the one before it in its stream (the next
+    /// sequence, its hash as `prev`). The head of each stream, or the
+    /// first break. Groups walked before are not walked again
+    /// (`verified`).
+    pub fn verify_chains(&mut self) -> Result<BTreeMap<Chain, (u64, Hash)>, String> {
+        let (from, mut heads) = self.verified.clone();
+        for (key, link) in self.groups[from..].iter().flatten().filter_map(|w| w.link.as_ref()) {
+            let (seq, prev) = heads.get(key).copied().unwrap_or((0, chain::ZERO));
+            if link.seq != seq + 1 || link.prev != prev {
+                return Err(format!(
+                    "{key:?}: event {} follows {seq}, prev {} not the hash before it",
+                    link.seq,
+                    hex8(&link.prev)
+                ));
+            }
+            heads.insert(key.clone(), (link.seq, link.hash));
+        }
+        self.verified = (self.groups.len(), heads.clone());
+        Ok(heads)
+    }
+}
+
+/// The first bytes of a hash, for messages.
+pub fn hex8(h: &Hash) -> String {
+    blake3::Hash::from(*h).to_hex()[..16].to_string()
 }
 
 /// A timeline record held for an account (an index the checks read).
@@ -248,13 +315,6 @@ pub struct Attempt {
     pub outcomes: Vec<Option<AttemptOutcome>>,
 }
 
-/// What waits for the barrier covering a group: persist before effect.
-#[derive(Debug)]
-pub enum Effect {
-    Reply(crate::world::Node, crate::world::Resp),
-    SendAttempt(String),
-}
-
 #[derive(Default)]
 pub struct Relay {
     pub id: String,
@@ -273,12 +333,14 @@ pub struct Relay {
     pub attempts: BTreeMap<String, Attempt>,
     /// Deliveries waiting for the sender's other home to answer.
     pub asking: BTreeMap<String, u32>,
-    pub waiting: Vec<(usize, Effect)>,
     pub flush_armed: bool,
     /// Crash (a power cut when `true`) right after the next write.
     pub crash_armed: Option<bool>,
     /// Pulls under way, by (account, partner).
     pub pulling: BTreeSet<(Acct, Ix)>,
+    /// The writer's head of each stream (memory: folded again from the
+    /// disk at restart), which the next event of the stream follows.
+    pub heads: BTreeMap<Chain, (u64, Hash)>,
 }
 
 impl Relay {
@@ -306,6 +368,34 @@ impl Relay {
 
     pub fn records(&self, account: Acct) -> &[Record] {
         self.accts.get(&account).map(|h| h.records.as_slice()).unwrap_or_default()
+    }
+
+    /// Links the event of `rec` (already applied) into its stream's chain
+    /// after the writer's head, stamped `at` (the relay's clock, seconds),
+    /// as the store encodes it. `ids`: account ids by index.
+    pub fn link(&mut self, rec: &Rec, at: u64, ids: &[String]) -> Option<(Chain, Link)> {
+        let (key, stream) = match rec {
+            Rec::Account { account, .. } => (Chain::Account(*account), format!("account/{}", ids[*account])),
+            Rec::Delivery { mid, .. } => {
+                let from = self.deliveries.get(mid).map_or(String::new(), |s| s.from.to_string());
+                (Chain::Delivery(mid.clone()), format!("delivery/{from}/{mid}"))
+            }
+            Rec::Route { .. } | Rec::Swept { .. } => return None,
+        };
+        let (seq, prev) = self.heads.get(&key).copied().unwrap_or((0, chain::ZERO));
+        let body = match rec {
+            Rec::Account { event, .. } => {
+                chain::body_of(&stream, seq + 1, event.event_type(), AccountEvent::VERSION, at, &prev, event)
+            }
+            Rec::Delivery { event, .. } => {
+                chain::body_of(&stream, seq + 1, event.event_type(), DeliveryEvent::VERSION, at, &prev, event)
+            }
+            Rec::Route { .. } | Rec::Swept { .. } => return None,
+        }
+        .expect("events encode");
+        let hash = chain::hash(&prev, &body);
+        self.heads.insert(key.clone(), (seq + 1, hash));
+        Some((key, Link { seq: seq + 1, prev, hash }))
     }
 
     /// Applies one record to the folded state (on write, and at recovery).
@@ -350,13 +440,49 @@ impl Relay {
         self.routes.clear();
         self.attempts.clear();
         self.asking.clear();
-        self.waiting.clear();
         self.pulling.clear();
+        self.heads.clear();
         self.flush_armed = false;
         let groups = std::mem::take(&mut self.disk.groups);
-        for rec in groups.iter().flatten() {
-            self.apply(rec, ids);
+        for w in groups.iter().flatten() {
+            self.apply(&w.rec, ids);
+            if let Some((key, link)) = &w.link {
+                self.heads.insert(key.clone(), (link.seq, link.hash));
+            }
         }
         self.disk.groups = groups;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn route(account: Acct, revision: u64) -> Rec {
+        Rec::Route { account, revision }
+    }
+
+    /// Two events of one stream linked as the writer links them, then the
+    /// second rewritten to follow something else.
+    #[test]
+    fn a_chain_verifies_only_while_each_event_follows_the_hash_before_it() {
+        let mut relay = Relay::new("relay-0".into());
+        let ids = vec!["acct".to_string()];
+        let event = AccountEvent::CursorMoved { device_id: "d1".into(), through: 1 };
+        let rec = Rec::Account { account: 0, event };
+        let group: Vec<Written> =
+            (0..2).map(|_| Written { rec: rec.clone(), link: relay.link(&rec, 10, &ids) }).collect();
+        relay.disk.append(group.clone());
+        relay.disk.append(vec![Written { rec: route(0, 2), link: None }]);
+        let heads = relay.disk.verify_chains().expect("as written");
+        assert_eq!(heads[&Chain::Account(0)], relay.heads[&Chain::Account(0)]);
+
+        let mut forked = group;
+        if let Some((_, link)) = &mut forked[1].link {
+            link.prev = chain::ZERO;
+        }
+        let mut disk = Disk::default();
+        disk.append(forked);
+        assert!(disk.verify_chains().unwrap_err().contains("not the hash before it"));
     }
 }

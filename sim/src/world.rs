@@ -10,11 +10,13 @@
 
 use crate::check::{inv, Coverage, Violation};
 use crate::core::{self, AccountCmd, AccountEvent, AttemptOutcome, Decision, DeliveryEvent, DeliveryState, Reply};
-use crate::relay::{Acct, Attempt, Effect, Here, Ix, Rec, Relay, SimReads};
-use crate::{fixtures, Plant};
+use crate::fixtures;
+use crate::plant::Plant;
+use crate::relay::{hex8, Acct, Attempt, Chain, Here, Ix, Link, Rec, Relay, SimReads, Written};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use relay_core::account::method::timeline_replicate::Page;
+use relay_core::chain::{self, Hash};
 use relay_core::Policy;
 use relay_schemas::client::key_box;
 use relay_schemas::methods::{
@@ -200,12 +202,21 @@ impl Ev {
     }
 }
 
+/// What waits for the barrier covering a group: persist before effect.
+#[derive(Debug)]
+enum Effect {
+    Reply(Node, Resp),
+    SendAttempt(String),
+}
+
 /// A queued event, ordered by (time, sequence): ties go in the order
-/// they were scheduled, so nothing depends on the heap's layout.
+/// they were scheduled, so nothing depends on the heap's layout. The event
+/// is boxed: the heap moves its entries at every push and pop, and an
+/// `Ev` is a few hundred bytes.
 struct Queued {
     at: u64,
     seq: u64,
-    ev: Ev,
+    ev: Box<Ev>,
 }
 
 impl PartialEq for Queued {
@@ -305,8 +316,12 @@ pub struct World {
     ever_held: BTreeSet<(Ix, Acct, usize)>,
     /// Account ids by index (what a relay's fold names accounts by).
     ids: Vec<String>,
-    /// Accounts whose replication stalled on a revocation race.
-    stalled: BTreeSet<Acct>,
+    /// Each relay's effects waiting for a barrier, with the group they
+    /// wait for (memory: a crash drops them).
+    waiting: Vec<Vec<(usize, Effect)>>,
+    /// Each relay's chain heads as its disk holds them (the checker's
+    /// own: walked at every crash, advanced at every write).
+    tips: Vec<BTreeMap<Chain, (u64, Hash)>>,
     /// The last page text served per (server, puller, account), and its
     /// parse (see [`World::read_page`]).
     pages: BTreeMap<(Ix, Ix, Acct), (String, Box<Page>)>,
@@ -362,7 +377,8 @@ impl World {
             visible: BTreeMap::new(),
             ever_held: BTreeSet::new(),
             ids: vec![],
-            stalled: BTreeSet::new(),
+            waiting: (0..n).map(|_| vec![]).collect(),
+            tips: vec![BTreeMap::new(); n],
             pages: BTreeMap::new(),
             cov: Coverage::default(),
             violation: None,
@@ -376,7 +392,7 @@ impl World {
 
     fn at(&mut self, at: u64, ev: Ev) {
         self.seq += 1;
-        self.queue.push(Queued { at: at.max(self.now), seq: self.seq, ev });
+        self.queue.push(Queued { at: at.max(self.now), seq: self.seq, ev: Box::new(ev) });
     }
 
     fn after(&mut self, delay: u64, ev: Ev) {
@@ -655,7 +671,7 @@ impl World {
             self.events += 1;
             self.hash.update(&q.at.to_le_bytes());
             self.hash.update(&[q.ev.kind()]);
-            self.dispatch(q.ev);
+            self.dispatch(*q.ev);
         }
         if self.violation.is_none() {
             self.finish();
@@ -1052,11 +1068,18 @@ impl World {
         if group.is_empty() {
             return;
         }
-        for rec in &group {
-            self.check_write(r, rec);
-            self.relays[r].apply(rec, &self.ids);
+        let at = self.ctx_now(r).0;
+        let mut written = Vec::with_capacity(group.len());
+        for rec in group {
+            self.check_write(r, &rec);
+            self.relays[r].apply(&rec, &self.ids);
+            let link = self.relays[r].link(&rec, at, &self.ids);
+            if let Some((key, link)) = &link {
+                self.check_link(r, key, link);
+            }
+            written.push(Written { rec, link });
         }
-        self.relays[r].disk.append(group);
+        self.relays[r].disk.append(written);
         self.hash.update(&[0xd1, r as u8]);
         if let Some(power_cut) = self.relays[r].crash_armed.take() {
             self.after(0, Ev::Crash { relay: r, power_cut });
@@ -1073,7 +1096,7 @@ impl World {
         if group <= self.relays[r].disk.durable() {
             return self.run_effect(r, effect);
         }
-        self.relays[r].waiting.push((group, effect));
+        self.waiting[r].push((group, effect));
     }
 
     fn flush(&mut self, r: Ix) {
@@ -1081,8 +1104,8 @@ impl World {
         relay.flush_armed = false;
         let mut finals = vec![];
         let mut records = vec![];
-        for rec in relay.disk.barrier().iter().flatten() {
-            match rec {
+        for w in relay.disk.barrier().iter().flatten() {
+            match &w.rec {
                 Rec::Delivery { mid, event: DeliveryEvent::Accepted { deadline, .. } } => {
                     finals.push((mid.clone(), Err(*deadline)))
                 }
@@ -1118,9 +1141,9 @@ impl World {
             self.visible.insert((r, account, mid), visible);
         }
         let durable = self.relays[r].disk.durable();
-        let waiting = std::mem::take(&mut self.relays[r].waiting);
+        let waiting = std::mem::take(&mut self.waiting[r]);
         let (ready, rest): (Vec<_>, Vec<_>) = waiting.into_iter().partition(|(g, _)| *g <= durable);
-        self.relays[r].waiting = rest;
+        self.waiting[r] = rest;
         for (_, effect) in ready {
             self.run_effect(r, effect);
         }
@@ -1182,6 +1205,35 @@ impl World {
                 }
             }
             Rec::Route { .. } => {}
+        }
+    }
+
+    /// An event continues its stream's chain from the head the disk holds
+    /// (after a crash, the head of what survived).
+    fn check_link(&mut self, r: Ix, key: &Chain, link: &Link) {
+        let (seq, prev) = self.tips[r].get(key).copied().unwrap_or((0, chain::ZERO));
+        if link.seq != seq + 1 || link.prev != prev {
+            let mid = match key {
+                Chain::Delivery(mid) => Some(mid.clone()),
+                Chain::Account(_) => None,
+            };
+            let d = format!(
+                "relay-{r} {key:?}: event {} follows {} (prev {}), the disk's head is {seq} ({})",
+                link.seq,
+                link.seq - 1,
+                hex8(&link.prev),
+                hex8(&prev)
+            );
+            return self.violate(inv::CHAIN, mid.as_deref(), d);
+        }
+        self.tips[r].insert(key.clone(), (link.seq, link.hash));
+    }
+
+    /// Every chain on `r`'s disk verifies; its heads are the checker's.
+    fn verify_chains(&mut self, r: Ix) {
+        match self.relays[r].disk.verify_chains() {
+            Ok(heads) => self.tips[r] = heads,
+            Err(e) => self.violate(inv::CHAIN, None, format!("relay-{r} {e}")),
         }
     }
 
@@ -1480,16 +1532,15 @@ impl World {
                         Err(e) if matches!(e.code, ErrorCode::RouteStale | ErrorCode::TargetNotLocal) => return,
                         // PROTOCOL §5 refuses the page of a sent message from a
                         // device revoked here by its `created_at`, which the
-                        // partner accepted before it learned the revocation: the
-                        // page, and every later one, is refused for good (a
-                        // known limit, reported; this account's homes diverge).
+                        // partner accepted before it learned the revocation,
+                        // until the partner learns it (from this home's pages)
+                        // and stops offering it; the homes converge after.
                         // As the replicator's pull, a refused page ends the
                         // pull: the next round asks again, not this moment.
                         Err(e)
                             if e.code == ErrorCode::Forbidden && e.message.contains("not valid here at created_at") =>
                         {
                             self.cov.replication_stalled += 1;
-                            self.stalled.insert(account);
                             return;
                         }
                         Err(e) => {
@@ -1592,7 +1643,13 @@ impl World {
         relay.up = false;
         relay.inc += 1;
         relay.refold(&self.ids);
+        self.waiting[r].clear();
+        if self.plant == Some(Plant::ForgetChainHead) {
+            // Planted: the writer folds each stream's sequence, not its hash.
+            self.relays[r].heads.values_mut().for_each(|(_, hash)| *hash = chain::ZERO);
+        }
         self.note(|| format!("crash relay-{r} power_cut={power_cut} kept {keep}/{pending} pending groups"));
+        self.verify_chains(r);
         self.check_acked(None);
         let back = self.rng.random_range(100..90 * SEC);
         self.after(back, Ev::Restart { relay: r });
@@ -1754,6 +1811,7 @@ impl World {
     fn finish(&mut self) {
         for r in 0..self.relays.len() {
             self.flush(r);
+            self.verify_chains(r);
         }
         self.check_acked(None);
         let heal_ms = T0_MS + HEAL_MS + 2 * MIN + 90 * SEC;
@@ -1783,15 +1841,14 @@ impl World {
                 }
             }
         }
-        // Both homes hold the same records (but for an account whose
-        // replication stalled, above): each record one home holds
+        // Both homes hold the same records: each record one home holds
         // that is not near the end of its retention, the other holds too
         // (or held, and swept at the end of its own).
         let cutoff = (T0_MS + self.now) / 1000 + 15 * 60;
         for a in 0..self.accounts.len() {
             let acct = &self.accounts[a];
             let homes = &acct.homes[acct.current as usize - 1];
-            if let ([x, y], false) = (&homes[..], self.stalled.contains(&a)) {
+            if let [x, y] = &homes[..] {
                 let (x, y) = (*x, *y);
                 for (p, q) in [(x, y), (y, x)] {
                     let held_q = self.relays[q].accts.get(&a).map(Here::mids).unwrap_or_default();

@@ -122,6 +122,11 @@ fn planted_visibility_recomputed_after_restart_is_caught() {
     assert_eq!(caught(Plant::RecomputeVisibility).1, inv::VISIBILITY);
 }
 
+#[test]
+fn planted_restart_forgetting_the_chain_head_is_caught() {
+    assert_eq!(caught(Plant::ForgetChainHead).1, inv::CHAIN);
+}
+
 /// `relay-sim --seed S` on a failing seed: it says so, prints the seed's
 /// replay command and minimal trace, exits non-zero, and prints the same
 /// bytes every time.

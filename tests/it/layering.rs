@@ -690,16 +690,6 @@ const NOT_YET_ONE_WAY: &[(&str, &[&str])] = &[
             "crate::account::ledger::v1",
         ],
     ),
-    (
-        "sim/src/lib.rs",
-        &[
-            // The simulator's root and its worlds share types both ways.
-            "crate",
-            "crate::core",
-            "crate::relay",
-            "crate::world",
-        ],
-    ),
 ];
 
 /// The modules of `krate` that are in some import cycle.

@@ -11,6 +11,8 @@
 //!   accounts and deliveries both have;
 //! - [`account`]: an account's events, state (`apply`), ledger and
 //!   timeline index, and one file per protocol method (`account::method`);
+//! - [`chain`]: the hash chain of a stored stream (an event's body and
+//!   its hash), as the store writes it;
 //! - [`delivery`]: a delivery's events and state, the seed's error table
 //!   and deadlines, and the retry timetable;
 //! - [`lease`]: shard ownership in cluster mode (lease, epoch, renewal);
@@ -24,6 +26,7 @@
 
 pub mod account;
 pub mod aggregate;
+pub mod chain;
 pub mod clock;
 pub mod delivery;
 pub mod lease;

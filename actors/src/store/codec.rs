@@ -22,7 +22,7 @@
 //! its log with a pointer in sled (`sled_engine.rs`): values read by key
 //! alone, which sled's leaves should not carry (the idempotency ledger).
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use std::ops::Range;
@@ -137,19 +137,6 @@ pub(super) fn blob_key(key: &[u8]) -> Vec<u8> {
     spaced(BLOB, key)
 }
 
-/// The hashed body, as written. Field order is part of the format.
-#[derive(Serialize)]
-struct BodyOut<'a> {
-    stream: &'a str,
-    seq: u64,
-    #[serde(rename = "type")]
-    event_type: &'a str,
-    version: u32,
-    at: u64,
-    prev: String,
-    data: &'a RawValue,
-}
-
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct BodyIn {
@@ -173,16 +160,13 @@ pub(super) fn encode_body(
     prev: &Hash,
     data: &RawValue,
 ) -> Result<Vec<u8>, StoreError> {
-    let body = BodyOut { stream, seq, event_type, version, at, prev: hex::encode(prev), data };
-    serde_json::to_vec(&body).map_err(|e| StoreError::Invalid(format!("encode event: {e}")))
+    relay_core::chain::body(stream, seq, event_type, version, at, prev, data)
+        .map_err(|e| StoreError::Invalid(format!("encode event: {e}")))
 }
 
-/// `hash_i = blake3(prev_hash ‖ body_i)`.
+/// `hash_i = blake3(prev_hash ‖ body_i)` (relay-core's `chain`).
 pub(super) fn chain_hash(prev: &Hash, body: &[u8]) -> Hash {
-    let mut h = blake3::Hasher::new();
-    h.update(prev);
-    h.update(body);
-    *h.finalize().as_bytes()
+    relay_core::chain::hash(prev, body)
 }
 
 /// Decodes a stored event and checks it against its key and its stored hash.

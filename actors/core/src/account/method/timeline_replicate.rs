@@ -234,6 +234,10 @@ pub fn serve(
                 break;
             }
             let item = item(seq, event.clone(), reads)?;
+            if !claimable(state, &item, ctx) {
+                page.next = seq;
+                continue;
+            }
             let size = serde_json::to_vec(&item).map_err(|e| RelayError::internal(e.to_string()))?.len();
             if !fits_page(bytes, page.items.len(), size, ctx.policy.max_page_bytes) {
                 page.has_more = true;
@@ -262,6 +266,24 @@ pub fn serve(
         written.push(AccountEvent::ReplicaServed { partner: partner.to_owned(), through: page.next });
     }
     Ok((written, page))
+}
+
+/// Whether this home still claims `item` to its partner. A sent message
+/// whose envelope comes from a device this home now knows was not valid at
+/// its `created_at` (revoked by then, as learned from the partner after
+/// accepting it) is one the partner must refuse, with the whole page
+/// (PROTOCOL §5 *What a partner home may replicate*): offering it would
+/// stop replication of the account until its delivery ended. It is passed
+/// over instead, as the partner's own acceptance would have been refused.
+fn claimable(state: &AccountState, item: &Item, ctx: Ctx) -> bool {
+    let record = match &item.event {
+        AccountEvent::MessageSent { record, .. } => record.as_deref(),
+        AccountEvent::SelfDelivered { record, .. } => Some(&**record),
+        _ => return true,
+    };
+    envelopes_of(record, item.deliver.as_deref()).all(|env| {
+        state.device_key_at(&env.from_device_id, UnixSecs(env.created_at), ctx.policy.clock_tolerance).is_some()
+    })
 }
 
 fn item(sequence: u64, event: AccountEvent, reads: &impl Reads) -> Result<Item, RelayError> {
@@ -1509,6 +1531,25 @@ mod tests {
             Page { items: vec![settings, Item { sequence: 91, ..sent }], next: 91, has_more: false, route: None };
         let e = then_page_refused(&b, &page, NOW, ErrorCode::Forbidden);
         assert!(e.message.contains("not valid here at created_at"), "{e:?}");
+    }
+
+    #[test]
+    fn a_sent_message_from_a_device_this_home_learned_was_revoked_before_its_created_at_is_not_offered() {
+        let mut a = at_a();
+        let mut b = other_home_of(&mut a);
+        let revoked = device_revoked(&alice(), "laptop");
+        b.apply(&revoked);
+        // `a` accepted the laptop's message before it heard of the revocation...
+        let sent = laptop_send_delivering(&mut a, NOW);
+        let (_, before) = replicate(&a, OTHER, 0, 100, None).unwrap();
+        assert!(seqs(&before).contains(&sent.sequence), "offered while `a` knows the laptop valid");
+        // ... then pulled it from `b`: the message is no longer offered, the
+        // cursor passes it, and `b` takes the page.
+        a.apply(&AccountEvent::Replicated { partner: OTHER.into(), origin_seq: 3, event: Box::new(revoked) });
+        let (_, page) = replicate(&a, OTHER, 0, 100, None).unwrap();
+        assert!(!seqs(&page).contains(&sent.sequence), "{:?}", seqs(&page));
+        assert_eq!((page.next, page.has_more), (a.events.len() as u64, false));
+        pull(&b, &page, NOW);
     }
 
     #[test]
