@@ -82,7 +82,14 @@ fn lease_key(k: u32) -> String {
 pub fn shard(cfg: &Config, k: u32) -> Option<JetStreamConfig> {
     let c = cfg.cluster.as_ref()?;
     let shard = JetStreamConfig::shard(c.nats_urls.clone(), &c.name(&cfg.relay.id), k, c.replicas);
-    Some(JetStreamConfig { snapshot_bytes: c.snapshot_bytes, auth: c.nats_auth(), ..shard })
+    Some(JetStreamConfig {
+        snapshot_bytes: c.snapshot_bytes,
+        auth: c.nats_auth(),
+        copy_dir: Some(cfg.relay.data_dir.join("shards").join(&shard.stream)),
+        cache_bytes: c.shard_cache_bytes,
+        node: c.node.clone(),
+        ..shard
+    })
 }
 
 /// Every shard's stream, in shard order (empty outside cluster mode).
