@@ -15,7 +15,7 @@
 //! `b`, `e`, `k`, `p`, `s`), and never shown to reads.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use super::engine::{Engine, KvIter, Write};
 use super::{SledEngine, StoreError};
@@ -29,7 +29,9 @@ const STREAM: &[u8] = b"\x00relay-copy/stream";
 /// Clones share the one copy (a checkpoint reads it beside the writer).
 #[derive(Clone)]
 pub(crate) struct LocalCopy {
-    engine: Arc<SledEngine>,
+    /// `None` once closed: the directory (sled's lock) is free for the
+    /// next open, even while something still holds the store.
+    engine: Arc<RwLock<Option<Arc<SledEngine>>>>,
     /// `None`: temporary.
     dir: Option<PathBuf>,
     cache_bytes: u64,
@@ -65,32 +67,36 @@ impl LocalCopy {
     /// temporary copy that is removed when dropped (a read-only open: the
     /// audit; tests). sled's page cache is bounded by `cache_bytes`.
     pub fn open(dir: Option<&Path>, cache_bytes: u64) -> Result<LocalCopy, StoreError> {
-        let engine = Arc::new(open_engine(dir, cache_bytes)?);
+        let engine = Arc::new(RwLock::new(Some(Arc::new(open_engine(dir, cache_bytes)?))));
         Ok(LocalCopy { engine, dir: dir.map(Path::to_path_buf), cache_bytes })
+    }
+
+    fn engine(&self) -> Result<Arc<SledEngine>, StoreError> {
+        self.engine.read().unwrap_or_else(|e| e.into_inner()).clone().ok_or(StoreError::Closed)
     }
 
     /// The last stream sequence the pairs reflect (0: none, an empty copy).
     pub fn applied(&self) -> Result<u64, StoreError> {
-        Ok(self.engine.get(APPLIED)?.map_or(0, |v| v.as_slice().try_into().map_or(0, u64::from_be_bytes)))
+        Ok(self.engine()?.get(APPLIED)?.map_or(0, |v| v.as_slice().try_into().map_or(0, u64::from_be_bytes)))
     }
 
     /// The log this copy follows, as [`LocalCopy::restart`] named it.
     pub fn stream(&self) -> Result<Option<Vec<u8>>, StoreError> {
-        self.engine.get(STREAM)
+        self.engine()?.get(STREAM)
     }
 
     /// Empties the copy (its directory removed and made again) and names
     /// the log it will follow, at sequence 0. A crash before the copy is
     /// filled again leaves a copy at 0 or with no log: it is started again.
     pub fn restart(&mut self, stream: &[u8]) -> Result<(), StoreError> {
-        self.engine.close()?;
         // The old engine (and its directory lock) goes before the new one.
-        self.engine = Arc::new(SledEngine::temporary()?);
+        self.close()?;
         if let Some(dir) = &self.dir {
             std::fs::remove_dir_all(dir).map_err(|e| StoreError::Io(format!("empty the local copy: {e}")))?;
             std::fs::create_dir_all(dir).map_err(|e| StoreError::Io(format!("empty the local copy: {e}")))?;
-            self.engine = Arc::new(open_engine(Some(dir), self.cache_bytes)?);
         }
+        let engine = Arc::new(open_engine(self.dir.as_deref(), self.cache_bytes)?);
+        *self.engine.write().unwrap_or_else(|e| e.into_inner()) = Some(engine);
         let mut named = Pending::default();
         named.push(Write::Put(STREAM.to_vec(), stream.to_vec()));
         self.install(named, 0)
@@ -108,13 +114,14 @@ impl LocalCopy {
         if pending.writes.is_empty() {
             return Ok(());
         }
-        self.engine.apply(pending.writes)?;
-        self.engine.barrier()?;
-        self.engine.install()
+        let engine = self.engine()?;
+        engine.apply(pending.writes)?;
+        engine.barrier()?;
+        engine.install()
     }
 
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        self.engine.get(key)
+        self.engine()?.get(key)
     }
 
     /// Pairs with `start <= key < end`, as the sled engine reads them (it
@@ -123,7 +130,10 @@ impl LocalCopy {
         if end.is_some_and(|end| end <= start) {
             return Box::new(std::iter::empty());
         }
-        let pairs = self.engine.range(start, end);
+        let pairs = match self.engine() {
+            Ok(engine) => engine.range(start, end),
+            Err(e) => return Box::new(std::iter::once(Err(e))),
+        };
         if start.first().is_some_and(|b| *b > META) {
             return pairs;
         }
@@ -131,9 +141,14 @@ impl LocalCopy {
     }
 
     /// Leaves the copy in its quickest state to open (the sled engine's
-    /// close).
+    /// close) and lets it go: reads and writes fail from here on, and the
+    /// directory opens again once the last read under way has ended.
     pub fn close(&self) -> Result<(), StoreError> {
-        self.engine.close()
+        let engine = self.engine.write().unwrap_or_else(|e| e.into_inner()).take();
+        match engine {
+            Some(engine) => engine.close(),
+            None => Ok(()),
+        }
     }
 }
 
@@ -178,5 +193,11 @@ mod tests {
         copy.restart(b"S0 at 2").unwrap();
         assert_eq!((copy.applied().unwrap(), copy.range(b"", None).count()), (0, 0));
         assert_eq!(copy.stream().unwrap().as_deref(), Some(&b"S0 at 2"[..]));
+        // Closed, it lets the directory go while a clone is still held.
+        let held = copy.clone();
+        copy.close().unwrap();
+        assert!(matches!(held.get(b"b"), Err(StoreError::Closed)));
+        let again = LocalCopy::open(Some(dir.path()), 1 << 20).unwrap();
+        assert_eq!(again.stream().unwrap().as_deref(), Some(&b"S0 at 2"[..]));
     }
 }

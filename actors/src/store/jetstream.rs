@@ -1123,14 +1123,15 @@ impl Engine for JetStreamEngine {
         }
         // Where the copy stops: the log is kept from there for it (best
         // effort: without it, the record of its open or last checkpoint).
-        self.copy.close()?;
         if self.epoch != 0 {
             let (js, cfg, applied) = (self.js.clone(), self.cfg.clone(), self.copy.applied()?);
             if let Err(e) = self.run(async move { record(&records(&js, &cfg).await?, &cfg, applied).await }) {
                 tracing::warn!(stream = %self.cfg.stream, error = %e, "jetstream: the copy's record was not written");
             }
         }
-        Ok(())
+        // Let go, so that the next open of this shard on this node finds
+        // the directory free even if the store is still held somewhere.
+        self.copy.close()
     }
 
     fn bytes_written(&self) -> u64 {

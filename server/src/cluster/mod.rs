@@ -5,7 +5,9 @@
 //!
 //! 1. **Store**: each shard's event store is a NATS JetStream stream
 //!    (`store::jetstream`: file storage, `sync_interval: always`, R3), so
-//!    an acknowledged commit survives the loss of any one machine.
+//!    an acknowledged commit survives the loss of any one machine; reads
+//!    come from the node's local copy of the shard
+//!    (`<data_dir>/shards/<stream>`), which follows the stream.
 //! 2. **Lease**: per shard, a key of a JetStream KV bucket whose entries
 //!    expire after `cluster.lease_ttl`; its value is the owner's name, the
 //!    address it serves the shard on (`cluster.internal_listen`, + k,
@@ -29,8 +31,8 @@
 //!    peers under the relay's own id: a send to an account of another
 //!    shard is a `message.deliver` to that shard's owner.
 //! 6. **Takeover**: when an owner stops renewing (killed, cut off), its key
-//!    expires, another node creates it, fences the stream, replays it and
-//!    serves; deliveries resume from their stored due times. An owner
+//!    expires, another node creates it, fences the stream, catches its copy
+//!    up (or bootstraps it: `store::jetstream`) and serves; deliveries resume from their stored due times. An owner
 //!    whose renewal is refused, who cannot renew for two thirds of the
 //!    ttl, or whose store failed, stops serving that shard at once and
 //!    stands by for it again; its other shards serve on. Its core answers
