@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use relay_actors::nats_server::{self, NatsServer};
 use relay_actors::store::{
-    fence_violations, Engine, JetStreamConfig, JetStreamEngine, NewEvent, Store, StoreError, Write, CHUNK_BYTES,
+    fence_violations, CatchUp, Engine, JetStreamConfig, JetStreamEngine, NewEvent, Store, StoreError, Write,
+    CHUNK_BYTES,
 };
 use serde_json::value::RawValue;
 
@@ -28,6 +29,37 @@ fn shard(f: &Fixture) -> JetStreamConfig {
         timeout: std::time::Duration::from_millis(500),
         ..JetStreamConfig::shard(vec![f.server.url()], "t", 0, 1)
     }
+}
+
+/// A node's config for the shard: its local copy in `dir`, its name the
+/// directory's.
+fn node(cfg: &JetStreamConfig, dir: &tempfile::TempDir) -> JetStreamConfig {
+    let name = dir.path().file_name().unwrap().to_string_lossy().replace('.', "-");
+    JetStreamConfig { copy_dir: Some(dir.path().join("copy")), node: name, ..cfg.clone() }
+}
+
+/// A store over `cfg`'s engine, and the engine (to checkpoint it).
+fn open_engine(cfg: &JetStreamConfig, epoch: u64) -> (Store, Arc<JetStreamEngine>) {
+    let engine = Arc::new(JetStreamEngine::open(cfg.clone(), epoch).unwrap());
+    (Store::with_engine(engine.clone()).unwrap(), engine)
+}
+
+/// Whether the checkpoints' stream holds a complete checkpoint.
+fn has_checkpoint(f: &Fixture, cfg: &JetStreamConfig) -> bool {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let (url, stream, mark) = (f.server.url(), format!("{}_CP", cfg.stream), format!("{}.cpe", cfg.prefix));
+    rt.block_on(async move {
+        let js = async_nats::jetstream::new(async_nats::connect(url).await.unwrap());
+        let Ok(stream) = js.get_stream(&stream).await else { return false };
+        stream.get_last_raw_message_by_subject(&mark).await.is_ok()
+    })
+}
+
+/// Opens as `open` does; also says how the copy caught up.
+fn open_caught_up(cfg: &JetStreamConfig, epoch: u64) -> (Store, CatchUp) {
+    let engine = JetStreamEngine::open(cfg.clone(), epoch).unwrap();
+    let caught_up = engine.caught_up();
+    (Store::with_engine(Arc::new(engine)).unwrap(), caught_up)
 }
 
 fn open(cfg: &JetStreamConfig, epoch: u64) -> Store {
@@ -117,36 +149,79 @@ fn a_group_larger_than_a_message_is_stored_whole_as_one_atomic_batch() {
 }
 
 #[test]
-fn a_snapshot_lets_the_next_owner_replay_only_the_tail_and_purges_the_stream_below_it() {
+fn a_node_without_a_copy_bootstraps_from_the_checkpoint_and_serves_the_same_records() {
     let Some(f) = server() else { return };
-    let cfg = JetStreamConfig { snapshot_bytes: 2_000, ..shard(&f) };
-    let store = open(&cfg, 1);
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = (node(&shard(&f), &dir_a), node(&shard(&f), &dir_b));
+    let (store, engine) = open_engine(&a, 1);
     for _ in 0..40 {
         append(&store, "account/a", 1).unwrap();
     }
+    let mark = engine.checkpoint().unwrap();
+    assert_eq!((mark.from, mark.until), (41, 41), "the fence and 40 groups, nothing written meanwhile");
+    assert!(mark.chunks >= 1);
     append(&store, "account/b", 3).unwrap();
-    drop(store);
+    drop((store, engine));
+    let (first, _) = sequences(&f, &a);
+    assert_eq!(first, 41, "trimmed below the checkpoint's sequence (the message it is at stays)");
 
-    let (first, _) = sequences(&f, &cfg);
-    assert!(first > 10, "the stream was purged below a snapshot (first sequence {first})");
-    let store = open(&cfg, 2);
+    let (store, caught_up) = open_caught_up(&b, 2);
+    assert_eq!(
+        caught_up,
+        CatchUp { from: 42, through: 43, bootstrapped: true },
+        "the checkpoint, then the log after it"
+    );
     assert_eq!(store.head("account/a").unwrap().seq, 40);
     assert_eq!(store.head("account/b").unwrap().seq, 3);
     assert_eq!(relay_actors::store::verify_chain(store.read("account/a", 0)), []);
-    assert_eq!(fence_violations(&cfg).unwrap(), [], "a snapshot stands for the fences purged before it");
-    // The newer owner's fence is above the snapshot's epoch: the old one stays out.
+    assert_eq!(relay_actors::store::verify_chain(store.read("account/b", 0)), []);
+    assert_eq!(fence_violations(&a).unwrap(), [], "the first message left stands for the fences trimmed");
+    // The newer owner's epoch is read from the log's last message.
     drop(store);
-    match JetStreamEngine::open(cfg.clone(), 1) {
+    match JetStreamEngine::open(a.clone(), 1) {
         Err(StoreError::Flush(e)) => assert!(e.contains("newer owner"), "{e}"),
         other => panic!("epoch 1 opened over epoch 2: {:?}", other.map(|e| e.epoch())),
     }
 }
 
-/// A takeover counts the groups written since the newest snapshot, by
-/// whichever owner: owners that each crash before writing
-/// `snapshot_bytes` of their own still snapshot (and purge) between them.
 #[test]
-fn owners_in_a_crash_loop_still_snapshot_counting_groups_since_the_newest_snapshot() {
+fn the_log_is_trimmed_below_what_every_copy_has_applied() {
+    let Some(f) = server() else { return };
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = (node(&shard(&f), &dir_a), node(&shard(&f), &dir_b));
+    let store = open(&a, 1);
+    append(&store, "account/a", 5).unwrap();
+    drop(store);
+    let (_, applied_a) = sequences(&f, &a);
+
+    let (store, engine) = open_engine(&b, 2);
+    for _ in 0..20 {
+        append(&store, "account/b", 1).unwrap();
+    }
+    let mark = engine.checkpoint().unwrap();
+    assert!(mark.from > applied_a + 1);
+    let (first, _) = sequences(&f, &b);
+    assert_eq!(first, applied_a + 1, "a's copy (its record) holds the log at the message it reads next");
+
+    drop((store, engine));
+    let (_, applied_b) = sequences(&f, &b);
+    let (store, caught_up) = open_caught_up(&a, 3);
+    assert!(!caught_up.bootstrapped && caught_up.from == applied_a + 1, "{caught_up:?}");
+    assert_eq!(store.head("account/b").unwrap().seq, 20);
+    drop(store);
+    // a's record is now past b's (b closed at its last group): b's holds the log.
+    let (store, engine) = open_engine(&a, 4);
+    append(&store, "account/a", 1).unwrap();
+    engine.checkpoint().unwrap();
+    assert_eq!(sequences(&f, &a).0, applied_b + 1);
+    drop((store, engine));
+}
+
+/// A takeover counts the log's bytes (trimmed at the newest checkpoint),
+/// by whichever owner: owners that each crash before writing
+/// `snapshot_bytes` of their own still checkpoint (and trim) between them.
+#[test]
+fn owners_in_a_crash_loop_still_checkpoint_counting_the_log_since_the_newest_checkpoint() {
     let Some(f) = server() else { return };
     let cfg = JetStreamConfig { snapshot_bytes: 2_000, ..shard(&f) };
     // Each owner writes well under snapshot_bytes before it "crashes".
@@ -155,14 +230,9 @@ fn owners_in_a_crash_loop_still_snapshot_counting_groups_since_the_newest_snapsh
         append(&store, "account/a", 1).unwrap();
         drop(store);
     }
-    let snapshots = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-        let js = async_nats::jetstream::new(async_nats::connect(f.server.url()).await.unwrap());
-        let stream = js.get_stream(&cfg.stream).await.unwrap();
-        stream.get_last_raw_message_by_subject(&format!("{}.p", cfg.prefix)).await.is_ok()
-    });
-    assert!(snapshots, "no snapshot in 30 owners' groups of {} bytes", cfg.snapshot_bytes);
+    assert!(has_checkpoint(&f, &cfg), "no checkpoint in 30 owners' groups of {} bytes", cfg.snapshot_bytes);
     let (first, _) = sequences(&f, &cfg);
-    assert!(first > 1, "the stream was purged below a snapshot (first sequence {first})");
+    assert!(first > 1, "the log was trimmed below a checkpoint (first sequence {first})");
     let store = open(&cfg, 31);
     assert_eq!(store.head("account/a").unwrap().seq, 30);
     assert_eq!(relay_actors::store::verify_chain(store.read("account/a", 0)), []);
@@ -200,4 +270,90 @@ fn acknowledged_commits_survive_a_kill_of_the_server() {
     assert_eq!(relay_actors::store::verify_chain(store.read("account/a", 0)), []);
     append(&store, "account/a", 1).unwrap();
     assert_eq!(store.head("account/a").unwrap().seq, seq + 1);
+}
+
+#[test]
+fn a_takeover_replays_only_the_groups_after_its_copys_applied_sequence() {
+    let Some(f) = server() else { return };
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = (node(&shard(&f), &dir_a), node(&shard(&f), &dir_b));
+    let (store, caught_up) = open_caught_up(&a, 1);
+    assert_eq!(caught_up, CatchUp { from: 1, through: 1, bootstrapped: true }, "no copy yet: built from the stream");
+    for _ in 0..5 {
+        append(&store, "account/a", 1).unwrap();
+    }
+    drop(store);
+    let (_, applied_a) = sequences(&f, &a);
+
+    let (store, caught_up) = open_caught_up(&b, 2);
+    assert!(caught_up.bootstrapped && caught_up.from == 1, "{caught_up:?}");
+    assert_eq!(store.head("account/a").unwrap().seq, 5);
+    append(&store, "account/a", 3).unwrap();
+    drop(store);
+    let (_, applied_b) = sequences(&f, &b);
+
+    // Node a takes over again: its copy is at its last group; it reads
+    // from the next message (b's fence), not from the stream's start.
+    let (store, caught_up) = open_caught_up(&a, 3);
+    assert_eq!(caught_up, CatchUp { from: applied_a + 1, through: applied_b + 1, bootstrapped: false });
+    assert_eq!(store.head("account/a").unwrap().seq, 8, "b's groups laid on a's copy");
+    assert_eq!(relay_actors::store::verify_chain(store.read("account/a", 0)), []);
+    append(&store, "account/a", 1).unwrap();
+    drop(store);
+    let (store, caught_up) = open_caught_up(&b, 4);
+    assert!(!caught_up.bootstrapped && caught_up.from == applied_b + 1, "{caught_up:?}");
+    assert_eq!(store.head("account/a").unwrap().seq, 9);
+    assert_eq!(fence_violations(&a).unwrap(), []);
+}
+
+#[test]
+fn a_restarted_owner_catches_up_from_its_local_copy_without_the_snapshot() {
+    let Some(f) = server() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = node(&JetStreamConfig { snapshot_bytes: 2_000, ..shard(&f) }, &dir);
+    let store = open(&cfg, 1);
+    for _ in 0..40 {
+        append(&store, "account/a", 1).unwrap();
+    }
+    drop(store);
+    let (first, last) = sequences(&f, &cfg);
+    assert!(first > 1 && has_checkpoint(&f, &cfg), "a checkpoint was written and the log trimmed (first {first})");
+
+    let (store, caught_up) = open_caught_up(&cfg, 2);
+    // Only its own new fence is read: neither the checkpoint nor a group.
+    assert_eq!(caught_up, CatchUp { from: last + 1, through: last + 1, bootstrapped: false });
+    assert_eq!(store.head("account/a").unwrap().seq, 40);
+    assert_eq!(relay_actors::store::verify_chain(store.read("account/a", 0)), []);
+}
+
+#[test]
+fn a_copy_whose_record_is_forgotten_is_trimmed_past_and_bootstrapped_with_the_same_records() {
+    let Some(f) = server() else { return };
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = (node(&shard(&f), &dir_a), node(&shard(&f), &dir_b));
+    let store = open(&b, 1);
+    append(&store, "account/gone", 2).unwrap();
+    drop(store);
+    // b's record expires (`copy_record_ttl`): as if b had been away long.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let (url, bucket, key) = (f.server.url(), format!("{}_COPIES", b.stream), b.node.clone());
+    rt.block_on(async move {
+        let js = async_nats::jetstream::new(async_nats::connect(url).await.unwrap());
+        js.get_key_value(bucket).await.unwrap().purge(key).await.unwrap();
+    });
+    let (store, engine) = open_engine(&a, 2);
+    append(&store, "account/gone", 1).unwrap();
+    for _ in 0..10 {
+        append(&store, "account/a", 1).unwrap();
+    }
+    engine.checkpoint().unwrap();
+    drop((store, engine));
+    let (first, _) = sequences(&f, &a);
+    assert!(first > 4, "b's copy (at 3) is behind the log's first message ({first})");
+
+    let (store, caught_up) = open_caught_up(&b, 3);
+    assert!(caught_up.bootstrapped, "{caught_up:?}");
+    assert_eq!(store.head("account/a").unwrap().seq, 10);
+    assert_eq!(store.head("account/gone").unwrap().seq, 3);
+    assert_eq!(relay_actors::store::verify_chain(store.read("account/gone", 0)), []);
 }

@@ -216,7 +216,8 @@ enum Backend {
     Model(Arc<ModelEngine>),
     Sled(tempfile::TempDir),
     /// A stream of its own on the shared server, and the epoch to open with.
-    JetStream(JetStreamConfig, u64),
+    /// ...and the directory of its local copy, kept across reopens.
+    JetStream(Box<(JetStreamConfig, tempfile::TempDir)>, u64),
 }
 
 impl Backend {
@@ -229,8 +230,8 @@ impl Backend {
                     Arc::new(SledEngine::open(dir.path(), None).unwrap().with_checkpoint_bytes(SMALL_SEGMENTS));
                 (Store::with_engine(engine.clone()).unwrap(), Some(engine))
             }
-            Backend::JetStream(cfg, epoch) => {
-                (Store::with_engine(Arc::new(JetStreamEngine::open(cfg.clone(), *epoch).unwrap())).unwrap(), None)
+            Backend::JetStream(js, epoch) => {
+                (Store::with_engine(Arc::new(JetStreamEngine::open(js.0.clone(), *epoch).unwrap())).unwrap(), None)
             }
         }
     }
@@ -252,12 +253,15 @@ fn nats() -> Option<&'static std::sync::Mutex<(NatsServer, tempfile::TempDir)>> 
 fn jetstream_backend(server: &NatsServer) -> Backend {
     static CASE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let case = CASE.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let dir = tempfile::tempdir().unwrap();
     let cfg = JetStreamConfig {
-        // Small: snapshots (and the purges below them) happen within a history.
+        // Small: checkpoints (and the trims below them) happen within a
+        // history; reopens catch the copy up.
         snapshot_bytes: 600,
+        copy_dir: Some(dir.path().join("copy")),
         ..JetStreamConfig::shard(vec![server.url()], &format!("model{}", std::process::id()), case, 1)
     };
-    Backend::JetStream(cfg, 1)
+    Backend::JetStream(Box::new((cfg, dir)), 1)
 }
 
 fn run(ops: Vec<Op>, mut backend: Backend) {

@@ -81,10 +81,15 @@ pub struct ClusterSection {
     /// relay's `/metrics`, served by the owner.
     #[serde(default)]
     pub metrics_listen: Option<String>,
-    /// The store is snapshotted (and its stream purged below the snapshot)
-    /// after this many bytes of commits: bounds a takeover's replay.
+    /// A checkpoint of a shard's local copy is written (and its stream
+    /// trimmed) after this many bytes of commits: bounds what a node
+    /// without a copy replays, and the stream's size.
     #[serde(default = "default_snapshot_bytes")]
     pub snapshot_bytes: u64,
+    /// The memory a shard's local copy (`<data_dir>/shards/<stream>`, on
+    /// disk) may hold as page cache, per shard this node serves.
+    #[serde(default = "default_shard_cache_bytes")]
+    pub shard_cache_bytes: u64,
     /// Accounts are hashed into this many shards, each its own stream and
     /// lease, so the nodes share the work. Fixed for the cluster's life:
     /// another count would look for accounts in streams without them.
@@ -137,6 +142,10 @@ fn default_shards() -> u32 {
 
 fn default_snapshot_bytes() -> u64 {
     relay_actors::store::SNAPSHOT_BYTES
+}
+
+fn default_shard_cache_bytes() -> u64 {
+    relay_actors::store::SHARD_CACHE_BYTES
 }
 
 /// Each shard a node owns runs its own relay core (threads, connections):
@@ -880,6 +889,9 @@ impl Config {
                 }
                 if !(1..=MAX_SHARDS).contains(&c.shards) {
                     return Err(bad("cluster.shards", format!("cluster.shards must be 1 to {MAX_SHARDS}")));
+                }
+                if c.shard_cache_bytes == 0 {
+                    return Err(bad("cluster.shard_cache_bytes", "cluster.shard_cache_bytes must be positive"));
                 }
                 relay_schemas::ids::check_relay_id("cluster.node", &c.node)
                     .map_err(|e| bad("cluster.node", e.message))?;

@@ -295,6 +295,10 @@ pub(crate) async fn run(
             handle.stop(false).await;
             let _ = running.await;
             // Nothing more is written: the store is fenced or unreachable.
+            // Closed now, not when the last of its users lets it go: a
+            // cluster node's local copy is then free for its next open.
+            let closing = store.clone();
+            let _ = actix_web::rt::task::spawn_blocking(move || closing.close()).await;
             return Err(why);
         }
         Either::Right((Stop::Gracefully(why), running)) => {

@@ -48,8 +48,10 @@
 //!    (sled now holds a pointer to the bytes instead of the bytes), so a data
 //!    directory written before the log existed opens as is.
 
+mod checkpoint;
 mod codec;
 mod compact;
+mod copy;
 mod engine;
 mod filter;
 mod format;
@@ -73,12 +75,13 @@ use std::thread::JoinHandle;
 use relay_schemas::UnixSecs;
 use serde_json::value::RawValue;
 
+pub use checkpoint::Mark as CheckpointMark;
 pub use compact::{LogSpace, SegmentSpace};
 pub use engine::{BackupPoint, Engine, KvIter, Visit, Write};
 pub use format::FORMAT_VERSION;
 pub use jetstream::{
-    fence_violations, server_addrs, FenceViolation, JetStreamConfig, JetStreamEngine, NatsAuth, CHUNK_BYTES,
-    SNAPSHOT_BYTES,
+    fence_violations, server_addrs, CatchUp, FenceViolation, JetStreamConfig, JetStreamEngine, NatsAuth, CHUNK_BYTES,
+    COPY_RECORD_TTL, SHARD_CACHE_BYTES, SNAPSHOT_BYTES,
 };
 pub use model::ModelEngine;
 use overlay::Merged;

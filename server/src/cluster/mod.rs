@@ -5,7 +5,9 @@
 //!
 //! 1. **Store**: each shard's event store is a NATS JetStream stream
 //!    (`store::jetstream`: file storage, `sync_interval: always`, R3), so
-//!    an acknowledged commit survives the loss of any one machine.
+//!    an acknowledged commit survives the loss of any one machine; reads
+//!    come from the node's local copy of the shard
+//!    (`<data_dir>/shards/<stream>`), which follows the stream.
 //! 2. **Lease**: per shard, a key of a JetStream KV bucket whose entries
 //!    expire after `cluster.lease_ttl`; its value is the owner's name, the
 //!    address it serves the shard on (`cluster.internal_listen`, + k,
@@ -29,8 +31,8 @@
 //!    peers under the relay's own id: a send to an account of another
 //!    shard is a `message.deliver` to that shard's owner.
 //! 6. **Takeover**: when an owner stops renewing (killed, cut off), its key
-//!    expires, another node creates it, fences the stream, replays it and
-//!    serves; deliveries resume from their stored due times. An owner
+//!    expires, another node creates it, fences the stream, catches its copy
+//!    up (or bootstraps it: `store::jetstream`) and serves; deliveries resume from their stored due times. An owner
 //!    whose renewal is refused, who cannot renew for two thirds of the
 //!    ttl, or whose store failed, stops serving that shard at once and
 //!    stands by for it again; its other shards serve on. Its core answers
@@ -82,7 +84,14 @@ fn lease_key(k: u32) -> String {
 pub fn shard(cfg: &Config, k: u32) -> Option<JetStreamConfig> {
     let c = cfg.cluster.as_ref()?;
     let shard = JetStreamConfig::shard(c.nats_urls.clone(), &c.name(&cfg.relay.id), k, c.replicas);
-    Some(JetStreamConfig { snapshot_bytes: c.snapshot_bytes, auth: c.nats_auth(), ..shard })
+    Some(JetStreamConfig {
+        snapshot_bytes: c.snapshot_bytes,
+        auth: c.nats_auth(),
+        copy_dir: Some(cfg.relay.data_dir.join("shards").join(&shard.stream)),
+        cache_bytes: c.shard_cache_bytes,
+        node: c.node.clone(),
+        ..shard
+    })
 }
 
 /// Every shard's stream, in shard order (empty outside cluster mode).
