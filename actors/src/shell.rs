@@ -12,6 +12,12 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::future::Future;
 
+/// Any error as `internal`: for failures a caller cannot act on (the
+/// store, encoding), told with their text.
+pub(crate) fn internal(e: &dyn std::fmt::Display) -> RelayError {
+    RelayError::internal(format!("{e}"))
+}
+
 /// An aggregate's state as its stream stores it.
 pub trait Stream {
     type Event: Serialize;

@@ -1,33 +1,77 @@
 //! The thin actix shell around the account core: load (snapshot + tail),
 //! decide (the core's [`Aggregate`], reading the ledger and timeline through
-//! [`StoreReads`]), append (with the ledger and timeline projections),
+//! `StoreReads`), append (with the ledger and timeline projections),
 //! apply, run the effects, reply once durable.
 
-use super::command::AccountEnv;
-use super::decision::{Decision, Effect, Reply as Decided, Written};
-use super::events::{AccountEvent, PushSubscription};
-use super::ledger::{self, SendEntry};
-use super::method::push_subscribe::push_targets;
-use super::method::timeline_replicate as replica;
 use super::reads::{StoreReads, UnfinishedSends};
-use super::session::{Challenges, Grant};
-use super::state::AccountState;
-use super::{stream_id, sweep, timeline, Ctx, Reads};
-use super::{Env, Ports};
-use crate::delivery::{self, aggregate::Begun};
-use crate::internal;
-use crate::policy::Policy;
-use crate::sessions::Session;
-use crate::shell::{self, EventSourced, Stream};
-use crate::store::{Batch, Head, NewEvent, StoreError, StoredEvent, Ticket};
+use super::sweep;
+use crate::delivery;
+use crate::metrics::Metrics;
+use crate::notify::Notifier;
+use crate::routes::RouteBook;
+use crate::sessions::{Session, Sessions};
+use crate::shell::{self, internal, EventSourced, Stream};
+use crate::store::{Batch, Head, NewEvent, Store, StoreError, StoredEvent, Ticket};
 use actix::prelude::*;
+use relay_core::account::command::AccountEnv;
+use relay_core::account::decision::{Decision, Effect, Reply as Decided, Written};
+use relay_core::account::events::{AccountEvent, PushSubscription};
+use relay_core::account::ledger::{self, SendEntry};
+use relay_core::account::method::push_subscribe::push_targets;
+use relay_core::account::method::timeline_replicate as replica;
+use relay_core::account::session::{Challenges, Grant};
+use relay_core::account::state::AccountState;
+use relay_core::account::{timeline, Ctx, Reads};
 use relay_core::aggregate::Aggregate;
+use relay_core::clock::SharedClock;
+use relay_core::delivery::aggregate::Begun;
+use relay_core::policy::Policy;
+use relay_core::push::PushSink;
 use relay_core::retention::{self, IndexEntry};
 use relay_schemas::{DeliveryStatus, RelayError, UnixMillis, UnixSecs};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
+
+/// The shared handles an account reads and writes directly (cheap to clone).
+#[derive(Clone)]
+pub struct Env {
+    pub store: Store,
+    pub clock: SharedClock,
+    pub policy: Arc<Policy>,
+    /// Where an account's newest route goes when it writes one.
+    pub routes: RouteBook,
+    /// Session tokens: `session.open` stores one, a revoked device's end.
+    pub sessions: Sessions,
+    /// Connected devices, told of new records and statuses once durable.
+    pub notifier: Notifier,
+    /// The Web Push sender, once push is on.
+    pub push: Arc<OnceLock<Arc<dyn PushSink>>>,
+    /// The replicator, once the relay runs one.
+    pub replica: Arc<OnceLock<Arc<dyn ReplicaSink>>>,
+    pub metrics: Arc<Metrics>,
+}
+
+/// What an account tells whoever keeps the resident actors.
+pub trait Ports: Send + Sync + 'static {
+    /// Actor `addr` of `account_id` left memory: forget it, unless it was
+    /// already replaced.
+    fn passivated(&self, account_id: &str, addr: &Addr<AccountActor>);
+    /// A delivery this account began for its other home (written with its
+    /// due entry) is due at `due_ms`.
+    fn schedule(&self, stream: String, due_ms: relay_schemas::UnixMillis);
+}
+
+/// Who carries an account's news to its other home relay (`timeline.replicate`).
+pub trait ReplicaSink: Send + Sync + 'static {
+    /// `account_id` wrote events `partner` has not seen: have it pull.
+    fn changed(&self, account_id: &str, partner: &str);
+}
+
+pub fn stream_id(account_id: &str) -> String {
+    format!("account/{account_id}")
+}
 
 /// Every command an account takes ([`relay_core::account::AccountCmd`]),
 /// a settling delivery's own writes riding along.
@@ -202,7 +246,7 @@ impl AccountActor {
         let mut es = EventSourced::at(stream, state, head);
         es.replay(&store, |_| {})?;
         let (stream, head) = (&es.stream, es.head);
-        let layout = super::stored_layout(&store, account_id)?.map_err(|what| StoreError::Corrupt {
+        let layout = super::upgrade::stored_layout(&store, account_id)?.map_err(|what| StoreError::Corrupt {
             stream: stream.clone(),
             seq: head.seq,
             what,
@@ -603,7 +647,7 @@ impl AccountActor {
             if !subscribed.iter().any(|(d, s)| *d == device_id && *s == subscription) {
                 continue;
             }
-            sink.offer(crate::push::PushJob {
+            sink.offer(relay_core::push::PushJob {
                 account_id: account.to_string(),
                 device_id,
                 sequence,

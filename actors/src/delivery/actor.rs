@@ -3,19 +3,74 @@
 //! due. Persist before effect: the attempt is durable before the request
 //! goes out, the outcome before the next timer is armed.
 
-use super::aggregate::{combine, other_home_to_ask, DeliveryCmd, DeliveryCtx, DeliveryEvent, DeliveryState};
-use super::transport::{AttemptOutcome, LocalFuture, RouteLookup};
-use super::{due_key, Env, Ports, Recorded, ReportOutcome, Settlement};
-use crate::metrics::DestinationLabels;
+use super::shared::{self, due_key, Recorded, ReportOutcome, Settlement};
+use super::transport::{LocalFuture, RouteLookup, Transport};
+use crate::metrics::{DestinationLabels, Metrics};
+use crate::routes::RouteBook;
 use crate::shell::{EventSourced, Stream};
-use crate::store::{Batch, Head, StoreError, StoredEvent, Ticket};
+use crate::store::{Batch, Head, Store, StoreError, StoredEvent, Ticket};
 use actix::prelude::*;
 use relay_core::aggregate::Aggregate;
+use relay_core::clock::SharedClock;
+use relay_core::delivery::aggregate::{
+    combine, other_home_to_ask, DeliveryCmd, DeliveryCtx, DeliveryEvent, DeliveryState,
+};
+use relay_core::delivery::outcome::AttemptOutcome;
+use relay_core::policy::Policy;
+use relay_schemas::methods::DeliverParams;
 use relay_schemas::objects::Route;
 use relay_schemas::{DeliveryStatus, RelayError, UnixMillis, Wire};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::oneshot;
+use tokio::sync::Semaphore;
+
+/// The shared handles a delivery reads directly (cheap to clone).
+#[derive(Clone)]
+pub struct Env {
+    pub store: Store,
+    pub clock: SharedClock,
+    pub policy: Arc<Policy>,
+    pub routes: RouteBook,
+    pub transport: Arc<dyn Transport>,
+    pub metrics: Arc<Metrics>,
+}
+
+/// What a delivery asks of the rest of the relay: the accounts (local
+/// recipients, the sender's record), route lookups, timers and the
+/// per-destination slots. A narrow port, so deliveries never call back into
+/// the service that starts them.
+pub trait Ports: Send + Sync + 'static {
+    /// `message.deliver` to local account `to`, answered at once: the
+    /// outcome reaches the sender's client only after the sender's account
+    /// has written it durably, a later commit that covers this receipt.
+    /// (An account of a sibling shard is reached through the transport.)
+    fn deliver_local(&self, to: &str, params: DeliverParams, digest: String) -> LocalFuture<AttemptOutcome>;
+    /// Records an outcome in the sender `from`'s account (idempotent),
+    /// answered once durable.
+    fn report(&self, from: &str, outcome: ReportOutcome) -> LocalFuture<Result<Recorded, RelayError>>;
+    /// The best route known for `account_id`; with `fresh`, the peers are
+    /// asked first, bypassing the cache.
+    fn lookup_route(&self, account_id: &str, fresh: bool) -> LocalFuture<RouteLookup>;
+    /// Arms the timer of `stream`'s next attempt at `destinations` (relay
+    /// ids; empty when no route is known): a destination heard from again
+    /// makes it due at once.
+    fn schedule_to(&self, stream: String, due_ms: UnixMillis, destinations: Vec<String>);
+    /// Actor `addr` of `stream` is stopping: the next start of `stream`
+    /// gets a new actor (it reads what this one wrote).
+    fn stopping(&self, stream: &str, addr: &Addr<DeliveryActor>);
+    /// The actor of `stream` has stopped.
+    fn stopped(&self, stream: &str);
+    /// The attempt slots of destination `relay_id`
+    /// (`limits.max_in_flight_per_destination`).
+    fn destination(&self, relay_id: &str) -> Arc<Semaphore>;
+    /// Peer `relay_id` answered: its waiting deliveries may start now.
+    fn peer_seen(&self, relay_id: &str);
+    /// Whether the sender `from`'s account here records the message
+    /// `target_accepted` while this delivery has not ended: its other home
+    /// delivered it (learned by `timeline.replicate`).
+    fn delivered_by_other_home(&self, from: &str, message_id: &str) -> bool;
+}
 
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -137,8 +192,8 @@ impl DeliveryActor {
     fn log_finished(&self, status: &DeliveryStatus) {
         let s = &self.es.state;
         let elapsed_s = self.env.clock.now().since(s.accepted_at);
-        let ids = super::Ids { from: &s.from, message_id: &s.message_id, to: &s.to };
-        super::finished(&self.env.metrics, ids, &self.target_ids(), s.attempts, elapsed_s, status);
+        let ids = shared::Ids { from: &s.from, message_id: &s.message_id, to: &s.to };
+        shared::finished(&self.env.metrics, ids, &self.target_ids(), s.attempts, elapsed_s, status);
     }
 
     fn durable(&self) -> impl std::future::Future<Output = Result<(), RelayError>> + 'static {
@@ -291,7 +346,7 @@ impl DeliveryActor {
                 return AttemptOutcome::NotAttempted(e);
             }
             if remote {
-                crate::crash::point(&env.store, "deliver.before_send").await;
+                crate::crash::point("deliver.before_send", || env.store.durable(env.store.committed())).await;
             }
             // Every relay of the route at once; the first acceptance wins.
             let tries = relays.iter().map(|relay| {
@@ -336,7 +391,7 @@ impl DeliveryActor {
             });
             let outcome = combine(futures_util::future::join_all(tries).await);
             if remote {
-                crate::crash::point(&env.store, "deliver.before_outcome").await;
+                crate::crash::point("deliver.before_outcome", || env.store.durable(env.store.committed())).await;
             }
             outcome
         };
@@ -353,7 +408,7 @@ impl DeliveryActor {
         {
             self.ports.peer_seen(relay);
         }
-        super::count_attempt(&self.env.metrics, &outcome);
+        shared::count_attempt(&self.env.metrics, &outcome);
         let events = match self.decide(&DeliveryCmd::Outcome { attempt, outcome: &outcome }, now) {
             Ok(events) => events,
             Err(e) => return self.retry_later(ctx, &e),

@@ -49,7 +49,8 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 
 use super::engine::{Engine, KvIter, Write};
-use super::{wal, StoreError};
+use super::types::StoreError;
+use super::wal;
 
 /// Group messages are split past this size (JetStream's default
 /// `max_payload` is 1 MiB); the parts go in one atomic batch.
