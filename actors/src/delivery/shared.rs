@@ -56,6 +56,10 @@ pub fn count_attempt(metrics: &Metrics, outcome: &AttemptOutcome) {
     metrics.attempts.get_or_create(&OutcomeLabels { outcome: kind.into() }).inc();
 }
 
+/// The log target of a delivery's end, as docs/operate/logs.md names it
+/// (`RUST_LOG=…,relay_actors::delivery=debug`), whichever file writes it.
+const LOG_TARGET: &str = "relay_actors::delivery";
+
 /// Which message a delivery carries.
 #[derive(Clone, Copy)]
 pub struct Ids<'a> {
@@ -74,14 +78,14 @@ pub fn finished(metrics: &Metrics, m: Ids, target: &str, attempts: u32, elapsed_
     let outcome = status.status.as_str();
     match &status.error {
         None => {
-            tracing::debug!(from = %from, message_id = %message_id, to = %to, target = %target, attempts, elapsed_s,
-            status = %outcome, "delivery finished")
+            tracing::debug!(target: LOG_TARGET, from = %from, message_id = %message_id, to = %to, target = %target,
+                attempts, elapsed_s, status = %outcome, "delivery finished")
         }
         Some(e) => {
-            tracing::warn!(message_id = %message_id, target = %target, attempts, elapsed_s, status = %outcome,
-                error = %e.code.as_str(), reason = e.message.as_str(), "delivery failed");
-            tracing::debug!(from = %from, message_id = %message_id, to = %to, target = %target, status = %outcome,
-                "delivery failed")
+            tracing::warn!(target: LOG_TARGET, message_id = %message_id, target = %target, attempts, elapsed_s,
+                status = %outcome, error = %e.code.as_str(), reason = e.message.as_str(), "delivery failed");
+            tracing::debug!(target: LOG_TARGET, from = %from, message_id = %message_id, to = %to, target = %target,
+                status = %outcome, "delivery failed")
         }
     }
     let labels = StatusLabels {
