@@ -36,7 +36,7 @@
 //! - `rewrite.after_switch`: `tree` names the copy, the old sled's files
 //!   are still there.
 
-use crate::store::Store;
+use std::future::Future;
 
 /// Whether crash points are compiled in (the `crash-points` feature).
 pub fn compiled_in() -> bool {
@@ -63,13 +63,14 @@ fn fires(_name: &str) -> bool {
     false
 }
 
-/// The crash point `name`: aborts the process if armed, after what was
-/// committed so far is durable.
-pub async fn point(store: &Store, name: &str) {
+/// The crash point `name`: aborts the process if armed, once `committed`'s
+/// wait ends (everything committed so far durable: the caller's store,
+/// named by the caller so this module stays below the store).
+pub async fn point<F: Future>(name: &str, committed: impl FnOnce() -> F) {
     if !fires(name) {
         return;
     }
-    let _ = store.durable(store.committed()).await;
+    let _ = committed().await;
     eprintln!("crash point {name}: aborting");
     std::process::abort();
 }

@@ -8,7 +8,7 @@
 //!    (the index sorts by time: nothing else is read), and stops when none
 //!    are;
 //! 2. before the first deletion of the pass, has a signed checkpoint
-//!    written ([`Checkpointer`]), so whatever it prunes was covered by one
+//!    written ([`Checkpointer`](crate::supervisor::Checkpointer)), so whatever it prunes was covered by one
 //!    its peers could witness; without one it deletes nothing;
 //! 3. hands each account its entries; the account actor deletes and
 //!    answers once that is durable (it serializes with the account's own
@@ -26,14 +26,6 @@ use crate::supervisor::Supervisor;
 use relay_core::retention::{self, IndexEntry};
 use std::collections::BTreeMap;
 use std::time::Duration;
-
-/// Writes a signed checkpoint of the whole store (PROTOCOL §10): the sweep
-/// asks for one before it prunes anything, so every pruned event was
-/// covered by a checkpoint its peers could witness. Blocking: the sweep
-/// calls it off the event loop.
-pub trait Checkpointer: Send + Sync + 'static {
-    fn checkpoint(&self) -> Result<(), String>;
-}
 
 /// Index entries one turn takes at most.
 pub const TURN: usize = 512;
@@ -194,8 +186,8 @@ fn due_entries(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::account::AccountEvent;
     use crate::store::{Head, NewEvent, Store};
+    use relay_core::account::AccountEvent;
     use relay_schemas::UnixSecs;
 
     fn received(message_id: &str, retention_until: u64) -> AccountEvent {

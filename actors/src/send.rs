@@ -23,8 +23,9 @@
 //! status and ledger entry and the due-index removal as one commit.
 
 use crate::account::{AccountCmd, Reply};
-use crate::delivery::{self, AttemptOutcome};
+use crate::delivery;
 use crate::supervisor::Supervisor;
+use relay_core::delivery::outcome::AttemptOutcome;
 use relay_core::send::{Input, Next, SendProcess};
 use relay_schemas::methods::SendParams;
 use relay_schemas::objects::RelayRef;
@@ -83,13 +84,13 @@ impl Supervisor {
                 Next::AskSender(cmd) => Input::Replied(self.ask(account, cmd).await?),
                 Next::Receive(receipt) => {
                     let outcome = self.receive(process.to(), receipt).await;
-                    crate::crash::point(&self.store(), "send.after_receipt").await;
+                    crate::crash::point("send.after_receipt", || self.store().durable(self.store().committed())).await;
                     delivery::count_attempt(self.metrics(), &outcome);
                     Input::Received(outcome)
                 }
                 Next::RefuseWhenDurable(e) => {
                     let store = self.store();
-                    store.durable(store.committed()).await.map_err(|e| crate::internal(&e))?;
+                    store.durable(store.committed()).await.map_err(|e| crate::shell::internal(&e))?;
                     return Err(e);
                 }
                 Next::Answer { reply, finished } => {

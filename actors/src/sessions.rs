@@ -83,7 +83,7 @@ impl Sessions {
     /// `token` (fresh, from the account's decision), its session written into `batch` with its device index
     /// entry, and the device's oldest sessions removed in the same batch so
     /// that it holds at most `max_per_device`. The caller commits the batch
-    /// and calls [`Sessions::remember`] once it is durable. Only the
+    /// and then calls [`Sessions::remember_issued`]. Only the
     /// account's actor issues its sessions, so the index cannot change
     /// between the read here and the commit.
     pub fn issue(
@@ -203,7 +203,7 @@ pub struct Issued {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::{Clock, ManualClock};
+    use relay_core::clock::{Clock, ManualClock};
     use relay_schemas::encoding::b64_encode;
 
     fn session(device: &str, expires_at: u64) -> Session {

@@ -1,16 +1,26 @@
-//! What every event-sourced actor does with its stream, whatever its
-//! aggregate: start from the latest snapshot or pruned-prefix marker, fold
-//! in the tail, stage its new events in a batch after its head, follow a
-//! commit (head, ticket, cadence of snapshots), snapshot, and wait for
-//! durability before anyone outside hears of a write. The aggregate gives
-//! its event codec and `apply` through [`Stream`]; its actor keeps what is
-//! its own (projections riding in the batch, effects, timers).
+//! What every event-sourced actor does, whatever its aggregate: start from
+//! the latest snapshot or pruned-prefix marker, fold in the tail, and run
+//! each command through the one loop, [`Shell::run`]: decide, stage the
+//! events after the head with what the actor writes beside them, commit,
+//! fold them in, snapshot on cadence, carry out the effects; the reply
+//! waits for durability ([`EventSourced::durable`]) before anyone outside
+//! hears of a write. The aggregate gives its event codec and `apply`
+//! through [`Stream`] and its decisions through `relay_core`'s `Aggregate`;
+//! its actor keeps what is its own (projections, effects, timers) in the
+//! loop's hooks.
 
 use crate::store::{Batch, Head, NewEvent, Snapshot, Store, StoreError, StoredEvent, Ticket};
-use relay_schemas::{RelayError, UnixSecs};
+use relay_core::aggregate::{Decided, Decision};
+use relay_schemas::{RelayError, UnixMillis, UnixSecs};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::future::Future;
+
+/// Any error as `internal`: for failures a caller cannot act on (the
+/// store, encoding), told with their text.
+pub(crate) fn internal(e: &dyn std::fmt::Display) -> RelayError {
+    RelayError::internal(format!("{e}"))
+}
 
 /// An aggregate's state as its stream stores it.
 pub trait Stream {
@@ -114,7 +124,18 @@ impl<S: Stream> EventSourced<S> {
 
     /// Completes once everything this actor committed is durable.
     pub fn durable(&self, store: &Store) -> impl Future<Output = Result<(), RelayError>> + 'static {
-        let wait = self.last_ticket.map(|t| store.durable(t));
+        self.when_durable(store, true)
+    }
+
+    /// [`EventSourced::durable`]; with `ask` false the writer is not asked
+    /// to hurry (a later commit that covers this one is asked for).
+    pub fn when_durable(&self, store: &Store, ask: bool) -> impl Future<Output = Result<(), RelayError>> + 'static {
+        let wait = self.last_ticket.map(|t| {
+            if ask {
+                store.ask_durable(t);
+            }
+            store.when_durable(t)
+        });
         async move {
             match wait {
                 Some(w) => w.await.map_err(|e| e.to_relay_error()),
@@ -143,6 +164,133 @@ impl<S: Stream + Serialize> EventSourced<S> {
             }
             Err(e) => tracing::warn!(stream = %self.stream, error = %e, "snapshot failed"),
         }
+    }
+}
+
+/// What rides in a command's commit besides the aggregate's own events and
+/// projections (another stream's events, index entries), and what writing
+/// it gives back (those streams' heads).
+pub(crate) trait Rides {
+    type Written: Default;
+    /// Whether it writes nothing: a decision without events then commits nothing.
+    fn is_empty(&self) -> bool;
+    /// Adds itself to `batch`, after the events.
+    fn write(self, batch: &mut Batch) -> Self::Written;
+}
+
+/// Nothing rides along.
+impl Rides for () {
+    type Written = ();
+    fn is_empty(&self) -> bool {
+        true
+    }
+    fn write(self, _: &mut Batch) {}
+}
+
+/// The event of a shell's stream.
+pub(crate) type Event<S> = <<S as Shell>::State as Stream>::Event;
+
+/// An event-sourced actor: its aggregate's stream and the hooks of what is
+/// its own. [`Shell::run`] is the loop every command of every aggregate
+/// goes through; an actor writes none of its steps itself.
+pub(crate) trait Shell {
+    type State: Stream + Serialize;
+    /// A command (a delivery's borrow what its step brought back).
+    type Cmd<'c>;
+    type Reply;
+    type Effect;
+    /// What the actor learns while projecting the events into the batch,
+    /// kept for after the commit.
+    type Projected;
+    /// What rides in a commit, borrowed from its command.
+    type Rides<'c>: Rides<Written = Self::Written>;
+    /// What writing the rides gives back.
+    type Written: Default;
+    /// What a command answers.
+    type Out;
+
+    fn es(&mut self) -> &mut EventSourced<Self::State>;
+    fn store(&self) -> Store;
+    fn now_ms(&self) -> UnixMillis;
+    /// A snapshot after this many events; `None`: never (short streams).
+    fn snapshot_every(&self) -> Option<u64> {
+        None
+    }
+
+    /// The aggregate's decision of `cmd` on the current state at `now`
+    /// (the actor gives it policy and its reads).
+    fn decide(&mut self, cmd: &Self::Cmd<'_>, now: UnixMillis) -> Decided<Event<Self>, Self::Reply, Self::Effect>;
+    /// Where a decision's events are written: here (the default), or by
+    /// another stream's writer in its own commit (a delivery's end, in its
+    /// sender account's), when this answers for them, unwritten.
+    fn hand_off(&mut self, events: Vec<Event<Self>>) -> Result<Vec<Event<Self>>, Self::Out> {
+        Ok(events)
+    }
+    /// What rides in the commit of the decision of `cmd` at `now`. May
+    /// fail: nothing is written then.
+    fn rides<'c>(
+        &mut self,
+        cmd: &'c Self::Cmd<'_>,
+        events: &[Event<Self>],
+        effects: &[Self::Effect],
+        now: UnixMillis,
+    ) -> Result<Self::Rides<'c>, RelayError>;
+    /// Writes the events' projections into `batch`, before the events.
+    fn project(&mut self, batch: &mut Batch, events: &[Event<Self>]) -> Result<Self::Projected, RelayError>;
+    /// `event`, the `n`th of the commit `ticket`, was just folded in.
+    fn applied(&mut self, _n: usize, _event: &Event<Self>, _ticket: Ticket, _projected: &Self::Projected) {}
+    /// All of the commit's events are folded in.
+    fn committed(&mut self, _events: &[Event<Self>], _projected: Self::Projected) -> Result<(), RelayError> {
+        Ok(())
+    }
+    /// Carries out the effects of a decision once it is written (`written`:
+    /// what its rides gave back); the answer.
+    fn carry_out(
+        &mut self,
+        reply: Self::Reply,
+        effects: Vec<Self::Effect>,
+        written: Self::Written,
+    ) -> Result<Self::Out, RelayError>;
+
+    /// The loop: decides `cmd`; writes its events, their projections and
+    /// what rides with them in one commit (none when there is nothing to
+    /// write), unless they are handed off; folds them in; snapshots on
+    /// cadence; carries out the effects. On error before the commit nothing
+    /// is written and nothing changes in memory. The caller replies once
+    /// [`EventSourced::durable`].
+    fn run(&mut self, cmd: &Self::Cmd<'_>) -> Result<Self::Out, RelayError> {
+        let now = self.now_ms();
+        let Decision { events, reply, effects } = self.decide(cmd, now)?;
+        let events = match self.hand_off(events) {
+            Ok(events) => events,
+            Err(answer) => return Ok(answer),
+        };
+        let rides = self.rides(cmd, &events, &effects, now)?;
+        let written =
+            if events.is_empty() && rides.is_empty() { Default::default() } else { self.write(events, rides)? };
+        self.carry_out(reply, effects, written)
+    }
+
+    /// Writes `events` with their projections and `rides` in one commit,
+    /// then folds them in.
+    fn write(&mut self, events: Vec<Event<Self>>, rides: Self::Rides<'_>) -> Result<Self::Written, RelayError> {
+        let store = self.store();
+        let now = self.now_ms().secs();
+        let mut batch = store.batch();
+        let projected = self.project(&mut batch, &events)?;
+        let head = self.es().stage(&mut batch, &events, now)?;
+        let written = rides.write(&mut batch);
+        let ticket = self.es().commit(&store, batch, head, events.len())?;
+        for (n, e) in events.iter().enumerate() {
+            self.es().state.fold(e);
+            self.applied(n, e, ticket, &projected);
+        }
+        self.committed(&events, projected)?;
+        let every = self.snapshot_every();
+        if every.is_some_and(|every| self.es().snapshot_due(every)) {
+            self.es().snapshot(&store);
+        }
+        Ok(written)
     }
 }
 
@@ -255,5 +403,133 @@ mod tests {
         es.snapshot(&store);
         assert!(!es.snapshot_due(1));
         assert_eq!(loaded(&store).since_snapshot, 0, "the next load replays nothing");
+    }
+
+    /// A shell of [`Sum`]: a command adds its number (0 is refused, above
+    /// 100 handed off unwritten); its projection keeps the last number, its
+    /// ride the number of effects; it snapshots every 3 events.
+    struct Adder {
+        es: EventSourced<Sum>,
+        store: Store,
+        /// What each command answered, and the events it was told were folded in.
+        folded: Vec<u64>,
+    }
+
+    struct Count(usize);
+
+    impl Rides for Count {
+        type Written = usize;
+        fn is_empty(&self) -> bool {
+            self.0 == 0
+        }
+        fn write(self, batch: &mut Batch) -> usize {
+            batch.kv_put(b"effects", &[self.0 as u8]);
+            self.0
+        }
+    }
+
+    impl Shell for Adder {
+        type State = Sum;
+        type Cmd<'c> = u64;
+        type Reply = u64;
+        type Effect = ();
+        type Projected = u64;
+        type Rides<'c> = Count;
+        type Written = usize;
+        type Out = (u64, usize);
+
+        fn es(&mut self) -> &mut EventSourced<Sum> {
+            &mut self.es
+        }
+        fn store(&self) -> Store {
+            self.store.clone()
+        }
+        fn now_ms(&self) -> UnixMillis {
+            UnixMillis(0)
+        }
+        fn snapshot_every(&self) -> Option<u64> {
+            Some(3)
+        }
+        fn decide(&mut self, n: &u64, _: UnixMillis) -> Decided<u64, u64, ()> {
+            match *n {
+                0 => Err(RelayError::internal("zero")),
+                // Even numbers have an effect.
+                n => Ok(Decision {
+                    events: vec![n],
+                    reply: self.es.state.0 + n,
+                    effects: vec![(); (n % 2 == 0) as usize],
+                }),
+            }
+        }
+        fn hand_off(&mut self, events: Vec<u64>) -> Result<Vec<u64>, (u64, usize)> {
+            match events.as_slice() {
+                [n] if *n > 100 => Err((*n, 0)),
+                _ => Ok(events),
+            }
+        }
+        fn rides<'c>(&mut self, _: &u64, _: &[u64], effects: &[()], _: UnixMillis) -> Result<Count, RelayError> {
+            Ok(Count(effects.len()))
+        }
+        fn project(&mut self, batch: &mut Batch, events: &[u64]) -> Result<u64, RelayError> {
+            batch.kv_put(b"last", &events[0].to_be_bytes());
+            Ok(events[0])
+        }
+        fn applied(&mut self, _: usize, event: &u64, _: Ticket, projected: &u64) {
+            assert_eq!(event, projected);
+            self.folded.push(self.es.state.0);
+        }
+        fn carry_out(&mut self, reply: u64, _: Vec<()>, written: usize) -> Result<(u64, usize), RelayError> {
+            Ok((reply, written))
+        }
+    }
+
+    fn adder(store: &Store) -> Adder {
+        Adder {
+            es: EventSourced::at(STREAM.into(), Sum::default(), Head::default()),
+            store: store.clone(),
+            folded: vec![],
+        }
+    }
+
+    #[test]
+    fn the_loop_writes_events_projections_and_rides_in_one_commit_then_folds_them_in() {
+        let store = Store::temporary().unwrap();
+        let mut shell = adder(&store);
+        assert_eq!(shell.run(&2).unwrap(), (2, 1), "the reply, and what the ride wrote");
+        assert_eq!((shell.es.state.0, &shell.folded, shell.es.head.seq), (2, &vec![2], 1));
+        assert_eq!(store.kv_get(b"last").unwrap(), Some(2u64.to_be_bytes().to_vec()));
+        assert_eq!(store.kv_get(b"effects").unwrap(), Some(vec![1]));
+        assert_eq!(loaded(&store).state, Sum(2), "the event is in the stream");
+    }
+
+    #[test]
+    fn a_refused_command_writes_nothing_and_changes_nothing() {
+        let store = Store::temporary().unwrap();
+        let mut shell = adder(&store);
+        shell.run(&1).unwrap();
+        let committed = store.committed();
+        assert!(shell.run(&0).is_err());
+        assert_eq!((store.committed(), shell.es.state.0, shell.es.head.seq), (committed, 1, 1));
+    }
+
+    #[test]
+    fn a_decision_handed_off_is_answered_unwritten() {
+        let store = Store::temporary().unwrap();
+        let mut shell = adder(&store);
+        assert_eq!(shell.run(&101).unwrap(), (101, 0));
+        assert_eq!((shell.es.state.0, shell.es.head.seq, shell.es.last_ticket), (0, 0, None));
+        assert_eq!(store.head(STREAM).unwrap(), Head::default());
+    }
+
+    #[test]
+    fn the_loop_snapshots_on_its_cadence_and_a_load_replays_only_the_tail() {
+        let store = Store::temporary().unwrap();
+        let mut shell = adder(&store);
+        for n in [1, 3, 5, 7] {
+            shell.run(&n).unwrap();
+        }
+        assert_eq!(store.load_snapshot(STREAM).unwrap().map(|s| s.seq), Some(3));
+        let es = loaded(&store);
+        assert_eq!((es.state, es.since_snapshot), (Sum(16), 1));
     }
 }

@@ -3,18 +3,19 @@
 //! restores them on start from the due-time index of in-flight deliveries.
 
 use crate::account::{self, actor::Answer, AccountActor, AccountCmd, Reply};
-use crate::clock::SharedClock;
 use crate::delivery::transport::LocalFuture;
 use crate::delivery::{self, actor::DeliveryActor, Recorded, ReportOutcome, RouteLookup, Transport};
 use crate::metrics::Metrics;
 use crate::notify::Notifier;
-use crate::policy::Policy;
 use crate::routes::RouteBook;
 use crate::sessions::Sessions;
 use crate::store::Store;
 use actix::prelude::*;
 use dashmap::DashMap;
+use relay_core::clock::SharedClock;
 use relay_core::delivery::due::DueQueue;
+use relay_core::delivery::outcome::AttemptOutcome;
+use relay_core::policy::Policy;
 use relay_schemas::objects::Route;
 use relay_schemas::{DeliveryStatus, RelayError, UnixMillis, Wire};
 use std::collections::HashMap;
@@ -23,7 +24,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 use tokio::sync::oneshot;
 
-use crate::internal;
+use crate::shell::internal;
 
 /// A resident account actor and its last use (a stamp of `Inner::uses`).
 struct Resident {
@@ -59,12 +60,12 @@ struct Inner {
     deliveries: Mutex<HashMap<String, Addr<DeliveryActor>>>,
     scheduler: OnceLock<Addr<Scheduler>>,
     /// The Web Push sender, when push is on.
-    push: Arc<OnceLock<Arc<dyn crate::push::PushSink>>>,
+    push: Arc<OnceLock<Arc<dyn relay_core::push::PushSink>>>,
     /// The replicator between an account's two home relays, when running.
     replica: Arc<OnceLock<Arc<dyn account::ReplicaSink>>>,
     /// Who writes a signed checkpoint before the sweep prunes (none: the
     /// sweep prunes without one, as in tests of the store alone).
-    checkpointer: OnceLock<Arc<dyn crate::retention::Checkpointer>>,
+    checkpointer: OnceLock<Arc<dyn Checkpointer>>,
     /// Route lookups at the peers in progress, with who waits for each:
     /// one fetch per account however many ask (single flight).
     lookups: Mutex<HashMap<String, Vec<oneshot::Sender<RouteLookup>>>>,
@@ -84,6 +85,14 @@ const MISS_ENTRIES: usize = 65_536;
 
 fn miss_cache() -> quick_cache::sync::Cache<String, (UnixMillis, RouteLookup)> {
     quick_cache::sync::Cache::new(MISS_ENTRIES)
+}
+
+/// Writes a signed checkpoint of the whole store (PROTOCOL §10): the sweep
+/// asks for one before it prunes anything, so every pruned event was
+/// covered by a checkpoint its peers could witness. Blocking: the sweep
+/// calls it off the event loop.
+pub trait Checkpointer: Send + Sync + 'static {
+    fn checkpoint(&self) -> Result<(), String>;
 }
 
 /// Cheap to clone; shared by the transport and every actor.
@@ -122,7 +131,7 @@ impl Supervisor {
 
     /// Installs the checkpoint writer the sweep calls before pruning.
     /// Later calls are ignored.
-    pub fn set_checkpointer(&self, checkpointer: Arc<dyn crate::retention::Checkpointer>) {
+    pub fn set_checkpointer(&self, checkpointer: Arc<dyn Checkpointer>) {
         let _ = self.inner.checkpointer.set(checkpointer);
     }
 
@@ -170,7 +179,7 @@ impl Supervisor {
     }
 
     /// Sets the Web Push sender accounts hand their wake-ups to (once).
-    pub fn set_push_sink(&self, sink: Arc<dyn crate::push::PushSink>) {
+    pub fn set_push_sink(&self, sink: Arc<dyn relay_core::push::PushSink>) {
         let _ = self.inner.push.set(sink);
     }
 
@@ -426,7 +435,7 @@ impl Supervisor {
         Err(RelayError::unavailable("account actor unavailable"))
     }
 
-    pub(crate) fn checkpointer(&self) -> Option<Arc<dyn crate::retention::Checkpointer>> {
+    pub(crate) fn checkpointer(&self) -> Option<Arc<dyn Checkpointer>> {
         self.inner.checkpointer.get().cloned()
     }
 
@@ -530,7 +539,7 @@ impl account::Ports for Supervisor {
 /// Deliveries reach accounts, route lookups and timers through here.
 impl delivery::Ports for Supervisor {
     fn delivered_by_other_home(&self, from: &str, message_id: &str) -> bool {
-        use account::Reads;
+        use relay_core::account::Reads;
         let stream = account::stream_id(from);
         let reads =
             account::StoreReads { store: &self.inner.store, account_id: from, stream: &stream, unfinished: None };
@@ -545,15 +554,15 @@ impl delivery::Ports for Supervisor {
         to: &str,
         params: relay_schemas::methods::DeliverParams,
         digest: String,
-    ) -> LocalFuture<delivery::AttemptOutcome> {
+    ) -> LocalFuture<AttemptOutcome> {
         let (sup, to) = (self.clone(), to.to_owned());
         Box::pin(async move {
             let known = match sup.routes().get(&params.envelope.from) {
                 Ok(known) => known,
-                Err(e) => return delivery::AttemptOutcome::Unknown(RelayError::internal(e.to_string())),
+                Err(e) => return AttemptOutcome::Unknown(RelayError::internal(e.to_string())),
             };
             if let Err(e) = sup.check_sending_device(&params.envelope, known.as_ref()).await {
-                return delivery::AttemptOutcome::Rejected(e);
+                return AttemptOutcome::Rejected(e);
             }
             sup.receive(&to, AccountCmd::MessageDeliver { params, digest }).await
         })

@@ -27,8 +27,8 @@
 //!   `replica_served`, `replica_acked`, `replica_reset`) were added
 //!   (`timeline.replicate`); again no existing type changed.
 
-use crate::account::AccountEvent;
 use crate::store::{RawEvent, StoreError, StoredEvent};
+use relay_core::account::AccountEvent;
 use relay_core::delivery::aggregate::DeliveryEvent;
 use relay_schemas::{DeliveryHandling, ErrorCode};
 use serde::de::DeserializeOwned;

@@ -5,9 +5,11 @@
 use relay_actors::account::{AccountCmd, Reply};
 use relay_actors::delivery;
 use relay_actors::delivery::transport::{LocalFuture, RouteLookup, Transport};
-use relay_actors::{ManualClock, Policy, Supervisor};
+use relay_actors::Supervisor;
+use relay_core::clock::ManualClock;
 use relay_core::delivery::aggregate::DeliveryEvent;
 use relay_core::delivery::outcome::AttemptOutcome;
+use relay_core::policy::Policy;
 use relay_schemas::client::{key_box, Account, Device};
 use relay_schemas::methods::{DeliverParams, RegisterParams, SendParams};
 use relay_schemas::objects::{RelayRef, Route};
@@ -186,8 +188,8 @@ async fn other_home_relay_reporting_target_accepted_ends_the_delivery_without_co
 /// next due step, before any attempt and without asking.
 #[actix_rt::test]
 async fn a_result_replicated_from_the_other_home_ends_the_delivery_without_asking_or_contacting() {
-    use relay_actors::account::method::timeline_replicate::{Item, Page};
-    use relay_actors::account::AccountEvent;
+    use relay_core::account::method::timeline_replicate::{Item, Page};
+    use relay_core::account::AccountEvent;
     let w = world(Some("relay-a2")).await;
     let (mid, _) = w.send(1).await;
     assert_eq!(*w.script.delivered.lock().unwrap(), 1);

@@ -6,7 +6,9 @@
 use relay_actors::account::AccountCmd;
 use relay_actors::delivery::NoPeers;
 use relay_actors::store::{Engine, KvIter, ModelEngine, Store, StoreError, Write};
-use relay_actors::{ManualClock, Policy, Supervisor};
+use relay_actors::Supervisor;
+use relay_core::clock::ManualClock;
+use relay_core::policy::Policy;
 use relay_schemas::client::{key_box, Account, Device};
 use relay_schemas::methods::{RegisterParams, SendParams};
 use relay_schemas::ErrorCode;

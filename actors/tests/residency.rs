@@ -6,7 +6,9 @@
 
 use relay_actors::account::{AccountCmd, Reply};
 use relay_actors::delivery::NoPeers;
-use relay_actors::{ManualClock, Policy, Supervisor};
+use relay_actors::Supervisor;
+use relay_core::clock::ManualClock;
+use relay_core::policy::Policy;
 use relay_schemas::client::{Account, Device};
 use relay_schemas::methods::RegisterParams;
 use relay_schemas::Wire;

@@ -24,7 +24,8 @@ use relay::config::Config;
 use relay_actors::account::AccountCmd;
 use relay_actors::delivery::NoPeers;
 use relay_actors::store::Store;
-use relay_actors::{SharedClock, Supervisor, SystemClock};
+use relay_actors::Supervisor;
+use relay_core::clock::{SharedClock, SystemClock};
 use relay_schemas::client::{Account, Device};
 use relay_schemas::methods::RegisterParams;
 use std::path::Path;
@@ -142,7 +143,7 @@ pub fn seed(config: &Path, n: u64) -> Result<Duration, String> {
 /// asked and awaited (until durable), then every actor passivated.
 fn register_all(
     store: Store,
-    policy: relay_actors::Policy,
+    policy: relay_core::policy::Policy,
     mut rx: tokio::sync::mpsc::Receiver<Result<Registration, String>>,
     bar: &indicatif::ProgressBar,
 ) -> Result<(), String> {

@@ -2,11 +2,11 @@
 
 use super::{Fixture, NOW};
 use criterion::{criterion_group, BatchSize, Criterion, Throughput};
-use relay_actors::account::method::account_register::register;
-use relay_actors::account::method::message_send::{send, SendDecision};
-use relay_actors::account::Ctx;
-use relay_actors::account::{AccountEvent, AccountState};
-use relay_actors::Policy;
+use relay_core::account::method::account_register::register;
+use relay_core::account::method::message_send::{send, SendDecision};
+use relay_core::account::Ctx;
+use relay_core::account::{AccountEvent, AccountState};
+use relay_core::policy::Policy;
 use relay_schemas::methods::{RegisterParams, SendParams};
 
 fn account(c: &mut Criterion) {

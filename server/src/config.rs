@@ -2,7 +2,7 @@
 //! environment variable `RELAY__SECTION__KEY` (e.g. `RELAY__LIMITS__MAX_BOXES=16`,
 //! `RELAY__DELIVERY__RETRY_TIMETABLE=0s,1s,5s`).
 
-use relay_actors::Policy;
+use relay_core::policy::Policy;
 use serde::{Deserialize, Deserializer};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -794,7 +794,7 @@ impl Config {
     }
 
     /// Loads `path`, then applies `RELAY__SECTION__KEY` overrides, resolves
-    /// relative paths ([`Config::resolve_paths`]), then checks.
+    /// relative paths (`Config::resolve_paths`), then checks.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let shown = path.display().to_string();
         let load =

@@ -10,7 +10,7 @@ use actix_web::http::StatusCode;
 use awc::error::{ConnectError, SendRequestError};
 use ed25519_dalek::SigningKey;
 use relay_actors::delivery::transport::{LocalFuture, PeerRoute, RouteLookup, Transport};
-use relay_actors::SharedClock;
+use relay_core::clock::SharedClock;
 use relay_core::delivery::outcome::AttemptOutcome;
 use relay_schemas::error::{RemoteError, RemoteErrorBody};
 use relay_schemas::methods::{AccountIdParams, DeliverBatchResult, DeliverParams, PeerStatusParams, PeerStatusResult};
@@ -93,7 +93,7 @@ impl PeerClient {
         peers: &[Peer],
         connect: Connect,
         clock: SharedClock,
-        policy: &relay_actors::Policy,
+        policy: &relay_core::policy::Policy,
         siblings: Option<crate::cluster::place::ShardPlace>,
     ) -> Self {
         let (clock_tolerance, max_object_bytes) = (policy.clock_tolerance, policy.max_object_bytes);

@@ -21,9 +21,9 @@
 //! 3. POSTs it with `TTL` (`push.ttl`), `Urgency: high`, the whole attempt
 //!    within `push.timeout` (connecting within `push.connect_timeout`),
 //!    no redirects followed, and only to public addresses: the connector
-//!    ([`Egress`]) checks each address after resolution, unless
+//!    (`Egress`) checks each address after resolution, unless
 //!    `push.allow_private_endpoints`;
-//! 4. by the answer ([`relay_actors::push::judge`]): 2xx sent; 404/410 the
+//! 4. by the answer ([`relay_core::push::judge`]): 2xx sent; 404/410 the
 //!    subscription is dropped (an account event); 429/5xx/no answer retried
 //!    at `Retry-After` (else a doubling backoff) up to `push.max_attempts`;
 //!    anything else rejected. Each ends in `relay_push_sent_total{outcome}`.
@@ -35,8 +35,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use relay_actors::account::AccountCmd;
 use relay_actors::metrics::OutcomeLabels;
-use relay_actors::push::{judge, parse_retry_after, Offered, PushJob, PushQueue, PushSink, Verdict};
 use relay_actors::Supervisor;
+use relay_core::push::{judge, parse_retry_after, Offered, PushJob, PushQueue, PushSink, Verdict};
 use relay_schemas::encoding::{b64_decode, b64_encode};
 use relay_schemas::methods::{PushPayload, PushSubscribeParams};
 use relay_schemas::{RelayError, UnixMillis};

@@ -27,12 +27,12 @@ use crate::peers::{CallError, PeerClient};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use relay_actors::account::decision::Outcome;
-use relay_actors::account::events::AccountEvent;
-use relay_actors::account::method::timeline_replicate::pull::{Pull, Queued, Refusal, Step};
-use relay_actors::account::method::timeline_replicate::Page;
 use relay_actors::account::{AccountCmd, ReplicaSink, Reply};
 use relay_actors::Supervisor;
+use relay_core::account::decision::Outcome;
+use relay_core::account::events::AccountEvent;
+use relay_core::account::method::timeline_replicate::pull::{Pull, Queued, Refusal, Step};
+use relay_core::account::method::timeline_replicate::Page;
 use relay_schemas::methods::AccountIdParams;
 use relay_schemas::objects::{DeviceCertificate, Route};
 use relay_schemas::{ErrorCode, Method, RelayError, Wire};
@@ -312,7 +312,7 @@ impl ReplicaSink for Replicator {
 /// message it knows. The number of accounts reset.
 pub fn reset(cfg: &crate::config::Config, only: Option<&str>) -> Result<usize, String> {
     let store = cfg.open_store()?;
-    let clock: relay_actors::SharedClock = Arc::new(relay_actors::SystemClock);
+    let clock: relay_core::clock::SharedClock = Arc::new(relay_core::clock::SystemClock);
     let transport = Arc::new(relay_actors::delivery::transport::NoPeers);
     let sup = Supervisor::new(store.clone(), cfg.policy(), clock, transport);
     let pairs = sup

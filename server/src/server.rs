@@ -1,6 +1,6 @@
 //! Serving one relay core: opens the store, starts the supervisor, the
 //! peer client, push, replication and checkpoints, and the HTTP server on
-//! them ([`run`]); a standalone relay ([`serve`]) or each shard of a
+//! them (`run`); a standalone relay ([`serve`]) or each shard of a
 //! cluster node (`crate::cluster`) runs it.
 
 use crate::{
@@ -10,7 +10,8 @@ use actix_web::dev::Service;
 use actix_web::middleware::{from_fn, Condition};
 use actix_web::{web, App, HttpServer};
 use futures_util::future::Either;
-use relay_actors::{Supervisor, SystemClock};
+use relay_actors::Supervisor;
+use relay_core::clock::SystemClock;
 use std::net::TcpListener;
 use std::os::unix::fs::DirBuilderExt;
 
@@ -92,7 +93,7 @@ pub(crate) async fn run(
     if let Some(place) = &place {
         policy.token_prefix = relay_core::shard::token_prefix(place.index);
     }
-    let clock: relay_actors::SharedClock = Arc::new(SystemClock);
+    let clock: relay_core::clock::SharedClock = Arc::new(SystemClock);
     let tls = Arc::new(http::tls::client_config(h.tls_extra_roots.as_deref())?);
     let peers = peers::PeerClient::new(
         &cfg.relay.id,

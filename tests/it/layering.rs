@@ -653,38 +653,6 @@ const NOT_YET_ONE_WAY: &[(&str, &[&str])] = &[
         ],
     ),
     (
-        "actors/src/lib.rs",
-        &[
-            // The crate root and the supervisor, the actors it starts, and
-            // the store's modules with their parent (shared types in
-            // `store/mod.rs`): issue 42 items 2-3 rework these shells.
-            "crate",
-            "crate::account",
-            "crate::account::actor",
-            "crate::account::reads",
-            "crate::account::sweep",
-            "crate::crash",
-            "crate::delivery",
-            "crate::delivery::actor",
-            "crate::retention",
-            "crate::store",
-            "crate::store::checkpoint",
-            "crate::store::codec",
-            "crate::store::compact",
-            "crate::store::copy",
-            "crate::store::engine",
-            "crate::store::format",
-            "crate::store::jetstream",
-            "crate::store::model",
-            "crate::store::overlay",
-            "crate::store::sled_engine",
-            "crate::store::verify",
-            "crate::store::wal",
-            "crate::store::writer",
-            "crate::supervisor",
-        ],
-    ),
-    (
         "actors/core/src/lib.rs",
         &[
             // The ledger's record formats and the ledger's keys.

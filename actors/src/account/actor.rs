@@ -1,33 +1,79 @@
-//! The thin actix shell around the account core: load (snapshot + tail),
-//! decide (the core's [`Aggregate`], reading the ledger and timeline through
-//! [`StoreReads`]), append (with the ledger and timeline projections),
-//! apply, run the effects, reply once durable.
+//! The account's actix shell: load (snapshot + tail), then every command
+//! through the one loop ([`Shell::run`]), of which this file holds only the
+//! account's hooks: the core's [`Aggregate`] deciding (reading the ledger
+//! and timeline through `StoreReads`), the ledger and timeline projections
+//! and the deliveries riding in the commit, the notifications owed once
+//! durable, the effects; and the reply once durable.
 
-use super::command::AccountEnv;
-use super::decision::{Decision, Effect, Reply as Decided, Written};
-use super::events::{AccountEvent, PushSubscription};
-use super::ledger::{self, SendEntry};
-use super::method::push_subscribe::push_targets;
-use super::method::timeline_replicate as replica;
 use super::reads::{StoreReads, UnfinishedSends};
-use super::session::{Challenges, Grant};
-use super::state::AccountState;
-use super::{stream_id, sweep, timeline, Ctx, Reads};
-use super::{Env, Ports};
-use crate::delivery::{self, aggregate::Begun};
-use crate::internal;
-use crate::policy::Policy;
-use crate::sessions::Session;
-use crate::shell::{self, EventSourced, Stream};
-use crate::store::{Batch, Head, NewEvent, StoreError, StoredEvent, Ticket};
+use super::sweep;
+use crate::delivery;
+use crate::metrics::Metrics;
+use crate::notify::Notifier;
+use crate::routes::RouteBook;
+use crate::sessions::{Session, Sessions};
+use crate::shell::{self, internal, EventSourced, Shell, Stream};
+use crate::store::{Batch, Head, NewEvent, Store, StoreError, StoredEvent, Ticket};
 use actix::prelude::*;
+use relay_core::account::command::AccountEnv;
+use relay_core::account::decision::{Decision, Effect, Reply as Decided, Written};
+use relay_core::account::events::{AccountEvent, PushSubscription};
+use relay_core::account::ledger::{self, SendEntry};
+use relay_core::account::method::push_subscribe::push_targets;
+use relay_core::account::method::timeline_replicate as replica;
+use relay_core::account::session::{Challenges, Grant};
+use relay_core::account::state::AccountState;
+use relay_core::account::{timeline, Ctx, Reads};
 use relay_core::aggregate::Aggregate;
+use relay_core::clock::SharedClock;
+use relay_core::delivery::aggregate::Begun;
+use relay_core::policy::Policy;
+use relay_core::push::PushSink;
 use relay_core::retention::{self, IndexEntry};
 use relay_schemas::{DeliveryStatus, RelayError, UnixMillis, UnixSecs};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
+
+/// The shared handles an account reads and writes directly (cheap to clone).
+#[derive(Clone)]
+pub struct Env {
+    pub store: Store,
+    pub clock: SharedClock,
+    pub policy: Arc<Policy>,
+    /// Where an account's newest route goes when it writes one.
+    pub routes: RouteBook,
+    /// Session tokens: `session.open` stores one, a revoked device's end.
+    pub sessions: Sessions,
+    /// Connected devices, told of new records and statuses once durable.
+    pub notifier: Notifier,
+    /// The Web Push sender, once push is on.
+    pub push: Arc<OnceLock<Arc<dyn PushSink>>>,
+    /// The replicator, once the relay runs one.
+    pub replica: Arc<OnceLock<Arc<dyn ReplicaSink>>>,
+    pub metrics: Arc<Metrics>,
+}
+
+/// What an account tells whoever keeps the resident actors.
+pub trait Ports: Send + Sync + 'static {
+    /// Actor `addr` of `account_id` left memory: forget it, unless it was
+    /// already replaced.
+    fn passivated(&self, account_id: &str, addr: &Addr<AccountActor>);
+    /// A delivery this account began for its other home (written with its
+    /// due entry) is due at `due_ms`.
+    fn schedule(&self, stream: String, due_ms: relay_schemas::UnixMillis);
+}
+
+/// Who carries an account's news to its other home relay (`timeline.replicate`).
+pub trait ReplicaSink: Send + Sync + 'static {
+    /// `account_id` wrote events `partner` has not seen: have it pull.
+    fn changed(&self, account_id: &str, partner: &str);
+}
+
+pub fn stream_id(account_id: &str) -> String {
+    format!("account/{account_id}")
+}
 
 /// Every command an account takes ([`relay_core::account::AccountCmd`]),
 /// a settling delivery's own writes riding along.
@@ -54,7 +100,7 @@ impl Written for Stored {
 /// delivery's last events and index removal (`RecordDelivery`), or the
 /// first events and due entries of deliveries begun (at acceptance, or for
 /// the sender's other home).
-struct Rides<'a> {
+pub(crate) struct Rides<'a> {
     settlement: Option<&'a Settlement>,
     /// Each begun delivery's stream, its events encoded, its due time.
     begun: Vec<(String, Vec<NewEvent>, Option<UnixMillis>)>,
@@ -63,7 +109,7 @@ struct Rides<'a> {
 /// The delivery streams' heads after a commit with [`Rides`] (each begun
 /// delivery's with its stream, in order).
 #[derive(Default)]
-struct Heads {
+pub(crate) struct Heads {
     settled: Option<Head>,
     begun: Vec<(String, Head)>,
 }
@@ -83,6 +129,10 @@ impl<'a> Rides<'a> {
             .collect::<Result<_, RelayError>>()?;
         Ok(Rides { settlement, begun })
     }
+}
+
+impl shell::Rides for Rides<'_> {
+    type Written = Heads;
 
     fn is_empty(&self) -> bool {
         self.settlement.is_none() && self.begun.is_empty()
@@ -202,7 +252,7 @@ impl AccountActor {
         let mut es = EventSourced::at(stream, state, head);
         es.replay(&store, |_| {})?;
         let (stream, head) = (&es.stream, es.head);
-        let layout = super::stored_layout(&store, account_id)?.map_err(|what| StoreError::Corrupt {
+        let layout = super::upgrade::stored_layout(&store, account_id)?.map_err(|what| StoreError::Corrupt {
             stream: stream.clone(),
             seq: head.seq,
             what,
@@ -235,84 +285,6 @@ impl AccountActor {
 
     pub fn state(&self) -> &AccountState {
         &self.es.state
-    }
-
-    /// Appends `events` (plus whatever `extra` adds to the same atomic batch,
-    /// whose result it returns), applies them, and remembers the ticket to
-    /// wait for before replying. On error nothing is written and nothing
-    /// changes in memory.
-    fn persist<T>(&mut self, events: Vec<AccountEvent>, extra: impl FnOnce(&mut Batch) -> T) -> Result<T, RelayError> {
-        let store = self.env.store.clone();
-        let mut batch = store.batch();
-        let now = self.env.clock.now();
-        let first = self.es.head.seq + 1;
-        let account = &self.es.state.account_id;
-        // The ledger entry each event writes (the projection, in this batch).
-        let mut written: Vec<Option<ledger::Entry>> = Vec::with_capacity(events.len());
-        for (i, e) in events.iter().enumerate() {
-            if let Some(r) = e.record() {
-                let entry = timeline::IndexEntry { event: first + i as u64, visible: r.visible.clone() };
-                let bytes = serde_json::to_vec(&entry).map_err(|e| internal(&e))?;
-                batch.kv_put(&timeline::key(account, r.sequence), &bytes);
-            }
-            let current = match ledger::changes(e) {
-                Some(message_id) => match written.iter().rev().flatten().find_map(|w| match w {
-                    ledger::Entry::Send { message_id: m, entry } if m == message_id => Some(entry.clone()),
-                    _ => None,
-                }) {
-                    Some(entry) => Some(entry),
-                    None => self.send_entry(message_id)?,
-                },
-                None => None,
-            };
-            let entry = ledger::written(account, e, current.as_ref());
-            if let Some(w) = &entry {
-                batch.blob_put(&w.key(account), &w.value().map_err(|e| internal(&e))?);
-                // A message accepted: the sweep finds its traces when they
-                // are due (an entry changed, by a status, is indexed already).
-                if current.is_none() {
-                    let until = w.retention_until();
-                    batch.kv_put(&retention::index_key(until, account, first + i as u64), retention::DUE);
-                }
-            }
-            written.push(entry);
-        }
-        if self.es.head.seq == 0 && !events.is_empty() {
-            // A stream begun by this code: its ledger is complete from the start.
-            batch.kv_put(&ledger::version_key(account), ledger::VERSION);
-        }
-        let head = self.es.stage(&mut batch, &events, now)?;
-        let extra = extra(&mut batch);
-        // Partners before this commit too (one the account just left learns
-        // the move), looked up only when the partners have news.
-        let news = events.iter().any(replica::offered).then(|| self.partners());
-        let ticket = self.es.commit(&store, batch, head, events.len())?;
-        for w in written.iter().flatten() {
-            if let ledger::Entry::Send { message_id, entry } = w {
-                self.unfinished.record(message_id, Some(entry));
-            }
-        }
-        for (e, w) in events.iter().zip(&written) {
-            self.es.state.apply(e);
-            for mut n in Self::notices(e, w.as_ref()) {
-                if let Notice::Timeline { visible, sender_device, subscribed, .. } = &mut n {
-                    *subscribed = self.push_targets(visible, sender_device.as_deref(), |_| false);
-                }
-                self.outbox.push_back((ticket, n));
-            }
-        }
-        for e in &events {
-            if let AccountEvent::Registered { route, .. } | AccountEvent::RouteUpdated { route } = e.origin() {
-                self.env.routes.offer(route).map_err(|e| e.to_relay_error())?;
-            }
-        }
-        if let Some(partners_before) = news {
-            self.tell_partners(partners_before);
-        }
-        if self.es.snapshot_due(self.env.policy.snapshot_every) {
-            self.snapshot();
-        }
-        Ok(extra)
     }
 
     /// The relays besides this one the account's route names.
@@ -412,20 +384,11 @@ impl AccountActor {
         }
         // Answered at once, the caller asks for a later commit that covers
         // this one (`Answer::AtOnce`); the notifications need not hurry it.
-        let store = &self.env.store;
-        let wait = ticket.map(|t| {
-            if answer != Answer::AtOnce {
-                store.ask_durable(t);
-            }
-            store.when_durable(t)
-        });
+        let wait = self.es.when_durable(&self.env.store, answer != Answer::AtOnce);
         let pending = self.pending.clone();
         pending.fetch_add(1, Ordering::SeqCst);
         let durable = async move {
-            let durable = match wait {
-                Some(w) => w.await.map_err(|e| e.to_relay_error()),
-                None => Ok(()),
-            };
+            let durable = wait.await;
             if let (true, Ok(()), Some(t)) = (publish, &durable, ticket) {
                 me.do_send(Publish(t));
             }
@@ -441,58 +404,6 @@ impl AccountActor {
         Box::pin(async move {
             durable.await?;
             reply
-        })
-    }
-
-    /// Loads nothing (the state is resident), decides, persists, runs the
-    /// effects, answers.
-    fn handle_cmd(&mut self, cmd: &AccountCmd) -> Result<Reply, RelayError> {
-        let policy = self.env.policy.clone();
-        let ctx = Ctx::new(self.env.clock.now(), &policy).with_random(rand::random());
-        let reads = StoreReads {
-            store: &self.env.store,
-            account_id: &self.es.state.account_id,
-            stream: &self.es.stream,
-            unfinished: Some(&self.unfinished),
-        };
-        let env = AccountEnv { ctx, reads: &reads, challenges: &mut self.challenges };
-        let Decision { events, reply, effects } = self.es.state.decide(cmd, env)?;
-        let begun = effects.iter().filter_map(|e| match e {
-            Effect::BeginDelivery(b) | Effect::Forward(b) => Some(&**b),
-            _ => None,
-        });
-        let rides = Rides::new(cmd.settlement(), begun, ctx.now)?;
-        let heads = if events.is_empty() && rides.is_empty() {
-            Heads::default()
-        } else {
-            self.persist(events, |batch| rides.write(batch))?
-        };
-        let mut started = None;
-        let mut begun_heads = heads.begun.iter();
-        for effect in effects {
-            match effect {
-                Effect::BeginDelivery(begun) => started = self.start_delivery(*begun, begun_heads.next())?,
-                Effect::Forward(begun) => {
-                    let (Some((stream, _)), Some(due)) = (begun_heads.next(), begun.due_ms) else { continue };
-                    self.env.metrics.deliveries_in_flight.inc();
-                    self.ports.schedule(stream.clone(), due);
-                }
-                Effect::StoreSession { token, grant } => self.store_session(token.0, grant, &policy)?,
-                Effect::EndDevice { device_id } => self.end_device(&device_id),
-            }
-        }
-        Ok(match (started, reply) {
-            (Some(accepted), _) => accepted,
-            (None, Decided::Json(json)) => Reply::Json(json),
-            (None, Decided::Status(status)) => Reply::Status(status),
-            (None, Decided::Accept(acceptance)) => Reply::Accept(acceptance),
-            (None, Decided::Backlog(seq)) => Reply::Backlog(seq),
-            (None, Decided::Replica(outcome)) => Reply::Replica(outcome),
-            // Settled by a delivery's report, or at acceptance.
-            (None, Decided::Settled { status, head: () }) => {
-                Reply::Settled { status, head: heads.settled.or(heads.begun.first().map(|(_, head)| *head)) }
-            }
-            (None, Decided::Accepted { start, .. }) => match start {},
         })
     }
 
@@ -519,14 +430,14 @@ impl AccountActor {
     }
 
     /// Stores the session `session.open` granted, under the token decided.
-    fn store_session(&mut self, token: String, grant: Grant, policy: &Policy) -> Result<(), RelayError> {
+    fn store_session(&mut self, token: String, grant: Grant) -> Result<(), RelayError> {
         let session =
             Session { account_id: grant.account_id, device_id: grant.device_id, expires_at: grant.expires_at };
         let store = self.env.store.clone();
         let mut batch = store.batch();
         let sessions = &self.env.sessions;
         let issued = sessions
-            .issue(&mut batch, &session, token, self.env.clock.now_ms(), policy.max_sessions_per_device)
+            .issue(&mut batch, &session, token, self.env.clock.now_ms(), self.env.policy.max_sessions_per_device)
             .map_err(|e| internal(&e))?;
         self.es.last_ticket = Some(store.commit(batch).map_err(|e| e.to_relay_error())?);
         sessions.remember_issued(&issued, session);
@@ -603,7 +514,7 @@ impl AccountActor {
             if !subscribed.iter().any(|(d, s)| *d == device_id && *s == subscription) {
                 continue;
             }
-            sink.offer(crate::push::PushJob {
+            sink.offer(relay_core::push::PushJob {
                 account_id: account.to_string(),
                 device_id,
                 sequence,
@@ -611,6 +522,175 @@ impl AccountActor {
                 attempt: 0,
             });
         }
+    }
+}
+
+/// What the projections of a commit's events leave for after it: the
+/// ledger entry each event wrote, and the partners before the commit when
+/// they have news.
+pub(crate) struct Projected {
+    ledger: Vec<Option<ledger::Entry>>,
+    partners_before: Option<Vec<String>>,
+}
+
+/// The account in the one loop: its decisions read the ledger and timeline
+/// through [`StoreReads`]; its projections (the timeline and retention
+/// indexes, the ledger) and any delivery's writes ride in the commit; what
+/// it wrote is owed to connected devices once durable; the effects start
+/// deliveries and store sessions.
+impl Shell for AccountActor {
+    type State = AccountState;
+    type Cmd<'c> = AccountCmd;
+    type Reply = Decided;
+    type Effect = Effect;
+    type Projected = Projected;
+    type Rides<'c> = Rides<'c>;
+    type Written = Heads;
+    type Out = Reply;
+
+    fn es(&mut self) -> &mut EventSourced<AccountState> {
+        &mut self.es
+    }
+
+    fn store(&self) -> Store {
+        self.env.store.clone()
+    }
+
+    fn now_ms(&self) -> UnixMillis {
+        self.env.clock.now_ms()
+    }
+
+    fn snapshot_every(&self) -> Option<u64> {
+        Some(self.env.policy.snapshot_every)
+    }
+
+    fn decide(&mut self, cmd: &AccountCmd, now: UnixMillis) -> Result<Decision, RelayError> {
+        let ctx = Ctx::new(now.secs(), &self.env.policy).with_random(rand::random());
+        let reads = StoreReads {
+            store: &self.env.store,
+            account_id: &self.es.state.account_id,
+            stream: &self.es.stream,
+            unfinished: Some(&self.unfinished),
+        };
+        let env = AccountEnv { ctx, reads: &reads, challenges: &mut self.challenges };
+        self.es.state.decide(cmd, env)
+    }
+
+    fn rides<'c>(
+        &mut self,
+        cmd: &'c AccountCmd,
+        _: &[AccountEvent],
+        effects: &[Effect],
+        now: UnixMillis,
+    ) -> Result<Rides<'c>, RelayError> {
+        let begun = effects.iter().filter_map(|e| match e {
+            Effect::BeginDelivery(b) | Effect::Forward(b) => Some(&**b),
+            _ => None,
+        });
+        Rides::new(cmd.settlement(), begun, now.secs())
+    }
+
+    /// The timeline index, the ledger entry and the retention index of
+    /// each event, in the events' batch.
+    fn project(&mut self, batch: &mut Batch, events: &[AccountEvent]) -> Result<Projected, RelayError> {
+        let first = self.es.head.seq + 1;
+        let account = &self.es.state.account_id;
+        let mut written: Vec<Option<ledger::Entry>> = Vec::with_capacity(events.len());
+        for (i, e) in events.iter().enumerate() {
+            if let Some(r) = e.record() {
+                let entry = timeline::IndexEntry { event: first + i as u64, visible: r.visible.clone() };
+                let bytes = serde_json::to_vec(&entry).map_err(|e| internal(&e))?;
+                batch.kv_put(&timeline::key(account, r.sequence), &bytes);
+            }
+            let current = match ledger::changes(e) {
+                Some(message_id) => match written.iter().rev().flatten().find_map(|w| match w {
+                    ledger::Entry::Send { message_id: m, entry } if m == message_id => Some(entry.clone()),
+                    _ => None,
+                }) {
+                    Some(entry) => Some(entry),
+                    None => self.send_entry(message_id)?,
+                },
+                None => None,
+            };
+            let entry = ledger::written(account, e, current.as_ref());
+            if let Some(w) = &entry {
+                batch.blob_put(&w.key(account), &w.value().map_err(|e| internal(&e))?);
+                // A message accepted: the sweep finds its traces when they
+                // are due (an entry changed, by a status, is indexed already).
+                if current.is_none() {
+                    let until = w.retention_until();
+                    batch.kv_put(&retention::index_key(until, account, first + i as u64), retention::DUE);
+                }
+            }
+            written.push(entry);
+        }
+        if self.es.head.seq == 0 && !events.is_empty() {
+            // A stream begun by this code: its ledger is complete from the start.
+            batch.kv_put(&ledger::version_key(account), ledger::VERSION);
+        }
+        // Partners before this commit too (one the account just left learns
+        // the move), looked up only when the partners have news.
+        let partners_before = events.iter().any(replica::offered).then(|| self.partners());
+        Ok(Projected { ledger: written, partners_before })
+    }
+
+    /// What connected devices are owed for the event, once its commit is durable.
+    fn applied(&mut self, n: usize, event: &AccountEvent, ticket: Ticket, projected: &Projected) {
+        for mut notice in Self::notices(event, projected.ledger[n].as_ref()) {
+            if let Notice::Timeline { visible, sender_device, subscribed, .. } = &mut notice {
+                *subscribed = self.push_targets(visible, sender_device.as_deref(), |_| false);
+            }
+            self.outbox.push_back((ticket, notice));
+        }
+    }
+
+    /// The sends under way, the route book and the partners learn what
+    /// was written.
+    fn committed(&mut self, events: &[AccountEvent], projected: Projected) -> Result<(), RelayError> {
+        for w in projected.ledger.iter().flatten() {
+            if let ledger::Entry::Send { message_id, entry } = w {
+                self.unfinished.record(message_id, Some(entry));
+            }
+        }
+        for e in events {
+            if let AccountEvent::Registered { route, .. } | AccountEvent::RouteUpdated { route } = e.origin() {
+                self.env.routes.offer(route).map_err(|e| e.to_relay_error())?;
+            }
+        }
+        if let Some(partners_before) = projected.partners_before {
+            self.tell_partners(partners_before);
+        }
+        Ok(())
+    }
+
+    fn carry_out(&mut self, reply: Decided, effects: Vec<Effect>, heads: Heads) -> Result<Reply, RelayError> {
+        let mut started = None;
+        let mut begun_heads = heads.begun.iter();
+        for effect in effects {
+            match effect {
+                Effect::BeginDelivery(begun) => started = self.start_delivery(*begun, begun_heads.next())?,
+                Effect::Forward(begun) => {
+                    let (Some((stream, _)), Some(due)) = (begun_heads.next(), begun.due_ms) else { continue };
+                    self.env.metrics.deliveries_in_flight.inc();
+                    self.ports.schedule(stream.clone(), due);
+                }
+                Effect::StoreSession { token, grant } => self.store_session(token.0, grant)?,
+                Effect::EndDevice { device_id } => self.end_device(&device_id),
+            }
+        }
+        Ok(match (started, reply) {
+            (Some(accepted), _) => accepted,
+            (None, Decided::Json(json)) => Reply::Json(json),
+            (None, Decided::Status(status)) => Reply::Status(status),
+            (None, Decided::Accept(acceptance)) => Reply::Accept(acceptance),
+            (None, Decided::Backlog(seq)) => Reply::Backlog(seq),
+            (None, Decided::Replica(outcome)) => Reply::Replica(outcome),
+            // Settled by a delivery's report, or at acceptance.
+            (None, Decided::Settled { status, head: () }) => {
+                Reply::Settled { status, head: heads.settled.or(heads.begun.first().map(|(_, head)| *head)) }
+            }
+            (None, Decided::Accepted { start, .. }) => match start {},
+        })
     }
 }
 
@@ -631,7 +711,7 @@ impl Handler<Ask> for AccountActor {
             return Box::pin(async { Err(Passivated) });
         }
         self.last_active_ms = self.env.clock.now_ms();
-        let reply = self.handle_cmd(&msg.0);
+        let reply = self.run(&msg.0);
         // A decision that wrote nothing tells no one outside anything a
         // crash could undo: its caller writes before anyone hears of it.
         let answer = if matches!(reply, Ok(Reply::Accept(_))) { Answer::AtOnce } else { msg.1 };

@@ -2,11 +2,11 @@
 //! its state, served from the ledger and timeline projections and the
 //! account's own stream (the actor's own writes included, durable or not).
 
-use super::ledger::{self, ReceiptEntry, SendEntry};
-use super::timeline::{self, IndexEntry};
-use super::{AccountEvent, Reads};
-use crate::internal;
+use crate::shell::internal;
 use crate::store::Store;
+use relay_core::account::ledger::{self, ReceiptEntry, SendEntry};
+use relay_core::account::timeline::{self, IndexEntry};
+use relay_core::account::{AccountEvent, Reads};
 use relay_core::delivery::aggregate::DeliveryEvent;
 use relay_schemas::methods::DeliverParams;
 use relay_schemas::RelayError;

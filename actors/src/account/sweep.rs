@@ -3,11 +3,11 @@
 //! commit. The rules (what is past, what may leave the prefix, what a
 //! swept entry leaves) are in `relay_core::retention`.
 
-use super::ledger::{ReceiptEntry, SendEntry};
-use super::{timeline, AccountEvent, AccountState};
-use crate::internal;
-use crate::policy::Policy;
+use crate::shell::internal;
 use crate::store::{Batch, Store, StoredEvent};
+use relay_core::account::ledger::{ReceiptEntry, SendEntry};
+use relay_core::account::{timeline, AccountEvent, AccountState};
+use relay_core::policy::Policy;
 use relay_core::retention::{self, IndexEntry, LedgerSweep, Traces};
 use relay_schemas::{RelayError, UnixSecs};
 use std::collections::HashSet;

@@ -1,8 +1,8 @@
 //! Data written before the idempotency ledger took its current layout
 //! (`ledger.rs`): its ledger is moved once, on the account's first load.
 
-use super::ledger::{self, Ledger, ReceiptEntry, SendEntry};
 use crate::store::{Snapshot, Store, StoreError, Ticket};
+use relay_core::account::ledger::{self, Ledger, ReceiptEntry, SendEntry};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 

@@ -1,21 +1,78 @@
 //! The delivery actor: lives for one step (an attempt and its outcome), then
 //! stops; the scheduler's timer starts it again when the next attempt is
-//! due. Persist before effect: the attempt is durable before the request
+//! due. Each step is a command through the one loop ([`Shell::run`]); what
+//! follows it (the attempt, the timer, the report of an end) is this
+//! file's. Persist before effect: the attempt is durable before the request
 //! goes out, the outcome before the next timer is armed.
 
-use super::aggregate::{combine, other_home_to_ask, DeliveryCmd, DeliveryCtx, DeliveryEvent, DeliveryState};
-use super::transport::{AttemptOutcome, LocalFuture, RouteLookup};
-use super::{due_key, Env, Ports, Recorded, ReportOutcome, Settlement};
-use crate::metrics::DestinationLabels;
-use crate::shell::{EventSourced, Stream};
-use crate::store::{Batch, Head, StoreError, StoredEvent, Ticket};
+use super::shared::{self, due_key, Recorded, ReportOutcome, Settlement};
+use super::transport::{LocalFuture, RouteLookup, Transport};
+use crate::metrics::{DestinationLabels, Metrics};
+use crate::routes::RouteBook;
+use crate::shell::{EventSourced, Rides, Shell, Stream};
+use crate::store::{Batch, Head, Store, StoreError, StoredEvent, Ticket};
 use actix::prelude::*;
 use relay_core::aggregate::Aggregate;
+use relay_core::clock::SharedClock;
+use relay_core::delivery::aggregate::{
+    combine, other_home_to_ask, DeliveryCmd, DeliveryCtx, DeliveryDecision, DeliveryEvent, DeliveryState,
+};
+use relay_core::delivery::outcome::AttemptOutcome;
+use relay_core::policy::Policy;
+use relay_schemas::methods::DeliverParams;
 use relay_schemas::objects::Route;
 use relay_schemas::{DeliveryStatus, RelayError, UnixMillis, Wire};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::oneshot;
+use tokio::sync::Semaphore;
+
+/// The shared handles a delivery reads directly (cheap to clone).
+#[derive(Clone)]
+pub struct Env {
+    pub store: Store,
+    pub clock: SharedClock,
+    pub policy: Arc<Policy>,
+    pub routes: RouteBook,
+    pub transport: Arc<dyn Transport>,
+    pub metrics: Arc<Metrics>,
+}
+
+/// What a delivery asks of the rest of the relay: the accounts (local
+/// recipients, the sender's record), route lookups, timers and the
+/// per-destination slots. A narrow port, so deliveries never call back into
+/// the service that starts them.
+pub trait Ports: Send + Sync + 'static {
+    /// `message.deliver` to local account `to`, answered at once: the
+    /// outcome reaches the sender's client only after the sender's account
+    /// has written it durably, a later commit that covers this receipt.
+    /// (An account of a sibling shard is reached through the transport.)
+    fn deliver_local(&self, to: &str, params: DeliverParams, digest: String) -> LocalFuture<AttemptOutcome>;
+    /// Records an outcome in the sender `from`'s account (idempotent),
+    /// answered once durable.
+    fn report(&self, from: &str, outcome: ReportOutcome) -> LocalFuture<Result<Recorded, RelayError>>;
+    /// The best route known for `account_id`; with `fresh`, the peers are
+    /// asked first, bypassing the cache.
+    fn lookup_route(&self, account_id: &str, fresh: bool) -> LocalFuture<RouteLookup>;
+    /// Arms the timer of `stream`'s next attempt at `destinations` (relay
+    /// ids; empty when no route is known): a destination heard from again
+    /// makes it due at once.
+    fn schedule_to(&self, stream: String, due_ms: UnixMillis, destinations: Vec<String>);
+    /// Actor `addr` of `stream` is stopping: the next start of `stream`
+    /// gets a new actor (it reads what this one wrote).
+    fn stopping(&self, stream: &str, addr: &Addr<DeliveryActor>);
+    /// The actor of `stream` has stopped.
+    fn stopped(&self, stream: &str);
+    /// The attempt slots of destination `relay_id`
+    /// (`limits.max_in_flight_per_destination`).
+    fn destination(&self, relay_id: &str) -> Arc<Semaphore>;
+    /// Peer `relay_id` answered: its waiting deliveries may start now.
+    fn peer_seen(&self, relay_id: &str);
+    /// Whether the sender `from`'s account here records the message
+    /// `target_accepted` while this delivery has not ended: its other home
+    /// delivered it (learned by `timeline.replicate`).
+    fn delivered_by_other_home(&self, from: &str, message_id: &str) -> bool;
+}
 
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -99,17 +156,10 @@ impl DeliveryActor {
         })
     }
 
-    fn persist(&mut self, events: Vec<DeliveryEvent>, extra: impl FnOnce(&mut Batch)) -> Result<(), RelayError> {
-        let mut batch = self.env.store.batch();
-        let head = self.es.stage(&mut batch, &events, self.env.clock.now())?;
-        extra(&mut batch);
-        self.es.commit(&self.env.store, batch, head, events.len())?;
-        self.applied(&events);
-        Ok(())
-    }
-
-    /// Folds events that are written into the state.
-    fn applied(&mut self, events: &[DeliveryEvent]) {
+    /// The delivery's last events, written by its sender's account in the
+    /// commit that moved the stream to `head`: folded in here.
+    fn written_by_account(&mut self, head: Head, events: &[DeliveryEvent]) {
+        self.es.head = head;
         for e in events {
             self.es.state.fold(e);
             if let DeliveryEvent::Finished { status } = e {
@@ -137,8 +187,8 @@ impl DeliveryActor {
     fn log_finished(&self, status: &DeliveryStatus) {
         let s = &self.es.state;
         let elapsed_s = self.env.clock.now().since(s.accepted_at);
-        let ids = super::Ids { from: &s.from, message_id: &s.message_id, to: &s.to };
-        super::finished(&self.env.metrics, ids, &self.target_ids(), s.attempts, elapsed_s, status);
+        let ids = shared::Ids { from: &s.from, message_id: &s.message_id, to: &s.to };
+        shared::finished(&self.env.metrics, ids, &self.target_ids(), s.attempts, elapsed_s, status);
     }
 
     fn durable(&self) -> impl std::future::Future<Output = Result<(), RelayError>> + 'static {
@@ -152,28 +202,18 @@ impl DeliveryActor {
         }
     }
 
-    /// A step could not be recorded (store trouble): try again later from
-    /// the index, which still holds this delivery.
-    /// The events the core decides for `cmd` on this delivery's state.
-    fn decide(&self, cmd: &DeliveryCmd, now_ms: UnixMillis) -> Result<Vec<DeliveryEvent>, RelayError> {
-        let policy = &self.env.policy;
-        Ok(self.es.state.decide(cmd, DeliveryCtx { now_ms, policy })?.events)
-    }
-
-    /// Decides `cmd` now and hands its events to `then`; a refusal is
-    /// retried later.
-    fn decide_then(
-        &mut self,
-        cmd: DeliveryCmd,
-        ctx: &mut Context<Self>,
-        then: fn(&mut Self, Vec<DeliveryEvent>, &mut Context<Self>),
-    ) {
-        match self.decide(&cmd, self.env.clock.now_ms()) {
-            Ok(events) => then(self, events, ctx),
+    /// The sender's other home delivered it: the delivery ends (written
+    /// by the sender's account).
+    fn confirmed_by_peer(&mut self, ctx: &mut Context<Self>) {
+        match self.run(&DeliveryCmd::PeerConfirmed) {
+            Ok(Step::Ends(events)) => self.finish(events, ctx),
+            Ok(Step::Written { .. }) => self.retry_later(ctx, &RelayError::internal("finish without a final status")),
             Err(e) => self.retry_later(ctx, &e),
         }
     }
 
+    /// A step could not be recorded (store trouble): try again later from
+    /// the index, which still holds this delivery.
     fn retry_later(&mut self, ctx: &mut Context<Self>, why: &RelayError) {
         tracing::warn!(stream = %self.es.stream, error = %why, "delivery step failed; retrying later");
         self.stop_until(self.env.clock.now_ms().plus(1000), ctx);
@@ -210,7 +250,7 @@ impl DeliveryActor {
         // may already have delivered it. Known here (its result came by
         // replication): end now; else ask it (attempts after the second).
         if self.ports.delivered_by_other_home(&self.es.state.from, &self.es.state.message_id) {
-            return self.decide_then(DeliveryCmd::PeerConfirmed, ctx, Self::finish);
+            return self.confirmed_by_peer(ctx);
         }
         let (transport, ports) = (self.env.transport.clone(), self.ports.clone());
         let sender_route = self.env.routes.get(&self.es.state.from).ok().flatten();
@@ -231,28 +271,21 @@ impl DeliveryActor {
         };
         ctx.wait(prepare.into_actor(self).map(|lookup, act, ctx| {
             let Some(lookup) = lookup else {
-                return act.decide_then(DeliveryCmd::PeerConfirmed, ctx, Self::finish);
+                return act.confirmed_by_peer(ctx);
             };
             act.start_attempt(lookup, ctx)
         }));
     }
 
     fn start_attempt(&mut self, lookup: RouteLookup, ctx: &mut Context<Self>) {
-        let now = self.env.clock.now_ms();
         // With no route, the attempt goes nowhere and fails saying why.
         let no_route = lookup.no_route_error();
         let route = lookup.route();
-        let events = match self.decide(&DeliveryCmd::Due { route: route.as_ref() }, now) {
-            Ok(events) => events,
-            Err(e) => return self.retry_later(ctx, &e),
-        };
-        if events.iter().any(DeliveryEvent::ends) {
-            return self.finish(events, ctx);
+        match self.run(&DeliveryCmd::Due { route: route.as_ref() }) {
+            Ok(Step::Ends(events)) => self.finish(events, ctx),
+            Ok(Step::Written { .. }) => self.send_attempt(no_route, ctx),
+            Err(e) => self.retry_later(ctx, &e),
         }
-        if let Err(e) = self.persist(events, |_| {}) {
-            return self.retry_later(ctx, &e);
-        }
-        self.send_attempt(no_route, ctx)
     }
 
     /// Sends the attempt in flight (written, maybe not yet durable);
@@ -291,7 +324,7 @@ impl DeliveryActor {
                 return AttemptOutcome::NotAttempted(e);
             }
             if remote {
-                crate::crash::point(&env.store, "deliver.before_send").await;
+                crate::crash::point("deliver.before_send", || env.store.durable(env.store.committed())).await;
             }
             // Every relay of the route at once; the first acceptance wins.
             let tries = relays.iter().map(|relay| {
@@ -336,7 +369,7 @@ impl DeliveryActor {
             });
             let outcome = combine(futures_util::future::join_all(tries).await);
             if remote {
-                crate::crash::point(&env.store, "deliver.before_outcome").await;
+                crate::crash::point("deliver.before_outcome", || env.store.durable(env.store.committed())).await;
             }
             outcome
         };
@@ -344,7 +377,6 @@ impl DeliveryActor {
     }
 
     fn step_outcome(&mut self, attempt: u32, outcome: AttemptOutcome, ctx: &mut Context<Self>) {
-        let now = self.env.clock.now_ms();
         self.learn_route(&outcome);
         // A destination that answered is up: its other waiting deliveries
         // need not wait for their slots.
@@ -353,37 +385,19 @@ impl DeliveryActor {
         {
             self.ports.peer_seen(relay);
         }
-        super::count_attempt(&self.env.metrics, &outcome);
-        let events = match self.decide(&DeliveryCmd::Outcome { attempt, outcome: &outcome }, now) {
-            Ok(events) => events,
-            Err(e) => return self.retry_later(ctx, &e),
-        };
-        let next_due = events.iter().find_map(|e| match e {
-            DeliveryEvent::AttemptFailed { next_due_ms, .. } => Some(*next_due_ms),
-            _ => None,
-        });
-        if events.iter().any(DeliveryEvent::ends) {
-            return self.finish(events, ctx);
-        }
-        let (old, stream) = (self.indexed_due_ms, self.es.stream.clone());
-        let result = self.persist(events, |batch| {
-            if let Some(next) = next_due {
-                if let Some(old) = old {
-                    batch.kv_remove(&due_key(old, &stream));
-                }
-                batch.kv_put(&due_key(next, &stream), b"");
+        shared::count_attempt(&self.env.metrics, &outcome);
+        match self.run(&DeliveryCmd::Outcome { attempt, outcome: &outcome }) {
+            Ok(Step::Ends(events)) => self.finish(events, ctx),
+            // Failed for now: the next attempt's timer is armed once that is durable.
+            Ok(Step::Written { next_due: Some(next) }) => {
+                let durable = self.durable();
+                ctx.wait(durable.into_actor(self).map(move |_, act, ctx| act.stop_until(next, ctx)));
             }
-        });
-        if let Err(e) = result {
-            return self.retry_later(ctx, &e);
-        }
-        if let Some(next) = next_due {
-            self.indexed_due_ms = Some(next);
-            let durable = self.durable();
-            ctx.wait(durable.into_actor(self).map(move |_, act, ctx| act.stop_until(next, ctx)));
-        } else {
-            self.tell_watchers();
-            ctx.stop();
+            Ok(Step::Written { next_due: None }) => {
+                self.tell_watchers();
+                ctx.stop();
+            }
+            Err(e) => self.retry_later(ctx, &e),
         }
     }
 
@@ -415,8 +429,7 @@ impl DeliveryActor {
         let fut = self.ports.report(&self.es.state.from, outcome);
         ctx.wait(fut.into_actor(self).map(move |res, act, ctx| match res {
             Ok(Recorded { head: Some(head), .. }) => {
-                act.es.head = head;
-                act.applied(&events);
+                act.written_by_account(head, &events);
                 if act.indexed_due_ms.take().is_some() {
                     act.env.metrics.deliveries_in_flight.dec();
                 }
@@ -470,6 +483,106 @@ impl DeliveryActor {
         }
         self.tell_watchers();
         ctx.stop();
+    }
+}
+
+/// What the loop made of a delivery's step.
+pub(crate) enum Step {
+    /// Written here; `next_due`: the next attempt's time, when the step
+    /// failed one for now.
+    Written { next_due: Option<UnixMillis> },
+    /// The delivery ends with these events, which its sender's account
+    /// writes in the commit that records the final status.
+    Ends(Vec<DeliveryEvent>),
+}
+
+/// The due-index entry a failed attempt moves to its next time, in the
+/// step's commit.
+pub(crate) struct DueMove {
+    stream: String,
+    old: Option<UnixMillis>,
+    next: Option<UnixMillis>,
+}
+
+impl Rides for DueMove {
+    /// The next due time written.
+    type Written = Option<UnixMillis>;
+
+    fn is_empty(&self) -> bool {
+        self.next.is_none()
+    }
+
+    fn write(self, batch: &mut Batch) -> Option<UnixMillis> {
+        let next = self.next?;
+        if let Some(old) = self.old {
+            batch.kv_remove(&due_key(old, &self.stream));
+        }
+        batch.kv_put(&due_key(next, &self.stream), b"");
+        Some(next)
+    }
+}
+
+/// The delivery in the one loop: its steps are commands (`Due`, `Outcome`,
+/// `PeerConfirmed`); a failed attempt moves its due entry in the same
+/// commit; an end is handed to the sender's account, the only writer of
+/// the commit that records it. What follows a step (the attempt, the
+/// timer, the report) is the actor's, on what the loop answers.
+impl Shell for DeliveryActor {
+    type State = DeliveryState;
+    type Cmd<'c> = DeliveryCmd<'c>;
+    type Reply = ();
+    type Effect = ();
+    type Projected = ();
+    type Rides<'c> = DueMove;
+    type Written = Option<UnixMillis>;
+    type Out = Step;
+
+    fn es(&mut self) -> &mut EventSourced<DeliveryState> {
+        &mut self.es
+    }
+
+    fn store(&self) -> Store {
+        self.env.store.clone()
+    }
+
+    fn now_ms(&self) -> UnixMillis {
+        self.env.clock.now_ms()
+    }
+
+    fn decide(&mut self, cmd: &DeliveryCmd<'_>, now_ms: UnixMillis) -> Result<DeliveryDecision, RelayError> {
+        self.es.state.decide(cmd, DeliveryCtx { now_ms, policy: &self.env.policy })
+    }
+
+    fn hand_off(&mut self, events: Vec<DeliveryEvent>) -> Result<Vec<DeliveryEvent>, Step> {
+        if events.iter().any(DeliveryEvent::ends) {
+            return Err(Step::Ends(events));
+        }
+        Ok(events)
+    }
+
+    fn rides(
+        &mut self,
+        _: &DeliveryCmd<'_>,
+        events: &[DeliveryEvent],
+        _: &[()],
+        _: UnixMillis,
+    ) -> Result<DueMove, RelayError> {
+        let next = events.iter().find_map(|e| match e {
+            DeliveryEvent::AttemptFailed { next_due_ms, .. } => Some(*next_due_ms),
+            _ => None,
+        });
+        Ok(DueMove { stream: self.es.stream.clone(), old: self.indexed_due_ms, next })
+    }
+
+    fn project(&mut self, _: &mut Batch, _: &[DeliveryEvent]) -> Result<(), RelayError> {
+        Ok(())
+    }
+
+    fn carry_out(&mut self, (): (), _: Vec<()>, next_due: Option<UnixMillis>) -> Result<Step, RelayError> {
+        if next_due.is_some() {
+            self.indexed_due_ms = next_due;
+        }
+        Ok(Step::Written { next_due })
     }
 }
 

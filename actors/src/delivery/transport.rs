@@ -2,7 +2,7 @@
 //! HTTP: the binary supplies a [`Transport`] (signed relay RPC); local
 //! recipients are reached through their account actor directly.
 
-pub(crate) use relay_core::delivery::outcome::AttemptOutcome;
+use relay_core::delivery::outcome::AttemptOutcome;
 use relay_schemas::methods::DeliverParams;
 use relay_schemas::objects::{RelayRef, Route};
 use relay_schemas::{DeliveryStatus, RelayError, Wire};

@@ -26,7 +26,8 @@ use futures_util::StreamExt;
 
 use super::copy::{LocalCopy, Pending};
 use super::engine::Write;
-use super::{wal, StoreError};
+use super::types::StoreError;
+use super::wal;
 
 /// Where a shard's checkpoints go, and how they are read (the engine's
 /// settings, `jetstream.rs`).

@@ -25,9 +25,10 @@
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use std::borrow::Cow;
 use std::ops::Range;
 
-use super::{Hash, Head, Pruned, RawEvent, Snapshot, StoreError, StoredEvent};
+use super::types::{Hash, Head, Pruned, RawEvent, Snapshot, StoreError, StoredEvent};
 
 pub(super) const EVENT: u8 = b'e';
 pub(super) const SNAPSHOT: u8 = b's';
@@ -260,7 +261,7 @@ fn decode_lower_hex(hex: &[u8], out: &mut [u8; 32]) {
 
 /// The JSON string at `at`, if `serde_json` writes that string so: plain
 /// bytes borrowed, escapes checked by writing the string again (rare).
-fn json_string<'a>(body: &'a [u8], at: &mut usize) -> Option<std::borrow::Cow<'a, str>> {
+fn json_string<'a>(body: &'a [u8], at: &mut usize) -> Option<Cow<'a, str>> {
     let start = *at;
     if body.get(start) != Some(&b'"') {
         return None;
@@ -376,6 +377,34 @@ pub(super) fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
         }
     }
     None
+}
+
+impl StoredEvent {
+    /// `blake3(prev ‖ body)` with the body encoded again from the fields;
+    /// equal to the stored bytes' hash because encoding is deterministic.
+    pub fn compute_hash(&self) -> Result<Hash, StoreError> {
+        Ok(chain_hash(&self.prev, &self.body()?))
+    }
+
+    /// The value the store keeps for this event (`hash ‖ body`), encoded
+    /// again from its fields: for tests that rewrite history on purpose.
+    #[doc(hidden)]
+    pub fn encoded(&self) -> Result<Vec<u8>, StoreError> {
+        let body = self.body()?;
+        Ok([&chain_hash(&self.prev, &body)[..], &body].concat())
+    }
+
+    /// The body encoded again from the fields.
+    fn body(&self) -> Result<Vec<u8>, StoreError> {
+        encode_body(&self.stream, self.seq, &self.event_type, self.version, self.at, &self.prev, &self.data)
+    }
+}
+
+impl<'a> RawEvent<'a> {
+    fn new(seq: u64, hash: Hash, layout: Layout, body: Cow<'a, str>, sound: bool) -> RawEvent<'a> {
+        let Layout { event_type, version, at, prev, data } = layout;
+        RawEvent { seq, event_type, version, at, prev, hash, sound, body, data }
+    }
 }
 
 #[cfg(test)]

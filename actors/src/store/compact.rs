@@ -17,8 +17,32 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use super::engine::Write;
-use super::sled_engine::{parse_pointer, pointed, pointer, POINTER_LEN};
-use super::{codec, wal, StoreError};
+use super::types::StoreError;
+use super::{codec, wal};
+
+/// A value sled holds in place of the bytes it names in the log (segment,
+/// offset, length): here, beside the walk that moves those bytes.
+pub(super) const POINTER_LEN: usize = 20;
+
+/// Whether sled holds `key`'s value as a pointer when it came from a
+/// segment (`sled_engine.rs`, step 3): the one rule for writes and reads.
+pub(super) fn pointed(key: &[u8]) -> bool {
+    matches!(key.first(), Some(&codec::EVENT | &codec::BLOB))
+}
+
+pub(super) fn pointer(segment: u64, offset: u64, len: usize) -> [u8; POINTER_LEN] {
+    let mut p = [0; POINTER_LEN];
+    p[..8].copy_from_slice(&segment.to_be_bytes());
+    p[8..16].copy_from_slice(&offset.to_be_bytes());
+    p[16..].copy_from_slice(&u32::try_from(len).expect("a value larger than 4 GiB").to_be_bytes());
+    p
+}
+
+/// (segment, offset, len) of a [`pointer`]; `value` is `POINTER_LEN` long.
+pub(super) fn parse_pointer(value: &[u8]) -> (u64, u64, u64) {
+    let be = |r: std::ops::Range<usize>| value[r].iter().fold(0u64, |n, &b| n << 8 | u64::from(b));
+    (be(0..8), be(8..16), be(16..POINTER_LEN))
+}
 
 /// How much of a segment one writer turn walks: compaction runs between
 /// groups on the writer thread, so this bounds the pause it adds to a

@@ -18,7 +18,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use super::engine::{Engine, KvIter, Write};
-use super::{SledEngine, StoreError};
+use super::sled_engine::SledEngine;
+use super::types::StoreError;
 
 const META: u8 = 0;
 const APPLIED: &[u8] = b"\x00relay-copy/applied";

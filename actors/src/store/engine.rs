@@ -15,7 +15,7 @@
 use std::any::Any;
 use std::path::Path;
 
-use super::StoreError;
+use super::types::StoreError;
 
 /// One write of a group.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -20,7 +20,7 @@ use std::fs::File;
 use std::io::Write as _;
 use std::path::Path;
 
-use super::StoreError;
+use super::types::StoreError;
 
 /// The newest data format this release opens and writes.
 pub const FORMAT_VERSION: u32 = 2;

@@ -70,7 +70,8 @@ use futures_util::StreamExt;
 use super::checkpoint;
 use super::copy::{LocalCopy, Pending};
 use super::engine::{Engine, KvIter, Write};
-use super::{wal, StoreError};
+use super::types::StoreError;
+use super::wal;
 
 /// Group messages are split past this size (JetStream's default
 /// `max_payload` is 1 MiB); the parts go in one atomic batch.

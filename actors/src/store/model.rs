@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard};
 
 use super::engine::{Engine, KvIter, Write};
-use super::StoreError;
+use super::types::StoreError;
 
 type Map = BTreeMap<Vec<u8>, Vec<u8>>;
 

@@ -12,7 +12,7 @@ use std::ops::Bound;
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::engine::{KvIter, Write};
-use super::StoreError;
+use super::types::StoreError;
 
 /// The latest write of a key, and the ticket of the commit that made it.
 struct Entry {

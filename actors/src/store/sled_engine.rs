@@ -155,11 +155,12 @@ use std::thread::JoinHandle;
 
 use memmap2::Mmap;
 
-use super::compact::{Accounts, Budget, LogSpace, Walk, SCAN_CHUNK};
+use super::compact::{parse_pointer, pointed, pointer, Accounts, Budget, LogSpace, Walk, POINTER_LEN, SCAN_CHUNK};
 use super::engine::{BackupPoint, Engine, KvIter, Visit, Write};
 use super::filter::{KeyFilter, FILTER_BYTES};
+use super::types::StoreError;
 use super::writer::lock;
-use super::{codec, format, wal, StoreError};
+use super::{codec, format, wal};
 
 /// A segment is closed by a checkpoint past this size: it bounds the replay
 /// on open.
@@ -186,7 +187,6 @@ const TREE_FORMAT: u32 = 2;
 const LEGACY_WAL: &str = "wal";
 const LOG_DIR: &str = "log";
 const REPLAY_FROM: &str = "replay-from";
-pub(super) const POINTER_LEN: usize = 20;
 /// Open segment files kept for reads; past it the least used are closed.
 const READERS_KEPT: usize = 128;
 
@@ -459,26 +459,6 @@ fn to_replay(from: u64, found: &[u64]) -> Result<Vec<u64>, String> {
         return Err(format!("log segments {:016x} to {:016x} are missing", w[0] + 1, w[1] - 1));
     }
     Ok(replay)
-}
-
-/// Whether sled holds `key`'s value as a pointer when it came from a
-/// segment (step 3 of the module doc): the one rule for writes and reads.
-pub(super) fn pointed(key: &[u8]) -> bool {
-    matches!(key.first(), Some(&codec::EVENT | &codec::BLOB))
-}
-
-pub(super) fn pointer(segment: u64, offset: u64, len: usize) -> [u8; POINTER_LEN] {
-    let mut p = [0; POINTER_LEN];
-    p[..8].copy_from_slice(&segment.to_be_bytes());
-    p[8..16].copy_from_slice(&offset.to_be_bytes());
-    p[16..].copy_from_slice(&u32::try_from(len).expect("a value larger than 4 GiB").to_be_bytes());
-    p
-}
-
-/// (segment, offset, len) of a [`pointer`]; `value` is `POINTER_LEN` long.
-pub(super) fn parse_pointer(value: &[u8]) -> (u64, u64, u64) {
-    let be = |r: std::ops::Range<usize>| value[r].iter().fold(0u64, |n, &b| n << 8 | u64::from(b));
-    (be(0..8), be(8..16), be(16..POINTER_LEN))
 }
 
 /// How long an open waits for sled's file lock before reporting it held.

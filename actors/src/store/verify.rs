@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use super::{Hash, Head, RawEvent, StoreError, StoredEvent};
+use super::types::{Hash, Head, RawEvent, StoreError, StoredEvent};
 
 /// One problem found in a log.
 #[derive(Clone, Debug, PartialEq, Eq)]

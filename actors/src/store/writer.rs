@@ -34,7 +34,7 @@ use tokio::sync::watch;
 
 use super::engine::{Engine, Write};
 use super::overlay::Overlay;
-use super::Head;
+use super::types::{Head, StoreError};
 
 /// What the writer publishes.
 #[derive(Clone, Debug, Default)]
@@ -234,7 +234,7 @@ impl Shared {
             let started = Instant::now();
             last_start = Some(started);
             let (bytes, barriers) = (self.engine.bytes_written(), self.engine.barriers());
-            let stop = |e: super::StoreError| {
+            let stop = |e: StoreError| {
                 tracing::error!(error = %e, "event store write failed");
                 fail(&tx, &e.to_string());
             };

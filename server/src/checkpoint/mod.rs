@@ -31,7 +31,7 @@ pub mod witness;
 
 use ed25519_dalek::SigningKey;
 use relay_actors::store::{Store, StoreError};
-use relay_actors::SharedClock;
+use relay_core::clock::SharedClock;
 use relay_schemas::checkpoint::{Checkpoint, Leaf};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
@@ -264,7 +264,7 @@ impl Checkpoints {
     }
 }
 
-impl relay_actors::retention::Checkpointer for Checkpoints {
+impl relay_actors::supervisor::Checkpointer for Checkpoints {
     fn checkpoint(&self) -> Result<(), String> {
         self.write_now().map(drop)
     }
@@ -282,7 +282,7 @@ fn file_number(path: &Path) -> Option<u64> {
 mod tests {
     use super::*;
     use relay_actors::store::{Head, NewEvent};
-    use relay_actors::ManualClock;
+    use relay_core::clock::ManualClock;
     use relay_schemas::checkpoint::{check_kept, verify};
     use relay_schemas::UnixSecs;
 

@@ -17,7 +17,7 @@
 use super::{private_dir, write_atomically};
 use crate::peers::{CallError, PeerClient};
 use ed25519_dalek::VerifyingKey;
-use relay_actors::SharedClock;
+use relay_core::clock::SharedClock;
 use relay_schemas::checkpoint::{verify, Checkpoint};
 use relay_schemas::Method;
 use serde::{Deserialize, Serialize};

@@ -10,7 +10,7 @@
 //! a certificate: there is exactly one key to trust, so there is no CA,
 //! no name to check and nothing to expire; each end accepts exactly the
 //! key the secret gives. What is derived from the secret, and how, is
-//! fixed ([`KEY_CONTEXT`]): nodes of one cluster agree on the key whatever
+//! fixed (`KEY_CONTEXT`): nodes of one cluster agree on the key whatever
 //! version they run.
 
 use std::fmt;

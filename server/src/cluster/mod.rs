@@ -14,7 +14,7 @@
 //!    listening only while it serves it) and a nonce per try. The rules are in `relay_core::lease`, the task
 //!    that follows them in `lease.rs`; the creation revision is the
 //!    owner's epoch, written as a fence into the stream before it serves.
-//! 3. **Balance** ([`Balance`]): nodes write presence keys in the same
+//! 3. **Balance** (`Balance`): nodes write presence keys in the same
 //!    bucket; the least loaded take free shards first, and a node with two
 //!    shards more than the least loaded hands one over (a graceful stop,
 //!    then the key deleted).
@@ -22,12 +22,12 @@
 //!    one shard it pipes each, bytes both ways, to the owner (HTTP,
 //!    keep-alive and WebSocket alike); with several, `router.rs` routes
 //!    each request to its account's shard. Either waits up to
-//!    [`FRONT_WAIT`](place::FRONT_WAIT) for an owner, and applies the per-address connection
+//!    [`FRONT_WAIT`] for an owner, and applies the per-address connection
 //!    cap (`http.max_connections_per_ip`), since owners see every
 //!    connection come from a front. With `cluster.secret_file` a front
 //!    reaches an owner, and a shard its siblings, over TLS with the
 //!    cluster's key (`hop.rs`): an internal address serves no one else.
-//! 5. **Siblings**: a shard's core reaches the others ([`ShardPlace`](place::ShardPlace)) as
+//! 5. **Siblings**: a shard's core reaches the others ([`ShardPlace`]) as
 //!    peers under the relay's own id: a send to an account of another
 //!    shard is a `message.deliver` to that shard's owner.
 //! 6. **Takeover**: when an owner stops renewing (killed, cut off), its key
@@ -37,7 +37,7 @@
 //!    ttl, or whose store failed, stops serving that shard at once and
 //!    stands by for it again; its other shards serve on. Its core answers
 //!    a request only while its own clock says the lease holds
-//!    ([`Serving`](lease::Serving)), so an owner paused past its lease answers nothing
+//!    (`lease::Serving`), so an owner paused past its lease answers nothing
 //!    stale on waking.
 //!
 //! The relay's id, key and VAPID key are the cluster's: every node is

@@ -5,8 +5,8 @@
 
 use crate::app::{parse, App};
 use crate::peers::CallError;
-use relay_actors::account::method::account_devices_get::check_devices_answer;
 use relay_actors::account::AccountCmd;
+use relay_core::account::method::account_devices_get::check_devices_answer;
 use relay_schemas::ids::check_account_id;
 use relay_schemas::methods::{AccountIdParams, DevicesAnswer};
 use relay_schemas::{ErrorCode, Method, RelayError};

@@ -3,9 +3,9 @@
 //! for the account, so a refused stranger leaves nothing behind.
 
 use crate::app::{parse_with_digest, App};
-use relay_actors::account::method::account_register::check_register;
 use relay_actors::account::AccountCmd;
-use relay_actors::account::Ctx;
+use relay_core::account::method::account_register::check_register;
+use relay_core::account::Ctx;
 use relay_schemas::ids::check_account_id;
 use relay_schemas::methods::RegisterParams;
 use relay_schemas::RelayError;

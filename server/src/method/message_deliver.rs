@@ -5,9 +5,9 @@
 //! the stored result.
 
 use crate::app::{parse_with_digest, App};
-use relay_actors::account::method::message_deliver;
 use relay_actors::account::AccountCmd;
-use relay_actors::account::Ctx;
+use relay_core::account::method::message_deliver;
+use relay_core::account::Ctx;
 use relay_schemas::ids::check_account_id;
 use relay_schemas::methods::DeliverParams;
 use relay_schemas::RelayError;

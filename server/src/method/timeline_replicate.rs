@@ -4,8 +4,8 @@
 //! [`crate::replication`]).
 
 use crate::app::{parse, App};
-use relay_actors::account::method::timeline_replicate::Page;
 use relay_actors::account::AccountCmd;
+use relay_core::account::method::timeline_replicate::Page;
 use relay_schemas::ids::check_account_id;
 use relay_schemas::methods::ReplicateParams;
 use relay_schemas::RelayError;

@@ -119,7 +119,7 @@ pub enum AccountEvent {
     },
     /// `event` came from `partner`, the account's other home relay, where
     /// it is event `origin_seq` of the account's stream (`timeline.replicate`,
-    /// [`super::replica`]). Applied as `event` itself (a record restamped
+    /// [`crate::account::method::timeline_replicate`]). Applied as `event` itself (a record restamped
     /// with this relay's next sequence); never offered back to the partner.
     Replicated {
         partner: String,

@@ -7,8 +7,8 @@ use super::*;
 #[derive(Default)]
 struct Offers(std::sync::Mutex<Vec<(String, u64, String)>>);
 
-impl crate::push::PushSink for Offers {
-    fn offer(&self, job: crate::push::PushJob) {
+impl relay_core::push::PushSink for Offers {
+    fn offer(&self, job: relay_core::push::PushJob) {
         self.0.lock().unwrap().push((job.device_id, job.sequence, job.subscription.endpoint));
     }
 }
@@ -21,7 +21,8 @@ async fn a_subscription_made_after_a_record_was_written_gets_no_push_for_it() {
     use crate::account::{stream_id, AccountCmd};
     use crate::delivery::NoPeers;
     use crate::store::{Head, NewEvent, Store};
-    use crate::{ManualClock, Supervisor};
+    use crate::Supervisor;
+    use relay_core::clock::ManualClock;
     use std::sync::Arc;
 
     let store = Store::temporary().unwrap();

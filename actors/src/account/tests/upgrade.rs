@@ -7,7 +7,8 @@ use crate::account::actor::AccountActor;
 use crate::account::{ledger, stream_id};
 use crate::delivery::NoPeers;
 use crate::store::{Head, NewEvent, Snapshot, Store};
-use crate::{ManualClock, Supervisor};
+use crate::Supervisor;
+use relay_core::clock::ManualClock;
 use std::sync::Arc;
 
 /// A store holding Alice's busy history as the previous version wrote

@@ -8,7 +8,7 @@
 //!   delivery gave at once ([`settle`]);
 //! - `Accept` writes it with its delivery (and the outcome of a local
 //!   attempt that did not end it), as `MessageSend` does for any other
-//!   route ([`accept`]).
+//!   route (`accept`).
 
 use crate::account::decision::{Acceptance, Decision, Effect, Reads, Reply};
 use crate::account::events::AccountEvent;
