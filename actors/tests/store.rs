@@ -1195,3 +1195,35 @@ fn a_walk_reports_a_pointer_past_its_mapped_segment_and_goes_on() {
     assert!(seen[1].starts_with("error ") && seen[1].contains("past the segment's end"), "{seen:#?}");
     assert!(seen[2].starts_with("s RawEvent { seq: 3,") && seen[3].starts_with("t RawEvent { seq: 1,"), "{seen:#?}");
 }
+
+#[test]
+fn opened_to_read_and_closed_unchanged_a_store_is_not_checkpointed_again() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    append_n(&store, "s", 3);
+    store.close().unwrap();
+    drop(store);
+    // A checkpoint rewrites `replay-from` aside and renames it: a new inode.
+    let replay_from = dir.path().join("log/replay-from");
+    let seen = || {
+        let mut log: Vec<_> =
+            std::fs::read_dir(dir.path().join("log")).unwrap().map(|e| e.unwrap().file_name()).collect();
+        log.sort();
+        (std::fs::metadata(&replay_from).unwrap().ino(), std::fs::read(&replay_from).unwrap(), log)
+    };
+    let before = seen();
+    let read = Store::open_to_read(dir.path()).unwrap();
+    assert_eq!(read_all(&read, "s").len(), 3);
+    read.close().unwrap();
+    drop(read);
+    assert_eq!(seen(), before, "the audit's open and close made nothing durable again");
+    // A write made while opened to read is checkpointed at close as ever.
+    let read = Store::open_to_read(dir.path()).unwrap();
+    append_n(&read, "t", 1);
+    read.close().unwrap();
+    drop(read);
+    assert_ne!(seen(), before);
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!((read_all(&store, "s").len(), read_all(&store, "t").len()), (3, 1));
+}

@@ -179,6 +179,11 @@ fn run_inner(args: AuditArgs) -> Result<u8, AuditError> {
     let mut code = 0;
     for (store, label) in stores(&args, account.as_deref())? {
         code = code.max(run_on(&store, &label, &args.command)?);
+        // Closed as its drop would close it, then left to the process's
+        // end: dropping sled's page cache (the whole tree, after a verify)
+        // took a core 0.1 s after the work was done.
+        let _ = store.close();
+        std::mem::forget(store);
     }
     Ok(code)
 }

@@ -88,7 +88,7 @@ impl<T> Wire<T> {
     /// Verifies the object's signature; an identical object (same bytes,
     /// tag and key) verified before is not verified again (`verified.rs`).
     pub fn verify(&self, tag: Tag, key: &VerifyingKey) -> Result<(), RelayError> {
-        let memo = crate::verified::key(tag, key, self.0.raw.get());
+        let memo = crate::verified::key(tag.as_str(), key, self.0.raw.get());
         if crate::verified::MEMO.contains(&memo) {
             return Ok(());
         }

@@ -19,7 +19,6 @@
 //! and 16,384 keys (~4 MB; a parsed key is 192 bytes). Shards keep the
 //! lock short and uncontended across worker threads.
 
-use crate::sign::Tag;
 use ed25519_dalek::VerifyingKey;
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -39,10 +38,12 @@ pub(crate) static MEMO: Memo<(), 4096> = Memo::new();
 /// Public keys `parse_public_key` accepted, by their bytes.
 pub(crate) static KEYS: Memo<VerifyingKey, 1024> = Memo::new();
 
-/// The memo key of one verification.
-pub(crate) fn key(tag: Tag, key: &VerifyingKey, raw: &str) -> [u8; 32] {
+/// The memo key of one verification, `tag` the signing domain's text
+/// (`sign::Tag::as_str`: taken as text, so that this memo needs nothing of
+/// the signing module, which uses [`KEYS`]).
+pub(crate) fn key(tag: &str, key: &VerifyingKey, raw: &str) -> [u8; 32] {
     let mut h = blake3::Hasher::new();
-    h.update(tag.as_str().as_bytes());
+    h.update(tag.as_bytes());
     h.update(b"\n");
     h.update(key.as_bytes());
     h.update(raw.as_bytes());
@@ -80,7 +81,7 @@ impl<V: Copy, const PER_SHARD: usize> Memo<V, PER_SHARD> {
 mod tests {
     use super::*;
     use crate::objects::Wire;
-    use crate::sign::sign_object;
+    use crate::sign::{sign_object, Tag};
     use ed25519_dalek::SigningKey;
     use serde_json::json;
 
@@ -95,10 +96,10 @@ mod tests {
         let k = SigningKey::from_bytes(&[21; 32]);
         let w = signed(&k, "memo-1");
         w.verify(Tag::DeviceCertificate, &k.verifying_key()).unwrap();
-        assert!(MEMO.contains(&key(Tag::DeviceCertificate, &k.verifying_key(), w.raw().get())));
+        assert!(MEMO.contains(&key(Tag::DeviceCertificate.as_str(), &k.verifying_key(), w.raw().get())));
         let other = SigningKey::from_bytes(&[22; 32]).verifying_key();
         assert!(w.verify(Tag::DeviceCertificate, &other).is_err());
-        assert!(!MEMO.contains(&key(Tag::DeviceCertificate, &other, w.raw().get())));
+        assert!(!MEMO.contains(&key(Tag::DeviceCertificate.as_str(), &other, w.raw().get())));
         // Remembered under its tag only: another tag still fails.
         assert!(w.verify(Tag::Route, &k.verifying_key()).is_err());
     }

@@ -28,7 +28,9 @@
 //!    told Ok for what was not synced, and no commit is taken after it.
 //! 6. Every 64 MiB of log, and on open and close, a checkpoint: sled's
 //!    flush, fsync of its files and directories, then a new segment starts
-//!    and the next open replays from there. Older segments whose values are
+//!    and the next open replays from there (a store opened to read, whose
+//!    open and use changed nothing, skips it: [`Store::open_to_read`]).
+//!    Older segments whose values are
 //!    mostly dead are compacted between groups and removed behind a later
 //!    checkpoint (`sled_engine.rs`, step 7).
 //!
@@ -140,7 +142,8 @@ impl Store {
 
     /// Opens a stopped relay's store to read it whole, as the audit does
     /// ([`SledEngine::open_to_read`]: values read from mapped segments, no
-    /// scans that only serve writing).
+    /// scans that only serve writing, and no checkpoint at open or close
+    /// when there is nothing to make durable).
     pub fn open_to_read(dir: &Path) -> Result<Store, StoreError> {
         Store::with_engine(Arc::new(SledEngine::open_to_read(dir)?))
     }

@@ -39,8 +39,7 @@ use relay_schemas::{DeliveryStatus, ErrorCode, RelayError};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-/// The ledger format of an account (the value of its [`version_key`]).
-pub const VERSION: &[u8] = b"2";
+pub use keys::{prefix, receipt_key, send_key, version_key, VERSION};
 
 /// The acceptance result of one `message.send`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -96,35 +95,43 @@ impl ReceiptEntry {
     }
 }
 
-/// The blob keys of one account's entries start with this.
-pub fn prefix(account_id: &str) -> Vec<u8> {
-    format!("l/{account_id}/").into_bytes()
-}
+/// The current layout's keys and version, apart: the version 1 layout
+/// ([`v1`]) names them when it renames its entries, and the ledger uses
+/// both, so neither module depends on the other.
+mod keys {
+    /// The ledger format of an account (the value of its [`version_key`]).
+    pub const VERSION: &[u8] = b"2";
 
-fn hashed(account_id: &str, kind: &[u8], ids: &[&str]) -> Vec<u8> {
-    let mut h = blake3::Hasher::new();
-    h.update(kind);
-    for id in ids {
-        // Length-prefixed, so no two lists of ids hash the same bytes.
-        h.update(&(id.len() as u64).to_le_bytes());
-        h.update(id.as_bytes());
+    /// The blob keys of one account's entries start with this.
+    pub fn prefix(account_id: &str) -> Vec<u8> {
+        format!("l/{account_id}/").into_bytes()
     }
-    let mut key = prefix(account_id);
-    key.extend_from_slice(&h.finalize().as_bytes()[..16]);
-    key
-}
 
-pub fn send_key(account_id: &str, message_id: &str) -> Vec<u8> {
-    hashed(account_id, b"s", &[message_id])
-}
+    fn hashed(account_id: &str, kind: &[u8], ids: &[&str]) -> Vec<u8> {
+        let mut h = blake3::Hasher::new();
+        h.update(kind);
+        for id in ids {
+            // Length-prefixed, so no two lists of ids hash the same bytes.
+            h.update(&(id.len() as u64).to_le_bytes());
+            h.update(id.as_bytes());
+        }
+        let mut key = prefix(account_id);
+        key.extend_from_slice(&h.finalize().as_bytes()[..16]);
+        key
+    }
 
-pub fn receipt_key(account_id: &str, from: &str, message_id: &str) -> Vec<u8> {
-    hashed(account_id, b"r", &[from, message_id])
-}
+    pub fn send_key(account_id: &str, message_id: &str) -> Vec<u8> {
+        hashed(account_id, b"s", &[message_id])
+    }
 
-/// The kv key marking a ledger in this layout.
-pub fn version_key(account_id: &str) -> Vec<u8> {
-    format!("l/{account_id}/v").into_bytes()
+    pub fn receipt_key(account_id: &str, from: &str, message_id: &str) -> Vec<u8> {
+        hashed(account_id, b"r", &[from, message_id])
+    }
+
+    /// The kv key marking a ledger in this layout.
+    pub fn version_key(account_id: &str) -> Vec<u8> {
+        format!("l/{account_id}/v").into_bytes()
+    }
 }
 
 /// Where an account's ledger is, from the values of its two markers
@@ -183,10 +190,10 @@ pub mod v1 {
         let rest = key.strip_prefix(prefix(account_id).as_slice())?;
         let rest = std::str::from_utf8(rest).ok()?;
         match rest.split_once('/')? {
-            ("s", message_id) if !message_id.contains('/') => Some(super::send_key(account_id, message_id)),
+            ("s", message_id) if !message_id.contains('/') => Some(super::keys::send_key(account_id, message_id)),
             ("r", ids) => {
                 let (from, message_id) = ids.split_once('/')?;
-                (!message_id.contains('/')).then(|| super::receipt_key(account_id, from, message_id))
+                (!message_id.contains('/')).then(|| super::keys::receipt_key(account_id, from, message_id))
             }
             _ => None,
         }
