@@ -394,6 +394,7 @@ impl Shard {
             hop: self.hop.clone(),
         });
         let (done_tx, done) = tokio::sync::oneshot::channel();
+        let closing = store.clone();
         let arbiter = actix::Arbiter::new();
         arbiter.spawn_fn(move || {
             actix_web::rt::spawn(async move {
@@ -422,6 +423,11 @@ impl Shard {
         });
         let ran = done.await.unwrap_or_else(|_| Err(format!("shard {k}: its relay core ended")));
         arbiter.stop();
+        // Closed before the lease is let go, however the core stopped: this
+        // node's local copy of the shard is then free (sled's lock) for its
+        // next open, should the lease come back here at once. Waiting for
+        // the last user of the store to drop it took longer than that.
+        let _ = actix_web::rt::task::spawn_blocking(move || closing.close()).await;
         if let Some(why) = gave_up.lock().unwrap_or_else(|e| e.into_inner()).take() {
             // After a store failure the lease task still renews: free the
             // key (expecting our revision, so never a successor's).
