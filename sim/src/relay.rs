@@ -385,10 +385,10 @@ impl Relay {
         let (seq, prev) = self.heads.get(&key).copied().unwrap_or((0, chain::ZERO));
         let body = match rec {
             Rec::Account { event, .. } => {
-                chain::body_of(&stream, seq + 1, event.event_type(), AccountEvent::VERSION, at, &prev, event)
+                chain::body(&stream, seq + 1, event.event_type(), AccountEvent::VERSION, at, &prev, event)
             }
             Rec::Delivery { event, .. } => {
-                chain::body_of(&stream, seq + 1, event.event_type(), DeliveryEvent::VERSION, at, &prev, event)
+                chain::body(&stream, seq + 1, event.event_type(), DeliveryEvent::VERSION, at, &prev, event)
             }
             Rec::Route { .. } | Rec::Swept { .. } => return None,
         }

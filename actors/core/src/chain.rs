@@ -5,7 +5,6 @@
 //! the same chain for its streams. Pure: no store, bytes in, bytes out.
 
 use serde::Serialize;
-use serde_json::value::RawValue;
 
 /// A chain hash (BLAKE3, 32 bytes).
 pub type Hash = [u8; 32];
@@ -27,23 +26,11 @@ struct Body<'a, D: ?Sized> {
 }
 
 /// The body of event `seq` of `stream`: the bytes the chain hashes and
-/// the store keeps after the hash. `prev` in lowercase hex, `data` as is.
-pub fn body(
-    stream: &str,
-    seq: u64,
-    event_type: &str,
-    version: u32,
-    at: u64,
-    prev: &Hash,
-    data: &RawValue,
-) -> Result<Vec<u8>, serde_json::Error> {
-    body_of(stream, seq, event_type, version, at, prev, data)
-}
-
-/// [`body`] with `data` serialized in the same pass: the same bytes as
-/// serializing it to JSON first (compact JSON is written verbatim either
-/// way), without the copy.
-pub fn body_of<D: Serialize + ?Sized>(
+/// the store keeps after the hash. `prev` in lowercase hex; `data` as is
+/// when it is already JSON (`RawValue`), else serialized in the same pass,
+/// which gives the same bytes as serializing it first (compact JSON is
+/// written verbatim either way) without the copy.
+pub fn body<D: Serialize + ?Sized>(
     stream: &str,
     seq: u64,
     event_type: &str,
@@ -67,6 +54,7 @@ pub fn hash(prev: &Hash, body: &[u8]) -> Hash {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::value::RawValue;
 
     fn data(json: &str) -> Box<RawValue> {
         RawValue::from_string(json.into()).unwrap()
@@ -88,7 +76,7 @@ mod tests {
     fn a_body_serialized_in_one_pass_is_the_body_of_its_json() {
         let event = serde_json::json!({"b": [1, "two", {"c": null}], "a": "é\n"});
         let json = serde_json::value::to_raw_value(&event).unwrap();
-        let one_pass = body_of("delivery/a/m", 2, "accepted", 1, 5, &ZERO, &event).unwrap();
+        let one_pass = body("delivery/a/m", 2, "accepted", 1, 5, &ZERO, &event).unwrap();
         assert_eq!(one_pass, body("delivery/a/m", 2, "accepted", 1, 5, &ZERO, &json).unwrap());
     }
 
