@@ -74,6 +74,8 @@ struct Inner {
     misses: quick_cache::sync::Cache<String, (UnixMillis, RouteLookup)>,
     /// What every account actor shares ([`Supervisor::account_env`]).
     account_env: OnceLock<Arc<account::Env>>,
+    /// The one `Ports` every account actor shares ([`AccountPorts`]).
+    account_ports: OnceLock<Arc<dyn account::Ports>>,
 }
 
 /// How long a lookup that found no route is remembered: long enough that
@@ -125,6 +127,7 @@ impl Supervisor {
                 lookups: Mutex::default(),
                 misses: miss_cache(),
                 account_env: OnceLock::new(),
+                account_ports: OnceLock::new(),
             }),
         }
     }
@@ -356,6 +359,14 @@ impl Supervisor {
         }
     }
 
+    /// Asks every resident account actor whether it has been idle long
+    /// enough to leave memory ([`account::actor::IdleCheck`]).
+    fn check_idle(&self) {
+        for entry in self.inner.accounts.iter() {
+            entry.addr.do_send(account::actor::IdleCheck);
+        }
+    }
+
     /// Whether `account_id`'s actor is resident (tests).
     pub fn is_resident(&self, account_id: &str) -> bool {
         self.inner.accounts.get(account_id).is_some_and(|r| r.addr.connected())
@@ -381,8 +392,9 @@ impl Supervisor {
     }
 
     fn start_account(&self, account_id: &str) -> Result<Addr<AccountActor>, RelayError> {
-        let actor =
-            AccountActor::load(self.account_env(), Arc::new(self.clone()), account_id).map_err(|e| internal(&e))?;
+        let ports =
+            self.inner.account_ports.get_or_init(|| Arc::new(AccountPorts(Arc::downgrade(&self.inner)))).clone();
+        let actor = AccountActor::load(self.account_env(), ports, account_id).map_err(|e| internal(&e))?;
         Ok(match self.arbiter_for(account_id) {
             Some(arbiter) => AccountActor::start_in_arbiter(&arbiter, move |_| actor),
             None => actor.start(),
@@ -533,6 +545,24 @@ impl account::Ports for Supervisor {
 
     fn schedule(&self, stream: String, due_ms: UnixMillis) {
         Supervisor::schedule(self, stream, due_ms)
+    }
+}
+
+/// The account actors' ports: one handle shared by all of them, weak so
+/// that the supervisor's state does not hold itself alive.
+struct AccountPorts(std::sync::Weak<Inner>);
+
+impl account::Ports for AccountPorts {
+    fn passivated(&self, account_id: &str, addr: &Addr<AccountActor>) {
+        if let Some(inner) = self.0.upgrade() {
+            account::Ports::passivated(&Supervisor { inner }, account_id, addr)
+        }
+    }
+
+    fn schedule(&self, stream: String, due_ms: UnixMillis) {
+        if let Some(inner) = self.0.upgrade() {
+            Supervisor { inner }.schedule(stream, due_ms)
+        }
     }
 }
 
@@ -785,9 +815,12 @@ impl Scheduler {
 impl Actor for Scheduler {
     type Context = Context<Self>;
 
-    /// Restores the timers of the deliveries in flight from the index.
+    /// Restores the timers of the deliveries in flight from the index, and
+    /// starts the idle checks of the resident account actors.
     fn started(&mut self, ctx: &mut Self::Context) {
         self.fire(ctx);
+        let every = Duration::from_millis((self.sup.inner.policy.passivate_after_ms / 2).max(10));
+        ctx.run_interval(every, |act, _| act.sup.check_idle());
     }
 }
 

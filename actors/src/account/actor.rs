@@ -34,7 +34,6 @@ use relay_schemas::{DeliveryStatus, RelayError, UnixMillis, UnixSecs};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 
 /// The shared handles an account reads and writes directly (cheap to clone).
 #[derive(Clone)]
@@ -208,18 +207,37 @@ pub struct AccountActor {
     ports: Arc<dyn Ports>,
     /// The account's stream and state.
     es: EventSourced<AccountState>,
+    last_active_ms: UnixMillis,
+    passivated: bool,
+    /// What it holds only while busy; `None` once nothing in it is owed.
+    busy: Option<Box<Busy>>,
+}
+
+/// What an account actor holds only while something is under way or owed,
+/// in one allocation made when first needed and dropped when all of it is
+/// empty again: a resident idle actor does not carry it (issue 44's budget
+/// of heap per idle actor, `actors/tests/actor_heap.rs`).
+#[derive(Default)]
+struct Busy {
     /// Outstanding session challenges (memory only).
     challenges: Challenges,
-    last_active_ms: UnixMillis,
     /// Replies still waiting for durability; the actor is not passivated
     /// while any is pending.
     pending: Arc<AtomicUsize>,
-    passivated: bool,
     /// Notifications of what was written, in write order with the commit
     /// that wrote it; published, in that order, once that commit is durable.
     outbox: VecDeque<(Ticket, Notice)>,
     /// Its sends under way, as last read or written (memory only).
     unfinished: UnfinishedSends,
+}
+
+impl Busy {
+    fn owes_nothing(&self) -> bool {
+        self.challenges.is_empty()
+            && self.outbox.is_empty()
+            && self.pending.load(Ordering::SeqCst) == 0
+            && self.unfinished.is_empty()
+    }
 }
 
 /// A notification owed to connected devices for a write.
@@ -270,17 +288,7 @@ impl AccountActor {
             env.routes.offer(route)?;
             env.routes.share(route);
         }
-        Ok(AccountActor {
-            last_active_ms: env.clock.now_ms(),
-            env,
-            ports,
-            es,
-            challenges: Challenges::default(),
-            pending: Arc::new(AtomicUsize::new(0)),
-            passivated: false,
-            outbox: VecDeque::new(),
-            unfinished: UnfinishedSends::default(),
-        })
+        Ok(AccountActor { last_active_ms: env.clock.now_ms(), env, ports, es, passivated: false, busy: None })
     }
 
     pub fn state(&self) -> &AccountState {
@@ -350,7 +358,18 @@ impl AccountActor {
             store: &self.env.store,
             account_id: &self.es.state.account_id,
             stream: &self.es.stream,
-            unfinished: Some(&self.unfinished),
+            unfinished: self.busy.as_deref().map(|b| &b.unfinished),
+        }
+    }
+
+    fn busy(&mut self) -> &mut Busy {
+        self.busy.get_or_insert_with(Default::default)
+    }
+
+    /// Drops what it held while busy once nothing in it is owed.
+    fn rest(&mut self) {
+        if self.busy.as_ref().is_some_and(|b| b.owes_nothing()) {
+            self.busy = None;
         }
     }
 
@@ -378,14 +397,15 @@ impl AccountActor {
         me: Addr<Self>,
     ) -> ResponseFuture<Result<Reply, RelayError>> {
         let ticket = self.es.last_ticket;
-        let publish = !self.outbox.is_empty();
-        if answer == Answer::AtOnce && !publish {
+        let publish = self.busy.as_ref().is_some_and(|b| !b.outbox.is_empty());
+        // Nothing written since it was loaded: nothing to wait for.
+        if !publish && (answer == Answer::AtOnce || self.es.last_ticket.is_none()) {
             return Box::pin(async move { reply });
         }
         // Answered at once, the caller asks for a later commit that covers
         // this one (`Answer::AtOnce`); the notifications need not hurry it.
         let wait = self.es.when_durable(&self.env.store, answer != Answer::AtOnce);
-        let pending = self.pending.clone();
+        let pending = self.busy().pending.clone();
         pending.fetch_add(1, Ordering::SeqCst);
         let durable = async move {
             let durable = wait.await;
@@ -448,10 +468,13 @@ impl AccountActor {
         let now_ms = self.env.clock.now_ms();
         let idle = now_ms.since(self.last_active_ms);
         // Outstanding challenges live only here: keep the actor until they expire.
-        self.challenges.expire(now_ms.secs());
-        // A resident but quiet actor keeps no spare buffers.
-        self.outbox.shrink_to_fit();
-        if idle >= self.env.policy.passivate_after_ms && self.challenges.is_empty() {
+        if let Some(busy) = &mut self.busy {
+            busy.challenges.expire(now_ms.secs());
+            // A resident but quiet actor keeps no spare buffers.
+            busy.outbox.shrink_to_fit();
+        }
+        self.rest();
+        if idle >= self.env.policy.passivate_after_ms && self.busy.as_ref().is_none_or(|b| b.challenges.is_empty()) {
             self.passivate(ctx);
         }
     }
@@ -459,7 +482,7 @@ impl AccountActor {
     /// Leaves memory (snapshot first) unless replies or notifications are
     /// still owed; the next command loads the account again.
     fn passivate(&mut self, ctx: &mut Context<Self>) {
-        if self.pending.load(Ordering::SeqCst) != 0 || !self.outbox.is_empty() {
+        if self.busy.as_ref().is_some_and(|b| b.pending.load(Ordering::SeqCst) != 0 || !b.outbox.is_empty()) {
             return;
         }
         if self.es.since_snapshot > 0 {
@@ -566,14 +589,24 @@ impl Shell for AccountActor {
 
     fn decide(&mut self, cmd: &AccountCmd, now: UnixMillis) -> Result<Decision, RelayError> {
         let ctx = Ctx::new(now.secs(), &self.env.policy).with_random(rand::random());
+        // An actor at rest has no `Busy`: a decision that issues a
+        // challenge gets one.
+        let mut spare = Challenges::default();
+        let (challenges, unfinished) = match self.busy.as_deref_mut() {
+            Some(Busy { challenges, unfinished, .. }) => (challenges, Some(&*unfinished)),
+            None => (&mut spare, None),
+        };
         let reads = StoreReads {
             store: &self.env.store,
             account_id: &self.es.state.account_id,
             stream: &self.es.stream,
-            unfinished: Some(&self.unfinished),
+            unfinished,
         };
-        let env = AccountEnv { ctx, reads: &reads, challenges: &mut self.challenges };
-        self.es.state.decide(cmd, env)
+        let decision = self.es.state.decide(cmd, AccountEnv { ctx, reads: &reads, challenges });
+        if !spare.is_empty() {
+            self.busy().challenges = spare;
+        }
+        decision
     }
 
     fn rides<'c>(
@@ -640,7 +673,7 @@ impl Shell for AccountActor {
             if let Notice::Timeline { visible, sender_device, subscribed, .. } = &mut notice {
                 *subscribed = self.push_targets(visible, sender_device.as_deref(), |_| false);
             }
-            self.outbox.push_back((ticket, notice));
+            self.busy().outbox.push_back((ticket, notice));
         }
     }
 
@@ -649,7 +682,7 @@ impl Shell for AccountActor {
     fn committed(&mut self, events: &[AccountEvent], projected: Projected) -> Result<(), RelayError> {
         for w in projected.ledger.iter().flatten() {
             if let ledger::Entry::Send { message_id, entry } = w {
-                self.unfinished.record(message_id, Some(entry));
+                self.busy().unfinished.record(message_id, Some(entry));
             }
         }
         for e in events {
@@ -696,10 +729,22 @@ impl Shell for AccountActor {
 
 impl Actor for AccountActor {
     type Context = Context<Self>;
+}
 
-    fn started(&mut self, ctx: &mut Self::Context) {
-        let every = Duration::from_millis((self.env.policy.passivate_after_ms / 2).max(10));
-        ctx.run_interval(every, |act, ctx| act.maybe_passivate(ctx));
+/// Every half `passivate_after`, from whoever keeps the resident actors
+/// (one timer for all of them, not one each: an idle actor holds no timer):
+/// leave memory if idle that long, and drop what was held while busy.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct IdleCheck;
+
+impl Handler<IdleCheck> for AccountActor {
+    type Result = ();
+
+    fn handle(&mut self, _: IdleCheck, ctx: &mut Self::Context) {
+        if !self.passivated {
+            self.maybe_passivate(ctx);
+        }
     }
 }
 
@@ -722,6 +767,7 @@ impl Handler<Ask> for AccountActor {
         if self.es.head.seq == 0 {
             self.leave(ctx);
         }
+        self.rest();
         Box::pin(async move { Ok(reply.await) })
     }
 }
@@ -798,9 +844,10 @@ impl Handler<Publish> for AccountActor {
     type Result = ();
 
     fn handle(&mut self, msg: Publish, _ctx: &mut Self::Context) {
+        let Some(mut busy) = self.busy.take() else { return };
         let (notifier, account) = (&self.env.notifier, &self.es.state.account_id);
-        while self.outbox.front().is_some_and(|(t, _)| *t <= msg.0) {
-            let Some((_, notice)) = self.outbox.pop_front() else { break };
+        while busy.outbox.front().is_some_and(|(t, _)| *t <= msg.0) {
+            let Some((_, notice)) = busy.outbox.pop_front() else { break };
             match notice {
                 Notice::Timeline { sequence, visible, sender_device, subscribed } => {
                     notifier.timeline_changed(account, sequence, &visible);
@@ -809,5 +856,7 @@ impl Handler<Publish> for AccountActor {
                 Notice::Delivery { message_id, status } => notifier.delivery_changed(account, &message_id, &status),
             }
         }
+        self.busy = Some(busy);
+        self.rest();
     }
 }

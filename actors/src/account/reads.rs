@@ -60,6 +60,10 @@ impl UnfinishedSends {
         known.insert(message_id.to_owned(), entry.cloned());
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.0.borrow().is_empty()
+    }
+
     #[cfg(test)]
     fn len(&self) -> usize {
         self.0.borrow().len()

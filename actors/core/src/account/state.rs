@@ -7,30 +7,78 @@ use relay_schemas::objects::{DeviceCertificate, DeviceRevocation, Route};
 use relay_schemas::sign::parse_public_key;
 use relay_schemas::{AccountId, UnixSecs, Wire};
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
-/// A device's certificate and its key, parsed once, when its first
+/// A device's certificate, and its key parsed once, when its first
 /// message is checked (derived: a snapshot holds the certificate alone; a
 /// device that only receives never holds the ~200 bytes of a decompressed
-/// key).
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(transparent)]
+/// key). The certificate is kept as its text until first read: its typed
+/// view (~480 bytes of strings) is a quarter of an idle actor's heap
+/// (issue 44's budget, `actors/tests/actor_heap.rs`).
+#[derive(Debug)]
 pub struct Device {
-    pub certificate: Wire<DeviceCertificate>,
-    #[serde(skip)]
+    certificate: Mutex<Certificate>,
     key: OnceLock<Option<Box<VerifyingKey>>>,
 }
 
+#[derive(Clone, Debug)]
+enum Certificate {
+    /// Text that parsed once (it came from a `Wire`, or a snapshot that
+    /// was checked when read), so it parses again.
+    Text(Box<RawValue>),
+    Parsed(Wire<DeviceCertificate>),
+}
+
 impl Device {
-    fn new(certificate: Wire<DeviceCertificate>) -> Self {
-        Device { certificate, key: OnceLock::new() }
+    fn new(certificate: &Wire<DeviceCertificate>) -> Self {
+        let text = Certificate::Text(certificate.raw().to_owned());
+        Device { certificate: Mutex::new(text), key: OnceLock::new() }
+    }
+
+    /// The certificate, parsed on the first read.
+    pub fn certificate(&self) -> Wire<DeviceCertificate> {
+        let mut held = self.certificate.lock().unwrap_or_else(|e| e.into_inner());
+        if let Certificate::Text(raw) = &*held {
+            let parsed = Wire::from_raw(raw.clone()).expect("a device certificate's text parsed when it was kept");
+            *held = Certificate::Parsed(parsed);
+        }
+        match &*held {
+            Certificate::Parsed(wire) => wire.clone(),
+            Certificate::Text(_) => unreachable!("parsed above"),
+        }
     }
 
     fn key(&self) -> Option<&VerifyingKey> {
         self.key
-            .get_or_init(|| parse_public_key("device_key", &self.certificate.device_key).ok().map(Box::new))
+            .get_or_init(|| parse_public_key("device_key", &self.certificate().device_key).ok().map(Box::new))
             .as_deref()
+    }
+}
+
+impl Clone for Device {
+    fn clone(&self) -> Self {
+        let held = self.certificate.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        Device { certificate: Mutex::new(held), key: self.key.clone() }
+    }
+}
+
+/// A snapshot holds the certificate's text as it was signed.
+impl Serialize for Device {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match &*self.certificate.lock().unwrap_or_else(|e| e.into_inner()) {
+            Certificate::Text(raw) => raw.serialize(s),
+            Certificate::Parsed(wire) => wire.serialize(s),
+        }
+    }
+}
+
+/// Checked as a `Wire` when read (so it parses again when first used),
+/// then kept as text.
+impl<'de> Deserialize<'de> for Device {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(Device::new(&Wire::<DeviceCertificate>::deserialize(d)?))
     }
 }
 
@@ -211,7 +259,7 @@ impl AccountState {
     /// unexpired.
     pub fn device_key(&self, device_id: &str, now: UnixSecs) -> Option<&VerifyingKey> {
         let device = self.devices.get(device_id)?;
-        if self.revocations.contains_key(device_id) || device.certificate.is_expired(now) {
+        if self.revocations.contains_key(device_id) || device.certificate().is_expired(now) {
             return None;
         }
         device.key()
@@ -222,7 +270,7 @@ impl AccountState {
     /// not expired then, and no revocation dated at or before then.
     pub fn device_key_at(&self, device_id: &str, at: UnixSecs, tolerance: u64) -> Option<&VerifyingKey> {
         let device = self.devices.get(device_id)?;
-        let cert = &device.certificate;
+        let cert = device.certificate();
         if cert.issued_at > at.plus(tolerance).0 || cert.is_expired(at) {
             return None;
         }
@@ -232,12 +280,12 @@ impl AccountState {
         device.key()
     }
 
-    pub fn certificate(&self, device_id: &str) -> Option<&Wire<DeviceCertificate>> {
-        self.devices.get(device_id).map(|d| &d.certificate)
+    pub fn certificate(&self, device_id: &str) -> Option<Wire<DeviceCertificate>> {
+        self.devices.get(device_id).map(Device::certificate)
     }
 
-    pub fn certificates(&self) -> impl Iterator<Item = &Wire<DeviceCertificate>> {
-        self.devices.values().map(|d| &d.certificate)
+    pub fn certificates(&self) -> impl Iterator<Item = Wire<DeviceCertificate>> + '_ {
+        self.devices.values().map(Device::certificate)
     }
 
     pub fn device_valid(&self, device_id: &str, now: UnixSecs) -> bool {
@@ -263,7 +311,7 @@ impl AccountState {
     }
 
     fn add_device(&mut self, cert: &Wire<DeviceCertificate>) {
-        self.devices.insert(cert.device_id.clone(), Device::new(cert.clone()));
+        self.devices.insert(cert.device_id.clone(), Device::new(cert));
     }
 
     pub fn apply(&mut self, event: &AccountEvent) {
@@ -379,7 +427,7 @@ mod tests {
         assert_eq!(then_events(add_device(&s, &wire(&with_extra), at(NOW))).len(), 1);
         let s = given_alice([device_added_cert(&with_extra)]);
         let restored = snapshot_round_trip(&s);
-        assert_eq!(restored.devices["tablet"].certificate.raw().get(), s.devices["tablet"].certificate.raw().get());
+        assert_eq!(restored.devices["tablet"].certificate().raw().get(), s.devices["tablet"].certificate().raw().get());
         then_no_events(add_device(&restored, &wire(&with_extra), at(NOW)));
         assert!(restored.device_valid("tablet", UnixSecs(NOW)));
     }
@@ -391,7 +439,7 @@ mod tests {
         assert!(s.account_key().is_some());
         assert!(s.devices.contains_key("phone"));
         let _: &Wire<Route> = s.route().unwrap();
-        let _: &Wire<DeviceCertificate> = &s.devices["phone"].certificate;
+        let _: Wire<DeviceCertificate> = s.devices["phone"].certificate();
     }
 
     #[test]

@@ -14,8 +14,9 @@ pub(crate) fn decide(state: &AccountState) -> Result<Decision, RelayError> {
     if !state.is_registered() {
         return Err(RelayError::not_found("unknown account"));
     }
+    let certificates: Vec<_> = state.certificates().collect();
     Ok(Decision::reply(json(&DevicesResult {
-        certificates: state.certificates().collect(),
+        certificates: certificates.iter().collect(),
         revocations: state.revocations.values().collect(),
     })?))
 }

@@ -84,7 +84,7 @@ pub fn register(
         // `timeline.replicate`): registering here too changes nothing.
         let same = state.register_digest.is_empty()
             && state.route() == Some(&p.route)
-            && state.certificate(&cert.device_id) == Some(cert)
+            && state.certificate(&cert.device_id).as_ref() == Some(cert)
             && state.public_discovery == p.registration.public_discovery;
         return if state.register_digest == digest || same {
             Ok(vec![])

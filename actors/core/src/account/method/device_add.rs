@@ -51,7 +51,7 @@ pub fn add_signed_device(
         return Err(RelayError::invalid_state("device_id was revoked and cannot be reused"));
     }
     match state.certificate(&cert.device_id) {
-        Some(existing) if existing == cert => Ok(vec![]),
+        Some(existing) if existing == *cert => Ok(vec![]),
         Some(_) => Err(RelayError::state_conflict("device_id already has another certificate")),
         None if state.devices.len() >= policy.max_devices => Err(RelayError::over_limit(
             MAX_DEVICES_SETTING,

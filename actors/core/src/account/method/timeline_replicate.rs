@@ -545,7 +545,7 @@ fn decide_item(
             // client may add a device at both homes and revoke it at one
             // before that one pulls the other's add): as a new add of a
             // revoked id it would refuse the page, and every later one.
-            if state.certificate(&device_certificate.device_id) == Some(device_certificate) {
+            if state.certificate(&device_certificate.device_id).as_ref() == Some(device_certificate) {
                 return Ok((vec![], None));
             }
             device_add::add_signed_device(state, device_certificate, ctx.policy)?
