@@ -524,6 +524,16 @@ impl Supervisor {
         }
     }
 
+    /// Stops the timer actor: no delivery starts from here again. For tests
+    /// that restart a relay in one process over the same store, where the
+    /// old relay's timers would otherwise run beside the new one's (a
+    /// relay's process ends with its timers).
+    pub async fn stop_timers(&self) {
+        if let Some(s) = self.inner.scheduler.get() {
+            let _ = s.send(StopTimers).await;
+        }
+    }
+
     /// Resolves once the timer actor has handled every [`Supervisor::schedule`]
     /// made before this call and every timer [`Supervisor::start`] restored
     /// (its mailbox is first in, first out): those timers are all armed. At
@@ -832,7 +842,7 @@ impl Handler<Schedule> for Scheduler {
         // does not hold (a retry after a failed write) stays in memory.
         let store = self.sup.store();
         let indexed = |due, stream: &str| store.kv_get(&delivery::due_key(due, stream)).is_ok_and(|v| v.is_some());
-        self.queue.insert_bounded(msg.due_ms, msg.stream, msg.destinations, indexed);
+        self.queue.insert_bounded(msg.due_ms, msg.stream, msg.destinations, self.ready.len(), indexed);
         self.arm(ctx);
     }
 }
@@ -862,6 +872,18 @@ impl Handler<TimersHeld> for Scheduler {
 
     fn handle(&mut self, _: TimersHeld, _: &mut Self::Context) -> usize {
         self.queue.len() + self.ready.len()
+    }
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+struct StopTimers;
+
+impl Handler<StopTimers> for Scheduler {
+    type Result = ();
+
+    fn handle(&mut self, _: StopTimers, ctx: &mut Self::Context) {
+        ctx.stop();
     }
 }
 

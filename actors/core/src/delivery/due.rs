@@ -88,21 +88,23 @@ impl DueQueue {
     /// `stream` is due at `due_ms`, waiting for `destinations` (none: no
     /// route known yet, so any peer that comes back may be its).
     pub fn insert(&mut self, due_ms: UnixMillis, stream: String, destinations: Vec<String>) {
-        self.insert_bounded(due_ms, stream, destinations, |_, _| true)
+        self.insert_bounded(due_ms, stream, destinations, 0, |_, _| true)
     }
 
-    /// [`DueQueue::insert`] within the bound: held in memory only if it sorts
-    /// before what is spilled; when memory is full the latest entry is
-    /// spilled to make room, or this one is. `indexed` tells whether the
-    /// store's due index holds an entry (asked only of one about to be
-    /// spilled): one it does not (a timer set without writing, e.g. a retry
-    /// after a failed write) is held past the bound, since spilling it
-    /// would lose it.
+    /// [`DueQueue::insert`] within the bound, `held_elsewhere` entries
+    /// being taken out and not started yet (they count in the bound, as in
+    /// [`DueQueue::wants_refill`]): held in memory only if it sorts before
+    /// what is spilled; when memory is full the latest entry is spilled to
+    /// make room, or this one is. `indexed` tells whether the store's due
+    /// index holds an entry (asked only of one about to be spilled): one it
+    /// does not (a timer set without writing, e.g. a retry after a failed
+    /// write) is held past the bound, since spilling it would lose it.
     pub fn insert_bounded(
         &mut self,
         due_ms: UnixMillis,
         stream: String,
         destinations: Vec<String>,
+        held_elsewhere: usize,
         mut indexed: impl FnMut(UnixMillis, &str) -> bool,
     ) {
         let later_than_spilled =
@@ -110,9 +112,12 @@ impl DueQueue {
         if later_than_spilled && indexed(due_ms, &stream) {
             return;
         }
-        if !later_than_spilled && self.due.len() >= self.capacity && !self.due.contains(&(due_ms, stream.clone())) {
-            let latest = self.due.last().cloned().expect("a full queue has a latest entry");
-            if (due_ms, &stream) > (latest.0, &latest.1) && indexed(due_ms, &stream) {
+        let full = self.due.len() + held_elsewhere >= self.capacity;
+        if !later_than_spilled && full && !self.due.contains(&(due_ms, stream.clone())) {
+            // Memory may hold none of its own while the bound is taken by
+            // what waits to start: this one is then the latest.
+            let latest_before = self.due.last().is_none_or(|l| (due_ms, &stream) > (l.0, &l.1));
+            if latest_before && indexed(due_ms, &stream) {
                 self.spill(due_ms, stream);
                 return;
             }
@@ -353,11 +358,11 @@ mod tests {
     fn a_timer_the_index_does_not_hold_is_never_spilled() {
         let mut q = DueQueue::bounded(2);
         let c_unindexed = |_: Ms, s: &str| s != "c";
-        q.insert_bounded(Ms(1_000), "a".into(), vec![], c_unindexed);
-        q.insert_bounded(Ms(2_000), "b".into(), vec![], c_unindexed);
+        q.insert_bounded(Ms(1_000), "a".into(), vec![], 0, c_unindexed);
+        q.insert_bounded(Ms(2_000), "b".into(), vec![], 0, c_unindexed);
         // A retry after a failed write: later than all, but not in the
         // index: held, and b (which the index holds) makes room.
-        q.insert_bounded(Ms(3_000), "c".into(), vec![], c_unindexed);
+        q.insert_bounded(Ms(3_000), "c".into(), vec![], 0, c_unindexed);
         assert_eq!(q.len(), 2);
         assert_eq!(q.pop_due(Ms(1_000)), vec!["a".to_string()]);
         // c, held past the mark, does not keep b out.
@@ -367,7 +372,7 @@ mod tests {
         // Full of timers the index does not hold: held past the bound.
         let none_indexed = |_: Ms, _: &str| false;
         for (i, s) in ["x", "y", "z"].into_iter().enumerate() {
-            q.insert_bounded(Ms(10_000 - i as u64), s.into(), vec![], none_indexed);
+            q.insert_bounded(Ms(10_000 - i as u64), s.into(), vec![], 0, none_indexed);
         }
         assert_eq!(q.len(), 3);
     }
@@ -380,13 +385,34 @@ mod tests {
         assert_eq!(q.wants_refill(5), None, "five wait to start: more than half the bound");
     }
 
+    #[test]
+    fn what_waits_to_start_counts_in_the_bound_of_a_new_timer() {
+        let mut q = DueQueue::bounded(4);
+        let all_indexed = |_: Ms, _: &str| true;
+        q.insert_bounded(Ms(1_000), "a".into(), vec![], 2, all_indexed);
+        q.insert_bounded(Ms(3_000), "c".into(), vec![], 2, all_indexed);
+        // Two held and two waiting to start: full. An earlier one pushes
+        // the latest out, a later one stays in the index.
+        q.insert_bounded(Ms(2_000), "b".into(), vec![], 2, all_indexed);
+        q.insert_bounded(Ms(4_000), "d".into(), vec![], 2, all_indexed);
+        assert_eq!(q.len(), 2);
+        assert_eq!(q.wants_refill(2), None);
+        assert_eq!(q.wants_refill(0), Some(((Ms(3_000), "c"), 2)));
+        // Everything taken by what waits to start: memory holds none.
+        let mut q = DueQueue::bounded(2);
+        q.insert_bounded(Ms(5_000), "e".into(), vec![], 2, all_indexed);
+        assert_eq!(q.len(), 0);
+        assert_eq!(q.wants_refill(0), Some(((Ms(5_000), "e"), 2)));
+    }
+
     proptest::proptest! {
         /// The scheduler's use of the queue against the store's index, as
-        /// the shell does it: a delivery is scheduled when accepted and
-        /// again after each attempt (its index entry moved in the same
-        /// write), or retried after a failed write without one. No timer
-        /// fires late or is lost, whatever the bound, and memory holds at
-        /// most the bound plus the retries without a write.
+        /// the shell does it: due entries wait in a ready list and start a
+        /// few at a time; a delivery is scheduled when accepted and again
+        /// after each attempt (its index entry moved in the same write),
+        /// or retried after a failed write without one. No timer fires late
+        /// or is lost, whatever the bound, and memory (queue and ready list)
+        /// holds at most the bound plus the retries without a write.
         #[test]
         fn a_bounded_queue_fires_every_timer_on_time(
             capacity in 2usize..12,
@@ -398,6 +424,7 @@ mod tests {
             let mut index: BTreeSet<(Ms, String)> = BTreeSet::new();
             // Retries without a write: stream -> when.
             let mut retries: BTreeMap<String, Ms> = BTreeMap::new();
+            let mut ready: std::collections::VecDeque<String> = Default::default();
             let mut now = 0u64;
             let mut step = 0u64;
             for (op, t, n) in ops {
@@ -406,22 +433,26 @@ mod tests {
                 if op <= 2 {
                     if !pending {
                         index.insert((Ms(now + t), stream.clone()));
-                        q.insert_bounded(Ms(now + t), stream, vec![], |d, s| index.contains(&(d, s.to_owned())));
+                        q.insert_bounded(Ms(now + t), stream, vec![], 0, |d, s| index.contains(&(d, s.to_owned())));
                     }
                 } else {
                     now += t;
                     loop {
-                        if let Some(((due, s), room)) = q.wants_refill(0) {
+                        if let Some(((due, s), room)) = q.wants_refill(ready.len()) {
                             let mut read = index.range((due, s.to_owned())..).cloned();
                             let entries: Vec<_> = read.by_ref().take(room).collect();
                             let rest = read.next();
                             q.refill(entries, rest);
                         }
                         let fired = q.pop_due(Ms(now));
-                        if fired.is_empty() && q.wants_refill(0).is_none() {
+                        ready.extend(fired);
+                        if ready.is_empty() && q.wants_refill(0).is_none() {
                             break;
                         }
-                        for s in fired {
+                        // A turn starts a few; the others wait while the
+                        // started ones are scheduled again.
+                        for _ in 0..2 {
+                            let Some(s) = ready.pop_front() else { break };
                             let entry = index.iter().find(|(_, x)| *x == s).cloned();
                             let retry_due = retries.get(&s).is_some_and(|at| at.0 <= now);
                             let due = entry.as_ref().is_some_and(|(d, _)| d.0 <= now);
@@ -438,16 +469,20 @@ mod tests {
                                     index.retain(|(_, x)| *x != s);
                                     let next = Ms(now + 1 + step % 97);
                                     index.insert((next, s.clone()));
-                                    q.insert_bounded(next, s, vec![], |d, x| index.contains(&(d, x.to_owned())));
+                                    q.insert_bounded(next, s, vec![], ready.len(), |d, x| index.contains(&(d, x.to_owned())));
                                 }
                                 _ => {
                                     // The write failed: the index keeps its
                                     // entry, a timer without one retries.
                                     let at = Ms(now + 1);
                                     retries.insert(s.clone(), at);
-                                    q.insert_bounded(at, s, vec![], |d, x| index.contains(&(d, x.to_owned())));
+                                    q.insert_bounded(at, s, vec![], ready.len(), |d, x| index.contains(&(d, x.to_owned())));
                                 }
                             }
+                            proptest::prop_assert!(
+                                q.len() + ready.len() <= capacity + retries.len(),
+                                "{} held and {} ready, bound {} + {} retries", q.len(), ready.len(), capacity, retries.len()
+                            );
                         }
                     }
                     let late: Vec<_> = index.iter().filter(|(d, s)| d.0 <= now && !retries.contains_key(s)).collect();
@@ -456,8 +491,8 @@ mod tests {
                     proptest::prop_assert!(late.is_empty(), "late at {}: {:?} (retries {:?})", now, late, retries);
                 }
                 proptest::prop_assert!(
-                    q.len() <= capacity + retries.len(),
-                    "{} held, bound {} + {} retries", q.len(), capacity, retries.len()
+                    q.len() + ready.len() <= capacity + retries.len(),
+                    "{} held and {} ready, bound {} + {} retries", q.len(), ready.len(), capacity, retries.len()
                 );
             }
         }
