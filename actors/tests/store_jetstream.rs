@@ -1,13 +1,14 @@
 //! The JetStream engine on a real single nats-server (skipped when none is
 //! installed, except under `CI=true`): fencing of a stale owner, groups
 //! larger than one message, and acknowledged commits across a `kill -9` of
-//! the server. The store's property test over it is in `store_model.rs`.
+//! the server; a standby's copy following the log. The store's property
+//! test over it is in `store_model.rs`.
 
 use std::sync::Arc;
 
 use relay_actors::nats_server::{self, NatsServer};
 use relay_actors::store::{
-    fence_violations, CatchUp, Engine, JetStreamConfig, JetStreamEngine, NewEvent, Store, StoreError, Write,
+    fence_violations, CatchUp, Engine, Follower, JetStreamConfig, JetStreamEngine, NewEvent, Store, StoreError, Write,
     CHUNK_BYTES,
 };
 use serde_json::value::RawValue;
@@ -335,12 +336,7 @@ fn a_copy_whose_record_is_forgotten_is_trimmed_past_and_bootstrapped_with_the_sa
     append(&store, "account/gone", 2).unwrap();
     drop(store);
     // b's record expires (`copy_record_ttl`): as if b had been away long.
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let (url, bucket, key) = (f.server.url(), format!("{}_COPIES", b.stream), b.node.clone());
-    rt.block_on(async move {
-        let js = async_nats::jetstream::new(async_nats::connect(url).await.unwrap());
-        js.get_key_value(bucket).await.unwrap().purge(key).await.unwrap();
-    });
+    forget_record(&f, &b);
     let (store, engine) = open_engine(&a, 2);
     append(&store, "account/gone", 1).unwrap();
     for _ in 0..10 {
@@ -356,4 +352,93 @@ fn a_copy_whose_record_is_forgotten_is_trimmed_past_and_bootstrapped_with_the_sa
     assert_eq!(store.head("account/a").unwrap().seq, 10);
     assert_eq!(store.head("account/gone").unwrap().seq, 3);
     assert_eq!(relay_actors::store::verify_chain(store.read("account/gone", 0)), []);
+}
+
+/// A node that holds a shard's copy, standing by, lays the owner's appends
+/// on it as they are stored and records how far it is: the owner's trim
+/// follows it, and a takeover replays no group, only its own fence.
+#[test]
+fn a_standby_copy_follows_the_log_so_a_takeover_replays_only_the_tail() {
+    let Some(f) = server() else { return };
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = (node(&shard(&f), &dir_a), node(&shard(&f), &dir_b));
+    let within = std::time::Duration::from_secs(20);
+    // b served the shard once (the fence, one group): it has a copy.
+    let store = open(&b, 1);
+    append(&store, "account/a", 2).unwrap();
+    drop(store);
+    let follower = Follower::start(b.clone()).unwrap();
+    assert_eq!(follower.applied(), 2);
+
+    let (store, engine) = open_engine(&a, 2);
+    for _ in 0..30 {
+        append(&store, "account/a", 1).unwrap();
+    }
+    let (_, last) = sequences(&f, &a);
+    assert_eq!(last, 33, "b's fence and group, a's fence, 30 groups");
+    assert_eq!(follower.wait_for(last, within), last, "the standby's copy is at the owner's last group");
+    assert_eq!(follower.wait_recorded(last, within), last, "and its record says so");
+    engine.checkpoint().unwrap();
+    assert_eq!(sequences(&f, &a).0, last, "trimmed up to what the owner and the standby read next (not b's 3)");
+    for _ in 0..5 {
+        append(&store, "account/a", 1).unwrap();
+    }
+    let (_, last) = sequences(&f, &a);
+    assert_eq!(follower.wait_for(last, within), last);
+    drop((store, engine));
+    assert_eq!(follower.stop().unwrap(), last, "stopped where it was: the copy is free for b's open");
+
+    let (store, caught_up) = open_caught_up(&b, 3);
+    let replayed = caught_up.through - caught_up.from;
+    assert_eq!(
+        (caught_up, replayed),
+        (CatchUp { from: last + 1, through: last + 1, bootstrapped: false }, 0),
+        "the takeover read its own fence and no group"
+    );
+    assert_eq!(store.head("account/a").unwrap().seq, 37);
+    assert_eq!(relay_actors::store::verify_chain(store.read("account/a", 0)), []);
+    append(&store, "account/a", 1).unwrap();
+    assert_eq!(fence_violations(&b).unwrap(), []);
+}
+
+/// A standby's copy that the log was trimmed past (its record forgotten)
+/// is bootstrapped by the follower from the checkpoint, and follows on.
+#[test]
+fn a_standby_copy_behind_the_trimmed_log_is_bootstrapped_and_then_follows() {
+    let Some(f) = server() else { return };
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = (node(&shard(&f), &dir_a), node(&shard(&f), &dir_b));
+    let within = std::time::Duration::from_secs(20);
+    let store = open(&b, 1);
+    append(&store, "account/gone", 2).unwrap();
+    drop(store);
+    forget_record(&f, &b);
+    let (store, engine) = open_engine(&a, 2);
+    for _ in 0..10 {
+        append(&store, "account/a", 1).unwrap();
+    }
+    engine.checkpoint().unwrap();
+    assert!(sequences(&f, &a).0 > 3, "b's copy (at 2) is behind the log's first message");
+    let follower = Follower::start(b.clone()).unwrap();
+    append(&store, "account/a", 1).unwrap();
+    let (_, last) = sequences(&f, &a);
+    assert_eq!(follower.wait_for(last, within), last);
+    drop((store, engine));
+    assert_eq!(follower.stop().unwrap(), last);
+    let (store, caught_up) = open_caught_up(&b, 3);
+    assert_eq!(caught_up, CatchUp { from: last + 1, through: last + 1, bootstrapped: false });
+    assert_eq!(store.head("account/a").unwrap().seq, 11);
+    assert_eq!(store.head("account/gone").unwrap().seq, 2);
+    assert_eq!(relay_actors::store::verify_chain(store.read("account/a", 0)), []);
+}
+
+/// Forgets `cfg.node`'s copy record, as `copy_record_ttl` does for a node
+/// away that long.
+fn forget_record(f: &Fixture, cfg: &JetStreamConfig) {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let (url, bucket, key) = (f.server.url(), format!("{}_COPIES", cfg.stream), cfg.node.clone());
+    rt.block_on(async move {
+        let js = async_nats::jetstream::new(async_nats::connect(url).await.unwrap());
+        js.get_key_value(bucket).await.unwrap().purge(key).await.unwrap();
+    });
 }

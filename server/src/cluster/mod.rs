@@ -58,7 +58,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{kv, Context as JetStream};
-use relay_actors::store::{JetStreamConfig, JetStreamEngine, Store};
+use relay_actors::store::{Follower, JetStreamConfig, JetStreamEngine, Store};
 use tokio::sync::watch;
 
 use crate::config::{ClusterSection, Config};
@@ -313,10 +313,21 @@ impl Shard {
         let value = format!("{} {internal_addr} {:016x}", c.node, rand::random::<u64>());
         let lease = lease::start(c, self.bucket.clone(), lease_key(k), value, self.claims.clone())?;
         tracing::info!(node = %c.node, shard = k, internal = %internal_addr, "standing by for the shard");
-        let epoch = tokio::select! {
-            owner = lease.owner => owner.map_err(|_| "the lease task ended".to_string())??,
-            _ = stopping.wait_for(|s| *s) => return Ok(None),
+        let follower = self.follow().await;
+        let taken = tokio::select! {
+            owner = lease.owner => Some(owner),
+            _ = stopping.wait_for(|s| *s) => None,
         };
+        // The copy is let go (between two of its batches) before the owner opens it.
+        if let Some(follower) = follower {
+            match actix_web::rt::task::spawn_blocking(move || follower.stop()).await {
+                Ok(Ok(at)) => tracing::info!(shard = k, at, "the copy stopped following the log"),
+                Ok(Err(e)) => tracing::warn!(shard = k, error = %e, "the copy did not stop cleanly"),
+                Err(e) => tracing::warn!(shard = k, error = %e, "the copy did not stop cleanly"),
+            }
+        }
+        let Some(owner) = taken else { return Ok(None) };
+        let epoch = owner.map_err(|_| "the lease task ended".to_string())??;
         Ok(Some(Held {
             epoch,
             internal,
@@ -325,6 +336,32 @@ impl Shard {
             serving: lease.serving,
             since: Instant::now(),
         }))
+    }
+
+    /// While standing by, a copy this node holds of the shard (it served
+    /// it before) follows the log (`store::Follower`), so that a takeover
+    /// reads only the last moments. A node without one does not make one
+    /// here: its first takeover bootstraps it.
+    async fn follow(&self) -> Option<Follower> {
+        let stream = shard(&self.cfg, self.k)?;
+        if !stream.copy_dir.as_ref().is_some_and(|dir| dir.exists()) {
+            return None;
+        }
+        let k = self.k;
+        match actix_web::rt::task::spawn_blocking(move || Follower::start(stream)).await {
+            Ok(Ok(follower)) => {
+                tracing::info!(shard = k, at = follower.applied(), "the copy follows the log");
+                Some(follower)
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(shard = k, error = %e, "the copy cannot follow the log");
+                None
+            }
+            Err(e) => {
+                tracing::warn!(shard = k, error = %e, "the copy cannot follow the log");
+                None
+            }
+        }
     }
 
     /// Serves the shard under `held` until it is lost, handed over or
