@@ -61,7 +61,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{kv, Context as JetStream};
-use relay_actors::store::{Follower, JetStreamConfig, JetStreamEngine, Store};
+use relay_actors::store::{Engine, Follower, JetStreamConfig, JetStreamEngine, SledEngine, Store};
 use tokio::sync::watch;
 
 use crate::config::{ClusterSection, Config};
@@ -191,6 +191,28 @@ fn settings_bucket(c: &ClusterSection, relay_id: &str) -> String {
     format!("RELAY_{}_CLUSTER", c.name(relay_id))
 }
 
+/// Removes the copies under `dir` (`<data_dir>/shards`) of streams not in
+/// `ours`: another cluster's (a `cluster.name` or `relay.id` changed), so
+/// never opened or followed again. Safe: a copy holds nothing its stream
+/// does not (the stream makes commits durable; a copy is only where they
+/// are read), and one is removed only if it opens here, so no process
+/// holds it. Copies of this cluster's shards are kept, whoever owns them:
+/// they follow their streams while this node stands by (`store::Follower`).
+fn remove_stale_copies(dir: &std::path::Path, ours: &[String]) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let (name, path) = (entry.file_name().to_string_lossy().into_owned(), entry.path());
+        if ours.contains(&name) || !path.is_dir() {
+            continue;
+        }
+        let removed = SledEngine::open(&path, Some(1 << 20)).and_then(|copy| copy.close()).map_err(|e| e.to_string());
+        match removed.and_then(|()| std::fs::remove_dir_all(&path).map_err(|e| e.to_string())) {
+            Ok(()) => tracing::info!(copy = %name, "removed the copy of a stream this cluster does not have"),
+            Err(e) => tracing::warn!(copy = %name, error = %e, "kept the copy of a stream this cluster does not have"),
+        }
+    }
+}
+
 /// The shard count is the cluster's for its whole life: the first node
 /// to start writes it (bucket `RELAY_<id>_CLUSTER`, no expiry), and a node
 /// configured with another count refuses to start, since it would look
@@ -227,6 +249,8 @@ pub async fn serve(cfg: Config) -> Result<(), String> {
     let c = cfg.cluster.clone().ok_or("cluster mode needs a [cluster] section")?;
     crate::server::private_files();
     crate::server::prepare_data_dir(&cfg.relay.data_dir)?;
+    let ours: Vec<String> = shards(&cfg).into_iter().map(|s| s.stream).collect();
+    remove_stale_copies(&cfg.relay.data_dir.join("shards"), &ours);
     // One connection for the node's own reads (each lease has its own).
     let js = lease::connect(&c).await?;
     check_shard_count(&js, &c, &cfg.relay.id).await?;
@@ -799,5 +823,29 @@ async fn pipe(mut conn: tokio::net::TcpStream, mut to: Upstream) -> std::io::Res
             let mut upstream = upstream;
             tokio::io::copy_bidirectional(&mut conn, &mut upstream).await.map(|_| ())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_copies_of_streams_the_cluster_does_not_have_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["RELAY_c_S0", "RELAY_c_S1", "RELAY_old_S0"] {
+            SledEngine::open(&dir.path().join(name), Some(1 << 20)).unwrap().close().unwrap();
+        }
+        std::fs::write(dir.path().join("note"), b"not a copy").unwrap();
+        // Held by a process (this one): kept.
+        let held = SledEngine::open(&dir.path().join("RELAY_held_S0"), Some(1 << 20)).unwrap();
+        remove_stale_copies(dir.path(), &["RELAY_c_S0".into(), "RELAY_c_S1".into()]);
+        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["RELAY_c_S0", "RELAY_c_S1", "RELAY_held_S0", "note"]);
+        drop(held);
     }
 }
