@@ -13,7 +13,9 @@
 //! `REPLAY_BATCH` messages at once, what is read is laid every
 //! `INSTALL_BYTES` (or when nothing more is pending), and a consumer that
 //! delivers nothing for `2 × timeout` while the log holds more (lost, the
-//! server stalled) is replaced.
+//! server stalled) is replaced. Its sled cache is at most
+//! [`FOLLOW_CACHE_BYTES`] (it only writes), so a node following many shards
+//! does not hold an owner's cache for each.
 
 use std::sync::mpsc;
 use std::time::Duration;
@@ -28,6 +30,10 @@ use super::jetstream::{
     connect, err, log_consumer, log_name, record, records, run, start, JetStreamConfig, Laying, Through, INSTALL_BYTES,
 };
 use super::types::StoreError;
+
+/// The page cache of a following copy (at most `cache_bytes`): sled keeps
+/// the pages a copy writes, and a follower reads only its own records.
+pub const FOLLOW_CACHE_BYTES: u64 = 8 << 20;
 
 /// A copy following its shard's log, on a runtime of its own, until
 /// stopped.
@@ -53,7 +59,7 @@ impl Follower {
             .enable_all()
             .build()
             .map_err(|e| err("runtime", e))?;
-        let copy = LocalCopy::open(Some(&dir), cfg.cache_bytes)?;
+        let copy = LocalCopy::open(Some(&dir), cfg.cache_bytes.min(FOLLOW_CACHE_BYTES))?;
         let (applied_tx, applied) = watch::channel(copy.applied()?);
         let (recorded_tx, recorded) = watch::channel(0);
         let (stop, stopped) = oneshot::channel();
