@@ -10,9 +10,10 @@
 //!    (`<data_dir>/shards/<stream>`), which follows the stream.
 //! 2. **Lease**: per shard, a key of a JetStream KV bucket of its own
 //!    (so one nats-server lost stops at most the shards whose buckets it
-//!    led), whose entries expire after `cluster.lease_ttl`; its value is the owner's name, the
-//!    address it serves the shard on (`cluster.internal_listen`, + k,
-//!    listening only while it serves it) and a nonce per try. The rules are in `relay_core::lease`, the task
+//!    led), whose entries expire after `cluster.lease_ttl`; its value is
+//!    the owner's name, the address it serves the shard on
+//!    (`cluster.internal_listen`, + k, listening only while it serves it)
+//!    and a nonce per try. The rules are in `relay_core::lease`, the task
 //!    that follows them in `lease.rs`; the creation revision, counted
 //!    above the cluster's base ([`epoch_base`]), is the owner's epoch,
 //!    written as a fence into the stream before it serves.
@@ -35,9 +36,11 @@
 //!    shard is a `message.deliver` to that shard's owner.
 //! 6. **Takeover**: when an owner stops renewing (killed, cut off), its key
 //!    expires, another node creates it, fences the stream, catches its copy
-//!    up (or bootstraps it: `store::jetstream`) and serves; deliveries resume from their stored due times. An owner
-//!    whose renewal is refused, who cannot renew for two thirds of the
-//!    ttl, or whose store failed, stops serving that shard at once and
+//!    up (or bootstraps it: `store::jetstream`; a standby holding a copy
+//!    has kept it following the stream, `store::Follower`) and serves;
+//!    deliveries resume from their stored due times. An owner whose
+//!    renewal is refused, who cannot renew for two thirds of the ttl, or
+//!    whose store failed, stops serving that shard at once and
 //!    stands by for it again; its other shards serve on. Its core answers
 //!    a request only while its own clock says the lease holds
 //!    (`lease::Serving`), so an owner paused past its lease answers nothing
