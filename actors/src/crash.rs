@@ -35,6 +35,13 @@
 //! - `rewrite.before_switch`: the copy is synced, `tree` does not name it;
 //! - `rewrite.after_switch`: `tree` names the copy, the old sled's files
 //!   are still there.
+//!
+//! And in cluster mode's checkpoints (`store/checkpoint.rs`):
+//!
+//! - `checkpoint.after_chunk`: a checkpoint's first chunk is stored, its
+//!   other chunks and its mark are not;
+//! - `bootstrap.after_chunk`: a bootstrap emptied the local copy and laid
+//!   the checkpoint's first chunk, no sequence named.
 
 use std::future::Future;
 

@@ -1,13 +1,15 @@
 //! The JetStream engine on a real single nats-server (skipped when none is
 //! installed, except under `CI=true`): fencing of a stale owner, groups
 //! larger than one message, and acknowledged commits across a `kill -9` of
-//! the server. The store's property test over it is in `store_model.rs`.
+//! the server (and of an owner at its checkpoints' crash points); a
+//! standby's copy following the log. The store's property
+//! test over it is in `store_model.rs`.
 
 use std::sync::Arc;
 
 use relay_actors::nats_server::{self, NatsServer};
 use relay_actors::store::{
-    fence_violations, CatchUp, Engine, JetStreamConfig, JetStreamEngine, NewEvent, Store, StoreError, Write,
+    fence_violations, CatchUp, Engine, Follower, JetStreamConfig, JetStreamEngine, NewEvent, Store, StoreError, Write,
     CHUNK_BYTES,
 };
 use serde_json::value::RawValue;
@@ -335,12 +337,7 @@ fn a_copy_whose_record_is_forgotten_is_trimmed_past_and_bootstrapped_with_the_sa
     append(&store, "account/gone", 2).unwrap();
     drop(store);
     // b's record expires (`copy_record_ttl`): as if b had been away long.
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let (url, bucket, key) = (f.server.url(), format!("{}_COPIES", b.stream), b.node.clone());
-    rt.block_on(async move {
-        let js = async_nats::jetstream::new(async_nats::connect(url).await.unwrap());
-        js.get_key_value(bucket).await.unwrap().purge(key).await.unwrap();
-    });
+    forget_record(&f, &b);
     let (store, engine) = open_engine(&a, 2);
     append(&store, "account/gone", 1).unwrap();
     for _ in 0..10 {
@@ -356,4 +353,282 @@ fn a_copy_whose_record_is_forgotten_is_trimmed_past_and_bootstrapped_with_the_sa
     assert_eq!(store.head("account/a").unwrap().seq, 10);
     assert_eq!(store.head("account/gone").unwrap().seq, 3);
     assert_eq!(relay_actors::store::verify_chain(store.read("account/gone", 0)), []);
+}
+
+/// A node that holds a shard's copy, standing by, lays the owner's appends
+/// on it as they are stored and records how far it is: the owner's trim
+/// follows it, and a takeover replays no group, only its own fence.
+#[test]
+fn a_standby_copy_follows_the_log_so_a_takeover_replays_only_the_tail() {
+    let Some(f) = server() else { return };
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = (node(&shard(&f), &dir_a), node(&shard(&f), &dir_b));
+    let within = std::time::Duration::from_secs(20);
+    // b served the shard once (the fence, one group): it has a copy.
+    let store = open(&b, 1);
+    append(&store, "account/a", 2).unwrap();
+    drop(store);
+    let follower = Follower::start(b.clone()).unwrap();
+    assert_eq!(follower.applied(), 2);
+
+    let (store, engine) = open_engine(&a, 2);
+    for _ in 0..30 {
+        append(&store, "account/a", 1).unwrap();
+    }
+    let (_, last) = sequences(&f, &a);
+    assert_eq!(last, 33, "b's fence and group, a's fence, 30 groups");
+    assert_eq!(follower.wait_for(last, within), last, "the standby's copy is at the owner's last group");
+    assert_eq!(follower.wait_recorded(last, within), last, "and its record says so");
+    engine.checkpoint().unwrap();
+    assert_eq!(sequences(&f, &a).0, last, "trimmed up to what the owner and the standby read next (not b's 3)");
+    for _ in 0..5 {
+        append(&store, "account/a", 1).unwrap();
+    }
+    let (_, last) = sequences(&f, &a);
+    assert_eq!(follower.wait_for(last, within), last);
+    drop((store, engine));
+    assert_eq!(follower.stop().unwrap(), last, "stopped where it was: the copy is free for b's open");
+
+    let (store, caught_up) = open_caught_up(&b, 3);
+    let replayed = caught_up.through - caught_up.from;
+    assert_eq!(
+        (caught_up, replayed),
+        (CatchUp { from: last + 1, through: last + 1, bootstrapped: false }, 0),
+        "the takeover read its own fence and no group"
+    );
+    assert_eq!(store.head("account/a").unwrap().seq, 37);
+    assert_eq!(relay_actors::store::verify_chain(store.read("account/a", 0)), []);
+    append(&store, "account/a", 1).unwrap();
+    assert_eq!(fence_violations(&b).unwrap(), []);
+}
+
+/// A standby's copy that the log was trimmed past (its record forgotten)
+/// is bootstrapped by the follower from the checkpoint, and follows on.
+#[test]
+fn a_standby_copy_behind_the_trimmed_log_is_bootstrapped_and_then_follows() {
+    let Some(f) = server() else { return };
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = (node(&shard(&f), &dir_a), node(&shard(&f), &dir_b));
+    let within = std::time::Duration::from_secs(20);
+    let store = open(&b, 1);
+    append(&store, "account/gone", 2).unwrap();
+    drop(store);
+    forget_record(&f, &b);
+    let (store, engine) = open_engine(&a, 2);
+    for _ in 0..10 {
+        append(&store, "account/a", 1).unwrap();
+    }
+    engine.checkpoint().unwrap();
+    assert!(sequences(&f, &a).0 > 3, "b's copy (at 2) is behind the log's first message");
+    let follower = Follower::start(b.clone()).unwrap();
+    append(&store, "account/a", 1).unwrap();
+    let (_, last) = sequences(&f, &a);
+    assert_eq!(follower.wait_for(last, within), last);
+    drop((store, engine));
+    assert_eq!(follower.stop().unwrap(), last);
+    let (store, caught_up) = open_caught_up(&b, 3);
+    assert_eq!(caught_up, CatchUp { from: last + 1, through: last + 1, bootstrapped: false });
+    assert_eq!(store.head("account/a").unwrap().seq, 11);
+    assert_eq!(store.head("account/gone").unwrap().seq, 2);
+    assert_eq!(relay_actors::store::verify_chain(store.read("account/a", 0)), []);
+}
+
+/// Forgets `cfg.node`'s copy record, as `copy_record_ttl` does for a node
+/// away that long.
+fn forget_record(f: &Fixture, cfg: &JetStreamConfig) {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let (url, bucket, key) = (f.server.url(), format!("{}_COPIES", cfg.stream), cfg.node.clone());
+    rt.block_on(async move {
+        let js = async_nats::jetstream::new(async_nats::connect(url).await.unwrap());
+        js.get_key_value(bucket).await.unwrap().purge(key).await.unwrap();
+    });
+}
+
+// Kill tests at the engine's own crash boundaries (`relay_actors::crash`):
+// a child (this test binary, started on `kill_child_runs_a_kill_script`)
+// runs a script against the parent's nats-server with one point armed,
+// printing `acked <step>` as each step is durable, until it aborts there.
+
+const KILL_URL: &str = "RELAY_JETSTREAM_KILL_URL";
+const KILL_DIR: &str = "RELAY_JETSTREAM_KILL_DIR";
+const KILL_SCRIPT: &str = "RELAY_JETSTREAM_KILL_SCRIPT";
+/// Steps of the kill history: each puts a blob of 40 KiB (so a checkpoint
+/// of it takes several 512 KiB chunks), removes every third step's
+/// predecessor, and appends an event.
+const KILL_STEPS: u64 = 48;
+
+/// Blob `n` after `steps` steps of the kill history.
+fn kill_blob(n: u64, steps: u64) -> Option<Vec<u8>> {
+    let removed = n < steps && (n + 1).is_multiple_of(3);
+    (n <= steps && !removed).then(|| vec![n as u8; 40 << 10])
+}
+
+/// Writes step `step` of the kill history, durably.
+fn kill_step(store: &Store, step: u64) {
+    let mut batch = store.batch();
+    batch.blob_put(format!("blob-{step}").as_bytes(), &kill_blob(step, step).unwrap());
+    if step.is_multiple_of(3) {
+        batch.blob_remove(format!("blob-{}", step - 1).as_bytes());
+    }
+    let head = store.head("account/k").unwrap();
+    let data = RawValue::from_string(format!(r#"{{"step":{step}}}"#)).unwrap();
+    batch.append("account/k", head, vec![NewEvent { event_type: "noted".into(), version: 1, at: step, data }]);
+    store.commit_durable_blocking(batch).unwrap();
+}
+
+/// The store holds the history of exactly `steps` steps.
+fn holds_kill_history(store: &Store, steps: u64) {
+    assert_eq!(store.head("account/k").unwrap().seq, steps, "events");
+    assert_eq!(relay_actors::store::verify_chain(store.read("account/k", 0)), []);
+    for n in 1..=KILL_STEPS {
+        assert_eq!(
+            store.blob_get(format!("blob-{n}").as_bytes()).unwrap(),
+            kill_blob(n, steps),
+            "blob {n} after {steps}"
+        );
+    }
+}
+
+/// The node of the kill tests whose copy is in `dir`, on the server at `url`.
+fn kill_node(url: String, dir: &std::path::Path) -> JetStreamConfig {
+    let name = dir.file_name().unwrap().to_string_lossy().replace('.', "-");
+    JetStreamConfig {
+        timeout: std::time::Duration::from_millis(500),
+        copy_dir: Some(dir.join("copy")),
+        node: name,
+        ..JetStreamConfig::shard(vec![url], "t", 0, 1)
+    }
+}
+
+/// The child half of the kill tests; does nothing unless started by one.
+/// `checkpoint <epoch> <from>`: opens as owner, writes the steps from
+/// `from` on, then checkpoints. `bootstrap <epoch>`: opens as owner (a node
+/// without a copy: it bootstraps).
+#[test]
+fn kill_child_runs_a_kill_script() {
+    let (Ok(url), Some(dir), Ok(script)) =
+        (std::env::var(KILL_URL), std::env::var_os(KILL_DIR), std::env::var(KILL_SCRIPT))
+    else {
+        return;
+    };
+    let cfg = kill_node(url, std::path::Path::new(&dir));
+    let words: Vec<&str> = script.split(' ').collect();
+    let epoch: u64 = words[1].parse().unwrap();
+    match words[0] {
+        "checkpoint" => {
+            let (store, engine) = open_engine(&cfg, epoch);
+            for step in words[2].parse().unwrap()..=KILL_STEPS {
+                kill_step(&store, step);
+                println!("acked {step}");
+            }
+            engine.checkpoint().unwrap();
+        }
+        "bootstrap" => drop(open(&cfg, epoch)),
+        other => panic!("kill script {other:?}"),
+    }
+    println!("kill child: done");
+}
+
+struct KillOnDrop(std::process::Child);
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Runs the child on `script` with `point` armed until it aborts there;
+/// the last step it acknowledged.
+fn killed_at(f: &Fixture, dir: &std::path::Path, script: &str, point: &str) -> u64 {
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+    let mut child = KillOnDrop(
+        Command::new(std::env::current_exe().unwrap())
+            .args(["kill_child_runs_a_kill_script", "--exact", "--nocapture", "--test-threads=1"])
+            .env(KILL_URL, f.server.url())
+            .env(KILL_DIR, dir)
+            .env(KILL_SCRIPT, script)
+            .env("RELAY_CRASH_AT", point)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let (mut acked, mut done) = (0, false);
+    for line in std::io::BufReader::new(child.0.stdout.take().unwrap()).lines().map_while(Result::ok) {
+        if let Some(step) = line.strip_prefix("acked ") {
+            acked = step.parse().unwrap();
+        }
+        done |= line == "kill child: done";
+    }
+    let status = child.0.wait().unwrap();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.0.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(!done && !status.success(), "{point}: the child never reached the point: {stderr}");
+    assert!(stderr.contains(&format!("crash point {point}: aborting")), "{stderr}");
+    acked
+}
+
+/// The owner killed after the first chunk of a checkpoint, before its
+/// mark: the cut-short checkpoint is never read, the log is kept from the
+/// complete one before it, and both the owner (catching up) and a node
+/// without a copy (bootstrapping from the complete one) serve exactly the
+/// acknowledged history.
+#[test]
+fn a_kill_in_the_middle_of_a_checkpoints_chunks_loses_nothing_and_the_log_keeps_the_complete_one() {
+    assert!(relay_actors::crash::compiled_in(), "relay-actors was built without its crash-points feature");
+    let Some(f) = server() else { return };
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = (kill_node(f.server.url(), dir_a.path()), kill_node(f.server.url(), dir_b.path()));
+    let half = KILL_STEPS / 2;
+    let (store, engine) = open_engine(&a, 1);
+    (1..=half).for_each(|step| kill_step(&store, step));
+    let complete = engine.checkpoint().unwrap();
+    assert!(complete.chunks >= 2, "{complete:?}");
+    drop((store, engine));
+
+    let acked = killed_at(&f, dir_a.path(), &format!("checkpoint 2 {}", half + 1), "checkpoint.after_chunk");
+    assert_eq!(acked, KILL_STEPS, "every step acknowledged before the checkpoint began");
+    let (first, _) = sequences(&f, &a);
+    assert!(first <= complete.from + 1, "the log is kept from the complete checkpoint ({first} > {})", complete.from);
+
+    let (store, caught_up) = open_caught_up(&a, 3);
+    assert!(!caught_up.bootstrapped, "{caught_up:?}");
+    holds_kill_history(&store, acked);
+    drop(store);
+    let (store, caught_up) = open_caught_up(&b, 4);
+    assert_eq!(caught_up.from, complete.from + 1, "bootstrapped from the complete checkpoint: {caught_up:?}");
+    assert!(caught_up.bootstrapped);
+    holds_kill_history(&store, acked);
+    assert_eq!(fence_violations(&a).unwrap(), []);
+}
+
+/// A node killed while its bootstrap lays the checkpoint (its copy emptied,
+/// one chunk laid, no sequence named): its next open bootstraps again and
+/// serves exactly the acknowledged history, and a checkpoint after that
+/// trims the log no further than it.
+#[test]
+fn a_kill_while_a_bootstrap_lays_the_checkpoint_loses_nothing_and_the_next_open_bootstraps_again() {
+    assert!(relay_actors::crash::compiled_in(), "relay-actors was built without its crash-points feature");
+    let Some(f) = server() else { return };
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = (kill_node(f.server.url(), dir_a.path()), kill_node(f.server.url(), dir_b.path()));
+    let (store, engine) = open_engine(&a, 1);
+    (1..KILL_STEPS).for_each(|step| kill_step(&store, step));
+    let mark = engine.checkpoint().unwrap();
+    assert!(mark.chunks >= 2, "{mark:?}");
+    kill_step(&store, KILL_STEPS);
+    drop((store, engine));
+
+    killed_at(&f, dir_b.path(), "bootstrap 2", "bootstrap.after_chunk");
+    let (store, caught_up) = open_caught_up(&b, 3);
+    assert_eq!(caught_up.from, mark.from + 1, "bootstrapped again from the checkpoint: {caught_up:?}");
+    assert!(caught_up.bootstrapped);
+    holds_kill_history(&store, KILL_STEPS);
+    drop(store);
+    let (store, engine) = open_engine(&b, 4);
+    let next = engine.checkpoint().unwrap();
+    assert!(sequences(&f, &b).0 <= next.from + 1);
+    holds_kill_history(&store, KILL_STEPS);
+    assert_eq!(fence_violations(&b).unwrap(), []);
 }

@@ -788,11 +788,70 @@ async fn an_owners_internal_address_answers_only_holders_of_the_cluster_secret()
     assert!(answer.len() < 64, "{} bytes came back to a client without the key", answer.len());
 }
 
-/// The lease bucket of the test relay.
+/// Shard 0's lease bucket of the test relay (a bucket per shard).
 async fn lease_bucket(cluster: &Cluster) -> async_nats::jetstream::kv::Store {
     let client = async_nats::connect(relay_actors::store::server_addrs(&cluster.urls()).unwrap()).await.unwrap();
     let js = async_nats::jetstream::new(client);
-    js.get_key_value(format!("RELAY_{}_LEASES", RELAY.replace('-', "_"))).await.unwrap()
+    js.get_key_value(format!("RELAY_{}_LEASE_S0", RELAY.replace('-', "_"))).await.unwrap()
+}
+
+/// A cluster started by the earlier release (every shard's lease in one
+/// bucket, `RELAY_<id>_LEASES`, whose revisions its fences carry) starts
+/// with this one: its owners' epochs are counted above that bucket's last
+/// revision, so the old fences do not refuse them. While that bucket
+/// still holds a live lease (a node of the earlier release serving), a
+/// node refuses to start.
+#[actix_rt::test]
+async fn a_cluster_started_by_the_one_bucket_release_starts_with_a_bucket_per_shard() {
+    let Some(bin) = nats_server::binary_for_test() else { return };
+    let mut cluster = Cluster::start(&bin, 0);
+    let client = async_nats::connect(relay_actors::store::server_addrs(&cluster.urls()).unwrap()).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    // The earlier release's bucket, after 40 writes of shard 0's lease.
+    let shared = js
+        .create_key_value(async_nats::jetstream::kv::Config {
+            bucket: format!("RELAY_{}_LEASES", RELAY.replace('-', "_")),
+            history: 1,
+            max_age: Duration::from_secs(120),
+            num_replicas: 3,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    for _ in 0..40 {
+        shared.put("shard-0", "node9 127.0.0.1:9 0".into()).await.unwrap();
+    }
+    // Its last owner's fence (epoch 40) and one group.
+    let old = relay_actors::store::Store::with_engine(std::sync::Arc::new(
+        relay_actors::store::JetStreamEngine::open(cluster.shard(), 40).unwrap(),
+    ))
+    .unwrap();
+    old.commit_durable_blocking(old.batch()).unwrap();
+    drop(old);
+
+    // That node's lease is live (as if renewed): a node of this release refuses.
+    let mut refused = std::process::Command::new(env!("CARGO_BIN_EXE_relay"))
+        .args(["serve", "--config"])
+        .arg(cluster.config(1))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = exit_of(&mut refused, "a node started beside the earlier release", Duration::from_secs(60));
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut refused.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success() && stderr.contains("a node of the earlier release"), "{stderr}");
+    shared.delete("shard-0").await.unwrap();
+
+    let node = cluster.start_node(2);
+    node.wait_for_log(&["serving the shard"], Duration::from_secs(30));
+    cluster.nodes.push(node);
+    let via = Client::with_timeout(&cluster.nodes[0].url, Duration::from_secs(20));
+    let alice = User::register(&via, RELAY, 1, true).await;
+    let bob = User::register(&via, RELAY, 2, true).await;
+    via.ok("message.send", alice.token(0), &alice.send_params(&bob, &mid(1), false)).await;
+    assert_eq!(message_ids(&bob.sync_all(&via, 0).await), [mid(1)]);
+    assert_eq!(fence_violations(&cluster.shard()).unwrap(), []);
 }
 
 /// A shard's internal port listens only while the shard is served: a

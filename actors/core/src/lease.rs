@@ -14,6 +14,12 @@
 //! - An owner that cannot reach the lease for `ttl - margin` stops too,
 //!   before the key can expire and a standby take over; fencing makes a
 //!   late write fail anyway, this keeps the window small.
+//! - Each shard's lease is in a bucket of its own, so that one
+//!   nats-server lost (the leader of some buckets' streams) stops at most
+//!   the shards whose buckets it led. The epoch is the creation revision
+//!   counted above a cluster's `base` ([`epoch`]): a cluster started by a
+//!   release that kept every lease in one bucket has fences with that
+//!   bucket's revisions, which its new owners' epochs must exceed.
 //! - Reads are not fenced by the stream, so an owner answers only while
 //!   its own clock says it still holds the lease ([`answers_until`]): a
 //!   process paused past its lease and woken answers nothing it read
@@ -65,6 +71,16 @@ impl Timing {
     pub fn give_up_after(&self) -> u64 {
         self.ttl - self.ttl / 3
     }
+}
+
+/// The epoch of a lease created at `revision` in its shard's bucket, in a
+/// cluster whose epochs are counted above `base`: the revision the one
+/// bucket of an earlier release had reached (above every epoch it gave,
+/// so the fences it wrote never refuse the new owners), 0 for a cluster
+/// started with a bucket per shard. Grows with the revision: each new
+/// owner's fence is above its predecessors'.
+pub fn epoch(base: u64, revision: u64) -> u64 {
+    base + revision
 }
 
 /// What the lease answered.
@@ -147,6 +163,15 @@ mod tests {
         assert_eq!(next(Role::Standby, 0, None, T), Step::Acquire);
         let role = observe(Role::Standby, Step::Acquire, Answer::Written { revision: 41 }, 10);
         assert_eq!(role, Role::Owner { epoch: 41, revision: 41, renewed_at: 10 });
+    }
+
+    #[test]
+    fn an_epoch_from_a_shards_own_bucket_is_above_every_epoch_of_the_one_bucket_it_replaces() {
+        // The one bucket had reached revision 500: its fences carry at most 500.
+        let base = 500;
+        assert!(epoch(base, 1) > 500, "the first owner of the new bucket fences above the old ones");
+        assert!(epoch(base, 8) > epoch(base, 3), "later owners above earlier ones");
+        assert_eq!(epoch(0, 3), 3, "a cluster started with a bucket per shard: the revision");
     }
 
     #[test]

@@ -165,6 +165,9 @@ pub async fn write(js: &jetstream::Context, cfg: &Place<'_>, copy: &LocalCopy, l
                 first = seq;
             }
             chunks += 1;
+            if chunks == 1 {
+                crate::crash::engine_point("checkpoint.after_chunk");
+            }
             (writes, size) = (Vec::new(), 0);
         }
         let Some(w) = next else { break };
@@ -223,6 +226,9 @@ pub async fn read(js: &jetstream::Context, cfg: &Place<'_>, mark: &Mark, copy: &
         let mut pending = Pending::default();
         decoded.groups.into_iter().flatten().for_each(|w| pending.push(w));
         copy.install(pending, 0)?;
+        if n == 0 {
+            crate::crash::engine_point("bootstrap.after_chunk");
+        }
     }
     Ok(())
 }

@@ -41,13 +41,20 @@
 //! Every group message also carries the epoch it was written under, so
 //! [`fence_violations`] can show that no group follows a newer fence.
 //!
+//! **Standbys follow the log** (`tail.rs`): a node holding a copy of a
+//! shard it does not own lays each append on it as it is stored, by the
+//! same rules (the catch-up's [`Laying`]: an append whole, its sequence in
+//! the same sled batch; the bootstrap's [`start`] when the log no longer
+//! reaches the copy), so its takeover reads only the appends stored since
+//! it stopped following: the last moments, whatever the shard holds.
+//!
 //! **Checkpoints and trimming** (`checkpoint.rs`). After `snapshot_bytes`
 //! of groups (and at least as many as the last checkpoint took) the owner
 //! writes a checkpoint of its copy, in chunks on a stream of its own, on a
 //! thread beside the writer: commits never wait for it, and no more than a
 //! chunk is in memory. Each node's copy has a record (a KV entry per node,
-//! its applied sequence, written when it opens and at each checkpoint,
-//! forgotten after `copy_record_ttl`); after a checkpoint the owner purges
+//! its applied sequence, written when it opens, at each checkpoint and as
+//! a standby's copy follows, forgotten after `copy_record_ttl`); after a checkpoint the owner purges
 //! the log below the lowest record and the checkpoint's `from`, plus one:
 //! a copy with a live record always catches up, a bootstrap always finds
 //! the log after its checkpoint, and the log's size follows what is
@@ -269,7 +276,7 @@ impl Drop for JetStreamEngine {
     }
 }
 
-fn err(what: &str, e: impl std::fmt::Display) -> StoreError {
+pub(super) fn err(what: &str, e: impl std::fmt::Display) -> StoreError {
     StoreError::Io(format!("jetstream: {what}: {e}"))
 }
 
@@ -290,7 +297,8 @@ impl JetStreamEngine {
         }
         let copy = LocalCopy::open(dir, cfg.cache_bytes)?;
         let (client, js, last_seq, read, copy) = run(&rt, open(cfg.clone(), epoch, copy))?;
-        tracing::info!(stream = %cfg.stream, from = read.from, through = read.through, bootstrapped = read.bootstrapped,
+        let CatchUp { from, through, bootstrapped } = read.caught_up;
+        tracing::info!(stream = %cfg.stream, from, through, bootstrapped,
             "jetstream: the local copy is at the fence");
         Ok(JetStreamEngine {
             rt: Some(rt),
@@ -299,7 +307,7 @@ impl JetStreamEngine {
             cfg,
             epoch,
             copy,
-            caught_up: CatchUp { from: read.from, through: read.through, bootstrapped: read.bootstrapped },
+            caught_up: read.caught_up,
             log: read.log,
             checkpointing: Mutex::new(None),
             writer: Mutex::new(Writer {
@@ -423,7 +431,10 @@ async fn checkpoint_and_trim(
 
 /// The bucket of the copies' records: per node, the sequence its copy is
 /// at, forgotten `copy_record_ttl` after its last write.
-async fn records(js: &jetstream::Context, cfg: &JetStreamConfig) -> Result<jetstream::kv::Store, StoreError> {
+pub(super) async fn records(
+    js: &jetstream::Context,
+    cfg: &JetStreamConfig,
+) -> Result<jetstream::kv::Store, StoreError> {
     let bucket = format!("{}_COPIES", cfg.stream);
     if let Ok(kv) = js.get_key_value(&bucket).await {
         return Ok(kv);
@@ -440,7 +451,11 @@ async fn records(js: &jetstream::Context, cfg: &JetStreamConfig) -> Result<jetst
     .map_err(|e| err("copy records", e))
 }
 
-async fn record(records: &jetstream::kv::Store, cfg: &JetStreamConfig, applied: u64) -> Result<(), StoreError> {
+pub(super) async fn record(
+    records: &jetstream::kv::Store,
+    cfg: &JetStreamConfig,
+    applied: u64,
+) -> Result<(), StoreError> {
     records.put(&cfg.node, applied.to_string().into()).await.map_err(|e| err("copy record", e))?;
     Ok(())
 }
@@ -474,7 +489,7 @@ fn frame<W: std::borrow::Borrow<Write>>(writes: impl Iterator<Item = W>) -> Vec<
 /// Runs `fut` on the engine's runtime and waits for it from this thread,
 /// which may be any thread, an async one included (the wait blocks it,
 /// as a sled write would).
-fn run<T: Send + 'static>(rt: &tokio::runtime::Runtime, fut: impl Future<Output = T> + Send + 'static) -> T {
+pub(super) fn run<T: Send + 'static>(rt: &tokio::runtime::Runtime, fut: impl Future<Output = T> + Send + 'static) -> T {
     let (tx, rx) = std::sync::mpsc::sync_channel(1);
     rt.spawn(async move {
         let _ = tx.send(fut.await);
@@ -482,7 +497,7 @@ fn run<T: Send + 'static>(rt: &tokio::runtime::Runtime, fut: impl Future<Output 
     rx.recv().expect("the engine's runtime ended a task without an answer")
 }
 
-async fn connect(cfg: &JetStreamConfig) -> Result<(async_nats::Client, jetstream::Context), StoreError> {
+pub(super) async fn connect(cfg: &JetStreamConfig) -> Result<(async_nats::Client, jetstream::Context), StoreError> {
     let client = cfg
         .auth
         .options()
@@ -538,7 +553,7 @@ async fn open(
     if epoch == 0 {
         let stream = js.get_stream(&cfg.stream).await.map_err(|e| err("get the stream", e))?;
         let read = replay(&js, &stream, &cfg, Through::Last, &mut copy).await?;
-        return Ok((client, js, read.through, read, copy));
+        return Ok((client, js, read.caught_up.through, read, copy));
     }
     let stream = js.get_or_create_stream(stream_config(&cfg)).await.map_err(|e| err("create the stream", e))?;
     let fence_subject = cfg.subject(Kind::Fence);
@@ -585,7 +600,7 @@ async fn open(
     let read = replay(&js, &stream, &cfg, Through::Seq(fence_seq), &mut copy).await?;
     // Not fatal: without its record a copy may be trimmed past, and is
     // then bootstrapped.
-    let recorded = async { record(&records(&js, &cfg).await?, &cfg, read.through).await };
+    let recorded = async { record(&records(&js, &cfg).await?, &cfg, read.caught_up.through).await };
     if let Err(e) = recorded.await {
         tracing::warn!(stream = %cfg.stream, error = %e, "jetstream: the copy's record was not written");
     }
@@ -627,14 +642,20 @@ async fn replay(
     through: Through,
     copy: &mut LocalCopy,
 ) -> Result<Replayed, StoreError> {
-    let created = stream.cached_info().created.unix_timestamp_nanos();
-    let log = format!("{} {created}", cfg.stream).into_bytes();
+    let log = log_name(cfg, stream);
     for _ in 0..REPLAY_TRIES {
         if let Some(read) = replay_once(js, stream, cfg, through, copy, &log).await? {
             return Ok(read);
         }
     }
     Err(err("replay", format!("the stream kept changing below the read ({REPLAY_TRIES} tries)")))
+}
+
+/// The log's name and creation time: what a copy and a checkpoint are of
+/// (a stream deleted and created again under the same name is another log).
+pub(super) fn log_name(cfg: &JetStreamConfig, stream: &stream::Stream) -> Vec<u8> {
+    let created = stream.cached_info().created.unix_timestamp_nanos();
+    format!("{} {created}", cfg.stream).into_bytes()
 }
 
 /// Walks again when trimmed under a read.
@@ -647,7 +668,7 @@ const REPLAY_BATCH: i64 = 32;
 
 /// A replay lays what it read on the copy in sled batches of about this
 /// many bytes (each at the end of an append, with its sequence).
-const INSTALL_BYTES: usize = 4 << 20;
+pub(super) const INSTALL_BYTES: usize = 4 << 20;
 
 /// How an open brought the local copy to the fence.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -665,12 +686,7 @@ pub struct CatchUp {
 /// What a replay did.
 #[derive(Debug)]
 struct Replayed {
-    /// The sequence the copy is at.
-    through: u64,
-    /// The first message read (`through + 1`: none).
-    from: u64,
-    /// Whether the copy was emptied and built from the newest checkpoint.
-    bootstrapped: bool,
+    caught_up: CatchUp,
     /// The log's name and creation time.
     log: Vec<u8>,
     /// Bytes of the newest checkpoint (0: none).
@@ -681,22 +697,42 @@ struct Replayed {
 
 /// Where a replay ends.
 #[derive(Clone, Copy, Debug)]
-enum Through {
+pub(super) enum Through {
     /// At this sequence (the fence this owner just wrote).
     Seq(u64),
     /// At the stream's last message when the walk starts (read-only).
     Last,
 }
 
-/// One walk of [`replay`]; `None` when it found a gap.
-async fn replay_once(
+/// Where a walk of the log starts on a copy, decided as [`replay`] says:
+/// a copy of this log that the log still reaches catches up; any other is
+/// emptied and laid from the newest checkpoint (or snapshot).
+pub(super) struct Start {
+    /// The first message to read.
+    pub(super) from: u64,
+    /// The copy is the shard at a message laid only from here on (a
+    /// checkpoint's `until`; 0: at once).
+    pub(super) consistent: u64,
+    /// Whether the copy was emptied and built again.
+    pub(super) bootstrapped: bool,
+    /// A bootstrap from a snapshot of an earlier version: read its parts.
+    pub(super) in_snapshot: bool,
+    /// The copy's sequence before the walk (0: none of this log).
+    pub(super) applied: u64,
+    /// Bytes of the newest checkpoint (0: none).
+    pub(super) checkpoint_size: u64,
+    /// The log's state when the walk began.
+    pub(super) state: stream::State,
+}
+
+pub(super) async fn start(
     js: &jetstream::Context,
     stream: &stream::Stream,
     cfg: &JetStreamConfig,
     through: Through,
     copy: &mut LocalCopy,
     log: &[u8],
-) -> Result<Option<Replayed>, StoreError> {
+) -> Result<Start, StoreError> {
     // The checkpoint and snapshot first, the log's state after: they are
     // then at or below its last sequence.
     let mark = checkpoint::newest(js, &cfg.checkpoints(), log).await?;
@@ -710,8 +746,7 @@ async fn replay_once(
     // The message after the copy's is still in the stream (or there is
     // none to read): catch up. A copy at 0 may hold a bootstrap cut short.
     let bootstrapped = !(applied > 0 && applied + 1 >= state.first_sequence && applied <= through);
-    // From `consistent` on, the copy is the shard at the message laid.
-    let (start, consistent) = match (&mark, snapshot) {
+    let (from, consistent) = match (&mark, snapshot) {
         _ if !bootstrapped => (applied + 1, 0),
         (Some(mark), _) => {
             copy.restart(log)?;
@@ -727,67 +762,135 @@ async fn replay_once(
             (1, 0)
         }
     };
-    let read = Replayed {
-        through,
-        from: start,
+    Ok(Start {
+        from,
+        consistent,
         bootstrapped,
-        log: log.to_vec(),
+        in_snapshot: bootstrapped && mark.is_none() && snapshot.is_some(),
+        applied,
         checkpoint_size: mark.as_ref().map_or(0, |m| m.bytes),
-        log_bytes: state.bytes,
+        state,
+    })
+}
+
+/// Lays the log's messages on a copy, in order, an append at a time.
+pub(super) struct Laying {
+    pub(super) pending: Pending,
+    /// A batch's parts until its commit part.
+    parts: Vec<Vec<u8>>,
+    /// The snapshot a bootstrap starts from is read; any other is skipped:
+    /// the copy already holds what it does.
+    in_snapshot: bool,
+    /// The sequence expected next.
+    pub(super) next: u64,
+    consistent: u64,
+}
+
+impl Laying {
+    pub(super) fn new(start: &Start) -> Laying {
+        Laying {
+            pending: Pending::default(),
+            parts: Vec::new(),
+            in_snapshot: start.in_snapshot,
+            next: start.from,
+            consistent: start.consistent,
+        }
+    }
+
+    /// Takes message `seq`: `None` if it is not the one expected (a gap:
+    /// trimmed under the read), else whether it ended its append.
+    pub(super) fn take(
+        &mut self,
+        cfg: &JetStreamConfig,
+        seq: u64,
+        msg: &jetstream::Message,
+    ) -> Result<Option<bool>, StoreError> {
+        if seq != self.next {
+            return Ok(None);
+        }
+        self.next += 1;
+        let (pending, parts, headers) = (&mut self.pending, &mut self.parts, msg.headers.as_ref());
+        Ok(Some(match cfg.kind(msg.subject.as_str()) {
+            Some(Kind::Snapshot) if self.in_snapshot => {
+                let whole = lay(pending, parts, headers, &msg.payload, seq, &cfg.stream)?;
+                self.in_snapshot = !whole;
+                whole
+            }
+            Some(Kind::Group) => lay(pending, parts, headers, &msg.payload, seq, &cfg.stream)?,
+            // A skipped snapshot's parts, a fence: nothing to lay, and the
+            // copy is at this sequence once the last part is passed.
+            Some(Kind::Snapshot) => last_part(headers),
+            Some(Kind::Fence) | None => true,
+        }))
+    }
+
+    /// Lays what was taken on the copy, at `seq` (the end of an append):
+    /// the shard at `seq`, once past a checkpoint's `until`.
+    pub(super) fn install(&mut self, copy: &LocalCopy, seq: u64) -> Result<(), StoreError> {
+        copy.install(std::mem::take(&mut self.pending), if seq >= self.consistent { seq } else { 0 })
+    }
+}
+
+/// One walk of [`replay`]; `None` when it found a gap.
+async fn replay_once(
+    js: &jetstream::Context,
+    stream: &stream::Stream,
+    cfg: &JetStreamConfig,
+    through: Through,
+    copy: &mut LocalCopy,
+    log: &[u8],
+) -> Result<Option<Replayed>, StoreError> {
+    let start = start(js, stream, cfg, through, copy, log).await?;
+    let through = match through {
+        Through::Seq(seq) => seq,
+        Through::Last => start.state.last_sequence,
     };
-    if through == 0 || start > through {
+    let read = Replayed {
+        caught_up: CatchUp { from: start.from, through, bootstrapped: start.bootstrapped },
+        log: log.to_vec(),
+        checkpoint_size: start.checkpoint_size,
+        log_bytes: start.state.bytes,
+    };
+    if through == 0 || start.from > through {
         // Nothing to read: a checkpoint of the whole log is its state.
-        copy.install(Pending::default(), through.max(applied))?;
+        copy.install(Pending::default(), through.max(start.applied))?;
         return Ok(Some(read));
     }
-    let consumer = stream
-        .create_consumer(jetstream::consumer::pull::OrderedConfig {
-            deliver_policy: jetstream::consumer::DeliverPolicy::ByStartSequence { start_sequence: start },
-            max_batch: REPLAY_BATCH,
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| err("replay consumer", e))?;
-    let mut messages = consumer.messages().await.map_err(|e| err("replay", e))?;
-    let mut parts: Vec<Vec<u8>> = Vec::new();
-    let mut pending = Pending::default();
-    // The snapshot a bootstrap starts from is read; any other is skipped:
-    // the copy already holds what it does.
-    let mut in_snapshot = bootstrapped && mark.is_none() && snapshot.is_some();
-    let mut next = start;
+    let mut messages = log_consumer(stream, start.from).await?;
+    let mut laying = Laying::new(&start);
     // A replay that stops making progress (its consumer lost, the server
     // stalled) fails, and the caller tries again, rather than holding the
     // lease while serving nothing.
     let stall = cfg.timeout * 2;
     loop {
-        let msg = progress(&mut messages, stall, next, through).await?;
+        let msg = progress(&mut messages, stall, laying.next, through).await?;
         let seq = msg.info().map_err(|e| err("replay", e))?.stream_sequence;
-        if seq != next {
-            return Ok(None);
-        }
-        next += 1;
-        let whole = match cfg.kind(msg.subject.as_str()) {
-            Some(Kind::Snapshot) if in_snapshot => {
-                let whole = lay(&mut pending, &mut parts, msg.headers.as_ref(), &msg.payload, seq, &cfg.stream)?;
-                in_snapshot = !whole;
-                whole
-            }
-            Some(Kind::Group) => lay(&mut pending, &mut parts, msg.headers.as_ref(), &msg.payload, seq, &cfg.stream)?,
-            // A skipped snapshot's parts, a fence: nothing to lay, and the
-            // copy is at this sequence once the last part is passed.
-            Some(Kind::Snapshot) => last_part(msg.headers.as_ref()),
-            Some(Kind::Fence) | None => true,
-        };
-        // At the end of an append the copy is the shard at `seq` (once
-        // past a checkpoint's `until`).
-        if whole && (pending.bytes >= INSTALL_BYTES || seq == through) {
-            copy.install(std::mem::take(&mut pending), if seq >= consistent { seq } else { 0 })?;
+        let Some(whole) = laying.take(cfg, seq, &msg)? else { return Ok(None) };
+        if whole && (laying.pending.bytes >= INSTALL_BYTES || seq == through) {
+            laying.install(copy, seq)?;
         }
         if seq == through {
             break;
         }
     }
     Ok(Some(read))
+}
+
+/// The log's messages from `from` on, at most [`REPLAY_BATCH`] asked for
+/// at once (what a slow reader can have pending).
+pub(super) async fn log_consumer(
+    stream: &stream::Stream,
+    from: u64,
+) -> Result<jetstream::consumer::pull::Ordered, StoreError> {
+    let consumer = stream
+        .create_consumer(jetstream::consumer::pull::OrderedConfig {
+            deliver_policy: jetstream::consumer::DeliverPolicy::ByStartSequence { start_sequence: from },
+            max_batch: REPLAY_BATCH,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| err("replay consumer", e))?;
+    consumer.messages().await.map_err(|e| err("replay", e))
 }
 
 /// A replay's next message, or an error when none comes within `stall`

@@ -61,6 +61,7 @@ mod jetstream;
 mod model;
 mod overlay;
 mod sled_engine;
+mod tail;
 mod types;
 mod verify;
 mod wal;
@@ -86,6 +87,7 @@ pub use jetstream::{
 pub use model::ModelEngine;
 use overlay::Merged;
 pub use sled_engine::{SledEngine, CHECKPOINT_BYTES};
+pub use tail::Follower;
 pub use types::{
     Hash, Head, NewEvent, Pruned, RawEvent, Snapshot, StoreError, StoreStats, StoredEvent, Ticket, VisitEvent,
     ZERO_HASH,

@@ -87,16 +87,18 @@ pub struct Lease {
     pub serving: Serving,
 }
 
-/// Starts the task: it acquires lease `key` (as long as it takes), then
-/// keeps it until it is lost. `value` names this node and this process.
-/// Its tries to take the lease take turns with the node's other leases
-/// (`claims`).
+/// Starts the task: it acquires lease `key` of `bucket` (as long as it
+/// takes), then keeps it until it is lost. `value` names this node and this
+/// process. Its tries to take the lease take turns with the node's other
+/// leases (`claims`). The epoch it reports is counted above `base`
+/// (`relay_core::lease::epoch`).
 pub fn start(
     c: &ClusterSection,
     bucket: String,
     key: String,
     value: String,
     claims: Arc<Claims>,
+    base: u64,
 ) -> Result<Lease, String> {
     let (owner_tx, owner) = oneshot::channel();
     let (lost_tx, lost) = oneshot::channel();
@@ -118,7 +120,7 @@ pub fn start(
                 let role = acquire(lease, timing, now_ms, &claims).await;
                 if let Role::Owner { epoch, .. } = role {
                     for_task.set(role, timing);
-                    if owner_tx.send(Ok(epoch)).is_ok() {
+                    if owner_tx.send(Ok(lease::epoch(base, epoch))).is_ok() {
                         let why = keep(lease, role, timing, now_ms, &mut released, &for_task).await;
                         let _ = lost_tx.send(why);
                     }

@@ -8,14 +8,18 @@
 //!    an acknowledged commit survives the loss of any one machine; reads
 //!    come from the node's local copy of the shard
 //!    (`<data_dir>/shards/<stream>`), which follows the stream.
-//! 2. **Lease**: per shard, a key of a JetStream KV bucket whose entries
-//!    expire after `cluster.lease_ttl`; its value is the owner's name, the
-//!    address it serves the shard on (`cluster.internal_listen`, + k,
-//!    listening only while it serves it) and a nonce per try. The rules are in `relay_core::lease`, the task
-//!    that follows them in `lease.rs`; the creation revision is the
-//!    owner's epoch, written as a fence into the stream before it serves.
-//! 3. **Balance** (`Balance`): nodes write presence keys in the same
-//!    bucket; the least loaded take free shards first, and a node with two
+//! 2. **Lease**: per shard, a key of a JetStream KV bucket of its own
+//!    (so one nats-server lost stops at most the shards whose buckets it
+//!    led), whose entries expire after `cluster.lease_ttl`; its value is
+//!    the owner's name, the address it serves the shard on
+//!    (`cluster.internal_listen`, + k, listening only while it serves it)
+//!    and a nonce per try. The rules are in `relay_core::lease`, the task
+//!    that follows them in `lease.rs`; the creation revision, counted
+//!    above the cluster's base ([`epoch_base`]), is the owner's epoch,
+//!    written as a fence into the stream before it serves.
+//! 3. **Balance** (`Balance`): nodes write presence keys in a bucket of
+//!    their own (`RELAY_<id>_LEASES`, where an earlier release kept every
+//!    lease); the least loaded take free shards first, and a node with two
 //!    shards more than the least loaded hands one over (a graceful stop,
 //!    then the key deleted).
 //! 4. **Front**: every node accepts connections on `relay.listen`. With
@@ -32,9 +36,11 @@
 //!    shard is a `message.deliver` to that shard's owner.
 //! 6. **Takeover**: when an owner stops renewing (killed, cut off), its key
 //!    expires, another node creates it, fences the stream, catches its copy
-//!    up (or bootstraps it: `store::jetstream`) and serves; deliveries resume from their stored due times. An owner
-//!    whose renewal is refused, who cannot renew for two thirds of the
-//!    ttl, or whose store failed, stops serving that shard at once and
+//!    up (or bootstraps it: `store::jetstream`; a standby holding a copy
+//!    has kept it following the stream, `store::Follower`) and serves;
+//!    deliveries resume from their stored due times. An owner whose
+//!    renewal is refused, who cannot renew for two thirds of the ttl, or
+//!    whose store failed, stops serving that shard at once and
 //!    stands by for it again; its other shards serve on. Its core answers
 //!    a request only while its own clock says the lease holds
 //!    (`lease::Serving`), so an owner paused past its lease answers nothing
@@ -58,7 +64,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{kv, Context as JetStream};
-use relay_actors::store::{JetStreamConfig, JetStreamEngine, Store};
+use relay_actors::store::{Engine, Follower, JetStreamConfig, JetStreamEngine, SledEngine, Store};
 use tokio::sync::watch;
 
 use crate::config::{ClusterSection, Config};
@@ -78,6 +84,85 @@ const OPEN_RETRY: Duration = Duration::from_millis(500);
 /// The lease key of shard `k`.
 fn lease_key(k: u32) -> String {
     format!("shard-{k}")
+}
+
+/// Shard `k`'s lease bucket: one per shard, each stream with a leader of
+/// its own (placed by nats-server), so that losing one nats-server stops
+/// at most the shards whose buckets it led.
+fn lease_bucket(c: &ClusterSection, relay_id: &str, k: u32) -> String {
+    format!("RELAY_{}_LEASE_S{k}", c.name(relay_id))
+}
+
+/// The key of the cluster's settings holding the epoch base.
+const EPOCH_BASE: &str = "epoch-base";
+
+/// What epochs are counted above (`relay_core::lease::epoch`), written
+/// once in the cluster's settings by its first node of this release: the
+/// last revision of the presence bucket, where an earlier release kept
+/// every shard's lease (its fences carry those revisions), or 0 on a new
+/// cluster. The two releases do not see each other's leases, so this
+/// waits for that bucket's shard leases to expire (every node of the
+/// earlier release stopped: a cluster is upgraded stopped, not rolling)
+/// and refuses to start while one is still renewed.
+async fn epoch_base(js: &JetStream, c: &ClusterSection, relay_id: &str) -> Result<u64, String> {
+    let shared = presence_bucket(c, relay_id);
+    let deadline = Instant::now() + c.lease_ttl * 2;
+    let reached = loop {
+        let (held, reached) =
+            lease::patiently("the earlier release's leases", || shared_leases(js, &shared, c.shards)).await?;
+        if held.is_empty() {
+            break reached;
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "cluster: {} of bucket {shared} still renewed: a node of the earlier release (one bucket for every \
+                 shard's lease) serves; stop all of its nodes before starting this release",
+                held.join(", ")
+            ));
+        }
+        tracing::warn!(leases = %held.join(", "), bucket = %shared, "an earlier release's leases are live; waiting for them to expire");
+        actix_web::rt::time::sleep(c.lease_ttl / 3).await;
+    };
+    let settings = lease::bucket(js, c, &settings_bucket(c, relay_id), Duration::ZERO).await?;
+    let ours = reached.to_string();
+    lease::patiently("cluster settings", || async {
+        match settings.create(EPOCH_BASE, ours.clone().into()).await {
+            Ok(_) => Ok(reached),
+            Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {
+                let theirs = settings.get(EPOCH_BASE).await.map_err(|e| e.to_string())?;
+                theirs
+                    .and_then(|v| std::str::from_utf8(&v).ok()?.parse().ok())
+                    .ok_or_else(|| "no epoch base".to_string())
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    })
+    .await
+}
+
+/// The shard leases live in bucket `shared` (an earlier release's), and
+/// the last revision it reached (none: no such bucket).
+async fn shared_leases(js: &JetStream, shared: &str, shards: u32) -> Result<(Vec<String>, u64), String> {
+    let stream = match js.get_stream(format!("KV_{shared}")).await {
+        Ok(stream) => stream,
+        Err(e)
+            if matches!(e.kind(), async_nats::jetstream::context::GetStreamErrorKind::JetStream(ref e)
+                if e.error_code() == async_nats::jetstream::ErrorCode::STREAM_NOT_FOUND) =>
+        {
+            return Ok((Vec::new(), 0))
+        }
+        Err(e) => return Err(e.to_string()),
+    };
+    let reached = stream.cached_info().state.last_sequence;
+    let bucket = js.get_key_value(shared).await.map_err(|e| e.to_string())?;
+    let mut held = Vec::new();
+    for k in 0..shards {
+        let entry = bucket.entry(lease_key(k)).await.map_err(|e| e.to_string())?;
+        if entry.is_some_and(|e| e.operation == kv::Operation::Put) {
+            held.push(lease_key(k));
+        }
+    }
+    Ok((held, reached))
 }
 
 /// Shard `k`'s stream for this cluster (`None` outside cluster mode).
@@ -100,8 +185,35 @@ pub fn shards(cfg: &Config) -> Vec<JetStreamConfig> {
     (0..n).filter_map(|k| shard(cfg, k)).collect()
 }
 
-fn bucket(c: &ClusterSection, relay_id: &str) -> String {
+/// The nodes' presence keys (an earlier release kept every lease here too).
+fn presence_bucket(c: &ClusterSection, relay_id: &str) -> String {
     format!("RELAY_{}_LEASES", c.name(relay_id))
+}
+
+fn settings_bucket(c: &ClusterSection, relay_id: &str) -> String {
+    format!("RELAY_{}_CLUSTER", c.name(relay_id))
+}
+
+/// Removes the copies under `dir` (`<data_dir>/shards`) of streams not in
+/// `ours`: another cluster's (a `cluster.name` or `relay.id` changed), so
+/// never opened or followed again. Safe: a copy holds nothing its stream
+/// does not (the stream makes commits durable; a copy is only where they
+/// are read), and one is removed only if it opens here, so no process
+/// holds it. Copies of this cluster's shards are kept, whoever owns them:
+/// they follow their streams while this node stands by (`store::Follower`).
+fn remove_stale_copies(dir: &std::path::Path, ours: &[String]) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let (name, path) = (entry.file_name().to_string_lossy().into_owned(), entry.path());
+        if ours.contains(&name) || !path.is_dir() {
+            continue;
+        }
+        let removed = SledEngine::open(&path, Some(1 << 20)).and_then(|copy| copy.close()).map_err(|e| e.to_string());
+        match removed.and_then(|()| std::fs::remove_dir_all(&path).map_err(|e| e.to_string())) {
+            Ok(()) => tracing::info!(copy = %name, "removed the copy of a stream this cluster does not have"),
+            Err(e) => tracing::warn!(copy = %name, error = %e, "kept the copy of a stream this cluster does not have"),
+        }
+    }
 }
 
 /// The shard count is the cluster's for its whole life: the first node
@@ -109,7 +221,7 @@ fn bucket(c: &ClusterSection, relay_id: &str) -> String {
 /// configured with another count refuses to start, since it would look
 /// for accounts in streams that do not hold them.
 async fn check_shard_count(js: &JetStream, c: &ClusterSection, relay_id: &str) -> Result<(), String> {
-    let settings = lease::bucket(js, c, &format!("RELAY_{}_CLUSTER", c.name(relay_id)), Duration::ZERO).await?;
+    let settings = lease::bucket(js, c, &settings_bucket(c, relay_id), Duration::ZERO).await?;
     let ours = c.shards.to_string();
     let theirs = lease::patiently("cluster settings", || async {
         match settings.create("shards", ours.clone().into()).await {
@@ -140,11 +252,19 @@ pub async fn serve(cfg: Config) -> Result<(), String> {
     let c = cfg.cluster.clone().ok_or("cluster mode needs a [cluster] section")?;
     crate::server::private_files();
     crate::server::prepare_data_dir(&cfg.relay.data_dir)?;
+    let ours: Vec<String> = shards(&cfg).into_iter().map(|s| s.stream).collect();
+    remove_stale_copies(&cfg.relay.data_dir.join("shards"), &ours);
     // One connection for the node's own reads (each lease has its own).
     let js = lease::connect(&c).await?;
     check_shard_count(&js, &c, &cfg.relay.id).await?;
-    let bucket = bucket(&c, &cfg.relay.id);
-    let leases = lease::lease_bucket(&js, &c, &bucket).await?;
+    let epoch_base = epoch_base(&js, &c, &cfg.relay.id).await?;
+    let present = lease::lease_bucket(&js, &c, &presence_bucket(&c, &cfg.relay.id)).await?;
+    // Every bucket before any shard is taken: a fresh cluster's first
+    // start waits here for their leaders.
+    let mut leases = Vec::with_capacity(c.shards as usize);
+    for k in 0..c.shards {
+        leases.push(lease::lease_bucket(&js, &c, &lease_bucket(&c, &cfg.relay.id, k)).await?);
+    }
     // Created (if missing) once, before the shards' cores read them.
     crate::keys::load_or_generate(&cfg.relay.key_file)?;
     crate::push::Vapid::load_or_generate(&cfg.vapid_key_file(), cfg.vapid_subject())?;
@@ -164,7 +284,7 @@ pub async fn serve(cfg: Config) -> Result<(), String> {
     let (owners_tx, owners) = watch::channel(Arc::new(vec![None; c.shards as usize]));
     let balance = Arc::new(Balance { live: AtomicUsize::new(1), ..Default::default() });
     let presence = Presence { node: c.node.clone(), every: c.lease_ttl / 3, balance: balance.clone() };
-    actix_web::rt::spawn(watch_owners(leases, c.shards, owners_tx, presence));
+    actix_web::rt::spawn(watch_owners(leases, present, owners_tx, presence));
     if c.shards == 1 {
         front_listener.set_nonblocking(true).map_err(|e| e.to_string())?;
         let listener = tokio::net::TcpListener::from_std(front_listener).map_err(|e| e.to_string())?;
@@ -193,7 +313,8 @@ pub async fn serve(cfg: Config) -> Result<(), String> {
         let shard = Shard {
             cfg: cfg.clone(),
             k,
-            bucket: bucket.clone(),
+            bucket: lease_bucket(&c, &cfg.relay.id, k),
+            epoch_base,
             balance: balance.clone(),
             claims: claims.clone(),
             owners: owners.clone(),
@@ -259,7 +380,10 @@ enum Served {
 struct Shard {
     cfg: Config,
     k: u32,
+    /// The shard's lease bucket.
     bucket: String,
+    /// Epochs are counted above this ([`epoch_base`]).
+    epoch_base: u64,
     balance: Arc<Balance>,
     claims: Arc<lease::Claims>,
     owners: Owners,
@@ -311,12 +435,23 @@ impl Shard {
         // started again, or standing by after losing the lease, never takes
         // an earlier lease of its own, whose ttl runs from an earlier write.
         let value = format!("{} {internal_addr} {:016x}", c.node, rand::random::<u64>());
-        let lease = lease::start(c, self.bucket.clone(), lease_key(k), value, self.claims.clone())?;
+        let lease = lease::start(c, self.bucket.clone(), lease_key(k), value, self.claims.clone(), self.epoch_base)?;
         tracing::info!(node = %c.node, shard = k, internal = %internal_addr, "standing by for the shard");
-        let epoch = tokio::select! {
-            owner = lease.owner => owner.map_err(|_| "the lease task ended".to_string())??,
-            _ = stopping.wait_for(|s| *s) => return Ok(None),
+        let follower = self.follow().await;
+        let taken = tokio::select! {
+            owner = lease.owner => Some(owner),
+            _ = stopping.wait_for(|s| *s) => None,
         };
+        // The copy is let go (between two of its batches) before the owner opens it.
+        if let Some(follower) = follower {
+            match actix_web::rt::task::spawn_blocking(move || follower.stop()).await {
+                Ok(Ok(at)) => tracing::info!(shard = k, at, "the copy stopped following the log"),
+                Ok(Err(e)) => tracing::warn!(shard = k, error = %e, "the copy did not stop cleanly"),
+                Err(e) => tracing::warn!(shard = k, error = %e, "the copy did not stop cleanly"),
+            }
+        }
+        let Some(owner) = taken else { return Ok(None) };
+        let epoch = owner.map_err(|_| "the lease task ended".to_string())??;
         Ok(Some(Held {
             epoch,
             internal,
@@ -325,6 +460,32 @@ impl Shard {
             serving: lease.serving,
             since: Instant::now(),
         }))
+    }
+
+    /// While standing by, a copy this node holds of the shard (it served
+    /// it before) follows the log (`store::Follower`), so that a takeover
+    /// reads only the last moments. A node without one does not make one
+    /// here: its first takeover bootstraps it.
+    async fn follow(&self) -> Option<Follower> {
+        let stream = shard(&self.cfg, self.k)?;
+        if !stream.copy_dir.as_ref().is_some_and(|dir| dir.exists()) {
+            return None;
+        }
+        let k = self.k;
+        match actix_web::rt::task::spawn_blocking(move || Follower::start(stream)).await {
+            Ok(Ok(follower)) => {
+                tracing::info!(shard = k, at = follower.applied(), "the copy follows the log");
+                Some(follower)
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(shard = k, error = %e, "the copy cannot follow the log");
+                None
+            }
+            Err(e) => {
+                tracing::warn!(shard = k, error = %e, "the copy cannot follow the log");
+                None
+            }
+        }
     }
 
     /// Serves the shard under `held` until it is lost, handed over or
@@ -505,8 +666,8 @@ async fn stop_signal() -> &'static str {
     }
 }
 
-/// A node's presence in the lease bucket (`node-<name>`, expiring a ttl
-/// after its last write), and what it learns of the balance.
+/// A node's presence in the presence bucket (`node-<name>`, expiring a
+/// ttl after its last write), and what it learns of the balance.
 struct Presence {
     node: String,
     every: Duration,
@@ -519,16 +680,17 @@ struct Presence {
 /// nodes and whether this one serves two shards more than the least
 /// loaded (then it hands one over: `hand_over_when_due`).
 async fn watch_owners(
-    leases: kv::Store,
-    shards: u32,
+    leases: Vec<kv::Store>,
+    present: kv::Store,
     owners: watch::Sender<Arc<Vec<Option<SocketAddr>>>>,
     presence: Presence,
 ) {
+    let shards = leases.len();
     let mut present_at: Option<Instant> = None;
     loop {
-        let mut now = Vec::with_capacity(shards as usize);
+        let mut now = Vec::with_capacity(shards);
         let mut load: std::collections::HashMap<String, usize> = Default::default();
-        for k in 0..shards {
+        for (k, leases) in (0..).zip(&leases) {
             now.push(match leases.entry(lease_key(k)).await {
                 Ok(Some(entry)) if entry.operation == kv::Operation::Put => {
                     let value = String::from_utf8_lossy(&entry.value).into_owned();
@@ -550,10 +712,10 @@ async fn watch_owners(
             changed
         });
         if shards > 1 && present_at.is_none_or(|t| t.elapsed() >= presence.every) {
-            if leases.put(format!("node-{}", presence.node), Vec::new().into()).await.is_ok() {
+            if present.put(format!("node-{}", presence.node), Vec::new().into()).await.is_ok() {
                 present_at = Some(Instant::now());
             }
-            if let Ok(keys) = leases.keys().await {
+            if let Ok(keys) = present.keys().await {
                 use futures_util::StreamExt;
                 let live: Vec<String> = keys
                     .filter_map(|k| std::future::ready(k.ok().and_then(|k| Some(k.strip_prefix("node-")?.to_owned()))))
@@ -664,5 +826,29 @@ async fn pipe(mut conn: tokio::net::TcpStream, mut to: Upstream) -> std::io::Res
             let mut upstream = upstream;
             tokio::io::copy_bidirectional(&mut conn, &mut upstream).await.map(|_| ())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_copies_of_streams_the_cluster_does_not_have_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["RELAY_c_S0", "RELAY_c_S1", "RELAY_old_S0"] {
+            SledEngine::open(&dir.path().join(name), Some(1 << 20)).unwrap().close().unwrap();
+        }
+        std::fs::write(dir.path().join("note"), b"not a copy").unwrap();
+        // Held by a process (this one): kept.
+        let held = SledEngine::open(&dir.path().join("RELAY_held_S0"), Some(1 << 20)).unwrap();
+        remove_stale_copies(dir.path(), &["RELAY_c_S0".into(), "RELAY_c_S1".into()]);
+        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["RELAY_c_S0", "RELAY_c_S1", "RELAY_held_S0", "note"]);
+        drop(held);
     }
 }
