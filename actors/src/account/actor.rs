@@ -1,5 +1,5 @@
 //! The account's actix shell: load (snapshot + tail), then every command
-//! through the one loop ([`Shell::run`]), of which this file holds only the
+//! through the one loop (`Shell::run`), of which this file holds only the
 //! account's hooks: the core's [`Aggregate`] deciding (reading the ledger
 //! and timeline through `StoreReads`, at the end of this file), the ledger and timeline projections
 //! and the deliveries riding in the commit, the notifications owed once

@@ -1,6 +1,6 @@
 //! The delivery actor: lives for one step (an attempt and its outcome), then
 //! stops; the scheduler's timer starts it again when the next attempt is
-//! due. Each step is a command through the one loop ([`Shell::run`]); what
+//! due. Each step is a command through the one loop (`Shell::run`); what
 //! follows it (the attempt, the timer, the report of an end) is this
 //! file's. Persist before effect: the attempt is durable before the request
 //! goes out, the outcome before the next timer is armed.
