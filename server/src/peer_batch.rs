@@ -74,7 +74,8 @@ impl Batcher {
             q.busy -= 1;
             return (items, false);
         }
-        (items, batch::may_batch(q.no_batch_until, Instant::now()))
+        let batch = batch::may_batch(items.len(), q.no_batch_until, Instant::now());
+        (items, batch)
     }
 
     /// `peer` lacks the batch method: single calls only for a while.

@@ -477,7 +477,6 @@ async fn drain(client: PeerClient, peer: String) {
                 slot.held = false;
                 return;
             }
-            1 => singly(&client, &peer, items).await,
             _ if !batch => singly(&client, &peer, items).await,
             _ => as_batch(&client, &peer, items).await,
         }

@@ -50,11 +50,12 @@ pub fn next_call(waiting: impl IntoIterator<Item = usize>, max_bytes: usize) -> 
     taken
 }
 
-/// Whether a call of several items may go as a batch: not while the peer
-/// is known to lack the batch method (`no_batch_until`, from
-/// [`on_refusal`]), and again from then on.
-pub fn may_batch<T: Ord>(no_batch_until: Option<T>, now: T) -> bool {
-    no_batch_until.is_none_or(|until| now >= until)
+/// Whether a call of `items` goes as one batch: several items, to a peer
+/// not known to lack the batch method (`no_batch_until`, from
+/// [`on_refusal`]; tried again from then on). One item goes as a single
+/// `message.deliver`, whatever the load.
+pub fn may_batch<T: Ord>(items: usize, no_batch_until: Option<T>, now: T) -> bool {
+    items > 1 && no_batch_until.is_none_or(|until| now >= until)
 }
 
 /// What a refusal of a whole batch call means for its items.
@@ -112,9 +113,15 @@ mod tests {
 
     #[test]
     fn a_peer_without_the_batch_method_gets_single_calls_until_the_pause_ends() {
-        assert!(may_batch(None, 5));
-        assert!(!may_batch(Some(10), 9));
-        assert!(may_batch(Some(10), 10), "tried again once the pause is over");
+        assert!(may_batch(2, None, 5));
+        assert!(!may_batch(2, Some(10), 9));
+        assert!(may_batch(2, Some(10), 10), "tried again once the pause is over");
+    }
+
+    #[test]
+    fn a_call_of_one_delivery_goes_as_a_single_message_deliver() {
+        assert!(!may_batch(1, None, 5));
+        assert!(!may_batch(0, None, 5));
     }
 
     #[test]
