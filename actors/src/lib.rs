@@ -15,9 +15,9 @@
 //! - [`delivery`]: the DeliveryActor, its core (the seed's error table and
 //!   deadlines), the retry timetable, and the narrow ports it reaches
 //!   accounts and timers through;
-//! - [`send`]: the process manager of `message.send` (accept → receipt →
-//!   settle, and which commits that takes);
-//! - [`supervisor`]: creates and passivates account actors, owns the
+//! - [`supervisor`]: creates and passivates account actors, carries out
+//!   the process manager of `message.send` (accept → receipt → settle,
+//!   whose rules are the core's `account::method::message_send`), owns the
 //!   timetable's timers and restores them on start, and implements the
 //!   actors' ports (the actors never call it by name);
 //! - [`sessions`]: device session tokens;
@@ -34,7 +34,6 @@ pub mod nats_server;
 pub mod notify;
 pub mod retention;
 pub mod routes;
-pub mod send;
 pub mod sessions;
 pub mod shell;
 pub mod store;

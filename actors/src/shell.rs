@@ -1,6 +1,6 @@
 //! What every event-sourced actor does, whatever its aggregate: start from
 //! the latest snapshot or pruned-prefix marker, fold in the tail, and run
-//! each command through the one loop, [`Shell::run`]: decide, stage the
+//! each command through the one loop, `Shell::run`: decide, stage the
 //! events after the head with what the actor writes beside them, commit,
 //! fold them in, snapshot on cadence, carry out the effects; the reply
 //! waits for durability ([`EventSourced::durable`]) before anyone outside

@@ -1,10 +1,34 @@
 //! The supervisor: creates account actors on demand (passivated ones
-//! rehydrate from snapshot + tail), owns the retry timetable's timers and
-//! restores them on start from the due-time index of in-flight deliveries.
+//! rehydrate from snapshot + tail), carries out the process manager of
+//! `message.send`, owns the retry timetable's timers and restores them on
+//! start from the due-time index of in-flight deliveries.
+//!
+//! `message.send` ([`Supervisor::message_send`]): the order of its commits
+//! and the rules between them are
+//! `relay_core::account::method::message_send::SendProcess`; this carries
+//! out each step with the actors, the route lookup and the store.
+//!
+//! **Recipient served by this relay alone** (two commits): the sender's
+//! account decides and writes nothing; the recipient's account takes the
+//! receipt (commit 1); the sender's account writes the acceptance and its
+//! final status together (commit 2), and the client is answered once
+//! commit 2 is durable, which covers commit 1 (one writer, groups durable
+//! in commit order). No delivery stream, due entry or delivery actor. A
+//! crash between the two leaves a receipt without an acceptance: the
+//! client, never answered, retries with the same params; the recipient
+//! answers the duplicate with its original result and the sender settles
+//! then. If the local attempt does not end at once (the recipient's actor
+//! busy, a retryable or route error), the acceptance is written with a
+//! delivery stream and the timetable takes over, as for any other relay.
+//!
+//! **Recipient elsewhere** (two commits when the first attempt ends it):
+//! the acceptance carries the delivery stream, its due entry and, when the
+//! route is known, the first attempt; the delivery actor starts from it in
+//! memory, sends once it is durable, and writes the outcome, the sender's
+//! status and ledger entry and the due-index removal as one commit.
 
 use crate::account::{self, actor::Answer, AccountActor, AccountCmd, Reply};
-use crate::delivery::transport::LocalFuture;
-use crate::delivery::{self, actor::DeliveryActor, Recorded, ReportOutcome, RouteLookup, Transport};
+use crate::delivery::{self, actor::DeliveryActor, LocalFuture, Recorded, ReportOutcome, Transport};
 use crate::metrics::Metrics;
 use crate::notify::Notifier;
 use crate::routes::RouteBook;
@@ -12,11 +36,15 @@ use crate::sessions::Sessions;
 use crate::store::Store;
 use actix::prelude::*;
 use dashmap::DashMap;
+use relay_core::account::method::message_deliver::checks_sender_here;
+use relay_core::account::method::message_send::{Input, Next, SendProcess};
 use relay_core::clock::SharedClock;
-use relay_core::delivery::due::DueQueue;
+use relay_core::delivery::due::{DueQueue, Starts};
 use relay_core::delivery::outcome::AttemptOutcome;
+use relay_core::delivery::route_lookup::{self, RouteLookup};
 use relay_core::policy::Policy;
-use relay_schemas::objects::Route;
+use relay_schemas::methods::SendParams;
+use relay_schemas::objects::{RelayRef, Route};
 use relay_schemas::{DeliveryStatus, RelayError, UnixMillis, Wire};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -70,7 +98,8 @@ struct Inner {
     /// one fetch per account however many ask (single flight).
     lookups: Mutex<HashMap<String, Vec<oneshot::Sender<RouteLookup>>>>,
     /// Recent lookups that found no route (account → (until ms, result)),
-    /// so a flood of unknown ids costs the peers one question per id.
+    /// so a flood of unknown ids costs the peers one question per id
+    /// (`route_lookup::MISS_TTL_MS`).
     misses: quick_cache::sync::Cache<String, (UnixMillis, RouteLookup)>,
     /// What every account actor shares ([`Supervisor::account_env`]).
     account_env: OnceLock<Arc<account::Env>>,
@@ -78,10 +107,6 @@ struct Inner {
     account_ports: OnceLock<Arc<dyn account::Ports>>,
 }
 
-/// How long a lookup that found no route is remembered: long enough that
-/// repeated asks for one unknown account cost the peers one question, short
-/// enough that an account registered elsewhere is found by the next send.
-const MISS_TTL_MS: u64 = 5_000;
 /// Remembered misses at most; past this the least used leave.
 const MISS_ENTRIES: usize = 65_536;
 
@@ -216,7 +241,7 @@ impl Supervisor {
                 return RouteLookup::Found(route);
             }
             let now = self.clock().now_ms();
-            if let Some(miss) = self.inner.misses.get(account_id).filter(|m| m.0 > now) {
+            if let Some(miss) = self.inner.misses.get(account_id).filter(|m| route_lookup::miss_remembered(m.0, now)) {
                 return miss.1;
             }
         }
@@ -250,7 +275,7 @@ impl Supervisor {
             miss => match self.routes().get(account_id).ok().flatten() {
                 Some(route) => RouteLookup::Found(route),
                 None => {
-                    let until = self.clock().now_ms().plus(MISS_TTL_MS);
+                    let until = route_lookup::miss_remembered_until(self.clock().now_ms());
                     self.inner.misses.insert(account_id.to_owned(), (until, miss.clone()));
                     miss
                 }
@@ -270,18 +295,17 @@ impl Supervisor {
         self.store().has_events(&account::stream_id(account_id)).map_err(|e| internal(&e))
     }
 
-    /// PROTOCOL §5 *Who may deliver*: a relay that serves the sender (by
-    /// `known`, the sender's newest route it knows) takes a message only
-    /// from a sending device valid in its own state. For `message.deliver`
-    /// from another relay and for this relay's own attempts at a recipient
-    /// it serves alike.
+    /// PROTOCOL §5 *Who may deliver*: asks the sender's account here to
+    /// check the sending device when the core's [`checks_sender_here`] says
+    /// so (by `known`, the sender's newest route this relay knows) and the
+    /// account is here.
     pub async fn check_sending_device(
         &self,
         envelope: &relay_schemas::objects::MessageEnvelope,
         known: Option<&relay_schemas::Wire<relay_schemas::objects::Route>>,
     ) -> Result<(), RelayError> {
-        let serves_sender = known.is_some_and(|r| r.lists_relay(&self.policy().relay_id));
-        if serves_sender && self.account_exists(&envelope.from)? {
+        let checks = checks_sender_here(known, &self.policy().relay_id);
+        if checks && self.account_exists(&envelope.from)? {
             let device_id = envelope.from_device_id.clone();
             self.ask(&envelope.from, AccountCmd::CheckSender { device_id }).await?;
         }
@@ -545,6 +569,118 @@ impl Supervisor {
     }
 }
 
+/// A `message.send` answered by the sender's account.
+#[derive(Debug)]
+pub struct Sent {
+    /// The status as written.
+    pub status: DeliveryStatus,
+    /// For a delivery left running: its status after its first attempt.
+    pub first_attempt: Option<oneshot::Receiver<DeliveryStatus>>,
+}
+
+impl Supervisor {
+    /// `message.send` by `device` of `account` (from the session). Refused
+    /// only when the peers' answers prove that no relay serves the
+    /// recipient; when some peer could not be asked, the message is
+    /// accepted and its route resolved at every attempt (PROTOCOL §4).
+    pub async fn message_send(
+        &self,
+        account: &str,
+        device: String,
+        params: SendParams,
+        digest: String,
+    ) -> Result<Sent, RelayError> {
+        // Detached from the caller: a caller that goes away (a closed
+        // socket, a timeout) must neither stop the send between its commits
+        // nor leave an accepted delivery unstarted.
+        let (sup, account) = (self.clone(), account.to_owned());
+        let (tx, rx) = oneshot::channel();
+        actix::spawn(async move {
+            let _ = tx.send(sup.run_send(&account, device, params, digest).await);
+        });
+        rx.await.unwrap_or_else(|_| Err(RelayError::unavailable("message.send interrupted")))
+    }
+
+    /// Carries out each step [`SendProcess`] decides and feeds back what
+    /// came of it.
+    async fn run_send(
+        &self,
+        account: &str,
+        device: String,
+        params: SendParams,
+        digest: String,
+    ) -> Result<Sent, RelayError> {
+        let (mut process, mut next) = SendProcess::start(account, device, params, digest)?;
+        loop {
+            let input = match next {
+                Next::LookupRoute => {
+                    let lookup = self.lookup_route(process.to(), false).await;
+                    lookup.check_send(process.to())?;
+                    Input::Routed(lookup.route())
+                }
+                Next::AskSender(cmd) => Input::Replied(self.ask(account, cmd).await?),
+                Next::Receive(receipt) => {
+                    let outcome = self.receive(process.to(), receipt).await;
+                    crate::crash::point("send.after_receipt", || self.store().durable(self.store().committed())).await;
+                    delivery::count_attempt(self.metrics(), &outcome);
+                    Input::Received(outcome)
+                }
+                Next::RefuseWhenDurable(e) => {
+                    let store = self.store();
+                    store.durable(store.committed()).await.map_err(|e| crate::shell::internal(&e))?;
+                    return Err(e);
+                }
+                Next::Answer { reply, finished } => {
+                    if let (Some(f), Reply::Settled { status, .. }) = (finished, &reply) {
+                        let ids = delivery::Ids { from: &f.from, message_id: &f.message_id, to: &f.to };
+                        let elapsed_s = self.clock().now().since(f.accepted_at);
+                        delivery::finished(self.metrics(), ids, &self.policy().relay_id, 1, elapsed_s, status);
+                    }
+                    return self.sent(reply);
+                }
+            };
+            next = process.on(input)?;
+        }
+    }
+
+    /// The recipient's receipt of a message this relay serves it: its
+    /// account's actor, or, for an account of another shard of this relay,
+    /// that shard's owner (the receipt is then its own commit, in its own
+    /// stream, made before the acceptance here, as locally).
+    pub(crate) async fn receive(&self, to: &str, receipt: AccountCmd) -> AttemptOutcome {
+        if self.transport().in_sibling_shard(to) {
+            let AccountCmd::MessageDeliver { params, .. } = receipt else {
+                return AttemptOutcome::NotAttempted(RelayError::internal("a receipt must be a delivery"));
+            };
+            let own = RelayRef { id: self.policy().relay_id.to_string(), url: String::new() };
+            return self.transport().deliver(&own, &params).await;
+        }
+        match self.ask_at_once(to, receipt).await {
+            Ok(Reply::Status(status)) => AttemptOutcome::Answered(status),
+            Ok(other) => AttemptOutcome::Unknown(RelayError::internal(format!("unexpected reply {other:?}"))),
+            Err(e) => AttemptOutcome::Rejected(e),
+        }
+    }
+
+    /// Carries out what the sender's account answered: a delivery to start
+    /// now (its first attempt is in flight) or at its next due time.
+    fn sent(&self, reply: Reply) -> Result<Sent, RelayError> {
+        match reply {
+            Reply::Status(status) | Reply::Settled { status, .. } => Ok(Sent { status, first_attempt: None }),
+            Reply::Accepted { status, start } if start.state.in_flight.is_some() => {
+                let (tx, rx) = oneshot::channel();
+                self.resume_delivery(*start, tx);
+                Ok(Sent { status, first_attempt: Some(rx) })
+            }
+            Reply::Accepted { status, start } => {
+                self.schedule(start.stream, start.indexed_due_ms);
+                Ok(Sent { status, first_attempt: None })
+            }
+            other => Err(RelayError::internal(format!("unexpected reply to message.send: {other:?}"))),
+        }
+    }
+}
+
 impl account::Ports for Supervisor {
     fn passivated(&self, account_id: &str, addr: &Addr<AccountActor>) {
         if self.inner.accounts.remove_if(account_id, |_, r| r.addr == *addr).is_some() {
@@ -700,12 +836,6 @@ struct PeerSeen {
 #[rtype(result = "()")]
 struct TimersArmed;
 
-/// Deliveries started per scheduler turn; the rest wait for the next turn
-/// (a flood of due or woken deliveries never starts all at once).
-const START_BATCH: usize = 128;
-/// The pause between two turns of starts.
-const START_PAUSE: Duration = Duration::from_millis(20);
-
 /// The retry timetable's timers, no polling scan: pending attempts wait in
 /// a [`DueQueue`] and one actix timer is armed for the earliest. (A timer
 /// per delivery would cost every wake a pass over all of them: actix polls
@@ -714,7 +844,7 @@ const START_PAUSE: Duration = Duration::from_millis(20);
 /// earliest; the rest are read back from the store's due index as memory
 /// empties, [`DueQueue`]); the delivery's actor exists only while an
 /// attempt runs. Due and woken deliveries start through a bounded queue
-/// (`ready`), counted in that bound. Restored deliveries' destinations are
+/// ([`Starts`]), counted in that bound. Restored deliveries' destinations are
 /// not in the index: they wait for any peer that comes back, and learn
 /// their own at their next attempt.
 pub struct Scheduler {
@@ -722,23 +852,21 @@ pub struct Scheduler {
     queue: DueQueue,
     /// The armed timer and the due time it is armed for.
     armed: Option<(UnixMillis, SpawnHandle)>,
-    /// Deliveries to start, and whether each was woken (not due).
-    ready: std::collections::VecDeque<(String, bool)>,
-    /// Whether a turn of starts is planned.
-    starting: bool,
+    /// Deliveries to start, a turn at a time (the core's throttle).
+    starts: Starts,
 }
 
 impl Scheduler {
     fn new(sup: Supervisor) -> Self {
         let queue = DueQueue::bounded_over_index(sup.policy().timers_in_memory);
-        Scheduler { sup, queue, armed: None, ready: Default::default(), starting: false }
+        Scheduler { sup, queue, armed: None, starts: Starts::default() }
     }
 
     /// Reads the store's due index back into memory when the queue has room
     /// for what it spilled. A failed read leaves the queue as it is and is
     /// tried again a second later.
     fn top_up(&mut self, ctx: &mut Context<Self>) -> bool {
-        let Some(((due, stream), room)) = self.queue.wants_refill(self.ready.len()) else { return true };
+        let Some(((due, stream), room)) = self.queue.wants_refill(self.starts.len()) else { return true };
         let from = delivery::due_key(due, stream);
         let mut entries = Vec::with_capacity(room.min(4096));
         let mut rest = None;
@@ -762,7 +890,7 @@ impl Scheduler {
         true
     }
 
-    /// Moves every due delivery to `ready`, reading the index back as the
+    /// Moves every due delivery to the starts, reading the index back as the
     /// queue empties.
     fn collect_due(&mut self, ctx: &mut Context<Self>) {
         loop {
@@ -771,7 +899,7 @@ impl Scheduler {
             if due.is_empty() && read {
                 break;
             }
-            self.ready.extend(due.into_iter().map(|s| (s, false)));
+            self.starts.due(due);
             if !read {
                 break;
             }
@@ -803,18 +931,16 @@ impl Scheduler {
         self.arm(ctx);
     }
 
-    /// Starts up to [`START_BATCH`] queued deliveries; plans the next turn
-    /// if more wait, or if the starts made room to read the index back.
+    /// Starts a turn of queued deliveries ([`Starts::turn`]); plans the
+    /// next turn if more wait, or if the starts made room to read the
+    /// index back.
     fn start_some(&mut self, ctx: &mut Context<Self>) {
-        for _ in 0..START_BATCH {
-            let Some((stream, woken)) = self.ready.pop_front() else { break };
+        for (stream, woken) in self.starts.turn() {
             self.sup.start_delivery_with(&stream, None, woken);
         }
-        let more = !self.ready.is_empty() || self.queue.wants_refill(0).is_some();
-        if more && !self.starting {
-            self.starting = true;
-            ctx.run_later(START_PAUSE, |act, ctx| {
-                act.starting = false;
+        if self.starts.plan_next(self.queue.wants_refill(0).is_some()) {
+            ctx.run_later(Starts::PAUSE, |act, ctx| {
+                act.starts.next_turn_begins();
                 // Room made by the starts may let the index be read back.
                 act.fire(ctx);
             });
@@ -842,7 +968,7 @@ impl Handler<Schedule> for Scheduler {
         // does not hold (a retry after a failed write) stays in memory.
         let store = self.sup.store();
         let indexed = |due, stream: &str| store.kv_get(&delivery::due_key(due, stream)).is_ok_and(|v| v.is_some());
-        self.queue.insert_bounded(msg.due_ms, msg.stream, msg.destinations, self.ready.len(), indexed);
+        self.queue.insert_bounded(msg.due_ms, msg.stream, msg.destinations, self.starts.len(), indexed);
         self.arm(ctx);
     }
 }
@@ -855,7 +981,7 @@ impl Handler<PeerSeen> for Scheduler {
         let woken = self.queue.wake(&msg.relay, now, every);
         if !woken.is_empty() {
             tracing::info!(peer = %msg.relay, deliveries = woken.len(), "peer is back: pending deliveries start now");
-            self.ready.extend(woken.into_iter().map(|s| (s, true)));
+            self.starts.woken(woken);
             self.fire(ctx);
         }
     }
@@ -871,7 +997,7 @@ impl Handler<TimersHeld> for Scheduler {
     type Result = usize;
 
     fn handle(&mut self, _: TimersHeld, _: &mut Self::Context) -> usize {
-        self.queue.len() + self.ready.len()
+        self.queue.len() + self.starts.len()
     }
 }
 

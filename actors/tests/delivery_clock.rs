@@ -4,11 +4,12 @@
 
 use relay_actors::account::{AccountCmd, Reply};
 use relay_actors::delivery;
-use relay_actors::delivery::transport::{LocalFuture, RouteLookup, Transport};
+use relay_actors::delivery::{LocalFuture, Transport};
 use relay_actors::Supervisor;
 use relay_core::clock::ManualClock;
 use relay_core::delivery::aggregate::DeliveryEvent;
 use relay_core::delivery::outcome::AttemptOutcome;
+use relay_core::delivery::route_lookup::RouteLookup;
 use relay_core::policy::Policy;
 use relay_schemas::client::{key_box, Account, Device};
 use relay_schemas::methods::{DeliverParams, RegisterParams, SendParams};

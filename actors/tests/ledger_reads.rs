@@ -7,13 +7,13 @@
 //! commits also share one barrier.
 
 use relay_actors::account::{AccountCmd, Reply};
-use relay_actors::delivery::transport::{LocalFuture, RouteLookup, Transport};
-use relay_actors::delivery::NoPeers;
+use relay_actors::delivery::{LocalFuture, NoPeers, Transport};
 use relay_actors::store::{Engine, KvIter, ModelEngine, Store, StoreError, Write};
 use relay_actors::Supervisor;
 use relay_core::account::ledger;
 use relay_core::clock::ManualClock;
 use relay_core::delivery::outcome::AttemptOutcome;
+use relay_core::delivery::route_lookup::RouteLookup;
 use relay_core::policy::Policy;
 use relay_schemas::client::{key_box, Account, Device};
 use relay_schemas::methods::{DeliverParams, RegisterParams, SendParams};

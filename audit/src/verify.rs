@@ -16,7 +16,7 @@
 //! (`ledger::layout`: the hashed keys of `ledger.rs`, or the readable kv
 //! keys `i/{account_id}/…` of version 1), unless the relay has not moved it
 //! yet (it rebuilds that ledger at the account's next load), and except for
-//! what retention leaves (PROTOCOL §10, [`check_ledger`]).
+//! what retention leaves (PROTOCOL §10, `check_ledger`).
 //! Snapshots of streams without events are reported too, and streams
 //! pruned whole (a marker, no events) are listed and checked as such.
 //! Deleting a stream's *last* events leaves a shorter valid chain; no log

@@ -1,29 +1,16 @@
-//! Deliveries to one peer coalesced into `message.deliver.batch` calls
-//! (PROTOCOL §5), without adding a wait: a delivery goes out at once while
-//! fewer than `in_flight` calls to its peer are under way; past that,
-//! deliveries queue, and each call that ends takes what queued meanwhile
-//! (up to 256 items and the body limit) as its next batch. Light load
-//! thus sends single `message.deliver` calls with no added latency, and
-//! heavy load sends batches, as the store's writer groups commits.
-//!
-//! A peer that answers the batch method `not_found` (a relay without it)
-//! gets single calls for [`NO_BATCH_FOR`], then is tried again.
-//!
-//! This module holds the queues and their rules; the peer client
-//! (`crate::peers`) drives them with its calls, so the two import one way.
+//! The queues of deliveries to each peer, for `message.deliver.batch`
+//! calls (PROTOCOL §5). What goes out at once, what a call takes and for
+//! how long a peer without the batch method gets single calls are rules
+//! of the core (`relay_core::delivery::batch`); this holds the queues,
+//! and the peer client (`crate::peers`) drives them with its calls, so the
+//! two import one way.
 
+use relay_core::delivery::batch;
 use relay_core::delivery::outcome::AttemptOutcome;
-use relay_schemas::methods::DeliverBatchParams;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tokio::sync::oneshot;
-
-/// How long a peer without the batch method gets single calls only.
-pub const NO_BATCH_FOR: Duration = Duration::from_secs(600);
-
-/// `{"items":[` and `]}`.
-pub(crate) const ENVELOPE_BYTES: usize = 12;
 
 /// How deliveries to peers are grouped (`delivery.batches_in_flight`,
 /// `limits.max_body_bytes`).
@@ -79,29 +66,22 @@ impl Batcher {
     pub(crate) fn next(&self, peer: &str) -> (Vec<Item>, bool) {
         let mut peers = self.lock();
         let Some(q) = peers.get_mut(peer) else { return (vec![], false) };
-        let mut items: Vec<Item> = vec![];
-        let mut bytes = ENVELOPE_BYTES;
-        while let Some(item) = q.waiting.front() {
-            let fits = bytes + item.body.len() < self.batching.max_bytes;
-            if !items.is_empty() && (!fits || items.len() == DeliverBatchParams::MAX_ITEMS) {
-                break;
-            }
-            bytes += item.body.len() + 1;
-            items.extend(q.waiting.pop_front());
-        }
+        let n = batch::next_call(q.waiting.iter().map(|i| i.body.len()), self.batching.max_bytes);
+        let items: Vec<Item> = q.waiting.drain(..n).collect();
         if items.is_empty() {
             // The entry stays: one per configured peer, with its
             // `no_batch_until`.
             q.busy -= 1;
             return (items, false);
         }
-        let batch = q.no_batch_until.is_none_or(|until| Instant::now() >= until);
+        let batch = batch::may_batch(items.len(), q.no_batch_until, Instant::now());
         (items, batch)
     }
 
+    /// `peer` lacks the batch method: single calls only for a while.
     pub(crate) fn no_batch(&self, peer: &str) {
         if let Some(q) = self.lock().get_mut(peer) {
-            q.no_batch_until = Some(Instant::now() + NO_BATCH_FOR);
+            q.no_batch_until = Some(Instant::now() + batch::NO_BATCH_FOR);
         }
     }
 }

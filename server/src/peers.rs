@@ -5,13 +5,15 @@
 
 use crate::config::Peer;
 use crate::observe::{Direction, PeerObserver};
-use crate::peer_batch::{Batcher, Batching, Item, Slot, ENVELOPE_BYTES};
+use crate::peer_batch::{Batcher, Batching, Item, Slot};
 use actix_web::http::StatusCode;
 use awc::error::{ConnectError, SendRequestError};
 use ed25519_dalek::SigningKey;
-use relay_actors::delivery::transport::{LocalFuture, PeerRoute, RouteLookup, Transport};
+use relay_actors::delivery::{LocalFuture, Transport};
 use relay_core::clock::SharedClock;
+use relay_core::delivery::batch::{self, Refused};
 use relay_core::delivery::outcome::AttemptOutcome;
+use relay_core::delivery::route_lookup::{PeerRoute, RouteLookup};
 use relay_schemas::error::{RemoteError, RemoteErrorBody};
 use relay_schemas::methods::{AccountIdParams, DeliverBatchResult, DeliverParams, PeerStatusParams, PeerStatusResult};
 use relay_schemas::objects::{RelayRef, Route};
@@ -450,7 +452,7 @@ async fn deliver_batched(client: PeerClient, peer: String, body: Vec<u8>) -> Att
         let mut peers = batcher.lock();
         let q = peers.entry(peer.clone()).or_default();
         q.waiting.push_back(Item { body, done });
-        let start = q.busy < batcher.batching.in_flight;
+        let start = batch::goes_at_once(q.busy, batcher.batching.in_flight);
         q.busy += usize::from(start);
         start
     };
@@ -475,7 +477,6 @@ async fn drain(client: PeerClient, peer: String) {
                 slot.held = false;
                 return;
             }
-            1 => singly(&client, &peer, items).await,
             _ if !batch => singly(&client, &peer, items).await,
             _ => as_batch(&client, &peer, items).await,
         }
@@ -490,7 +491,7 @@ async fn singly(client: &PeerClient, peer: &str, items: Vec<Item>) {
 }
 
 async fn as_batch(client: &PeerClient, peer: &str, items: Vec<Item>) {
-    let mut body = Vec::with_capacity(ENVELOPE_BYTES + items.iter().map(|i| i.body.len() + 1).sum::<usize>());
+    let mut body = Vec::with_capacity(batch::ENVELOPE_BYTES + items.iter().map(|i| i.body.len() + 1).sum::<usize>());
     body.extend_from_slice(br#"{"items":["#);
     for (i, item) in items.iter().enumerate() {
         if i > 0 {
@@ -513,11 +514,10 @@ async fn as_batch(client: &PeerClient, peer: &str, items: Vec<Item>) {
         },
         // A relay without the batch method, or a callee whose body limit
         // is lower than ours: the same deliveries, one by one.
-        Err(CallError::Answered { error, .. }) if error.code == ErrorCode::NotFound => {
-            client.batcher().no_batch(peer);
-            return singly(client, peer, items).await;
-        }
-        Err(CallError::Answered { error, .. }) if error.code == ErrorCode::PayloadTooLarge => {
+        Err(CallError::Answered { error, .. }) if batch::on_refusal(error.code) != Refused::EachItem => {
+            if batch::on_refusal(error.code) == Refused::NoBatchMethod {
+                client.batcher().no_batch(peer);
+            }
             return singly(client, peer, items).await;
         }
         // Whatever ended the whole call (unreachable, no answer, a refusal

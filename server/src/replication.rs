@@ -31,7 +31,7 @@ use relay_actors::account::{AccountCmd, ReplicaSink, Reply};
 use relay_actors::Supervisor;
 use relay_core::account::decision::Outcome;
 use relay_core::account::events::AccountEvent;
-use relay_core::account::method::timeline_replicate::pull::{Pull, Queued, Refusal, Step};
+use relay_core::account::method::timeline_replicate::pull::{self, KnownRoute, Pull, Queued, Refusal, Step};
 use relay_core::account::method::timeline_replicate::Page;
 use relay_schemas::methods::AccountIdParams;
 use relay_schemas::objects::{DeviceCertificate, Route};
@@ -240,16 +240,13 @@ impl Replicator {
 }
 
 impl Replicator {
-    /// The highest route of `account_id` the page's must not be older than.
-    /// For an account served here, its own (the account decides); for one
-    /// a page would bring here, what the route book knows or the peers
-    /// say now, as `account.register` asks (PROTOCOL §5): a relay the
-    /// account left cannot bring it back on its old route.
+    /// The highest route of `account_id` the page's must not be older than,
+    /// from where the core's [`pull::known_route`] says.
     async fn known_route(&self, account_id: &str) -> Result<Option<Wire<Route>>, RelayError> {
-        if self.sup.account_exists(account_id)? {
-            return Ok(self.sup.routes().get(account_id).ok().flatten());
-        }
-        Ok(self.sup.resolve_route(account_id, true).await)
+        Ok(match pull::known_route(self.sup.account_exists(account_id)?) {
+            KnownRoute::RouteBook => self.sup.routes().get(account_id).ok().flatten(),
+            KnownRoute::AskPeers => self.sup.resolve_route(account_id, true).await,
+        })
     }
 
     /// Certificates for the page's received records that carry none (the
@@ -313,7 +310,7 @@ impl ReplicaSink for Replicator {
 pub fn reset(cfg: &crate::config::Config, only: Option<&str>) -> Result<usize, String> {
     let store = cfg.open_store()?;
     let clock: relay_core::clock::SharedClock = Arc::new(relay_core::clock::SystemClock);
-    let transport = Arc::new(relay_actors::delivery::transport::NoPeers);
+    let transport = Arc::new(relay_actors::delivery::NoPeers);
     let sup = Supervisor::new(store.clone(), cfg.policy(), clock, transport);
     let pairs = sup
         .routes()

@@ -17,7 +17,7 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use relay_core::account::method::timeline_replicate::Page;
 use relay_core::chain::{self, Hash};
-use relay_core::Policy;
+use relay_core::policy::Policy;
 use relay_schemas::client::key_box;
 use relay_schemas::methods::{
     DeliverParams, DeviceAddParams, DeviceRevokeParams, PeerStatusResult, RegisterParams, ReplicateParams,
@@ -971,7 +971,7 @@ impl World {
     }
 
     /// `message.send` at the sender's home `r`, as the send process runs
-    /// it (`actors/src/send.rs`): the sender's account decides; a
+    /// it (`Supervisor::message_send`): the sender's account decides; a
     /// recipient served here alone takes its receipt first (commit 1) and
     /// the acceptance carries that attempt's outcome (commit 2), so a crash
     /// can fall between the two; otherwise the acceptance begins the

@@ -1,5 +1,5 @@
 //! A crash at each commit boundary of the write path (see
-//! `actors/src/send.rs`): the relay aborts at a crash point
+//! `Supervisor::message_send`): the relay aborts at a crash point
 //! (`RELAY_CRASH_AT`, `actors/src/crash.rs`) once what it committed before
 //! is durable, restarts, and the message ends delivered exactly once, with
 //! the client's unchanged retry answered as for the first request.

@@ -1,7 +1,7 @@
 //! # relay-core
 //!
 //! Every rule of the relay as a pure function of state, command and
-//! context: time comes in as a number or a [`Clock`], randomness as
+//! context: time comes in as a number or a [`clock::Clock`], randomness as
 //! bytes. No actix, sled, tokio, dashmap or prometheus here, and Cargo
 //! enforces it: this crate does not depend on them. The actors in
 //! `relay-actors` load state, call these, persist what they return and run
@@ -10,7 +10,8 @@
 //! - [`aggregate`]: the one shape of an aggregate (decide/apply), which
 //!   accounts and deliveries both have;
 //! - [`account`]: an account's events, state (`apply`), ledger and
-//!   timeline index, and one file per protocol method (`account::method`);
+//!   timeline index, and one file per protocol method (`account::method`;
+//!   `message_send` holds the send's process manager too);
 //! - [`chain`]: the hash chain of a stored stream (an event's body and
 //!   its hash), as the store writes it;
 //! - [`delivery`]: a delivery's events and state, the seed's error table
@@ -18,8 +19,6 @@
 //! - [`lease`]: shard ownership in cluster mode (lease, epoch, renewal);
 //! - [`peer_auth`]: relay request authentication and its replay window;
 //! - [`push`]: the Web Push queue's coalescing and retry rules;
-//! - [`send`]: the process manager of `message.send` (which command goes
-//!   to whom, between the sender's and the recipient's commits);
 //! - [`resident`]: which resident account actors leave memory past the cap;
 //! - [`shard`]: which cluster shard an account (or a session token) is in;
 //! - [`clock`] and [`policy`]: injected time and configured limits.
@@ -35,8 +34,4 @@ pub mod policy;
 pub mod push;
 pub mod resident;
 pub mod retention;
-pub mod send;
 pub mod shard;
-
-pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
-pub use policy::Policy;

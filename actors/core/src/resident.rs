@@ -1,11 +1,20 @@
-//! Which resident account actors leave memory past
-//! `Policy::max_resident_accounts`: the least recently used.
+//! Which resident account actors leave memory: an idle one on its own
+//! ([`idle_leaves`]), and past `Policy::max_resident_accounts` the least
+//! recently used.
 //!
 //! Every request stamps its account with the next value of one counter,
 //! so stamps order the residents by last use. Past the cap, eviction
 //! takes the resident down to the cap and [`SLACK`] of it below, so the
 //! pass over all residents it costs is paid once per that many loads,
 //! not on every load.
+
+/// Whether an account actor idle for `idle_ms` leaves memory, with
+/// `passivate_after_ms` configured: once idle that long, unless session
+/// challenges are outstanding (they live only in the actor; it stays
+/// until they expire).
+pub fn idle_leaves(idle_ms: u64, passivate_after_ms: u64, challenges_outstanding: bool) -> bool {
+    idle_ms >= passivate_after_ms && !challenges_outstanding
+}
 
 /// Below the cap an eviction leaves this share of it free (1/64).
 pub const SLACK: usize = 64;
@@ -34,6 +43,13 @@ pub fn lru_cutoff(stamps: &mut [u64], n: usize) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_idle_account_leaves_memory_once_idle_long_enough_unless_challenges_are_outstanding() {
+        assert!(!idle_leaves(999, 1_000, false));
+        assert!(idle_leaves(1_000, 1_000, false));
+        assert!(!idle_leaves(5_000, 1_000, true), "a challenge lives only in the actor");
+    }
 
     #[test]
     fn no_actor_leaves_at_or_under_the_cap() {

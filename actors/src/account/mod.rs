@@ -5,12 +5,11 @@
 //! decisions.
 
 pub mod actor;
-mod reads;
 pub mod sweep;
 mod upgrade;
 
+pub(crate) use actor::StoreReads;
 pub use actor::{stream_id, AccountActor, AccountCmd, Env, Ports, ReplicaSink, Reply, Settlement};
-pub(crate) use reads::StoreReads;
 pub use upgrade::stored_layout;
 
 // The rules are relay-core's, named by their one path

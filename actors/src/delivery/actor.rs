@@ -1,12 +1,11 @@
 //! The delivery actor: lives for one step (an attempt and its outcome), then
 //! stops; the scheduler's timer starts it again when the next attempt is
-//! due. Each step is a command through the one loop ([`Shell::run`]); what
+//! due. Each step is a command through the one loop (`Shell::run`); what
 //! follows it (the attempt, the timer, the report of an end) is this
 //! file's. Persist before effect: the attempt is durable before the request
 //! goes out, the outcome before the next timer is armed.
 
-use super::shared::{self, due_key, Recorded, ReportOutcome, Settlement};
-use super::transport::{LocalFuture, RouteLookup, Transport};
+use super::shared::{self, due_key, LocalFuture, Recorded, ReportOutcome, Settlement, Transport};
 use crate::metrics::{DestinationLabels, Metrics};
 use crate::routes::RouteBook;
 use crate::shell::{EventSourced, Rides, Shell, Stream};
@@ -15,13 +14,14 @@ use actix::prelude::*;
 use relay_core::aggregate::Aggregate;
 use relay_core::clock::SharedClock;
 use relay_core::delivery::aggregate::{
-    combine, other_home_to_ask, DeliveryCmd, DeliveryCtx, DeliveryDecision, DeliveryEvent, DeliveryState,
+    combine, other_home_to_ask, route_to_learn, DeliveryCmd, DeliveryCtx, DeliveryDecision, DeliveryEvent,
+    DeliveryState, STEP_RETRY_MS,
 };
 use relay_core::delivery::outcome::AttemptOutcome;
+use relay_core::delivery::route_lookup::RouteLookup;
 use relay_core::policy::Policy;
 use relay_schemas::methods::DeliverParams;
-use relay_schemas::objects::Route;
-use relay_schemas::{DeliveryStatus, RelayError, UnixMillis, Wire};
+use relay_schemas::{DeliveryStatus, RelayError, UnixMillis};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::oneshot;
@@ -216,7 +216,7 @@ impl DeliveryActor {
     /// the index, which still holds this delivery.
     fn retry_later(&mut self, ctx: &mut Context<Self>, why: &RelayError) {
         tracing::warn!(stream = %self.es.stream, error = %why, "delivery step failed; retrying later");
-        self.stop_until(self.env.clock.now_ms().plus(1000), ctx);
+        self.stop_until(self.env.clock.now_ms().plus(STEP_RETRY_MS), ctx);
     }
 
     /// Stops; the scheduler starts the delivery again at `due_ms`. This
@@ -242,8 +242,7 @@ impl DeliveryActor {
         }
         // Woken before its time by a stale timer: wait for the real due
         // time. (Woken because its destination came back: go now.)
-        let now = self.env.clock.now_ms();
-        if let Some(due) = self.es.state.next_due_ms.filter(|due| *due > now && !self.woken) {
+        if let Some(due) = self.es.state.not_yet_due(self.env.clock.now_ms(), self.woken) {
             return self.stop_until(due, ctx);
         }
         // Before the route and the attempt: the sender's other home relay
@@ -441,13 +440,11 @@ impl DeliveryActor {
         }));
     }
 
-    /// A route error may carry the newer route (`data.route`); a valid one
-    /// is kept, so the next attempt can follow it.
+    /// Keeps the route a route error carried, when the core's
+    /// [`route_to_learn`] takes it.
     fn learn_route(&self, outcome: &AttemptOutcome) {
-        let Some(route) = outcome.error().and_then(|e| e.data.as_ref()).and_then(|d| d.get("route")) else { return };
-        let Ok(route) = Wire::<Route>::from_value(route) else { return };
-        let (tolerance, max_bytes) = (self.env.policy.clock_tolerance, self.env.policy.max_object_bytes);
-        if route.account_id == self.es.state.to && route.check(self.env.clock.now(), tolerance, max_bytes).is_ok() {
+        let to = &self.es.state.to;
+        if let Some(route) = route_to_learn(outcome, to, self.env.clock.now(), &self.env.policy) {
             if let Err(e) = self.env.routes.offer(&route) {
                 tracing::warn!(stream = %self.es.stream, error = %e, "cannot keep route from data.route");
             }

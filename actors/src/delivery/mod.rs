@@ -6,11 +6,9 @@
 
 pub mod actor;
 mod shared;
-pub mod transport;
 
 pub use self::actor::{Env, Ports};
 pub use self::shared::{
-    count_attempt, due_key, encode, finished, parse_due_key, stream_id, Ids, Recorded, ReportOutcome, Settlement,
-    DUE_PREFIX,
+    count_attempt, due_key, encode, finished, parse_due_key, stream_id, Ids, LocalFuture, NoPeers, Recorded,
+    ReportOutcome, Settlement, Transport, DUE_PREFIX,
 };
-pub use self::transport::{NoPeers, PeerRoute, RouteLookup, Transport};

@@ -1,14 +1,20 @@
 //! What a delivery shares with the accounts, the send process and the
 //! supervisor: its stream's id, the due index's keys, what it hands the
 //! sender's account to record (its settlement, written in that account's
-//! commit), and the metrics and log line of an attempt and an end. A leaf:
-//! the delivery actor and everyone else import these from here.
+//! commit), the metrics and log line of an attempt and an end, and the
+//! [`Transport`] an attempt at another relay goes through. A leaf: the
+//! delivery actor and everyone else import these from here.
 
 use crate::metrics::{Metrics, OutcomeLabels, StatusLabels};
 use crate::store::{Head, NewEvent};
 use relay_core::delivery::aggregate::DeliveryEvent;
 use relay_core::delivery::outcome::AttemptOutcome;
-use relay_schemas::{DeliveryStatus, MessageId, UnixMillis, UnixSecs};
+use relay_core::delivery::route_lookup::RouteLookup;
+use relay_schemas::methods::DeliverParams;
+use relay_schemas::objects::RelayRef;
+use relay_schemas::{DeliveryStatus, MessageId, RelayError, UnixMillis, UnixSecs};
+use std::future::Future;
+use std::pin::Pin;
 
 /// An outcome for the sender's account: the delivery's status of
 /// `message_id`; with a settlement, the delivery's own last events and
@@ -114,4 +120,55 @@ pub fn parse_due_key(key: &[u8]) -> Option<(UnixMillis, String)> {
     let due = UnixMillis(u64::from_be_bytes(rest.get(..8)?.try_into().ok()?));
     let stream = std::str::from_utf8(&rest[8..]).ok()?.to_owned();
     Some((due, stream))
+}
+
+// How a delivery reaches a destination relay. The actors crate does no
+// HTTP: the server supplies a [`Transport`] (signed relay RPC); local
+// recipients are reached through their account actor directly. What a
+// route lookup's answers mean is the core's
+// (`relay_core::delivery::route_lookup`).
+
+pub type LocalFuture<T> = Pin<Box<dyn Future<Output = T>>>;
+
+pub trait Transport: Send + Sync + 'static {
+    /// `message.deliver` at `target` with the unchanged params. `target`
+    /// is this relay only for an account of a sibling shard
+    /// ([`Transport::in_sibling_shard`]): the call goes to that shard's owner.
+    fn deliver(&self, target: &RelayRef, params: &DeliverParams) -> LocalFuture<AttemptOutcome>;
+    /// `route.get` for `account_id` from the configured peers: the highest
+    /// valid revision any of them knows (signature already checked), or
+    /// whether their answers prove that none does.
+    fn fetch_route(&self, account_id: &str) -> LocalFuture<RouteLookup>;
+    /// Whether `relay_id` is a configured peer (only those get metric
+    /// labels and attempt slots: any relay id can appear in a signed route).
+    fn is_peer(&self, relay_id: &str) -> bool;
+    /// `message.delivery.peer_status` at the sender's other home relay.
+    fn peer_status(&self, relay: &RelayRef, from: &str, message_id: &str) -> LocalFuture<Option<DeliveryStatus>>;
+    /// In a cluster of several shards: whether `account_id`, served by this
+    /// relay, lives in another shard than this core's. Its receipts are
+    /// then delivered, as to a peer, to that shard's owner.
+    fn in_sibling_shard(&self, _account_id: &str) -> bool {
+        false
+    }
+}
+
+/// A transport for a relay with no peers: every remote target is
+/// unreachable (the request is never sent).
+pub struct NoPeers;
+
+impl Transport for NoPeers {
+    fn deliver(&self, target: &RelayRef, _: &DeliverParams) -> LocalFuture<AttemptOutcome> {
+        let e = RelayError::new(relay_schemas::ErrorCode::BadGateway, format!("no peer configured for {}", target.id));
+        Box::pin(async move { AttemptOutcome::NotAttempted(e) })
+    }
+    fn fetch_route(&self, _: &str) -> LocalFuture<RouteLookup> {
+        // No peer to ask: none can serve the account.
+        Box::pin(async { RouteLookup::Absent })
+    }
+    fn is_peer(&self, _: &str) -> bool {
+        false
+    }
+    fn peer_status(&self, _: &RelayRef, _: &str, _: &str) -> LocalFuture<Option<DeliveryStatus>> {
+        Box::pin(async { None })
+    }
 }

@@ -1,9 +1,11 @@
 //! `message.send` (PROTOCOL §4): a device with a session hands its relay an
-//! envelope. The supervisor's process manager (`relay_actors::send`)
-//! accepts it at the sender's account (`AccountCmd::MessageSend`) and
-//! delivers it; for another account the answer waits for the first
-//! delivery attempt (a local delivery is immediate), so the client usually
-//! gets the terminal status at once.
+//! envelope. The supervisor carries out the send's process manager
+//! (`SendProcess`, beside the method's rule in
+//! `relay_core::account::method::message_send`): it accepts the message at
+//! the sender's account (`AccountCmd::MessageSend`) and delivers it; for
+//! another account the answer waits for the first delivery attempt (a
+//! local delivery is immediate), so the client usually gets the terminal
+//! status at once.
 
 use crate::app::{parse_with_digest, status_json, App};
 use relay_core::account::method::message_send::first_attempt_wait_ms;

@@ -267,3 +267,20 @@ pub fn decide<S>(
         C::ReplicaReset { partner } => Ok(timeline_replicate::decide_reset(state, partner)),
     }
 }
+
+/// The commands of `message.send`'s process manager
+/// ([`message_send::SendProcess`]), as this enum names them.
+impl<S> message_send::SendCmds for AccountCmd<S> {
+    fn message_send(device: String, params: SendParams, digest: String, route: Option<Wire<Route>>) -> Self {
+        AccountCmd::MessageSend { device, params, digest, route }
+    }
+    fn message_deliver(params: DeliverParams, digest: String) -> Self {
+        AccountCmd::MessageDeliver { params, digest }
+    }
+    fn settle(acceptance: Box<Acceptance>, status: DeliveryStatus) -> Self {
+        AccountCmd::Settle { acceptance, status }
+    }
+    fn accept(acceptance: Box<Acceptance>, route: Option<Wire<Route>>, first: Option<AttemptOutcome>) -> Self {
+        AccountCmd::Accept { acceptance, route, first }
+    }
+}

@@ -156,6 +156,27 @@ impl DeliveryState {
     pub fn wants_fresh_route(&self) -> bool {
         self.refresh_route || self.target.is_none()
     }
+
+    /// The due time a delivery started at `now_ms` waits for instead of
+    /// attempting: a stale timer started it early. One `woken` (its
+    /// destination came back) goes now; the deadline is unchanged.
+    pub fn not_yet_due(&self, now_ms: UnixMillis, woken: bool) -> Option<UnixMillis> {
+        self.next_due_ms.filter(|due| *due > now_ms && !woken)
+    }
+}
+
+/// How long after a step that could not be recorded (store trouble) the
+/// delivery starts again, from the due index that still holds it.
+pub const STEP_RETRY_MS: u64 = 1_000;
+
+/// A route error may carry the recipient's newer route (`data.route`):
+/// the route to keep, so the next attempt can follow it, when it is the
+/// recipient's (`to`) and valid now.
+pub fn route_to_learn(outcome: &AttemptOutcome, to: &str, now: UnixSecs, policy: &Policy) -> Option<Wire<Route>> {
+    let route = outcome.error()?.data.as_ref()?.get("route")?;
+    let route = Wire::<Route>::from_value(route).ok()?;
+    let valid = route.check(now, policy.clock_tolerance, policy.max_object_bytes).is_ok();
+    (route.account_id == to && valid).then_some(route)
 }
 
 /// An attempt is due; `route` is the recipient's best known route now.
@@ -501,6 +522,33 @@ mod tests {
             first_due_ms: UnixMillis(1_000_000),
         });
         s
+    }
+
+    #[test]
+    fn a_delivery_started_before_its_due_time_waits_for_it_unless_its_destination_came_back() {
+        let s = accepted();
+        assert_eq!(s.not_yet_due(UnixMillis(999_999), false), Some(UnixMillis(1_000_000)));
+        assert_eq!(s.not_yet_due(UnixMillis(1_000_000), false), None, "due: attempt now");
+        assert_eq!(s.not_yet_due(UnixMillis(999_999), true), None, "woken: attempt now");
+    }
+
+    #[test]
+    fn a_route_carried_by_a_route_error_is_kept_only_when_it_is_the_recipients_and_valid() {
+        let r = route(2, &["relay-c"]);
+        let policy = Policy::with_relay_id("r");
+        let stale = |data: serde_json::Value| {
+            AttemptOutcome::Rejected(RelayError::new(ErrorCode::RouteStale, "moved").with_data(data))
+        };
+        let outcome = stale(serde_json::json!({ "route": r }));
+        let now = UnixSecs(1000);
+        assert_eq!(route_to_learn(&outcome, &r.account_id, now, &policy).map(|l| l.revision), Some(2));
+        assert!(route_to_learn(&outcome, "someone-else", now, &policy).is_none(), "another account's");
+        let mut forged = serde_json::to_value(&r).unwrap();
+        forged["revision"] = 3.into();
+        let forged = stale(serde_json::json!({ "route": forged }));
+        assert!(route_to_learn(&forged, &r.account_id, now, &policy).is_none(), "a bad signature");
+        let bare = AttemptOutcome::Rejected(RelayError::new(ErrorCode::RouteStale, "moved"));
+        assert!(route_to_learn(&bare, &r.account_id, now, &policy).is_none(), "no route carried");
     }
 
     fn apply_all(s: &mut DeliveryState, evs: &[DeliveryEvent]) {

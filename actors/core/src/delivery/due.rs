@@ -16,9 +16,14 @@
 //! falls to half the bound, the shell reads the index from that key and
 //! [`DueQueue::refill`]s. A spilled delivery is not woken early by its
 //! peer's return; it runs at its due time (never later).
+//!
+//! **Throttled.** Due and woken deliveries start through [`Starts`]: at
+//! most [`Starts::BATCH`] per turn, turns [`Starts::PAUSE`] apart, so a
+//! flood of due or woken deliveries never starts all at once.
 
 use relay_schemas::UnixMillis;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::time::Duration;
 
 /// The key of deliveries that know no destination yet: any peer that comes
 /// back may be theirs.
@@ -263,10 +268,98 @@ impl DueQueue {
     }
 }
 
+/// Deliveries waiting to start, oldest first, each with whether it was
+/// woken (its destination came back) rather than due; counted in the
+/// queue's bound ([`DueQueue::wants_refill`]).
+#[derive(Debug, Default)]
+pub struct Starts {
+    ready: VecDeque<(String, bool)>,
+    /// Whether a next turn is planned.
+    planned: bool,
+}
+
+impl Starts {
+    /// Deliveries started per turn; the rest wait for the next turn.
+    pub const BATCH: usize = 128;
+    /// The pause between two turns.
+    pub const PAUSE: Duration = Duration::from_millis(20);
+
+    /// `streams` are due.
+    pub fn due(&mut self, streams: Vec<String>) {
+        self.ready.extend(streams.into_iter().map(|s| (s, false)));
+    }
+
+    /// `streams` are woken: their destination came back.
+    pub fn woken(&mut self, streams: Vec<String>) {
+        self.ready.extend(streams.into_iter().map(|s| (s, true)));
+    }
+
+    /// How many wait to start.
+    pub fn len(&self) -> usize {
+        self.ready.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ready.is_empty()
+    }
+
+    /// This turn's starts: at most [`Starts::BATCH`], oldest first.
+    pub fn turn(&mut self) -> Vec<(String, bool)> {
+        let n = self.ready.len().min(Self::BATCH);
+        self.ready.drain(..n).collect()
+    }
+
+    /// After a turn: whether to plan the next one, [`Starts::PAUSE`] from
+    /// now. So it is while some wait, or while the index can be read back
+    /// (`refill_wanted`: the starts made room), unless one is planned.
+    pub fn plan_next(&mut self, refill_wanted: bool) -> bool {
+        let more = !self.ready.is_empty() || refill_wanted;
+        let plan = more && !self.planned;
+        self.planned |= plan;
+        plan
+    }
+
+    /// The planned turn has come.
+    pub fn next_turn_begins(&mut self) {
+        self.planned = false;
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::DueQueue;
+    use super::{DueQueue, Starts};
     use relay_schemas::UnixMillis as Ms;
+
+    fn streams(range: std::ops::Range<usize>) -> Vec<String> {
+        range.map(|n| format!("d{n}")).collect()
+    }
+
+    #[test]
+    fn a_turn_starts_at_most_a_batch_of_deliveries_oldest_first() {
+        let mut starts = Starts::default();
+        starts.due(streams(0..Starts::BATCH + 10));
+        starts.woken(vec!["w".into()]);
+        let turn = starts.turn();
+        assert_eq!(turn.len(), Starts::BATCH);
+        assert_eq!(turn[0], ("d0".to_string(), false));
+        assert_eq!(starts.len(), 11, "the rest wait for the next turn");
+        let last = starts.turn();
+        assert_eq!(last.last(), Some(&("w".to_string(), true)), "a woken one says so");
+        assert!(starts.is_empty());
+    }
+
+    #[test]
+    fn a_next_turn_is_planned_once_while_deliveries_wait_or_the_index_can_be_read_back() {
+        let mut starts = Starts::default();
+        assert!(!starts.plan_next(false), "nothing waits, nothing to read back");
+        assert!(starts.plan_next(true), "room to read the index back");
+        starts.next_turn_begins();
+        starts.due(streams(0..1));
+        assert!(starts.plan_next(false));
+        assert!(!starts.plan_next(false), "one turn planned at a time");
+        starts.next_turn_begins();
+        assert!(starts.plan_next(false));
+    }
 
     #[test]
     fn due_queue_pops_what_is_due_earliest_first_and_keeps_the_rest() {

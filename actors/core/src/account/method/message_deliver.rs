@@ -152,6 +152,17 @@ pub fn may_deliver(
     }
 }
 
+/// PROTOCOL §5 *Who may deliver*, at a relay that may serve the sender
+/// too: whether the sending device must also be checked against the
+/// sender's own state here ([`check_sender`]). So it must when the
+/// sender's newest route this relay knows (`known`) names this relay;
+/// with no route known, or one naming only other relays, the source's
+/// word stands. For `message.deliver` from another relay and for this
+/// relay's own attempts at a recipient it serves alike.
+pub fn checks_sender_here(known: Option<&Wire<Route>>, relay_id: &str) -> bool {
+    known.is_some_and(|r| r.lists_relay(relay_id))
+}
+
 /// When this relay itself serves the sender, a delivery from another relay
 /// must name a sending device valid here: not revoked, not expired
 /// (PROTOCOL §5). A device this home has no word of at all (no certificate,
@@ -232,6 +243,13 @@ mod tests {
     fn bob_route(revision: u64, relays: &[&str], issued_at: u64) -> Wire<Route> {
         let relays: Vec<(&str, &str)> = relays.iter().map(|r| (*r, URL_B)).collect();
         wire(&bob().route(revision, &relays, issued_at))
+    }
+
+    #[test]
+    fn the_sending_device_is_checked_here_only_when_the_senders_known_route_names_this_relay() {
+        assert!(checks_sender_here(Some(&bob_route(2, &[RELAY, "relay-c"], NOW)), RELAY));
+        assert!(!checks_sender_here(Some(&bob_route(2, &["relay-b", "relay-c"], NOW)), RELAY));
+        assert!(!checks_sender_here(None, RELAY), "no route known: the source's word stands");
     }
 
     #[test]

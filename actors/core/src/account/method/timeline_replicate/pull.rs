@@ -27,6 +27,28 @@ pub fn partner<'r>(route: &'r Wire<Route>, own_id: &str) -> Option<&'r str> {
     (route.relays.len() == 2 && route.lists_relay(own_id)).then_some(partner.id.as_str())
 }
 
+/// Where the route a page's records must not be older than comes from
+/// (`ReplicaApply`'s `known`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KnownRoute {
+    /// The account is served here: its own route (the account decides).
+    RouteBook,
+    /// A page would bring the account here: what the peers say now, as
+    /// `account.register` asks (PROTOCOL §5), so a relay the account left
+    /// cannot bring it back on its old route.
+    AskPeers,
+}
+
+/// The known-route rule of a page: for an account served here
+/// (`exists_here`, it has events), its own route; else a fresh lookup.
+pub fn known_route(exists_here: bool) -> KnownRoute {
+    if exists_here {
+        KnownRoute::RouteBook
+    } else {
+        KnownRoute::AskPeers
+    }
+}
+
 /// One pull of an account from its partner.
 #[derive(Clone, Debug)]
 pub struct Pull {
@@ -139,6 +161,12 @@ mod tests {
     use relay_schemas::client::Account;
 
     const ACCOUNT: &str = "aaaa";
+
+    #[test]
+    fn a_page_is_checked_against_the_accounts_own_route_here_and_else_against_the_peers_fresh_answer() {
+        assert_eq!(known_route(true), KnownRoute::RouteBook);
+        assert_eq!(known_route(false), KnownRoute::AskPeers);
+    }
 
     fn page(items: u64, next: u64, has_more: bool) -> Page {
         let item = |sequence| Item {

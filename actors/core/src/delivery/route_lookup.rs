@@ -1,15 +1,29 @@
-//! How a delivery reaches a destination relay. The actors crate does no
-//! HTTP: the binary supplies a [`Transport`] (signed relay RPC); local
-//! recipients are reached through their account actor directly.
+//! What asking the configured peers for an account's route means
+//! (PROTOCOL §4 *Route resolution at acceptance*): the peers' answers
+//! together ([`RouteLookup::from_answers`]), whether a send is refused
+//! ([`RouteLookup::check_send`]), what an attempt without a route records,
+//! and how long a lookup that found nothing is remembered ([`MISS_TTL_MS`]).
+//! The transport asks the peers; the supervisor shares one lookup per
+//! account among its callers and keeps the misses.
 
-use relay_core::delivery::outcome::AttemptOutcome;
-use relay_schemas::methods::DeliverParams;
-use relay_schemas::objects::{RelayRef, Route};
-use relay_schemas::{DeliveryStatus, RelayError, Wire};
-use std::future::Future;
-use std::pin::Pin;
+use relay_schemas::objects::Route;
+use relay_schemas::{RelayError, UnixMillis, Wire};
 
-pub type LocalFuture<T> = Pin<Box<dyn Future<Output = T>>>;
+/// How long a lookup that found no route is remembered: long enough that
+/// repeated asks for one unknown account cost the peers one question, short
+/// enough that an account registered elsewhere is found by the next send.
+/// A fresh lookup (after a route error) does not read it.
+pub const MISS_TTL_MS: u64 = 5_000;
+
+/// Until when a miss looked up at `now_ms` is remembered.
+pub fn miss_remembered_until(now_ms: UnixMillis) -> UnixMillis {
+    now_ms.plus(MISS_TTL_MS)
+}
+
+/// Whether a miss remembered `until` still answers a lookup at `now_ms`.
+pub fn miss_remembered(until: UnixMillis, now_ms: UnixMillis) -> bool {
+    until > now_ms
+}
 
 /// What asking the configured peers for an account's route came to
 /// (PROTOCOL §4 *Route resolution at acceptance*).
@@ -97,54 +111,18 @@ impl RouteLookup {
     }
 }
 
-pub trait Transport: Send + Sync + 'static {
-    /// `message.deliver` at `target` with the unchanged params. `target`
-    /// is this relay only for an account of a sibling shard
-    /// ([`Transport::in_sibling_shard`]): the call goes to that shard's owner.
-    fn deliver(&self, target: &RelayRef, params: &DeliverParams) -> LocalFuture<AttemptOutcome>;
-    /// `route.get` for `account_id` from the configured peers: the highest
-    /// valid revision any of them knows (signature already checked), or
-    /// whether their answers prove that none does.
-    fn fetch_route(&self, account_id: &str) -> LocalFuture<RouteLookup>;
-    /// Whether `relay_id` is a configured peer (only those get metric
-    /// labels and attempt slots: any relay id can appear in a signed route).
-    fn is_peer(&self, relay_id: &str) -> bool;
-    /// `message.delivery.peer_status` at the sender's other home relay.
-    fn peer_status(&self, relay: &RelayRef, from: &str, message_id: &str) -> LocalFuture<Option<DeliveryStatus>>;
-    /// In a cluster of several shards: whether `account_id`, served by this
-    /// relay, lives in another shard than this core's. Its receipts are
-    /// then delivered, as to a peer, to that shard's owner.
-    fn in_sibling_shard(&self, _account_id: &str) -> bool {
-        false
-    }
-}
-
-/// A transport for a relay with no peers: every remote target is
-/// unreachable (the request is never sent).
-pub struct NoPeers;
-
-impl Transport for NoPeers {
-    fn deliver(&self, target: &RelayRef, _: &DeliverParams) -> LocalFuture<AttemptOutcome> {
-        let e = RelayError::new(relay_schemas::ErrorCode::BadGateway, format!("no peer configured for {}", target.id));
-        Box::pin(async move { AttemptOutcome::NotAttempted(e) })
-    }
-    fn fetch_route(&self, _: &str) -> LocalFuture<RouteLookup> {
-        // No peer to ask: none can serve the account.
-        Box::pin(async { RouteLookup::Absent })
-    }
-    fn is_peer(&self, _: &str) -> bool {
-        false
-    }
-    fn peer_status(&self, _: &RelayRef, _: &str, _: &str) -> LocalFuture<Option<DeliveryStatus>> {
-        Box::pin(async { None })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use relay_schemas::client::Account;
     use relay_schemas::ErrorCode;
+
+    #[test]
+    fn a_lookup_that_found_no_route_is_remembered_for_the_miss_ttl_only() {
+        let until = miss_remembered_until(UnixMillis(1_000));
+        assert!(miss_remembered(until, UnixMillis(1_000 + MISS_TTL_MS - 1)));
+        assert!(!miss_remembered(until, UnixMillis(1_000 + MISS_TTL_MS)), "asked again from then on");
+    }
 
     fn route(revision: u64) -> Wire<Route> {
         Wire::from_value(&Account::from_seed([5; 32]).route(revision, &[("relay-b", "http://b")], 1)).unwrap()
