@@ -89,7 +89,11 @@ async fn a_backup_under_load_restores_every_send_acknowledged_before_it_and_pass
     assert!(!socket.exists(), "the admin socket goes with the relay");
 
     let manifest: Value = serde_json::from_slice(&std::fs::read(out.join("backup.json")).unwrap()).unwrap();
-    assert_eq!((manifest["relay_id"].as_str(), manifest["format"].as_u64()), (Some("relay-a"), Some(1)), "{manifest}");
+    assert_eq!(
+        (manifest["relay_id"].as_str(), manifest["format"].as_u64()),
+        (Some("relay-a"), Some(u64::from(relay_actors::store::FORMAT_VERSION))),
+        "{manifest}"
+    );
     assert_eq!(manifest["keys"], serde_json::json!(["relay.key", "vapid.key"]));
     for key in ["relay.key", "vapid.key"] {
         let mode = std::fs::metadata(out.join(key)).unwrap().permissions().mode() & 0o777;
