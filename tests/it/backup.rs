@@ -159,8 +159,9 @@ async fn a_stopped_relay_is_backed_up_by_the_command_and_restore_never_overwrite
     // Not of a newer data format than this release opens.
     let manifest = std::fs::read_to_string(out.join("backup.json")).unwrap();
     let newer = relay_actors::store::FORMAT_VERSION + 1;
-    std::fs::write(out.join("backup.json"), manifest.replace("\"format\": 1", &format!("\"format\": {newer}")))
-        .unwrap();
+    let current = format!("\"format\": {}", relay_actors::store::FORMAT_VERSION);
+    assert!(manifest.contains(&current), "{manifest}");
+    std::fs::write(out.join("backup.json"), manifest.replace(&current, &format!("\"format\": {newer}"))).unwrap();
     let (code, _, err) = relay_cmd(&["restore", "--from", path(&out), "--data-dir", path(&dir.path().join("new"))]);
     assert_eq!((code, err.contains(&format!("data format version {newer}"))), (1, true), "{err}");
     // Not a finished backup (no manifest).

@@ -148,20 +148,20 @@ impl Sweep<'_> {
     }
 
     /// Deletes one message's traces (not its event); false when its send
-    /// has not finished, which defers it (an entry for it alone).
+    /// has not finished, which defers it (an entry for it alone). Its own
+    /// index entry, if it has one, stays: that entry starts a run, which
+    /// may go on past it (the prefix prunes messages whose entry is not
+    /// due yet at the scan); when due, the walk reads on from what is left.
     fn traces(&self, batch: &mut Batch, seq: u64, t: &Traces) -> Result<bool, RelayError> {
         let account = self.state.account_id.as_str();
-        let index = retention::index_key(t.retention_until, account, seq);
         if let Some(message_id) = &t.delivery {
             if !self.send_finished(&t.ledger_key)? {
-                batch.kv_remove(&index);
                 let later = self.now.0 + DEFER_SECS;
                 batch.kv_put(&retention::index_key(later.max(t.retention_until), account, seq), retention::SINGLE);
                 return Ok(false);
             }
             self.delivery(batch, message_id)?;
         }
-        batch.kv_remove(&index);
         if let Some(sequence) = t.record {
             batch.kv_remove(&timeline::key(account, sequence));
         }
@@ -285,15 +285,20 @@ mod tests {
     }
 
     fn sweep(store: &Store, state: &AccountState, now: u64) -> Swept {
-        let policy = Policy::with_relay_id("relay-a");
         let due: Vec<_> = store
             .kv_scan_prefix(retention::INDEX_PREFIX)
             .map(|kv| kv.unwrap())
             .filter_map(|(k, v)| retention::parse_index_key(&k).filter(|e| e.until < now).map(|e| (e, v)))
             .collect();
+        sweep_due(store, state, now, &due)
+    }
+
+    /// A turn at `now` handed `due` (the scan's, read a little earlier).
+    fn sweep_due(store: &Store, state: &AccountState, now: u64, due: &[(IndexEntry, Vec<u8>)]) -> Swept {
+        let policy = Policy::with_relay_id("relay-a");
         let s = Sweep { store, state, stream: "account/bob", now: UnixSecs(now), policy: &policy };
         let mut batch = store.batch();
-        let swept = s.run(&mut batch, &due).unwrap();
+        let swept = s.run(&mut batch, due).unwrap();
         store.commit_durable_blocking(batch).unwrap();
         swept
     }
@@ -379,6 +384,17 @@ mod tests {
         assert_eq!(index(&store).len(), 2);
         assert_eq!(sweep(&store, &state, 150), Swept { messages: 4, pruned: 4 });
         assert!((1..=4).all(|s| !record_left(&store, s)));
+    }
+
+    #[test]
+    fn a_run_whose_first_message_the_prefix_took_goes_on_from_its_entry() {
+        // The scan ran just before m1's time; the turn, just after, prunes it.
+        let (store, state) = stream(&[received("m1", 1, 110), received("m2", 2, 200)]);
+        assert_eq!(sweep_due(&store, &state, 150, &[]), Swept { messages: 1, pruned: 1 });
+        assert_eq!(index(&store)[0], retention::index_key(110, "bob", 1), "the run's entry stays");
+
+        assert_eq!(sweep(&store, &state, 250).messages, 1);
+        assert!(!record_left(&store, 2), "m2 went with the rest of the run");
     }
 
     #[test]
