@@ -5,8 +5,12 @@
 //! the live keys or its own garbage.
 //!
 //! ```text
-//! cargo run --release -p relay-actors --example store_space -- DATA_DIR
+//! cargo run --release -p relay-actors --example store_space -- DATA_DIR [--rewrite]
 //! ```
+//!
+//! `--rewrite` then rewrites sled into a fresh copy (the store's step 9,
+//! which a running relay does once the file has tripled) and prints its
+//! size: the low end of the sawtooth sled's file follows.
 
 use relay_actors::store::Store;
 use std::collections::BTreeMap;
@@ -58,5 +62,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         dir_bytes(&store_dir.join("log"))
     );
     store.close()?;
+    drop(store);
+    if std::env::args().nth(2).as_deref() == Some("--rewrite") {
+        let engine = relay_actors::store::SledEngine::open(&store_dir, None)?;
+        let pairs = engine.rewrite_now()?;
+        let (_, fresh) = engine.rewrites();
+        relay_actors::store::Engine::close(&engine)?;
+        println!(
+            "rewritten: {pairs} pairs, fresh sled file {fresh} bytes ({:.1} per key)",
+            fresh as f64 / pairs.max(1) as f64
+        );
+    }
     Ok(())
 }

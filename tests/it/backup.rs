@@ -89,7 +89,11 @@ async fn a_backup_under_load_restores_every_send_acknowledged_before_it_and_pass
     assert!(!socket.exists(), "the admin socket goes with the relay");
 
     let manifest: Value = serde_json::from_slice(&std::fs::read(out.join("backup.json")).unwrap()).unwrap();
-    assert_eq!((manifest["relay_id"].as_str(), manifest["format"].as_u64()), (Some("relay-a"), Some(1)), "{manifest}");
+    assert_eq!(
+        (manifest["relay_id"].as_str(), manifest["format"].as_u64()),
+        (Some("relay-a"), Some(u64::from(relay_actors::store::FORMAT_VERSION))),
+        "{manifest}"
+    );
     assert_eq!(manifest["keys"], serde_json::json!(["relay.key", "vapid.key"]));
     for key in ["relay.key", "vapid.key"] {
         let mode = std::fs::metadata(out.join(key)).unwrap().permissions().mode() & 0o777;
@@ -155,8 +159,9 @@ async fn a_stopped_relay_is_backed_up_by_the_command_and_restore_never_overwrite
     // Not of a newer data format than this release opens.
     let manifest = std::fs::read_to_string(out.join("backup.json")).unwrap();
     let newer = relay_actors::store::FORMAT_VERSION + 1;
-    std::fs::write(out.join("backup.json"), manifest.replace("\"format\": 1", &format!("\"format\": {newer}")))
-        .unwrap();
+    let current = format!("\"format\": {}", relay_actors::store::FORMAT_VERSION);
+    assert!(manifest.contains(&current), "{manifest}");
+    std::fs::write(out.join("backup.json"), manifest.replace(&current, &format!("\"format\": {newer}"))).unwrap();
     let (code, _, err) = relay_cmd(&["restore", "--from", path(&out), "--data-dir", path(&dir.path().join("new"))]);
     assert_eq!((code, err.contains(&format!("data format version {newer}"))), (1, true), "{err}");
     // Not a finished backup (no manifest).

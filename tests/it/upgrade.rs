@@ -8,7 +8,9 @@
 //! and committed; it is never rewritten. A format bump adds a fixture of
 //! the new version beside it (and a test like this one for it):
 //! `data-v2/` is the same relays after a rewrite of sled (their sled in
-//! `store/tree.1/`), written once by `write_the_data_v2_fixture`.
+//! `store/tree.1/`), written once by `write_the_data_v2_fixture`; `data-v3/`
+//! those served by the release of format 3 (retention runs) with two more
+//! sends, written once by `write_the_data_v3_fixture`.
 
 use crate::common;
 use common::client::{message_ids, mid, now, Client, User};
@@ -85,6 +87,56 @@ fn write_the_data_v2_fixture() {
     }
 }
 
+/// The data-v2 fixture served by the release of format 3, which marks it
+/// 3 and takes two more local sends, alice → carol: mid(4) starts the
+/// account's retention run, mid(5) joins it (no index entry of its own).
+#[actix_rt::test]
+#[ignore = "writes tests/fixtures/data-v3 (once, by the release that introduced the format)"]
+async fn write_the_data_v3_fixture() {
+    let out = fixture(3);
+    assert!(!out.exists(), "{} exists: a fixture is never rewritten", out.display());
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::plan(dir.path(), &RELAYS);
+    for id in RELAYS {
+        copy_dir(&fixture(2).join(id), &dir.path().join(id));
+    }
+    let (mut a, mut b) = (cluster.start("relay-a", ""), cluster.start("relay-b", ""));
+    let ca = Client::new(&a.url);
+    let alice = session(&ca, 1, "relay-a", true).await;
+    let carol = session(&ca, 3, "relay-a", false).await;
+    for n in [4, 5] {
+        let st = ca.ok("message.send", alice.token(0), &alice.send_params(&carol, &mid(n), true)).await;
+        assert_eq!(st["status"], "target_accepted", "{}: {st}", mid(n));
+    }
+    a.terminate();
+    b.terminate();
+    for id in RELAYS {
+        assert_eq!(std::fs::read_to_string(dir.path().join(id).join("store/FORMAT")).unwrap(), "3\n");
+        copy_dir(&dir.path().join(id), &out.join(id));
+        remove_empty_dirs(&out.join(id));
+        for key in ["relay.key", "vapid.key"] {
+            std::fs::remove_file(out.join(id).join(key)).unwrap();
+        }
+    }
+}
+
+/// A session of the fixture's user of `seed` (alice also has her revoked
+/// laptop).
+async fn session(c: &Client, seed: u8, relay: &str, laptop: bool) -> User {
+    let mut user = User {
+        account: relay_schemas::client::Account::from_seed([seed; 32]),
+        devices: vec![relay_schemas::client::Device::from_seed("phone", [seed + 100; 32])],
+        tokens: vec![],
+        relay_id: relay.to_owned(),
+    };
+    if laptop {
+        user.devices.push(relay_schemas::client::Device::from_seed("laptop", [41; 32]));
+    }
+    let token = user.open_session(c, 0).await;
+    user.tokens.push(token);
+    user
+}
+
 fn remove_empty_dirs(dir: &Path) {
     for entry in std::fs::read_dir(dir).unwrap() {
         let entry = entry.unwrap();
@@ -108,6 +160,12 @@ async fn the_data_v2_fixture_opens_passes_the_audit_and_serves_its_records() {
     a_fixture_opens_passes_the_audit_and_serves_its_records(2).await;
 }
 
+/// The same for version 3 (retention runs), with its two more sends.
+#[actix_rt::test]
+async fn the_data_v3_fixture_opens_passes_the_audit_and_serves_its_records() {
+    a_fixture_opens_passes_the_audit_and_serves_its_records(3).await;
+}
+
 async fn a_fixture_opens_passes_the_audit_and_serves_its_records(version: u32) {
     let dir = tempfile::tempdir().unwrap();
     // The relays' keys come from the same seeds as the fixture's (which
@@ -121,30 +179,17 @@ async fn a_fixture_opens_passes_the_audit_and_serves_its_records(version: u32) {
     }
     let (a, b) = (cluster.start("relay-a", ""), cluster.start("relay-b", ""));
     let (ca, cb) = (Client::new(&a.url), Client::new(&b.url));
-    let session = |c: &Client, seed: u8, relay: &str, laptop: bool| {
-        let (c, relay) = (c.clone(), relay.to_owned());
-        async move {
-            let mut user = User {
-                account: relay_schemas::client::Account::from_seed([seed; 32]),
-                devices: vec![relay_schemas::client::Device::from_seed("phone", [seed + 100; 32])],
-                tokens: vec![],
-                relay_id: relay,
-            };
-            if laptop {
-                user.devices.push(relay_schemas::client::Device::from_seed("laptop", [41; 32]));
-            }
-            let token = user.open_session(&c, 0).await;
-            user.tokens.push(token);
-            user
-        }
-    };
     let alice = session(&ca, 1, "relay-a", true).await;
     let carol = session(&ca, 3, "relay-a", false).await;
     let bob = session(&cb, 2, "relay-b", false).await;
-    assert_eq!(message_ids(&carol.sync_all(&ca, 0).await), [mid(1)]);
+    // Version 3 has two more local sends, alice → carol.
+    let later: Vec<String> = if version >= 3 { vec![mid(4), mid(5)] } else { vec![] };
+    let carols: Vec<String> = [mid(1)].into_iter().chain(later.iter().cloned()).collect();
+    assert_eq!(message_ids(&carol.sync_all(&ca, 0).await), carols);
     assert_eq!(message_ids(&bob.sync_all(&cb, 0).await), [mid(2), mid(3)], "one received, his one sent");
     let alices = alice.sync_all(&ca, 0).await;
-    assert_eq!(message_ids(&alices), [mid(1), mid(2), mid(3)], "her two sent, one received");
+    let expected: Vec<String> = [mid(1), mid(2), mid(3)].into_iter().chain(later).collect();
+    assert_eq!(message_ids(&alices), expected, "her sent, one received");
     let received = alices.iter().find(|r| r["envelope"]["message_id"] == mid(3)).unwrap();
     assert_eq!(received["envelope"]["from"], bob.id(), "{received}");
     let st = ca.ok("message.delivery.status", alice.token(0), &json!({"message_id": mid(2)})).await;

@@ -10,9 +10,21 @@
 //! before it in the stream is still retained: a stream loses a prefix,
 //! never a middle, so its chain stays checkable from its `pruned` marker.
 //!
-//! The sweep finds what is due through an index written with each message
-//! (`r/` ‖ `retention_until` ‖ account ‖ event seq), so a turn reads only
-//! entries already due, never the accounts themselves.
+//! The sweep finds what is due through an index (`r/` ‖ `retention_until`
+//! ‖ account ‖ event seq), so a turn reads only entries already due, never
+//! the accounts themselves. An entry ([`DUE`]) starts a *run*: its message
+//! and the account's next ones in stream order, up to the next message
+//! with an entry of its own. A message gets one only when it would break
+//! its run's order ([`starts_run`]): within a run `retention_until` never
+//! decreases, so the sweep walks a run from its start, deletes what is
+//! past and stops at the first message that is not, where the run's
+//! entry moves. A message retained for less than the one before it (the
+//! configured retention shortened: a stored retention is never shortened,
+//! so stream order need not be time order) starts a run of its own, and
+//! is not kept waiting behind the longer one. Usually an account has one
+//! entry, not one per message (sled holds some 300–600 bytes per key). A
+//! message whose send is still running past its retention gets an entry
+//! for itself alone ([`SINGLE`]) and the walk goes on past it.
 //!
 //! A swept ledger entry leaves its swept form ([`crate::account::ledger::SendEntry::swept`])
 //! until [`tombstone_until`] when that is later: until then a retry of the
@@ -32,8 +44,13 @@ use relay_schemas::UnixSecs;
 /// Every retention index key starts with this (a kv key).
 pub const INDEX_PREFIX: &[u8] = b"r/";
 
-/// The value of a first-stage entry: the message's traces are due.
+/// The value of a run's entry: the traces of its messages are due from
+/// its time on (a store written before runs has one per message: runs of
+/// one).
 pub const DUE: &[u8] = b"";
+/// The value of an entry for its own message alone: a send deferred while
+/// its delivery runs.
+pub const SINGLE: &[u8] = b"s";
 /// What starts the value of a second-stage entry, followed by the blob key
 /// of the swept ledger entry to remove.
 pub const SWEPT: u8 = b'l';
@@ -43,6 +60,16 @@ pub const SWEPT: u8 = b'l';
 /// a stored one).
 pub fn retention_until(accepted_at: u64, policy: &Policy) -> u64 {
     accepted_at.saturating_add(policy.message_retention)
+}
+
+/// Whether a message kept until `until` needs an index entry of its own
+/// (starts a run): `last`, the retention of the account's last message a
+/// run covers, `None` when that is not known (an actor just loaded, or
+/// after a sweep). A message kept no shorter than the one before continues
+/// its run: the walk that stops at the first message not yet past may
+/// leave the rest of the run for later.
+pub fn starts_run(last: Option<u64>, until: u64) -> bool {
+    last.is_none_or(|last| until < last)
 }
 
 /// A result is kept through `retention_until`, that second included.
@@ -206,6 +233,23 @@ mod tests {
             "retention_until": retention_until,
             "record": {"sequence": 7, "expires_at": retention_until, "envelope": env, "boxes": [], "visible": []}}});
         serde_json::from_str(&v.to_string()).unwrap()
+    }
+
+    #[test]
+    fn a_message_kept_no_shorter_than_the_one_before_continues_its_run() {
+        assert!(!starts_run(Some(110), 110));
+        assert!(!starts_run(Some(110), 200));
+    }
+
+    #[test]
+    fn a_message_kept_shorter_than_the_one_before_starts_a_run_so_it_does_not_wait_behind_it() {
+        // The retention was shortened: the later message is due first.
+        assert!(starts_run(Some(200), 150));
+    }
+
+    #[test]
+    fn a_message_after_an_unknown_last_retention_starts_a_run() {
+        assert!(starts_run(None, 110));
     }
 
     #[test]

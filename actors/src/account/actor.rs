@@ -213,6 +213,10 @@ pub struct AccountActor {
     passivated: bool,
     /// What it holds only while busy; `None` once nothing in it is owed.
     busy: Option<Box<Busy>>,
+    /// The `retention_until` of its last message a retention run covers
+    /// (`relay_core::retention::starts_run`); `None` until it writes one,
+    /// and after a sweep (which may have ended that run).
+    run_until: Option<u64>,
 }
 
 /// What an account actor holds only while something is under way or owed,
@@ -290,7 +294,15 @@ impl AccountActor {
             env.routes.offer(route)?;
             env.routes.share(route);
         }
-        Ok(AccountActor { last_active_ms: env.clock.now_ms(), env, ports, es, passivated: false, busy: None })
+        Ok(AccountActor {
+            last_active_ms: env.clock.now_ms(),
+            env,
+            ports,
+            es,
+            passivated: false,
+            busy: None,
+            run_until: None,
+        })
     }
 
     pub fn state(&self) -> &AccountState {
@@ -557,6 +569,8 @@ impl AccountActor {
 pub(crate) struct Projected {
     ledger: Vec<Option<ledger::Entry>>,
     partners_before: Option<Vec<String>>,
+    /// [`AccountActor::run_until`] once the commit is written.
+    run_until: Option<u64>,
 }
 
 /// The account in the one loop: its decisions read the ledger and timeline
@@ -632,6 +646,7 @@ impl Shell for AccountActor {
         let first = self.es.head.seq + 1;
         let account = &self.es.state.account_id;
         let mut written: Vec<Option<ledger::Entry>> = Vec::with_capacity(events.len());
+        let mut run_until = self.run_until;
         for (i, e) in events.iter().enumerate() {
             if let Some(r) = e.record() {
                 let entry = timeline::IndexEntry { event: first + i as u64, visible: r.visible.clone() };
@@ -652,10 +667,14 @@ impl Shell for AccountActor {
             if let Some(w) = &entry {
                 batch.blob_put(&w.key(account), &w.value().map_err(|e| internal(&e))?);
                 // A message accepted: the sweep finds its traces when they
-                // are due (an entry changed, by a status, is indexed already).
+                // are due, through its run's entry (an entry changed, by a
+                // status, is indexed already).
                 if current.is_none() {
                     let until = w.retention_until();
-                    batch.kv_put(&retention::index_key(until, account, first + i as u64), retention::DUE);
+                    if retention::starts_run(run_until, until) {
+                        batch.kv_put(&retention::index_key(until, account, first + i as u64), retention::DUE);
+                    }
+                    run_until = Some(until);
                 }
             }
             written.push(entry);
@@ -667,7 +686,7 @@ impl Shell for AccountActor {
         // Partners before this commit too (one the account just left learns
         // the move), looked up only when the partners have news.
         let partners_before = events.iter().any(replica::offered).then(|| self.partners());
-        Ok(Projected { ledger: written, partners_before })
+        Ok(Projected { ledger: written, partners_before, run_until })
     }
 
     /// What connected devices are owed for the event, once its commit is durable.
@@ -683,6 +702,7 @@ impl Shell for AccountActor {
     /// The sends under way, the route book and the partners learn what
     /// was written.
     fn committed(&mut self, events: &[AccountEvent], projected: Projected) -> Result<(), RelayError> {
+        self.run_until = projected.run_until;
         for w in projected.ledger.iter().flatten() {
             if let ledger::Entry::Send { message_id, entry } = w {
                 self.busy().unfinished.record(message_id, Some(entry));
@@ -798,6 +818,9 @@ impl Handler<Sweep> for AccountActor {
             policy: &self.env.policy,
         };
         let mut batch = store.batch();
+        // A walk that reached the stream's end took its run's entry: the
+        // next message starts a run.
+        self.run_until = None;
         let done = sweep.run(&mut batch, &msg.0).and_then(|swept| {
             if batch.is_empty() {
                 return Ok((swept, None));

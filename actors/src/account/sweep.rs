@@ -41,38 +41,72 @@ pub struct Sweep<'a> {
 
 impl Sweep<'_> {
     /// Adds to `batch` the deletion of what `due` names (index entries past
-    /// their time) and of the stream's prefix as far as it may go.
+    /// their time: runs, single messages, swept entries) and of the
+    /// stream's prefix as far as it may go.
     pub fn run(&self, batch: &mut Batch, due: &[(IndexEntry, Vec<u8>)]) -> Result<Swept, RelayError> {
         let account = self.state.account_id.as_str();
         let mut swept = Swept::default();
         let mut done = HashSet::new();
         for (entry, value) in due {
+            let own = retention::index_key(entry.until, account, entry.seq);
             if let Some((&retention::SWEPT, ledger_key)) = value.split_first() {
                 // Second stage: the swept entry has answered long enough.
-                batch.kv_remove(&retention::index_key(entry.until, account, entry.seq));
+                batch.kv_remove(&own);
                 batch.blob_remove(ledger_key);
                 swept.messages += 1;
                 continue;
             }
-            // First stage. An event already pruned took its traces with it.
-            let event = match self.event(entry.seq)? {
-                Some(event) => event,
-                None => {
-                    batch.kv_remove(&retention::index_key(entry.until, account, entry.seq));
-                    continue;
+            batch.kv_remove(&own);
+            if value.as_slice() == retention::SINGLE {
+                // An event already pruned took its traces with it.
+                let Some(event) = self.event(entry.seq)? else { continue };
+                if let Some(traces) = retention::traces(account, &event) {
+                    if self.traces(batch, entry.seq, &traces)? {
+                        swept.messages += 1;
+                        done.insert(entry.seq);
+                    }
                 }
-            };
-            let Some(traces) = retention::traces(account, &event) else {
-                batch.kv_remove(&retention::index_key(entry.until, account, entry.seq));
                 continue;
-            };
-            if self.traces(batch, entry.seq, &traces)? {
-                swept.messages += 1;
-                done.insert(entry.seq);
             }
+            self.walk(batch, entry.seq, &mut swept, &mut done)?;
         }
         swept.pruned = self.prefix(batch, &mut swept, &done)?;
         Ok(swept)
+    }
+
+    /// Sweeps the run that starts at event `start` (`retention` module
+    /// doc): its messages in stream order while they are past, up to the
+    /// next run's start; the run's entry moves to the first message not
+    /// past (or to the one after [`MAX_PRUNED_PER_TURN`] events), and goes
+    /// at the stream's end. Events before `start` already pruned took
+    /// their traces with them; the walk reads what is left.
+    fn walk(
+        &self,
+        batch: &mut Batch,
+        start: u64,
+        swept: &mut Swept,
+        done: &mut HashSet<u64>,
+    ) -> Result<(), RelayError> {
+        let account = self.state.account_id.as_str();
+        for (n, ev) in self.store.read(self.stream, start.saturating_sub(1)).enumerate() {
+            let ev = ev.map_err(|e| internal(&e))?;
+            let event = decode(&ev)?;
+            let Some(traces) = retention::traces(account, &event) else { continue };
+            let own = retention::index_key(traces.retention_until, account, ev.seq);
+            if ev.seq != start && self.store.kv_get(&own).map_err(|e| internal(&e))?.as_deref() == Some(retention::DUE)
+            {
+                return Ok(()); // The next run: its own entry takes it.
+            }
+            if n >= MAX_PRUNED_PER_TURN || !retention::is_past(traces.retention_until, self.now) {
+                batch.kv_put(&own, retention::DUE);
+                return Ok(());
+            }
+            if self.traces(batch, ev.seq, &traces)? {
+                swept.messages += 1;
+                done.insert(ev.seq);
+            }
+        }
+        Ok(())
     }
 
     /// Deletes the prefix of events that may go, folding them into the
@@ -114,20 +148,20 @@ impl Sweep<'_> {
     }
 
     /// Deletes one message's traces (not its event); false when its send
-    /// has not finished, which defers it.
+    /// has not finished, which defers it (an entry for it alone). Its own
+    /// index entry, if it has one, stays: that entry starts a run, which
+    /// may go on past it (the prefix prunes messages whose entry is not
+    /// due yet at the scan); when due, the walk reads on from what is left.
     fn traces(&self, batch: &mut Batch, seq: u64, t: &Traces) -> Result<bool, RelayError> {
         let account = self.state.account_id.as_str();
-        let index = retention::index_key(t.retention_until, account, seq);
         if let Some(message_id) = &t.delivery {
             if !self.send_finished(&t.ledger_key)? {
-                batch.kv_remove(&index);
                 let later = self.now.0 + DEFER_SECS;
-                batch.kv_put(&retention::index_key(later.max(t.retention_until), account, seq), retention::DUE);
+                batch.kv_put(&retention::index_key(later.max(t.retention_until), account, seq), retention::SINGLE);
                 return Ok(false);
             }
             self.delivery(batch, message_id)?;
         }
-        batch.kv_remove(&index);
         if let Some(sequence) = t.record {
             batch.kv_remove(&timeline::key(account, sequence));
         }
@@ -216,17 +250,28 @@ mod tests {
     }
 
     /// `bob`'s stream holding `events` with their ledger entries and index
-    /// entries, as the account actor writes them; its state folded.
+    /// entries, as the account actor writes them (an entry per run); its
+    /// state folded.
     fn stream(events: &[AccountEvent]) -> (Store, AccountState) {
+        stream_indexed(events, false)
+    }
+
+    /// ... with an entry per message when `per_message` (a store written
+    /// before runs).
+    fn stream_indexed(events: &[AccountEvent], per_message: bool) -> (Store, AccountState) {
         let store = Store::temporary().unwrap();
         let mut batch = store.batch();
         let mut state = AccountState::new("bob");
+        let mut run_until = None;
         for (i, e) in events.iter().enumerate() {
             if let Some(w) = ledger::written("bob", e, None) {
                 batch.blob_put(&w.key("bob"), &w.value().unwrap());
             }
             if let Some(t) = retention::traces("bob", e) {
-                batch.kv_put(&retention::index_key(t.retention_until, "bob", i as u64 + 1), retention::DUE);
+                if per_message || retention::starts_run(run_until, t.retention_until) {
+                    batch.kv_put(&retention::index_key(t.retention_until, "bob", i as u64 + 1), retention::DUE);
+                }
+                run_until = Some(t.retention_until);
             }
             if let Some(r) = e.record() {
                 batch.kv_put(&timeline::key("bob", r.sequence), b"{}");
@@ -240,15 +285,20 @@ mod tests {
     }
 
     fn sweep(store: &Store, state: &AccountState, now: u64) -> Swept {
-        let policy = Policy::with_relay_id("relay-a");
         let due: Vec<_> = store
             .kv_scan_prefix(retention::INDEX_PREFIX)
             .map(|kv| kv.unwrap())
             .filter_map(|(k, v)| retention::parse_index_key(&k).filter(|e| e.until < now).map(|e| (e, v)))
             .collect();
+        sweep_due(store, state, now, &due)
+    }
+
+    /// A turn at `now` handed `due` (the scan's, read a little earlier).
+    fn sweep_due(store: &Store, state: &AccountState, now: u64, due: &[(IndexEntry, Vec<u8>)]) -> Swept {
+        let policy = Policy::with_relay_id("relay-a");
         let s = Sweep { store, state, stream: "account/bob", now: UnixSecs(now), policy: &policy };
         let mut batch = store.batch();
-        let swept = s.run(&mut batch, &due).unwrap();
+        let swept = s.run(&mut batch, due).unwrap();
         store.commit_durable_blocking(batch).unwrap();
         swept
     }
@@ -286,6 +336,77 @@ mod tests {
         assert!(store.kv_scan_prefix(retention::INDEX_PREFIX).next().is_none(), "nothing left to sweep");
     }
 
+    fn index(store: &Store) -> Vec<Vec<u8>> {
+        store.kv_scan_prefix(retention::INDEX_PREFIX).map(|kv| kv.unwrap().0).collect()
+    }
+
+    fn record_left(store: &Store, sequence: u64) -> bool {
+        store.kv_get(&timeline::key("bob", sequence)).unwrap().is_some()
+    }
+
+    #[test]
+    fn one_entry_sweeps_a_run_of_messages_and_moves_to_the_first_not_yet_past() {
+        let events = [received("m1", 1, 110), received("m2", 2, 120), received("m3", 3, 200), received("m4", 4, 210)];
+        let (store, state) = stream(&events);
+        assert_eq!(index(&store), [retention::index_key(110, "bob", 1)], "one entry for the run");
+
+        assert_eq!(sweep(&store, &state, 150), Swept { messages: 2, pruned: 2 });
+        assert_eq!((1..=4).map(|s| record_left(&store, s)).collect::<Vec<_>>(), [false, false, true, true]);
+        let run = retention::index_key(200, "bob", 3);
+        assert!(index(&store).contains(&run), "the run goes on from m3");
+        let swept_forms = index(&store).into_iter().filter(|k| *k != run).count();
+        assert_eq!(swept_forms, 2, "and m1 and m2 left their swept entries");
+
+        assert_eq!(sweep(&store, &state, 215).pruned, 2);
+        assert!(!record_left(&store, 3) && !record_left(&store, 4));
+        assert!(!index(&store).iter().any(|k| retention::parse_index_key(k).unwrap().until <= 210), "the run is done");
+    }
+
+    #[test]
+    fn a_message_kept_shorter_than_the_one_before_is_swept_on_time_not_behind_it() {
+        // m1 was accepted under a long retention, m2 and m3 after it was shortened.
+        let events = [received("m1", 1, 500), received("m2", 2, 120), received("m3", 3, 130)];
+        let (store, state) = stream(&events);
+        assert_eq!(index(&store), [retention::index_key(120, "bob", 2), retention::index_key(500, "bob", 1)]);
+
+        assert_eq!(sweep(&store, &state, 150), Swept { messages: 2, pruned: 0 });
+        assert_eq!((1..=3).map(|s| record_left(&store, s)).collect::<Vec<_>>(), [true, false, false]);
+        let until_of = |k: &Vec<u8>| retention::parse_index_key(k).unwrap().until;
+        assert!(index(&store).iter().any(|k| until_of(k) == 500), "m1 keeps its promise");
+        assert!(!index(&store).iter().any(|k| until_of(k) == 120), "m2's run is done");
+    }
+
+    #[test]
+    fn a_walk_stops_where_the_next_run_begins() {
+        // Two runs, both due: each entry sweeps its own run once.
+        let events = [received("m1", 1, 110), received("m2", 2, 140), received("m3", 3, 100), received("m4", 4, 120)];
+        let (store, state) = stream(&events);
+        assert_eq!(index(&store).len(), 2);
+        assert_eq!(sweep(&store, &state, 150), Swept { messages: 4, pruned: 4 });
+        assert!((1..=4).all(|s| !record_left(&store, s)));
+    }
+
+    #[test]
+    fn a_run_whose_first_message_the_prefix_took_goes_on_from_its_entry() {
+        // The scan ran just before m1's time; the turn, just after, prunes it.
+        let (store, state) = stream(&[received("m1", 1, 110), received("m2", 2, 200)]);
+        assert_eq!(sweep_due(&store, &state, 150, &[]), Swept { messages: 1, pruned: 1 });
+        assert_eq!(index(&store)[0], retention::index_key(110, "bob", 1), "the run's entry stays");
+
+        assert_eq!(sweep(&store, &state, 250).messages, 1);
+        assert!(!record_left(&store, 2), "m2 went with the rest of the run");
+    }
+
+    #[test]
+    fn entries_of_a_store_from_before_runs_one_per_message_still_sweep() {
+        let events = [received("m1", 1, 110), received("m2", 2, 120), received("m3", 3, 200)];
+        let (store, state) = stream_indexed(&events, true);
+        assert_eq!(index(&store).len(), 3);
+        assert_eq!(sweep(&store, &state, 150), Swept { messages: 2, pruned: 2 });
+        assert_eq!((1..=3).map(|s| record_left(&store, s)).collect::<Vec<_>>(), [false, false, true]);
+        assert!(index(&store).contains(&retention::index_key(200, "bob", 3)));
+    }
+
     #[test]
     fn a_send_still_delivering_past_its_retention_is_deferred_not_deleted() {
         let (store, state) = stream(&[sent_delivering("m1", 110)]);
@@ -296,5 +417,7 @@ mod tests {
         assert!(!serde_json::from_slice::<SendEntry>(&entry).unwrap().is_swept());
         let keys: Vec<_> = store.kv_scan_prefix(retention::INDEX_PREFIX).map(|kv| kv.unwrap().0).collect();
         assert_eq!(keys, [retention::index_key(150 + DEFER_SECS, "bob", 1)], "looked at again later");
+        let value = store.kv_get(&keys[0]).unwrap().unwrap();
+        assert_eq!(value, retention::SINGLE, "by itself: the messages after it go on");
     }
 }

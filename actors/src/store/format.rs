@@ -13,8 +13,11 @@
 //! - 1: sled's files in the store's directory, events in the value log
 //!   or inline.
 //! - 2: sled may live in `tree.<n>`, named by the file `tree` (its rewrite,
-//!   `sled_engine.rs` step 9). A store is marked 2 by its first rewrite,
-//!   not before, so until then an older release still opens it.
+//!   `sled_engine.rs` step 9). A store is marked 2 by its first rewrite.
+//! - 3: a retention index entry covers a run of an account's messages, not
+//!   one (`relay_core::retention`): a release of format 2 would sweep only
+//!   each run's first message on time. A writer's open marks the store 3
+//!   (the first message it takes may start a run), and a backup's copy is 3.
 
 use std::fs::File;
 use std::io::Write as _;
@@ -23,11 +26,7 @@ use std::path::Path;
 use super::types::StoreError;
 
 /// The newest data format this release opens and writes.
-pub const FORMAT_VERSION: u32 = 2;
-
-/// The format of a store whose sled lives in its own directory: a new
-/// store's, and a backup's copy.
-pub(super) const ROOT_TREE_FORMAT: u32 = 1;
+pub const FORMAT_VERSION: u32 = 3;
 
 /// The version of a store without a marker (made before it existed).
 const UNMARKED: u32 = 1;

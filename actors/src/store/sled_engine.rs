@@ -133,7 +133,7 @@
 //!    3. under the log's lock (between two groups): the log from P1 to
 //!       the point now is replayed, the copy flushed, and it becomes the
 //!       engine's sled; groups installed from here go into it alone;
-//!    4. its files are synced, `FORMAT` says 2, and the file `tree` names
+//!    4. its files are synced, `FORMAT` says at least 2, and the file `tree` names
 //!       it (written aside, synced, renamed, directory synced);
 //!    5. the old sled's files are removed.
 //!
@@ -534,8 +534,8 @@ impl SledEngine {
             config = config.cache_capacity(bytes);
         }
         let db = open_waiting_for_lock(&config)?;
-        if !marked && !to_read {
-            format::write(dir, version)?;
+        if !to_read && (!marked || version < format::FORMAT_VERSION) {
+            format::write(dir, format::FORMAT_VERSION)?;
         }
         let blobs = Arc::new(KeyFilter::new(FILTER_BYTES));
         let legacy = read_or_empty(&dir.join(LEGACY_WAL))?;
@@ -963,7 +963,7 @@ impl SledEngine {
         std::fs::DirBuilder::new().mode(0o700).create(out).map_err(io("create the backup's store directory"))?;
         std::fs::DirBuilder::new().mode(0o700).create(&log_dir).map_err(io("create the backup's log directory"))?;
         // The copy's sled is in its own directory, as before step 9.
-        format::write(out, format::ROOT_TREE_FORMAT)?;
+        format::write(out, format::FORMAT_VERSION)?;
         // 2. Closed segments.
         let (mut linked, mut copied_bytes) = (0, 0);
         for &s in &closed {
@@ -1013,7 +1013,7 @@ impl SledEngine {
         }
         File::open(&log_dir).and_then(|d| d.sync_all()).map_err(io("sync the backup's log directory"))?;
         sync_tree(out).map_err(io("sync the backup's files"))?;
-        Ok(BackupPoint { replay_from, segment, offset, pairs, linked, copied_bytes, format: format::ROOT_TREE_FORMAT })
+        Ok(BackupPoint { replay_from, segment, offset, pairs, linked, copied_bytes, format: format::FORMAT_VERSION })
     }
 
     /// Step 9, looked at by the writer between groups when nothing else
