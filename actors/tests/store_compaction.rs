@@ -190,6 +190,15 @@ fn a_compacted_segment_is_removed_only_after_a_checkpoint() {
         commit(&engine, vec![Write::Put(raw_blob(n), value(n, 0))]);
     }
     commit(&engine, (0..12).map(|n| Write::Remove(raw_blob(n))).collect());
+    // A checkpoint beside the writer makes segment 1 a candidate; under
+    // load it may not have ended yet, and once held it never would.
+    let mut turns = 0;
+    while engine.log_space().replay_from <= 1 {
+        commit(&engine, vec![Write::Put(b"kfiller".to_vec(), vec![0])]);
+        std::thread::yield_now();
+        turns += 1;
+        assert!(turns < 100_000, "no checkpoint passed segment 1: {:?}", engine.log_space());
+    }
     // Held from now on: a victim drained meanwhile must wait.
     holding.store(true, SeqCst);
     let old = segment_path(dir.path(), 1);

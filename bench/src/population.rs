@@ -155,6 +155,8 @@ fn register_all(
         sup.add_arbiter(a.handle());
     }
     let registered = system.block_on(async {
+        // Its timer actor asks idle actors to leave memory.
+        sup.start().map_err(|e| format!("starting the supervisor: {}", e.message))?;
         let mut in_flight = FuturesUnordered::new();
         let mut open = true;
         loop {

@@ -111,6 +111,9 @@ pub struct LogSpace {
     /// The longest compaction step the writer took between two groups
     /// (the most it delayed a group).
     pub longest_step: std::time::Duration,
+    /// The segment a reopen replays from: the last checkpoint made every
+    /// segment before it a candidate.
+    pub replay_from: u64,
 }
 
 /// (segment, value length) of a pointer under `key`, if `value` is one.

@@ -702,6 +702,7 @@ impl SledEngine {
             compacted_bytes: self.compacted.load(Relaxed),
             removed_segments: self.segments.removed.load(Relaxed),
             longest_step: std::time::Duration::from_micros(self.longest_step_us.load(Relaxed)),
+            replay_from: self.segments.replay_from.load(Relaxed),
         }
     }
 
