@@ -396,6 +396,11 @@ impl Supervisor {
         self.inner.accounts.get(account_id).is_some_and(|r| r.addr.connected())
     }
 
+    /// The ports every account actor shares ([`AccountPorts`]).
+    pub(crate) fn account_ports(&self) -> Arc<dyn account::Ports> {
+        self.inner.account_ports.get_or_init(|| Arc::new(AccountPorts(Arc::downgrade(&self.inner)))).clone()
+    }
+
     /// The handles an account actor works with: one `Env` shared by all.
     pub(crate) fn account_env(&self) -> Arc<account::Env> {
         self.inner.account_env.get_or_init(|| Arc::new(self.new_account_env())).clone()
@@ -416,8 +421,7 @@ impl Supervisor {
     }
 
     fn start_account(&self, account_id: &str) -> Result<Addr<AccountActor>, RelayError> {
-        let ports =
-            self.inner.account_ports.get_or_init(|| Arc::new(AccountPorts(Arc::downgrade(&self.inner)))).clone();
+        let ports = self.account_ports();
         let actor = AccountActor::load(self.account_env(), ports, account_id).map_err(|e| internal(&e))?;
         Ok(match self.arbiter_for(account_id) {
             Some(arbiter) => AccountActor::start_in_arbiter(&arbiter, move |_| actor),
@@ -681,27 +685,16 @@ impl Supervisor {
     }
 }
 
-impl account::Ports for Supervisor {
-    fn passivated(&self, account_id: &str, addr: &Addr<AccountActor>) {
-        if self.inner.accounts.remove_if(account_id, |_, r| r.addr == *addr).is_some() {
-            self.metrics().actors_passivated.inc();
-            self.metrics().actors_resident.set(self.inner.accounts.len() as i64);
-        }
-    }
-
-    fn schedule(&self, stream: String, due_ms: UnixMillis) {
-        Supervisor::schedule(self, stream, due_ms)
-    }
-}
-
 /// The account actors' ports: one handle shared by all of them, weak so
 /// that the supervisor's state does not hold itself alive.
 struct AccountPorts(std::sync::Weak<Inner>);
 
 impl account::Ports for AccountPorts {
     fn passivated(&self, account_id: &str, addr: &Addr<AccountActor>) {
-        if let Some(inner) = self.0.upgrade() {
-            account::Ports::passivated(&Supervisor { inner }, account_id, addr)
+        let Some(inner) = self.0.upgrade() else { return };
+        if inner.accounts.remove_if(account_id, |_, r| r.addr == *addr).is_some() {
+            inner.metrics.actors_passivated.inc();
+            inner.metrics.actors_resident.set(inner.accounts.len() as i64);
         }
     }
 

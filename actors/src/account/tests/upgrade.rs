@@ -40,7 +40,7 @@ fn old_store(events: &[AccountEvent], snapshot_at: Option<usize>) -> Store {
 /// Alice's actor loaded from `store`, as a relay starts it.
 fn load(store: &Store) -> Result<AccountActor, crate::store::StoreError> {
     let sup = Supervisor::new(store.clone(), POLICY.clone(), ManualClock::at_ms(NOW * 1000), Arc::new(NoPeers));
-    AccountActor::load(sup.account_env(), Arc::new(sup), &alice().id)
+    AccountActor::load(sup.account_env(), sup.account_ports(), &alice().id)
 }
 
 /// The ledger entries the store holds for Alice, once her ledger's
