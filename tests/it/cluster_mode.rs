@@ -1013,3 +1013,36 @@ async fn a_node_started_before_jetstream_has_leaders_waits_for_them_and_serves()
     let bob = User::register(&c, RELAY, 2, true).await;
     c.ok("message.send", alice.token(0), &alice.send_params(&bob, &mid(1), false)).await;
 }
+
+/// Every node that may serve a shard keeps a copy following its log, one
+/// that never served it too (docs/cluster.md *Standbys follow the stream*):
+/// its takeover then catches up the last moments, never lays a whole copy.
+/// Each copy's record (`<stream>_COPIES`, key = node) says how far it is.
+#[actix_rt::test]
+async fn every_standby_keeps_a_copy_that_follows_the_log_even_one_that_never_served() {
+    let Some(bin) = nats_server::binary_for_test() else { return };
+    let mut cluster = Cluster::start(&bin, 3);
+    let senders = Senders::start(&cluster, 2).await;
+    senders.wait_acks(&mut cluster, 60, "sends for the standbys to follow").await;
+    let owner = cluster.owner().expect("an owner");
+    let stream = cluster.shard().stream;
+    let client = async_nats::connect(relay_actors::store::server_addrs(&cluster.urls()).unwrap()).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    let last = js.get_stream(&stream).await.unwrap().get_info().await.unwrap().state.last_sequence;
+    let standbys: Vec<usize> = (0..cluster.nodes.len()).filter(|&i| i != owner).collect();
+    eventually("every standby's copy reaches what the log held", Duration::from_secs(60), || async {
+        let records = js.get_key_value(format!("{stream}_COPIES")).await.map_err(|e| e.to_string())?;
+        let mut behind = Vec::new();
+        for &i in &standbys {
+            let node = format!("node{}", i + 1);
+            let at = records.get(&node).await.map_err(|e| e.to_string())?;
+            let at: u64 = at.and_then(|v| std::str::from_utf8(&v).ok()?.parse().ok()).unwrap_or(0);
+            if at < last {
+                behind.push(format!("{node} at {at}"));
+            }
+        }
+        behind.is_empty().then_some(()).ok_or(format!("{behind:?} of {last}"))
+    })
+    .await;
+    senders.finish_and_verify(&mut cluster).await;
+}

@@ -462,15 +462,15 @@ impl Shard {
         }))
     }
 
-    /// While standing by, a copy this node holds of the shard (it served
-    /// it before) follows the log (`store::Follower`), so that a takeover
-    /// reads only the last moments. A node without one does not make one
-    /// here: its first takeover bootstraps it.
+    /// While standing by, this node's copy of the shard follows the log
+    /// (`store::Follower`), so that a takeover reads only the last moments.
+    /// A node without a copy makes one here: the follower bootstraps it
+    /// from the newest checkpoint (or reads the log from its start), so
+    /// every node that may serve the shard keeps one, and no takeover
+    /// waits for a whole copy to be laid (a first one did, until this was
+    /// so: its time grew with the shard's data).
     async fn follow(&self) -> Option<Follower> {
         let stream = shard(&self.cfg, self.k)?;
-        if !stream.copy_dir.as_ref().is_some_and(|dir| dir.exists()) {
-            return None;
-        }
         let k = self.k;
         match actix_web::rt::task::spawn_blocking(move || Follower::start(stream)).await {
             Ok(Ok(follower)) => {
