@@ -17,7 +17,7 @@
 //! sends' recipients are drawn uniformly from `0..N` by a seeded generator
 //! and only their ids are derived again.
 
-use super::plan::{now, send_request, BenchAccount, Send};
+use super::plan::{issued_at, now, send_request, BenchAccount, Send};
 use crate::setup::progress;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use relay::config::Config;
@@ -104,7 +104,7 @@ pub fn seed(config: &Path, n: u64) -> Result<Duration, String> {
     let mut policy = cfg.policy();
     policy.passivate_after_ms = SEED_PASSIVATE_MS;
     let (relay_id, url) = (cfg.relay.id.clone(), cfg.relay.public_url.clone());
-    let issued = now().saturating_sub(60);
+    let issued = issued_at();
 
     let bar = progress(n, "seeding accounts");
     let workers = std::thread::available_parallelism().map_or(2, |p| p.get());
