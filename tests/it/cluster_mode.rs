@@ -680,6 +680,14 @@ async fn cluster_up_serves_one_relay_starts_a_killed_node_again_and_stops_everyt
         }
     })
     .await;
+    // Node 1's process is there again; its front listens a moment later.
+    eventually("node 1's front answers again", Duration::from_secs(30), || async {
+        match a.try_get("/healthz").await {
+            Ok((200, _)) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
     assert_eq!(message_ids(&bob.sync_all(&a, 0).await), [mid(1), mid(2)]);
 
     // SAFETY: kill(2) on our child.
