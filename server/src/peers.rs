@@ -132,21 +132,36 @@ impl PeerClient {
     /// While that shard has no reachable owner (a takeover or hand-over
     /// under way, a few seconds) the call waits for one, up to the
     /// attempt timeout: nothing was sent, so trying again is safe.
+    /// It tries again on a new owner and every `OWNER_POLL`: a node that
+    /// took the lease listens only once it has fenced and caught up the
+    /// shard, which no change of the lease announces (a wait for one
+    /// failed the attempt, and the delivery waited for its next slot of
+    /// the timetable, 5 minutes after its second).
     pub async fn call_sibling(
         &self,
         account_id: &str,
         method: Method,
         body: Vec<u8>,
     ) -> Result<actix_web::web::Bytes, CallError> {
-        let deadline = tokio::time::Instant::now() + self.inner.timeout;
+        use tokio::time::{timeout_at, Instant};
+        let deadline = Instant::now() + self.inner.timeout;
         loop {
+            let mut owners = self.inner.siblings.as_ref().map(|s| s.owners.clone());
+            // Before the try: a new owner listed while it runs is not missed.
+            if let Some(owners) = &mut owners {
+                owners.mark_unchanged();
+            }
             let answer = self.send_call(To::Sibling(account_id), method.as_str(), body.clone()).await;
-            let (Err(CallError::NotSent(_)), Some(s)) = (&answer, &self.inner.siblings) else { return answer };
-            let mut owners = s.owners.clone();
-            owners.mark_unchanged();
-            if tokio::time::timeout_at(deadline, owners.changed()).await.is_err() {
+            let (Err(CallError::NotSent(_)), Some(mut owners)) = (&answer, owners) else { return answer };
+            if Instant::now() >= deadline {
                 return answer;
             }
+            let changed = async {
+                if owners.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            };
+            let _ = timeout_at(deadline.min(Instant::now() + crate::cluster::place::OWNER_POLL), changed).await;
         }
     }
 
@@ -552,6 +567,58 @@ fn item_outcome(raw: &str) -> AttemptOutcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An HTTP/1.1 answer `200 {}` to the one request on `conn`, once read.
+    async fn answer_ok(mut conn: tokio::net::TcpStream) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = conn.read(&mut buf).await.expect("read");
+            assert!(n > 0, "the request ended early");
+            got.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&got).to_ascii_lowercase();
+            let Some(head) = text.find("\r\n\r\n") else { continue };
+            let length = text[..head].lines().find_map(|l| l.strip_prefix("content-length:")?.trim().parse().ok());
+            if got.len() >= head + 4 + length.unwrap_or(0) {
+                break;
+            }
+        }
+        let answer =
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}";
+        conn.write_all(answer).await.expect("write");
+    }
+
+    #[actix_rt::test]
+    async fn a_sibling_call_reaches_an_owner_that_starts_listening_after_taking_the_lease() {
+        // The shard's lease names its owner's address, bound but not yet
+        // listening (it is fencing and catching the shard up).
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.bind("127.0.0.1:0".parse().expect("addr")).expect("bind");
+        let at = socket.local_addr().expect("addr");
+        let (_lease, owners) = tokio::sync::watch::channel(Arc::new(vec![None, Some(at)]));
+        let place = crate::cluster::place::ShardPlace { index: 0, shards: 2, owners, hop: None };
+        let account = (0u64..).map(|i| format!("{i:032x}")).find(|id| !place.is_mine(id)).expect("an account");
+        let connect = Connect {
+            timeout: Duration::from_secs(10),
+            tls: Arc::new(crate::http::tls::client_config(None).expect("tls")),
+            batching: Batching { in_flight: 0, max_bytes: 1 << 20 },
+        };
+        let policy = relay_core::policy::Policy::with_relay_id("r");
+        let clock: SharedClock = Arc::new(relay_core::clock::SystemClock);
+        let key = SigningKey::from_bytes(&[7; 32]);
+        let client = PeerClient::new("r", key, &[], connect, clock, &policy, Some(place));
+        let body = serde_json::to_vec(&serde_json::json!({ "account_id": account })).expect("json");
+        let mut call = std::pin::pin!(client.call_sibling(&account, Method::RelayRouteGet, body));
+        // Refused while nothing listens: the call waits (no lease change comes).
+        let waited = tokio::time::timeout(Duration::from_secs(1), &mut call).await;
+        assert!(waited.is_err(), "the call ended while no owner listened: {:?}", waited.map(|a| a.map(|_| ())));
+        // The owner serves: the call reaches it, within the attempt timeout.
+        let listener = socket.listen(16).expect("listen");
+        actix_rt::spawn(async move { answer_ok(listener.accept().await.expect("accept").0).await });
+        let answer = call.await.map(|b| b.to_vec());
+        assert_eq!(answer.as_deref().ok(), Some(&b"{}"[..]), "{answer:?}");
+    }
 
     #[test]
     fn a_batch_item_reads_as_the_same_answer_to_a_single_call_would() {

@@ -504,8 +504,12 @@ async fn shards_spread_over_nodes_and_cross_shard_sends_survive_killed_shard_own
     // shard: each shard is served again within 5 s.
     let sender_shard = senders.users.iter().map(|u| shard(u.id())).find(|&k| k != bob_shard).unwrap();
     for k in [bob_shard, sender_shard] {
-        let owners = cluster.shard_owners().await;
-        let victim = owners[k as usize].expect("the shard has an owner");
+        // The shard may be between two owners (a hand-over to the node
+        // restarted in the previous round): its next one is the victim.
+        let victim = eventually("the shard has an owner", Duration::from_secs(30), || async {
+            cluster.shard_owners().await[k as usize].ok_or_else(|| "no owner".to_string())
+        })
+        .await;
         let killed_at = Instant::now();
         cluster.nodes[victim].kill9();
         let took = eventually("the shard is taken over", Duration::from_secs(15), || async {
@@ -671,6 +675,14 @@ async fn cluster_up_serves_one_relay_starts_a_killed_node_again_and_stops_everyt
     let again = alice.send_params(&bob, &mid(2), false);
     eventually("a send after the takeover", Duration::from_secs(30), || async {
         match b.try_call("message.send", alice.token(0), &again).await {
+            Ok((200, _)) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    // Node 1's process is there again; its front listens a moment later.
+    eventually("node 1's front answers again", Duration::from_secs(30), || async {
+        match a.try_get("/healthz").await {
             Ok((200, _)) => Ok(()),
             other => Err(format!("{other:?}")),
         }

@@ -25,6 +25,19 @@ pub struct RelayProc {
 /// Lines kept per relay process; the oldest go first.
 const LOG_LINES: usize = 20_000;
 
+/// More `RUST_LOG` directives for every relay process a test starts (e.g.
+/// `relay_actors::delivery=debug`); with it set, every line is echoed.
+/// Without it only WARN and ERROR lines reach the test's stderr (all are
+/// kept for [`RelayProc::wait_for_log`]), so that a failing test's panic
+/// message is not lost among a cluster's INFO lines in a truncated CI log.
+const EXTRA_LOG: &str = "RELAY_TEST_LOG";
+
+/// Whether a line of the relay's log (`<time>  INFO <target>: …`) is below
+/// WARN; lines that do not start with a level (a panic, say) are not.
+fn below_warn(line: &str) -> bool {
+    matches!(line.split_whitespace().nth(1), Some("INFO" | "DEBUG" | "TRACE"))
+}
+
 /// Writes a config for relay `id` in `dir`; `extra` is appended verbatim
 /// (more sections, e.g. a millisecond timetable).
 pub fn write_config(dir: &Path, id: &str, extra: &str) -> PathBuf {
@@ -118,10 +131,15 @@ impl RelayProc {
         rust_log: &str,
         env: &[(&str, &str)],
     ) -> RelayProc {
+        let extra = std::env::var(EXTRA_LOG).ok().filter(|e| !e.is_empty());
+        let filter = match &extra {
+            Some(extra) => format!("{rust_log},{extra}"),
+            None => rust_log.to_owned(),
+        };
         let mut child = Command::new(env!("CARGO_BIN_EXE_relay"))
             .args(["serve", "--config"])
             .arg(&config)
-            .env("RUST_LOG", rust_log)
+            .env("RUST_LOG", filter)
             .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -133,7 +151,9 @@ impl RelayProc {
         let who = id.to_owned();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                eprintln!("[{who}] {line}");
+                if extra.is_some() || !below_warn(&line) {
+                    eprintln!("[{who}] {line}");
+                }
                 let mut log = keep.lock().unwrap();
                 if log.len() == LOG_LINES {
                     log.pop_front();
