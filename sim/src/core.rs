@@ -65,7 +65,7 @@ pub fn deliver_digest(p: &DeliverParams) -> String {
 /// The status the send process settles a local first attempt with, if it
 /// ended the delivery.
 pub fn final_status(outcome: &AttemptOutcome, accepted_at: u64) -> Option<DeliveryStatus> {
-    delivery::final_status(outcome, UnixSecs(accepted_at))
+    relay_core::delivery::outcome::final_status(outcome, UnixSecs(accepted_at))
 }
 
 /// What the retention sweep does with the message in `event` at `now`:
