@@ -17,7 +17,8 @@
 //! `scripts/audit-bench.sh` does both and times three runs of `verify`.
 
 use relay_actors::store::{Head, NewEvent, Store};
-use relay_core::account::{ledger, AccountEvent, AccountState, Ledger, Record};
+use relay_core::account::ledger::{self, Ledger};
+use relay_core::account::{AccountEvent, AccountState, Record};
 use relay_core::delivery::aggregate::DeliveryEvent;
 use relay_schemas::client::{key_box, Account, Device};
 use relay_schemas::{DeliveryStatus, RelayError, UnixMillis, UnixSecs, Wire};

@@ -15,7 +15,7 @@
 //! - [`delivery`]: the DeliveryActor, its core (the seed's error table and
 //!   deadlines), the retry timetable, and the narrow ports it reaches
 //!   accounts and timers through;
-//! - [`supervisor`]: creates and passivates account actors, carries out
+//! - `supervisor` ([`Supervisor`]): creates and passivates account actors, carries out
 //!   the process manager of `message.send` (accept → receipt → settle,
 //!   whose rules are the core's `account::method::message_send`), owns the
 //!   timetable's timers and restores them on start, and implements the
@@ -37,7 +37,7 @@ pub mod routes;
 pub mod sessions;
 pub mod shell;
 pub mod store;
-pub mod supervisor;
+mod supervisor;
 pub mod upcast;
 
-pub use supervisor::Supervisor;
+pub use supervisor::{Checkpointer, Scheduler, Sent, Supervisor};

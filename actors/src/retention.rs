@@ -123,7 +123,7 @@ pub async fn pass(sup: &Supervisor, every: Duration) -> Result<Pass, String> {
         let scan = store.clone();
         let due = tokio::task::spawn_blocking(move || due_entries(&scan, now)).await.map_err(|e| e.to_string())??;
         let Some((first, _)) = due.first() else { break };
-        let (full, late) = (due.len() == TURN, now.0.saturating_sub(first.until) > every.as_secs());
+        let (full, late) = (due.len() == TURN, retention::sweep_late(now, first.until, every.as_secs()));
         if first_seen.as_ref() == Some(first) {
             return Err(format!("account {} could not be swept; the rest waits", first.account_id));
         }

@@ -25,9 +25,10 @@ pub mod story;
 pub mod terminal;
 pub mod verify;
 
-use relay_actors::account::{AccountEvent, AccountState, Ledger};
 use relay_actors::store::{Pruned, Store, StoreError, StoredEvent};
 use relay_actors::upcast::{self, EventText};
+use relay_core::account::ledger::Ledger;
+use relay_core::account::{AccountEvent, AccountState};
 use relay_core::delivery::aggregate::{DeliveryEvent, DeliveryState};
 use relay_schemas::{UnixMillis, UnixSecs};
 use serde_json::{Map, Value};
@@ -449,8 +450,8 @@ mod tests {
 /// rest read past as JSON.
 mod lite {
     use super::EventText;
-    use relay_actors::account::{AccountEvent, Record};
     use relay_actors::store::StoreError;
+    use relay_core::account::{AccountEvent, Record};
     use relay_schemas::objects::{MessageEnvelope, Wire};
     use relay_schemas::DeliveryStatus;
     use serde::de::IgnoredAny;

@@ -26,9 +26,9 @@
 //! tells that the delivery was here.
 
 use super::{fmt_ms, fmt_secs, stream_kind, AuditError, StreamKind};
-use relay_actors::account::{AccountEvent, Record};
 use relay_actors::store::{Store, StoredEvent};
 use relay_actors::upcast;
+use relay_core::account::{AccountEvent, Record};
 use relay_core::delivery::aggregate::DeliveryEvent;
 use relay_schemas::{AccountId, DeliveryStatus, RelayError, RelayId, Status, UnixMillis, UnixSecs};
 use serde::Serialize;

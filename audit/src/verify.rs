@@ -29,9 +29,10 @@
 //! without building a JSON tree.
 
 use super::{first_difference, pruned_text, stream_kind, AccountFold, AuditError, Folded, StreamKind};
-use relay_actors::account::{ledger, stored_layout, ReceiptEntry, SendEntry};
+use relay_actors::account::stored_layout;
 use relay_actors::store::{ChainCheck, ChainProblem, Hash, Head, Pruned, RawEvent, Snapshot, Store, StoreError};
 use relay_actors::upcast::Text;
+use relay_core::account::ledger::{self, ReceiptEntry, SendEntry};
 use relay_schemas::UnixSecs;
 use std::fmt;
 use std::sync::mpsc;
@@ -761,8 +762,9 @@ impl Finding {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use relay_actors::account::{AccountEvent, AccountState, Ledger};
     use relay_actors::store::{Head, NewEvent, Snapshot};
+    use relay_core::account::ledger::Ledger;
+    use relay_core::account::{AccountEvent, AccountState};
     use relay_schemas::{DeliveryStatus, UnixSecs};
     use serde_json::value::RawValue;
 

@@ -30,7 +30,7 @@ pub mod ijson;
 pub mod methods;
 pub mod objects;
 pub mod sign;
-pub mod units;
+mod units;
 mod verified;
 
 pub use error::{DeliveryHandling, ErrorCode, RelayError};

@@ -285,7 +285,7 @@ impl App {
     /// Where an account this relay does not serve lives now: `route_stale`
     /// with the newer route when one is known, else `target_not_local`.
     fn not_served_here(&self, account_id: &str) -> RelayError {
-        relay_core::account::shared::not_served_here(self.supervisor().routes().get(account_id).ok().flatten().as_ref())
+        relay_core::account::not_served_here(self.supervisor().routes().get(account_id).ok().flatten().as_ref())
     }
 
     /// A command to a local account named by a peer; an account not served

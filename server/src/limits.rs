@@ -1,9 +1,12 @@
 //! Request rate limits: per session for clients, per peer for relays. Over
-//! the limit a call gets `rate_limited` with `data.retry_after` (whole
-//! seconds, at least 1), which a well-behaved client or source relay waits.
+//! the limit a call gets `rate_limited` with `data.retry_after`, which a
+//! well-behaved client or source relay waits. What a call is charged and
+//! what a refused one is told are the core's rules ([`relay_core::rate`]);
+//! these are the token buckets that hold the budgets.
 
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use relay_core::rate::{self, PeerBudget};
 use relay_schemas::{ErrorCode, RelayError};
 use std::net::IpAddr;
 use std::num::NonZeroU32;
@@ -87,10 +90,9 @@ impl RateLimits {
             Ok(Err(not_until)) => not_until,
             Err(e) => return Err(RelayError::internal(format!("rate limit: {e}"))),
         };
-        let wait = not_until.wait_time_from(self.clock.now());
-        let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+        let secs = rate::retry_after_secs(not_until.wait_time_from(self.clock.now()));
         Err(RelayError::new(ErrorCode::RateLimited, format!("too many requests from this {who}"))
-            .with_data(serde_json::json!({ "retry_after": secs.max(1) })))
+            .with_data(serde_json::json!({ "retry_after": secs })))
     }
 
     /// One client call on the session of `account/device`.
@@ -99,26 +101,23 @@ impl RateLimits {
     }
 
     /// One relay call of `method` from peer `peer_id`, charged to the
-    /// budget of its kind: lookups, proxied reads, replication, or
-    /// everything else (deliveries).
+    /// budget of its kind ([`rate::peer_budget`]; a batch is charged per
+    /// item by its handler, [`RateLimits::deliveries`]).
     pub fn peer(&self, peer_id: &str, method: &str) -> Result<(), RelayError> {
-        let limiter = match method {
-            // Charged per item by its handler ([`RateLimits::deliveries`]).
-            "message.deliver.batch" => return Ok(()),
-            "route.get" => &self.lookups,
-            "account.devices.get" => &self.reads,
-            "timeline.replicate" => &self.replicate,
-            _ => &self.peers,
+        let limiter = match rate::peer_budget(method) {
+            None => return Ok(()),
+            Some(PeerBudget::Lookups) => &self.lookups,
+            Some(PeerBudget::Reads) => &self.reads,
+            Some(PeerBudget::Replicate) => &self.replicate,
+            Some(PeerBudget::Deliveries) => &self.peers,
         };
         self.check(limiter, &peer_id.to_owned(), "relay")
     }
 
-    /// `n` deliveries from peer `peer_id` in one batch: the same budget as
-    /// `n` single `message.deliver` calls, so batching buys no extra rate.
-    /// A batch larger than the whole burst costs the whole burst (it could
-    /// never pass otherwise).
+    /// `n` deliveries from peer `peer_id` in one batch, charged to its
+    /// delivery budget ([`rate::batch_cost`]).
     pub fn deliveries(&self, peer_id: &str, n: usize) -> Result<(), RelayError> {
-        let n = u32::try_from(n).unwrap_or(u32::MAX).clamp(1, self.peer_burst);
+        let n = rate::batch_cost(n, self.peer_burst);
         self.check_n(&self.peers, &peer_id.to_owned(), "relay", NonZeroU32::new(n).expect("at least 1"))
     }
 

@@ -1,22 +1,13 @@
-//! Answers of a remote home to reads this relay passes on for its clients
-//! (`account.devices.get` of an account served elsewhere), kept briefly:
-//! a client asking again and again costs the home one call per few
-//! seconds, as a route lookup that found nothing is remembered
-//! (`Supervisor::lookup_route`). A device added or revoked at the home is
-//! seen here at most [`TTL_MS`] late; a sender encrypting to a device
-//! revoked meanwhile only writes a box nobody may read.
+//! The cache of a remote home's answers to reads this relay passes on for
+//! its clients (`account.devices.get` of an account served elsewhere): how
+//! long an answer is used again and how much is kept are the core's rules
+//! ([`relay_core::remote_read`]); this holds them in a bounded LRU cache.
 
 use quick_cache::unsync::Cache;
 use quick_cache::Weighter;
+use relay_core::remote_read::{self as rules, MAX_BYTES, MAX_ENTRIES};
 use relay_schemas::UnixMillis;
 use std::sync::Mutex;
-
-/// How long an answer is used again.
-pub const TTL_MS: u64 = 5_000;
-/// Answers kept at most, and their bytes at most (memory stays bounded
-/// whatever strangers ask); past either the least used answers leave.
-const MAX_ENTRIES: usize = 65_536;
-const MAX_BYTES: usize = 16 << 20;
 
 pub struct RemoteReads {
     inner: Mutex<Cache<String, (UnixMillis, String), Bytes>>,
@@ -28,36 +19,31 @@ impl Default for RemoteReads {
     }
 }
 
-/// An answer weighs its bytes, and at least a `MAX_ENTRIES`th of
-/// `MAX_BYTES`: the one weight bound keeps both bounds.
+/// An answer weighs what the core's [`rules::weight`] says.
 #[derive(Clone)]
 struct Bytes;
 
 impl Weighter<String, (UnixMillis, String)> for Bytes {
     fn weight(&self, account_id: &String, (_, answer): &(UnixMillis, String)) -> u64 {
-        size(account_id, answer).max(MAX_BYTES / MAX_ENTRIES) as u64
+        rules::weight(account_id, answer)
     }
-}
-
-fn size(account_id: &str, answer: &str) -> usize {
-    account_id.len() + answer.len()
 }
 
 impl RemoteReads {
     /// The answer kept for `account_id`, if still fresh at `now`.
     pub fn get(&self, account_id: &str, now: UnixMillis) -> Option<String> {
         let entries = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        entries.get(account_id).filter(|(until, _)| *until > now).map(|(_, a)| a.clone())
+        entries.get(account_id).filter(|(until, _)| rules::fresh(*until, now)).map(|(_, a)| a.clone())
     }
 
     /// Keeps the home's answer for `account_id` (its device lists) until
-    /// `now` + [`TTL_MS`].
+    /// [`rules::kept_until`], if [`rules::may_keep`].
     pub fn put(&self, account_id: &str, answer: String, now: UnixMillis) {
-        if size(account_id, &answer) > MAX_BYTES {
+        if !rules::may_keep(account_id, &answer) {
             return;
         }
         let mut entries = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        entries.insert(account_id.to_owned(), (now.plus(TTL_MS), answer));
+        entries.insert(account_id.to_owned(), (rules::kept_until(now), answer));
     }
 }
 
@@ -66,7 +52,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_answer_is_used_again_until_its_time_is_up() {
+    fn the_cache_answers_until_the_answers_time_is_up() {
+        use relay_core::remote_read::TTL_MS;
         let c = RemoteReads::default();
         c.put("a", "{}".into(), UnixMillis(1_000));
         assert_eq!(c.get("a", UnixMillis(1_000 + TTL_MS - 1)).unwrap(), "{}");

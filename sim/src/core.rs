@@ -6,8 +6,7 @@
 use crate::relay::SimReads;
 use relay_core::account::method::message_deliver;
 use relay_core::account::session::Challenges;
-use relay_core::account::shared::{self, Ctx};
-use relay_core::account::{self as acct, AccountState};
+use relay_core::account::{self as acct, AccountState, Ctx};
 use relay_core::aggregate::Aggregate;
 use relay_core::delivery::aggregate::{self as delivery, DeliveryCmd, DeliveryCtx};
 use relay_core::delivery::timetable::slot_offset_ms;
@@ -35,7 +34,7 @@ pub fn decide(
     policy: &Policy,
 ) -> Result<Decision, RelayError> {
     // No command the sim sends draws randomness or a session challenge.
-    acct::command::decide(state, &mut Challenges::default(), cmd, reads, Ctx::new(now, policy))
+    acct::decide(state, &mut Challenges::default(), cmd, reads, Ctx::new(now, policy))
 }
 
 /// PROTOCOL §5 *Who may deliver*, as the `message.deliver` handler asks
@@ -53,7 +52,7 @@ pub fn may_deliver(
 /// Where an account this relay does not hold lives now (the handler's
 /// answer before any account decides).
 pub fn not_served_here(known: Option<&Wire<Route>>) -> RelayError {
-    shared::not_served_here(known)
+    acct::not_served_here(known)
 }
 
 /// The digest a receipt is keyed on (the destination computes it from the
@@ -65,7 +64,7 @@ pub fn deliver_digest(p: &DeliverParams) -> String {
 /// The status the send process settles a local first attempt with, if it
 /// ended the delivery.
 pub fn final_status(outcome: &AttemptOutcome, accepted_at: u64) -> Option<DeliveryStatus> {
-    delivery::final_status(outcome, UnixSecs(accepted_at))
+    relay_core::delivery::outcome::final_status(outcome, UnixSecs(accepted_at))
 }
 
 /// What the retention sweep does with the message in `event` at `now`:

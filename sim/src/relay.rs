@@ -13,8 +13,9 @@
 //! (`account/{id}`, `delivery/{from}/{message_id}`). The writer's heads are
 //! memory, folded again from what survived a crash.
 
+use relay_core::account::ledger::{Ledger, ReceiptEntry, SendEntry};
 use relay_core::account::timeline::IndexEntry;
-use relay_core::account::{AccountEvent, AccountState, Ledger, Reads, ReceiptEntry, SendEntry};
+use relay_core::account::{AccountEvent, AccountState, Reads};
 use relay_core::chain::{self, Hash};
 use relay_core::delivery::aggregate::{DeliveryEvent, DeliveryState};
 use relay_core::delivery::outcome::AttemptOutcome;

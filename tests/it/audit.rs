@@ -638,7 +638,8 @@ fn a_log_written_with_event_version_0_verifies_and_replays() {
 /// delivery stream is deleted whole (through its head, no state, no
 /// snapshot). Returns the marker's head.
 fn prune(data: &Path, stream: &str, through: u64) -> Head {
-    use relay_core::account::{ledger, AccountState, Ledger, ReceiptEntry, SendEntry};
+    use relay_core::account::ledger::{self, Ledger, ReceiptEntry, SendEntry};
+    use relay_core::account::AccountState;
     with_store(data, |store| {
         let pruned: Vec<_> = store.read(stream, 0).take(through as usize).map(Result::unwrap).collect();
         let last = pruned.last().expect("events to prune").head();

@@ -198,6 +198,13 @@ pub fn ledger_sweep(traces: &Traces, now: UnixSecs, policy: &Policy) -> LedgerSw
     }
 }
 
+/// Whether the sweep is late at `now`: its oldest due entry (due at
+/// `oldest_until`) is more than a sweep interval (`every_secs`) past its
+/// time.
+pub fn sweep_late(now: UnixSecs, oldest_until: u64, every_secs: u64) -> bool {
+    now.0.saturating_sub(oldest_until) > every_secs
+}
+
 /// How long the sweep rests after a full turn that took `took`, so that
 /// it takes at most a quarter of the account actors' time and sends keep
 /// their latency (a pass's turns back to back stalled them for a second).
@@ -321,5 +328,12 @@ mod tests {
         assert!(a < due_end(UnixSecs(6)) && b >= due_end(UnixSecs(6)), "due at 6: only entries past by then");
         assert_eq!(parse_index_key(&a), Some(IndexEntry { until: 5, account_id: "bob".into(), seq: 9 }));
         assert_eq!(parse_index_key(b"r/short"), None);
+    }
+
+    #[test]
+    fn the_sweep_is_late_once_its_oldest_due_entry_is_more_than_an_interval_past_its_time() {
+        assert!(!sweep_late(UnixSecs(1_060), 1_000, 60));
+        assert!(sweep_late(UnixSecs(1_061), 1_000, 60));
+        assert!(!sweep_late(UnixSecs(900), 1_000, 60), "an entry not yet due is not late");
     }
 }

@@ -227,8 +227,8 @@ fn decode(ev: &StoredEvent) -> Result<AccountEvent, RelayError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::account::ledger;
     use crate::store::{Head, NewEvent};
+    use relay_core::account::ledger;
     use serde_json::json;
 
     fn record(message_id: &str, sequence: u64, until: u64) -> serde_json::Value {

@@ -4,7 +4,7 @@
 //! on neither the accounts nor whoever starts it. This file only declares
 //! and re-exports: what the actor and its callers share is in `shared.rs`.
 
-pub mod actor;
+pub(crate) mod actor;
 mod shared;
 
 pub use self::actor::{Env, Ports};

@@ -264,7 +264,7 @@ impl Checkpoints {
     }
 }
 
-impl relay_actors::supervisor::Checkpointer for Checkpoints {
+impl relay_actors::Checkpointer for Checkpoints {
     fn checkpoint(&self) -> Result<(), String> {
         self.write_now().map(drop)
     }

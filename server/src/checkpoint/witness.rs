@@ -3,9 +3,10 @@
 //! peer is asked for its latest checkpoint (`audit.checkpoint`), which is
 //! kept when it is signed by the peer's configured key, names the peer,
 //! was not issued in the future (beyond `limits.clock_tolerance`) and is
-//! not older than the last one witnessed from that peer ([`judge`]). A
-//! relay that rewrites its history after a peer witnessed it can then be
-//! shown to have done so (`relay audit verify --checkpoint`).
+//! not older than the last one witnessed from that peer (the core's
+//! [`relay_core::witness::judge`]). A relay that rewrites its history
+//! after a peer witnessed it can then be shown to have done so
+//! (`relay audit verify --checkpoint`).
 //!
 //! # On disk
 //! `<data_dir>/witness/<peer id>.jsonl`: one line per checkpoint witnessed,
@@ -18,7 +19,8 @@ use super::{private_dir, write_atomically};
 use crate::peers::{CallError, PeerClient};
 use ed25519_dalek::VerifyingKey;
 use relay_core::clock::SharedClock;
-use relay_schemas::checkpoint::{verify, Checkpoint};
+use relay_core::witness::judge;
+use relay_schemas::checkpoint::Checkpoint;
 use relay_schemas::Method;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -83,31 +85,6 @@ pub fn peers_in(dir: &Path) -> std::io::Result<Vec<String>> {
     }
     peers.sort();
     Ok(peers)
-}
-
-/// Whether a checkpoint `object` fetched from `peer` is one to keep:
-/// `Ok(Some)` a new one, `Ok(None)` the one witnessed last, `Err` why it
-/// is refused.
-pub fn judge(
-    object: &Map<String, Value>,
-    peer: &str,
-    key: &VerifyingKey,
-    last: Option<&Checkpoint>,
-    now: u64,
-    clock_tolerance: u64,
-) -> Result<Option<Checkpoint>, String> {
-    let cp = verify(object, key, peer).map_err(|e| e.to_string())?;
-    if cp.issued_at > now.saturating_add(clock_tolerance) {
-        return Err(format!("issued at {}, in the future (now {now}, tolerance {clock_tolerance} s)", cp.issued_at));
-    }
-    match last {
-        Some(last) if cp.issued_at < last.issued_at => Err(format!(
-            "issued at {}, older than the last one witnessed from this peer (issued at {})",
-            cp.issued_at, last.issued_at
-        )),
-        Some(last) if cp.same_as(last) => Ok(None),
-        _ => Ok(Some(cp)),
-    }
 }
 
 /// Appends `entry` to the log at `path`, keeping the last [`KEEP_PER_PEER`].
@@ -206,7 +183,7 @@ impl Witness {
 mod tests {
     use super::*;
     use ed25519_dalek::SigningKey;
-    use relay_schemas::checkpoint::Leaf;
+    use relay_schemas::checkpoint::{verify, Leaf};
 
     fn key() -> SigningKey {
         SigningKey::from_bytes(&[6; 32])
@@ -218,39 +195,6 @@ mod tests {
     }
 
     const NOW: u64 = 1_700_000_000;
-
-    #[test]
-    fn a_new_checkpoint_signed_by_the_peer_is_witnessed_and_the_same_one_again_is_not() {
-        let (vk, cp) = (key().verifying_key(), issued(NOW, 3));
-        assert_eq!(judge(&cp.to_map(), "relay-b", &vk, None, NOW, 300), Ok(Some(cp.clone())));
-        assert_eq!(judge(&cp.to_map(), "relay-b", &vk, Some(&cp), NOW + 60, 300), Ok(None));
-        let later = issued(NOW + 60, 4);
-        assert_eq!(judge(&later.to_map(), "relay-b", &vk, Some(&cp), NOW + 60, 300), Ok(Some(later)));
-    }
-
-    #[test]
-    fn a_checkpoint_older_than_the_last_witnessed_is_refused() {
-        let (vk, last) = (key().verifying_key(), issued(NOW, 5));
-        let older = issued(NOW - 1, 6);
-        let why = judge(&older.to_map(), "relay-b", &vk, Some(&last), NOW, 300).unwrap_err();
-        assert!(why.contains("older than the last one witnessed"), "{why}");
-    }
-
-    #[test]
-    fn a_checkpoint_from_the_future_beyond_the_clock_tolerance_is_refused() {
-        let vk = key().verifying_key();
-        assert!(judge(&issued(NOW + 300, 1).to_map(), "relay-b", &vk, None, NOW, 300).is_ok());
-        let why = judge(&issued(NOW + 301, 1).to_map(), "relay-b", &vk, None, NOW, 300).unwrap_err();
-        assert!(why.contains("in the future"), "{why}");
-    }
-
-    #[test]
-    fn a_checkpoint_not_signed_by_the_peers_configured_key_or_naming_another_relay_is_refused() {
-        let cp = issued(NOW, 1).to_map();
-        let other = SigningKey::from_bytes(&[7; 32]).verifying_key();
-        assert!(judge(&cp, "relay-b", &other, None, NOW, 300).unwrap_err().contains("signature"));
-        assert!(judge(&cp, "relay-c", &key().verifying_key(), None, NOW, 300).unwrap_err().contains("relay-b"));
-    }
 
     #[test]
     fn the_witness_log_keeps_the_last_checkpoints_of_each_peer() {

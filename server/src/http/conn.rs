@@ -18,18 +18,13 @@ use super::client_addr::TrustedProxies;
 use actix_tls::accept::rustls_0_23::TlsStream;
 use actix_web::dev::Extensions;
 use actix_web::rt::net::TcpStream;
+use relay_core::flow::within_cap;
 use std::any::Any;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
-
-/// Whether a connection that makes `count` from its IP (itself included)
-/// is within the cap.
-pub fn within_cap(count: usize, max_per_ip: usize) -> bool {
-    count <= max_per_ip
-}
 
 /// Open connections per client IP.
 #[derive(Clone)]

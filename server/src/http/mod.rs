@@ -5,7 +5,6 @@
 
 pub mod client_addr;
 pub mod conn;
-pub mod flow;
 pub mod reply;
 pub mod tls;
 pub mod webapp;

@@ -21,7 +21,7 @@
 //! Memory per connection is bounded whatever the client does: every write
 //! must be taken within `websocket.write_timeout`, and the bytes written and
 //! not yet proven read are kept under `websocket.max_unread_bytes` by flow
-//! pings (see [`super::flow`]). While that budget is exhausted the
+//! pings (see [`relay_core::flow`]). While that budget is exhausted the
 //! connection starts no request and takes no notification; a client that
 //! does not answer the flow ping within `write_timeout` is a slow consumer.
 //! `idle_timeout` runs on its own timer and also bounds every write, so it
@@ -32,7 +32,6 @@
 //! nothing at all is also given up by the kernel (`TCP_USER_TIMEOUT`).
 
 use super::client_addr::{client_ip, TrustedProxies};
-use super::flow::Flow;
 use super::reply::{bearer, error_response, over_cap};
 use crate::app::App;
 use crate::config::Websocket;
@@ -44,6 +43,7 @@ use futures_util::future::LocalBoxFuture;
 use relay_actors::account::{AccountCmd, Reply};
 use relay_actors::notify::{Announced, Attached, Push};
 use relay_actors::sessions;
+use relay_core::flow::{self, Flow};
 use relay_schemas::{RelayError, UnixSecs};
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -249,7 +249,7 @@ impl Connection {
             }
             // A full queue pauses reading (TCP holds the rest), except while
             // the budget is used up: the pong that reopens it must be read.
-            let reading = !self.flow.open() || self.has_room();
+            let reading = !self.flow.open() || self.room().is_ok();
             if !reading {
                 // Silence we do not listen to is not idleness.
                 self.last_heard = Instant::now();
@@ -377,23 +377,17 @@ impl Connection {
         Some(Instant::now() + Duration::from_secs(left))
     }
 
-    /// Whether another request may be read: fewer than
-    /// `max_requests_in_flight` read and not answered, and the waiting ones
-    /// under `max_unread_bytes`.
-    fn has_room(&self) -> bool {
+    /// Whether another request may be read ([`flow::request_room`]); `Err`:
+    /// which bound is reached.
+    fn room(&self) -> Result<(), String> {
         let in_flight = self.queued.len() + usize::from(self.running.is_some());
-        in_flight < self.ws.max_requests_in_flight && self.queued_bytes < self.ws.max_unread_bytes
+        flow::request_room(in_flight, self.queued_bytes, self.ws.max_requests_in_flight, self.ws.max_unread_bytes)
     }
 
     /// Queues a request frame. One read while the budget is used up and the
     /// queue is full (a client that sends and does not read) closes the socket.
     fn read_request(&mut self, text: Bytes) -> Next {
-        if !self.has_room() {
-            let reason = if self.queued_bytes >= self.ws.max_unread_bytes {
-                format!("more than {} bytes of requests in flight", self.ws.max_unread_bytes)
-            } else {
-                format!("more than {} requests in flight", self.ws.max_requests_in_flight)
-            };
+        if let Err(reason) = self.room() {
             return Next::Close(close(POLICY, &reason));
         }
         self.queued_bytes += text.len();
@@ -498,15 +492,10 @@ impl Connection {
         self.probe().await
     }
 
-    /// When a write must have been taken: within `write_timeout`, and not
-    /// past the idle deadline (true: the idle deadline comes first).
+    /// When a write must have been taken ([`flow::write_by`]; true: the
+    /// idle deadline comes first).
     fn write_by(&self) -> (Instant, bool) {
-        let (idle_at, by) = (self.last_heard + self.ws.idle_timeout, Instant::now() + self.ws.write_timeout);
-        if idle_at < by {
-            (idle_at, true)
-        } else {
-            (by, false)
-        }
+        flow::write_by(self.last_heard, self.ws.idle_timeout, Instant::now(), self.ws.write_timeout)
     }
 
     /// The close reason of a write not taken by [`Self::write_by`].

@@ -244,9 +244,7 @@ pub fn decide<S>(
         }
         C::MessageDeliver { params, digest } => message_deliver::decide(state, params, digest, reads, ctx),
         C::CheckSender { device_id } => message_deliver::decide_check_sender(state, device_id, ctx),
-        C::RecordDelivery { message_id, status, .. } => {
-            message_delivery_status::decide_record(message_id, status, reads)
-        }
+        C::RecordDelivery { message_id, status, .. } => message_send::decide_record(message_id, status, reads),
         C::MessageDeliveryStatus { device, message_id } => {
             message_delivery_status::decide(state, device, message_id, reads, ctx)
         }

@@ -2,7 +2,7 @@
 //! seed's error table, deadlines, the timetable, result confirmation and
 //! target switching, as decide/apply.
 
-use super::outcome::AttemptOutcome;
+use super::outcome::{final_status, AttemptOutcome};
 use super::timetable::next_attempt_ms;
 use crate::aggregate::{Aggregate, Decision};
 use crate::policy::Policy;
@@ -308,33 +308,6 @@ pub fn begin(cmd: &DeliveryCmd, ctx: DeliveryCtx) -> Result<Begun, RelayError> {
     events.iter().for_each(|e| state.apply(e));
     let due_ms = state.finished.is_none().then(|| state.next_due_ms.unwrap_or(ctx.now_ms));
     Ok(Begun { events, state, due_ms })
-}
-
-/// Whether a `message.send` is delivered before its acceptance is written:
-/// the recipient's route names this relay alone, so the attempt is a call
-/// into this process that ends at once (see [`final_status`]). A route
-/// naming another relay too is delivered to both by a delivery stream.
-pub fn delivered_here_first(route: Option<&Wire<Route>>, own_relay_id: &str) -> bool {
-    route.is_some_and(|r| r.relays.len() == 1 && r.lists_relay(own_relay_id))
-}
-
-/// The final status an attempt's outcome settles at once, if any: the
-/// target took it, or refused it for good (the seed's error table). Anything
-/// else (a busy account, a retryable or route error, an unknown result) is
-/// left to the timetable. [`DeliveryCmd::Outcome`] starts with it, and the process
-/// manager asks it of a local attempt made before acceptance.
-pub fn final_status(outcome: &AttemptOutcome, accepted_at: UnixSecs) -> Option<DeliveryStatus> {
-    let accepted_at = accepted_at.0;
-    match outcome {
-        AttemptOutcome::Answered(st) if st.status == Status::TargetAccepted => {
-            Some(DeliveryStatus::target_accepted(accepted_at))
-        }
-        AttemptOutcome::Rejected(e) if e.code.delivery_handling() == DeliveryHandling::End => {
-            Some(DeliveryStatus::failed(accepted_at, e.clone()))
-        }
-        AttemptOutcome::Unrecognized(e) => Some(DeliveryStatus::failed(accepted_at, e.clone())),
-        _ => None,
-    }
 }
 
 /// One outcome for an attempt at every relay of the route (1 or 2, tried in

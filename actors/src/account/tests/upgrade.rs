@@ -4,10 +4,11 @@
 
 use super::*;
 use crate::account::actor::AccountActor;
-use crate::account::{ledger, stream_id};
+use crate::account::stream_id;
 use crate::delivery::NoPeers;
 use crate::store::{Head, NewEvent, Snapshot, Store};
 use crate::Supervisor;
+use relay_core::account::ledger;
 use relay_core::clock::ManualClock;
 use std::sync::Arc;
 

@@ -38,7 +38,7 @@
 
 pub mod pull;
 
-use super::{contact_revoke, device_add, device_revoke, message_deliver, message_delivery_status, route_update};
+use super::{contact_revoke, device_add, device_revoke, message_deliver, message_send, route_update};
 use crate::account::decision::json;
 use crate::account::decision::{Decision, Effect, Outcome, Reads, Reply};
 use crate::account::events::{AccountEvent, Record};
@@ -635,7 +635,7 @@ fn decide_item(
             if status.status == Status::Failed && reads.delivery_params(message_id)?.is_some() {
                 vec![]
             } else {
-                message_delivery_status::record_delivery(entry.as_ref(), message_id, status)
+                message_send::record_delivery(entry.as_ref(), message_id, status)
             }
         }
         other => return Err(RelayError::invalid_params(format!("{} is not replicated", other.event_type()))),

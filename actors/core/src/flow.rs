@@ -1,21 +1,28 @@
-//! The byte budget of one WebSocket connection (the rule, without I/O).
+//! What one client's connections may hold, the rules without the I/O:
+//! connections per client address (`http.max_connections_per_ip`,
+//! [`within_cap`]), requests a WebSocket reads ahead of its answers
+//! ([`request_room`]), the deadline of a write ([`write_by`]) and the byte
+//! budget of one WebSocket connection ([`Flow`]). The server's transport
+//! (`server/src/http/`) counts, reads, writes and closes by them.
 //!
-//! actix-ws never says when written bytes reached the client: a frame
-//! handed to its `Session` goes into a channel, then into actix-http's write
-//! buffer, then into the kernel, and a client that stops reading leaves it
-//! in relay memory. So the connection proves delivery itself, with *flow
-//! pings*: once half the budget is unacknowledged, it sends a ping with a
-//! payload of its own; the client's pong (browsers answer pings by
-//! themselves) comes after the client read every frame written before the
-//! ping, so everything up to the ping is acknowledged. While the bytes not
-//! yet acknowledged reach the budget, the connection takes no new requests
-//! and no notifications (they wait, bounded, in their queues); if that lasts
-//! `websocket.write_timeout` without a pong, the client is a slow consumer
-//! and is closed. What a connection holds in relay memory is so bounded by
-//! the budget plus one frame.
+//! **The byte budget.** actix-ws never says when written bytes reached the
+//! client: a frame handed to its `Session` goes into a channel, then into
+//! actix-http's write buffer, then into the kernel, and a client that stops
+//! reading leaves it in relay memory. So the connection proves delivery
+//! itself, with *flow pings*: once half the budget is unacknowledged, it
+//! sends a ping with a payload of its own; the client's pong (browsers
+//! answer pings by themselves) comes after the client read every frame
+//! written before the ping, so everything up to the ping is acknowledged.
+//! While the bytes not yet acknowledged reach the budget, the connection
+//! takes no new requests and no notifications (they wait, bounded, in their
+//! queues); if that lasts `websocket.write_timeout` without a pong, the
+//! client is a slow consumer and is closed. What a connection holds in
+//! relay memory is so bounded by the budget plus one frame. Time comes in
+//! as `Instant`s the transport reads.
 
 use std::time::{Duration, Instant};
 
+/// The byte budget of one WebSocket connection (see the module's doc).
 #[derive(Debug)]
 pub struct Flow {
     budget: u64,
@@ -85,6 +92,45 @@ impl Flow {
     }
 }
 
+/// Whether a connection that makes `count` from its client address
+/// (itself included) is within `http.max_connections_per_ip`.
+pub fn within_cap(count: usize, max_per_ip: usize) -> bool {
+    count <= max_per_ip
+}
+
+/// Whether a WebSocket may read another request while `in_flight` are read
+/// and not answered and `queued_bytes` of them wait: fewer than
+/// `max_in_flight`, and the waiting ones under `max_unread_bytes`. `Err`
+/// says which bound is reached (the close reason of a client that sends
+/// on regardless).
+pub fn request_room(
+    in_flight: usize,
+    queued_bytes: usize,
+    max_in_flight: usize,
+    max_unread_bytes: usize,
+) -> Result<(), String> {
+    if queued_bytes >= max_unread_bytes {
+        Err(format!("more than {max_unread_bytes} bytes of requests in flight"))
+    } else if in_flight >= max_in_flight {
+        Err(format!("more than {max_in_flight} requests in flight"))
+    } else {
+        Ok(())
+    }
+}
+
+/// When a write starting at `now` must have been taken: within
+/// `write_timeout`, and not past the idle deadline (`last_heard` +
+/// `idle_timeout`). `true`: the idle deadline comes first, so a write not
+/// taken by then closes for idleness, not as a slow consumer.
+pub fn write_by(last_heard: Instant, idle_timeout: Duration, now: Instant, write_timeout: Duration) -> (Instant, bool) {
+    let (idle_at, by) = (last_heard + idle_timeout, now + write_timeout);
+    if idle_at < by {
+        (idle_at, true)
+    } else {
+        (by, false)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -151,5 +197,29 @@ mod tests {
         f.wrote(200, out);
         f.wrote(200, out + Duration::from_secs(1));
         assert_eq!(f.deadline(timeout), Some(out + timeout));
+    }
+    #[test]
+    fn connections_are_within_the_cap_up_to_max_per_ip_themselves_included() {
+        assert!(within_cap(1, 2) && within_cap(2, 2));
+        assert!(!within_cap(3, 2));
+        assert!(!within_cap(1, 0), "a cap of 0 refuses every connection");
+    }
+
+    #[test]
+    fn a_websocket_reads_another_request_only_under_both_the_in_flight_count_and_the_unread_bytes() {
+        assert_eq!(request_room(3, 999, 4, 1000), Ok(()));
+        assert_eq!(request_room(4, 0, 4, 1000), Err("more than 4 requests in flight".into()));
+        assert_eq!(request_room(0, 1000, 4, 1000), Err("more than 1000 bytes of requests in flight".into()));
+        assert!(request_room(4, 1000, 4, 1000).unwrap_err().contains("bytes"), "the bytes are named first");
+    }
+
+    #[test]
+    fn a_write_must_be_taken_by_the_earlier_of_the_idle_deadline_and_the_write_timeout() {
+        let t = Instant::now();
+        let (idle, write) = (Duration::from_secs(60), Duration::from_secs(10));
+        assert_eq!(write_by(t, idle, t, write), (t + write, false));
+        let late = t + Duration::from_secs(55);
+        assert_eq!(write_by(t, idle, late, write), (t + idle, true), "the idle deadline comes first");
+        assert_eq!(write_by(t, idle, t + Duration::from_secs(50), write), (t + idle, false), "a tie is the write's");
     }
 }
