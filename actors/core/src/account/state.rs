@@ -178,7 +178,7 @@ impl<'de, V: Deserialize<'de>> Deserialize<'de> for SmallMap<V> {
     }
 }
 
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default)]
 pub struct AccountState {
     pub account_id: AccountId,
     pub route: Option<Wire<Route>>,
@@ -186,32 +186,149 @@ pub struct AccountState {
     /// here; empty when it came from the other home (`timeline.replicate`).
     pub register_digest: String,
     pub devices: SmallMap<Device>,
-    pub revocations: SmallMap<Wire<DeviceRevocation>>,
     pub public_discovery: bool,
     /// When the settings last changed (0: at registration, or before this
     /// was kept). Absent from snapshots while 0.
-    #[serde(default, skip_serializing_if = "is_zero")]
     pub settings_at: u64,
-    /// Revoked contact credentials as `grant:{id}` / `invite:{id}`.
-    pub revoked_contacts: BTreeSet<String>,
     /// The last timeline sequence handed out (0 = none yet).
     pub last_sequence: u64,
     /// Per-device ack cursor (`message.timeline.ack`).
     pub cursors: SmallMap<u64>,
-    /// Per-device Web Push subscription (PROTOCOL §9). Absent from
-    /// snapshots while empty, so snapshots of accounts that never
-    /// subscribed are as before.
-    #[serde(default, skip_serializing_if = "SmallMap::is_empty")]
-    pub push: SmallMap<PushSubscription>,
-    /// Per partner home relay: how far replication went each way
-    /// (`timeline.replicate`). Absent from snapshots while empty.
-    #[serde(default, skip_serializing_if = "SmallMap::is_empty")]
-    pub replicas: SmallMap<Replica>,
+    /// What most accounts never hold ([`Rare`]): `None` while all of it is
+    /// empty.
+    rare: Option<Box<Rare>>,
     /// Parsed when first asked (adding or revoking a device, a contact
     /// grant checked): an idle account does not hold the ~200 bytes of a
     /// decompressed key.
-    #[serde(skip)]
     account_key: OnceLock<Option<Box<VerifyingKey>>>,
+}
+
+/// The parts of an account's state most accounts never write, in one
+/// allocation made when one is first written: four empty collections
+/// inline are 96 bytes of every resident actor, and an idle actor's bytes
+/// inline are what decide the size class of actix's task holding it
+/// (issue 44's budget, `actors/tests/actor_heap.rs`).
+#[derive(Clone, Debug, Default)]
+struct Rare {
+    revocations: SmallMap<Wire<DeviceRevocation>>,
+    /// Revoked contact credentials as `grant:{id}` / `invite:{id}`.
+    revoked_contacts: BTreeSet<String>,
+    /// Per-device Web Push subscription (PROTOCOL §9).
+    push: SmallMap<PushSubscription>,
+    /// Per partner home relay: how far replication went each way
+    /// (`timeline.replicate`).
+    replicas: SmallMap<Replica>,
+}
+
+impl Rare {
+    fn is_empty(&self) -> bool {
+        self.revocations.is_empty()
+            && self.revoked_contacts.is_empty()
+            && self.push.is_empty()
+            && self.replicas.is_empty()
+    }
+}
+
+/// What an account without any of [`Rare`] reads.
+static NO_RARE: Rare = Rare {
+    revocations: SmallMap(Vec::new()),
+    revoked_contacts: BTreeSet::new(),
+    push: SmallMap(Vec::new()),
+    replicas: SmallMap(Vec::new()),
+};
+
+/// A snapshot of the state, as written before [`Rare`] was apart: the
+/// same members in the same order, so snapshot bytes are unchanged.
+#[derive(Serialize)]
+struct SnapshotOut<'a> {
+    account_id: &'a AccountId,
+    route: &'a Option<Wire<Route>>,
+    register_digest: &'a str,
+    devices: &'a SmallMap<Device>,
+    revocations: &'a SmallMap<Wire<DeviceRevocation>>,
+    public_discovery: bool,
+    /// Absent while 0.
+    #[serde(skip_serializing_if = "is_zero")]
+    settings_at: u64,
+    revoked_contacts: &'a BTreeSet<String>,
+    last_sequence: u64,
+    cursors: &'a SmallMap<u64>,
+    /// Absent while empty, so snapshots of accounts that never subscribed
+    /// are as before push.
+    #[serde(skip_serializing_if = "is_empty_map")]
+    push: &'a SmallMap<PushSubscription>,
+    /// Absent while empty.
+    #[serde(skip_serializing_if = "is_empty_map")]
+    replicas: &'a SmallMap<Replica>,
+}
+
+/// A snapshot as read: [`SnapshotOut`]'s members, the same ones required.
+#[derive(Deserialize)]
+struct SnapshotIn {
+    account_id: AccountId,
+    route: Option<Wire<Route>>,
+    register_digest: String,
+    devices: SmallMap<Device>,
+    revocations: SmallMap<Wire<DeviceRevocation>>,
+    public_discovery: bool,
+    #[serde(default)]
+    settings_at: u64,
+    revoked_contacts: BTreeSet<String>,
+    last_sequence: u64,
+    cursors: SmallMap<u64>,
+    #[serde(default)]
+    push: SmallMap<PushSubscription>,
+    #[serde(default)]
+    replicas: SmallMap<Replica>,
+}
+
+fn is_empty_map<V>(m: &&SmallMap<V>) -> bool {
+    m.is_empty()
+}
+
+impl Serialize for AccountState {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let rare = self.rare();
+        SnapshotOut {
+            account_id: &self.account_id,
+            route: &self.route,
+            register_digest: &self.register_digest,
+            devices: &self.devices,
+            revocations: &rare.revocations,
+            public_discovery: self.public_discovery,
+            settings_at: self.settings_at,
+            revoked_contacts: &rare.revoked_contacts,
+            last_sequence: self.last_sequence,
+            cursors: &self.cursors,
+            push: &rare.push,
+            replicas: &rare.replicas,
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for AccountState {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = SnapshotIn::deserialize(d)?;
+        let rare = Rare {
+            revocations: s.revocations,
+            revoked_contacts: s.revoked_contacts,
+            push: s.push,
+            replicas: s.replicas,
+        };
+        Ok(AccountState {
+            account_id: s.account_id,
+            route: s.route,
+            register_digest: s.register_digest,
+            devices: s.devices,
+            public_discovery: s.public_discovery,
+            settings_at: s.settings_at,
+            last_sequence: s.last_sequence,
+            cursors: s.cursors,
+            rare: (!rare.is_empty()).then(|| Box::new(rare)),
+            account_key: OnceLock::new(),
+        })
+    }
 }
 
 /// Replication with one partner home relay: `pulled`, this relay's cursor
@@ -238,6 +355,42 @@ impl AccountState {
         AccountState { account_id: account_id.into(), ..Default::default() }
     }
 
+    fn rare(&self) -> &Rare {
+        self.rare.as_deref().unwrap_or(&NO_RARE)
+    }
+
+    /// [`Rare`] to write into, made when first written.
+    fn rare_mut(&mut self) -> &mut Rare {
+        self.rare.get_or_insert_with(Default::default)
+    }
+
+    /// Drops [`Rare`] once all of it is empty again.
+    fn rare_rest(&mut self) {
+        if self.rare.as_ref().is_some_and(|r| r.is_empty()) {
+            self.rare = None;
+        }
+    }
+
+    /// Revoked devices' revocations.
+    pub fn revocations(&self) -> &SmallMap<Wire<DeviceRevocation>> {
+        &self.rare().revocations
+    }
+
+    /// Revoked contact credentials as `grant:{id}` / `invite:{id}`.
+    pub fn revoked_contacts(&self) -> &BTreeSet<String> {
+        &self.rare().revoked_contacts
+    }
+
+    /// Per-device Web Push subscription (PROTOCOL §9).
+    pub fn push(&self) -> &SmallMap<PushSubscription> {
+        &self.rare().push
+    }
+
+    /// Per partner home relay: how far replication went each way.
+    pub fn replicas(&self) -> &SmallMap<Replica> {
+        &self.rare().replicas
+    }
+
     pub fn is_registered(&self) -> bool {
         self.route.is_some()
     }
@@ -259,7 +412,7 @@ impl AccountState {
     /// unexpired.
     pub fn device_key(&self, device_id: &str, now: UnixSecs) -> Option<&VerifyingKey> {
         let device = self.devices.get(device_id)?;
-        if self.revocations.contains_key(device_id) || device.certificate().is_expired(now) {
+        if self.revocations().contains_key(device_id) || device.certificate().is_expired(now) {
             return None;
         }
         device.key()
@@ -274,7 +427,7 @@ impl AccountState {
         if cert.issued_at > at.plus(tolerance).0 || cert.is_expired(at) {
             return None;
         }
-        if self.revocations.get(device_id).is_some_and(|r| r.revoked_at <= at.0) {
+        if self.revocations().get(device_id).is_some_and(|r| r.revoked_at <= at.0) {
             return None;
         }
         device.key()
@@ -303,11 +456,11 @@ impl AccountState {
 
     /// Replication with `partner` so far (all zero before any).
     pub fn replica(&self, partner: &str) -> Replica {
-        self.replicas.get(partner).copied().unwrap_or_default()
+        self.replicas().get(partner).copied().unwrap_or_default()
     }
 
     fn replica_mut(&mut self, partner: &str) -> &mut Replica {
-        self.replicas.entry(partner)
+        self.rare_mut().replicas.entry(partner)
     }
 
     fn add_device(&mut self, cert: &Wire<DeviceCertificate>) {
@@ -325,9 +478,10 @@ impl AccountState {
             }
             AccountEvent::DeviceAdded { device_certificate } => self.add_device(device_certificate),
             AccountEvent::DeviceRevoked { revocation } => {
-                self.revocations.insert(revocation.device_id.clone(), revocation.clone());
+                let rare = self.rare_mut();
+                rare.revocations.insert(revocation.device_id.clone(), revocation.clone());
                 // A revoked device is never woken again.
-                self.push.remove(&revocation.device_id);
+                rare.push.remove(&revocation.device_id);
             }
             AccountEvent::SettingsUpdated { public_discovery, at } => {
                 self.public_discovery = *public_discovery;
@@ -335,7 +489,7 @@ impl AccountState {
             }
             AccountEvent::RouteUpdated { route } => self.route = Some(route.clone()),
             AccountEvent::ContactRevoked { kind, id } => {
-                self.revoked_contacts.insert(contact_key(kind, id));
+                self.rare_mut().revoked_contacts.insert(contact_key(kind, id));
             }
             AccountEvent::MessageSent { record, .. } => {
                 if let Some(r) = record {
@@ -351,10 +505,13 @@ impl AccountState {
                 self.cursors.insert(device_id.clone(), *through);
             }
             AccountEvent::PushSubscribed { device_id, subscription } => {
-                self.push.insert(device_id.clone(), subscription.clone());
+                self.rare_mut().push.insert(device_id.clone(), subscription.clone());
             }
             AccountEvent::PushUnsubscribed { device_id, .. } => {
-                self.push.remove(device_id);
+                if let Some(rare) = &mut self.rare {
+                    rare.push.remove(device_id);
+                }
+                self.rare_rest();
             }
             AccountEvent::Replicated { event, .. } => {
                 self.apply(event);
@@ -448,6 +605,56 @@ mod tests {
         assert!(!s.ledger.sends.is_empty() && !s.ledger.receipts.is_empty());
         let snapshot = serde_json::to_value(&s.state).unwrap();
         assert!(snapshot.get("sends").is_none() && snapshot.get("receipts").is_none(), "{snapshot}");
+    }
+
+    #[test]
+    fn the_rarely_written_parts_take_no_allocation_until_written_and_snapshot_in_their_old_places() {
+        let members = |s: &AccountState| {
+            let v = serde_json::to_value(s).unwrap();
+            v.as_object().unwrap().keys().cloned().collect::<Vec<_>>()
+        };
+        let plain = given_alice([]);
+        assert!(plain.rare.is_none());
+        let text = serde_json::to_string(&plain.state).unwrap();
+        assert!(text.contains(r#""revocations":{},"public_discovery""#), "{text}");
+        assert!(text.contains(r#""revoked_contacts":[],"last_sequence""#), "{text}");
+        assert!(!text.contains("push") && !text.contains("replicas"), "{text}");
+        let all = given_alice([
+            subscribed("phone", 1),
+            device_revoked(&alice(), "laptop"),
+            contact_revoked("grant", "g1"),
+            AccountEvent::ReplicaPulled { partner: "relay-b".into(), through: 3 },
+        ]);
+        let order = [
+            "account_id",
+            "route",
+            "register_digest",
+            "devices",
+            "revocations",
+            "public_discovery",
+            "revoked_contacts",
+            "last_sequence",
+            "cursors",
+            "push",
+            "replicas",
+        ];
+        // serde_json's map is sorted: compare the written order instead.
+        let text = serde_json::to_string(&all.state).unwrap();
+        let at = |k: &str| text.find(&format!("\"{k}\":")).unwrap_or_else(|| panic!("{k} missing: {text}"));
+        assert!(order.windows(2).all(|w| at(w[0]) < at(w[1])), "{text}");
+        assert_eq!(members(&snapshot_round_trip(&all).state), members(&all.state));
+        let restored = snapshot_round_trip(&all);
+        assert!(restored.revocations().contains_key("laptop") && restored.push().contains_key("phone"));
+        assert!(restored.revoked_contacts().contains("grant:g1") && restored.replica("relay-b").pulled == 3);
+        // The last subscription gone, nothing rare is left: the allocation goes.
+        let mut s = given_alice([subscribed("phone", 1)]);
+        assert!(s.rare.is_some());
+        s.state.apply(&AccountEvent::PushUnsubscribed {
+            device_id: "phone".into(),
+            endpoint: "e".into(),
+            reason: "r".into(),
+        });
+        assert!(s.rare.is_none());
     }
 
     #[test]
