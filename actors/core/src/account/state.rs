@@ -184,7 +184,7 @@ pub struct AccountState {
     pub route: Option<Wire<Route>>,
     /// blake3(JCS(params)) of the `account.register` that made the account
     /// here; empty when it came from the other home (`timeline.replicate`).
-    pub register_digest: String,
+    pub register_digest: ParamsDigest,
     pub devices: SmallMap<Device>,
     pub public_discovery: bool,
     /// When the settings last changed (0: at registration, or before this
@@ -201,6 +201,69 @@ pub struct AccountState {
     /// grant checked): an idle account does not hold the ~200 bytes of a
     /// decompressed key.
     account_key: OnceLock<Option<Box<VerifyingKey>>>,
+}
+
+/// A registration's params digest as the state holds it: the server's
+/// digests (64 lowercase hex digits of a blake3 hash) as their 32 bytes
+/// inline, where a `String` is a 64-byte allocation of every resident
+/// actor; any other text (tests, tools) as it is. Read and written as the
+/// same text.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum ParamsDigest {
+    /// No registration of this relay's (the account came by replication).
+    #[default]
+    None,
+    Blake3([u8; 32]),
+    Text(Box<str>),
+}
+
+impl ParamsDigest {
+    pub fn is_empty(&self) -> bool {
+        *self == ParamsDigest::None
+    }
+}
+
+impl From<&str> for ParamsDigest {
+    fn from(text: &str) -> Self {
+        match blake3::Hash::from_hex(text) {
+            // Only the lowercase form, so the text reads back unchanged.
+            Ok(hash) if hash.to_hex().as_str() == text => ParamsDigest::Blake3(*hash.as_bytes()),
+            _ if text.is_empty() => ParamsDigest::None,
+            _ => ParamsDigest::Text(text.into()),
+        }
+    }
+}
+
+impl PartialEq<str> for ParamsDigest {
+    fn eq(&self, text: &str) -> bool {
+        match self {
+            ParamsDigest::None => text.is_empty(),
+            ParamsDigest::Blake3(bytes) => blake3::Hash::from_bytes(*bytes).to_hex().as_str() == text,
+            ParamsDigest::Text(own) => **own == *text,
+        }
+    }
+}
+
+impl PartialEq<&str> for ParamsDigest {
+    fn eq(&self, text: &&str) -> bool {
+        *self == **text
+    }
+}
+
+impl Serialize for ParamsDigest {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            ParamsDigest::None => s.serialize_str(""),
+            ParamsDigest::Blake3(bytes) => s.serialize_str(blake3::Hash::from_bytes(*bytes).to_hex().as_str()),
+            ParamsDigest::Text(text) => s.serialize_str(text),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for ParamsDigest {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(ParamsDigest::from(<std::borrow::Cow<'de, str>>::deserialize(d)?.as_ref()))
+    }
 }
 
 /// The parts of an account's state most accounts never write, in one
@@ -243,7 +306,7 @@ static NO_RARE: Rare = Rare {
 struct SnapshotOut<'a> {
     account_id: &'a AccountId,
     route: &'a Option<Wire<Route>>,
-    register_digest: &'a str,
+    register_digest: &'a ParamsDigest,
     devices: &'a SmallMap<Device>,
     revocations: &'a SmallMap<Wire<DeviceRevocation>>,
     public_discovery: bool,
@@ -267,7 +330,7 @@ struct SnapshotOut<'a> {
 struct SnapshotIn {
     account_id: AccountId,
     route: Option<Wire<Route>>,
-    register_digest: String,
+    register_digest: ParamsDigest,
     devices: SmallMap<Device>,
     revocations: SmallMap<Wire<DeviceRevocation>>,
     public_discovery: bool,
@@ -472,7 +535,7 @@ impl AccountState {
             AccountEvent::Registered { route, device_certificate, public_discovery, params_digest, .. } => {
                 self.account_key = OnceLock::new();
                 self.route = Some(route.clone());
-                self.register_digest = params_digest.clone();
+                self.register_digest = ParamsDigest::from(params_digest.as_str());
                 self.public_discovery = *public_discovery;
                 self.add_device(device_certificate);
             }
@@ -518,7 +581,7 @@ impl AccountState {
                 if let AccountEvent::Registered { .. } = **event {
                     // Registered at the other home: no registration request
                     // of this relay's to compare a repeat with.
-                    self.register_digest.clear();
+                    self.register_digest = ParamsDigest::None;
                 }
             }
             AccountEvent::ReplicaPulled { partner, through } => self.replica_mut(partner).pulled = *through,
@@ -655,6 +718,22 @@ mod tests {
             reason: "r".into(),
         });
         assert!(s.rare.is_none());
+    }
+
+    #[test]
+    fn a_registration_digest_reads_and_writes_as_the_text_it_was_and_compares_with_it() {
+        use crate::account::state::ParamsDigest;
+        let hex = blake3::hash(b"params").to_hex().to_string();
+        for text in [hex.as_str(), &hex.to_uppercase(), "bench", "", &hex[..62]] {
+            let d = ParamsDigest::from(text);
+            assert!(d == text && d != "other", "{text:?}");
+            assert_eq!(d.is_empty(), text.is_empty());
+            let json = serde_json::to_string(&d).unwrap();
+            assert_eq!(json, serde_json::to_string(text).unwrap());
+            assert_eq!(serde_json::from_str::<ParamsDigest>(&json).unwrap(), d);
+        }
+        assert!(matches!(ParamsDigest::from(hex.as_str()), ParamsDigest::Blake3(_)), "held as its bytes");
+        assert!(matches!(ParamsDigest::from(hex.to_uppercase().as_str()), ParamsDigest::Text(_)));
     }
 
     #[test]
