@@ -78,7 +78,7 @@ pub fn sweep(account_id: &str, event: &AccountEvent, now: UnixSecs, policy: &Pol
 /// The envelope's sending device is one the account revoked at or before
 /// its `created_at` (a later envelope of a revoked device).
 pub fn revoked_before(state: &AccountState, env: &MessageEnvelope) -> bool {
-    state.revocations.get(&env.from_device_id).is_some_and(|r| r.revoked_at <= env.created_at)
+    state.revocations().get(&env.from_device_id).is_some_and(|r| r.revoked_at <= env.created_at)
 }
 
 /// The delivery's events for `cmd`, as its actor decides them.

@@ -558,9 +558,13 @@ impl World {
         let reads = SimReads { here, deliveries: &relay.deliveries, forget_receipts };
         let (now, policy) = (self.ctx_now(r), self.pol(r));
         if self.plant == Some(Plant::DeliverAfterRevocation) {
-            // Planted: the shell loads the account without its revocations.
-            let mut state = here.state.clone();
-            state.revocations = Default::default();
+            // Planted: the shell loads the account without its revocations
+            // (its snapshot with them emptied).
+            let mut snapshot = serde_json::to_value(&here.state).expect("a state serializes");
+            snapshot["revocations"] = json!({});
+            let mut state: relay_core::account::AccountState =
+                serde_json::from_value(snapshot).expect("a snapshot deserializes");
+            state.rebuild_caches();
             return core::decide(&state, cmd, &reads, now, policy);
         }
         core::decide(&here.state, cmd, &reads, now, policy)
@@ -1255,7 +1259,7 @@ impl World {
                 }
                 let state = relay.accts.get(&account).map(|h| &h.state);
                 let revoked =
-                    record.visible.iter().find(|v| state.is_some_and(|s| s.revocations.contains_key(v.as_str())));
+                    record.visible.iter().find(|v| state.is_some_and(|s| s.revocations().contains_key(v.as_str())));
                 if let (false, Some(v)) = (replicated, revoked) {
                     let d = format!("relay-{r}: {mid} visible to device {v}, revoked here before its acceptance");
                     return self.violate(inv::VISIBILITY, Some(mid), d);
@@ -1279,7 +1283,7 @@ impl World {
                 let Some(h) = self.relays[r].accts.get(&account) else { return };
                 let (device, created_at) =
                     (format!("d{}", self.msgs[m].device), (T0_MS + self.msgs[m].created_at_ms) / 1000);
-                if h.state.revocations.get(&device).is_some_and(|x| x.revoked_at <= created_at) {
+                if h.state.revocations().get(&device).is_some_and(|x| x.revoked_at <= created_at) {
                     let d = format!("relay-{r} accepted {mid} from a device it knows revoked");
                     self.violate(inv::REVOKED, Some(mid), d);
                 }

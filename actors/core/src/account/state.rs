@@ -178,40 +178,220 @@ impl<'de, V: Deserialize<'de>> Deserialize<'de> for SmallMap<V> {
     }
 }
 
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default)]
 pub struct AccountState {
     pub account_id: AccountId,
     pub route: Option<Wire<Route>>,
     /// blake3(JCS(params)) of the `account.register` that made the account
     /// here; empty when it came from the other home (`timeline.replicate`).
-    pub register_digest: String,
+    pub register_digest: ParamsDigest,
     pub devices: SmallMap<Device>,
-    pub revocations: SmallMap<Wire<DeviceRevocation>>,
     pub public_discovery: bool,
     /// When the settings last changed (0: at registration, or before this
     /// was kept). Absent from snapshots while 0.
-    #[serde(default, skip_serializing_if = "is_zero")]
     pub settings_at: u64,
-    /// Revoked contact credentials as `grant:{id}` / `invite:{id}`.
-    pub revoked_contacts: BTreeSet<String>,
     /// The last timeline sequence handed out (0 = none yet).
     pub last_sequence: u64,
     /// Per-device ack cursor (`message.timeline.ack`).
     pub cursors: SmallMap<u64>,
-    /// Per-device Web Push subscription (PROTOCOL §9). Absent from
-    /// snapshots while empty, so snapshots of accounts that never
-    /// subscribed are as before.
-    #[serde(default, skip_serializing_if = "SmallMap::is_empty")]
-    pub push: SmallMap<PushSubscription>,
-    /// Per partner home relay: how far replication went each way
-    /// (`timeline.replicate`). Absent from snapshots while empty.
-    #[serde(default, skip_serializing_if = "SmallMap::is_empty")]
-    pub replicas: SmallMap<Replica>,
+    /// What most accounts never hold ([`Rare`]): `None` while all of it is
+    /// empty.
+    rare: Option<Box<Rare>>,
     /// Parsed when first asked (adding or revoking a device, a contact
     /// grant checked): an idle account does not hold the ~200 bytes of a
     /// decompressed key.
-    #[serde(skip)]
     account_key: OnceLock<Option<Box<VerifyingKey>>>,
+}
+
+/// A registration's params digest as the state holds it: the server's
+/// digests (64 lowercase hex digits of a blake3 hash) as their 32 bytes
+/// inline, where a `String` is a 64-byte allocation of every resident
+/// actor; any other text (tests, tools) as it is. Read and written as the
+/// same text.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum ParamsDigest {
+    /// No registration of this relay's (the account came by replication).
+    #[default]
+    None,
+    Blake3([u8; 32]),
+    Text(Box<str>),
+}
+
+impl ParamsDigest {
+    pub fn is_empty(&self) -> bool {
+        *self == ParamsDigest::None
+    }
+}
+
+impl From<&str> for ParamsDigest {
+    fn from(text: &str) -> Self {
+        match blake3::Hash::from_hex(text) {
+            // Only the lowercase form, so the text reads back unchanged.
+            Ok(hash) if hash.to_hex().as_str() == text => ParamsDigest::Blake3(*hash.as_bytes()),
+            _ if text.is_empty() => ParamsDigest::None,
+            _ => ParamsDigest::Text(text.into()),
+        }
+    }
+}
+
+impl PartialEq<str> for ParamsDigest {
+    fn eq(&self, text: &str) -> bool {
+        match self {
+            ParamsDigest::None => text.is_empty(),
+            ParamsDigest::Blake3(bytes) => blake3::Hash::from_bytes(*bytes).to_hex().as_str() == text,
+            ParamsDigest::Text(own) => **own == *text,
+        }
+    }
+}
+
+impl PartialEq<&str> for ParamsDigest {
+    fn eq(&self, text: &&str) -> bool {
+        *self == **text
+    }
+}
+
+impl Serialize for ParamsDigest {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            ParamsDigest::None => s.serialize_str(""),
+            ParamsDigest::Blake3(bytes) => s.serialize_str(blake3::Hash::from_bytes(*bytes).to_hex().as_str()),
+            ParamsDigest::Text(text) => s.serialize_str(text),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for ParamsDigest {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(ParamsDigest::from(<std::borrow::Cow<'de, str>>::deserialize(d)?.as_ref()))
+    }
+}
+
+/// The parts of an account's state most accounts never write, in one
+/// allocation made when one is first written: four empty collections
+/// inline are 96 bytes of every resident actor, and an idle actor's bytes
+/// inline are what decide the size class of actix's task holding it
+/// (issue 44's budget, `actors/tests/actor_heap.rs`).
+#[derive(Clone, Debug, Default)]
+struct Rare {
+    revocations: SmallMap<Wire<DeviceRevocation>>,
+    /// Revoked contact credentials as `grant:{id}` / `invite:{id}`.
+    revoked_contacts: BTreeSet<String>,
+    /// Per-device Web Push subscription (PROTOCOL §9).
+    push: SmallMap<PushSubscription>,
+    /// Per partner home relay: how far replication went each way
+    /// (`timeline.replicate`).
+    replicas: SmallMap<Replica>,
+}
+
+impl Rare {
+    fn is_empty(&self) -> bool {
+        self.revocations.is_empty()
+            && self.revoked_contacts.is_empty()
+            && self.push.is_empty()
+            && self.replicas.is_empty()
+    }
+}
+
+/// What an account without any of [`Rare`] reads.
+static NO_RARE: Rare = Rare {
+    revocations: SmallMap(Vec::new()),
+    revoked_contacts: BTreeSet::new(),
+    push: SmallMap(Vec::new()),
+    replicas: SmallMap(Vec::new()),
+};
+
+/// A snapshot of the state, as written before [`Rare`] was apart: the
+/// same members in the same order, so snapshot bytes are unchanged.
+#[derive(Serialize)]
+struct SnapshotOut<'a> {
+    account_id: &'a AccountId,
+    route: &'a Option<Wire<Route>>,
+    register_digest: &'a ParamsDigest,
+    devices: &'a SmallMap<Device>,
+    revocations: &'a SmallMap<Wire<DeviceRevocation>>,
+    public_discovery: bool,
+    /// Absent while 0.
+    #[serde(skip_serializing_if = "is_zero")]
+    settings_at: u64,
+    revoked_contacts: &'a BTreeSet<String>,
+    last_sequence: u64,
+    cursors: &'a SmallMap<u64>,
+    /// Absent while empty, so snapshots of accounts that never subscribed
+    /// are as before push.
+    #[serde(skip_serializing_if = "is_empty_map")]
+    push: &'a SmallMap<PushSubscription>,
+    /// Absent while empty.
+    #[serde(skip_serializing_if = "is_empty_map")]
+    replicas: &'a SmallMap<Replica>,
+}
+
+/// A snapshot as read: [`SnapshotOut`]'s members, the same ones required.
+#[derive(Deserialize)]
+struct SnapshotIn {
+    account_id: AccountId,
+    route: Option<Wire<Route>>,
+    register_digest: ParamsDigest,
+    devices: SmallMap<Device>,
+    revocations: SmallMap<Wire<DeviceRevocation>>,
+    public_discovery: bool,
+    #[serde(default)]
+    settings_at: u64,
+    revoked_contacts: BTreeSet<String>,
+    last_sequence: u64,
+    cursors: SmallMap<u64>,
+    #[serde(default)]
+    push: SmallMap<PushSubscription>,
+    #[serde(default)]
+    replicas: SmallMap<Replica>,
+}
+
+fn is_empty_map<V>(m: &&SmallMap<V>) -> bool {
+    m.is_empty()
+}
+
+impl Serialize for AccountState {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let rare = self.rare();
+        SnapshotOut {
+            account_id: &self.account_id,
+            route: &self.route,
+            register_digest: &self.register_digest,
+            devices: &self.devices,
+            revocations: &rare.revocations,
+            public_discovery: self.public_discovery,
+            settings_at: self.settings_at,
+            revoked_contacts: &rare.revoked_contacts,
+            last_sequence: self.last_sequence,
+            cursors: &self.cursors,
+            push: &rare.push,
+            replicas: &rare.replicas,
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for AccountState {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = SnapshotIn::deserialize(d)?;
+        let rare = Rare {
+            revocations: s.revocations,
+            revoked_contacts: s.revoked_contacts,
+            push: s.push,
+            replicas: s.replicas,
+        };
+        Ok(AccountState {
+            account_id: s.account_id,
+            route: s.route,
+            register_digest: s.register_digest,
+            devices: s.devices,
+            public_discovery: s.public_discovery,
+            settings_at: s.settings_at,
+            last_sequence: s.last_sequence,
+            cursors: s.cursors,
+            rare: (!rare.is_empty()).then(|| Box::new(rare)),
+            account_key: OnceLock::new(),
+        })
+    }
 }
 
 /// Replication with one partner home relay: `pulled`, this relay's cursor
@@ -238,6 +418,42 @@ impl AccountState {
         AccountState { account_id: account_id.into(), ..Default::default() }
     }
 
+    fn rare(&self) -> &Rare {
+        self.rare.as_deref().unwrap_or(&NO_RARE)
+    }
+
+    /// [`Rare`] to write into, made when first written.
+    fn rare_mut(&mut self) -> &mut Rare {
+        self.rare.get_or_insert_with(Default::default)
+    }
+
+    /// Drops [`Rare`] once all of it is empty again.
+    fn rare_rest(&mut self) {
+        if self.rare.as_ref().is_some_and(|r| r.is_empty()) {
+            self.rare = None;
+        }
+    }
+
+    /// Revoked devices' revocations.
+    pub fn revocations(&self) -> &SmallMap<Wire<DeviceRevocation>> {
+        &self.rare().revocations
+    }
+
+    /// Revoked contact credentials as `grant:{id}` / `invite:{id}`.
+    pub fn revoked_contacts(&self) -> &BTreeSet<String> {
+        &self.rare().revoked_contacts
+    }
+
+    /// Per-device Web Push subscription (PROTOCOL §9).
+    pub fn push(&self) -> &SmallMap<PushSubscription> {
+        &self.rare().push
+    }
+
+    /// Per partner home relay: how far replication went each way.
+    pub fn replicas(&self) -> &SmallMap<Replica> {
+        &self.rare().replicas
+    }
+
     pub fn is_registered(&self) -> bool {
         self.route.is_some()
     }
@@ -259,7 +475,7 @@ impl AccountState {
     /// unexpired.
     pub fn device_key(&self, device_id: &str, now: UnixSecs) -> Option<&VerifyingKey> {
         let device = self.devices.get(device_id)?;
-        if self.revocations.contains_key(device_id) || device.certificate().is_expired(now) {
+        if self.revocations().contains_key(device_id) || device.certificate().is_expired(now) {
             return None;
         }
         device.key()
@@ -274,7 +490,7 @@ impl AccountState {
         if cert.issued_at > at.plus(tolerance).0 || cert.is_expired(at) {
             return None;
         }
-        if self.revocations.get(device_id).is_some_and(|r| r.revoked_at <= at.0) {
+        if self.revocations().get(device_id).is_some_and(|r| r.revoked_at <= at.0) {
             return None;
         }
         device.key()
@@ -303,11 +519,11 @@ impl AccountState {
 
     /// Replication with `partner` so far (all zero before any).
     pub fn replica(&self, partner: &str) -> Replica {
-        self.replicas.get(partner).copied().unwrap_or_default()
+        self.replicas().get(partner).copied().unwrap_or_default()
     }
 
     fn replica_mut(&mut self, partner: &str) -> &mut Replica {
-        self.replicas.entry(partner)
+        self.rare_mut().replicas.entry(partner)
     }
 
     fn add_device(&mut self, cert: &Wire<DeviceCertificate>) {
@@ -319,15 +535,16 @@ impl AccountState {
             AccountEvent::Registered { route, device_certificate, public_discovery, params_digest, .. } => {
                 self.account_key = OnceLock::new();
                 self.route = Some(route.clone());
-                self.register_digest = params_digest.clone();
+                self.register_digest = ParamsDigest::from(params_digest.as_str());
                 self.public_discovery = *public_discovery;
                 self.add_device(device_certificate);
             }
             AccountEvent::DeviceAdded { device_certificate } => self.add_device(device_certificate),
             AccountEvent::DeviceRevoked { revocation } => {
-                self.revocations.insert(revocation.device_id.clone(), revocation.clone());
+                let rare = self.rare_mut();
+                rare.revocations.insert(revocation.device_id.clone(), revocation.clone());
                 // A revoked device is never woken again.
-                self.push.remove(&revocation.device_id);
+                rare.push.remove(&revocation.device_id);
             }
             AccountEvent::SettingsUpdated { public_discovery, at } => {
                 self.public_discovery = *public_discovery;
@@ -335,7 +552,7 @@ impl AccountState {
             }
             AccountEvent::RouteUpdated { route } => self.route = Some(route.clone()),
             AccountEvent::ContactRevoked { kind, id } => {
-                self.revoked_contacts.insert(contact_key(kind, id));
+                self.rare_mut().revoked_contacts.insert(contact_key(kind, id));
             }
             AccountEvent::MessageSent { record, .. } => {
                 if let Some(r) = record {
@@ -351,17 +568,20 @@ impl AccountState {
                 self.cursors.insert(device_id.clone(), *through);
             }
             AccountEvent::PushSubscribed { device_id, subscription } => {
-                self.push.insert(device_id.clone(), subscription.clone());
+                self.rare_mut().push.insert(device_id.clone(), subscription.clone());
             }
             AccountEvent::PushUnsubscribed { device_id, .. } => {
-                self.push.remove(device_id);
+                if let Some(rare) = &mut self.rare {
+                    rare.push.remove(device_id);
+                }
+                self.rare_rest();
             }
             AccountEvent::Replicated { event, .. } => {
                 self.apply(event);
                 if let AccountEvent::Registered { .. } = **event {
                     // Registered at the other home: no registration request
                     // of this relay's to compare a repeat with.
-                    self.register_digest.clear();
+                    self.register_digest = ParamsDigest::None;
                 }
             }
             AccountEvent::ReplicaPulled { partner, through } => self.replica_mut(partner).pulled = *through,
@@ -448,6 +668,72 @@ mod tests {
         assert!(!s.ledger.sends.is_empty() && !s.ledger.receipts.is_empty());
         let snapshot = serde_json::to_value(&s.state).unwrap();
         assert!(snapshot.get("sends").is_none() && snapshot.get("receipts").is_none(), "{snapshot}");
+    }
+
+    #[test]
+    fn the_rarely_written_parts_take_no_allocation_until_written_and_snapshot_in_their_old_places() {
+        let members = |s: &AccountState| {
+            let v = serde_json::to_value(s).unwrap();
+            v.as_object().unwrap().keys().cloned().collect::<Vec<_>>()
+        };
+        let plain = given_alice([]);
+        assert!(plain.rare.is_none());
+        let text = serde_json::to_string(&plain.state).unwrap();
+        assert!(text.contains(r#""revocations":{},"public_discovery""#), "{text}");
+        assert!(text.contains(r#""revoked_contacts":[],"last_sequence""#), "{text}");
+        assert!(!text.contains("push") && !text.contains("replicas"), "{text}");
+        let all = given_alice([
+            subscribed("phone", 1),
+            device_revoked(&alice(), "laptop"),
+            contact_revoked("grant", "g1"),
+            AccountEvent::ReplicaPulled { partner: "relay-b".into(), through: 3 },
+        ]);
+        let order = [
+            "account_id",
+            "route",
+            "register_digest",
+            "devices",
+            "revocations",
+            "public_discovery",
+            "revoked_contacts",
+            "last_sequence",
+            "cursors",
+            "push",
+            "replicas",
+        ];
+        // serde_json's map is sorted: compare the written order instead.
+        let text = serde_json::to_string(&all.state).unwrap();
+        let at = |k: &str| text.find(&format!("\"{k}\":")).unwrap_or_else(|| panic!("{k} missing: {text}"));
+        assert!(order.windows(2).all(|w| at(w[0]) < at(w[1])), "{text}");
+        assert_eq!(members(&snapshot_round_trip(&all).state), members(&all.state));
+        let restored = snapshot_round_trip(&all);
+        assert!(restored.revocations().contains_key("laptop") && restored.push().contains_key("phone"));
+        assert!(restored.revoked_contacts().contains("grant:g1") && restored.replica("relay-b").pulled == 3);
+        // The last subscription gone, nothing rare is left: the allocation goes.
+        let mut s = given_alice([subscribed("phone", 1)]);
+        assert!(s.rare.is_some());
+        s.state.apply(&AccountEvent::PushUnsubscribed {
+            device_id: "phone".into(),
+            endpoint: "e".into(),
+            reason: "r".into(),
+        });
+        assert!(s.rare.is_none());
+    }
+
+    #[test]
+    fn a_registration_digest_reads_and_writes_as_the_text_it_was_and_compares_with_it() {
+        use crate::account::state::ParamsDigest;
+        let hex = blake3::hash(b"params").to_hex().to_string();
+        for text in [hex.as_str(), &hex.to_uppercase(), "bench", "", &hex[..62]] {
+            let d = ParamsDigest::from(text);
+            assert!(d == text && d != "other", "{text:?}");
+            assert_eq!(d.is_empty(), text.is_empty());
+            let json = serde_json::to_string(&d).unwrap();
+            assert_eq!(json, serde_json::to_string(text).unwrap());
+            assert_eq!(serde_json::from_str::<ParamsDigest>(&json).unwrap(), d);
+        }
+        assert!(matches!(ParamsDigest::from(hex.as_str()), ParamsDigest::Blake3(_)), "held as its bytes");
+        assert!(matches!(ParamsDigest::from(hex.to_uppercase().as_str()), ParamsDigest::Text(_)));
     }
 
     #[test]

@@ -17,7 +17,7 @@ pub(crate) fn decide(state: &AccountState) -> Result<Decision, RelayError> {
     let certificates: Vec<_> = state.certificates().collect();
     Ok(Decision::reply(json(&DevicesResult {
         certificates: certificates.iter().collect(),
-        revocations: state.revocations.values().collect(),
+        revocations: state.revocations().values().collect(),
     })?))
 }
 

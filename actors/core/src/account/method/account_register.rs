@@ -66,7 +66,7 @@ pub fn register(
         return Err(RelayError::invalid_params("route.account_id does not match"));
     }
     let cert = &p.device_certificate;
-    if state.revocations.contains_key(&cert.device_id) {
+    if state.revocations().contains_key(&cert.device_id) {
         return Err(RelayError::device_unknown(format!("device {} was revoked", cert.device_id)));
     }
     let highest = [known, state.route()].into_iter().flatten().max_by_key(|r| r.revision);

@@ -49,14 +49,14 @@ pub fn revoke_contact_id(
         return Err(RelayError::invalid_params(format!("unknown contact credential kind {kind:?}")));
     }
     relay_schemas::ids::check_id(&format!("{kind}_id"), id)?;
-    if state.revoked_contacts.contains(&contact_key(kind, id)) {
+    if state.revoked_contacts().contains(&contact_key(kind, id)) {
         return Ok(vec![]);
     }
     let max = ctx.policy.max_revoked_contacts;
-    if state.revoked_contacts.len() >= max {
+    if state.revoked_contacts().len() >= max {
         return Err(RelayError::over_limit(
             MAX_REVOKED_CONTACTS_SETTING,
-            format!("the account revoked {} grants and invites, limit {max}", state.revoked_contacts.len()),
+            format!("the account revoked {} grants and invites, limit {max}", state.revoked_contacts().len()),
         ));
     }
     Ok(vec![AccountEvent::ContactRevoked { kind: kind.into(), id: id.to_owned() }])

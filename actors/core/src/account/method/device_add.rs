@@ -47,7 +47,7 @@ pub fn add_signed_device(
     if cert.account_id != state.account_id || cert.account_key != route.account_key {
         return Err(RelayError::forbidden("device_certificate names another account"));
     }
-    if state.revocations.contains_key(&cert.device_id) {
+    if state.revocations().contains_key(&cert.device_id) {
         return Err(RelayError::invalid_state("device_id was revoked and cannot be reused"));
     }
     match state.certificate(&cert.device_id) {

@@ -36,7 +36,7 @@ pub fn revoke_device(
     if !state.devices.contains_key(&rev.device_id) {
         return Err(RelayError::not_found(format!("unknown device {}", rev.device_id)));
     }
-    if state.revocations.contains_key(&rev.device_id) {
+    if state.revocations().contains_key(&rev.device_id) {
         return Ok(vec![]);
     }
     Ok(vec![AccountEvent::DeviceRevoked { revocation: rev.clone() }])

@@ -173,7 +173,7 @@ pub fn checks_sender_here(known: Option<&Wire<Route>>, relay_id: &str) -> bool {
 /// delivery `failed` for good over what a client re-adds later or
 /// replication brings (found by relay-sim, seeds 3889 and 9381).
 pub fn check_sender(state: &AccountState, device_id: &str, ctx: Ctx) -> Result<(), RelayError> {
-    let unknown = state.certificate(device_id).is_none() && !state.revocations.contains_key(device_id);
+    let unknown = state.certificate(device_id).is_none() && !state.revocations().contains_key(device_id);
     if unknown || state.device_valid(device_id, ctx.now) {
         return Ok(());
     }
@@ -201,7 +201,7 @@ fn check_authorization(
     let key = state.account_key().ok_or_else(|| RelayError::internal("account key unreadable"))?;
     auth.check(sender, &state.account_id, key, ctx.now, ctx.policy.clock_tolerance, ctx.policy.max_object_bytes)?;
     let (kind, id) = auth.revocation_key();
-    if state.revoked_contacts.contains(&contact_key(kind, id)) {
+    if state.revoked_contacts().contains(&contact_key(kind, id)) {
         return Err(RelayError::forbidden(format!("authorization: {kind} was revoked")));
     }
     Ok(())

@@ -29,7 +29,7 @@ pub fn push_subscribe(
     registered_route(state)?;
     let subscription =
         PushSubscription { endpoint: p.endpoint.clone(), p256dh: p.keys.p256dh.clone(), auth: p.keys.auth.clone() };
-    if state.push.get(device_id) == Some(&subscription) {
+    if state.push().get(device_id) == Some(&subscription) {
         return Ok(vec![]);
     }
     Ok(vec![AccountEvent::PushSubscribed { device_id: device_id.into(), subscription }])
@@ -48,7 +48,7 @@ pub fn push_targets<'a>(
     now: UnixSecs,
 ) -> Vec<(&'a str, &'a PushSubscription)> {
     state
-        .push
+        .push()
         .iter()
         .filter(|(device, _)| visible.iter().any(|v| v == device))
         .filter(|(device, _)| Some(*device) != sender_device)
@@ -67,11 +67,11 @@ mod tests {
     #[test]
     fn push_subscribe_binds_to_the_session_device_and_a_new_one_replaces_it() {
         let s = given_alice([subscribed("phone", 1)]);
-        assert_eq!(s.push["phone"].endpoint, "https://push.example/sub/1");
+        assert_eq!(s.push()["phone"].endpoint, "https://push.example/sub/1");
         assert!(push_subscribe(&s, "phone", &push_params(1)).unwrap().is_empty(), "same subscription: no-op");
         let s = given_alice([subscribed("phone", 1), subscribed("phone", 2)]);
-        assert_eq!(s.push["phone"].endpoint, "https://push.example/sub/2");
-        assert_eq!(s.push.len(), 1);
+        assert_eq!(s.push()["phone"].endpoint, "https://push.example/sub/2");
+        assert_eq!(s.push().len(), 1);
     }
 
     #[test]

@@ -21,7 +21,7 @@ pub(crate) fn decide_gone(state: &AccountState, device_id: &str, endpoint: &str)
 /// `push.unsubscribe`: removes the session's device's subscription (none:
 /// nothing to do).
 pub fn push_unsubscribe(state: &AccountState, device_id: &str) -> Vec<AccountEvent> {
-    match state.push.get(device_id) {
+    match state.push().get(device_id) {
         Some(s) => vec![AccountEvent::PushUnsubscribed {
             device_id: device_id.into(),
             endpoint: s.endpoint.clone(),
@@ -34,7 +34,7 @@ pub fn push_unsubscribe(state: &AccountState, device_id: &str) -> Vec<AccountEve
 /// The push service answered 404/410 for `endpoint`: the subscription is
 /// dropped, unless the device has subscribed anew since (another endpoint).
 pub fn push_gone(state: &AccountState, device_id: &str, endpoint: &str) -> Vec<AccountEvent> {
-    match state.push.get(device_id) {
+    match state.push().get(device_id) {
         Some(s) if s.endpoint == endpoint => vec![AccountEvent::PushUnsubscribed {
             device_id: device_id.into(),
             endpoint: endpoint.into(),
@@ -56,11 +56,11 @@ mod tests {
         let s = given_alice([subscribed("phone", 1), subscribed("laptop", 2)]);
         let events = push_unsubscribe(&s, "phone");
         let s = given_alice([subscribed("phone", 1), subscribed("laptop", 2), events[0].clone()]);
-        assert!(!s.push.contains_key("phone"));
+        assert!(!s.push().contains_key("phone"));
         assert!(push_unsubscribe(&s, "phone").is_empty(), "nothing left to remove");
         let s = given_alice([subscribed("phone", 1), subscribed("laptop", 2), device_revoked(&alice(), "laptop")]);
-        assert!(!s.push.contains_key("laptop"), "a revoked device's subscription leaves with it");
-        assert!(s.push.contains_key("phone"));
+        assert!(!s.push().contains_key("laptop"), "a revoked device's subscription leaves with it");
+        assert!(s.push().contains_key("phone"));
     }
 
     #[test]

@@ -1303,7 +1303,7 @@ mod tests {
         assert!(b.device_valid("tablet", UnixSecs(NOW)));
         assert!(!b.device_valid("laptop", UnixSecs(NOW)), "a revocation made at one home holds at the other");
         assert!(b.public_discovery);
-        assert!(b.revoked_contacts.contains("grant:grant-bob"));
+        assert!(b.revoked_contacts().contains("grant:grant-bob"));
         assert_eq!(b.route().map(|r| r.revision), Some(2));
     }
 
@@ -1411,7 +1411,7 @@ mod tests {
         let e = replica::apply(&b, RELAY, &page, None, &[], &b, under(&policy_b, NOW)).unwrap_err();
         assert_eq!(e.code, ErrorCode::PayloadTooLarge);
         assert_eq!(e.data.as_ref().unwrap()["limit"], "limits.max_revoked_contacts");
-        assert!(b.revoked_contacts.is_empty());
+        assert!(b.revoked_contacts().is_empty());
     }
 
     #[test]
