@@ -37,7 +37,24 @@ pub async fn serve(cfg: config::Config) -> Result<(), String> {
     let listener = TcpListener::bind(&cfg.relay.listen).map_err(|e| format!("listen {}: {e}", cfg.relay.listen))?;
     // Removed (its file too) when the relay stops.
     let _admin = backup::listen(store.clone(), backup::Sources::of(&cfg))?;
-    run(cfg, store, listener, Announce::Yes, None, None, std::future::pending::<Stop>()).await
+    run(cfg, store, listener, Announce::Yes, Shard::Standalone, std::future::pending::<Stop>()).await
+}
+
+/// What a core of a cluster of several shards brings to [`run`].
+pub(crate) enum Shard {
+    /// A standalone relay.
+    Standalone,
+    /// A cluster shard's core.
+    Clustered {
+        /// Its shard in a cluster of several (its tokens name the shard,
+        /// its siblings are reached and trusted under the relay's id);
+        /// `None` with one shard.
+        place: Option<cluster::place::ShardPlace>,
+        /// The shard's lease, without which no request is answered.
+        serving: cluster::lease::Serving,
+        /// Where the node's front finds the cores it calls in process.
+        local: Option<cluster::local::LocalCores>,
+    },
 }
 
 /// The one line on stdout a parent process waits for (tests, `relay
@@ -68,18 +85,19 @@ pub(crate) enum Stop {
 
 /// Serves the relay on `store` and `listener` until SIGINT/SIGTERM, or
 /// until `stop` resolves (a cluster node's shard lost or handed over).
-/// `place`: this core's shard in a cluster of several (its tokens name
-/// the shard, its siblings are reached and trusted under the relay's id).
-/// `serving`: a cluster shard's lease, without which no request is answered.
+/// `shard`: what a cluster shard's core is given ([`Shard`]).
 pub(crate) async fn run(
     cfg: config::Config,
     store: relay_actors::store::Store,
     listener: TcpListener,
     announce: Announce,
-    place: Option<cluster::place::ShardPlace>,
-    serving: Option<cluster::lease::Serving>,
+    shard: Shard,
     stop: impl std::future::Future<Output = Stop>,
 ) -> Result<(), String> {
+    let (place, serving, local) = match shard {
+        Shard::Standalone => (None, None, None),
+        Shard::Clustered { place, serving, local } => (place, Some(serving), local),
+    };
     let h = &cfg.http;
     let workers = if h.workers > 0 { h.workers } else { std::thread::available_parallelism().map_or(1, |n| n.get()) };
     let peer_connections = cfg.peers.len() * cfg.limits.max_in_flight_per_destination;
@@ -187,7 +205,10 @@ pub(crate) async fn run(
         None => h.max_connections_per_ip,
     })
     .exempting(proxies.clone());
-    let clients = http::Clients { proxies, proxied_websockets: http::conn::PerIp::new(h.max_connections_per_ip) };
+    let clients = http::Clients {
+        proxies: proxies.clone(),
+        proxied_websockets: http::conn::PerIp::new(h.max_connections_per_ip),
+    };
     let for_app = relay.clone();
     let mut server = HttpServer::new(move || {
         // Runs once on each worker thread: account actors spread over them.
@@ -288,11 +309,30 @@ pub(crate) async fn run(
     if announce == Announce::Yes {
         announce_listening(&cfg.relay.id, scheme, addr);
     }
+    // This node's front calls the core in process from now on, as if from
+    // the address its connections to the internal one come from.
+    let in_process = match (&local, &place) {
+        (Some(local), Some(place)) => {
+            let peer = if addr.ip().is_unspecified() { std::net::Ipv4Addr::LOCALHOST.into() } else { addr.ip() };
+            let core = cluster::local::InProcess::new(relay.clone(), observer.clone(), proxies, peer);
+            Some(local.serve(place.index, core))
+        }
+        _ => None,
+    };
+    let withdraw = |within| async move {
+        if let Some(in_process) = in_process {
+            in_process.withdraw(within).await;
+        }
+    };
     let stop = std::pin::pin!(stop);
     let stopped = match futures_util::future::select(running, stop).await {
-        Either::Left((ran, _)) => ran.map_err(|e| e.to_string())?.map_err(|e| e.to_string()),
+        Either::Left((ran, _)) => {
+            withdraw(std::time::Duration::ZERO).await;
+            ran.map_err(|e| e.to_string())?.map_err(|e| e.to_string())
+        }
         Either::Right((Stop::Now(why), running)) => {
             tracing::error!(reason = %why, "stopping at once");
+            withdraw(std::time::Duration::ZERO).await;
             handle.stop(false).await;
             let _ = running.await;
             // Nothing more is written: the store is fenced or unreachable.
@@ -304,6 +344,7 @@ pub(crate) async fn run(
         }
         Either::Right((Stop::Gracefully(why), running)) => {
             tracing::info!(why, "stopping gracefully: finishing requests in flight");
+            withdraw(cfg.http.shutdown_timeout).await;
             handle.stop(true).await;
             running.await.map_err(|e| e.to_string())?.map_err(|e| e.to_string())
         }

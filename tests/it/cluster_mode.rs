@@ -1013,3 +1013,76 @@ async fn a_node_started_before_jetstream_has_leaders_waits_for_them_and_serves()
     let bob = User::register(&c, RELAY, 2, true).await;
     c.ok("message.send", alice.token(0), &alice.send_params(&bob, &mid(1), false)).await;
 }
+
+/// A method call at `front`: its status, `content-type`, `vary` and body.
+async fn answer_at(front: &str, path: &str, token: Option<&str>, body: &Value) -> (u16, Vec<String>, Value) {
+    let http = awc::Client::builder().timeout(Duration::from_secs(20)).finish();
+    let mut req = http.post(format!("{front}{path}")).content_type("application/json");
+    if let Some(t) = token {
+        req = req.insert_header(("Authorization", format!("Bearer {t}")));
+    }
+    let mut resp = req.send_body(body.to_string()).await.expect("answer");
+    let headers = ["content-type", "vary"]
+        .iter()
+        .map(|h| resp.headers().get(*h).map_or(String::new(), |v| v.to_str().unwrap().to_owned()))
+        .collect();
+    let bytes = resp.body().await.expect("body");
+    (resp.status().as_u16(), headers, serde_json::from_slice(&bytes).expect("JSON"))
+}
+
+/// A front whose own node serves a request's shard has that shard's core
+/// answer it in process, never sending it to the node's own internal
+/// address (`relay_cluster_front_in_process` counts each one), and the
+/// answer is the one the owner gives the same request passed on over the
+/// hop by the other node's front: successes, errors and calls with a
+/// session alike.
+#[actix_rt::test]
+async fn a_front_answers_in_process_for_the_shards_its_node_serves_and_the_same_as_over_the_hop() {
+    let Some(bin) = nats_server::binary_for_test() else { return };
+    let cluster = Cluster::start_sharded(&bin, 2, "", 100_000, 2);
+    let owners = cluster.shared_out("the two shards served, one per node").await;
+    let fronts: Vec<String> = cluster.nodes.iter().map(|n| n.url.clone()).collect();
+    let c = Client::with_timeout(&fronts[0], Duration::from_secs(20));
+    // Users until both shards hold one.
+    let mut users: Vec<User> = Vec::new();
+    for seed in 1..=40 {
+        let user = User::register(&c, RELAY, seed, true).await;
+        let shard = |u: &User| relay_core::shard::of(u.id(), 2);
+        if users.iter().all(|u| shard(u) != shard(&user)) {
+            users.push(user);
+        }
+        if users.len() == 2 {
+            break;
+        }
+    }
+    assert_eq!(users.len(), 2, "accounts in both shards");
+    let (alice, bob) = (&users[0], &users[1]);
+    c.ok("message.send", alice.token(0), &alice.send_params(bob, &mid(1), false)).await;
+    let node_metrics: Vec<Client> = (0..2).map(|i| Client::new(&format!("http://{}", cluster.metrics[i]))).collect();
+    let in_process = |i: usize| {
+        let m = &node_metrics[i];
+        async move { m.metric("relay_cluster_front_in_process_total").await.unwrap_or(0.0) }
+    };
+    let before = [in_process(0).await, in_process(1).await];
+    let mut expected = [0.0, 0.0];
+    for user in [alice, bob] {
+        let shard = relay_core::shard::of(user.id(), 2);
+        let owner = owners[shard as usize].expect("an owner");
+        let (sync, unknown) = (json!({"after": 0, "limit": 10}), format!("s{shard}.not-a-session"));
+        let calls: [(&str, Option<&str>, Value); 4] = [
+            ("/v1/rpc/route.get", None, json!({"account_id": user.id()})),
+            ("/v1/rpc/message.timeline.sync", user.token(0), sync.clone()),
+            ("/v1/rpc/message.timeline.sync", Some(&unknown), sync),
+            ("/v1/relay/route.get", None, json!({"account_id": user.id()})),
+        ];
+        for (path, token, body) in calls {
+            let here = answer_at(&fronts[owner], path, token, &body).await;
+            let there = answer_at(&fronts[1 - owner], path, token, &body).await;
+            assert_eq!(here, there, "{path} in process and over the hop");
+            expected[owner] += 1.0;
+        }
+    }
+    let after = [in_process(0).await, in_process(1).await];
+    assert_eq!([after[0] - before[0], after[1] - before[1]], expected, "each node's own shard's calls, in process");
+    assert_eq!(message_ids(&bob.sync_all(&c, 0).await), [mid(1)]);
+}

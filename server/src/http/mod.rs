@@ -64,7 +64,19 @@ async fn rpc_call_named(
         Ok(b) => b,
         Err(e) => return error_and_close(&e),
     };
-    match crate::rpc::call(&relay, method, bearer(&req), client_addr::client_ip(&req), &body).await {
+    rpc_answer(&relay, method, bearer(&req), client_addr::client_ip(&req), &body).await
+}
+
+/// The answer to client method `method` once its body is read: over HTTP
+/// here, or in process at a cluster node's front (`cluster::router`).
+pub(crate) async fn rpc_answer(
+    relay: &App,
+    method: &str,
+    token: Option<&str>,
+    ip: Option<std::net::IpAddr>,
+    body: &[u8],
+) -> HttpResponse {
+    match crate::rpc::call(relay, method, token, ip, body).await {
         Ok(json) => HttpResponse::Ok().content_type("application/json").body(json),
         Err(e) => error_response(&e),
     }
@@ -94,14 +106,26 @@ async fn relay_call_named(
         Ok(b) => b,
         Err(e) => return error_and_close(&e),
     };
-    let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
+    relay_call_answer(&relay, &observer, method, req.headers(), &body).await
+}
+
+/// The answer to relay method `method` once its body is read: over HTTP
+/// here, or in process at a cluster node's front (`cluster::router`).
+pub(crate) async fn relay_call_answer(
+    relay: &App,
+    observer: &PeerObserver,
+    method: &str,
+    headers: &actix_web::http::header::HeaderMap,
+    body: &[u8],
+) -> HttpResponse {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let headers = RelayHeaders {
         relay_id: header("Relay-Id"),
         timestamp: header("Relay-Timestamp"),
         signature: header("Relay-Signature"),
     };
     let now = relay.supervisor().clock().now();
-    let (peer, request) = match relay.peer_keys().authenticate(&headers, method, &body, now.0) {
+    let (peer, request) = match relay.peer_keys().authenticate(&headers, method, body, now.0) {
         Ok(Admitted::New { peer, request }) => (peer, request),
         // The same signed request again: nothing is carried out twice.
         Ok(Admitted::Again { peer, answer }) => {
@@ -121,7 +145,7 @@ async fn relay_call_named(
     };
     // The peer is up: deliveries to it need not wait for their next slot.
     relay.supervisor().peer_seen(&peer);
-    let result = crate::rpc::call_relay(&relay, method, &peer, &body).await;
+    let result = crate::rpc::call_relay(relay, method, &peer, body).await;
     relay.peer_keys().answered(&request, &result);
     observer.count(&peer, Direction::In, result.as_ref().map_or_else(|e| e.code.as_str(), |_| "ok"));
     relay_answer(result)
