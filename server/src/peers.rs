@@ -267,19 +267,25 @@ impl PeerClient {
                 }
             }
         };
-        let ts = self.inner.clock.now().0;
-        let sig = sign_relay_request(&self.inner.key, method, peer_id, ts, &body);
         let url = format!("{base}/v1/relay/{method}");
-        let client = match (&to, self.sibling_hop()) {
-            (To::Sibling(_), Some(hop)) => self.hop_http(hop),
-            _ => self.http(),
+        let request = match (&to, self.sibling_hop()) {
+            // Over the cluster's hop the handshake proved who we are: no
+            // signature per call (`cluster::hop::SIBLING_HEADER`).
+            (To::Sibling(_), Some(hop)) => {
+                self.hop_http(hop).post(url).insert_header((crate::cluster::hop::SIBLING_HEADER, "1"))
+            }
+            _ => {
+                let ts = self.inner.clock.now().0;
+                let sig = sign_relay_request(&self.inner.key, method, peer_id, ts, &body);
+                self.http()
+                    .post(url)
+                    .insert_header(("Relay-Timestamp", ts.to_string()))
+                    .insert_header(("Relay-Signature", sig))
+            }
         };
-        let sent = client
-            .post(url)
+        let sent = request
             .content_type("application/json")
             .insert_header(("Relay-Id", self.inner.relay_id.as_str()))
-            .insert_header(("Relay-Timestamp", ts.to_string()))
-            .insert_header(("Relay-Signature", sig))
             .send_body(body)
             .await;
         let mut resp = match sent {

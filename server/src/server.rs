@@ -209,6 +209,21 @@ pub(crate) async fn run(
         proxies: proxies.clone(),
         proxied_websockets: http::conn::PerIp::new(h.max_connections_per_ip),
     };
+    // A cluster shard's core listens on its internal address: with the
+    // cluster's secret, only a holder of its key is answered (`cluster/hop.rs`).
+    let hop = match cfg.cluster.as_ref().and_then(|c| c.secret.as_ref()) {
+        Some(secret) => Some(cluster::hop::Hop::from_secret(secret.0.as_bytes())?),
+        None => None,
+    };
+    // Sibling shards call unsigned over it (`cluster::hop::SIBLING_HEADER`).
+    let over_hop = hop.is_some() && place.is_some() && h.tls().is_none();
+    let count = per_ip.on_connect();
+    let on_connect = move |conn: &dyn std::any::Any, ext: &mut actix_web::dev::Extensions| {
+        count(conn, ext);
+        if over_hop {
+            cluster::hop::mark_verified(conn, ext);
+        }
+    };
     let for_app = relay.clone();
     let mut server = HttpServer::new(move || {
         // Runs once on each worker thread: account actors spread over them.
@@ -232,7 +247,7 @@ pub(crate) async fn run(
                 with_metrics,
             ))
     })
-    .on_connect(per_ip.on_connect())
+    .on_connect(on_connect)
     .max_connections(h.max_connections)
     .client_request_timeout(h.request_timeout)
     .keep_alive(h.keep_alive)
@@ -255,12 +270,6 @@ pub(crate) async fn run(
     if place.is_none() {
         actix_web::rt::spawn(http::tls::on_sighup(cert.clone()));
     }
-    // A cluster shard's core listens on its internal address: with the
-    // cluster's secret, only a holder of its key is answered (`cluster/hop.rs`).
-    let hop = match cfg.cluster.as_ref().and_then(|c| c.secret.as_ref()) {
-        Some(secret) => Some(cluster::hop::Hop::from_secret(secret.0.as_bytes())?),
-        None => None,
-    };
     let server = match (cert, hop) {
         (Some(cert), _) => server.listen_rustls_0_23(listener, http::tls::Certificate::server_config(cert)?),
         (None, Some(hop)) => server.listen_rustls_0_23(listener, (*hop.server).clone()),

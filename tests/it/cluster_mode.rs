@@ -1043,21 +1043,8 @@ async fn a_front_answers_in_process_for_the_shards_its_node_serves_and_the_same_
     let owners = cluster.shared_out("the two shards served, one per node").await;
     let fronts: Vec<String> = cluster.nodes.iter().map(|n| n.url.clone()).collect();
     let c = Client::with_timeout(&fronts[0], Duration::from_secs(20));
-    // Users until both shards hold one.
-    let mut users: Vec<User> = Vec::new();
-    for seed in 1..=40 {
-        let user = User::register(&c, RELAY, seed, true).await;
-        let shard = |u: &User| relay_core::shard::of(u.id(), 2);
-        if users.iter().all(|u| shard(u) != shard(&user)) {
-            users.push(user);
-        }
-        if users.len() == 2 {
-            break;
-        }
-    }
-    assert_eq!(users.len(), 2, "accounts in both shards");
-    let (alice, bob) = (&users[0], &users[1]);
-    c.ok("message.send", alice.token(0), &alice.send_params(bob, &mid(1), false)).await;
+    let (alice, bob) = one_per_shard(&c).await;
+    c.ok("message.send", alice.token(0), &alice.send_params(&bob, &mid(1), false)).await;
     let node_metrics: Vec<Client> = (0..2).map(|i| Client::new(&format!("http://{}", cluster.metrics[i]))).collect();
     let in_process = |i: usize| {
         let m = &node_metrics[i];
@@ -1065,7 +1052,7 @@ async fn a_front_answers_in_process_for_the_shards_its_node_serves_and_the_same_
     };
     let before = [in_process(0).await, in_process(1).await];
     let mut expected = [0.0, 0.0];
-    for user in [alice, bob] {
+    for user in [&alice, &bob] {
         let shard = relay_core::shard::of(user.id(), 2);
         let owner = owners[shard as usize].expect("an owner");
         let (sync, unknown) = (json!({"after": 0, "limit": 10}), format!("s{shard}.not-a-session"));
@@ -1084,5 +1071,96 @@ async fn a_front_answers_in_process_for_the_shards_its_node_serves_and_the_same_
     }
     let after = [in_process(0).await, in_process(1).await];
     assert_eq!([after[0] - before[0], after[1] - before[1]], expected, "each node's own shard's calls, in process");
+    assert_eq!(message_ids(&bob.sync_all(&c, 0).await), [mid(1)]);
+}
+
+/// Shard `k`'s owner's internal address, as its lease names it.
+async fn internal_of(cluster: &Cluster, k: u32) -> String {
+    let client = async_nats::connect(relay_actors::store::server_addrs(&cluster.urls()).unwrap()).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    let leases = js.get_key_value(format!("RELAY_{}_LEASE_S{k}", RELAY.replace('-', "_"))).await.unwrap();
+    let value = leases.get(format!("shard-{k}")).await.unwrap().expect("a lease");
+    String::from_utf8_lossy(&value).split(' ').nth(1).expect("an address").to_owned()
+}
+
+/// POSTs `body` to `url` with `headers` through `http`: status and JSON.
+async fn post_with(http: &awc::Client, url: &str, headers: &[(&str, &str)], body: &str) -> (u16, Value) {
+    let mut req = http.post(url).content_type("application/json");
+    for (name, value) in headers {
+        req = req.insert_header((*name, *value));
+    }
+    let mut resp = req.send_body(body.to_owned()).await.expect("answer");
+    let bytes = resp.body().await.expect("body");
+    (resp.status().as_u16(), serde_json::from_slice(&bytes).expect("JSON"))
+}
+
+/// Two accounts of a two-shard cluster, one in each shard.
+async fn one_per_shard(c: &Client) -> (User, User) {
+    let mut users: Vec<User> = Vec::new();
+    for seed in 1..=40 {
+        let user = User::register(c, RELAY, seed, true).await;
+        if users.iter().all(|u| relay_core::shard::of(u.id(), 2) != relay_core::shard::of(user.id(), 2)) {
+            users.push(user);
+        }
+        if users.len() == 2 {
+            break;
+        }
+    }
+    let bob = users.pop().expect("accounts in both shards");
+    (users.pop().expect("accounts in both shards"), bob)
+}
+
+/// With `cluster.secret_file`, sibling shards call each other without an
+/// Ed25519 signature per call: an owner takes a relay call marked as a
+/// sibling's (`relay-cluster-sibling`) on a hop connection whose client
+/// proved it holds the cluster's key. Without the mark a signature is
+/// needed, as from any peer, and the mark sent to the public front is
+/// dropped there: refused. Sends between the shards go that way.
+#[actix_rt::test]
+async fn an_unsigned_sibling_call_is_taken_over_the_hop_with_the_clusters_key_and_refused_elsewhere() {
+    let Some(bin) = nats_server::binary_for_test() else { return };
+    let cluster = Cluster::start_sharded(&bin, 1, "", 100_000, 2);
+    cluster.shared_out("both shards served").await;
+    let front = &cluster.nodes[0].url;
+    let c = Client::with_timeout(front, Duration::from_secs(20));
+    let (alice, bob) = one_per_shard(&c).await;
+    let at = internal_of(&cluster, relay_core::shard::of(alice.id(), 2)).await;
+    let secret = std::fs::read_to_string(cluster.dir.path().join("cluster.secret")).unwrap();
+    let hop = relay::cluster::hop::Hop::from_secret(secret.lines().next().unwrap().trim().as_bytes()).unwrap();
+    let over_hop = awc::Client::builder()
+        .timeout(Duration::from_secs(20))
+        .connector(awc::Connector::new().rustls_0_23(hop.client))
+        .finish();
+    let params = json!({"account_id": alice.id()}).to_string();
+    let sibling = [("Relay-Id", RELAY), (relay::cluster::hop::SIBLING_HEADER, "1")];
+    let internal = format!("https://{at}/v1/relay/route.get");
+    let (status, route) = post_with(&over_hop, &internal, &sibling, &params).await;
+    assert_eq!((status, route["account_id"].as_str()), (200, Some(alice.id())), "{route}");
+    let (status, refused) = post_with(&over_hop, &internal, &sibling[..1], &params).await;
+    assert_eq!((status, refused["error"]["code"].as_str()), (401, Some("unauthorized")), "unmarked, unsigned");
+    let plain = awc::Client::builder().timeout(Duration::from_secs(20)).finish();
+    let (status, refused) = post_with(&plain, &format!("{front}/v1/relay/route.get"), &sibling, &params).await;
+    assert_eq!((status, refused["error"]["code"].as_str()), (401, Some("unauthorized")), "marked at the front");
+    c.ok("message.send", alice.token(0), &alice.send_params(&bob, &mid(1), false)).await;
+    assert_eq!(message_ids(&bob.sync_all(&c, 0).await), [mid(1)]);
+}
+
+/// Without `cluster.secret_file` the internal listener is plain HTTP and
+/// proves nobody: a call marked as a sibling's is refused there unless
+/// signed, and the siblings sign theirs as before.
+#[actix_rt::test]
+async fn without_the_cluster_secret_a_sibling_call_needs_its_signature() {
+    let Some(bin) = nats_server::binary_for_test() else { return };
+    let cluster = Cluster::start_all(&bin, 1, "", 100_000, 2, false);
+    cluster.shared_out("both shards served").await;
+    let c = Client::with_timeout(&cluster.nodes[0].url, Duration::from_secs(20));
+    let (alice, bob) = one_per_shard(&c).await;
+    let at = internal_of(&cluster, relay_core::shard::of(alice.id(), 2)).await;
+    let sibling = [("Relay-Id", RELAY), (relay::cluster::hop::SIBLING_HEADER, "1")];
+    let plain = awc::Client::builder().timeout(Duration::from_secs(20)).finish();
+    let params = json!({"account_id": alice.id()}).to_string();
+    let (status, refused) = post_with(&plain, &format!("http://{at}/v1/relay/route.get"), &sibling, &params).await;
+    assert_eq!((status, refused["error"]["code"].as_str()), (401, Some("unauthorized")), "{refused}");
+    c.ok("message.send", alice.token(0), &alice.send_params(&bob, &mid(1), false)).await;
     assert_eq!(message_ids(&bob.sync_all(&c, 0).await), [mid(1)]);
 }

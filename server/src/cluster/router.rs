@@ -305,7 +305,8 @@ async fn in_process(front: &Front, shard: u32, req: &HttpRequest, body: &Bytes) 
     let entered = core.enter();
     let core = entered.core();
     let mut answer = if relay {
-        crate::http::relay_call_answer(&core.app, &core.observer, name, req.headers(), body).await
+        // A client's call at the front: never a sibling's (its header is dropped).
+        crate::http::relay_call_answer(&core.app, &core.observer, name, req.headers(), body, false).await
     } else {
         let ip = core.proxies.client(core.peer, req.headers());
         crate::http::rpc_answer(&core.app, name, bearer(req), Some(ip), body).await
@@ -364,11 +365,13 @@ async fn send(
     }
 }
 
-/// Headers of one connection, not of the request (RFC 9110 §7.6.1), and
+/// Headers of one connection, not of the request (RFC 9110 §7.6.1),
 /// those the front sets again for its own (`host`, `content-length`,
-/// `expect`).
+/// `expect`), and the sibling shards' mark (`hop::SIBLING_HEADER`), which
+/// a client must never get past a front.
 fn hop_by_hop(name: &HeaderName) -> bool {
-    const HOP: [&str; 9] = [
+    const HOP: [&str; 10] = [
+        super::hop::SIBLING_HEADER,
         "connection",
         "keep-alive",
         "transfer-encoding",
@@ -762,7 +765,8 @@ mod tests {
     }
 
     /// A stand-in owner numbered `n`: echoes HTTP requests (status 201,
-    /// `x-owner: n`, the request's `relay-signature` and body) and
+    /// `x-owner: n`, the request's `relay-signature` and body, `x-sibling`
+    /// if it had the sibling shards' mark) and
     /// WebSocket text frames (`n:` before them); refuses upgrades whose
     /// token ends in `.bad`.
     fn owner(n: u32) -> SocketAddr {
@@ -785,6 +789,9 @@ mod tests {
             let signature = req.headers().get("relay-signature").cloned();
             let mut answer = HttpResponse::Created();
             answer.insert_header(("x-owner", n.to_string()));
+            if req.headers().contains_key(super::super::hop::SIBLING_HEADER) {
+                answer.insert_header(("x-sibling", "seen"));
+            }
             if let Some(signature) = signature {
                 answer.insert_header(("relay-signature", signature));
             }
@@ -855,6 +862,27 @@ mod tests {
         });
         let answer = client.get(format!("http://{at}/healthz")).send().await.expect("answer");
         assert_eq!(answer.headers().get("x-owner").map(|v| v.as_bytes()), Some(&b"0"[..]));
+    }
+
+    #[actix_rt::test]
+    async fn a_front_never_passes_the_sibling_shards_mark_on() {
+        let (at, _owners) = front();
+        let call = |marked: bool| {
+            let mut request = awc::Client::new()
+                .post(format!("http://{at}/v1/relay/route.get"))
+                .insert_header(("authorization", "Bearer s1.x"))
+                .insert_header(("relay-signature", "sig=="));
+            if marked {
+                request = request.insert_header((super::super::hop::SIBLING_HEADER, "1"));
+            }
+            request.send_body("{}")
+        };
+        for marked in [false, true] {
+            let answer = call(marked).await.expect("answer");
+            assert_eq!(answer.headers().get("x-owner").map(|v| v.as_bytes()), Some(&b"1"[..]));
+            assert_eq!(answer.headers().get("relay-signature").map(|v| v.as_bytes()), Some(&b"sig=="[..]));
+            assert!(answer.headers().get("x-sibling").is_none(), "marked: {marked}");
+        }
     }
 
     #[actix_rt::test]
