@@ -224,7 +224,7 @@ pub(crate) async fn run(
             cluster::hop::mark_verified(conn, ext);
         }
     };
-    let for_app = relay.clone();
+    let (for_app, observed) = (relay.clone(), observer.clone());
     let mut server = HttpServer::new(move || {
         // Runs once on each worker thread: account actors spread over them.
         for_app.supervisor().add_arbiter(actix::Arbiter::current());
@@ -323,7 +323,7 @@ pub(crate) async fn run(
     let in_process = match (&local, &place) {
         (Some(local), Some(place)) => {
             let peer = if addr.ip().is_unspecified() { std::net::Ipv4Addr::LOCALHOST.into() } else { addr.ip() };
-            let core = cluster::local::InProcess::new(relay.clone(), observer.clone(), proxies, peer);
+            let core = cluster::local::InProcess::new(relay.clone(), observed, proxies, peer);
             Some(local.serve(place.index, core))
         }
         _ => None,
