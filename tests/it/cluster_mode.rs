@@ -1164,3 +1164,85 @@ async fn without_the_cluster_secret_a_sibling_call_needs_its_signature() {
     c.ok("message.send", alice.token(0), &alice.send_params(&bob, &mid(1), false)).await;
     assert_eq!(message_ids(&bob.sync_all(&c, 0).await), [mid(1)]);
 }
+
+/// Receipts between shards are batched as a peer's are: each shard's
+/// deliveries to a sibling queue behind the calls in flight to it (one
+/// here) and go as one `message.deliver.batch`, unsigned over the hop. The
+/// owner answers each item of a sibling's batch as that item alone would
+/// be answered (an item for another shard as at the wrong owner, an item
+/// sent again with its stored answer, so any item may be retried singly),
+/// and a real peer's batch is still `not_found` at a cluster of several
+/// shards, which it then sends singly.
+#[actix_rt::test]
+async fn deliveries_between_shards_go_as_batches_answered_item_by_item_as_single_calls() {
+    use relay_schemas::client::{Account, Device};
+    use relay_schemas::encoding::b64_encode;
+    let Some(bin) = nats_server::binary_for_test() else { return };
+    let peer_key = ed25519_dalek::SigningKey::from_bytes(&[42; 32]);
+    let extra = format!(
+        "[delivery]\nbatches_in_flight = 1\n\
+         [[peers]]\nid = \"relay-t\"\nurl = \"http://127.0.0.1:9\"\npublic_key = \"{}\"\n",
+        b64_encode(peer_key.verifying_key().as_bytes())
+    );
+    let cluster = Cluster::start_sharded(&bin, 1, &extra, 100_000, 2);
+    cluster.shared_out("both shards served").await;
+    let front = &cluster.nodes[0].url;
+    let c = Client::with_timeout(front, Duration::from_secs(30));
+    let (alice, bob) = one_per_shard(&c).await;
+    let at = internal_of(&cluster, relay_core::shard::of(bob.id(), 2)).await;
+    let secret = std::fs::read_to_string(cluster.dir.path().join("cluster.secret")).unwrap();
+    let hop = relay::cluster::hop::Hop::from_secret(secret.lines().next().unwrap().trim().as_bytes()).unwrap();
+    let over_hop = awc::Client::builder()
+        .timeout(Duration::from_secs(20))
+        .connector(awc::Connector::new().rustls_0_23(hop.client))
+        .finish();
+    let batches_at_bob = || async {
+        let mut resp = over_hop.get(format!("https://{at}/metrics")).send().await.expect("metrics");
+        let text = String::from_utf8(resp.body().limit(16 << 20).await.expect("metrics").to_vec()).unwrap();
+        text.lines()
+            .filter(|l| l.contains(r#"method="relay/message.deliver.batch""#) && l.contains(r#"code="ok""#))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    let before = batches_at_bob().await;
+    let sends = (1..=40).map(|n| {
+        let (c, alice, params) = (&c, &alice, alice.send_params(&bob, &mid(n), false));
+        async move { c.ok("message.send", alice.token(0), &params).await }
+    });
+    for status in futures_util::future::join_all(sends).await {
+        assert_eq!(status["status"], "target_accepted", "{status}");
+    }
+    let mut ids = message_ids(&bob.sync_all(&c, 0).await);
+    ids.sort();
+    assert_eq!(ids, (1..=40).map(mid).collect::<Vec<_>>(), "each message once");
+    assert!(batches_at_bob().await > before, "some of the forty receipts went to bob's shard as a batch");
+
+    // A sibling's batch, item by item.
+    let (dave, phone) = (Account::from_seed([67; 32]), Device::from_seed("phone", [167; 32]));
+    let deliver = |to: &str, n: u64| {
+        json!({"envelope": phone.envelope(&dave.id, to, &mid(n), common::client::now(), b"ciphertext"),
+               "recipient_boxes": [{"device_id": "phone", "box": b64_encode(b"box")}],
+               "sender_device_certificate": dave.certificate(&phone, common::client::now(), None),
+               "sender_route": dave.route(1, &[(RELAY, "http://127.0.0.1:9")], common::client::now())})
+    };
+    let items = [deliver(bob.id(), 101), deliver(alice.id(), 102), json!({"envelope": 5}), deliver(bob.id(), 101)];
+    let sibling = [("Relay-Id", RELAY), (relay::cluster::hop::SIBLING_HEADER, "1")];
+    let url = |method: &str| format!("https://{at}/v1/relay/{method}");
+    let batch = json!({ "items": items }).to_string();
+    let (status, body) = post_with(&over_hop, &url("message.deliver.batch"), &sibling, &batch).await;
+    assert_eq!(status, 200, "{body}");
+    let results = body["results"].as_array().expect("results");
+    assert_eq!(results[0]["status"], "target_accepted", "{body}");
+    assert_eq!(results[3], results[0], "an item sent again: its stored answer");
+    let codes: Vec<_> = results[1..3].iter().map(|r| r["error"]["code"].as_str().unwrap_or("-")).collect();
+    assert_eq!(codes, ["temporarily_unavailable", "invalid_params"], "{body}");
+    let (_, single) = post_with(&over_hop, &url("message.deliver"), &sibling, &items[0].to_string()).await;
+    assert_eq!(&single, &results[0], "the first item retried alone");
+    let records = bob.sync_all(&c, 0).await;
+    assert_eq!(message_ids(&records).iter().filter(|m| **m == mid(101)).count(), 1, "delivered once");
+
+    // A real peer's batch, at the front.
+    let (status, refused) =
+        c.relay_call(RELAY, "relay-t", &peer_key, "message.deliver.batch", &json!({"items": [items[0]]})).await;
+    assert_eq!((status, refused["error"]["code"].as_str()), (404, Some("not_found")), "{refused}");
+}
