@@ -40,7 +40,7 @@ pub async fn serve(cfg: config::Config) -> Result<(), String> {
     run(cfg, store, listener, Announce::Yes, Shard::Standalone, std::future::pending::<Stop>()).await
 }
 
-/// What a core of a cluster of several shards brings to [`run`].
+/// What [`run`] serves: a standalone relay, or one shard of a cluster.
 pub(crate) enum Shard {
     /// A standalone relay.
     Standalone,
