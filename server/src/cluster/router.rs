@@ -293,11 +293,10 @@ async fn in_process(front: &Front, shard: u32, req: &HttpRequest, body: &Bytes) 
         (_, Some(name)) => (name, true),
         _ => return None,
     };
-    // The paths the core routes to one method (`crate::http::configure`).
-    let method = relay_schemas::Method::ALL.iter().find(|m| m.as_str() == name)?;
-    if (method.caller() == relay_schemas::Caller::Relay) != relay {
-        return None;
-    }
+    // The paths the core routes to one method (`crate::http::configure`):
+    // a name may be a client's method and a relay's (`route.get`).
+    let is_relay = |m: &&relay_schemas::Method| (m.caller() == relay_schemas::Caller::Relay) == relay;
+    relay_schemas::Method::ALL.iter().filter(is_relay).find(|m| m.as_str() == name)?;
     let core = front.local.get(shard)?;
     if !core.app.serves() {
         return None;
