@@ -140,6 +140,12 @@ impl App {
         self
     }
 
+    /// Whether this core answers now: outside cluster mode always, a
+    /// cluster shard's core while its lease holds.
+    pub(crate) fn serves(&self) -> bool {
+        self.lease.as_ref().is_none_or(|l| l.live())
+    }
+
     /// Runs `call` only under a live lease (cluster mode), and gives its
     /// answer only if the lease still held once the call had read what it
     /// answers (`relay_core::lease::may_answer`): an owner paused past its

@@ -1,5 +1,6 @@
-//! The queues of deliveries to each peer, for `message.deliver.batch`
-//! calls (PROTOCOL §5). What goes out at once, what a call takes and for
+//! The queues of deliveries to each peer (and, in a cluster of several
+//! shards, to each sibling shard), for `message.deliver.batch` calls
+//! (PROTOCOL §5). What goes out at once, what a call takes and for
 //! how long a peer without the batch method gets single calls are rules
 //! of the core (`relay_core::delivery::batch`); this holds the queues,
 //! and the peer client (`crate::peers`) drives them with its calls, so the
@@ -31,6 +32,23 @@ impl Batching {
     }
 }
 
+/// Where a queue's deliveries go: a configured peer, or (in a cluster of
+/// several shards) a sibling shard of this relay, whoever owns it now.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Dest {
+    Peer(String),
+    Shard(u32),
+}
+
+impl std::fmt::Display for Dest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Dest::Peer(id) => f.write_str(id),
+            Dest::Shard(k) => write!(f, "shard {k}"),
+        }
+    }
+}
+
 /// One delivery waiting for a call: its `message.deliver` body and who
 /// waits for its outcome.
 pub(crate) struct Item {
@@ -49,7 +67,7 @@ pub(crate) struct PeerQueue {
 
 pub struct Batcher {
     pub(crate) batching: Batching,
-    peers: Mutex<HashMap<String, PeerQueue>>,
+    peers: Mutex<HashMap<Dest, PeerQueue>>,
 }
 
 impl Batcher {
@@ -57,20 +75,20 @@ impl Batcher {
         Batcher { batching, peers: Mutex::default() }
     }
 
-    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, PeerQueue>> {
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Dest, PeerQueue>> {
         self.peers.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The next call's items for `peer` (none: the caller's call ends),
     /// and whether they may go as a batch.
-    pub(crate) fn next(&self, peer: &str) -> (Vec<Item>, bool) {
+    pub(crate) fn next(&self, peer: &Dest) -> (Vec<Item>, bool) {
         let mut peers = self.lock();
         let Some(q) = peers.get_mut(peer) else { return (vec![], false) };
         let n = batch::next_call(q.waiting.iter().map(|i| i.body.len()), self.batching.max_bytes);
         let items: Vec<Item> = q.waiting.drain(..n).collect();
         if items.is_empty() {
-            // The entry stays: one per configured peer, with its
-            // `no_batch_until`.
+            // The entry stays: one per configured peer (or sibling
+            // shard), with its `no_batch_until`.
             q.busy -= 1;
             return (items, false);
         }
@@ -79,7 +97,7 @@ impl Batcher {
     }
 
     /// `peer` lacks the batch method: single calls only for a while.
-    pub(crate) fn no_batch(&self, peer: &str) {
+    pub(crate) fn no_batch(&self, peer: &Dest) {
         if let Some(q) = self.lock().get_mut(peer) {
             q.no_batch_until = Some(Instant::now() + batch::NO_BATCH_FOR);
         }
@@ -91,7 +109,7 @@ impl Batcher {
 /// queue behind a call that never ends.
 pub(crate) struct Slot<'a> {
     pub(crate) batcher: &'a Batcher,
-    pub(crate) peer: &'a str,
+    pub(crate) peer: &'a Dest,
     pub(crate) held: bool,
 }
 
@@ -112,13 +130,14 @@ mod tests {
     #[test]
     fn a_drain_dropped_mid_call_gives_its_slot_back_once() {
         let b = Batcher::new(Batching { in_flight: 1, max_bytes: 1 << 20 });
-        b.lock().entry("relay-b".into()).or_default().busy = 1;
-        drop(Slot { batcher: &b, peer: "relay-b", held: true });
-        assert_eq!(b.lock()["relay-b"].busy, 0);
+        let peer = Dest::Peer("relay-b".into());
+        b.lock().entry(peer.clone()).or_default().busy = 1;
+        drop(Slot { batcher: &b, peer: &peer, held: true });
+        assert_eq!(b.lock()[&peer].busy, 0);
         // A slot `next` gave back (the queue was empty) is not given back twice.
-        b.lock().get_mut("relay-b").unwrap().busy = 1;
-        assert!(b.next("relay-b").0.is_empty());
-        drop(Slot { batcher: &b, peer: "relay-b", held: false });
-        assert_eq!(b.lock()["relay-b"].busy, 0);
+        b.lock().get_mut(&peer).unwrap().busy = 1;
+        assert!(b.next(&peer).0.is_empty());
+        drop(Slot { batcher: &b, peer: &peer, held: false });
+        assert_eq!(b.lock()[&peer].busy, 0);
     }
 }

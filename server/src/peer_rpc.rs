@@ -30,13 +30,16 @@ pub enum Admitted {
     New { peer: String, request: Authenticated },
     /// The same signed request again: answer what the first got.
     Again { peer: String, answer: Answer },
+    /// A sibling shard of this relay, over the cluster's hop (unsigned:
+    /// `cluster::hop::SIBLING_HEADER`); its id is the relay's own.
+    Sibling(String),
 }
 
 impl Admitted {
     /// The calling peer.
     pub fn peer(&self) -> &str {
         match self {
-            Admitted::New { peer, .. } | Admitted::Again { peer, .. } => peer,
+            Admitted::New { peer, .. } | Admitted::Again { peer, .. } | Admitted::Sibling(peer) => peer,
         }
     }
 }

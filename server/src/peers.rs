@@ -5,7 +5,7 @@
 
 use crate::config::Peer;
 use crate::observe::{Direction, PeerObserver};
-use crate::peer_batch::{Batcher, Batching, Item, Slot};
+use crate::peer_batch::{Batcher, Batching, Dest, Item, Slot};
 use actix_web::http::StatusCode;
 use awc::error::{ConnectError, SendRequestError};
 use ed25519_dalek::SigningKey;
@@ -79,8 +79,8 @@ type Asked<'a> =
 enum To<'a> {
     /// A configured peer.
     Peer(&'a str),
-    /// The shard of this relay that holds this account.
-    Sibling(&'a str),
+    /// A sibling shard of this relay, by its number.
+    Shard(u32),
 }
 
 #[derive(Clone)]
@@ -132,17 +132,25 @@ impl PeerClient {
     /// While that shard has no reachable owner (a takeover or hand-over
     /// under way, a few seconds) the call waits for one, up to the
     /// attempt timeout: nothing was sent, so trying again is safe.
-    /// It tries again on a new owner and every `OWNER_POLL`: a node that
-    /// took the lease listens only once it has fenced and caught up the
-    /// shard, which no change of the lease announces (a wait for one
-    /// failed the attempt, and the delivery waited for its next slot of
-    /// the timetable, 5 minutes after its second).
     pub async fn call_sibling(
         &self,
         account_id: &str,
         method: Method,
         body: Vec<u8>,
     ) -> Result<actix_web::web::Bytes, CallError> {
+        match &self.inner.siblings {
+            Some(s) => self.call_shard(s.shard_of(account_id), method, body).await,
+            None => self.send_call(To::Shard(0), method.as_str(), body).await,
+        }
+    }
+
+    /// [`PeerClient::call_sibling`] by the shard's number. It tries again
+    /// on a new owner and every `OWNER_POLL`: a node that took the lease
+    /// listens only once it has fenced and caught up the shard, which no
+    /// change of the lease announces (a wait for one failed the attempt,
+    /// and the delivery waited for its next slot of the timetable, 5
+    /// minutes after its second).
+    async fn call_shard(&self, k: u32, method: Method, body: Vec<u8>) -> Result<actix_web::web::Bytes, CallError> {
         use tokio::time::{timeout_at, Instant};
         let deadline = Instant::now() + self.inner.timeout;
         loop {
@@ -151,7 +159,7 @@ impl PeerClient {
             if let Some(owners) = &mut owners {
                 owners.mark_unchanged();
             }
-            let answer = self.send_call(To::Sibling(account_id), method.as_str(), body.clone()).await;
+            let answer = self.send_call(To::Shard(k), method.as_str(), body.clone()).await;
             let (Err(CallError::NotSent(_)), Some(mut owners)) = (&answer, owners) else { return answer };
             if Instant::now() >= deadline {
                 return answer;
@@ -264,9 +272,9 @@ impl PeerClient {
                     )))
                 }
             },
-            To::Sibling(account_id) => {
+            To::Shard(k) => {
                 let own = self.inner.relay_id.as_str();
-                match self.inner.siblings.as_ref().map(|s| s.owner_of(account_id)) {
+                match self.inner.siblings.as_ref().map(|s| s.owner(k)) {
                     Some(Ok(at)) => {
                         let scheme = if self.sibling_hop().is_some() { "https" } else { "http" };
                         (own, format!("{scheme}://{at}"))
@@ -282,19 +290,25 @@ impl PeerClient {
                 }
             }
         };
-        let ts = self.inner.clock.now().0;
-        let sig = sign_relay_request(&self.inner.key, method, peer_id, ts, &body);
         let url = format!("{base}/v1/relay/{method}");
-        let client = match (&to, self.sibling_hop()) {
-            (To::Sibling(_), Some(hop)) => self.hop_http(hop),
-            _ => self.http(),
+        let request = match (&to, self.sibling_hop()) {
+            // Over the cluster's hop the handshake proved who we are: no
+            // signature per call (`cluster::hop::SIBLING_HEADER`).
+            (To::Shard(_), Some(hop)) => {
+                self.hop_http(hop).post(url).insert_header((crate::cluster::hop::SIBLING_HEADER, "1"))
+            }
+            _ => {
+                let ts = self.inner.clock.now().0;
+                let sig = sign_relay_request(&self.inner.key, method, peer_id, ts, &body);
+                self.http()
+                    .post(url)
+                    .insert_header(("Relay-Timestamp", ts.to_string()))
+                    .insert_header(("Relay-Signature", sig))
+            }
         };
-        let sent = client
-            .post(url)
+        let sent = request
             .content_type("application/json")
             .insert_header(("Relay-Id", self.inner.relay_id.as_str()))
-            .insert_header(("Relay-Timestamp", ts.to_string()))
-            .insert_header(("Relay-Signature", sig))
             .send_body(body)
             .await;
         let mut resp = match sent {
@@ -335,9 +349,17 @@ impl PeerClient {
         &self.inner.batcher
     }
 
-    /// `message.deliver` with `body` alone at configured peer `peer_id`.
-    pub(crate) async fn deliver_one(&self, peer_id: &str, body: Vec<u8>) -> AttemptOutcome {
-        Self::deliver_outcome(self.call(peer_id, Method::MessageDeliver, body).await)
+    /// `message.deliver` with `body` alone at `to`.
+    pub(crate) async fn deliver_one(&self, to: &Dest, body: Vec<u8>) -> AttemptOutcome {
+        Self::deliver_outcome(self.call_to(to, Method::MessageDeliver, body).await)
+    }
+
+    /// A call at a configured peer ([`PeerClient::call`]) or a sibling shard.
+    async fn call_to(&self, to: &Dest, method: Method, body: Vec<u8>) -> Result<actix_web::web::Bytes, CallError> {
+        match to {
+            Dest::Peer(id) => self.call(id, method, body).await,
+            Dest::Shard(k) => self.call_shard(*k, method, body).await,
+        }
     }
 
     /// What an answer to `message.deliver` (or to one item of a batch)
@@ -411,19 +433,22 @@ impl Transport for PeerClient {
         // The params go out exactly as stored: the signed objects' original bytes.
         let body = serde_json::to_vec(params);
         let me = self.clone();
-        // An account of a sibling shard of this relay: that shard's owner.
-        let sibling = (target.id == self.inner.relay_id).then(|| params.envelope.to.clone());
-        let (peer, batched) = (target.id.clone(), self.is_peer(&target.id));
+        // An account of a sibling shard of this relay: that shard's owner,
+        // batched like a peer's deliveries (one queue per shard).
+        let to = match &self.inner.siblings {
+            Some(s) if target.id == self.inner.relay_id => Dest::Shard(s.shard_of(&params.envelope.to)),
+            _ => Dest::Peer(target.id.clone()),
+        };
+        let batched = matches!(to, Dest::Shard(_)) || self.is_peer(&target.id);
         Box::pin(async move {
             let body = match body {
                 Ok(body) => body,
                 Err(e) => return AttemptOutcome::NotAttempted(RelayError::internal(e.to_string())),
             };
-            match sibling {
-                Some(to) => Self::deliver_outcome(me.call_sibling(&to, Method::MessageDeliver, body).await),
-                None if batched => deliver_batched(me, peer, body).await,
+            match batched {
+                true => deliver_batched(me, to, body).await,
                 // Not a configured peer: refused unsent, by `call`.
-                None => me.deliver_one(&peer, body).await,
+                false => me.deliver_one(&to, body).await,
             }
         })
     }
@@ -455,9 +480,9 @@ impl Transport for PeerClient {
 // Batched delivery: this client's calls drive the queues of
 // `crate::peer_batch`.
 
-/// `message.deliver` with `body` at `peer` (a configured peer), alone
-/// or in a batch.
-async fn deliver_batched(client: PeerClient, peer: String, body: Vec<u8>) -> AttemptOutcome {
+/// `message.deliver` with `body` at `peer` (a configured peer or a
+/// sibling shard), alone or in a batch.
+async fn deliver_batched(client: PeerClient, peer: Dest, body: Vec<u8>) -> AttemptOutcome {
     let batcher = client.batcher();
     if batcher.batching.in_flight == 0 {
         return client.deliver_one(&peer, body).await;
@@ -482,7 +507,7 @@ async fn deliver_batched(client: PeerClient, peer: String, body: Vec<u8>) -> Att
 }
 
 /// One call's worth of `peer`'s queue at a time, until it is empty.
-async fn drain(client: PeerClient, peer: String) {
+async fn drain(client: PeerClient, peer: Dest) {
     let mut slot = Slot { batcher: client.batcher(), peer: &peer, held: true };
     loop {
         let (items, batch) = client.batcher().next(&peer);
@@ -498,14 +523,14 @@ async fn drain(client: PeerClient, peer: String) {
     }
 }
 
-async fn singly(client: &PeerClient, peer: &str, items: Vec<Item>) {
+async fn singly(client: &PeerClient, peer: &Dest, items: Vec<Item>) {
     let calls = items.into_iter().map(|Item { body, done }| async move {
         let _ = done.send(client.deliver_one(peer, body).await);
     });
     futures_util::future::join_all(calls).await;
 }
 
-async fn as_batch(client: &PeerClient, peer: &str, items: Vec<Item>) {
+async fn as_batch(client: &PeerClient, peer: &Dest, items: Vec<Item>) {
     let mut body = Vec::with_capacity(batch::ENVELOPE_BYTES + items.iter().map(|i| i.body.len() + 1).sum::<usize>());
     body.extend_from_slice(br#"{"items":["#);
     for (i, item) in items.iter().enumerate() {
@@ -515,7 +540,7 @@ async fn as_batch(client: &PeerClient, peer: &str, items: Vec<Item>) {
         body.extend_from_slice(&item.body);
     }
     body.extend_from_slice(b"]}");
-    let outcomes = match client.call(peer, Method::MessageDeliverBatch, body).await {
+    let outcomes = match client.call_to(peer, Method::MessageDeliverBatch, body).await {
         Ok(bytes) => match serde_json::from_slice::<DeliverBatchResult>(&bytes) {
             Ok(r) if r.results.len() == items.len() => r.results.iter().map(|raw| item_outcome(raw.get())).collect(),
             Ok(r) => {

@@ -37,7 +37,24 @@ pub async fn serve(cfg: config::Config) -> Result<(), String> {
     let listener = TcpListener::bind(&cfg.relay.listen).map_err(|e| format!("listen {}: {e}", cfg.relay.listen))?;
     // Removed (its file too) when the relay stops.
     let _admin = backup::listen(store.clone(), backup::Sources::of(&cfg))?;
-    run(cfg, store, listener, Announce::Yes, None, None, std::future::pending::<Stop>()).await
+    run(cfg, store, listener, Announce::Yes, Shard::Standalone, std::future::pending::<Stop>()).await
+}
+
+/// What [`run`] serves: a standalone relay, or one shard of a cluster.
+pub(crate) enum Shard {
+    /// A standalone relay.
+    Standalone,
+    /// A cluster shard's core.
+    Clustered {
+        /// Its shard in a cluster of several (its tokens name the shard,
+        /// its siblings are reached and trusted under the relay's id);
+        /// `None` with one shard.
+        place: Option<cluster::place::ShardPlace>,
+        /// The shard's lease, without which no request is answered.
+        serving: cluster::lease::Serving,
+        /// Where the node's front finds the cores it calls in process.
+        local: Option<cluster::local::LocalCores>,
+    },
 }
 
 /// The one line on stdout a parent process waits for (tests, `relay
@@ -68,18 +85,19 @@ pub(crate) enum Stop {
 
 /// Serves the relay on `store` and `listener` until SIGINT/SIGTERM, or
 /// until `stop` resolves (a cluster node's shard lost or handed over).
-/// `place`: this core's shard in a cluster of several (its tokens name
-/// the shard, its siblings are reached and trusted under the relay's id).
-/// `serving`: a cluster shard's lease, without which no request is answered.
+/// `shard`: what a cluster shard's core is given ([`Shard`]).
 pub(crate) async fn run(
     cfg: config::Config,
     store: relay_actors::store::Store,
     listener: TcpListener,
     announce: Announce,
-    place: Option<cluster::place::ShardPlace>,
-    serving: Option<cluster::lease::Serving>,
+    shard: Shard,
     stop: impl std::future::Future<Output = Stop>,
 ) -> Result<(), String> {
+    let (place, serving, local) = match shard {
+        Shard::Standalone => (None, None, None),
+        Shard::Clustered { place, serving, local } => (place, Some(serving), local),
+    };
     let h = &cfg.http;
     let workers = if h.workers > 0 { h.workers } else { std::thread::available_parallelism().map_or(1, |n| n.get()) };
     let peer_connections = cfg.peers.len() * cfg.limits.max_in_flight_per_destination;
@@ -187,8 +205,26 @@ pub(crate) async fn run(
         None => h.max_connections_per_ip,
     })
     .exempting(proxies.clone());
-    let clients = http::Clients { proxies, proxied_websockets: http::conn::PerIp::new(h.max_connections_per_ip) };
-    let for_app = relay.clone();
+    let clients = http::Clients {
+        proxies: proxies.clone(),
+        proxied_websockets: http::conn::PerIp::new(h.max_connections_per_ip),
+    };
+    // A cluster shard's core listens on its internal address: with the
+    // cluster's secret, only a holder of its key is answered (`cluster/hop.rs`).
+    let hop = match cfg.cluster.as_ref().and_then(|c| c.secret.as_ref()) {
+        Some(secret) => Some(cluster::hop::Hop::from_secret(secret.0.as_bytes())?),
+        None => None,
+    };
+    // Sibling shards call unsigned over it (`cluster::hop::SIBLING_HEADER`).
+    let over_hop = hop.is_some() && place.is_some() && h.tls().is_none();
+    let count = per_ip.on_connect();
+    let on_connect = move |conn: &dyn std::any::Any, ext: &mut actix_web::dev::Extensions| {
+        count(conn, ext);
+        if over_hop {
+            cluster::hop::mark_verified(conn, ext);
+        }
+    };
+    let (for_app, observed) = (relay.clone(), observer.clone());
     let mut server = HttpServer::new(move || {
         // Runs once on each worker thread: account actors spread over them.
         for_app.supervisor().add_arbiter(actix::Arbiter::current());
@@ -211,7 +247,7 @@ pub(crate) async fn run(
                 with_metrics,
             ))
     })
-    .on_connect(per_ip.on_connect())
+    .on_connect(on_connect)
     .max_connections(h.max_connections)
     .client_request_timeout(h.request_timeout)
     .keep_alive(h.keep_alive)
@@ -234,12 +270,6 @@ pub(crate) async fn run(
     if place.is_none() {
         actix_web::rt::spawn(http::tls::on_sighup(cert.clone()));
     }
-    // A cluster shard's core listens on its internal address: with the
-    // cluster's secret, only a holder of its key is answered (`cluster/hop.rs`).
-    let hop = match cfg.cluster.as_ref().and_then(|c| c.secret.as_ref()) {
-        Some(secret) => Some(cluster::hop::Hop::from_secret(secret.0.as_bytes())?),
-        None => None,
-    };
     let server = match (cert, hop) {
         (Some(cert), _) => server.listen_rustls_0_23(listener, http::tls::Certificate::server_config(cert)?),
         (None, Some(hop)) => server.listen_rustls_0_23(listener, (*hop.server).clone()),
@@ -288,11 +318,30 @@ pub(crate) async fn run(
     if announce == Announce::Yes {
         announce_listening(&cfg.relay.id, scheme, addr);
     }
+    // This node's front calls the core in process from now on, as if from
+    // the address its connections to the internal one come from.
+    let in_process = match (&local, &place) {
+        (Some(local), Some(place)) => {
+            let peer = if addr.ip().is_unspecified() { std::net::Ipv4Addr::LOCALHOST.into() } else { addr.ip() };
+            let core = cluster::local::InProcess::new(relay.clone(), observed, proxies, peer);
+            Some(local.serve(place.index, core))
+        }
+        _ => None,
+    };
+    let withdraw = |within| async move {
+        if let Some(in_process) = in_process {
+            in_process.withdraw(within).await;
+        }
+    };
     let stop = std::pin::pin!(stop);
     let stopped = match futures_util::future::select(running, stop).await {
-        Either::Left((ran, _)) => ran.map_err(|e| e.to_string())?.map_err(|e| e.to_string()),
+        Either::Left((ran, _)) => {
+            withdraw(std::time::Duration::ZERO).await;
+            ran.map_err(|e| e.to_string())?.map_err(|e| e.to_string())
+        }
         Either::Right((Stop::Now(why), running)) => {
             tracing::error!(reason = %why, "stopping at once");
+            withdraw(std::time::Duration::ZERO).await;
             handle.stop(false).await;
             let _ = running.await;
             // Nothing more is written: the store is fenced or unreachable.
@@ -304,6 +353,7 @@ pub(crate) async fn run(
         }
         Either::Right((Stop::Gracefully(why), running)) => {
             tracing::info!(why, "stopping gracefully: finishing requests in flight");
+            withdraw(cfg.http.shutdown_timeout).await;
             handle.stop(true).await;
             running.await.map_err(|e| e.to_string())?.map_err(|e| e.to_string())
         }

@@ -1058,3 +1058,236 @@ async fn every_standby_keeps_a_copy_that_follows_the_log_even_one_that_never_ser
     .await;
     senders.finish_and_verify(&mut cluster).await;
 }
+
+/// A method call at `front`: its status, `content-type`, `vary` and body.
+async fn answer_at(front: &str, path: &str, token: Option<&str>, body: &Value) -> (u16, Vec<String>, Value) {
+    let http = awc::Client::builder().timeout(Duration::from_secs(20)).finish();
+    let mut req = http.post(format!("{front}{path}")).content_type("application/json");
+    if let Some(t) = token {
+        req = req.insert_header(("Authorization", format!("Bearer {t}")));
+    }
+    let mut resp = req.send_body(body.to_string()).await.expect("answer");
+    let headers = ["content-type", "vary"]
+        .iter()
+        .map(|h| resp.headers().get(*h).map_or(String::new(), |v| v.to_str().unwrap().to_owned()))
+        .collect();
+    let bytes = resp.body().await.expect("body");
+    (resp.status().as_u16(), headers, serde_json::from_slice(&bytes).expect("JSON"))
+}
+
+/// A front whose own node serves a request's shard has that shard's core
+/// answer it in process, never sending it to the node's own internal
+/// address (`relay_cluster_front_in_process` counts each one), and the
+/// answer is the one the owner gives the same request passed on over the
+/// hop by the other node's front: successes, errors and calls with a
+/// session alike.
+#[actix_rt::test]
+async fn a_front_answers_in_process_for_the_shards_its_node_serves_and_the_same_as_over_the_hop() {
+    let Some(bin) = nats_server::binary_for_test() else { return };
+    let cluster = Cluster::start_sharded(&bin, 2, "", 100_000, 2);
+    let owners = cluster.shared_out("the two shards served, one per node").await;
+    let fronts: Vec<String> = cluster.nodes.iter().map(|n| n.url.clone()).collect();
+    let c = Client::with_timeout(&fronts[0], Duration::from_secs(20));
+    let (alice, bob) = one_per_shard(&c).await;
+    c.ok("message.send", alice.token(0), &alice.send_params(&bob, &mid(1), false)).await;
+    let node_metrics: Vec<Client> = (0..2).map(|i| Client::new(&format!("http://{}", cluster.metrics[i]))).collect();
+    let in_process = |i: usize| {
+        let m = &node_metrics[i];
+        async move { m.metric("relay_cluster_front_in_process_total").await.unwrap_or(0.0) }
+    };
+    let before = [in_process(0).await, in_process(1).await];
+    let mut expected = [0.0, 0.0];
+    for user in [&alice, &bob] {
+        let shard = relay_core::shard::of(user.id(), 2);
+        let owner = owners[shard as usize].expect("an owner");
+        let (sync, unknown) = (json!({"after": 0, "limit": 10}), format!("s{shard}.not-a-session"));
+        let calls: [(&str, Option<&str>, Value); 4] = [
+            ("/v1/rpc/route.get", None, json!({"account_id": user.id()})),
+            ("/v1/rpc/message.timeline.sync", user.token(0), sync.clone()),
+            ("/v1/rpc/message.timeline.sync", Some(&unknown), sync),
+            ("/v1/relay/route.get", None, json!({"account_id": user.id()})),
+        ];
+        for (path, token, body) in calls {
+            let here = answer_at(&fronts[owner], path, token, &body).await;
+            let there = answer_at(&fronts[1 - owner], path, token, &body).await;
+            assert_eq!(here, there, "{path} in process and over the hop");
+            expected[owner] += 1.0;
+        }
+    }
+    let after = [in_process(0).await, in_process(1).await];
+    assert_eq!([after[0] - before[0], after[1] - before[1]], expected, "each node's own shard's calls, in process");
+    assert_eq!(message_ids(&bob.sync_all(&c, 0).await), [mid(1)]);
+}
+
+/// Shard `k`'s owner's internal address, as its lease names it.
+async fn internal_of(cluster: &Cluster, k: u32) -> String {
+    let client = async_nats::connect(relay_actors::store::server_addrs(&cluster.urls()).unwrap()).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    let leases = js.get_key_value(format!("RELAY_{}_LEASE_S{k}", RELAY.replace('-', "_"))).await.unwrap();
+    let value = leases.get(format!("shard-{k}")).await.unwrap().expect("a lease");
+    String::from_utf8_lossy(&value).split(' ').nth(1).expect("an address").to_owned()
+}
+
+/// POSTs `body` to `url` with `headers` through `http`: status and JSON.
+async fn post_with(http: &awc::Client, url: &str, headers: &[(&str, &str)], body: &str) -> (u16, Value) {
+    let mut req = http.post(url).content_type("application/json");
+    for (name, value) in headers {
+        req = req.insert_header((*name, *value));
+    }
+    let mut resp = req.send_body(body.to_owned()).await.expect("answer");
+    let bytes = resp.body().await.expect("body");
+    (resp.status().as_u16(), serde_json::from_slice(&bytes).expect("JSON"))
+}
+
+/// Two accounts of a two-shard cluster, one in each shard.
+async fn one_per_shard(c: &Client) -> (User, User) {
+    let mut users: Vec<User> = Vec::new();
+    for seed in 1..=40 {
+        let user = User::register(c, RELAY, seed, true).await;
+        if users.iter().all(|u| relay_core::shard::of(u.id(), 2) != relay_core::shard::of(user.id(), 2)) {
+            users.push(user);
+        }
+        if users.len() == 2 {
+            break;
+        }
+    }
+    let bob = users.pop().expect("accounts in both shards");
+    (users.pop().expect("accounts in both shards"), bob)
+}
+
+/// With `cluster.secret_file`, sibling shards call each other without an
+/// Ed25519 signature per call: an owner takes a relay call marked as a
+/// sibling's (`relay-cluster-sibling`) on a hop connection whose client
+/// proved it holds the cluster's key. Without the mark a signature is
+/// needed, as from any peer, and the mark sent to the public front is
+/// dropped there: refused. Sends between the shards go that way.
+#[actix_rt::test]
+async fn an_unsigned_sibling_call_is_taken_over_the_hop_with_the_clusters_key_and_refused_elsewhere() {
+    let Some(bin) = nats_server::binary_for_test() else { return };
+    let cluster = Cluster::start_sharded(&bin, 1, "", 100_000, 2);
+    cluster.shared_out("both shards served").await;
+    let front = &cluster.nodes[0].url;
+    let c = Client::with_timeout(front, Duration::from_secs(20));
+    let (alice, bob) = one_per_shard(&c).await;
+    let at = internal_of(&cluster, relay_core::shard::of(alice.id(), 2)).await;
+    let secret = std::fs::read_to_string(cluster.dir.path().join("cluster.secret")).unwrap();
+    let hop = relay::cluster::hop::Hop::from_secret(secret.lines().next().unwrap().trim().as_bytes()).unwrap();
+    let over_hop = awc::Client::builder()
+        .timeout(Duration::from_secs(20))
+        .connector(awc::Connector::new().rustls_0_23(hop.client))
+        .finish();
+    let params = json!({"account_id": alice.id()}).to_string();
+    let sibling = [("Relay-Id", RELAY), (relay::cluster::hop::SIBLING_HEADER, "1")];
+    let internal = format!("https://{at}/v1/relay/route.get");
+    let (status, route) = post_with(&over_hop, &internal, &sibling, &params).await;
+    assert_eq!((status, route["account_id"].as_str()), (200, Some(alice.id())), "{route}");
+    let (status, refused) = post_with(&over_hop, &internal, &sibling[..1], &params).await;
+    assert_eq!((status, refused["error"]["code"].as_str()), (401, Some("unauthorized")), "unmarked, unsigned");
+    let plain = awc::Client::builder().timeout(Duration::from_secs(20)).finish();
+    let (status, refused) = post_with(&plain, &format!("{front}/v1/relay/route.get"), &sibling, &params).await;
+    assert_eq!((status, refused["error"]["code"].as_str()), (401, Some("unauthorized")), "marked at the front");
+    c.ok("message.send", alice.token(0), &alice.send_params(&bob, &mid(1), false)).await;
+    assert_eq!(message_ids(&bob.sync_all(&c, 0).await), [mid(1)]);
+}
+
+/// Without `cluster.secret_file` the internal listener is plain HTTP and
+/// proves nobody: a call marked as a sibling's is refused there unless
+/// signed, and the siblings sign theirs as before.
+#[actix_rt::test]
+async fn without_the_cluster_secret_a_sibling_call_needs_its_signature() {
+    let Some(bin) = nats_server::binary_for_test() else { return };
+    let cluster = Cluster::start_all(&bin, 1, "", 100_000, 2, false);
+    cluster.shared_out("both shards served").await;
+    let c = Client::with_timeout(&cluster.nodes[0].url, Duration::from_secs(20));
+    let (alice, bob) = one_per_shard(&c).await;
+    let at = internal_of(&cluster, relay_core::shard::of(alice.id(), 2)).await;
+    let sibling = [("Relay-Id", RELAY), (relay::cluster::hop::SIBLING_HEADER, "1")];
+    let plain = awc::Client::builder().timeout(Duration::from_secs(20)).finish();
+    let params = json!({"account_id": alice.id()}).to_string();
+    let (status, refused) = post_with(&plain, &format!("http://{at}/v1/relay/route.get"), &sibling, &params).await;
+    assert_eq!((status, refused["error"]["code"].as_str()), (401, Some("unauthorized")), "{refused}");
+    c.ok("message.send", alice.token(0), &alice.send_params(&bob, &mid(1), false)).await;
+    assert_eq!(message_ids(&bob.sync_all(&c, 0).await), [mid(1)]);
+}
+
+/// Receipts between shards are batched as a peer's are: each shard's
+/// deliveries to a sibling queue behind the calls in flight to it (one
+/// here) and go as one `message.deliver.batch`, unsigned over the hop. The
+/// owner answers each item of a sibling's batch as that item alone would
+/// be answered (an item for another shard as at the wrong owner, an item
+/// sent again with its stored answer, so any item may be retried singly),
+/// and a real peer's batch is still `not_found` at a cluster of several
+/// shards, which it then sends singly.
+#[actix_rt::test]
+async fn deliveries_between_shards_go_as_batches_answered_item_by_item_as_single_calls() {
+    use relay_schemas::client::{Account, Device};
+    use relay_schemas::encoding::b64_encode;
+    let Some(bin) = nats_server::binary_for_test() else { return };
+    let peer_key = ed25519_dalek::SigningKey::from_bytes(&[42; 32]);
+    let extra = format!(
+        "[delivery]\nbatches_in_flight = 1\n\
+         [[peers]]\nid = \"relay-t\"\nurl = \"http://127.0.0.1:9\"\npublic_key = \"{}\"\n",
+        b64_encode(peer_key.verifying_key().as_bytes())
+    );
+    let cluster = Cluster::start_sharded(&bin, 1, &extra, 100_000, 2);
+    cluster.shared_out("both shards served").await;
+    let front = &cluster.nodes[0].url;
+    let c = Client::with_timeout(front, Duration::from_secs(30));
+    let (alice, bob) = one_per_shard(&c).await;
+    let at = internal_of(&cluster, relay_core::shard::of(bob.id(), 2)).await;
+    let secret = std::fs::read_to_string(cluster.dir.path().join("cluster.secret")).unwrap();
+    let hop = relay::cluster::hop::Hop::from_secret(secret.lines().next().unwrap().trim().as_bytes()).unwrap();
+    let over_hop = awc::Client::builder()
+        .timeout(Duration::from_secs(20))
+        .connector(awc::Connector::new().rustls_0_23(hop.client))
+        .finish();
+    let batches_at_bob = || async {
+        let mut resp = over_hop.get(format!("https://{at}/metrics")).send().await.expect("metrics");
+        let text = String::from_utf8(resp.body().limit(16 << 20).await.expect("metrics").to_vec()).unwrap();
+        text.lines()
+            .filter(|l| l.contains(r#"method="relay/message.deliver.batch""#) && l.contains(r#"code="ok""#))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    let before = batches_at_bob().await;
+    let sends = (1..=40).map(|n| {
+        let (c, alice, params) = (&c, &alice, alice.send_params(&bob, &mid(n), false));
+        async move { c.ok("message.send", alice.token(0), &params).await }
+    });
+    for status in futures_util::future::join_all(sends).await {
+        assert_eq!(status["status"], "target_accepted", "{status}");
+    }
+    let mut ids = message_ids(&bob.sync_all(&c, 0).await);
+    ids.sort();
+    assert_eq!(ids, (1..=40).map(mid).collect::<Vec<_>>(), "each message once");
+    assert!(batches_at_bob().await > before, "some of the forty receipts went to bob's shard as a batch");
+
+    // A sibling's batch, item by item.
+    let (dave, phone) = (Account::from_seed([67; 32]), Device::from_seed("phone", [167; 32]));
+    let deliver = |to: &str, n: u64| {
+        json!({"envelope": phone.envelope(&dave.id, to, &mid(n), common::client::now(), b"ciphertext"),
+               "recipient_boxes": [{"device_id": "phone", "box": b64_encode(b"box")}],
+               "sender_device_certificate": dave.certificate(&phone, common::client::now(), None),
+               "sender_route": dave.route(1, &[(RELAY, "http://127.0.0.1:9")], common::client::now())})
+    };
+    let items = [deliver(bob.id(), 101), deliver(alice.id(), 102), json!({"envelope": 5}), deliver(bob.id(), 101)];
+    let sibling = [("Relay-Id", RELAY), (relay::cluster::hop::SIBLING_HEADER, "1")];
+    let url = |method: &str| format!("https://{at}/v1/relay/{method}");
+    let batch = json!({ "items": items }).to_string();
+    let (status, body) = post_with(&over_hop, &url("message.deliver.batch"), &sibling, &batch).await;
+    assert_eq!(status, 200, "{body}");
+    let results = body["results"].as_array().expect("results");
+    assert_eq!(results[0]["status"], "target_accepted", "{body}");
+    assert_eq!(results[3], results[0], "an item sent again: its stored answer");
+    let codes: Vec<_> = results[1..3].iter().map(|r| r["error"]["code"].as_str().unwrap_or("-")).collect();
+    assert_eq!(codes, ["temporarily_unavailable", "invalid_params"], "{body}");
+    let (_, single) = post_with(&over_hop, &url("message.deliver"), &sibling, &items[0].to_string()).await;
+    assert_eq!(&single, &results[0], "the first item retried alone");
+    let records = bob.sync_all(&c, 0).await;
+    assert_eq!(message_ids(&records).iter().filter(|m| **m == mid(101)).count(), 1, "delivered once");
+
+    // A real peer's batch, at the front.
+    let (status, refused) =
+        c.relay_call(RELAY, "relay-t", &peer_key, "message.deliver.batch", &json!({"items": [items[0]]})).await;
+    assert_eq!((status, refused["error"]["code"].as_str()), (404, Some("not_found")), "{refused}");
+}

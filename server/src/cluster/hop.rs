@@ -29,6 +29,31 @@ use rustls::{
     CertificateError, ClientConfig, DigitallySignedStruct, DistinguishedName, Error, ServerConfig, SignatureScheme,
 };
 
+/// The header that makes a relay call a sibling shard's, unsigned: taken
+/// only on a connection whose client proved it holds the cluster's key
+/// ([`Verified`]), and never passed on by a front (`router::hop_by_hop`),
+/// so a client of the public address cannot send it to an owner. A
+/// signature per call would prove again what the hop's handshake proved
+/// once per connection: that the caller is one of the cluster's nodes.
+pub const SIBLING_HEADER: &str = "relay-cluster-sibling";
+
+/// Set on a connection of an owner's internal listener whose client
+/// presented the cluster's key in the TLS handshake ([`mark_verified`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Verified;
+
+/// The `on_connect` mark of a hop connection: [`Verified`] when the client
+/// presented a key, which on a listener of [`Hop::server`] is the
+/// cluster's (its verifier takes no other, and requires one).
+pub fn mark_verified(conn: &dyn std::any::Any, ext: &mut actix_web::dev::Extensions) {
+    use actix_tls::accept::rustls_0_23::TlsStream;
+    if let Some(tls) = conn.downcast_ref::<TlsStream<actix_web::rt::net::TcpStream>>() {
+        if tls.get_ref().1.peer_certificates().is_some_and(|keys| !keys.is_empty()) {
+            ext.insert(Verified);
+        }
+    }
+}
+
 /// blake3's key-derivation context for the hop key (never change it: the
 /// nodes of a cluster must derive the same key).
 const KEY_CONTEXT: &str = "relay 2026-12 cluster hop key (P-256)";

@@ -16,6 +16,8 @@ pub(super) struct NodeMetrics {
     /// Front connections or requests that ended in an error (no owner
     /// reachable within FRONT_WAIT, or a broken upstream).
     pub(super) unserved: prometheus_client::metrics::counter::Counter,
+    /// Requests the front had this node's own core answer in process.
+    pub(super) in_process: prometheus_client::metrics::counter::Counter,
 }
 
 pub(super) type Gauge = prometheus_client::metrics::gauge::Gauge;
@@ -46,7 +48,13 @@ impl NodeMetrics {
             "Front connections or requests that ended in an error",
             unserved.clone(),
         );
-        NodeMetrics { registry: Arc::new(registry), shards: Arc::new(per_shard), connections, unserved }
+        let in_process = prometheus_client::metrics::counter::Counter::default();
+        registry.register(
+            "relay_cluster_front_in_process",
+            "Requests the front had this node's own core answer in process, not over HTTP",
+            in_process.clone(),
+        );
+        NodeMetrics { registry: Arc::new(registry), shards: Arc::new(per_shard), connections, unserved, in_process }
     }
 
     pub(super) fn encode(&self) -> String {

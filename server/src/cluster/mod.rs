@@ -73,6 +73,7 @@ use place::{Owners, ShardPlace, FRONT_WAIT, OWNER_POLL};
 
 pub mod hop;
 pub(crate) mod lease;
+pub mod local;
 mod metrics;
 pub mod place;
 mod router;
@@ -282,6 +283,8 @@ pub async fn serve(cfg: Config) -> Result<(), String> {
         None => None,
     };
     let (owners_tx, owners) = watch::channel(Arc::new(vec![None; c.shards as usize]));
+    // The cores this node serves, which its front calls in process.
+    let local = local::LocalCores::new(c.shards);
     let balance = Arc::new(Balance { live: AtomicUsize::new(1), ..Default::default() });
     let presence = Presence { node: c.node.clone(), every: c.lease_ttl / 3, balance: balance.clone() };
     actix_web::rt::spawn(watch_owners(leases, present, owners_tx, presence));
@@ -293,7 +296,8 @@ pub async fn serve(cfg: Config) -> Result<(), String> {
         let to_owner = Upstream { owners: owners.clone(), hop: hop.clone() };
         actix_web::rt::spawn(front(listener, to_owner, per_ip, slots, metrics.clone()));
     } else {
-        let router = router::start(front_listener, owners.clone(), hop.clone(), c.shards, &cfg, metrics.clone())?;
+        let to = router::Owned { owners: owners.clone(), local: local.clone(), hop: hop.clone() };
+        let router = router::start(front_listener, to, c.shards, &cfg, metrics.clone())?;
         actix_web::rt::spawn(router);
     }
     tracing::info!(relay = %cfg.relay.id, node = %c.node, listen = %front_addr, shards = c.shards,
@@ -319,6 +323,7 @@ pub async fn serve(cfg: Config) -> Result<(), String> {
             claims: claims.clone(),
             owners: owners.clone(),
             hop: hop.clone(),
+            local: local.clone(),
             metrics: metrics.clone(),
         };
         tasks.push(actix_web::rt::spawn(shard.run(stopping.clone())));
@@ -389,6 +394,8 @@ struct Shard {
     owners: Owners,
     /// The hop's client side, for calls to sibling shards.
     hop: Option<Arc<rustls::ClientConfig>>,
+    /// Where this node's front finds the cores it serves.
+    local: local::LocalCores,
     metrics: NodeMetrics,
 }
 
@@ -554,6 +561,8 @@ impl Shard {
             owners: self.owners.clone(),
             hop: self.hop.clone(),
         });
+        let shard =
+            crate::server::Shard::Clustered { place, serving, local: (c.shards > 1).then(|| self.local.clone()) };
         let (done_tx, done) = tokio::sync::oneshot::channel();
         let closing = store.clone();
         let arbiter = actix::Arbiter::new();
@@ -576,9 +585,7 @@ impl Shard {
                     *giving_up.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.clone());
                     crate::server::Stop::Now(why)
                 };
-                let ran =
-                    crate::server::run(cfg, store, internal, crate::server::Announce::No, place, Some(serving), stop)
-                        .await;
+                let ran = crate::server::run(cfg, store, internal, crate::server::Announce::No, shard, stop).await;
                 let _ = done_tx.send(ran);
             });
         });

@@ -34,10 +34,19 @@ impl ShardPlace {
         relay_core::shard::of(account_id, self.shards) == self.index
     }
 
+    /// The shard `account_id` lives in.
+    pub fn shard_of(&self, account_id: &str) -> u32 {
+        relay_core::shard::of(account_id, self.shards)
+    }
+
+    /// The internal address of shard `k`'s owner, or `k` while it has none.
+    pub fn owner(&self, k: u32) -> Result<SocketAddr, u32> {
+        self.owners.borrow().get(k as usize).copied().flatten().ok_or(k)
+    }
+
     /// The internal address of the owner of `account_id`'s shard, or that
     /// shard's number while it has none.
     pub fn owner_of(&self, account_id: &str) -> Result<SocketAddr, u32> {
-        let k = relay_core::shard::of(account_id, self.shards);
-        self.owners.borrow().get(k as usize).copied().flatten().ok_or(k)
+        self.owner(self.shard_of(account_id))
     }
 }

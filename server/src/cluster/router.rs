@@ -16,6 +16,12 @@
 //! is routed by its `Authorization` header or else by its first frame, then
 //! its frames are passed on both ways as they are (pings and pongs too, so
 //! the owner's flow control and idle timeout see the client).
+//!
+//! A method call (`POST /v1/rpc/…`, `/v1/relay/…`) whose shard this very
+//! node serves is not sent to its own internal address: the shard's core
+//! answers it in process (`local.rs`), with the same handlers, limits and
+//! lease check. WebSockets, other paths, calls with an `Origin` (CORS) and
+//! all of them while `log.access` is on still go over HTTP.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -40,10 +46,12 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio::time::{timeout, timeout_at, Instant};
 
+use super::local::LocalCores;
 use super::metrics::NodeMetrics;
 use super::place::{Owners, FRONT_WAIT, OWNER_POLL};
 use crate::config::{Config, Websocket};
 use crate::http::reply::{bearer, error_and_close, error_response};
+use crate::http::webapp::vary_origin;
 use crate::http::{over_connection_cap, read_body, BodyTimeout};
 use crate::observe::Held;
 
@@ -156,9 +164,22 @@ fn string_at(json: &str, path: &[&str]) -> Option<String> {
     }
 }
 
+/// Where a front finds each shard's core: its owner's internal address,
+/// over the hop if there is one, or this node's own core in process.
+pub(crate) struct Owned {
+    pub(crate) owners: Owners,
+    pub(crate) local: LocalCores,
+    /// TLS to the owners with the cluster's key (`hop.rs`), or plain HTTP.
+    pub(crate) hop: Option<Arc<rustls::ClientConfig>>,
+}
+
 /// What every worker of the front shares.
 struct Front {
     owners: Owners,
+    /// The cores this node serves, called in process.
+    local: LocalCores,
+    /// `log.access`: the cores log each request they answer over HTTP.
+    access: bool,
     shards: u32,
     max_body_bytes: usize,
     body_timeout: BodyTimeout,
@@ -175,20 +196,22 @@ struct Front {
     hop: Option<Arc<rustls::ClientConfig>>,
 }
 
-/// Serves the front on `listener`, routing to `owners` (`shards` of them).
+/// Serves the front on `listener`, routing to `to` (`shards` of them).
 /// Connection limits as the relay's own server (`crate::run`); the node
 /// handles signals.
 pub(crate) fn start(
     listener: std::net::TcpListener,
-    owners: Owners,
-    hop: Option<Arc<rustls::ClientConfig>>,
+    to: Owned,
     shards: u32,
     cfg: &Config,
     metrics: NodeMetrics,
 ) -> Result<Server, String> {
     let limits = &cfg.limits;
+    let Owned { owners, local, hop } = to;
     let front = web::Data::new(Front {
         owners,
+        local,
+        access: cfg.log.access,
         shards,
         max_body_bytes: limits.max_body_bytes,
         body_timeout: BodyTimeout(cfg.http.body_timeout),
@@ -242,6 +265,10 @@ async fn route(front: web::Data<Front>, req: HttpRequest, body: web::Payload) ->
     let authorization = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
     let shard = shard_of(req.path(), authorization, &body, front.shards);
     let held = Held::new(&front.metrics.connections);
+    if let Some(answer) = in_process(&front, shard, &req, &body).await {
+        front.metrics.in_process.inc();
+        return answer;
+    }
     match with_owner(front.owners.clone(), shard, |at| send(front.hop.as_ref(), at, &req, body.clone())).await {
         Some(Ok(answer)) => {
             let bodiless = req.method() == Method::HEAD || matches!(answer.status().as_u16(), 204 | 304);
@@ -250,6 +277,42 @@ async fn route(front: web::Data<Front>, req: HttpRequest, body: web::Payload) ->
         Some(Err(e)) => unavailable(&front, shard, &e),
         None => unavailable(&front, shard, &"no owner reachable within FRONT_WAIT"),
     }
+}
+
+/// The answer of this node's own core of `shard` to a method call, in
+/// process (`local.rs`); `None`: the request goes over HTTP (this node does
+/// not serve the shard, or the core would do more than call the method:
+/// log it, answer CORS, or refuse it as no longer under its lease).
+async fn in_process(front: &Front, shard: u32, req: &HttpRequest, body: &Bytes) -> Option<HttpResponse> {
+    if front.access || req.method() != Method::POST || req.headers().contains_key(header::ORIGIN) {
+        return None;
+    }
+    let path = req.path();
+    let (name, relay) = match (path.strip_prefix("/v1/rpc/"), path.strip_prefix("/v1/relay/")) {
+        (Some(name), _) => (name, false),
+        (_, Some(name)) => (name, true),
+        _ => return None,
+    };
+    // The paths the core routes to one method (`crate::http::configure`):
+    // a name may be a client's method and a relay's (`route.get`).
+    let is_relay = |m: &&relay_schemas::Method| (m.caller() == relay_schemas::Caller::Relay) == relay;
+    relay_schemas::Method::ALL.iter().filter(is_relay).find(|m| m.as_str() == name)?;
+    let core = front.local.get(shard)?;
+    if !core.app.serves() {
+        return None;
+    }
+    let entered = core.enter();
+    let core = entered.core();
+    let mut answer = if relay {
+        // A client's call at the front: never a sibling's (its header is dropped).
+        crate::http::relay_call_answer(&core.app, &core.observer, name, req.headers(), body, false).await
+    } else {
+        let ip = core.proxies.client(core.peer, req.headers());
+        crate::http::rpc_answer(&core.app, name, bearer(req), Some(ip), body).await
+    };
+    // What the core's CORS layer adds to an answer to a call without an `Origin`.
+    vary_origin(answer.headers_mut());
+    Some(answer)
 }
 
 /// Runs `attempt` on the owner of `shard` until it is done (`Some`), or
@@ -301,11 +364,13 @@ async fn send(
     }
 }
 
-/// Headers of one connection, not of the request (RFC 9110 §7.6.1), and
+/// Headers of one connection, not of the request (RFC 9110 §7.6.1),
 /// those the front sets again for its own (`host`, `content-length`,
-/// `expect`).
+/// `expect`), and the sibling shards' mark (`hop::SIBLING_HEADER`), which
+/// a client must never get past a front.
 fn hop_by_hop(name: &HeaderName) -> bool {
-    const HOP: [&str; 9] = [
+    const HOP: [&str; 10] = [
+        super::hop::SIBLING_HEADER,
         "connection",
         "keep-alive",
         "transfer-encoding",
@@ -699,7 +764,8 @@ mod tests {
     }
 
     /// A stand-in owner numbered `n`: echoes HTTP requests (status 201,
-    /// `x-owner: n`, the request's `relay-signature` and body) and
+    /// `x-owner: n`, the request's `relay-signature` and body, `x-sibling`
+    /// if it had the sibling shards' mark) and
     /// WebSocket text frames (`n:` before them); refuses upgrades whose
     /// token ends in `.bad`.
     fn owner(n: u32) -> SocketAddr {
@@ -722,6 +788,9 @@ mod tests {
             let signature = req.headers().get("relay-signature").cloned();
             let mut answer = HttpResponse::Created();
             answer.insert_header(("x-owner", n.to_string()));
+            if req.headers().contains_key(super::super::hop::SIBLING_HEADER) {
+                answer.insert_header(("x-sibling", "seen"));
+            }
             if let Some(signature) = signature {
                 answer.insert_header(("relay-signature", signature));
             }
@@ -759,7 +828,8 @@ mod tests {
         let (tx, rx) = tokio::sync::watch::channel(Arc::new(vec![None, Some(owner(1))]));
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let at = listener.local_addr().expect("addr");
-        actix_web::rt::spawn(start(listener, rx, None, 2, &cfg, NodeMetrics::new("test", 2)).expect("front"));
+        let to = Owned { owners: rx, local: LocalCores::new(2), hop: None };
+        actix_web::rt::spawn(start(listener, to, 2, &cfg, NodeMetrics::new("test", 2)).expect("front"));
         (at, tx)
     }
 
@@ -791,6 +861,27 @@ mod tests {
         });
         let answer = client.get(format!("http://{at}/healthz")).send().await.expect("answer");
         assert_eq!(answer.headers().get("x-owner").map(|v| v.as_bytes()), Some(&b"0"[..]));
+    }
+
+    #[actix_rt::test]
+    async fn a_front_never_passes_the_sibling_shards_mark_on() {
+        let (at, _owners) = front();
+        let call = |marked: bool| {
+            let mut request = awc::Client::new()
+                .post(format!("http://{at}/v1/relay/route.get"))
+                .insert_header(("authorization", "Bearer s1.x"))
+                .insert_header(("relay-signature", "sig=="));
+            if marked {
+                request = request.insert_header((super::super::hop::SIBLING_HEADER, "1"));
+            }
+            request.send_body("{}")
+        };
+        for marked in [false, true] {
+            let answer = call(marked).await.expect("answer");
+            assert_eq!(answer.headers().get("x-owner").map(|v| v.as_bytes()), Some(&b"1"[..]));
+            assert_eq!(answer.headers().get("relay-signature").map(|v| v.as_bytes()), Some(&b"sig=="[..]));
+            assert!(answer.headers().get("x-sibling").is_none(), "marked: {marked}");
+        }
     }
 
     #[actix_rt::test]

@@ -63,7 +63,19 @@ async fn rpc_call_named(
         Ok(b) => b,
         Err(e) => return error_and_close(&e),
     };
-    match crate::rpc::call(&relay, method, bearer(&req), client_addr::client_ip(&req), &body).await {
+    rpc_answer(&relay, method, bearer(&req), client_addr::client_ip(&req), &body).await
+}
+
+/// The answer to client method `method` once its body is read: over HTTP
+/// here, or in process at a cluster node's front (`cluster::router`).
+pub(crate) async fn rpc_answer(
+    relay: &App,
+    method: &str,
+    token: Option<&str>,
+    ip: Option<std::net::IpAddr>,
+    body: &[u8],
+) -> HttpResponse {
+    match crate::rpc::call(relay, method, token, ip, body).await {
         Ok(json) => HttpResponse::Ok().content_type("application/json").body(json),
         Err(e) => error_response(&e),
     }
@@ -93,15 +105,42 @@ async fn relay_call_named(
         Ok(b) => b,
         Err(e) => return error_and_close(&e),
     };
-    let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
+    // A sibling shard's call over the cluster's hop needs no signature.
+    let sibling = req.conn_data::<crate::cluster::hop::Verified>().is_some()
+        && req.headers().contains_key(crate::cluster::hop::SIBLING_HEADER);
+    relay_call_answer(&relay, &observer, method, req.headers(), &body, sibling).await
+}
+
+/// The answer to relay method `method` once its body is read: over HTTP
+/// here, or in process at a cluster node's front (`cluster::router`).
+/// `sibling`: the call came from a sibling shard over the cluster's hop
+/// (its client proved it holds the cluster's key), authenticated without a
+/// signature when this core is a shard of several.
+pub(crate) async fn relay_call_answer(
+    relay: &App,
+    observer: &PeerObserver,
+    method: &str,
+    headers: &actix_web::http::header::HeaderMap,
+    body: &[u8],
+    sibling: bool,
+) -> HttpResponse {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let headers = RelayHeaders {
         relay_id: header("Relay-Id"),
         timestamp: header("Relay-Timestamp"),
         signature: header("Relay-Signature"),
     };
     let now = relay.supervisor().clock().now();
-    let (peer, request) = match relay.peer_keys().authenticate(&headers, method, &body, now.0) {
-        Ok(Admitted::New { peer, request }) => (peer, request),
+    let own = &relay.supervisor().policy().relay_id;
+    let admitted = match sibling && relay.peers().sharded() {
+        // Nothing to remember against a replay: no signature, and only the
+        // cluster's nodes reach this. Its deliveries are idempotent as any.
+        true => Ok(Admitted::Sibling(own.to_string())),
+        false => relay.peer_keys().authenticate(&headers, method, body, now.0),
+    };
+    let (peer, request) = match admitted {
+        Ok(Admitted::New { peer, request }) => (peer, Some(request)),
+        Ok(Admitted::Sibling(peer)) => (peer, None),
         // The same signed request again: nothing is carried out twice.
         Ok(Admitted::Again { peer, answer }) => {
             observer.count(&peer, Direction::In, answer.as_ref().map_or_else(|e| e.code.as_str(), |_| "ok"));
@@ -120,8 +159,10 @@ async fn relay_call_named(
     };
     // The peer is up: deliveries to it need not wait for their next slot.
     relay.supervisor().peer_seen(&peer);
-    let result = crate::rpc::call_relay(&relay, method, &peer, &body).await;
-    relay.peer_keys().answered(&request, &result);
+    let result = crate::rpc::call_relay(relay, method, &peer, body).await;
+    if let Some(request) = &request {
+        relay.peer_keys().answered(request, &result);
+    }
     observer.count(&peer, Direction::In, result.as_ref().map_or_else(|e| e.code.as_str(), |_| "ok"));
     relay_answer(result)
 }

@@ -134,11 +134,16 @@ pub async fn cors(
 
 fn with_cors(mut resp: ServiceResponse<BoxBody>, origin: Option<&str>) -> ServiceResponse<BoxBody> {
     let headers = resp.headers_mut();
-    headers.append(header::VARY, HeaderValue::from_static("Origin"));
+    vary_origin(headers);
     if let Some(value) = origin.and_then(|o| HeaderValue::from_str(o).ok()) {
         headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, value);
     }
     resp
+}
+
+/// What [`cors`] adds to every answer, with or without an `Origin`.
+pub(crate) fn vary_origin(headers: &mut actix_web::http::header::HeaderMap) {
+    headers.append(header::VARY, HeaderValue::from_static("Origin"));
 }
 
 #[cfg(test)]

@@ -5,10 +5,13 @@
 //! what single calls would have got, and the source may retry any item
 //! singly. A batch costs its peer's delivery budget one unit per item.
 //!
-//! A cluster of several shards does not offer it: its front routes a
-//! request by the one recipient in it, and a batch has many. It answers
-//! `not_found`, as a relay without the method would, and its peers fall
-//! back to single calls.
+//! A cluster of several shards does not offer it to its peers: its front
+//! routes a request by the one recipient in it, and a batch has many. It
+//! answers them `not_found`, as a relay without the method would, and they
+//! fall back to single calls. Its own shards send each other batches: a
+//! sibling's batch holds deliveries for the callee's shard only (queued by
+//! shard, `crate::peer_batch`), and an item for another shard is answered
+//! as a single call to the wrong owner would be.
 
 use super::message_deliver;
 use crate::app::{parse, App};
@@ -18,7 +21,7 @@ use relay_schemas::RelayError;
 caller!(MessageDeliverBatch, Relay);
 
 pub(crate) async fn handle_relay(relay: &App, peer: &str, body: &[u8]) -> Result<String, RelayError> {
-    if relay.peers().sharded() {
+    if relay.peers().sharded() && peer != relay.supervisor().policy().relay_id {
         return Err(RelayError::not_found("message.deliver.batch is not offered by a cluster of several shards"));
     }
     let p: DeliverBatchParams = parse(body)?;
