@@ -9,7 +9,9 @@
 #   defaults: 2000 10m 2m 30s
 #
 # Run it once more with RETENTION=30d for the same load without deletion
-# (the throughput to compare with). AGE_LIMIT and TOLERANCE set
+# (the throughput to compare with); on a shared machine run both at once, so
+# both meet the same background. Issue 39's pair (journal, 2026-12-06):
+#   CHUNK=20s AGE_LIMIT=90s TOLERANCE=30s scripts/retention-soak.sh 2000 10m {2m|30d} 30s AGE_LIMIT and TOLERANCE set
 # `limits.delivery_age_limit` and `limits.clock_tolerance` (defaults 90m and
 # 5m): a swept message's idempotency entry stays until no retry could pass
 # the age check (docs/operate/retention.md), so with a retention shorter than those
