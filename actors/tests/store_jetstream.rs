@@ -632,3 +632,34 @@ fn a_kill_while_a_bootstrap_lays_the_checkpoint_loses_nothing_and_the_next_open_
     holds_kill_history(&store, KILL_STEPS);
     assert_eq!(fence_violations(&b).unwrap(), []);
 }
+
+/// Issue 40 (D-1): an owner fenced out mid-write stops its store; its node
+/// must be able to open its own copy again at once, even while something
+/// (an actor not yet dropped) still holds the stopped store. The writer
+/// that failed used to return without closing the engine, so sled's lock
+/// on the copy stayed held and every later open failed with WouldBlock.
+#[test]
+fn a_stopped_engines_copy_opens_again_at_once_even_after_a_failed_write_and_with_the_store_still_held() {
+    let Some(f) = server() else { return };
+    let cfg = shard(&f);
+    let (here, there) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (mine, theirs) = (node(&cfg, &here), node(&cfg, &there));
+    let old = open(&mine, 1);
+    append(&old, "account/a", 2).unwrap();
+    let new = open(&theirs, 2);
+    assert!(matches!(append(&old, "account/a", 1), Err(StoreError::Flush(_))), "fenced out");
+    let still_held = old.clone();
+    let _ = old.close();
+    let again = JetStreamEngine::open(mine.clone(), 3).map(|e| e.epoch());
+    assert_eq!(again.map_err(|e| e.to_string()), Ok(3), "the copy's directory is free after the stop");
+    drop((still_held, new));
+
+    // And after a stop with no failure, the same.
+    let ok = open(&mine, 4);
+    append(&ok, "account/a", 1).unwrap();
+    let still_held = ok.clone();
+    ok.close().unwrap();
+    let reopened = open(&mine, 5);
+    assert_eq!(reopened.head("account/a").unwrap().seq, 3);
+    drop(still_held);
+}

@@ -1227,9 +1227,13 @@ impl Engine for JetStreamEngine {
         }
         // Where the copy stops: the log is kept from there for it (best
         // effort: without it, the record of its open or last checkpoint).
+        // Never a reason to keep the copy open: it is let go below whatever this says.
         if self.epoch != 0 {
-            let (js, cfg, applied) = (self.js.clone(), self.cfg.clone(), self.copy.applied()?);
-            if let Err(e) = self.run(async move { record(&records(&js, &cfg).await?, &cfg, applied).await }) {
+            let recorded = self.copy.applied().and_then(|applied| {
+                let (js, cfg) = (self.js.clone(), self.cfg.clone());
+                self.run(async move { record(&records(&js, &cfg).await?, &cfg, applied).await })
+            });
+            if let Err(e) = recorded {
                 tracing::warn!(stream = %self.cfg.stream, error = %e, "jetstream: the copy's record was not written");
             }
         }

@@ -106,7 +106,8 @@ pub struct Store {
 
 struct Inner {
     shared: Arc<Shared>,
-    writer: Mutex<Option<JoinHandle<()>>>,
+    /// Says whether the writer closed the engine when it ended.
+    writer: Mutex<Option<JoinHandle<bool>>>,
 }
 
 impl Drop for Inner {
@@ -126,7 +127,15 @@ impl Inner {
             self.shared.wake_writer();
         }
         if let Some(handle) = lock(&self.writer).take() {
-            let _ = handle.join();
+            // A writer stopped by a failed write did not close the engine:
+            // closed here, or a clone held anywhere (an actor not dropped
+            // yet) keeps the engine's files locked (issue 40: a node could
+            // never open its copy of a shard again after being fenced).
+            if !handle.join().unwrap_or(false) {
+                if let Err(e) = self.shared.engine.close() {
+                    tracing::warn!(error = %e, "closing the store after a failed write");
+                }
+            }
         }
         match self.shared.failed() {
             Some(e) => Err(StoreError::Flush(e.to_string())),

@@ -202,8 +202,10 @@ impl Shared {
         st
     }
 
-    /// The writer thread's body.
-    pub fn run_writer(&self, tx: watch::Sender<Durable>) {
+    /// The writer thread's body. Whether it closed the engine: a writer
+    /// stopped by a failed write leaves that to [`super::Store::close`]
+    /// (reads go on until then).
+    pub fn run_writer(&self, tx: watch::Sender<Durable>) -> bool {
         let mut last_start: Option<Instant> = None;
         // The last ticket of the groups taken so far.
         let mut taken = 0;
@@ -214,7 +216,7 @@ impl Shared {
                 if let Err(e) = self.engine.close() {
                     fail(&tx, &e.to_string());
                 }
-                return;
+                return true;
             }
             // The group-commit window: let a group gather for what is left of it.
             let window = Duration::from_micros(self.window_us.load(SeqCst));
@@ -237,6 +239,7 @@ impl Shared {
             let stop = |e: StoreError| {
                 tracing::error!(error = %e, "event store write failed");
                 fail(&tx, &e.to_string());
+                false
             };
             if let Err(e) = self.engine.apply(group).and_then(|()| self.engine.barrier()) {
                 return stop(e);

@@ -64,7 +64,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{kv, Context as JetStream};
-use relay_actors::store::{Engine, Follower, JetStreamConfig, JetStreamEngine, SledEngine, Store};
+use relay_actors::store::{Engine, Follower, JetStreamConfig, JetStreamEngine, SledEngine, Store, StoreError};
 use tokio::sync::watch;
 
 use crate::config::{ClusterSection, Config};
@@ -81,6 +81,46 @@ pub mod up;
 
 /// Between two tries to open the store after taking the lease.
 const OPEN_RETRY: Duration = Duration::from_millis(500);
+
+/// How long a node that holds a shard's lease goes on failing to open its
+/// store before it gives the lease up (issue 40: a node whose copy stayed
+/// locked renewed the lease for minutes and the shard was never served).
+/// Longer than JetStream's leader elections, which fail opens for seconds.
+const OPEN_PATIENCE: Duration = Duration::from_secs(30);
+
+/// Opens with `open` until it succeeds; gives up (the reason) when fenced
+/// by a newer owner, when `lost` says the lease is gone, or when opens
+/// have kept failing for `patience` since the first failure.
+async fn open_or_give_up<T, F, Fut>(
+    k: u32,
+    patience: Duration,
+    lost: &mut tokio::sync::oneshot::Receiver<String>,
+    mut open: F,
+) -> Result<T, String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    let mut failing_since = None;
+    loop {
+        match open().await {
+            Ok(opened) => return Ok(opened),
+            // Fenced by a newer owner: the lease is someone else's.
+            Err(e @ StoreError::Flush(_)) => return Err(format!("open the JetStream store of shard {k}: {e}")),
+            Err(e) => {
+                let since = *failing_since.get_or_insert_with(tokio::time::Instant::now);
+                if since.elapsed() >= patience {
+                    return Err(format!("could not open the JetStream store of shard {k} for {patience:?}: {e}"));
+                }
+                tracing::warn!(shard = k, error = %e, "could not open the JetStream store yet; trying again");
+            }
+        }
+        if !matches!(lost.try_recv(), Err(tokio::sync::oneshot::error::TryRecvError::Empty)) {
+            return Err(format!("lost the lease of shard {k} while opening its store"));
+        }
+        tokio::time::sleep(OPEN_RETRY).await;
+    }
+}
 
 /// The lease key of shard `k`.
 fn lease_key(k: u32) -> String {
@@ -515,25 +555,26 @@ impl Shard {
         let Held { epoch, internal, mut lost, release, serving, since } = held;
         tracing::info!(node = %c.node, shard = k, epoch, "took the lease: fencing and replaying the shard");
         // JetStream may be electing a leader right now (it answers nothing
-        // then): try again while the lease holds. A replay that stops
-        // making progress fails (`store::jetstream`) and is tried again.
+        // then): try again while the lease holds, for `OPEN_PATIENCE` at
+        // most. A replay that stops making progress fails
+        // (`store::jetstream`) and is tried again.
         let took_at = Instant::now();
-        let opened = loop {
-            let stream = shard(&self.cfg, k).ok_or("cluster mode needs a [cluster] section")?;
-            let opening = actix_web::rt::task::spawn_blocking(move || JetStreamEngine::open(stream, epoch));
-            match opening.await.map_err(|e| e.to_string())? {
-                Ok(engine) => break engine,
-                // Fenced by a newer owner: the lease is someone else's.
-                Err(e @ relay_actors::store::StoreError::Flush(_)) => {
-                    let _ = release.send(());
-                    return Ok(Served::Lost(format!("open the JetStream store of shard {k}: {e}")));
-                }
-                Err(e) => tracing::warn!(shard = k, error = %e, "could not open the JetStream store yet; trying again"),
+        let open = || {
+            let stream = shard(&self.cfg, k);
+            async move {
+                let stream = stream.ok_or(StoreError::Io("cluster mode needs a [cluster] section".into()))?;
+                let opening = actix_web::rt::task::spawn_blocking(move || JetStreamEngine::open(stream, epoch));
+                opening.await.map_err(|e| StoreError::Io(format!("the open ended: {e}")))?
             }
-            if !matches!(lost.try_recv(), Err(tokio::sync::oneshot::error::TryRecvError::Empty)) {
-                return Ok(Served::Lost(format!("lost the lease of shard {k} while opening its store")));
+        };
+        let opened = match open_or_give_up(k, OPEN_PATIENCE, &mut lost, open).await {
+            Ok(engine) => engine,
+            Err(why) => {
+                // Free the key (expecting our revision, so never a
+                // successor's): another node may open the store.
+                let _ = release.send(());
+                return Ok(Served::Lost(why));
             }
-            actix_web::rt::time::sleep(OPEN_RETRY).await;
         };
         let store = Store::with_engine(Arc::new(opened)).map_err(|e| e.to_string())?;
         store.set_group_commit_window(self.cfg.store.group_commit_window);
@@ -839,6 +880,45 @@ async fn pipe(mut conn: tokio::net::TcpStream, mut to: Upstream) -> std::io::Res
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 40: a node whose store cannot be opened (its copy locked)
+    /// gives the lease up after `OPEN_PATIENCE` instead of holding it.
+    #[tokio::test(start_paused = true)]
+    async fn a_node_that_cannot_open_its_store_gives_the_lease_up_after_its_patience() {
+        let (_lease, mut lost) = tokio::sync::oneshot::channel::<String>();
+        let started = tokio::time::Instant::now();
+        let mut tries = 0;
+        let never = || {
+            tries += 1;
+            async { Err::<(), _>(StoreError::Io("could not acquire lock (WouldBlock)".into())) }
+        };
+        let why = open_or_give_up(1, OPEN_PATIENCE, &mut lost, never).await.unwrap_err();
+        assert!(why.contains("could not open the JetStream store of shard 1 for 30s"), "{why}");
+        assert!(why.contains("WouldBlock"), "{why}");
+        let took = started.elapsed();
+        assert!(took >= OPEN_PATIENCE && took <= OPEN_PATIENCE + OPEN_RETRY, "{took:?}");
+        assert_eq!(tries, 1 + OPEN_PATIENCE.as_millis() / OPEN_RETRY.as_millis());
+
+        // Failures for less than the patience, then an open: served.
+        let mut failures = 3;
+        let late = || {
+            failures -= 1;
+            let result = if failures >= 0 { Err(StoreError::Io("no leader".into())) } else { Ok(7) };
+            async move { result }
+        };
+        assert_eq!(open_or_give_up(1, OPEN_PATIENCE, &mut lost, late).await, Ok(7));
+
+        // Fenced by a newer owner, or the lease lost: given up at once.
+        let started = tokio::time::Instant::now();
+        let fenced = || async { Err::<(), _>(StoreError::Flush("fenced by a newer owner".into())) };
+        assert!(open_or_give_up(1, OPEN_PATIENCE, &mut lost, fenced).await.unwrap_err().contains("fenced"));
+        let (lease, mut lost) = tokio::sync::oneshot::channel::<String>();
+        lease.send("renewal refused".into()).unwrap();
+        let failing = || async { Err::<(), _>(StoreError::Io("no leader".into())) };
+        let why = open_or_give_up(1, OPEN_PATIENCE, &mut lost, failing).await.unwrap_err();
+        assert!(why.contains("lost the lease of shard 1"), "{why}");
+        assert_eq!(started.elapsed(), Duration::ZERO);
+    }
 
     #[test]
     fn only_copies_of_streams_the_cluster_does_not_have_are_removed() {
