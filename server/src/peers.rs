@@ -602,10 +602,13 @@ mod tests {
             let n = conn.read(&mut buf).await.expect("read");
             assert!(n > 0, "the request ended early");
             got.extend_from_slice(&buf[..n]);
-            let text = String::from_utf8_lossy(&got).to_ascii_lowercase();
-            let Some(head) = text.find("\r\n\r\n") else { continue };
-            let length = text[..head].lines().find_map(|l| l.strip_prefix("content-length:")?.trim().parse().ok());
-            if got.len() >= head + 4 + length.unwrap_or(0) {
+            let mut headers = [httparse::EMPTY_HEADER; 32];
+            let mut request = httparse::Request::new(&mut headers);
+            let httparse::Status::Complete(head) = request.parse(&got).expect("an HTTP/1.1 request") else { continue };
+            let length = request.headers.iter().find(|h| h.name.eq_ignore_ascii_case("content-length"));
+            let length: usize =
+                length.and_then(|h| std::str::from_utf8(h.value).ok()?.trim().parse().ok()).unwrap_or(0);
+            if got.len() >= head + length {
                 break;
             }
         }
