@@ -60,6 +60,9 @@ pub struct Metrics {
     pub sessions_swept: Counter,
     pub retention_swept: Counter,
     pub retention_pruned: Counter,
+    /// The Unix second of the last retention pass that left nothing due
+    /// (`retention::pass`): its lag behind the clock is the sweep's.
+    pub retention_caught_up: Gauge,
 }
 
 impl Default for Metrics {
@@ -84,6 +87,7 @@ impl Default for Metrics {
             sessions_swept: Counter::default(),
             retention_swept: Counter::default(),
             retention_pruned: Counter::default(),
+            retention_caught_up: Gauge::default(),
         };
         {
             let mut r = m.registry.lock().unwrap_or_else(|e| e.into_inner());
@@ -119,6 +123,11 @@ impl Default for Metrics {
                 "retention_pruned",
                 "Events deleted from stream prefixes past retention",
                 m.retention_pruned.clone(),
+            );
+            r.register(
+                "retention_caught_up_seconds",
+                "Unix time of the last retention pass that left nothing due",
+                m.retention_caught_up.clone(),
             );
         }
         m

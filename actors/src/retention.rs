@@ -20,7 +20,9 @@
 //!
 //! A pass whose turn finds the same first entry as the turn before stops:
 //! an account that cannot sweep is not retried in a loop (its entries
-//! wait for the next pass).
+//! wait for the next pass). A pass that ends with nothing due sets
+//! `relay_retention_caught_up_seconds` to its clock: what the sweep is
+//! behind by, and (tests) when everything past its retention is gone.
 
 use crate::supervisor::Supervisor;
 use relay_core::retention::{self, IndexEntry};
@@ -122,7 +124,12 @@ pub async fn pass(sup: &Supervisor, every: Duration) -> Result<Pass, String> {
         let (now, started) = (sup.clock().now(), std::time::Instant::now());
         let scan = store.clone();
         let due = tokio::task::spawn_blocking(move || due_entries(&scan, now)).await.map_err(|e| e.to_string())??;
-        let Some((first, _)) = due.first() else { break };
+        let Some((first, _)) = due.first() else {
+            // Every entry due before `now` is handled (a send still
+            // delivering has one again, `account::sweep::DEFER_SECS` on).
+            sup.metrics().retention_caught_up.set(now.0 as i64);
+            break;
+        };
         let (full, late) = (due.len() == TURN, retention::sweep_late(now, first.until, every.as_secs()));
         if first_seen.as_ref() == Some(first) {
             return Err(format!("account {} could not be swept; the rest waits", first.account_id));

@@ -31,6 +31,7 @@ use super::{
 use crate::common::client::{now, Client, User};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
+use relay_actors::account::sweep::DEFER_SECS;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -663,6 +664,10 @@ pub(super) async fn after_load(
     for w in why.iter().take(20) {
         watch.violations.push(format!("NOT DELETED {:?} after every retention_until: {w}", past_all.elapsed()));
     }
+    // No answer shows a delivery stream (a status past its retention is
+    // `message_expired` before the sweep): the stores are inspected after
+    // the relays stop, once each sweep has caught up.
+    caught_up(rpc, last_until, deadline, &mut watch).await;
 
     // Re-sends after the sweep: message_expired, and no record.
     let mut candidates: Vec<&Kept> = kept.iter().collect();
@@ -689,6 +694,43 @@ pub(super) async fn after_load(
     watch.figures.records_seen = watch.seqs.iter().map(BTreeMap::len).sum();
     report.violations.append(&mut watch.violations);
     report.retention = Some(watch.figures);
+}
+
+/// Waits (until `deadline`) until every relay's retention sweep has
+/// handled everything past its retention (`last_until`): no delivery in
+/// flight any more (seen at second `ended`), then a pass that left nothing
+/// due after both `last_until` and `ended` + [`DEFER_SECS`] (a send still
+/// delivering when its traces were due was deferred that long).
+async fn caught_up(rpc: &[Client], last_until: u64, deadline: Instant, watch: &mut Watch) {
+    const METRIC: &str = "relay_retention_caught_up_seconds ";
+    let mut ended: Vec<Option<u64>> = vec![None; rpc.len()];
+    loop {
+        let mut why = vec![];
+        for (r, c) in rpc.iter().enumerate() {
+            if ended[r].is_none() {
+                match super::in_flight(c).await {
+                    Ok(0.0) => ended[r] = Some(now()),
+                    Ok(n) => why.push(format!("relay {r}: {n} deliveries in flight")),
+                    Err(e) => why.push(format!("relay {r}: {e}")),
+                }
+            }
+            if let Some(ended) = ended[r] {
+                let through = last_until.max(ended + DEFER_SECS);
+                match c.metric(METRIC).await {
+                    Some(t) if t > through as f64 => {}
+                    other => why.push(format!("relay {r}: sweep caught up to {other:?}, not past {through}")),
+                }
+            }
+        }
+        if why.is_empty() {
+            return;
+        }
+        if Instant::now() > deadline {
+            watch.violations.extend(why.into_iter().map(|w| format!("sweep never caught up: {w}")));
+            return;
+        }
+        pause().await;
+    }
 }
 
 /// Syncs each of `accounts` (bounded retries); the checks of
