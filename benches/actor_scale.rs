@@ -34,7 +34,7 @@ use relay_core::clock::SystemClock;
 use relay_core::policy::Policy;
 use relay_schemas::client::{key_box, Account, Device};
 use relay_schemas::methods::{RegisterParams, SendParams};
-use relay_schemas::Status;
+use relay_schemas::objects::Status;
 use serde_json::json;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};

@@ -8,7 +8,7 @@
 //! not the queue, is the source of truth, so nothing is lost.
 
 use relay_schemas::methods::notifications::{self, DeliveryChanged, TimelineChanged};
-use relay_schemas::DeliveryStatus;
+use relay_schemas::objects::DeliveryStatus;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -11,7 +11,7 @@ use quick_cache::sync::{Cache, EntryAction, EntryResult};
 use relay_core::account::method::route_update::{offer, Offer};
 use relay_core::account::method::timeline_replicate::pull;
 use relay_schemas::objects::Route;
-use relay_schemas::Wire;
+use relay_schemas::objects::Wire;
 use std::sync::{Arc, Mutex};
 
 /// Routes kept in memory; past this the least used leave.

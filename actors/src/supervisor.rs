@@ -44,8 +44,8 @@ use relay_core::delivery::outcome::AttemptOutcome;
 use relay_core::delivery::route_lookup::{self, RouteLookup};
 use relay_core::policy::Policy;
 use relay_schemas::methods::SendParams;
-use relay_schemas::objects::{RelayRef, Route};
-use relay_schemas::{DeliveryStatus, RelayError, UnixMillis, Wire};
+use relay_schemas::objects::{DeliveryStatus, RelayRef, Route, Wire};
+use relay_schemas::{RelayError, UnixMillis};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -302,7 +302,7 @@ impl Supervisor {
     pub async fn check_sending_device(
         &self,
         envelope: &relay_schemas::objects::MessageEnvelope,
-        known: Option<&relay_schemas::Wire<relay_schemas::objects::Route>>,
+        known: Option<&relay_schemas::objects::Wire<relay_schemas::objects::Route>>,
     ) -> Result<(), RelayError> {
         let checks = checks_sender_here(known, &self.policy().relay_id);
         if checks && self.account_exists(&envelope.from)? {
@@ -715,7 +715,7 @@ impl delivery::Ports for Supervisor {
         // Read without loading the account: its ledger may still be in the
         // version 1 layout until its first load moves it.
         let entry = reads.send_entry(message_id).ok().flatten().or_else(|| reads.v1_send_entry(message_id));
-        entry.is_some_and(|e| e.status.status == relay_schemas::Status::TargetAccepted)
+        entry.is_some_and(|e| e.status.status == relay_schemas::objects::Status::TargetAccepted)
     }
 
     fn deliver_local(

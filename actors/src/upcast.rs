@@ -202,7 +202,7 @@ mod tests {
     use super::*;
     use crate::store::{Head, NewEvent, Store};
     use relay_core::delivery::aggregate::DeliveryState;
-    use relay_schemas::Status;
+    use relay_schemas::objects::Status;
     use serde_json::json;
 
     fn deliver_params() -> Value {

@@ -11,7 +11,7 @@ use relay_core::clock::ManualClock;
 use relay_core::policy::Policy;
 use relay_schemas::client::{Account, Device};
 use relay_schemas::methods::RegisterParams;
-use relay_schemas::Wire;
+use relay_schemas::objects::Wire;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

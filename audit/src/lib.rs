@@ -452,8 +452,8 @@ mod lite {
     use super::EventText;
     use relay_actors::store::StoreError;
     use relay_core::account::{AccountEvent, Record};
+    use relay_schemas::objects::DeliveryStatus;
     use relay_schemas::objects::{MessageEnvelope, Wire};
-    use relay_schemas::DeliveryStatus;
     use serde::de::IgnoredAny;
     use serde::Deserialize;
     use std::sync::OnceLock;

@@ -30,7 +30,8 @@ use relay_actors::store::{Store, StoredEvent};
 use relay_actors::upcast;
 use relay_core::account::{AccountEvent, Record};
 use relay_core::delivery::aggregate::DeliveryEvent;
-use relay_schemas::{AccountId, DeliveryStatus, RelayError, RelayId, Status, UnixMillis, UnixSecs};
+use relay_schemas::objects::{DeliveryStatus, Status};
+use relay_schemas::{AccountId, RelayError, RelayId, UnixMillis, UnixSecs};
 use serde::Serialize;
 use std::fmt::Write as _;
 

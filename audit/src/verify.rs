@@ -765,7 +765,8 @@ mod tests {
     use relay_actors::store::{Head, NewEvent, Snapshot};
     use relay_core::account::ledger::Ledger;
     use relay_core::account::{AccountEvent, AccountState};
-    use relay_schemas::{DeliveryStatus, UnixSecs};
+    use relay_schemas::objects::DeliveryStatus;
+    use relay_schemas::UnixSecs;
     use serde_json::value::RawValue;
 
     fn cursor(through: u64) -> NewEvent {

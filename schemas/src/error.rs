@@ -209,7 +209,7 @@ impl RelayError {
     /// A remote error as the source must record it: codes this version does
     /// not define become `bad_gateway` (seed error table). A peer's text is
     /// kept on every attempt and shown by `relay audit`, so what is kept is
-    /// bounded here, at the source: the message to [`REMOTE_MESSAGE_BYTES`]
+    /// bounded here, at the source: the message to 512 bytes
     /// with control characters replaced, and of `data` only the members
     /// PROTOCOL defines (`route`, `retry_after`, `limit`), each bounded.
     pub fn from_remote(code: &str, message: &str, data: Option<Value>) -> Self {
@@ -225,17 +225,17 @@ impl RelayError {
 
 /// Bytes of a peer's error message a relay keeps (PROTOCOL §2 *RelayError*
 /// is "human text"; anything longer is a peer making this relay hold it).
-pub const REMOTE_MESSAGE_BYTES: usize = 512;
+const REMOTE_MESSAGE_BYTES: usize = 512;
 
 /// Bytes of a peer's `data.route` kept: a signed route is bounded by
 /// `limits.max_object_bytes` (16 KiB by default) on every relay; this is
 /// room for a peer configured with four times that, and no more.
-pub const REMOTE_ROUTE_BYTES: usize = 64 << 10;
+const REMOTE_ROUTE_BYTES: usize = 64 << 10;
 
 /// `text` cut to [`REMOTE_MESSAGE_BYTES`] at a character boundary, with
 /// every control character (C0, DEL, C1) replaced by U+FFFD: nothing a peer
 /// writes can move a terminal's cursor or start a line of its own.
-pub fn remote_text(text: &str) -> String {
+fn remote_text(text: &str) -> String {
     let mut kept = String::with_capacity(text.len().min(REMOTE_MESSAGE_BYTES));
     for c in text.chars().map(|c| if c.is_control() { '\u{fffd}' } else { c }) {
         if kept.len() + c.len_utf8() > REMOTE_MESSAGE_BYTES {

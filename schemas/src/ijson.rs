@@ -109,7 +109,7 @@ thread_local! {
 }
 
 /// Runs `parse` over a text that passed [`check`] (or [`value`]) whole:
-/// the [`crate::Wire`]s it reads skip their own check, which would only
+/// the [`crate::objects::Wire`]s it reads skip their own check, which would only
 /// repeat it. Sound because both checks are local to each object and
 /// number, so every part of a checked text passes them too.
 pub fn parse_checked<R>(parse: impl FnOnce() -> R) -> R {

@@ -350,7 +350,8 @@ pub struct AckParams {
 /// The notifications a relay pushes to connected devices, as
 /// `{"method", "params"}` frames.
 pub mod notifications {
-    use crate::{RelayError, Status};
+    use crate::objects::Status;
+    use crate::RelayError;
     use serde::{Deserialize, Serialize};
 
     /// The account's timeline has records up to `sequence`.

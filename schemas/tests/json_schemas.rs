@@ -844,7 +844,7 @@ fn openapi_refs_resolve_within_the_document() {
 /// that each checks the other.
 #[test]
 fn the_method_enum_matches_the_protocol() {
-    use relay_schemas::{Caller, Method};
+    use relay_schemas::methods::{Caller, Method};
     let names = |relay: bool| -> Vec<&str> {
         Method::ALL.into_iter().filter(|m| (m.caller() == Caller::Relay) == relay).map(Method::as_str).collect()
     };

@@ -17,7 +17,9 @@ use relay_actors::sessions::Session;
 use relay_actors::Supervisor;
 use relay_schemas::encoding::jcs_digest;
 use relay_schemas::ids::check_account_id;
-use relay_schemas::{DeliveryStatus, ErrorCode, Method, RelayError};
+use relay_schemas::methods::Method;
+use relay_schemas::objects::DeliveryStatus;
+use relay_schemas::{ErrorCode, RelayError};
 use serde::de::DeserializeOwned;
 use std::time::Instant;
 

@@ -6,7 +6,8 @@
 //! the method's own file in [`crate::method`].
 
 use crate::app::App;
-use relay_schemas::{Caller, Method, RelayError};
+use relay_schemas::methods::{Caller, Method};
+use relay_schemas::RelayError;
 use std::net::IpAddr;
 use std::time::Instant;
 

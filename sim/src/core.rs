@@ -13,8 +13,8 @@ use relay_core::delivery::timetable::slot_offset_ms;
 use relay_core::policy::Policy;
 use relay_core::retention;
 use relay_schemas::methods::DeliverParams;
-use relay_schemas::objects::{MessageEnvelope, Route};
-use relay_schemas::{DeliveryStatus, RelayError, UnixMillis, UnixSecs, Wire};
+use relay_schemas::objects::{DeliveryStatus, MessageEnvelope, Route, Wire};
+use relay_schemas::{RelayError, UnixMillis, UnixSecs};
 
 pub use relay_core::account::{AccountCmd, AccountEvent, Decision, Effect, Reply};
 pub use relay_core::delivery::aggregate::DeliveryState;

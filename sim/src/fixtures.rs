@@ -7,7 +7,7 @@
 
 use relay_schemas::client;
 use relay_schemas::objects::Route;
-use relay_schemas::Wire;
+use relay_schemas::objects::Wire;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::hash::Hash;

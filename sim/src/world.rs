@@ -23,8 +23,8 @@ use relay_schemas::methods::{
     DeliverParams, DeviceAddParams, DeviceRevokeParams, PeerStatusResult, RegisterParams, ReplicateParams,
     RouteUpdateParams, SendParams,
 };
-use relay_schemas::objects::Route;
-use relay_schemas::{DeliveryStatus, ErrorCode, RelayError, Status, UnixMillis, UnixSecs, Wire};
+use relay_schemas::objects::{DeliveryStatus, Route, Status, Wire};
+use relay_schemas::{ErrorCode, RelayError, UnixMillis, UnixSecs};
 use serde_json::{json, Value};
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};

@@ -190,7 +190,7 @@ proptest! {
 
 // ---- a real relay over HTTP -----------------------------------------------------------------
 
-use relay_schemas::{Caller, Method};
+use relay_schemas::methods::{Caller, Method};
 
 /// The client methods' wire names.
 fn client_methods() -> Vec<&'static str> {

@@ -28,7 +28,8 @@ use relay_core::policy::Policy;
 use relay_core::push::PushSink;
 use relay_core::retention::{self, IndexEntry};
 use relay_schemas::methods::DeliverParams;
-use relay_schemas::{DeliveryStatus, RelayError, UnixMillis, UnixSecs};
+use relay_schemas::objects::DeliveryStatus;
+use relay_schemas::{RelayError, UnixMillis, UnixSecs};
 use serde::de::DeserializeOwned;
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -1017,7 +1018,7 @@ impl Reads for StoreReads<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use relay_schemas::DeliveryStatus;
+    use relay_schemas::objects::DeliveryStatus;
 
     fn entry(status: DeliveryStatus) -> SendEntry {
         SendEntry { digest: "d".into(), to: "bob".into(), deadline: 2, retention_until: 3, status, sequence: None }

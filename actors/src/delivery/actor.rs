@@ -21,7 +21,8 @@ use relay_core::delivery::outcome::AttemptOutcome;
 use relay_core::delivery::route_lookup::RouteLookup;
 use relay_core::policy::Policy;
 use relay_schemas::methods::DeliverParams;
-use relay_schemas::{DeliveryStatus, RelayError, UnixMillis};
+use relay_schemas::objects::DeliveryStatus;
+use relay_schemas::{RelayError, UnixMillis};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::oneshot;
@@ -262,7 +263,7 @@ impl DeliveryActor {
         let prepare = async move {
             if let Some(relay) = other_home {
                 let st = transport.peer_status(&relay, &from, &message_id).await;
-                if st.is_some_and(|st| st.status == relay_schemas::Status::TargetAccepted) {
+                if st.is_some_and(|st| st.status == relay_schemas::objects::Status::TargetAccepted) {
                     return None;
                 }
             }

@@ -11,8 +11,8 @@ use relay_core::delivery::aggregate::DeliveryEvent;
 use relay_core::delivery::outcome::AttemptOutcome;
 use relay_core::delivery::route_lookup::RouteLookup;
 use relay_schemas::methods::DeliverParams;
-use relay_schemas::objects::RelayRef;
-use relay_schemas::{DeliveryStatus, MessageId, RelayError, UnixMillis, UnixSecs};
+use relay_schemas::objects::{DeliveryStatus, RelayRef};
+use relay_schemas::{MessageId, RelayError, UnixMillis, UnixSecs};
 use std::future::Future;
 use std::pin::Pin;
 

@@ -21,7 +21,7 @@ use ed25519_dalek::VerifyingKey;
 use relay_core::clock::SharedClock;
 use relay_core::witness::judge;
 use relay_schemas::checkpoint::Checkpoint;
-use relay_schemas::Method;
+use relay_schemas::methods::Method;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::collections::HashMap;

@@ -295,8 +295,8 @@ async fn in_process(front: &Front, shard: u32, req: &HttpRequest, body: &Bytes) 
     };
     // The paths the core routes to one method (`crate::http::configure`):
     // a name may be a client's method and a relay's (`route.get`).
-    let is_relay = |m: &&relay_schemas::Method| (m.caller() == relay_schemas::Caller::Relay) == relay;
-    relay_schemas::Method::ALL.iter().filter(is_relay).find(|m| m.as_str() == name)?;
+    let is_relay = |m: &&relay_schemas::methods::Method| (m.caller() == relay_schemas::methods::Caller::Relay) == relay;
+    relay_schemas::methods::Method::ALL.iter().filter(is_relay).find(|m| m.as_str() == name)?;
     let core = front.local.get(shard)?;
     if !core.app.serves() {
         return None;

@@ -19,7 +19,8 @@ use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::middleware::Next;
 use actix_web::{web, HttpRequest, HttpResponse};
 use relay_core::peer_auth::RelayHeaders;
-use relay_schemas::{Caller, Method, RelayError};
+use relay_schemas::methods::{Caller, Method};
+use relay_schemas::RelayError;
 use reply::{bearer, error_and_close, error_response, over_cap};
 use std::time::Duration;
 

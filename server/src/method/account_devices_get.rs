@@ -8,8 +8,8 @@ use crate::peers::CallError;
 use relay_actors::account::AccountCmd;
 use relay_core::account::method::account_devices_get::check_devices_answer;
 use relay_schemas::ids::check_account_id;
-use relay_schemas::methods::{AccountIdParams, DevicesAnswer};
-use relay_schemas::{ErrorCode, Method, RelayError};
+use relay_schemas::methods::{AccountIdParams, DevicesAnswer, Method};
+use relay_schemas::{ErrorCode, RelayError};
 
 caller!(AccountDevicesGet, Session);
 caller!(RelayAccountDevicesGet, Relay);

@@ -14,13 +14,17 @@
 //! matches: a new [`Method`] variant fails to compile until it is routed.
 
 use crate::app::App;
-use relay_schemas::{Method, RelayError};
+use relay_schemas::methods::Method;
+use relay_schemas::RelayError;
 
 /// Declares who may call `Method::$method`; a mismatch with
 /// [`Method::caller`] fails to compile.
 macro_rules! caller {
     ($method:ident, $caller:ident) => {
-        const _: () = assert!(matches!(relay_schemas::Method::$method.caller(), relay_schemas::Caller::$caller));
+        const _: () = assert!(matches!(
+            relay_schemas::methods::Method::$method.caller(),
+            relay_schemas::methods::Caller::$caller
+        ));
     };
 }
 

@@ -19,8 +19,8 @@ use super::state::AccountState;
 use crate::aggregate::Aggregate;
 use crate::delivery::outcome::AttemptOutcome;
 use relay_schemas::methods::*;
-use relay_schemas::objects::{DeviceCertificate, Route};
-use relay_schemas::{DeliveryStatus, RelayError, Wire};
+use relay_schemas::objects::{DeliveryStatus, DeviceCertificate, Route, Wire};
+use relay_schemas::RelayError;
 
 /// Every command an account takes. `device` is the session's device, taken
 /// from the authenticated session, never from params. A command that

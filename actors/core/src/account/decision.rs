@@ -12,7 +12,8 @@ use super::session::Grant;
 use super::timeline::IndexEntry;
 use crate::delivery::aggregate::Begun;
 use relay_schemas::methods::DeliverParams;
-use relay_schemas::{DeliveryStatus, RelayError};
+use relay_schemas::objects::DeliveryStatus;
+use relay_schemas::RelayError;
 
 /// A `message.send` decided and not yet written: what settling or
 /// accepting it writes.

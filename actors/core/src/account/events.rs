@@ -1,8 +1,9 @@
 //! Events of an account stream (`account/{account_id}`). Past tense, each
 //! with a stable type name and a version for upcasting.
 
-use relay_schemas::objects::{DeviceCertificate, DeviceRevocation, KeyBox, MessageEnvelope, Registration, Route};
-use relay_schemas::{DeliveryStatus, Wire};
+use relay_schemas::objects::{
+    DeliveryStatus, DeviceCertificate, DeviceRevocation, KeyBox, MessageEnvelope, Registration, Route, Wire,
+};
 use serde::{Deserialize, Serialize};
 
 /// A timeline record as stored at acceptance: the original envelope, the

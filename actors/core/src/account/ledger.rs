@@ -35,7 +35,8 @@
 //! audit, upgrading old data).
 
 use super::events::AccountEvent;
-use relay_schemas::{DeliveryStatus, ErrorCode, RelayError};
+use relay_schemas::objects::DeliveryStatus;
+use relay_schemas::{ErrorCode, RelayError};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 

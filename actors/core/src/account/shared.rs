@@ -7,8 +7,8 @@
 use super::events::{AccountEvent, Record};
 use super::state::AccountState;
 use crate::policy::Policy;
-use relay_schemas::objects::{KeyBox, MessageEnvelope, Route};
-use relay_schemas::{ErrorCode, RelayError, UnixSecs, Wire};
+use relay_schemas::objects::{KeyBox, MessageEnvelope, Route, Wire};
+use relay_schemas::{ErrorCode, RelayError, UnixSecs};
 
 /// The time, policy and randomness a decision is made under.
 #[derive(Clone, Copy)]

@@ -3,9 +3,9 @@
 
 use super::events::{AccountEvent, PushSubscription};
 use ed25519_dalek::VerifyingKey;
-use relay_schemas::objects::{DeviceCertificate, DeviceRevocation, Route};
+use relay_schemas::objects::{DeviceCertificate, DeviceRevocation, Route, Wire};
 use relay_schemas::sign::parse_public_key;
-use relay_schemas::{AccountId, UnixSecs, Wire};
+use relay_schemas::{AccountId, UnixSecs};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use std::collections::{BTreeMap, BTreeSet};

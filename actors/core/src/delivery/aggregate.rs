@@ -7,9 +7,9 @@ use super::timetable::next_attempt_ms;
 use crate::aggregate::{Aggregate, Decision};
 use crate::policy::Policy;
 use relay_schemas::methods::DeliverParams;
-use relay_schemas::objects::{RelayRef, Route};
+use relay_schemas::objects::{DeliveryStatus, RelayRef, Route, Status, Wire};
 use relay_schemas::{AccountId, MessageId, RelayId, UnixMillis, UnixSecs};
-use relay_schemas::{DeliveryHandling, DeliveryStatus, ErrorCode, RelayError, Status, Wire};
+use relay_schemas::{DeliveryHandling, ErrorCode, RelayError};
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -16,8 +16,8 @@ use crate::policy::Policy;
 use proptest::prelude::*;
 use relay_schemas::client::Account;
 use relay_schemas::methods::DeliverParams;
-use relay_schemas::objects::Route;
-use relay_schemas::{DeliveryHandling, DeliveryStatus, ErrorCode, RelayError, Status, UnixMillis, UnixSecs, Wire};
+use relay_schemas::objects::{DeliveryStatus, Route, Status, Wire};
+use relay_schemas::{DeliveryHandling, ErrorCode, RelayError, UnixMillis, UnixSecs};
 
 const ACCEPTED_AT: u64 = 1_000;
 /// The deadline: the default delivery age limit after acceptance (90 min).

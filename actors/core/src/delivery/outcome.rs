@@ -4,7 +4,8 @@
 //! delivery's aggregate and `message.send`'s process manager (of a local
 //! attempt made before acceptance) both ask.
 
-use relay_schemas::{DeliveryHandling, DeliveryStatus, RelayError, Status, UnixSecs};
+use relay_schemas::objects::{DeliveryStatus, Status};
+use relay_schemas::{DeliveryHandling, RelayError, UnixSecs};
 
 /// What one attempt at one destination came to. The distinctions matter
 /// for result confirmation and target switching (seed).

@@ -6,8 +6,8 @@
 //! The transport asks the peers; the supervisor shares one lookup per
 //! account among its callers and keeps the misses.
 
-use relay_schemas::objects::Route;
-use relay_schemas::{RelayError, UnixMillis, Wire};
+use relay_schemas::objects::{Route, Wire};
+use relay_schemas::{RelayError, UnixMillis};
 
 /// How long a lookup that found no route is remembered: long enough that
 /// repeated asks for one unknown account cost the peers one question, short

@@ -9,8 +9,8 @@ use crate::account::events::AccountEvent;
 use crate::account::shared::{route_after, Ctx};
 use crate::account::state::AccountState;
 use relay_schemas::methods::{RegisterParams, RegisterResult};
-use relay_schemas::objects::Route;
-use relay_schemas::{ErrorCode, RelayError, Wire};
+use relay_schemas::objects::{Route, Wire};
+use relay_schemas::{ErrorCode, RelayError};
 
 /// Writes the registration (none when it is here already) and answers the
 /// account's route.

@@ -8,8 +8,8 @@ use crate::account::shared::{check_session, registered_route, Ctx};
 use crate::account::state::AccountState;
 use crate::policy::{Policy, MAX_DEVICES_SETTING};
 use relay_schemas::methods::DeviceAddParams;
-use relay_schemas::objects::DeviceCertificate;
-use relay_schemas::{RelayError, Wire};
+use relay_schemas::objects::{DeviceCertificate, Wire};
+use relay_schemas::RelayError;
 
 pub(crate) fn decide(
     state: &AccountState,

@@ -7,8 +7,8 @@ use crate::account::events::AccountEvent;
 use crate::account::shared::{check_session, registered_route, Ctx};
 use crate::account::state::AccountState;
 use relay_schemas::methods::DeviceRevokeParams;
-use relay_schemas::objects::DeviceRevocation;
-use relay_schemas::{RelayError, Wire};
+use relay_schemas::objects::{DeviceRevocation, Wire};
+use relay_schemas::RelayError;
 
 pub(crate) fn decide(
     state: &AccountState,

@@ -10,9 +10,9 @@ use crate::account::ledger::ReceiptEntry;
 use crate::account::shared::{check_created_at, idempotent, record, served_here, visible_devices, Ctx};
 use crate::account::state::{contact_key, AccountState};
 use relay_schemas::methods::DeliverParams;
-use relay_schemas::objects::{check_boxes, Authorization, MessageEnvelope, Route};
+use relay_schemas::objects::{check_boxes, Authorization, DeliveryStatus, MessageEnvelope, Route, Wire};
 use relay_schemas::sign::Tag;
-use relay_schemas::{DeliveryStatus, RelayError, Wire};
+use relay_schemas::RelayError;
 
 /// `MessageDeliver`: a duplicate answers its status, a new message writes
 /// its record.

@@ -7,7 +7,8 @@ use crate::account::decision::{Decision, Reads, Reply};
 use crate::account::ledger::SendEntry;
 use crate::account::shared::{check_session, retained, Ctx};
 use crate::account::state::AccountState;
-use relay_schemas::{DeliveryStatus, RelayError, UnixSecs};
+use relay_schemas::objects::DeliveryStatus;
+use relay_schemas::{RelayError, UnixSecs};
 
 /// Reads the ledger's result; writes nothing.
 pub(crate) fn decide(

@@ -46,9 +46,9 @@ use crate::account::state::AccountState;
 use crate::delivery::aggregate::{begin, DeliveryCmd, DeliveryCtx};
 use crate::delivery::outcome::{final_status, AttemptOutcome};
 use relay_schemas::methods::{DeliverParams, SendParams};
-use relay_schemas::objects::{check_boxes, Route};
+use relay_schemas::objects::{check_boxes, DeliveryStatus, Route, Wire};
 use relay_schemas::sign::Tag;
-use relay_schemas::{DeliveryStatus, ErrorCode, RelayError, UnixSecs, Wire};
+use relay_schemas::{ErrorCode, RelayError, UnixSecs};
 
 /// `MessageSend`: a duplicate answers its status, a self-delivery writes
 /// its record, a send to an account served here alone is decided only
@@ -954,7 +954,7 @@ mod tests {
     mod process {
         use super::*;
         use crate::account::AsDecided;
-        use relay_schemas::DeliveryStatus;
+        use relay_schemas::objects::DeliveryStatus;
 
         type Step = Next<AccountCmd<()>, AsDecided>;
 

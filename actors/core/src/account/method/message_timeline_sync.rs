@@ -12,8 +12,8 @@ use crate::account::shared::{check_session, Ctx};
 use crate::account::state::AccountState;
 use crate::account::timeline::{fits_page, IndexEntry, RECORD_OVERHEAD};
 use relay_schemas::methods::{SyncParams, SyncResult, SYNC_DEFAULT_LIMIT, SYNC_MAX_LIMIT};
-use relay_schemas::objects::{Direction, TimelineRecord};
-use relay_schemas::{DeliveryStatus, RelayError};
+use relay_schemas::objects::{DeliveryStatus, Direction, TimelineRecord};
+use relay_schemas::RelayError;
 
 /// Reads one page through the reads view; writes nothing.
 pub(crate) fn decide(

@@ -8,8 +8,8 @@ use crate::account::events::AccountEvent;
 use crate::account::shared::{check_session, registered_route, route_after, Ctx};
 use crate::account::state::AccountState;
 use relay_schemas::methods::RouteUpdateParams;
-use relay_schemas::objects::Route;
-use relay_schemas::{ErrorCode, RelayError, Wire};
+use relay_schemas::objects::{Route, Wire};
+use relay_schemas::{ErrorCode, RelayError};
 
 /// Writes the route (none when it is the current one) and answers the
 /// account's route.

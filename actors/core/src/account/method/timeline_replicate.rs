@@ -48,9 +48,9 @@ use crate::account::state::AccountState;
 use crate::account::timeline::fits_page;
 use crate::delivery::aggregate::{begin, Begun, DeliveryCmd, DeliveryCtx};
 use relay_schemas::methods::{DeliverParams, ReplicateParams};
-use relay_schemas::objects::{DeviceCertificate, MessageEnvelope, Registration, Route};
+use relay_schemas::objects::{DeliveryStatus, DeviceCertificate, MessageEnvelope, Registration, Route, Status, Wire};
 use relay_schemas::sign::Tag;
-use relay_schemas::{DeliveryStatus, ErrorCode, RelayError, Status, UnixSecs, Wire};
+use relay_schemas::{ErrorCode, RelayError, UnixSecs};
 use serde::{Deserialize, Serialize};
 
 /// `TimelineReplicate`: serves `peer` a page of the account's stream,

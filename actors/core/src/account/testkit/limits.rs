@@ -9,9 +9,9 @@ use crate::account::state::AccountState;
 use crate::policy::Policy;
 use relay_schemas::client::{Account, Device};
 use relay_schemas::methods::RegisterParams;
-use relay_schemas::objects::DeviceCertificate;
+use relay_schemas::objects::{DeliveryStatus, DeviceCertificate, Wire};
 use relay_schemas::sign::Tag;
-use relay_schemas::{DeliveryStatus, ErrorCode, RelayError, Wire};
+use relay_schemas::{ErrorCode, RelayError};
 use serde_json::{json, Value};
 
 pub const NOW: u64 = 1_764_400_000;

@@ -47,11 +47,11 @@ pub use relay_schemas::encoding::jcs_digest;
 
 pub use relay_schemas::methods::{ContactRevokeParams, DeliverParams, RegisterParams, SendParams};
 
-pub use relay_schemas::objects::{DeviceCertificate, DeviceRevocation, Route};
+pub use relay_schemas::objects::{DeliveryStatus, DeviceCertificate, DeviceRevocation, Route, Status, Wire};
 
 pub use relay_schemas::sign::{sign_object, Tag};
 
-pub use relay_schemas::{DeliveryStatus, ErrorCode, RelayError, Status, UnixSecs, Wire};
+pub use relay_schemas::{ErrorCode, RelayError, UnixSecs};
 
 pub use serde::de::DeserializeOwned;
 

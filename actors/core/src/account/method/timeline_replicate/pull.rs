@@ -13,8 +13,8 @@
 
 use super::Page;
 use relay_schemas::methods::ReplicateParams;
-use relay_schemas::objects::Route;
-use relay_schemas::{ErrorCode, RelayError, Wire};
+use relay_schemas::objects::{Route, Wire};
+use relay_schemas::{ErrorCode, RelayError};
 
 /// Pages one pull takes at most before it lets others run (it goes to the
 /// back of the queue when more is waiting).
