@@ -50,7 +50,7 @@ pub(super) async fn ordered(
     let (created, sent, mut late) = first_answer(create, HEDGE, TRIES).await;
     if sent > 1 {
         tracing::info!(stream = %stream.cached_info().config.name, sent,
-            "jetstream: a consumer create went unanswered; more were sent");
+            "jetstream: a consumer create was not answered at once; more were sent beside it");
     }
     if !late.is_empty() {
         let stream = stream.clone();
