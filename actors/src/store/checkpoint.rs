@@ -24,6 +24,7 @@ use async_nats::jetstream::{self, stream};
 use bytes::Bytes;
 use futures_util::StreamExt;
 
+use super::consumer;
 use super::copy::{LocalCopy, Pending};
 use super::engine::Write;
 use super::types::StoreError;
@@ -198,15 +199,13 @@ pub async fn read(js: &jetstream::Context, cfg: &Place<'_>, mark: &Mark, copy: &
         return Ok(());
     }
     let stream = stream(js, cfg).await?;
-    let consumer = stream
-        .create_consumer(jetstream::consumer::pull::OrderedConfig {
-            deliver_policy: jetstream::consumer::DeliverPolicy::ByStartSequence { start_sequence: mark.first },
-            filter_subject: chunk_subject(cfg),
-            max_batch: cfg.batch,
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| err("checkpoint consumer", e))?;
+    let config = jetstream::consumer::pull::OrderedConfig {
+        deliver_policy: jetstream::consumer::DeliverPolicy::ByStartSequence { start_sequence: mark.first },
+        filter_subject: chunk_subject(cfg),
+        max_batch: cfg.batch,
+        ..Default::default()
+    };
+    let consumer = consumer::ordered(&stream, config, "checkpoint consumer").await?;
     let mut messages = consumer.messages().await.map_err(|e| err("checkpoint", e))?;
     let last = mark.first + mark.chunks - 1;
     for n in 0..mark.chunks {

@@ -75,6 +75,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 
 use super::checkpoint;
+use super::consumer;
 use super::copy::{LocalCopy, Pending};
 use super::engine::{Engine, KvIter, Write};
 use super::types::StoreError;
@@ -882,14 +883,12 @@ pub(super) async fn log_consumer(
     stream: &stream::Stream,
     from: u64,
 ) -> Result<jetstream::consumer::pull::Ordered, StoreError> {
-    let consumer = stream
-        .create_consumer(jetstream::consumer::pull::OrderedConfig {
-            deliver_policy: jetstream::consumer::DeliverPolicy::ByStartSequence { start_sequence: from },
-            max_batch: REPLAY_BATCH,
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| err("replay consumer", e))?;
+    let config = jetstream::consumer::pull::OrderedConfig {
+        deliver_policy: jetstream::consumer::DeliverPolicy::ByStartSequence { start_sequence: from },
+        max_batch: REPLAY_BATCH,
+        ..Default::default()
+    };
+    let consumer = consumer::ordered(stream, config, "replay consumer").await?;
     consumer.messages().await.map_err(|e| err("replay", e))
 }
 
@@ -1279,10 +1278,8 @@ async fn walk_fences(cfg: JetStreamConfig) -> Result<Vec<FenceViolation>, StoreE
     if last == 0 {
         return Ok(found);
     }
-    let consumer = stream
-        .create_consumer(jetstream::consumer::pull::OrderedConfig::default())
-        .await
-        .map_err(|e| err("fence walk consumer", e))?;
+    let config = jetstream::consumer::pull::OrderedConfig::default();
+    let consumer = consumer::ordered(&stream, config, "fence walk consumer").await?;
     let mut messages = consumer.messages().await.map_err(|e| err("fence walk", e))?;
     let mut fence = 0;
     while let Some(msg) = messages.next().await {

@@ -53,6 +53,7 @@
 mod checkpoint;
 mod codec;
 mod compact;
+mod consumer;
 mod copy;
 mod engine;
 mod filter;
