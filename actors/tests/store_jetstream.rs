@@ -5,6 +5,8 @@
 //! standby's copy following the log. The store's property
 //! test over it is in `store_model.rs`.
 
+mod common;
+use common::append;
 use std::sync::Arc;
 
 use relay_actors::nats_server::{self, NatsServer};
@@ -66,21 +68,6 @@ fn open_caught_up(cfg: &JetStreamConfig, epoch: u64) -> (Store, CatchUp) {
 
 fn open(cfg: &JetStreamConfig, epoch: u64) -> Store {
     Store::with_engine(Arc::new(JetStreamEngine::open(cfg.clone(), epoch).unwrap())).unwrap()
-}
-
-fn append(store: &Store, stream: &str, n: u64) -> Result<(), StoreError> {
-    let mut batch = store.batch();
-    let head = store.head(stream)?;
-    let events = (0..n)
-        .map(|i| NewEvent {
-            event_type: "noted".into(),
-            version: 1,
-            at: i,
-            data: RawValue::from_string(format!(r#"{{"n":{i}}}"#)).unwrap(),
-        })
-        .collect();
-    batch.append(stream, head, events);
-    store.commit_durable_blocking(batch)
 }
 
 #[test]

@@ -3,13 +3,14 @@
 //! shard's stream (skipped when no nats-server is installed, except under
 //! `CI=true`). The single-server tests are in `store_jetstream.rs`.
 
+mod common;
+use common::append;
 use std::net::TcpListener;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use relay_actors::nats_server::{self, Member, NatsServer};
-use relay_actors::store::{server_addrs, JetStreamConfig, JetStreamEngine, NewEvent, Store, StoreError};
-use serde_json::value::RawValue;
+use relay_actors::store::{server_addrs, JetStreamConfig, JetStreamEngine, Store};
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
@@ -37,21 +38,6 @@ fn stream_leader(cfg: &JetStreamConfig) -> Option<String> {
         let info = async_nats::jetstream::new(client).get_stream(&stream).await.ok()?.get_info().await.ok()?;
         info.cluster?.leader
     })
-}
-
-fn append(store: &Store, stream: &str, n: u64) -> Result<(), StoreError> {
-    let mut batch = store.batch();
-    let head = store.head(stream)?;
-    let events = (0..n)
-        .map(|i| NewEvent {
-            event_type: "noted".into(),
-            version: 1,
-            at: i,
-            data: RawValue::from_string(format!(r#"{{"n":{i}}}"#)).unwrap(),
-        })
-        .collect();
-    batch.append(stream, head, events);
-    store.commit_durable_blocking(batch)
 }
 
 /// The issue's 5 s takeover target, for an open once JetStream has its
