@@ -1129,6 +1129,20 @@ async fn internal_of(cluster: &Cluster, k: u32) -> String {
 }
 
 /// POSTs `body` to `url` with `headers` through `http`: status and JSON.
+/// The headers of a sibling shard's call: its relay id and the sibling's mark.
+const SIBLING: [(&str, &str); 2] = [("Relay-Id", RELAY), (relay::cluster::hop::SIBLING_HEADER, "1")];
+
+/// A client of the cluster's internal hop, holding its key (from the
+/// cluster's secret file), as a sibling shard calls over it.
+fn over_the_hop(cluster: &Cluster) -> awc::Client {
+    let secret = std::fs::read_to_string(cluster.dir.path().join("cluster.secret")).unwrap();
+    let hop = relay::cluster::hop::Hop::from_secret(secret.lines().next().unwrap().trim().as_bytes()).unwrap();
+    awc::Client::builder()
+        .timeout(Duration::from_secs(20))
+        .connector(awc::Connector::new().rustls_0_23(hop.client))
+        .finish()
+}
+
 async fn post_with(http: &awc::Client, url: &str, headers: &[(&str, &str)], body: &str) -> (u16, Value) {
     let mut req = http.post(url).content_type("application/json");
     for (name, value) in headers {
@@ -1170,21 +1184,15 @@ async fn an_unsigned_sibling_call_is_taken_over_the_hop_with_the_clusters_key_an
     let c = Client::with_timeout(front, Duration::from_secs(20));
     let (alice, bob) = one_per_shard(&c).await;
     let at = internal_of(&cluster, relay_core::shard::of(alice.id(), 2)).await;
-    let secret = std::fs::read_to_string(cluster.dir.path().join("cluster.secret")).unwrap();
-    let hop = relay::cluster::hop::Hop::from_secret(secret.lines().next().unwrap().trim().as_bytes()).unwrap();
-    let over_hop = awc::Client::builder()
-        .timeout(Duration::from_secs(20))
-        .connector(awc::Connector::new().rustls_0_23(hop.client))
-        .finish();
+    let over_hop = over_the_hop(&cluster);
     let params = json!({"account_id": alice.id()}).to_string();
-    let sibling = [("Relay-Id", RELAY), (relay::cluster::hop::SIBLING_HEADER, "1")];
     let internal = format!("https://{at}/v1/relay/route.get");
-    let (status, route) = post_with(&over_hop, &internal, &sibling, &params).await;
+    let (status, route) = post_with(&over_hop, &internal, &SIBLING, &params).await;
     assert_eq!((status, route["account_id"].as_str()), (200, Some(alice.id())), "{route}");
-    let (status, refused) = post_with(&over_hop, &internal, &sibling[..1], &params).await;
+    let (status, refused) = post_with(&over_hop, &internal, &SIBLING[..1], &params).await;
     assert_eq!((status, refused["error"]["code"].as_str()), (401, Some("unauthorized")), "unmarked, unsigned");
     let plain = awc::Client::builder().timeout(Duration::from_secs(20)).finish();
-    let (status, refused) = post_with(&plain, &format!("{front}/v1/relay/route.get"), &sibling, &params).await;
+    let (status, refused) = post_with(&plain, &format!("{front}/v1/relay/route.get"), &SIBLING, &params).await;
     assert_eq!((status, refused["error"]["code"].as_str()), (401, Some("unauthorized")), "marked at the front");
     c.ok("message.send", alice.token(0), &alice.send_params(&bob, &mid(1), false)).await;
     assert_eq!(message_ids(&bob.sync_all(&c, 0).await), [mid(1)]);
@@ -1201,10 +1209,9 @@ async fn without_the_cluster_secret_a_sibling_call_needs_its_signature() {
     let c = Client::with_timeout(&cluster.nodes[0].url, Duration::from_secs(20));
     let (alice, bob) = one_per_shard(&c).await;
     let at = internal_of(&cluster, relay_core::shard::of(alice.id(), 2)).await;
-    let sibling = [("Relay-Id", RELAY), (relay::cluster::hop::SIBLING_HEADER, "1")];
     let plain = awc::Client::builder().timeout(Duration::from_secs(20)).finish();
     let params = json!({"account_id": alice.id()}).to_string();
-    let (status, refused) = post_with(&plain, &format!("http://{at}/v1/relay/route.get"), &sibling, &params).await;
+    let (status, refused) = post_with(&plain, &format!("http://{at}/v1/relay/route.get"), &SIBLING, &params).await;
     assert_eq!((status, refused["error"]["code"].as_str()), (401, Some("unauthorized")), "{refused}");
     c.ok("message.send", alice.token(0), &alice.send_params(&bob, &mid(1), false)).await;
     assert_eq!(message_ids(&bob.sync_all(&c, 0).await), [mid(1)]);
@@ -1235,12 +1242,7 @@ async fn deliveries_between_shards_go_as_batches_answered_item_by_item_as_single
     let c = Client::with_timeout(front, Duration::from_secs(30));
     let (alice, bob) = one_per_shard(&c).await;
     let at = internal_of(&cluster, relay_core::shard::of(bob.id(), 2)).await;
-    let secret = std::fs::read_to_string(cluster.dir.path().join("cluster.secret")).unwrap();
-    let hop = relay::cluster::hop::Hop::from_secret(secret.lines().next().unwrap().trim().as_bytes()).unwrap();
-    let over_hop = awc::Client::builder()
-        .timeout(Duration::from_secs(20))
-        .connector(awc::Connector::new().rustls_0_23(hop.client))
-        .finish();
+    let over_hop = over_the_hop(&cluster);
     let batches_at_bob = || async {
         let mut resp = over_hop.get(format!("https://{at}/metrics")).send().await.expect("metrics");
         let text = String::from_utf8(resp.body().limit(16 << 20).await.expect("metrics").to_vec()).unwrap();
@@ -1271,17 +1273,16 @@ async fn deliveries_between_shards_go_as_batches_answered_item_by_item_as_single
                "sender_route": dave.route(1, &[(RELAY, "http://127.0.0.1:9")], common::client::now())})
     };
     let items = [deliver(bob.id(), 101), deliver(alice.id(), 102), json!({"envelope": 5}), deliver(bob.id(), 101)];
-    let sibling = [("Relay-Id", RELAY), (relay::cluster::hop::SIBLING_HEADER, "1")];
     let url = |method: &str| format!("https://{at}/v1/relay/{method}");
     let batch = json!({ "items": items }).to_string();
-    let (status, body) = post_with(&over_hop, &url("message.deliver.batch"), &sibling, &batch).await;
+    let (status, body) = post_with(&over_hop, &url("message.deliver.batch"), &SIBLING, &batch).await;
     assert_eq!(status, 200, "{body}");
     let results = body["results"].as_array().expect("results");
     assert_eq!(results[0]["status"], "target_accepted", "{body}");
     assert_eq!(results[3], results[0], "an item sent again: its stored answer");
     let codes: Vec<_> = results[1..3].iter().map(|r| r["error"]["code"].as_str().unwrap_or("-")).collect();
     assert_eq!(codes, ["temporarily_unavailable", "invalid_params"], "{body}");
-    let (_, single) = post_with(&over_hop, &url("message.deliver"), &sibling, &items[0].to_string()).await;
+    let (_, single) = post_with(&over_hop, &url("message.deliver"), &SIBLING, &items[0].to_string()).await;
     assert_eq!(&single, &results[0], "the first item retried alone");
     let records = bob.sync_all(&c, 0).await;
     assert_eq!(message_ids(&records).iter().filter(|m| **m == mid(101)).count(), 1, "delivered once");
