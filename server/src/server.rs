@@ -53,7 +53,7 @@ pub(crate) enum Shard {
         /// The shard's lease, without which no request is answered.
         serving: cluster::lease::Serving,
         /// Where the node's front finds the cores it calls in process.
-        local: Option<cluster::local::LocalCores>,
+        local: cluster::local::LocalCores,
     },
 }
 
@@ -96,7 +96,7 @@ pub(crate) async fn run(
 ) -> Result<(), String> {
     let (place, serving, local) = match shard {
         Shard::Standalone => (None, None, None),
-        Shard::Clustered { place, serving, local } => (place, Some(serving), local),
+        Shard::Clustered { place, serving, local } => (place, Some(serving), Some(local)),
     };
     let h = &cfg.http;
     let workers = if h.workers > 0 { h.workers } else { std::thread::available_parallelism().map_or(1, |n| n.get()) };
@@ -320,13 +320,13 @@ pub(crate) async fn run(
     }
     // This node's front calls the core in process from now on, as if from
     // the address its connections to the internal one come from.
-    let in_process = match (&local, &place) {
-        (Some(local), Some(place)) => {
+    let in_process = match &local {
+        Some(local) => {
             let peer = if addr.ip().is_unspecified() { std::net::Ipv4Addr::LOCALHOST.into() } else { addr.ip() };
             let core = cluster::local::InProcess::new(relay.clone(), observed, proxies, peer);
-            Some(local.serve(place.index, core))
+            Some(local.serve(place.as_ref().map_or(0, |p| p.index), core))
         }
-        _ => None,
+        None => None,
     };
     let withdraw = |within| async move {
         if let Some(in_process) = in_process {

@@ -22,11 +22,11 @@
 //!    lease); the least loaded take free shards first, and a node with two
 //!    shards more than the least loaded hands one over (a graceful stop,
 //!    then the key deleted).
-//! 4. **Front**: every node accepts connections on `relay.listen`. With
-//!    one shard it pipes each, bytes both ways, to the owner (HTTP,
-//!    keep-alive and WebSocket alike); with several, `router.rs` routes
-//!    each request to its account's shard. Either waits up to
-//!    [`FRONT_WAIT`] for an owner, and applies the per-address connection
+//! 4. **Front**: every node accepts connections on `relay.listen`, and
+//!    `router.rs` routes each request to its account's shard (with one
+//!    shard, every request to it): to the shard's core in process when
+//!    this node serves it, else to the owner over HTTP. It waits up to
+//!    [`FRONT_WAIT`](place::FRONT_WAIT) for an owner, and applies the per-address connection
 //!    cap (`http.max_connections_per_ip`), since owners see every
 //!    connection come from a front. With `cluster.secret_file` a front
 //!    reaches an owner, and a shard its siblings, over TLS with the
@@ -52,10 +52,11 @@
 //! each machine), so peers and clients see one relay, and push
 //! subscriptions outlive a takeover.
 //!
-//! Why HTTP (a byte pipe with one shard, a router with several) and not
-//! NATS request/reply: a WebSocket session and a keep-alive connection
-//! pass through as they are, and a front adds one copy per byte (about
-//! 40 µs per send through a pipe, `scripts/cluster-bench.sh`).
+//! Why HTTP between a front and an owner, and not NATS request/reply: a
+//! WebSocket session passes through as it is, and the owner answers with
+//! the same handlers and limits as a standalone relay. One shard is routed
+//! like several (it used to be a byte pipe to the owner): the front of the
+//! owner's own node then answers method calls in process, with no hop.
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
@@ -69,7 +70,7 @@ use tokio::sync::watch;
 
 use crate::config::{ClusterSection, Config};
 use metrics::NodeMetrics;
-use place::{Owners, ShardPlace, FRONT_WAIT, OWNER_POLL};
+use place::{Owners, ShardPlace, OWNER_POLL};
 
 pub mod hop;
 pub(crate) mod lease;
@@ -328,18 +329,8 @@ pub async fn serve(cfg: Config) -> Result<(), String> {
     let balance = Arc::new(Balance { live: AtomicUsize::new(1), ..Default::default() });
     let presence = Presence { node: c.node.clone(), every: c.lease_ttl / 3, balance: balance.clone() };
     actix_web::rt::spawn(watch_owners(leases, present, owners_tx, presence));
-    if c.shards == 1 {
-        front_listener.set_nonblocking(true).map_err(|e| e.to_string())?;
-        let listener = tokio::net::TcpListener::from_std(front_listener).map_err(|e| e.to_string())?;
-        let per_ip = crate::http::conn::PerIp::new(cfg.http.max_connections_per_ip);
-        let slots = Arc::new(tokio::sync::Semaphore::new(cfg.http.max_connections));
-        let to_owner = Upstream { owners: owners.clone(), hop: hop.clone() };
-        actix_web::rt::spawn(front(listener, to_owner, per_ip, slots, metrics.clone()));
-    } else {
-        let to = router::Owned { owners: owners.clone(), local: local.clone(), hop: hop.clone() };
-        let router = router::start(front_listener, to, c.shards, &cfg, metrics.clone())?;
-        actix_web::rt::spawn(router);
-    }
+    let to = router::Owned { owners: owners.clone(), local: local.clone(), hop: hop.clone() };
+    actix_web::rt::spawn(router::start(front_listener, to, c.shards, &cfg, metrics.clone())?);
     tracing::info!(relay = %cfg.relay.id, node = %c.node, listen = %front_addr, shards = c.shards,
         "cluster node started; standing by");
     crate::server::announce_listening(&cfg.relay.id, "http", front_addr);
@@ -602,8 +593,7 @@ impl Shard {
             owners: self.owners.clone(),
             hop: self.hop.clone(),
         });
-        let shard =
-            crate::server::Shard::Clustered { place, serving, local: (c.shards > 1).then(|| self.local.clone()) };
+        let shard = crate::server::Shard::Clustered { place, serving, local: self.local.clone() };
         let (done_tx, done) = tokio::sync::oneshot::channel();
         let closing = store.clone();
         let arbiter = actix::Arbiter::new();
@@ -777,103 +767,6 @@ async fn watch_owners(
             }
         }
         actix_web::rt::time::sleep(OWNER_POLL).await;
-    }
-}
-
-/// Accepts connections and pipes each to the owner (module doc, 3).
-async fn front(
-    listener: tokio::net::TcpListener,
-    owner: Upstream,
-    per_ip: crate::http::conn::PerIp,
-    slots: Arc<tokio::sync::Semaphore>,
-    metrics: NodeMetrics,
-) {
-    loop {
-        let Ok(slot) = slots.clone().acquire_owned().await else { return };
-        let (conn, from) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(e) => {
-                // Out of descriptors, most likely: let some close first.
-                tracing::warn!(error = %e, "front: accept failed");
-                actix_web::rt::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        // Counted like the relay's own connections (`http::conn`).
-        let guard = per_ip.open(from.ip());
-        if !guard.within {
-            tracing::debug!(from = %from.ip(), "front: over http.max_connections_per_ip");
-            actix_web::rt::spawn(async move {
-                refuse(conn).await;
-                drop((guard, slot))
-            });
-            continue;
-        }
-        let (owner, metrics) = (owner.clone(), metrics.clone());
-        actix_web::rt::spawn(async move {
-            metrics.connections.inc();
-            if let Err(e) = pipe(conn, owner).await {
-                metrics.unserved.inc();
-                tracing::debug!(error = %e, "front: connection ended");
-            }
-            metrics.connections.dec();
-            drop((guard, slot));
-        });
-    }
-}
-
-/// Answers a connection over the per-address cap as the relay itself
-/// would (`rate_limited`, 429), then closes it.
-async fn refuse(mut conn: tokio::net::TcpStream) {
-    use tokio::io::AsyncWriteExt;
-    let body = crate::http::reply::over_cap().to_body().to_string();
-    let answer = format!(
-        "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
-         connection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let _ = tokio::time::timeout(Duration::from_secs(5), conn.write_all(answer.as_bytes())).await;
-}
-
-/// Where a single shard's front sends its connections, and how.
-#[derive(Clone)]
-struct Upstream {
-    owners: Owners,
-    /// TLS with the cluster's key (`hop.rs`), or the bytes as they are.
-    hop: Option<Arc<rustls::ClientConfig>>,
-}
-
-async fn pipe(mut conn: tokio::net::TcpStream, mut to: Upstream) -> std::io::Result<()> {
-    let deadline = tokio::time::Instant::now() + FRONT_WAIT;
-    let (at, upstream) = loop {
-        let at = to.owners.borrow_and_update().first().copied().flatten();
-        if let Some(at) = at {
-            if let Ok(Ok(s)) = tokio::time::timeout(Duration::from_secs(1), tokio::net::TcpStream::connect(at)).await {
-                break (at, s);
-            }
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return Err(std::io::Error::other("no owner reachable"));
-        }
-        // A new owner, or a moment for the lease to change.
-        let _ = tokio::time::timeout(OWNER_POLL, to.owners.changed()).await;
-    };
-    conn.set_nodelay(true)?;
-    upstream.set_nodelay(true)?;
-    match to.hop {
-        Some(hop) => {
-            // Nothing of the client's is sent before the owner proved it holds the key.
-            let name = rustls::pki_types::ServerName::IpAddress(at.ip().into());
-            let handshake = tokio_rustls::TlsConnector::from(hop).connect(name, upstream);
-            let mut upstream = tokio::time::timeout(Duration::from_secs(5), handshake)
-                .await
-                .map_err(|_| std::io::Error::other("cluster hop: no TLS handshake within 5 s"))??;
-            tokio::io::copy_bidirectional(&mut conn, &mut upstream).await.map(|_| ())
-        }
-        None => {
-            let mut upstream = upstream;
-            tokio::io::copy_bidirectional(&mut conn, &mut upstream).await.map(|_| ())
-        }
     }
 }
 

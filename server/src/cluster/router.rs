@@ -1,8 +1,8 @@
-//! The front of a cluster of several shards (`cluster.shards` > 1): every
-//! node answers `relay.listen` and passes each request on, over HTTP, to the
-//! node that owns the shard of the request's account, on that node's
-//! internal address (module doc of `cluster`, and [`shard_of`] for the
-//! rules).
+//! The front of a cluster: every node answers `relay.listen` and passes
+//! each request on, over HTTP, to the node that owns the shard of the
+//! request's account, on that node's internal address (module doc of
+//! `cluster`, and [`shard_of`] for the rules; with one shard, every
+//! request goes to its owner).
 //!
 //! Most requests name their account in their params. Those with a session
 //! do not have to: a session token says which shard issued it (`s3.…`,
@@ -112,6 +112,9 @@ fn upstream(hop: Option<&Arc<rustls::ClientConfig>>) -> (awc::Client, &'static s
 ///    paths: `/healthz`, `/metrics`, the web client, `push.vapid_key`) goes
 ///    to shard 0, whose owner answers it, with the proper error if need be.
 pub(crate) fn shard_of(path: &str, authorization: Option<&str>, body: &[u8], shards: u32) -> u32 {
+    if shards == 1 {
+        return 0;
+    }
     let token = authorization.and_then(|a| a.strip_prefix("Bearer ")).map(str::trim);
     if let Some(shard) = token.and_then(|t| named(t, shards)) {
         return shard;
@@ -137,6 +140,9 @@ pub(crate) fn frame_shard(frame: &[u8], shards: u32) -> u32 {
         method: String,
         #[serde(borrow)]
         params: Option<&'a RawValue>,
+    }
+    if shards == 1 {
+        return 0;
     }
     let Ok(request) = serde_json::from_slice::<Request>(frame) else { return 0 };
     let params = request.params.map_or("{}", RawValue::get);
