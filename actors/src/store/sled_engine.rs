@@ -12,7 +12,8 @@
 //!    groups' writes into sled one by one, without a batch and without a
 //!    flush. sled only ever holds groups that are already behind a barrier,
 //!    so whatever part of them sled itself keeps after a crash, the log has
-//!    them whole.
+//!    them whole. (A cluster's local copy, durable elsewhere, has barriers
+//!    without the `fdatasync`: [`SledEngine::with_unsynced_barriers`].)
 //! 3. **Values stay in the log.** An event's value (`hash ‖ body`, the bulk
 //!    of what a send writes) goes into sled as a 20-byte pointer to its bytes
 //!    in the segment (`segment ‖ offset ‖ len`, big-endian), read back with
@@ -236,6 +237,9 @@ pub struct SledEngine {
     installs: AtomicU64,
     /// A rewrite is due and waits for the checkpoint started for it.
     rewrite_after_checkpoint: AtomicBool,
+    /// Barriers call `fdatasync` (the default); without, a cluster's local
+    /// copy ([`SledEngine::with_unsynced_barriers`]).
+    sync_barriers: bool,
 }
 
 /// sled and its directory: the store's own, or `tree.<n>` in it once sled
@@ -624,6 +628,7 @@ impl SledEngine {
             rewrites: AtomicU64::new(0),
             installs: AtomicU64::new(0),
             rewrite_after_checkpoint: AtomicBool::new(false),
+            sync_barriers: true,
         };
         // Also makes the segment's own directory entry durable (a segment
         // created just now needs it, whatever else holds).
@@ -724,6 +729,22 @@ impl SledEngine {
     pub fn with_checkpoint_bytes(mut self, bytes: u64) -> SledEngine {
         self.checkpoint_bytes = bytes;
         self
+    }
+
+    /// Barriers only order groups (a group is still whole or absent, and
+    /// sled still gets only what the log has) without `fdatasync`: what
+    /// they cover survives a crash of the process, which leaves the page
+    /// cache to the kernel, not a power cut. For a store whose durability
+    /// is elsewhere and which is discarded after a reboot: a cluster's local
+    /// copy (`copy.rs`). Closing still makes everything durable.
+    pub fn with_unsynced_barriers(mut self) -> SledEngine {
+        self.sync_barriers = false;
+        self
+    }
+
+    /// The directory the engine was opened in.
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// sled as it is now (a rewrite swaps it, step 9).
@@ -926,14 +947,23 @@ impl SledEngine {
         Ok(true)
     }
 
+    /// The barrier: `fdatasync` of the current segment, unless the engine
+    /// was opened [`SledEngine::with_unsynced_barriers`].
+    fn sync_log(&self, log: &Log) -> Result<(), StoreError> {
+        if self.sync_barriers {
+            log.file.sync_data().map_err(io("sync log"))?;
+            self.barriers.fetch_add(1, Relaxed);
+        }
+        Ok(())
+    }
+
     /// Syncs the log and installs what is pending (a compaction group at
     /// most, or a group the writer applied and has not yet installed).
     fn sync_and_install(&self, log: &mut Log) -> Result<(), StoreError> {
         if log.pending.is_empty() {
             return Ok(());
         }
-        log.file.sync_data().map_err(io("sync log"))?;
-        self.barriers.fetch_add(1, Relaxed);
+        self.sync_log(log)?;
         self.install_pending(log)
     }
 
@@ -1409,7 +1439,7 @@ fn settle(
 
 /// Writes `text` as the file `name` in `dir` so that a crash leaves the old
 /// file or the new one: written aside, synced, renamed, `dir` synced.
-fn write_aside(dir: &Path, name: &str, text: &str) -> std::io::Result<()> {
+pub(super) fn write_aside(dir: &Path, name: &str, text: &str) -> std::io::Result<()> {
     let aside = dir.join(format!("{name}.new"));
     let mut f = File::create(&aside)?;
     f.write_all(text.as_bytes())?;
@@ -1748,11 +1778,7 @@ impl Engine for SledEngine {
     }
 
     fn barrier(&self) -> Result<(), StoreError> {
-        let mut guard = self.lock();
-        let log = &mut *guard;
-        log.file.sync_data().map_err(io("sync log"))?;
-        self.barriers.fetch_add(1, Relaxed);
-        Ok(())
+        self.sync_log(&self.lock())
     }
 
     /// sled only ever receives groups behind a barrier (module doc).
@@ -1791,6 +1817,14 @@ impl Engine for SledEngine {
         self.stop_rewrite()?;
         let mut log = self.lock();
         self.sync_and_install(&mut log)?;
+        if !self.sync_barriers {
+            // Every segment's records, before the checkpoint has sled
+            // point into them for good.
+            for segment in self.segments.list().map_err(io("list log segments"))? {
+                let file = File::open(self.segments.path(segment)).map_err(io("open log segment"))?;
+                file.sync_data().map_err(io("sync log segment"))?;
+            }
+        }
         self.checkpoint_if_changed(&mut log)
     }
 
