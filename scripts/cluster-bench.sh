@@ -6,6 +6,7 @@
 #   scripts/cluster-bench.sh [NODES] [VIA]      # defaults: 3 nodes, through node 1
 #   MESSAGES=5000 CONCURRENCY=16 scripts/cluster-bench.sh 1
 #   SHARDS=3 scripts/cluster-bench.sh 3          # accounts in 3 shards shared by the nodes
+#   STANDALONE=1 scripts/cluster-bench.sh        # one `relay serve` on sled, the same bench and limits
 #
 # Needs the fastest build (cargo build --profile fastest; or RELAY=path) and nats-server (.ci/nats.sh).
 # With one shard node 1 takes the lease first, so VIA=1 sends straight to
@@ -19,6 +20,7 @@ VIA="${2:-1}"
 MESSAGES="${MESSAGES:-5000}"
 CONCURRENCY="${CONCURRENCY:-16}"
 SHARDS="${SHARDS:-1}"
+STANDALONE="${STANDALONE:-0}"
 RELAY="${RELAY:-target/fastest/relay}"
 DIR="$(mktemp -d)"
 trap 'kill -TERM "$UP" 2>/dev/null; wait "$UP" 2>/dev/null; rm -rf "$DIR"' EXIT
@@ -28,19 +30,34 @@ trap 'kill -TERM "$UP" 2>/dev/null; wait "$UP" 2>/dev/null; rm -rf "$DIR"' EXIT
 export RELAY__LIMITS__SESSION_RATE=1000000 RELAY__LIMITS__SESSION_BURST=1000000
 export RELAY__LIMITS__ANONYMOUS_RATE=1000000 RELAY__LIMITS__ANONYMOUS_BURST=1000000
 export RELAY__HTTP__MAX_CONNECTIONS_PER_IP=100000 RUST_LOG=warn,relay::cluster=info
-"$RELAY" cluster up --dir "$DIR" --base-port 0 --nodes "$NODES" --shards "$SHARDS" > "$DIR/up.out" 2> "$DIR/up.err" &
-UP=$!
-for _ in $(seq 600); do [ -s "$DIR/up.out" ] && break; sleep 0.1; done
-read -r -a WORDS < <(head -1 "$DIR/up.out")
-URLS=()
-for w in "${WORDS[@]}"; do case "$w" in http://*) URLS+=("$w");; esac; done
-[ "${#URLS[@]}" -eq "$NODES" ] || { cat "$DIR/up.err"; echo "cluster did not come up" >&2; exit 1; }
-# Several shards: let the nodes share them out (and hand some over) first.
-[ "$SHARDS" -eq 1 ] || sleep "${SETTLE:-10}"
-
 pids() { pgrep -f "$1" | sort -n; }
-NODE_PIDS=(); for i in $(seq "$NODES"); do NODE_PIDS+=("$(pids "serve --config $DIR/node$i.toml")"); done
-NATS_PIDS=($(pids "nats-server -c $DIR/nats/"))
+if [ "$STANDALONE" = 1 ]; then
+    # The standalone relay the cluster is compared with: the same build,
+    # id and limits, its own sled store, no nats-server.
+    NODES=1 VIA=1 SHARDS=0
+    PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    printf '[relay]\nid = "relay-c"\npublic_url = "http://127.0.0.1:%s"\nlisten = "127.0.0.1:%s"\ndata_dir = "%s/data"\nkey_file = "%s/relay.key"\n' \
+        "$PORT" "$PORT" "$DIR" "$DIR" > "$DIR/standalone.toml"
+    "$RELAY" serve --config "$DIR/standalone.toml" > "$DIR/up.out" 2> "$DIR/up.err" &
+    UP=$!
+    for _ in $(seq 600); do [ -s "$DIR/up.out" ] && break; sleep 0.1; done
+    URLS=("$(head -1 "$DIR/up.out" | awk '{print $NF}')")
+    case "${URLS[0]}" in http://*) ;; *) cat "$DIR/up.err"; echo "relay did not come up" >&2; exit 1;; esac
+    NODE_PIDS=("$UP") NATS_PIDS=()
+else
+    "$RELAY" cluster up --dir "$DIR" --base-port 0 --nodes "$NODES" --shards "$SHARDS" > "$DIR/up.out" 2> "$DIR/up.err" &
+    UP=$!
+    for _ in $(seq 600); do [ -s "$DIR/up.out" ] && break; sleep 0.1; done
+    read -r -a WORDS < <(head -1 "$DIR/up.out")
+    URLS=()
+    for w in "${WORDS[@]}"; do case "$w" in http://*) URLS+=("$w");; esac; done
+    [ "${#URLS[@]}" -eq "$NODES" ] || { cat "$DIR/up.err"; echo "cluster did not come up" >&2; exit 1; }
+    # Several shards: let the nodes share them out (and hand some over) first.
+    [ "$SHARDS" -eq 1 ] || sleep "${SETTLE:-10}"
+
+    NODE_PIDS=(); for i in $(seq "$NODES"); do NODE_PIDS+=("$(pids "serve --config $DIR/node$i.toml")"); done
+    NATS_PIDS=($(pids "nats-server -c $DIR/nats/"))
+fi
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 declare -A BEFORE
 for p in "${NODE_PIDS[@]}" "${NATS_PIDS[@]}"; do BEFORE[$p]=$(ticks "$p"); done
@@ -60,8 +77,11 @@ hz, nodes, via = float(sys.argv[2]), sys.argv[3], sys.argv[4]
 sent = max(r["sent"], 1)
 def us(field):
     return [round(int(t) / hz * 1e6 / sent) for _, t in (x.split(":") for x in field.strip(",").split(",") if x)]
-print(f"nodes={nodes} shards={sys.argv[7]} via=node{via} sent={r['sent']} errors={r['errors']} send/s={r['send_per_sec']} "
+setup = "standalone" if sys.argv[7] == "0" else f"nodes={nodes} shards={sys.argv[7]} via=node{via}"
+print(f"{setup} sent={r['sent']} errors={r['errors']} send/s={r['send_per_sec']} "
       f"p50={r['send_p50_ms']}ms p99={r['send_p99_ms']}ms")
-print(f"CPU µs per acknowledged send: relay nodes {us(sys.argv[5])} (node1 first), nats-servers {us(sys.argv[6])}")
+relay, nats = us(sys.argv[5]), us(sys.argv[6])
+print(f"CPU µs per acknowledged send: relay nodes {relay} (node1 first), nats-servers {nats}; "
+      f"sums: relay {sum(relay)}, nats {sum(nats)}, total {sum(relay) + sum(nats)}")
 print(f"shards handed over during the bench: {sys.argv[8]}")
 PY
