@@ -59,29 +59,42 @@ else
     NATS_PIDS=($(pids "nats-server -c $DIR/nats/"))
 fi
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-declare -A BEFORE
-for p in "${NODE_PIDS[@]}" "${NATS_PIDS[@]}"; do BEFORE[$p]=$(ticks "$p"); done
+snap() { for p in "${NODE_PIDS[@]}" "${NATS_PIDS[@]}"; do echo -n "$(ticks "$p") "; done; }
+BEFORE=$(snap)
 
 HANDED_BEFORE=$(grep -c "handed the shard over" "$DIR/up.err" || true)
 "$RELAY" bench --relays "${URLS[$((VIA - 1))]}" --relay-ids relay-c \
     --messages "$MESSAGES" --concurrency "$CONCURRENCY" --json > "$DIR/bench.json"
+AFTER=$(snap)
+# Standbys' copies follow the log behind the owner (they lay what they
+# read when nothing more is pending, or every INSTALL_BYTES) and catch up
+# seconds after the bench: the CPU of the TRAIL seconds after it, less that
+# of the TRAIL seconds after those (the idle rate: leases, records), is
+# the bench's too.
+TRAIL="${TRAIL:-8}"
+sleep "$TRAIL"; TRAILED=$(snap)
+sleep "$TRAIL"; IDLE=$(snap)
 
 HANDED=$(( $(grep -c "handed the shard over" "$DIR/up.err" || true) - HANDED_BEFORE ))
-HZ=$(getconf CLK_TCK)
-python3 - "$DIR/bench.json" "$HZ" "$NODES" "$VIA" \
-    "$(for p in "${NODE_PIDS[@]}"; do echo -n "$p:$(( $(ticks "$p") - BEFORE[$p] )),"; done)" \
-    "$(for p in "${NATS_PIDS[@]}"; do echo -n "$p:$(( $(ticks "$p") - BEFORE[$p] )),"; done)" "$SHARDS" "$HANDED" <<'PY'
+python3 - "$DIR/bench.json" "$(getconf CLK_TCK)" "$NODES" "$VIA" "$SHARDS" "$HANDED" "$TRAIL" \
+    "${#NODE_PIDS[@]}" "$BEFORE" "$AFTER" "$TRAILED" "$IDLE" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
-hz, nodes, via = float(sys.argv[2]), sys.argv[3], sys.argv[4]
+hz, nodes, via, shards, handed, trail = float(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6], sys.argv[7]
+n = int(sys.argv[8])
+before, after, trailed, idle = ([int(t) for t in a.split()] for a in sys.argv[9:13])
 sent = max(r["sent"], 1)
-def us(field):
-    return [round(int(t) / hz * 1e6 / sent) for _, t in (x.split(":") for x in field.strip(",").split(",") if x)]
-setup = "standalone" if sys.argv[7] == "0" else f"nodes={nodes} shards={sys.argv[7]} via=node{via}"
+def us(ticks):
+    return [round(t / hz * 1e6 / sent) for t in ticks]
+during = [a - b for a, b in zip(after, before)]
+late = [max(0, (t - a) - (i - t)) for a, t, i in zip(after, trailed, idle)]
+setup = "standalone" if shards == "0" else f"nodes={nodes} shards={shards} via=node{via}"
 print(f"{setup} sent={r['sent']} errors={r['errors']} send/s={r['send_per_sec']} "
       f"p50={r['send_p50_ms']}ms p99={r['send_p99_ms']}ms")
-relay, nats = us(sys.argv[5]), us(sys.argv[6])
-print(f"CPU µs per acknowledged send: relay nodes {relay} (node1 first), nats-servers {nats}; "
-      f"sums: relay {sum(relay)}, nats {sum(nats)}, total {sum(relay) + sum(nats)}")
-print(f"shards handed over during the bench: {sys.argv[8]}")
+for what, ticks in (("during the bench", during), (f"with the catch-up in the {trail} s after it", [d + l for d, l in zip(during, late)])):
+    relay, nats = us(ticks[:n]), us(ticks[n:])
+    print(f"CPU µs per acknowledged send {what}: relay nodes {relay} (node1 first), nats-servers {nats}; "
+          f"sums: relay {sum(relay)}, nats {sum(nats)}, total {sum(relay) + sum(nats)}")
+print(f"of which after the bench: {us(late)}; idle CPU µs per second: {us([(i - t) * sent / float(trail) for t, i in zip(trailed, idle)])}")
+print(f"shards handed over during the bench: {handed}")
 PY
