@@ -9,9 +9,11 @@
 #   STANDALONE=1 scripts/cluster-bench.sh        # one `relay serve` on sled, the same bench and limits
 #
 # Needs the fastest build (cargo build --profile fastest; or RELAY=path) and nats-server (.ci/nats.sh).
-# With one shard node 1 takes the lease first, so VIA=1 sends straight to
-# the owner's front and VIA=2 through a standby's (one more hop on
-# loopback). With several, every front routes each request to its
+# With one shard node 1 takes the lease first, so VIA=1 sends to the
+# owner's front (which still pipes each connection to the node's own
+# internal address) and VIA=2 through a standby's (one more hop on
+# loopback). TRAIL (8) seconds: how long after the bench the standbys'
+# catch-up is counted (below). With several, every front routes each request to its
 # account's shard, and most sends go from one shard's owner to another's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
