@@ -25,7 +25,8 @@ SHARDS="${SHARDS:-1}"
 STANDALONE="${STANDALONE:-0}"
 RELAY="${RELAY:-target/fastest/relay}"
 DIR="$(mktemp -d)"
-trap 'kill -TERM "$UP" 2>/dev/null; wait "$UP" 2>/dev/null; rm -rf "$DIR"' EXIT
+# (errexit holds in the trap too: a relay already gone must not keep the dir)
+trap 'kill -TERM "${UP:-}" 2>/dev/null || true; wait "${UP:-}" 2>/dev/null || true; rm -rf "$DIR"' EXIT
 
 # The bench sends far faster than a person: lift the per-session and
 # per-address limits of the nodes (every RELAY__ variable reaches them).
@@ -50,7 +51,7 @@ else
     "$RELAY" cluster up --dir "$DIR" --base-port 0 --nodes "$NODES" --shards "$SHARDS" > "$DIR/up.out" 2> "$DIR/up.err" &
     UP=$!
     for _ in $(seq 600); do [ -s "$DIR/up.out" ] && break; sleep 0.1; done
-    read -r -a WORDS < <(head -1 "$DIR/up.out")
+    read -r -a WORDS < <(head -1 "$DIR/up.out") || true
     URLS=()
     for w in "${WORDS[@]}"; do case "$w" in http://*) URLS+=("$w");; esac; done
     [ "${#URLS[@]}" -eq "$NODES" ] || { cat "$DIR/up.err"; echo "cluster did not come up" >&2; exit 1; }
@@ -97,6 +98,6 @@ for what, ticks in (("during the bench", during), (f"with the catch-up in the {t
     relay, nats = us(ticks[:n]), us(ticks[n:])
     print(f"CPU µs per acknowledged send {what}: relay nodes {relay} (node1 first), nats-servers {nats}; "
           f"sums: relay {sum(relay)}, nats {sum(nats)}, total {sum(relay) + sum(nats)}")
-print(f"of which after the bench: {us(late)}; idle CPU µs per second: {us([(i - t) * sent / float(trail) for t, i in zip(trailed, idle)])}")
+print(f"of which after the bench (nodes, then nats-servers): {us(late)}; idle CPU µs per second: {us([(i - t) * sent / float(trail) for t, i in zip(trailed, idle)])}")
 print(f"shards handed over during the bench: {handed}")
 PY
