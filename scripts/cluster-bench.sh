@@ -10,9 +10,8 @@
 #
 # Needs the fastest build (cargo build --profile fastest; or RELAY=path) and nats-server (.ci/nats.sh).
 # With one shard node 1 takes the lease first, so VIA=1 sends to the
-# owner's front (which still pipes each connection to the node's own
-# internal address) and VIA=2 through a standby's (one more hop on
-# loopback). TRAIL (8) seconds: how long after the bench the standbys'
+# owner's front (which answers in process) and VIA=2 through a standby's
+# (one more hop on loopback). TRAIL (8) seconds: how long after the bench the standbys'
 # catch-up is counted (below). With several, every front routes each request to its
 # account's shard, and most sends go from one shard's owner to another's.
 set -euo pipefail
