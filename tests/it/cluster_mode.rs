@@ -1056,7 +1056,22 @@ async fn every_standby_keeps_a_copy_that_follows_the_log_even_one_that_never_ser
         behind.is_empty().then_some(()).ok_or(format!("{behind:?} of {last}"))
     })
     .await;
+    // Laid without `fdatasync`, each copy names this boot until a clean
+    // stop has synced it whole (`store/copy.rs`).
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok().map(|b| b.trim().to_owned());
+    let root = cluster.dir.path().to_path_buf();
+    let marker = |i: usize| {
+        let copy = root.join(format!("node{}", i + 1)).join("shards").join(&stream);
+        let generation = std::fs::read_dir(&copy).unwrap().flatten().map(|e| e.path()).find(|p| p.is_dir());
+        generation.and_then(|g| std::fs::read_to_string(g.join("unsynced-since-boot")).ok())
+    };
+    let standby = standbys[0];
+    if let Some(boot) = &boot {
+        assert_eq!(marker(standby).as_deref().map(str::trim), Some(boot.as_str()), "a following copy names the boot");
+    }
     senders.finish_and_verify(&mut cluster).await;
+    assert!(cluster.nodes[standby].terminate().success());
+    assert_eq!(marker(standby), None, "a copy stopped cleanly is synced whole: no marker");
 }
 
 /// A method call at `front`: its status, `content-type`, `vary` and body.
