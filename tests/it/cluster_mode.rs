@@ -1175,7 +1175,6 @@ async fn internal_of(cluster: &Cluster, k: u32) -> String {
     String::from_utf8_lossy(&value).split(' ').nth(1).expect("an address").to_owned()
 }
 
-/// POSTs `body` to `url` with `headers` through `http`: status and JSON.
 /// The headers of a sibling shard's call: its relay id and the sibling's mark.
 const SIBLING: [(&str, &str); 2] = [("Relay-Id", RELAY), (relay::cluster::hop::SIBLING_HEADER, "1")];
 
@@ -1190,6 +1189,7 @@ fn over_the_hop(cluster: &Cluster) -> awc::Client {
         .finish()
 }
 
+/// POSTs `body` to `url` with `headers` through `http`: status and JSON.
 async fn post_with(http: &awc::Client, url: &str, headers: &[(&str, &str)], body: &str) -> (u16, Value) {
     let mut req = http.post(url).content_type("application/json");
     for (name, value) in headers {

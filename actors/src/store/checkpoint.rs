@@ -27,7 +27,7 @@ use futures_util::StreamExt;
 use super::consumer;
 use super::copy::{LocalCopy, Pending};
 use super::engine::Write;
-use super::types::StoreError;
+use super::types::{jetstream_err as err, StoreError};
 use super::wal;
 
 /// Where a shard's checkpoints go, and how they are read (the engine's
@@ -44,10 +44,6 @@ pub struct Place<'a> {
     pub chunk_bytes: usize,
     /// Chunks a bootstrap asks for at once.
     pub batch: i64,
-}
-
-fn err(what: &str, e: impl std::fmt::Display) -> StoreError {
-    StoreError::Io(format!("jetstream: {what}: {e}"))
 }
 
 const FROM: &str = "Relay-Checkpoint-From";

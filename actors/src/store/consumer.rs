@@ -24,7 +24,7 @@ use async_nats::jetstream::stream;
 use futures_util::stream::FuturesUnordered;
 use futures_util::StreamExt;
 
-use super::types::StoreError;
+use super::types::{jetstream_err, StoreError};
 
 /// After this long without an answer a create gets another beside it: a
 /// create nats-server answers at all is answered within milliseconds on a
@@ -62,7 +62,7 @@ pub(super) async fn ordered(
             }
         });
     }
-    created.map_err(|e| StoreError::Io(format!("jetstream: {what}: {e}")))
+    created.map_err(|e| jetstream_err(what, e))
 }
 
 /// Starts `start()`, and another every `every` while none has answered,

@@ -78,7 +78,7 @@ use super::checkpoint;
 use super::consumer;
 use super::copy::{LocalCopy, Pending};
 use super::engine::{Engine, KvIter, Write};
-use super::types::StoreError;
+use super::types::{jetstream_err as err, StoreError};
 use super::wal;
 
 /// Group messages are split past this size (JetStream's default
@@ -275,10 +275,6 @@ impl Drop for JetStreamEngine {
             rt.shutdown_background();
         }
     }
-}
-
-pub(super) fn err(what: &str, e: impl std::fmt::Display) -> StoreError {
-    StoreError::Io(format!("jetstream: {what}: {e}"))
 }
 
 impl JetStreamEngine {

@@ -27,9 +27,9 @@ use tokio::time::Instant;
 
 use super::copy::{LocalCopy, Pending};
 use super::jetstream::{
-    connect, err, log_consumer, log_name, record, records, run, start, JetStreamConfig, Laying, Through, INSTALL_BYTES,
+    connect, log_consumer, log_name, record, records, run, start, JetStreamConfig, Laying, Through, INSTALL_BYTES,
 };
-use super::types::StoreError;
+use super::types::{jetstream_err as err, StoreError};
 
 /// The page cache of a following copy (at most `cache_bytes`): sled keeps
 /// the pages a copy writes, and a follower reads only its own records.

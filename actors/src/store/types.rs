@@ -49,6 +49,12 @@ pub enum StoreError {
     Unsupported(&'static str),
 }
 
+/// A request to NATS JetStream that failed (the cluster engine, its
+/// checkpoints and consumers): what was asked, and why.
+pub(super) fn jetstream_err(what: &str, e: impl fmt::Display) -> StoreError {
+    StoreError::Io(format!("jetstream: {what}: {e}"))
+}
+
 impl StoreError {
     /// What a client is told. A store that can no longer make writes
     /// durable (a full disk, a failed fsync) or is closing is one cause

@@ -28,9 +28,10 @@
 //!    this node serves it, else to the owner over HTTP. It waits up to
 //!    [`FRONT_WAIT`](place::FRONT_WAIT) for an owner, and applies the
 //!    per-address connection cap (`http.max_connections_per_ip`), since
-//!    owners see every connection come from a front. With `cluster.secret_file` a front
-//!    reaches an owner, and a shard its siblings, over TLS with the
-//!    cluster's key (`hop.rs`): an internal address serves no one else.
+//!    owners see every connection come from a front. With
+//!    `cluster.secret_file` a front reaches an owner, and a shard its
+//!    siblings, over TLS with the cluster's key (`hop.rs`): an internal
+//!    address serves no one else.
 //! 5. **Siblings**: a shard's core reaches the others ([`ShardPlace`]) as
 //!    peers under the relay's own id: a send to an account of another
 //!    shard is a `message.deliver` to that shard's owner.
